@@ -1,0 +1,36 @@
+"""Every version-sensitive TVM import, in one place (TVM 0.27 renamed tir, StructInfo, ...).
+
+Upgrading TVM should touch this module only: the rest of the package imports TVM names from here.
+"""
+
+# pylint: disable=unused-import
+import tvm  # noqa: F401
+from tvm import relax, te, topi  # noqa: F401
+from tvm import tirx  # noqa: F401  (was tvm.tir before 0.27)
+from tvm.ir import Op  # noqa: F401
+from tvm.s_tir import dlight  # noqa: F401  (was tvm.dlight)
+
+#: The op of a tensor read inside a ``te.compute`` body (0.27 has no ProducerLoad).
+TENSOR_LOAD = Op.get("te.tensor_load")
+
+#: Class of a buffer read inside a PrimFunc (``tirx.BufferLoad`` is only a constructor in 0.27).
+BufferLoadNode = tvm.ir.expr.TensorLoad
+
+
+def meta_schedule():
+    """``tvm.s_tir.meta_schedule``, imported lazily (its import pulls in heavy modules)."""
+    from tvm.s_tir import meta_schedule  # pylint: disable=import-outside-toplevel
+
+    return meta_schedule
+
+
+def cpu_target(num_cores: int = None) -> "tvm.target.Target":
+    """An llvm target; with ``num_cores`` the JSON form 0.27 requires for options."""
+    if num_cores is None:
+        return tvm.target.Target("llvm")
+    return tvm.target.Target({"kind": "llvm", "num-cores": int(num_cores)})
+
+
+def cuda_target(arch: str = "sm_90") -> "tvm.target.Target":
+    """A CUDA target with an llvm host that builds without a GPU (``nvcc`` compiles)."""
+    return tvm.target.Target({"kind": "cuda", "arch": arch}, host={"kind": "llvm"})

@@ -1,0 +1,553 @@
+"""Immutable, hash-consed nodes of the tensor-algebra expression IR.
+
+An operator body is a :class:`Scope`: traversal iterators ``L`` (one per output dimension), optional
+reduction iterators (``Σ`` for sum, ``Max`` for max), one scalar body and per-output zero padding.
+Bodies are built from iterator variables, constants, arithmetic, scalar function calls and
+subscripts (:class:`Access`) of input tensors or of nested scopes.
+
+Every node is interned: constructing a node equal to one that already exists returns that very
+object, so structural equality is ``is`` and equal subtrees are shared. Nodes are never mutated;
+rewrites build new nodes.
+
+Semantics that every pass relies on (the reference interpreter in ``interp.py`` is their oracle):
+
+* A :class:`Tensor` with padding ``(lo, hi)`` on a dimension of size ``n`` may be read at indices
+  ``[-lo, n + hi)``; reads outside ``[0, n)`` give ``pad_value`` (0 unless stated). Reads beyond
+  the padded range are errors.
+* A :class:`Scope` denotes a tensor of shape ``end - begin + lo + hi`` per loop iterator. Its
+  element at loop value ``v`` (``begin <= v < end``) is the reduction of the body over the
+  reduction iterators; the padded margins ``[begin - lo, begin)`` and ``[end, end + hi)`` read 0.
+  An :class:`Access` of a scope indexes it in loop-value coordinates (index ``v`` reads loop value
+  ``v``), so a scope with ``begin = 0`` and no padding is read exactly like a tensor.
+* Scopes are closed: their body uses only their own iterators. A nested scope is a separate stage.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Iterable, Iterator, Sequence, Tuple, Union
+
+Pad = Tuple[Tuple[int, int], ...]
+
+ARITH_OPS = ("+", "-", "*", "//", "%", "/")
+COMPARE_OPS = ("<", "<=", ">", ">=", "==", "!=", "and", "or")
+BINARY_OPS = ARITH_OPS + COMPARE_OPS
+REDUCERS = ("sum", "max")
+SCALAR_FUNCS = {
+    # name: arity
+    "relu": 1, "tanh": 1, "sigmoid": 1, "exp": 1, "log": 1, "erf": 1, "sqrt": 1, "rsqrt": 1,
+    "abs": 1, "neg": 1, "max": 2, "min": 2, "pow": 2, "select": 3,
+}
+
+
+class Node:
+    """Base of all IR nodes: interned, immutable, hashed once.
+
+    Subclasses store their fields in ``_args`` (a tuple of hashable values and child nodes).
+    """
+
+    __slots__ = ("_args", "_hash", "_cache", "__weakref__")
+    _table: "weakref.WeakValueDictionary[Any, Node]" = weakref.WeakValueDictionary()
+
+    @classmethod
+    def _make(cls, args: tuple) -> "Node":
+        key = (cls, args)
+        node = Node._table.get(key)
+        if node is None:
+            node = object.__new__(cls)
+            object.__setattr__(node, "_args", args)
+            object.__setattr__(node, "_hash", hash(key))
+            object.__setattr__(node, "_cache", {})
+            Node._table[key] = node
+        return node
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} nodes are immutable")
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __ne__(self, other: object) -> bool:
+        return self is not other
+
+    def __reduce__(self):
+        return (_rebuild, (type(self), self._args))
+
+    def __copy__(self) -> "Node":
+        return self
+
+    def __deepcopy__(self, memo: dict) -> "Node":
+        return self
+
+    @property
+    def children(self) -> Tuple["Node", ...]:
+        """Direct child nodes, in field order."""
+        return tuple(_iter_nodes(self._args))
+
+    def __str__(self) -> str:
+        from .printer import to_text  # pylint: disable=import-outside-toplevel
+
+        return to_text(self)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self})"
+
+    # Operator overloads build index and body arithmetic (== stays structural identity).
+    def __add__(self, other: "ExprLike") -> "Node":
+        return BinOp("+", self, as_node(other))
+
+    def __radd__(self, other: "ExprLike") -> "Node":
+        return BinOp("+", as_node(other), self)
+
+    def __sub__(self, other: "ExprLike") -> "Node":
+        return BinOp("-", self, as_node(other))
+
+    def __rsub__(self, other: "ExprLike") -> "Node":
+        return BinOp("-", as_node(other), self)
+
+    def __mul__(self, other: "ExprLike") -> "Node":
+        return BinOp("*", self, as_node(other))
+
+    def __rmul__(self, other: "ExprLike") -> "Node":
+        return BinOp("*", as_node(other), self)
+
+    def __floordiv__(self, other: "ExprLike") -> "Node":
+        return BinOp("//", self, as_node(other))
+
+    def __mod__(self, other: "ExprLike") -> "Node":
+        return BinOp("%", self, as_node(other))
+
+    def __truediv__(self, other: "ExprLike") -> "Node":
+        return BinOp("/", self, as_node(other))
+
+    def __neg__(self) -> "Node":
+        return BinOp("*", Const(-1), self) if is_index(self) else Call("neg", (self,))
+
+
+def _rebuild(cls: type, args: tuple) -> Node:
+    return cls._make(args)
+
+
+def _iter_nodes(value: Any) -> Iterator[Node]:
+    if isinstance(value, Node):
+        yield value
+    elif isinstance(value, tuple):
+        for item in value:
+            yield from _iter_nodes(item)
+
+
+class Var(Node):
+    """An iterator variable; its identity is its name, its range lives in the binding scope."""
+
+    __slots__ = ()
+
+    def __new__(cls, name: str) -> "Var":
+        if not isinstance(name, str) or not name:
+            raise TypeError("Var name must be a non-empty string")
+        return cls._make((name,))
+
+    @property
+    def name(self) -> str:
+        return self._args[0]
+
+
+class Const(Node):
+    """A scalar constant. Integers index; floats appear in bodies (``inf`` allowed)."""
+
+    __slots__ = ()
+
+    def __new__(cls, value: Union[int, float], dtype: str = None) -> "Const":
+        if isinstance(value, bool):
+            value = int(value)
+        if dtype is None:
+            dtype = "int32" if isinstance(value, int) else "float32"
+        value = int(value) if dtype.startswith("int") else float(value)
+        return cls._make((value, dtype))
+
+    @property
+    def value(self) -> Union[int, float]:
+        return self._args[0]
+
+    @property
+    def dtype(self) -> str:
+        return self._args[1]
+
+
+class BinOp(Node):
+    """``a op b``. ``//`` and ``%`` are floor division and floor modulo; ``/`` is true division."""
+
+    __slots__ = ()
+
+    def __new__(cls, op: str, a: "ExprLike", b: "ExprLike") -> "BinOp":
+        if op not in BINARY_OPS:
+            raise ValueError(f"unknown binary op {op!r}")
+        return cls._make((op, as_node(a), as_node(b)))
+
+    @property
+    def op(self) -> str:
+        return self._args[0]
+
+    @property
+    def a(self) -> Node:
+        return self._args[1]
+
+    @property
+    def b(self) -> Node:
+        return self._args[2]
+
+
+class Call(Node):
+    """A call of a scalar function from :data:`SCALAR_FUNCS` (``select(c, t, f)`` included)."""
+
+    __slots__ = ()
+
+    def __new__(cls, func: str, args: Sequence["ExprLike"]) -> "Call":
+        arity = SCALAR_FUNCS.get(func)
+        if arity is None:
+            raise ValueError(f"unknown scalar function {func!r}")
+        args = tuple(as_node(a) for a in args)
+        if len(args) != arity:
+            raise ValueError(f"{func} takes {arity} arguments, got {len(args)}")
+        return cls._make((func, args))
+
+    @property
+    def func(self) -> str:
+        return self._args[0]
+
+    @property
+    def args(self) -> Tuple[Node, ...]:
+        return self._args[1]
+
+
+class Tensor(Node):
+    """An input tensor (graph input or weight): name, shape, dtype, per-dimension padding."""
+
+    __slots__ = ()
+
+    def __new__(
+        cls,
+        name: str,
+        shape: Sequence[int],
+        dtype: str = "float32",
+        pad: Union[None, Sequence[Union[int, Tuple[int, int]]]] = None,
+        pad_value: float = 0.0,
+    ) -> "Tensor":
+        shape = tuple(int(s) for s in shape)
+        if any(s <= 0 for s in shape):
+            raise ValueError(f"tensor {name} has a non-positive extent: {shape}")
+        return cls._make((name, shape, dtype, normalize_pad(pad, len(shape)), float(pad_value)))
+
+    @property
+    def name(self) -> str:
+        return self._args[0]
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        return self._args[1]
+
+    @property
+    def dtype(self) -> str:
+        return self._args[2]
+
+    @property
+    def pad(self) -> Pad:
+        return self._args[3]
+
+    @property
+    def pad_value(self) -> float:
+        return self._args[4]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def with_pad(self, pad: Union[None, Sequence[Union[int, Tuple[int, int]]]]) -> "Tensor":
+        """The same tensor with another padding."""
+        return Tensor(self.name, self.shape, self.dtype, pad, self.pad_value)
+
+    def __getitem__(self, indices: Union["ExprLike", Sequence["ExprLike"]]) -> "Access":
+        return Access(self, indices if isinstance(indices, tuple) else (indices,))
+
+
+class IterVar(Node):
+    """An iterator with its half-open range ``[begin, end)``."""
+
+    __slots__ = ()
+
+    def __new__(cls, var: Union[Var, str], begin: int, end: int) -> "IterVar":
+        var = Var(var) if isinstance(var, str) else var
+        begin, end = int(begin), int(end)
+        if end <= begin:
+            raise ValueError(f"empty range for {var.name}: [{begin}, {end})")
+        return cls._make((var, begin, end))
+
+    @property
+    def var(self) -> Var:
+        return self._args[0]
+
+    @property
+    def begin(self) -> int:
+        return self._args[1]
+
+    @property
+    def end(self) -> int:
+        return self._args[2]
+
+    @property
+    def extent(self) -> int:
+        return self.end - self.begin
+
+
+class Scope(Node):
+    """``L<loops> Σ<reduce> pad[...] { body }``: one stage of a tensor program."""
+
+    __slots__ = ()
+
+    def __new__(
+        cls,
+        loops: Sequence[IterVar],
+        reduce: Sequence[IterVar],
+        body: "ExprLike",
+        pad: Union[None, Sequence[Union[int, Tuple[int, int]]]] = None,
+        reducer: str = "sum",
+    ) -> "Scope":
+        loops, reduce = tuple(loops), tuple(reduce)
+        if reducer not in REDUCERS:
+            raise ValueError(f"unknown reducer {reducer!r}")
+        if not reduce:
+            reducer = "sum"
+        body = as_node(body)
+        names = [iv.var.name for iv in loops + reduce]
+        if len(set(names)) != len(names):
+            raise ValueError(f"scope iterators are not distinct: {names}")
+        free = free_vars(body) - {iv.var for iv in loops + reduce}
+        if free:
+            raise ValueError(f"scope is not closed: free iterators {sorted(v.name for v in free)}")
+        return cls._make((loops, reduce, body, normalize_pad(pad, len(loops)), reducer))
+
+    @property
+    def loops(self) -> Tuple[IterVar, ...]:
+        return self._args[0]
+
+    @property
+    def reduce(self) -> Tuple[IterVar, ...]:
+        return self._args[1]
+
+    @property
+    def body(self) -> Node:
+        return self._args[2]
+
+    @property
+    def pad(self) -> Pad:
+        return self._args[3]
+
+    @property
+    def reducer(self) -> str:
+        return self._args[4]
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        """Shape of the materialized stage, padding included."""
+        return tuple(iv.extent + lo + hi for iv, (lo, hi) in zip(self.loops, self.pad))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.loops)
+
+    @property
+    def inputs(self) -> Tuple[Tensor, ...]:
+        """The input tensors read anywhere below this scope, in order of first appearance."""
+        return input_tensors(self)
+
+    @property
+    def dtype(self) -> str:
+        """Element type of the stage: that of its first input tensor, float32 without any."""
+        ins = self.inputs
+        return ins[0].dtype if ins else "float32"
+
+    def iter_range(self, var: Var) -> IterVar:
+        """The binding of ``var`` in this scope."""
+        for iv in self.loops + self.reduce:
+            if iv.var is var:
+                return iv
+        raise KeyError(var.name)
+
+    def replace(self, **fields: Any) -> "Scope":
+        """A copy with some of ``loops``, ``reduce``, ``body``, ``pad``, ``reducer`` replaced."""
+        args = dict(loops=self.loops, reduce=self.reduce, body=self.body, pad=self.pad,
+                    reducer=self.reducer)
+        args.update(fields)
+        return Scope(**args)
+
+    def __getitem__(self, indices: Union["ExprLike", Sequence["ExprLike"]]) -> "Access":
+        return Access(self, indices if isinstance(indices, tuple) else (indices,))
+
+
+class Access(Node):
+    """``source[indices]``: a subscript of a :class:`Tensor` or of a nested :class:`Scope`."""
+
+    __slots__ = ()
+
+    def __new__(cls, source: Union[Tensor, Scope], indices: Iterable["ExprLike"]) -> "Access":
+        if not isinstance(source, (Tensor, Scope)):
+            raise TypeError(f"cannot subscript {type(source).__name__}")
+        indices = tuple(as_node(i) for i in indices)
+        if len(indices) != source.ndim:
+            raise ValueError(f"{len(indices)} indices for a {source.ndim}-d source")
+        return cls._make((source, indices))
+
+    @property
+    def source(self) -> Union[Tensor, Scope]:
+        return self._args[0]
+
+    @property
+    def indices(self) -> Tuple[Node, ...]:
+        return self._args[1]
+
+
+ExprLike = Union[Node, int, float]
+
+
+def as_node(value: ExprLike) -> Node:
+    """Wrap Python numbers as :class:`Const`; pass nodes through."""
+    if isinstance(value, Node):
+        return value
+    if isinstance(value, (int, float)):
+        return Const(value)
+    raise TypeError(f"cannot use {type(value).__name__} as an expression")
+
+
+def normalize_pad(
+    pad: Union[None, Sequence[Union[int, Tuple[int, int]]]], ndim: int
+) -> Pad:
+    """Padding as ``((lo, hi), ...)``; an int ``p`` means ``(p, p)``."""
+    if pad is None:
+        return ((0, 0),) * ndim
+    pad = tuple(pad)
+    if len(pad) != ndim:
+        raise ValueError(f"padding {pad} does not match rank {ndim}")
+    out = []
+    for p in pad:
+        lo, hi = (p, p) if isinstance(p, int) else tuple(p)
+        if lo < 0 or hi < 0:
+            raise ValueError(f"negative padding {pad}")
+        out.append((int(lo), int(hi)))
+    return tuple(out)
+
+
+def _cached(node: Node, key: str, compute):
+    cache = node._cache
+    if key not in cache:
+        cache[key] = compute()
+    return cache[key]
+
+
+def free_vars(node: Node) -> frozenset:
+    """Iterator variables used by ``node`` and not bound inside it."""
+
+    def compute() -> frozenset:
+        if isinstance(node, Var):
+            return frozenset((node,))
+        if isinstance(node, Scope):
+            return frozenset()  # scopes are closed by construction
+        if isinstance(node, Access) and isinstance(node.source, Scope):
+            return frozenset().union(*(free_vars(i) for i in node.indices))
+        out = frozenset()
+        for child in node.children:
+            out |= free_vars(child)
+        return out
+
+    return _cached(node, "free_vars", compute)
+
+
+def input_tensors(node: Node) -> Tuple[Tensor, ...]:
+    """Input tensors below ``node``, each once, in order of first appearance (depth first)."""
+
+    def compute() -> Tuple[Tensor, ...]:
+        if isinstance(node, Tensor):
+            return (node,)
+        seen: dict = {}
+        for child in node.children:
+            for t in input_tensors(child):
+                seen.setdefault(t.name, t)
+        return tuple(seen.values())
+
+    return _cached(node, "inputs", compute)
+
+
+def is_index(node: Node) -> bool:
+    """True when ``node`` is integer index arithmetic (no tensor reads, no floats)."""
+
+    def compute() -> bool:
+        if isinstance(node, Var):
+            return True
+        if isinstance(node, Const):
+            return node.dtype.startswith("int")
+        if isinstance(node, BinOp):
+            return node.op in ("+", "-", "*", "//", "%") and is_index(node.a) and is_index(node.b)
+        return False
+
+    return _cached(node, "is_index", compute)
+
+
+def iter_nodes(node: Node) -> Iterator[Node]:
+    """Every node reachable from ``node`` (pre-order, shared subtrees visited once)."""
+    seen = set()
+    stack = [node]
+    while stack:
+        cur = stack.pop()
+        if id(cur) in seen:
+            continue
+        seen.add(id(cur))
+        yield cur
+        stack.extend(reversed(cur.children))
+
+
+def substitute(node: Node, mapping: dict) -> Node:
+    """Replace free variables (or any nodes) by expressions; does not enter nested scopes."""
+    if not mapping:
+        return node
+    memo: dict = {}
+
+    def go(cur: Node) -> Node:
+        hit = mapping.get(cur)
+        if hit is not None:
+            return as_node(hit)
+        if isinstance(cur, (Var, Const, Tensor, Scope, IterVar)):
+            return cur
+        done = memo.get(cur)
+        if done is not None:
+            return done
+        if isinstance(cur, BinOp):
+            out = BinOp(cur.op, go(cur.a), go(cur.b))
+        elif isinstance(cur, Call):
+            out = Call(cur.func, tuple(go(a) for a in cur.args))
+        elif isinstance(cur, Access):
+            out = Access(cur.source, tuple(go(i) for i in cur.indices))
+        else:
+            raise TypeError(f"cannot substitute in {type(cur).__name__}")
+        memo[cur] = out
+        return out
+
+    return go(node)
+
+
+def fresh_var(taken: Iterable[str], prefix: str = "i") -> Var:
+    """A variable named ``prefix<k>`` not among ``taken``."""
+    taken = set(taken)
+    k = 0
+    while f"{prefix}{k}" in taken:
+        k += 1
+    return Var(f"{prefix}{k}")
+
+
+def scope_var_names(node: Node) -> set:
+    """Names of every iterator bound anywhere below ``node`` (to pick fresh names)."""
+    names = set()
+    for cur in iter_nodes(node):
+        if isinstance(cur, Var):
+            names.add(cur.name)
+    return names
