@@ -1,0 +1,28 @@
+"""Derivation rules, one module per family; each rule is a named :class:`Rule` object.
+
+``ALL_RULES`` lists every intra-expression rule; ``EAGER_RULES`` those applied to a fixed point
+after every step without costing depth (stage merging); ``SEARCH_RULES`` the explorative rules the
+search tries by default (boundary relaxing enters through ``split_sum_padded``, which relaxes
+exactly as much as a split needs, so the standalone ``relax_sum`` is left out of the default).
+"""
+
+from .base import Rewrite, Rule, RuleContext  # noqa: F401
+from .boundary import RELAX_SUM, TIGHTEN  # noqa: F401
+from .layout import SPLIT_DIM  # noqa: F401
+from .merge import FUSE_ITERS, MAP_ITERS  # noqa: F401
+from .split import SPLIT_LOOP, SPLIT_SUM, SPLIT_SUM_PADDED  # noqa: F401
+from .stage import MERGE_STAGE, MERGE_STAGE_SUM, SPLIT_STAGE  # noqa: F401
+
+ALL_RULES = (
+    SPLIT_SUM, SPLIT_LOOP, SPLIT_SUM_PADDED,
+    MAP_ITERS, FUSE_ITERS,
+    SPLIT_STAGE, MERGE_STAGE, MERGE_STAGE_SUM,
+    TIGHTEN, RELAX_SUM,
+    SPLIT_DIM,
+)
+EAGER_RULES = tuple(r for r in ALL_RULES if not r.costs_depth)
+SEARCH_RULES = (
+    SPLIT_STAGE, MAP_ITERS, TIGHTEN, SPLIT_SUM, SPLIT_SUM_PADDED, SPLIT_LOOP, FUSE_ITERS,
+    SPLIT_DIM, MERGE_STAGE_SUM,
+)
+RULES_BY_NAME = {r.name: r for r in ALL_RULES}

@@ -1,0 +1,365 @@
+"""The derivation search: explorative rule application plus guided instantiation at every state.
+
+:func:`derive` explores the states reachable from an expression by the rules of
+:mod:`tvm_ollie.derive.rules`, breadth first, so every state is first reached by a shortest rule
+path and each distinct state (by fingerprint of its canonical form) is expanded once:
+
+* **explorative** steps (one rule at one focus scope) cost one unit of depth;
+* **eager** steps (stage merging) run to a fixed point after every explorative step, free;
+* **guided** instantiation costs nothing: at every state every scope is matched against the
+  targets (:func:`tvm_ollie.derive.match.match_scope`); each match becomes a candidate program
+  (:func:`tvm_ollie.derive.program.instantiate`).
+
+Every search has explicit limits (depth, time, states) and reports which one stopped it. Candidates
+are deduplicated, sorted by analytic cost, and each is checked against the original expression
+with the reference interpreter (on sampled output points when the expression is too large to
+evaluate whole) before it is returned; a candidate that fails is a bug: it is logged and dropped.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..ir.nodes import Scope
+from .canon import canonicalize
+from .focus import apply_eager, apply_rules, compute_scopes, scopes_of
+from .rules import EAGER_RULES, SEARCH_RULES
+from .rules.base import Rule, RuleContext
+
+__all__ = ["derive", "DeriveResult", "SearchStats", "StopReason", "DEFAULT_TARGETS"]
+
+LOG = logging.getLogger(__name__)
+
+DEFAULT_TARGETS = ("matmul", "batch_matmul", "conv2d", "g2bmm", "gbmm")
+
+
+class StopReason(enum.Enum):
+    """Why a search ended."""
+
+    EXHAUSTED = "exhausted"  # every reachable state was expanded within the depth limit
+    MAX_DEPTH = "max_depth"  # states remained beyond max_depth
+    TIME_BUDGET = "time_budget"
+    MAX_STATES = "max_states"
+    FIRST_FOUND = "first_found"  # stop_on_first: every target has a candidate
+
+
+@dataclass
+class SearchStats:
+    """Counters of one search (see :func:`derive`)."""
+
+    states_visited: int = 0
+    states_pruned: int = 0
+    states_generated: int = 0
+    max_depth_reached: int = 0
+    time_s: float = 0.0
+    search_time_s: float = 0.0
+    verify_time_s: float = 0.0
+    first_found_s: Dict[str, float] = field(default_factory=dict)
+    first_found_depth: Dict[str, int] = field(default_factory=dict)
+    first_found_states: Dict[str, int] = field(default_factory=dict)
+    #: ``(seconds, depth, repr)`` of every distinct candidate, in the order found.
+    found_log: List[Tuple[float, int, str]] = field(default_factory=list)
+    candidates_found: int = 0
+    candidates_rejected: int = 0
+    stop_reason: StopReason = StopReason.EXHAUSTED
+
+    def summary(self) -> str:
+        """One line for logs and the benchmark."""
+        first = ", ".join(f"{k}@d{self.first_found_depth[k]} {v * 1e3:.1f}ms"
+                          for k, v in sorted(self.first_found_s.items(), key=lambda kv: kv[1]))
+        return (f"{self.states_visited} states ({self.states_pruned} pruned), "
+                f"{self.candidates_found} candidates, {self.time_s:.2f}s, "
+                f"stop={self.stop_reason.value}; first: {first or 'none'}")
+
+
+@dataclass
+class DeriveResult:
+    """Candidates (programs sorted by cost, each verified) and the search statistics."""
+
+    candidates: list
+    stats: SearchStats
+    original: Scope = None
+
+    @property
+    def best(self):
+        """The cheapest candidate, or None."""
+        return self.candidates[0] if self.candidates else None
+
+    def by_kind(self, kind: str) -> list:
+        """Candidates whose stages include an operator of ``kind``."""
+        return [p for p in self.candidates if any(s.kind == kind for s in p.stages)]
+
+
+class _Limits(Exception):
+    def __init__(self, reason: StopReason):
+        super().__init__(reason.value)
+        self.reason = reason
+
+
+def _state_key(expr: Scope):
+    try:
+        from ..ir.fingerprint import fingerprint  # pylint: disable=import-outside-toplevel
+    except ImportError:  # pragma: no cover - fingerprint module missing: identity of canon form
+        return expr
+    return fingerprint(expr)
+
+
+class _Search:
+    def __init__(self, expr: Scope, targets, max_depth, time_budget_s, max_states,
+                 rules, ctx, stop_on_first, guided):
+        from . import match as match_mod  # pylint: disable=import-outside-toplevel
+        from . import program as program_mod  # pylint: disable=import-outside-toplevel
+
+        self.match_mod, self.program_mod = match_mod, program_mod
+        self.expr = expr
+        self.targets = tuple(targets)
+        self.max_depth = max_depth
+        self.deadline = None if time_budget_s is None else time.perf_counter() + time_budget_s
+        self.max_states = max_states
+        self.rules = tuple(rules)
+        self.ctx = ctx
+        self.stop_on_first = stop_on_first
+        self.guided = guided
+        self.stats = SearchStats()
+        self.t0 = time.perf_counter()
+        self.match_cache: Dict[Scope, list] = {}
+        self.candidates: Dict[str, object] = {}
+        self.key_fn = _state_key
+
+    # -- guided instantiation -----------------------------------------------------------------
+    def _matches(self, scope: Scope) -> list:
+        hit = self.match_cache.get(scope)
+        if hit is None:
+            hit = self.match_mod.match_scope(scope, self.targets)
+            self.match_cache[scope] = hit
+        return hit
+
+    def _instantiate(self, state: Scope, path: Tuple, depth: int) -> None:
+        for scope in scopes_of(state):
+            for m in self._matches(scope):
+                try:
+                    prog = self.program_mod.instantiate(state, scope, m, path)
+                except (ValueError, NotImplementedError) as err:
+                    LOG.debug("instantiate failed for %s: %s", m.kind, err)
+                    continue
+                key = repr(prog) + "|" + _program_key(prog)
+                if key in self.candidates:
+                    continue
+                self.candidates[key] = prog
+                self.stats.candidates_found += 1
+                self.stats.found_log.append((time.perf_counter() - self.t0, depth, repr(prog)))
+                if m.kind not in self.stats.first_found_s:
+                    self.stats.first_found_s[m.kind] = time.perf_counter() - self.t0
+                    self.stats.first_found_depth[m.kind] = depth
+                    self.stats.first_found_states[m.kind] = self.stats.states_visited
+        if self.stop_on_first and all(t in self.stats.first_found_s for t in self._reachable()):
+            raise _Limits(StopReason.FIRST_FOUND)
+
+    def _reachable(self):
+        return self.stop_on_first if isinstance(self.stop_on_first, tuple) else self.targets[:1]
+
+    # -- exploration ----------------------------------------------------------------------------
+    def _check_limits(self) -> None:
+        if self.deadline is not None and time.perf_counter() > self.deadline:
+            raise _Limits(StopReason.TIME_BUDGET)
+        if self.max_states is not None and self.stats.states_visited >= self.max_states:
+            raise _Limits(StopReason.MAX_STATES)
+
+    def _normal(self, expr: Scope) -> Scope:
+        return canonicalize(apply_eager(expr, EAGER_RULES, self.ctx))
+
+    def _allowed(self, path: Tuple) -> Tuple[Rule, ...]:
+        """The rules still allowed after ``path`` (rules with a per-path bound drop out)."""
+        if not path:
+            return self.rules
+        used: Dict[str, int] = {}
+        for name, _, _ in path:
+            used[name] = used.get(name, 0) + 1
+        return tuple(r for r in self.rules
+                     if r.max_per_path is None or used.get(r.name, 0) < r.max_per_path)
+
+    def run(self) -> None:
+        root = self._normal(self.expr)
+        seen = {self.key_fn(root)}
+        frontier: List[Tuple[Scope, Tuple]] = [(root, ())]
+        depth = 0
+        stop = StopReason.EXHAUSTED
+        try:
+            while frontier:
+                nxt: List[Tuple[Scope, Tuple]] = []
+                self.stats.max_depth_reached = depth
+                for state, path in frontier:
+                    self._check_limits()
+                    self.stats.states_visited += 1
+                    if self.guided:
+                        self._instantiate(state, path, depth)
+                    if depth >= self.max_depth:
+                        stop = StopReason.MAX_DEPTH
+                        continue
+                    rules = self._allowed(path)
+                    for step in apply_rules(state, rules, self.ctx, compute_scopes(state)):
+                        self.stats.states_generated += 1
+                        new = self._normal(step.expr)
+                        key = self.key_fn(new)
+                        if key in seen:
+                            self.stats.states_pruned += 1
+                            continue
+                        seen.add(key)
+                        nxt.append((new, path + ((step.rule.name, step.note, new),)))
+                frontier = nxt
+                depth += 1
+                if depth > self.max_depth and frontier:
+                    stop = StopReason.MAX_DEPTH
+                    break
+        except _Limits as lim:
+            stop = lim.reason
+        self.stats.stop_reason = stop
+        self.stats.search_time_s = time.perf_counter() - self.t0
+
+
+def _program_key(prog) -> str:
+    try:
+        return ";".join(str(s.expr) for s in prog.stages)
+    except AttributeError:  # pragma: no cover
+        return repr(prog)
+
+
+def derive(
+    expr: Scope,
+    targets: Sequence[str] = DEFAULT_TARGETS,
+    max_depth: int = 7,
+    time_budget_s: Optional[float] = None,
+    max_states: Optional[int] = None,
+    seed: int = 0,
+    rules: Optional[Sequence[Rule]] = None,
+    ctx: Optional[RuleContext] = None,
+    verify: bool = True,
+    max_candidates: Optional[int] = 16,
+    stop_on_first=False,
+    guided: bool = True,
+    cost_target: str = "cuda",
+) -> DeriveResult:
+    """Derive programs equivalent to ``expr`` built from target operators and eOperators.
+
+    Parameters
+    ----------
+    expr : Scope
+        The expression to derive from (e.g. from :func:`tvm_ollie.lift`).
+    targets : sequence of str
+        Operator kinds to instantiate (``matmul``, ``batch_matmul``, ``conv2d``, ``g2bmm``,
+        ``gbmm``).
+    max_depth : int
+        Most explorative rule steps on a path (eager stage merging and guided instantiation are
+        free).
+    time_budget_s, max_states : optional
+        Wall-clock and visited-state limits of the exploration.
+    seed : int
+        Seed of the verification inputs. The exploration itself is deterministic.
+    rules : sequence of Rule, optional
+        Explorative rules (default :data:`tvm_ollie.derive.rules.SEARCH_RULES`).
+    ctx : RuleContext, optional
+        Rule options (split factors, relax limit).
+    verify : bool
+        Check each returned candidate against ``expr`` with the interpreter (never turn this off
+        outside of benchmarks of the search alone).
+    max_candidates : int or None
+        Return at most this many (the cheapest; verification stops once enough passed).
+    stop_on_first : bool or tuple of str
+        Stop as soon as the first target (or each of the given targets) has a candidate.
+    guided : bool
+        Match targets at every state (turning it off measures pure exploration).
+    cost_target : str
+        Roofline defaults used to sort candidates (``"cuda"`` or ``"llvm"``).
+
+    Returns
+    -------
+    DeriveResult
+    """
+    if not isinstance(expr, Scope):
+        raise TypeError(f"derive needs a Scope, got {type(expr).__name__}")
+    ctx = ctx or RuleContext(targets=tuple(targets))
+    search = _Search(expr, targets, max_depth, time_budget_s, max_states,
+                     rules if rules is not None else SEARCH_RULES, ctx, stop_on_first, guided)
+    search.run()
+    stats = search.stats
+    progs = list(search.candidates.values())
+    progs.sort(key=lambda p: (_cost(p, cost_target), repr(p)))
+    t_verify = time.perf_counter()
+    out = []
+    if verify and progs:
+        checker = _Verifier(expr, seed)
+        for prog in progs:
+            if max_candidates is not None and len(out) >= max_candidates:
+                break
+            ok, why = checker.check(prog)
+            if ok:
+                out.append(prog)
+            else:
+                stats.candidates_rejected += 1
+                LOG.error("derived candidate failed verification (%s): %r\n%s", why, prog,
+                          _explain(prog))
+    else:
+        out = progs if max_candidates is None else progs[:max_candidates]
+    stats.verify_time_s = time.perf_counter() - t_verify
+    stats.time_s = stats.search_time_s + stats.verify_time_s
+    return DeriveResult(out, stats, expr)
+
+
+def _cost(prog, target: str) -> float:
+    try:
+        cost = prog.cost(target=target)
+    except Exception:  # pylint: disable=broad-except
+        return float("inf")
+    for attr in ("time_s", "seconds", "total_s", "time"):
+        value = getattr(cost, attr, None)
+        if isinstance(value, (int, float)):
+            return float(value)
+    return float(cost) if isinstance(cost, (int, float)) else float("inf")
+
+
+def _explain(prog) -> str:
+    try:
+        return prog.explain()
+    except Exception:  # pylint: disable=broad-except
+        return ""
+
+
+class _Verifier:
+    """Checks programs against the original: whole outputs when small, sampled points otherwise."""
+
+    #: Above this many multiply-adds (product of all iterator extents) sampling is used.
+    FULL_WORK_LIMIT = 2e7
+
+    def __init__(self, expr: Scope, seed: int):
+        from ..ir.interp import random_inputs  # pylint: disable=import-outside-toplevel
+        from ..verify.sampled import work  # pylint: disable=import-outside-toplevel
+
+        self.expr = expr
+        self.seed = seed
+        self.inputs = random_inputs(expr, seed=seed)
+        self.full = work(expr) <= self.FULL_WORK_LIMIT
+        self.reference = None
+
+    def check(self, prog) -> Tuple[bool, str]:
+        """``(ok, reason)`` for one program."""
+        from ..ir.interp import evaluate  # pylint: disable=import-outside-toplevel
+        from ..verify.sampled import check_program_sampled  # pylint: disable=import-outside-toplevel
+
+        try:
+            if self.full:
+                if self.reference is None:
+                    self.reference = evaluate(self.expr, self.inputs, dtype=np.float64)
+                got = prog.evaluate(self.inputs)
+                ok = got.shape == self.reference.shape and np.allclose(
+                    got, self.reference, rtol=1e-4, atol=1e-5)
+                return ok, "" if ok else "values differ"
+            res = check_program_sampled(self.expr, prog, self.inputs, seed=self.seed)
+            return res.ok, res.reason
+        except Exception as err:  # pylint: disable=broad-except
+            return False, f"{type(err).__name__}: {err}"

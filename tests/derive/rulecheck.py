@@ -1,0 +1,56 @@
+"""Shared checks of the derivation-rule tests: a rewrite must keep the interpreter's result."""
+
+from typing import List, Optional
+
+from tvm_ollie.derive.canon import canonicalize
+from tvm_ollie.derive.focus import apply_eager, apply_rules
+from tvm_ollie.derive.rules import EAGER_RULES, Rewrite, Rule, RuleContext
+from tvm_ollie.ir.nodes import IterVar, Scope, Tensor, Var
+from tvm_ollie.verify.equivalence import check_equivalent
+
+
+def assert_equivalent(a: Scope, b: Scope, what: str = "") -> None:
+    """``b`` computes what ``a`` does (same shape, integer and float trials)."""
+    assert a.shape == b.shape, f"{what}: shape {a.shape} -> {b.shape}"
+    res = check_equivalent(a, b, trials=2)
+    assert res.ok, f"{what}: {res.reason}\n  before: {a}\n  after:  {b}"
+
+
+def check_rule(rule: Rule, scope: Scope, ctx: Optional[RuleContext] = None,
+               limit: int = 8) -> List[Rewrite]:
+    """Apply ``rule`` to ``scope``; every rewrite (and its canonical, eagerly merged form) must be
+    equivalent. Returns the rewrites."""
+    ctx = ctx or RuleContext()
+    out = rule(scope, ctx)
+    for rw in out[:limit]:
+        assert_equivalent(scope, rw.scope, f"{rule.name}: {rw.note}")
+        merged = canonicalize(apply_eager(rw.scope, EAGER_RULES, ctx))
+        assert_equivalent(scope, merged, f"{rule.name} (merged, canonical): {rw.note}")
+    return out
+
+
+def check_rule_everywhere(rule: Rule, expr: Scope, ctx: Optional[RuleContext] = None,
+                          limit: int = 8) -> int:
+    """Apply ``rule`` at every focus of ``expr`` through the driver; all results equivalent."""
+    ctx = ctx or RuleContext()
+    count = 0
+    for step in apply_rules(expr, (rule,), ctx):
+        if count >= limit:
+            break
+        assert_equivalent(expr, step.expr, f"{rule.name} at a nested focus: {step.note}")
+        count += 1
+    return count
+
+
+def conv2d_nhwc(n=1, h=4, c=3, f=2, r=3, stride=1, dil=1, pad=None) -> Scope:
+    """``Out[n, h, w, f] = Σ A[n, s*h + d*r - p, s*w + d*s - p, c] * K[r, s, f, c]``."""
+    p = dil * (r - 1) // 2 if pad is None else pad
+    out = (h + 2 * p - dil * (r - 1) - 1) // stride + 1
+    vn, vh, vw, vf, vc, vr, vs = (Var(x) for x in "nhwfcrs")
+    a = Tensor("A", (n, h, h, c), pad=((0, 0), (p, p), (p, p), (0, 0)))
+    k = Tensor("K", (r, r, f, c))
+    return Scope(
+        [IterVar(vn, 0, n), IterVar(vh, 0, out), IterVar(vw, 0, out), IterVar(vf, 0, f)],
+        [IterVar(vc, 0, c), IterVar(vr, 0, r), IterVar(vs, 0, r)],
+        a[vn, stride * vh + dil * vr - p, stride * vw + dil * vs - p, vc] * k[vr, vs, vf, vc],
+    )
