@@ -75,3 +75,16 @@ def test_derived_conv_is_cheaper_in_flops_than_im2col_with_big_gather():
     # conv2d direct vs im2col matmul: same multiply-adds, the im2col gathers cost bytes.
     assert costs["conv2d"].flops == costs["matmul"].flops
     assert costs["conv2d"].bytes < costs["matmul"].bytes
+
+
+def test_grouped_conv_flops_count_channels_per_group():
+    # Depthwise: each output channel sums over 1 input channel, not over all 3.
+    e = parse("L<n:0:2, ch:0:3, h:0:4, w:0:4> Σ<r:0:3, s:0:3> "
+              "{ A<pad=[0, 0, 1, 1]>[n, ch, h + r - 1, w + s - 1] * K[ch, r, s] } "
+              "where A: float32[2, 3, 4, 4]; K: float32[3, 3, 3]")
+    (m,) = [x for x in match_scope(e) if x.kind == "conv2d"]
+    assert m.attrs["groups"] == 3
+    prog = instantiate(e, e, m)
+    (st,) = [s for s in program_cost(prog).stages if s.kind == "conv2d"]
+    assert st.flops == 2 * 2 * 3 * 4 * 4 * 1 * 3 * 3
+    assert st.flops == expr_cost(e)[0]  # as counted on the scope: a mul and an add per point

@@ -3,13 +3,17 @@
 import numpy as np
 import pytest
 
-from tvm_ollie.derive.program import Program, Stage
+from tvm_ollie.derive.match import match_scope
+from tvm_ollie.derive.program import Program, Stage, instantiate
 from tvm_ollie.derive.rules.inter import (
     FUSE_MEMORY_BOUND,
     INTER_RULES,
     MERGE_SHARED_INPUT,
     SPLIT_OPERATORS,
     InterRule,
+    combine_programs,
+    merge_gemm_stages,
+    merge_shared_input,
 )
 from tvm_ollie.ir.interp import evaluate, random_arrays, random_inputs
 from tvm_ollie.ir.nodes import IterVar, Scope, Tensor, Var
@@ -117,3 +121,64 @@ def test_merge_refuses(text2):
     e1 = parse("L<i:0:4, j:0:5> Σ<k:0:3> { X[i, k] * W1[k, j] } where X: float32[4, 3]; "
                "W1: float32[3, 5]")
     assert MERGE_SHARED_INPUT(e1, parse(text2)) is None
+
+
+# -- merging GEMM stages inside programs --------------------------------------------------------
+
+
+def _two_gemm_expr():
+    """``relu(X @ W1) + X @ W2``: one expression whose split program has two GEMMs on X."""
+    return parse("L<i:0:4, j:0:5> { relu((L<i:0:4, j:0:5> Σ<k:0:3> { X[i, k] * W1[k, j] })[i, j])"
+                 " + (L<i:0:4, j:0:5> Σ<k:0:3> { X[i, k] * W2[k, j] })[i, j] } "
+                 "where X: float32[4, 3]; W1: float32[3, 5]; W2: float32[3, 5]")
+
+
+def test_merge_gemm_stages_inside_one_program():
+    e = _two_gemm_expr()
+    prog = SPLIT_OPERATORS(Program([Stage("Y", "eop", e)], e, "Y"))
+    assert prog.kinds.count("matmul") == 2
+    merged = MERGE_SHARED_INPUT(prog)
+    assert merged is not None and not merged.multi
+    assert merged.kinds.count("matmul") == 1 and "matmul[4x3 @ 3x10]" in repr(merged)
+    ins = random_inputs(e, integer=True)
+    np.testing.assert_array_equal(merged.evaluate(ins, np.float64), evaluate(e, ins, np.float64))
+    before, after = prog.cost(), merged.cost()
+    ops = lambda c: sum(s.flops for s in c.stages if s.kind == "matmul")  # noqa: E731
+    assert ops(before) == ops(after) and after.time_s > 0
+    assert MERGE_SHARED_INPUT(merged) is None
+    assert "share A=X" in merged.explain()
+
+
+def test_merge_two_programs_and_three_gemms():
+    texts = ["L<i:0:4, j:0:%d> Σ<k:0:3> { X[i, k] * W%d[k, j] } where X: float32[4, 3]; "
+             "W%d: float32[3, %d]" % (n, k, k, n) for k, n in ((1, 5), (2, 2), (3, 3))]
+    es = [parse(t) for t in texts]
+    progs = [instantiate(e, e, match_scope(e, ("matmul",))[0]) for e in es]
+    two = merge_shared_input(progs[0], progs[1])
+    assert two is not None and two.multi and two.kinds.count("matmul") == 1
+    _check_two(two, es[0], es[1])
+    three = merge_shared_input(combine_programs(two, progs[2]))
+    assert three is not None and three.kinds.count("matmul") == 1
+    assert "matmul[4x3 @ 3x10]" in repr(three)
+    ins = random_arrays(sorted({t for e in es for t in e.inputs}, key=lambda t: t.name),
+                        integer=True)
+    for got, e in zip(three.evaluate(ins, np.float64), es):
+        np.testing.assert_array_equal(got, evaluate(e, ins, np.float64))
+    assert three.cost().time_s > 0 and len(three.cost().stages) == len(three.stages)
+
+
+def test_merge_refuses_dependent_gemms():
+    # T2 = X @ T1 reads T1 = X @ W: they share X but cannot run as one GEMM.
+    x, w = Tensor("X", (4, 4)), Tensor("W", (4, 4))
+    i, j, k = Var("i"), Var("j"), Var("k")
+    t1 = Scope([IterVar(i, 0, 4), IterVar(j, 0, 4)], [IterVar(k, 0, 4)], x[i, k] * w[k, j])
+    e = Scope([IterVar(i, 0, 4), IterVar(j, 0, 4)], [IterVar(k, 0, 4)], x[i, k] * t1[k, j])
+    prog = SPLIT_OPERATORS(Program([Stage("Y", "eop", e)], e, "Y"))
+    assert prog is not None and prog.kinds.count("matmul") == 2
+    assert merge_gemm_stages(prog) is None
+
+
+def test_merge_shared_input_type_errors():
+    e = _two_gemm_expr()
+    with pytest.raises(TypeError):
+        merge_shared_input(e)

@@ -40,7 +40,7 @@ def test_conv3x3_derived_form_instantiates_as_matmul_plus_offset_add():
                   "{ A<pad=[0, 1, 1, 0]>[n, t1 - 1, t2 - 1, c] * K[r, s, f, c] } "
                   "where A: float32[1, 4, 4, 8]; K: float32[3, 3, 8, 8]")
     expr = offset_add(inner)
-    (m,) = [x for x in match_scope(inner) if x.kind == "matmul"]
+    m = [x for x in match_scope(inner) if x.kind == "matmul"][0]
     assert (m.attrs["M"], m.attrs["N"], m.attrs["K"]) == (36, 72, 8)
     prog = instantiate(expr, inner, m, steps=[("stage-split", "Σ<r, s>", expr)], original=CONV)
     assert repr(prog) == "eop[gather 1x6x6x8] -> matmul[36x8 @ 8x72] -> eop[offset-add 1x4x4x8]"
@@ -56,7 +56,7 @@ def test_tightened_conv3x3_form_needs_no_gather():
                   "{ A<pad=[0, 1, 1, 0]>[n, t1 - 1, t2 - 1, c] * K[r, s, f, c] } "
                   "where A: float32[1, 4, 4, 8]; K: float32[3, 3, 8, 8]")
     expr = offset_add(inner)
-    (m,) = [x for x in match_scope(inner) if x.kind == "matmul"]
+    m = [x for x in match_scope(inner) if x.kind == "matmul"][0]
     prog = instantiate(expr, inner, m)
     assert repr(prog) == "matmul[16x8 @ 8x72] -> eop[offset-add 1x4x4x8]"
     assert_same(CONV, prog)

@@ -9,7 +9,7 @@ trades arithmetic for a little extra memory traffic.
 Counting rules:
 
 * Matched operators use their own formula (``2*M*N*K`` for a GEMM, ``2*N*F*OH*OW*C*R*S`` for a
-  convolution, ``2*batch*length*(2W+1)*K`` for G2BMM and GBMM); bytes are the operands and the
+  convolution (``C`` per group for grouped ones), ``2*batch*length*(2W+1)*K`` for G2BMM and GBMM); bytes are the operands and the
   output, each moved once.
 * An eOperator counts the arithmetic of its body at every point of its iteration space (loops
   times reductions), plus one operation per point for the reduction's accumulate, recursively
@@ -170,7 +170,8 @@ def _operator_flops(kind: str, at: Mapping[str, object]) -> float:
     if kind in ("matmul", "batch_matmul"):
         return 2.0 * at.get("batch", 1) * at["M"] * at["N"] * at["K"]
     if kind == "conv2d":
-        return 2.0 * at["N"] * at["F"] * at["OH"] * at["OW"] * at["C"] * at["R"] * at["S"]
+        c_per_group = at["C"] // at.get("groups", 1)
+        return 2.0 * at["N"] * at["F"] * at["OH"] * at["OW"] * c_per_group * at["R"] * at["S"]
     if kind == "g2bmm":
         return 2.0 * at["batch"] * at["length"] * (2 * at["width"] + 1) * at["K"]
     if kind == "gbmm":

@@ -9,8 +9,9 @@ the index is affine. Each target is a small set of roles over that table:
 ==============  ==========================================================================
 matmul          M (out, X), N (out, Y), K (sum, X and Y); each role a *group* of iterators
 batch_matmul    as matmul plus Batch (out, X and Y)
-conv2d          n (out, data), f (out, weight), c (sum, both), and one or two spatial pairs:
-                ``oh`` (out) and ``r`` (sum) sharing a data index ``st*oh + dil*r + off``
+conv2d          n (out, data), g (out, both: channel groups), f (out, weight), c (sum, both),
+                and one or two spatial pairs: ``oh`` (out) and ``r`` (sum) sharing a data index
+                ``st*oh ± dil*r + off`` (``-`` = flipped kernel); the weight index is free-form
 g2bmm           ``out[b, i, j] = Σ_k A[b, i, k] * B[b, i + D*(j - W), k]``,  j in [0, 2W+1)
 gbmm            ``out[b, i, n] = Σ_j A[b, i, j] * B[b, i + D*(j - W), n]``,  j in [0, 2W+1)
 ==============  ==========================================================================
@@ -31,8 +32,9 @@ through a row-major view (see :mod:`tvm_ollie.derive.program`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..ir.nodes import Access, BinOp, IterVar, Node, Scope, Tensor, Var, free_vars, substitute
 from .rules.base import build_linear
@@ -93,6 +95,7 @@ class Read:
     box_extent: Tuple[int, ...]
     forms: Tuple[Optional[Form], ...]
     dim_vars: Tuple[frozenset, ...]
+    memo: Dict[str, object] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def source(self) -> Union[Tensor, Scope]:
@@ -210,30 +213,44 @@ class Operand:
         The read in the matched scope's body.
     shape : tuple[int, ...]
         Shape of the operand as the operator reads it.
-    gather : Scope
-        A scope that materializes the operand in a layout whose row-major flattening is
-        ``shape`` (loops begin at 0, no padding).
     is_view : bool
         The operand is the read's source itself, reshaped row-major (free): no gather stage.
+    gather : Scope
+        (property) A scope that materializes the operand in a layout whose row-major
+        flattening is ``shape`` (loops begin at 0, no padding). Built on first use: matching
+        compares many candidate layouts and needs only ``is_view`` and ``shape`` for that.
     """
 
     role: str
     access: Access
     shape: Tuple[int, ...]
-    gather: Scope
     is_view: bool
+    build: Callable[[], Scope] = field(repr=False)
 
     @property
     def source(self) -> Union[Tensor, Scope]:
         return self.access.source
 
+    @cached_property
+    def gather(self) -> Scope:
+        return self.build()
 
-def _plain_sequence(read: Read, ranges: Mapping[Var, IterVar]) -> Optional[List[Union[Var, int]]]:
+
+def _plain_sequence(read: Read, ranges: Mapping[Var, IterVar]
+                    ) -> Optional[Tuple[Union[Var, int], ...]]:
     """The read as a sequence of whole-dimension plain iterators (box dims of extent 1 skipped).
 
     Entries are iterators, or the dimension number for a non-plain index (the caller decides
     whether that dimension is a compound operator index). None when a plain iterator repeats.
+    ``ranges`` must be those of the read's scope (the result is memoized on the read).
     """
+    if "plain" not in read.memo:
+        read.memo["plain"] = _compute_plain_sequence(read, ranges)
+    return read.memo["plain"]
+
+
+def _compute_plain_sequence(read: Read, ranges: Mapping[Var, IterVar]
+                            ) -> Optional[Tuple[Union[Var, int], ...]]:
     seq: List[Union[Var, int]] = []
     for d, (form, ext) in enumerate(zip(read.forms, read.box_extent)):
         if form is not None:
@@ -245,11 +262,37 @@ def _plain_sequence(read: Read, ranges: Mapping[Var, IterVar]) -> Optional[List[
                 if c == 1 and ranges[v].extent == ext:
                     seq.append(v)
                     continue
+            merged = _merged_dim(coeffs, const, ext, ranges)
+            if merged is not None:
+                seq.extend(merged)
+                continue
         seq.append(d)
     plain = [v for v in seq if isinstance(v, Var)]
     if len(set(plain)) != len(plain):
         return None
-    return seq
+    return tuple(seq)
+
+
+def _merged_dim(coeffs: Mapping[Var, int], const: int, ext: int,
+                ranges: Mapping[Var, IterVar]) -> Optional[List[Var]]:
+    """Iterators ``[v1, v2, ..]`` when the index is the row-major flattening ``Σ stride_k v_k``.
+
+    A dimension read as ``3*g + c`` with ``c`` over 3 values and the dimension of extent
+    ``3 * |g|`` (what variable merging produces) is the group ``(g, c)`` laid out row-major, so
+    the read is still a free view. Unit iterators (always 0 in box coordinates) are dropped.
+    """
+    if const != 0 or len(coeffs) < 2:
+        return None
+    terms = sorted(((c, v) for v, c in coeffs.items() if ranges[v].extent > 1),
+                   key=lambda t: (-t[0], t[1].name))
+    if len(terms) < 2 or any(c < 1 for c, _ in terms):
+        return None
+    stride = 1
+    for c, v in reversed(terms):
+        if c != stride:
+            return None
+        stride *= ranges[v].extent
+    return [v for _, v in terms] if stride == ext else None
 
 
 def _squeeze(items: Iterable[Union[Var, int, Compound]], ranges: Mapping[Var, IterVar]) -> list:
@@ -285,10 +328,18 @@ def _make_operand(
     role: str, read: Read, dims: Sequence[DimSpec], ranges: Mapping[Var, IterVar],
     fresh_prefix: str = "j",
 ) -> Operand:
-    """Build the operand (view or gather) laying ``read`` out as the flattened ``dims``."""
+    """The operand (view or gather) laying ``read`` out as the flattened ``dims``."""
     shape = tuple(_spec_extent(s, ranges) for s in dims)
+    dims = tuple(dims)
+    return Operand(role, read.access, shape, _is_view(read, dims, ranges),
+                   lambda: _gather_scope(read, dims, ranges, fresh_prefix))
+
+
+def _gather_scope(read: Read, dims: Sequence[DimSpec], ranges: Mapping[Var, IterVar],
+                  fresh_prefix: str) -> Scope:
+    """The scope over the operand's iterators (in ``dims`` order) whose body is the read."""
     loops: List[IterVar] = []
-    replace: Dict[int, Node] = {}
+    fresh_at: Dict[int, Node] = {}
     taken = {v.name for v in ranges}
     for k, spec in enumerate(dims):
         if isinstance(spec, Compound):
@@ -298,22 +349,21 @@ def _make_operand(
             taken.add(name)
             fresh = Var(name)
             loops.append(IterVar(fresh, 0, spec.extent))
-            replace[spec.dim] = fresh + (spec.offset + read.box_begin[spec.dim]) \
+            fresh_at[spec.dim] = fresh + (spec.offset + read.box_begin[spec.dim]) \
                 if spec.offset + read.box_begin[spec.dim] else fresh
         else:
             loops.extend(IterVar(v, 0, ranges[v].extent) for v in spec)
     order = [iv.var for iv in loops]
     indices = []
     for d, (idx, form) in enumerate(zip(read.access.indices, read.forms)):
-        if d in replace:
-            indices.append(replace[d])
+        if d in fresh_at:
+            indices.append(fresh_at[d])
         elif form is not None:
             indices.append(form_to_node(form[0], form[1] + read.box_begin[d], order))
         else:
             shift = {v: v + ranges[v].begin for v in free_vars(idx) if ranges[v].begin}
             indices.append(substitute(idx, shift))
-    gather = Scope(loops, (), Access(read.source, indices))
-    return Operand(role, read.access, shape, gather, _is_view(read, dims, ranges))
+    return Scope(loops, (), Access(read.source, indices))
 
 
 def _appearance(read: Read, group: Iterable[Var]) -> List[Var]:
@@ -412,7 +462,10 @@ class Match:
 
 
 def match_scope(scope: Scope, targets: Sequence[str] = TARGETS) -> List[Match]:
-    """Every way (at most one per target kind) to instantiate ``scope`` as a target operator.
+    """The ways to instantiate ``scope`` as a target operator, in target order.
+
+    At most one match per kind, except matmul / batch_matmul, which also offer the other
+    operand order when it prepares operands or the output differently (cheapest first).
 
     Parameters
     ----------
@@ -434,8 +487,10 @@ def match_scope(scope: Scope, targets: Sequence[str] = TARGETS) -> List[Match]:
         if kind not in targets:
             continue
         found = _MATCHERS[kind](table)
-        if found is not None:
+        if isinstance(found, Match):
             out.append(found)
+        elif found:
+            out.extend(found)
     return out
 
 
@@ -456,17 +511,37 @@ def _gemm_roles(table: IterTable) -> Optional[Dict[str, List[Var]]]:
     return roles
 
 
-def _match_gemm(table: IterTable, batched: bool) -> Optional[Match]:
+def _match_gemm(table: IterTable, batched: bool) -> List[Match]:
+    """Both operand orders (``A @ B`` and ``B^T @ A^T``), cheapest first, when they differ.
+
+    The orders compute the same product; they differ in which operand layouts are free views
+    and whether the output is the scope itself or needs a transposing eOperator. When both
+    orders prepare the same amount of data only the first is kept (the list stays small).
+    """
     roles = _gemm_roles(table)
     if roles is None or bool(roles["batch"]) != batched:
-        return None
-    best = None
+        return []
+    cands = []
     for first in (0, 1):
         cand = _gemm_orientation(table, roles, first)
-        score = (not cand.output_is_view(), cand.gathers)
-        if best is None or score < best[0]:
-            best = (score, cand)
-    return best[1]
+        cands.append((_prep_score(cand), first, cand))
+    cands.sort(key=lambda t: t[:2])
+    if cands[0][0] == cands[1][0]:
+        return [cands[0][2]]
+    return [cands[0][2], cands[1][2]]
+
+
+def _prep_score(match: Match) -> Tuple[int, int, int]:
+    """``(output needs an eOperator, gathers, gathered elements)``: lower is cheaper."""
+    elems = sum(_size(op.shape) for op in match.operands if not op.is_view)
+    return (int(not match.output_is_view()), match.gathers, elems)
+
+
+def _size(shape: Sequence[int]) -> int:
+    out = 1
+    for s in shape:
+        out *= int(s)
+    return out
 
 
 def _gemm_orientation(table: IterTable, roles: Dict[str, List[Var]], first: int) -> Match:
@@ -531,11 +606,22 @@ def gemm_signature(at: Mapping[str, object]) -> str:
 
 
 # -- conv2d -----------------------------------------------------------------------------------
+#
+# Roles over the iterator table (data = one read, weight = the other):
+#   n   traversal, data only        (a group: flattened into the operator's N)
+#   g   traversal, data and weight  (a group: the conv's channel groups, ``groups = |g|``)
+#   f   traversal, weight only      (a group: output channels per group)
+#   c   summation, data and weight  (a group: input channels per group)
+#   oh  traversal, data only, read as ``stride*oh + dilation*r + offset`` on one data dim
+#   r   summation, data and weight, the kernel iterator of that data dim
+# The weight may index its dims with any form of g, f, c and r (``K[3*f + r, ...]`` after a
+# conv5x5 -> conv3x3 derivation): it is then gathered into OIHW. The data must isolate each
+# spatial pair on one dim; its other dims may be any form of n, g and c (gathered when needed).
 
 
 @dataclass(frozen=True)
 class _Spatial:
-    """One spatial pair: data dim ``dim`` reads ``stride*oh + dilation*r + offset``."""
+    """One spatial pair: data dim ``dim`` reads ``stride*oh + dilation*r + offset`` (box coords)."""
 
     dim: int
     oh: Var
@@ -543,67 +629,162 @@ class _Spatial:
     stride: int
     dilation: int
     offset: int
+    flip: bool = False  # the data reads ``- dilation*r``: r runs backwards over the kernel
+
+    def is_plain(self, read: Read, ranges: Mapping[Var, IterVar]) -> bool:
+        """The dim is exactly ``oh`` over the whole box (a kernel-1 axis, e.g. of a 1xk conv)."""
+        return (self.r is None and self.stride == 1 and self.offset == 0
+                and ranges[self.oh].extent == read.box_extent[self.dim])
+
+    def window(self, ranges: Mapping[Var, IterVar]) -> int:
+        """How many consecutive data positions the pair reads."""
+        r_ext = ranges[self.r].extent if self.r is not None else 1
+        return self.stride * (ranges[self.oh].extent - 1) + self.dilation * (r_ext - 1) + 1
+
+
+@dataclass(frozen=True)
+class _ConvRoles:
+    data: Read
+    weight: Read
+    n: Tuple[Var, ...]
+    g: Tuple[Var, ...]
+    f: Tuple[Var, ...]
+    c: Tuple[Var, ...]
+    hw: Tuple[Optional[_Spatial], Optional[_Spatial]]
 
 
 def _match_conv(table: IterTable) -> Optional[Match]:
+    """The cheapest conv2d reading of the table (either read as data; output-channel orders)."""
+    best = None
     for first in (0, 1):
-        found = _conv_orientation(table, first)
-        if found is not None:
-            return found
-    return None
+        roles = _conv_roles(table, first)
+        if roles is None:
+            continue
+        f_orders = [_order_from((roles.weight,), roles.f, table.loops, table.ranges),
+                    tuple(v for v in table.loops if v in roles.f)]
+        for f in dict.fromkeys(f_orders):
+            cand = _conv_match(table, replace(roles, f=f))
+            score = (cand.gathers, not cand.output_is_view())
+            if best is None or score < best[0]:
+                best = (score, cand)
+    return best[1] if best is not None else None
 
 
-def _conv_orientation(table: IterTable, first: int) -> Optional[Match]:
+def _spatial_of(form: Optional[Form], outs: frozenset, sums: frozenset,
+                ranges: Mapping[Var, IterVar]) -> Optional[_Spatial]:
+    """``stride*oh + dilation*r + offset`` (or ``stride*oh + offset``) as a pair, else None.
+
+    A negative kernel coefficient (``h - r``, as in derived transposed convolutions) is a
+    flipped kernel: with ``r' = R-1-r`` the read is ``stride*oh + |d|*r' + offset - |d|*(R-1)``
+    and the weight is gathered at ``R-1-r'``.
+    """
+    if form is None:
+        return None
+    coeffs, off = form
+    oh = [v for v in coeffs if v in outs]
+    r = [v for v in coeffs if v in sums]
+    if len(oh) != 1 or len(r) > 1 or len(coeffs) != 1 + len(r) or coeffs[oh[0]] < 1:
+        return None
+    if not r:
+        return _Spatial(-1, oh[0], None, coeffs[oh[0]], 1, off)
+    dil = coeffs[r[0]]
+    if dil > 0:
+        return _Spatial(-1, oh[0], r[0], coeffs[oh[0]], dil, off)
+    return _Spatial(-1, oh[0], r[0], coeffs[oh[0]], -dil, off + dil * (ranges[r[0]].extent - 1),
+                    True)
+
+
+def _flip_read(read: Read, flips: Mapping[Var, int]) -> Optional[Read]:
+    """``read`` with each iterator ``r`` of ``flips`` (to its extent) replaced by ``R-1-r``."""
+    if not flips:
+        return read
+    forms = []
+    for form, dv in zip(read.forms, read.dim_vars):
+        if form is None:
+            if dv & set(flips):
+                return None
+            forms.append(form)
+            continue
+        coeffs, const = dict(form[0]), form[1]
+        for r, ext in flips.items():
+            if r in coeffs:
+                const += coeffs[r] * (ext - 1)
+                coeffs[r] = -coeffs[r]
+        forms.append((coeffs, const))
+    return replace(read, forms=tuple(forms), memo={})
+
+
+def _conv_roles(table: IterTable, first: int) -> Optional[_ConvRoles]:
     ranges = table.ranges
     data, weight = table.reads[first], table.reads[1 - first]
     loopset = set(table.loops)
-    dseq, wseq = _plain_sequence(data, ranges), _plain_sequence(weight, ranges)
-    if dseq is None or wseq is None or any(isinstance(x, int) for x in wseq):
+    dvars, wvars = data.vars(), weight.vars()
+    for v in table.loops + table.reduce:
+        if v not in dvars and v not in wvars:
+            return None  # a broadcast output dim or an unread summation: not an operator
+        if v not in loopset and not (v in dvars and v in wvars):
+            return None
+    outs = frozenset(v for v in table.loops if v in dvars and v not in wvars)
+    sums = frozenset(v for v in table.reduce)
+    strong, weak = [], []
+    for d, form in enumerate(data.forms):
+        sp = _spatial_of(form, outs, sums, ranges)
+        if sp is None:
+            continue
+        sp = replace(sp, dim=d)
+        if any(k != d and (sp.oh in s or sp.r in s) for k, s in enumerate(data.dim_vars)):
+            continue  # the pair's iterators are read elsewhere too: not separable
+        (strong if sp.r is not None else weak).append(sp)
+    if len(strong) > 2:
         return None
-    spatial: List[_Spatial] = []
-    for d in (x for x in dseq if isinstance(x, int)):
-        form = data.forms[d]
-        if form is None:
-            return None
-        coeffs, off = form
-        outs = [v for v in coeffs if v in loopset]
-        sums = [v for v in coeffs if v not in loopset]
-        if len(outs) != 1 or len(sums) > 1:
-            return None
-        oh, r = outs[0], (sums[0] if sums else None)
-        if oh in weight.vars() or coeffs[oh] < 1 or (r is not None and (
-                coeffs[r] < 1 or r not in wseq)):
-            return None
-        spatial.append(_Spatial(d, oh, r, coeffs[oh], coeffs[r] if r is not None else 1, off))
-    plain_out = [v for v in dseq if isinstance(v, Var) and v in loopset]
-    if len(spatial) == 1 and len(plain_out) == 2:
-        # A 1xk conv: the plain output dim read just before the other spatial dim is H (k=1).
-        oh = plain_out[1]
-        spatial.insert(0, _Spatial(_dim_of(data, oh), oh, None, 1, 1, 0))
-    if not 1 <= len(spatial) <= 2:
-        return None
+    spatial = list(strong)
+    bent = [s for s in weak if not s.is_plain(data, ranges)]
+    if len(spatial) + len(bent) <= 2:
+        spatial += bent  # strided / offset kernel-1 axes
+    if len(spatial) == 1:
+        extra = _adjacent_plain_axis(data, spatial[0], weak, ranges)
+        if extra is not None:
+            spatial.append(extra)
+    if not spatial:
+        return None  # no spatial axis: a matmul, not a convolution
     spatial.sort(key=lambda s: s.dim)
     used = {s.oh for s in spatial} | {s.r for s in spatial if s.r is not None}
-    rest = [v for v in table.loops + table.reduce if v not in used]
-    dvars, wvars = data.vars(), weight.vars()
-
-    def role(is_loop: bool, in_data: bool, in_weight: bool) -> Tuple[Var, ...]:
-        return tuple(v for v in rest if ((v in loopset), (v in dvars), (v in wvars)) == (
-            is_loop, in_data, in_weight))
-
-    n, f, c = role(True, True, False), role(True, False, True), role(False, True, True)
-    if len(n) > 1 or len(f) > 1 or len(c) > 1 or len(n) + len(f) + len(c) != len(rest):
+    n = tuple(v for v in table.loops if v in outs and v not in used)
+    g = tuple(v for v in table.loops if v in dvars and v in wvars)
+    f = tuple(v for v in table.loops if v not in dvars)
+    c = tuple(v for v in table.reduce if v not in used)
+    spatial_dims = {s.dim for s in spatial}
+    for d, s in enumerate(data.dim_vars):
+        if d not in spatial_dims and s & used:
+            return None
+    hw = (None, spatial[0]) if len(spatial) == 1 else (spatial[0], spatial[1])
+    weight = _flip_read(weight, {s.r: ranges[s.r].extent for s in spatial if s.flip})
+    if weight is None:
         return None
-    if any(isinstance(x, Var) and x not in n + c + tuple(s.oh for s in spatial) for x in dseq):
-        return None
-    if any(x not in f + c + tuple(s.r for s in spatial if s.r is not None) for x in wseq):
-        return None
-    pairs: List[Optional[_Spatial]] = ([None] if len(spatial) == 1 else []) + spatial
-    return _conv_match(table, data, weight, n, f, c, pairs, dseq, wseq)
+    return _ConvRoles(
+        data, weight,
+        _order_from((data,), n, table.loops, ranges),
+        _order_from((data, weight), g, table.loops, ranges),
+        f,
+        _order_from((data, weight), c, table.reduce, ranges),
+        hw,
+    )
 
 
-def _dim_of(read: Read, v: Var) -> int:
-    return next(d for d, s in enumerate(read.dim_vars) if v in s)
+def _adjacent_plain_axis(data: Read, sp: _Spatial, weak: Sequence[_Spatial],
+                         ranges: Mapping[Var, IterVar]) -> Optional[_Spatial]:
+    """The kernel-1 spatial axis of a 1xk / kx1 conv: a plain data dim next to the other one.
+
+    The dim right after the spatial one is preferred (``h + r, w`` is kx1), then the one right
+    before it (``h, w + s`` is 1xk). Dims with constant indices are skipped.
+    """
+    dims = [d for d, s in enumerate(data.dim_vars) if s]
+    pos = dims.index(sp.dim)
+    plain = {s.dim: s for s in weak if s.is_plain(data, ranges)}
+    for k in (pos + 1, pos - 1):
+        if 0 <= k < len(dims) and dims[k] in plain:
+            return plain[dims[k]]
+    return None
 
 
 def _insert_missing(letters: str, order: str) -> str:
@@ -621,78 +802,122 @@ def _insert_missing(letters: str, order: str) -> str:
     return letters
 
 
-def _conv_match(table, data, weight, n, f, c, pairs, dseq, wseq) -> Optional[Match]:
+def _layout_of(letters: Sequence[Optional[str]]) -> Optional[str]:
+    """Collapse per-dim letters into a layout; None when a letter's dims are not contiguous."""
+    out: List[str] = []
+    for letter in letters:
+        if letter is None:
+            return None
+        if out and out[-1] == letter:
+            continue
+        if letter in out:
+            return None
+        out.append(letter)
+    return "".join(out)
+
+
+def _read_letters(read: Read, letter_of) -> Optional[str]:
+    """The layout a read's dims spell (dims with constant indices on unit extents skipped)."""
+    letters = []
+    for d, dv in enumerate(read.dim_vars):
+        if not dv:
+            if read.box_extent[d] == 1:
+                continue
+            return None
+        letters.append(letter_of(d, dv))
+    return _layout_of(letters)
+
+
+def _conv_match(table: IterTable, roles: _ConvRoles) -> Match:
     ranges = table.ranges
-    ext = lambda g: _spec_extent(g, ranges)  # noqa: E731
-    hw = dict(zip("HW", pairs))
+    data, weight, hw = roles.data, roles.weight, dict(zip("HW", roles.hw))
+    n, g, f, c = roles.n, roles.g, roles.f, roles.c
+    ext = lambda grp: _spec_extent(grp, ranges)  # noqa: E731
+
     # Data: a view when the spatial reads have non-negative zero padding and whole dims.
-    pads, windows = {}, {}
+    pads = {}
     for letter, s in hw.items():
         if s is None:
-            pads[letter], windows[letter] = (0, 0), 1
+            pads[letter] = (0, 0)
             continue
-        r_ext = ranges[s.r].extent if s.r is not None else 1
-        window = s.stride * (ranges[s.oh].extent - 1) + s.dilation * (r_ext - 1) + 1
-        lo, hi = -s.offset, window + s.offset - data.box_extent[s.dim]
+        lo, hi = -s.offset, s.window(ranges) + s.offset - data.box_extent[s.dim]
         if -s.stride < hi < 0:
             hi = 0  # the last window ends inside the data; the conv's floor division drops it
-        pads[letter], windows[letter] = (lo, hi), window
-    letter_of = {v: "N" for v in n}
-    letter_of.update({v: "C" for v in c})
-    for letter, s in hw.items():
-        if s is not None:
-            letter_of[s.dim] = letter
-            letter_of[s.oh] = letter
-    data_layout = _insert_missing("".join(letter_of[x] for x in dseq), "NCHW")
+        pads[letter] = (lo, hi)
+    spatial_letter = {s.dim: letter for letter, s in hw.items() if s is not None}
+    nset, gcset = set(n), set(g) | set(c)
+
+    def data_letter(d: int, dv: frozenset) -> Optional[str]:
+        if d in spatial_letter:
+            return spatial_letter[d]
+        return "N" if dv <= nset else ("C" if dv <= gcset else None)
 
     def data_dims(layout: str, view: bool) -> List[DimSpec]:
         dims: List[DimSpec] = []
         for letter in layout:
             if letter in "NC":
-                dims.append(n if letter == "N" else c)
-            elif hw[letter] is None:
+                dims.append(n if letter == "N" else g + c)
+                continue
+            s = hw[letter]
+            if s is None:
                 dims.append(())
-            elif view and isinstance(dseq[[letter_of.get(x) for x in dseq].index(letter)], Var):
-                dims.append((hw[letter].oh,))
+            elif view and s.is_plain(data, ranges):
+                dims.append((s.oh,))
             elif view:
-                dims.append(Compound(hw[letter].dim, data.box_extent[hw[letter].dim], 0))
+                dims.append(Compound(s.dim, data.box_extent[s.dim], 0))
             else:
-                s = hw[letter]
-                dims.append(Compound(s.dim, windows[letter], s.offset))
+                dims.append(Compound(s.dim, s.window(ranges), s.offset))
         return dims
 
     padded = any(lo or hi for lo, hi in pads.values())
     view_ok = all(lo >= 0 and hi >= 0 for lo, hi in pads.values()) and (
         data.margin_is_zero or not padded)
-    op_data = _make_operand("data", data, data_dims(data_layout, True), ranges, "y") \
-        if view_ok else None
+    data_layout = _read_letters(data, data_letter) if view_ok else None
+    op_data = None
+    if data_layout is not None:
+        data_layout = _insert_missing(data_layout, "NCHW")
+        op_data = _make_operand("data", data, data_dims(data_layout, True), ranges, "y")
     if op_data is None or not op_data.is_view:
         data_layout = "NCHW"
         pads = {"H": (0, 0), "W": (0, 0)}
         op_data = _make_operand("data", data, data_dims(data_layout, False), ranges, "y")
     in_h, in_w = (op_data.shape[data_layout.index(x)] for x in "HW")
-    # Weight.
-    wletter = {v: "O" for v in f}
-    wletter.update({v: "I" for v in c})
+
+    # Weight: O = (g, f), I = c, H/W the kernel iterators; any index form is gathered to OIHW.
     rs = {letter: (s.r if s is not None else None) for letter, s in hw.items()}
-    wletter.update({v: letter for letter, v in rs.items() if v is not None})
-    kernel_layout = _insert_missing("".join(wletter[x] for x in wseq), "OIHW")
+    ofs, cs = set(g) | set(f), set(c)
+
+    def weight_letter(_d: int, dv: frozenset) -> Optional[str]:
+        if dv <= ofs:
+            return "O"
+        if dv <= cs:
+            return "I"
+        for letter, r in rs.items():
+            if r is not None and dv == {r}:
+                return letter
+        return None
 
     def weight_dims(layout: str) -> List[DimSpec]:
-        groups = {"O": f, "I": c}
+        groups = {"O": g + f, "I": c}
         return [groups[x] if x in groups else ((rs[x],) if rs[x] is not None else ())
                 for x in layout]
 
-    op_weight = _make_operand("weight", weight, weight_dims(kernel_layout), ranges)
-    if not op_weight.is_view:
+    kernel_layout = _read_letters(weight, weight_letter)
+    op_weight = None
+    if kernel_layout is not None:
+        kernel_layout = _insert_missing(kernel_layout, "OIHW")
+        op_weight = _make_operand("weight", weight, weight_dims(kernel_layout), ranges)
+    if op_weight is None or not op_weight.is_view:
         kernel_layout = "OIHW"
         op_weight = _make_operand("weight", weight, weight_dims(kernel_layout), ranges)
-    # Output: the scope's loop order (absent roles as unit dims).
+
+    # Output: the scope's loop order when each role's loops are contiguous, else NCHW.
     oletter = {v: "N" for v in n}
-    oletter.update({v: "C" for v in f})
+    oletter.update({v: "C" for v in g + f})
     oletter.update({s.oh: letter for letter, s in hw.items() if s is not None})
-    out_layout = _insert_missing("".join(oletter[v] for v in table.loops), "NCHW")
-    ogroups = {"N": n, "C": f}
+    out_layout = _layout_of([oletter[v] for v in table.loops if ranges[v].extent > 1])
+    out_layout = _insert_missing(out_layout if out_layout is not None else "NCHW", "NCHW")
+    ogroups = {"N": n, "C": g + f}
     ogroups.update({x: ((s.oh,) if s is not None else ()) for x, s in hw.items()})
     out_dims = tuple(tuple(ogroups[x]) for x in out_layout)
 
@@ -704,29 +929,40 @@ def _conv_match(table, data, weight, n, f, c, pairs, dseq, wseq) -> Optional[Mat
                 "kernel": ranges[s.r].extent if s.r is not None else 1,
                 "out": ranges[s.oh].extent}[key]
 
+    groups = ext(g)
     attrs: Dict[str, object] = {
-        "N": ext(n), "C": ext(c), "H": in_h, "W": in_w, "F": ext(f),
+        "N": ext(n), "C": groups * ext(c), "H": in_h, "W": in_w, "F": groups * ext(f),
         "R": attr_of("H", "kernel"), "S": attr_of("W", "kernel"),
         "OH": attr_of("H", "out"), "OW": attr_of("W", "out"),
         "stride": (attr_of("H", "stride"), attr_of("W", "stride")),
         "dilation": (attr_of("H", "dilation"), attr_of("W", "dilation")),
         "padding": (pads["H"][0], pads["W"][0], pads["H"][1], pads["W"][1]),
+        "groups": groups,
         "data_layout": data_layout, "kernel_layout": kernel_layout, "out_layout": out_layout,
     }
-    shape = tuple(_spec_extent(g, ranges) for g in out_dims)
+    shape = tuple(_spec_extent(grp, ranges) for grp in out_dims)
     return Match("conv2d", table.scope, attrs, (op_data, op_weight), out_dims, shape)
 
 
 def _conv_expr(match: Match, data: Tensor, weight: Tensor) -> Scope:
+    """``out[n, o, oh, ow] = Σ_{c,r,s} D[n, grp(o)*Cg + c, ..] * W[o, c, r, s]`` (grouped)."""
     at = match.attrs
+    groups = at.get("groups", 1)
+    c_per, f_per = at["C"] // groups, at["F"] // groups
     pl_h, pl_w, ph_h, ph_w = at["padding"]
     v = {ch: Var(nm) for ch, nm in zip("NCHWrs", ("n", "f", "oh", "ow", "r", "s"))}
     cv = Var("c")
     sizes_out = {"N": at["N"], "C": at["F"], "H": at["OH"], "W": at["OW"]}
     loops = [IterVar(v[ch], 0, sizes_out[ch]) for ch in at["out_layout"]]
-    reduce = [IterVar(cv, 0, at["C"]), IterVar(v["r"], 0, at["R"]), IterVar(v["s"], 0, at["S"])]
+    reduce = [IterVar(cv, 0, c_per), IterVar(v["r"], 0, at["R"]), IterVar(v["s"], 0, at["S"])]
     (sh, sw), (dh, dw) = at["stride"], at["dilation"]
-    didx = {"N": v["N"], "C": cv,
+    if groups == 1:
+        channel: Node = cv
+    elif f_per == 1:
+        channel = build_linear({v["C"]: c_per, cv: 1}, 0, (v["C"], cv))
+    else:
+        channel = (v["C"] // f_per) * c_per + cv
+    didx = {"N": v["N"], "C": channel,
             "H": build_linear({v["H"]: sh, v["r"]: dh}, -pl_h, (v["H"], v["r"])),
             "W": build_linear({v["W"]: sw, v["s"]: dw}, -pl_w, (v["W"], v["s"]))}
     pads = {"N": (0, 0), "C": (0, 0), "H": (pl_h, ph_h), "W": (pl_w, ph_w)}
@@ -739,6 +975,7 @@ def _conv_expr(match: Match, data: Tensor, weight: Tensor) -> Scope:
 
 
 def _conv_signature(at: Mapping[str, object]) -> str:
+    groups = at.get("groups", 1)
     extra = []
     if at["stride"] != (1, 1):
         extra.append(f"s{at['stride'][0]}x{at['stride'][1]}")
@@ -746,9 +983,11 @@ def _conv_signature(at: Mapping[str, object]) -> str:
         extra.append(f"d{at['dilation'][0]}x{at['dilation'][1]}")
     if any(at["padding"]):
         extra.append("p" + ",".join(str(p) for p in at["padding"]))
+    if groups != 1:
+        extra.append(f"g{groups}")
     tail = (" " + " ".join(extra)) if extra else ""
     return (f"conv2d[{at['N']}x{at['C']}x{at['H']}x{at['W']} * "
-            f"{at['F']}x{at['C']}x{at['R']}x{at['S']}{tail}]")
+            f"{at['F']}x{at['C'] // groups}x{at['R']}x{at['S']}{tail}]")
 
 
 # -- g2bmm / gbmm -----------------------------------------------------------------------------

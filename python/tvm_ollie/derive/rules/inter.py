@@ -19,14 +19,15 @@ apply; the result computes the same outputs, which the tests check with the inte
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ...ir.nodes import Access, IterVar, Scope, Tensor, Var, iter_nodes
 from ..match import TARGETS, Match, gemm_expr, gemm_signature, match_scope
 from ..program import Program, Stage, Step, fuse_memory_bound, instantiate, instantiate_all
 
 __all__ = ["InterRule", "SPLIT_OPERATORS", "FUSE_MEMORY_BOUND", "MERGE_SHARED_INPUT",
-           "INTER_RULES", "split_operators", "merge_shared_input"]
+           "INTER_RULES", "split_operators", "merge_shared_input", "merge_gemm_stages",
+           "combine_programs"]
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ def split_operators(program: Program, targets: Sequence[str] = TARGETS) -> Optio
         matches: Dict[Scope, Match] = {}
         for scope in [st.expr] + _nested_scopes(st.expr):
             m = _first_match(scope, targets)
-            if m is not None and not any(_inside(scope, outer) for outer in matches):
+            if m is not None:
                 matches[scope] = m
         if not matches:
             stages.append(st)
@@ -96,10 +97,6 @@ def split_operators(program: Program, targets: Sequence[str] = TARGETS) -> Optio
         stages = [_rename_reads(s, sub.output, st.name) for s in stages]
         changed = True
     return program.with_stages(stages) if changed else None
-
-
-def _inside(node: Scope, outer: Scope) -> bool:
-    return node is not outer and any(n is node for n in iter_nodes(outer))
 
 
 def _rename_reads(stage: Stage, old: str, new: str) -> Stage:
@@ -136,15 +133,47 @@ def _changed(before: Program, after: Program) -> Optional[Program]:
 
 # --------------------------------------------------------------------------------------------
 # Merging independent expressions that read the same input
+#
+# One larger GEMM uses the hardware better than two thin ones that read the same operand: the
+# shared operand is read once and the launch count halves. The other operands are concatenated
+# by an eOperator -- for weights, a one-time transformation in practice -- and each original
+# output is a slice of the merged product, renamed to the original stage so readers see nothing.
+
+GEMM_KINDS = ("matmul", "batch_matmul")
 
 
-def _gemm_program(expr: Scope) -> Optional[Tuple[Program, Stage]]:
-    """``expr`` instantiated as one (batch) matmul at its root, with the operator stage."""
-    for m in match_scope(expr, ("matmul", "batch_matmul")):
-        prog = instantiate(expr, expr, m)
-        ops = prog.operators
-        if len(ops) == 1:
-            return prog, ops[0]
+def combine_programs(p1: Program, p2: Program) -> Program:
+    """``p1`` and ``p2`` side by side as one multi-output program (``p2``'s stages renamed apart).
+
+    The outputs are ``p1``'s then ``p2``'s; ``evaluate`` returns a tuple. Stages of ``p2`` whose
+    names clash with a stage or an input of ``p1`` (or an input of ``p2``) are renamed, and so
+    are the reads of them.
+    """
+    taken = {s.name for s in p1.stages} | _input_names(p1) | _input_names(p2)
+    p2 = _renamed(p2, taken)
+    return Program(p1.stages + p2.stages, p1.originals + p2.originals,
+                   p1.outputs + p2.outputs, p1.steps + p2.steps)
+
+
+def _input_names(prog: Program) -> set:
+    return {t.name for o in prog.originals for t in o.inputs}
+
+
+def merge_gemm_stages(program: Program) -> Optional[Program]:
+    """Merge the first pair of independent GEMM stages of ``program`` that share an operand.
+
+    ``T1 := X @ W1; T2 := X @ W2`` becomes ``C := [W1 | W2]; Y := X @ C; T1 := Y[.., :N1];
+    T2 := Y[.., N1:]`` (likewise for a shared right operand, concatenating along M). The two
+    stages must be the same kind with equal K, batch and transposes, read the shared tensor with
+    the same declared shape and padding, and not depend on each other. Returns None when no pair
+    qualifies. Call again to merge further pairs.
+    """
+    gemms = [s for s in program.stages if s.kind in GEMM_KINDS]
+    for i, s1 in enumerate(gemms):
+        for s2 in gemms[i + 1:]:
+            merged = _merge_pair(program, s1, s2)
+            if merged is not None:
+                return merged
     return None
 
 
@@ -153,80 +182,131 @@ def _operand_tensors(op: Stage) -> Tuple[Tensor, Tensor]:
     return body.a.source, body.b.source
 
 
-def merge_shared_input(e1: Scope, e2: Scope) -> Optional[Program]:
-    """``X @ W1 ; X @ W2  =  Y := X @ [W1 | W2] ; Y[:, :N1] ; Y[:, N1:]`` (either operand shared).
+def _same_read(t1: Tensor, t2: Tensor) -> bool:
+    return t1 is t2 or (t1.name == t2.name and t1.shape == t2.shape and t1.pad == t2.pad
+                        and t1.pad_value == t2.pad_value and t1.dtype == t2.dtype)
 
-    Both expressions must instantiate as a matmul (or batch matmul with equal batch) at their
-    root whose shared operand is the same tensor read the same way (same transpose, same K). The
-    other operands are concatenated along their free axis by an eOperator (a sum of two padded
-    reads, no branches), one GEMM computes both products, and each original output is a slice of
-    it (followed by that expression's own output eOperators). Returns a two-output Program
-    (``evaluate`` gives a tuple), or None when the expressions do not share an operand.
-    """
-    g1, g2 = _gemm_program(e1), _gemm_program(e2)
-    if g1 is None or g2 is None:
+
+def _depends(program: Program, later: Stage, earlier: Stage) -> bool:
+    """Whether ``later`` reads ``earlier``'s output, directly or through other stages."""
+    produced = {s.name: s for s in program.stages}
+    stack, seen = [later], set()
+    while stack:
+        cur = stack.pop()
+        for name in cur.reads:
+            if name == earlier.name:
+                return True
+            if name in produced and name not in seen:
+                seen.add(name)
+                stack.append(produced[name])
+    return False
+
+
+def _merge_pair(program: Program, s1: Stage, s2: Stage) -> Optional[Program]:
+    at1, at2 = s1.attrs, s2.attrs
+    if s1.kind != s2.kind or any(at1.get(k) != at2.get(k) for k in
+                                 ("K", "batch", "transpose_a", "transpose_b")):
         return None
-    (p1, op1), (p2, op2) = g1, g2
-    if op1.kind != op2.kind or op1.attrs["K"] != op2.attrs["K"] or \
-            op1.attrs.get("batch") != op2.attrs.get("batch"):
-        return None
-    a1, b1 = _operand_tensors(op1)
-    a2, b2 = _operand_tensors(op2)
-    at1, at2 = op1.attrs, op2.attrs
-    if a1 is a2 and a1.name not in {s.name for s in p1.stages} and \
-            at1["transpose_a"] == at2["transpose_a"] and at1["transpose_b"] == at2["transpose_b"]:
-        shared, role = a1, "A"
-    elif b1 is b2 and b1.name not in {s.name for s in p1.stages} and \
-            at1["transpose_a"] == at2["transpose_a"] and at1["transpose_b"] == at2["transpose_b"]:
-        shared, role = b1, "B"
+    a1, b1 = _operand_tensors(s1)
+    a2, b2 = _operand_tensors(s2)
+    if _same_read(a1, a2) and not _same_read(b1, b2):
+        role, others, key = "A", (b1, b2), "N"
+        axis_in = 0 if at1["transpose_b"] else 1  # B is [K, N] or, transposed, [N, K]
+    elif _same_read(b1, b2) and not _same_read(a1, a2):
+        role, others, key = "B", (a1, a2), "M"
+        axis_in = 1 if at1["transpose_a"] else 0  # A is [M, K] or, transposed, [K, M]
     else:
         return None
-    p2 = _renamed(p2, {s.name for s in p1.stages} | {t.name for t in e1.inputs + e2.inputs})
-    op2 = p2.stage(_op_name(p2))
-    a2, b2 = _operand_tensors(op2)
-    others = (b1, b2) if role == "A" else (a1, a2)
-    trans = at1["transpose_b"] if role == "A" else at1["transpose_a"]
-    lead = 1 if op1.kind == "batch_matmul" else 0
-    # Free axis of the concatenated operand: N of B ([K, N] or [N, K]), M of A ([M, K] / [K, M]).
-    if role == "A":
-        axis = lead + (0 if trans else 1)
-        free1, free2, key = at1["N"], at2["N"], "N"
-    else:
-        axis = lead + (1 if trans else 0)
-        free1, free2, key = at1["M"], at2["M"], "M"
-    taken = {s.name for s in p1.stages + p2.stages} | {t.name for t in e1.inputs + e2.inputs}
+    if any(any(lo or hi for lo, hi in t.pad) for t in others):
+        return None  # the concatenation pads its parts itself
+    if _depends(program, s2, s1) or _depends(program, s1, s2):
+        return None
+    lead = 1 if s1.kind == "batch_matmul" else 0
+    free1, free2 = at1[key], at2[key]
+    taken = {s.name for s in program.stages} | _input_names(program)
     cat_name = _fresh(taken, "T")
-    taken.add(cat_name)
-    mm_name = _fresh(taken, "T")
-    taken.add(mm_name)
-    cat = _concat_stage(cat_name, others, axis)
+    mm_name = _fresh(taken | {cat_name}, "T")
+    cat = _concat_stage(cat_name, others, lead + axis_in)
     cat_t = Tensor(cat_name, cat.shape, cat.expr.dtype)
     attrs = dict(at1)
     attrs[key] = free1 + free2
+    shared = a1 if role == "A" else b1
     pair = (shared, cat_t) if role == "A" else (cat_t, shared)
-    mm_expr = gemm_expr(op1.kind, attrs, *pair)
-    sig = gemm_signature(attrs)
-    mm = Stage(mm_name, op1.kind, mm_expr, attrs, sig)
+    mm = Stage(mm_name, s1.kind, gemm_expr(s1.kind, attrs, *pair), attrs, gemm_signature(attrs))
     out_axis = lead + (1 if role == "A" else 0)
-    slice1 = _slice_stage(op1.name, mm, out_axis, 0, free1)
-    slice2 = _slice_stage(op2.name, mm, out_axis, free1, free2)
-    before = [s for s in p1.stages if _index(p1, s) < _index(p1, op1)] + \
-        [s for s in p2.stages if _index(p2, s) < _index(p2, op2)]
-    after = [s for s in p1.stages if _index(p1, s) > _index(p1, op1)] + \
-        [s for s in p2.stages if _index(p2, s) > _index(p2, op2)]
-    stages = before + [cat, mm, slice1, slice2] + after
-    note = f"shared {role}={shared.name}: concat along {key} ({free1} + {free2})"
-    prog = Program(stages, (e1, e2), (p1.output, p2.output),
-                   steps=(Step(MERGE_SHARED_INPUT.name, note),))
-    return prog
+    slice1 = _slice_stage(s1.name, mm, out_axis, 0, free1)
+    slice2 = _slice_stage(s2.name, mm, out_axis, free1, free2)
+    rest = [s for s in program.stages if s is not s1 and s is not s2]
+    stages = _toposort(rest + [cat, mm, slice1, slice2])
+    if stages is None:
+        return None
+    note = f"{s1.name}, {s2.name} share {role}={shared.name}: concat along {key} " \
+           f"({free1} + {free2})"
+    original = program.originals if program.multi else program.original
+    output = program.outputs if program.multi else program.output
+    return Program(stages, original, output, program.steps + (Step(MERGE_SHARED_INPUT.name,
+                                                                         note),),
+                   None if program.multi else program.derived)
 
 
-def _op_name(prog: Program) -> str:
-    return prog.operators[0].name
+def _toposort(stages: List[Stage]) -> Optional[List[Stage]]:
+    """Order ``stages`` so each follows the stages it reads (stable: earliest ready first)."""
+    names = {s.name for s in stages}
+    order, done = [], set()
+    pending = list(stages)
+    while pending:
+        for k, s in enumerate(pending):
+            if all(r in done or r not in names for r in s.reads):
+                order.append(s)
+                done.add(s.name)
+                del pending[k]
+                break
+        else:
+            return None  # a cycle: the two GEMMs were not independent
+    return order
 
 
-def _index(prog: Program, stage: Stage) -> int:
-    return next(k for k, s in enumerate(prog.stages) if s is stage)
+def _gemm_programs(expr: Scope) -> List[Program]:
+    """``expr`` instantiated as one (batch) matmul at its root, one program per operand order."""
+    out = []
+    for m in match_scope(expr, GEMM_KINDS):
+        prog = instantiate(expr, expr, m)
+        if len(prog.operators) == 1:
+            out.append(prog)
+    return out
+
+
+def merge_shared_input(a: Union[Scope, Program], b: Union[Scope, Program, None] = None
+                       ) -> Optional[Program]:
+    """``X @ W1 ; X @ W2  =  Y := X @ [W1 | W2] ; Y[:, :N1] ; Y[:, N1:]`` (either operand shared).
+
+    Parameters
+    ----------
+    a, b : Scope or Program
+        Two expressions (each must instantiate as a matmul or batch matmul at its root), two
+        programs, or one program (``b`` None) whose own GEMM stages are merged.
+
+    Returns
+    -------
+    Program or None
+        A program computing the same outputs (two expressions or programs give a multi-output
+        program: ``evaluate`` returns a tuple), with one GEMM instead of two; None when no pair
+        of GEMMs shares an operand read the same way.
+    """
+    if isinstance(a, Program):
+        if b is None:
+            return merge_gemm_stages(a)
+        if not isinstance(b, Program):
+            raise TypeError("merge_shared_input: pass two programs or two expressions")
+        return merge_gemm_stages(combine_programs(a, b))
+    if not isinstance(a, Scope) or not isinstance(b, Scope):
+        raise TypeError("merge_shared_input: pass two programs or two expressions")
+    for p1 in _gemm_programs(a):
+        for p2 in _gemm_programs(b):
+            merged = merge_gemm_stages(combine_programs(p1, p2))
+            if merged is not None:
+                return merged
+    return None
 
 
 def _fresh(taken, prefix: str) -> str:
@@ -249,8 +329,10 @@ def _renamed(prog: Program, taken) -> Program:
         for old, new in mapping.items():
             s = _rename_reads(s, old, new)
         stages.append(replace(s, name=mapping.get(s.name, s.name)))
-    return Program(stages, prog.original, mapping.get(prog.output, prog.output), prog.steps,
-                   prog.derived)
+    outputs = tuple(mapping.get(o, o) for o in prog.outputs)
+    if prog.multi:
+        return Program(stages, prog.originals, outputs, prog.steps)
+    return Program(stages, prog.original, outputs[0], prog.steps, prog.derived)
 
 
 def _concat_stage(name: str, parts: Tuple[Tensor, Tensor], axis: int) -> Stage:
