@@ -7,6 +7,7 @@ Upgrading TVM should touch this module only: the rest of the package imports TVM
 import tvm  # noqa: F401
 from tvm import relax, te, topi  # noqa: F401
 from tvm import tirx  # noqa: F401  (was tvm.tir before 0.27)
+from tvm import sym  # noqa: F401  (was tvm.arith before 0.27: Analyzer, ConstIntBound)
 from tvm.ir import Op  # noqa: F401
 from tvm.s_tir import dlight  # noqa: F401  (was tvm.dlight)
 

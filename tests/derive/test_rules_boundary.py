@@ -67,3 +67,29 @@ def test_boundary_rules_on_random_scopes(scope):
     ctx = RuleContext(small_factors=(2, 3, 4))
     for rule in (TIGHTEN, RELAX_SUM):
         check_rule_everywhere(rule, scope, ctx, limit=3)
+
+
+def test_tighten_is_eager_and_idempotent():
+    """Tightening is part of the canonical form: free of depth, and a fixed point after one use."""
+    from tvm_ollie.derive.rules import EAGER_RULES, SEARCH_RULES
+
+    assert not TIGHTEN.costs_depth and TIGHTEN in EAGER_RULES and TIGHTEN not in SEARCH_RULES
+    t, f, r = Var("t"), Var("f"), Var("r")
+    a = Tensor("A", (7,), pad=((4, 4),))
+    k = Tensor("K", (3,))
+    stage = Scope([IterVar(t, 0, 11), IterVar(f, 0, 3)], [IterVar(r, 0, 3)], a[t + r - 2] * k[f])
+    once = check_rule(TIGHTEN, stage)[0].scope
+    assert (once.loops[0].begin, once.loops[0].end) == (0, 9) and once.pad[0] == (0, 2)
+    assert TIGHTEN(once) == []
+
+
+@settings(max_examples=40, deadline=None)
+@given(conv_like_scopes())
+def test_feasible_ranges_bound_the_nonzero_region(scope):
+    from tvm_ollie.derive.rules.boundary import feasible_ranges
+
+    ranges = feasible_ranges(scope)
+    for iv in scope.loops + scope.reduce:
+        lo, hi = ranges[iv.var]
+        assert lo >= iv.begin and hi <= iv.end - 1 or lo > hi
+    check_rule(TIGHTEN, scope)

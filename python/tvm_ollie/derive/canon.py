@@ -125,12 +125,16 @@ def _var_order(body: Node) -> List[Var]:
     stack = [body]
     while stack:
         cur = stack.pop()
-        if isinstance(cur, Var):
+        kind = type(cur)
+        if kind is Var:
             if cur not in seen:
                 seen.add(cur)
                 order.append(cur)
-        elif isinstance(cur, Access):
+        elif kind is Access:
             stack.extend(reversed(cur.indices))
-        elif isinstance(cur, (BinOp, Call)):
-            stack.extend(reversed(cur.children))
+        elif kind is BinOp:
+            stack.append(cur.b)
+            stack.append(cur.a)
+        elif kind is Call:
+            stack.extend(reversed(cur.args))
     return order

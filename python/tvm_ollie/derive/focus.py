@@ -9,7 +9,7 @@ to a fixed point.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence
+from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..ir.nodes import Access, BinOp, Call, Node, Scope
 from .rules.base import Rule, RuleContext
@@ -25,7 +25,11 @@ class Step(NamedTuple):
 
 
 def scopes_of(expr: Node) -> List[Scope]:
-    """Every distinct scope in ``expr``, outermost first (pre-order, each once)."""
+    """Every distinct scope in ``expr``, outermost first (pre-order, each once).
+
+    Walks the scope graph through :func:`direct_scopes` (cached per scope), so a state whose
+    nested scopes are shared with earlier states costs one walk over its own new scopes only.
+    """
     cache = expr._cache  # pylint: disable=protected-access
     hit = cache.get("scopes")
     if hit is not None:
@@ -33,24 +37,65 @@ def scopes_of(expr: Node) -> List[Scope]:
     out: List[Scope] = []
     seen = set()
 
-    def visit(node: Node) -> None:
-        if id(node) in seen:
-            return
-        seen.add(id(node))
-        if isinstance(node, Scope):
-            out.append(node)
-            visit(node.body)
-        elif isinstance(node, Access):
-            visit(node.source)
-            for idx in node.indices:
-                visit(idx)
-        elif isinstance(node, (BinOp, Call)):
-            for child in node.children:
+    def visit(scope: Scope) -> None:
+        seen.add(id(scope))
+        out.append(scope)
+        for child in direct_scopes(scope):
+            if id(child) not in seen:
                 visit(child)
 
-    visit(expr)
+    if isinstance(expr, Scope):
+        visit(expr)
+    else:
+        for child in _body_scopes(expr):
+            if id(child) not in seen:
+                visit(child)
     cache["scopes"] = out
     return out
+
+
+def scope_ids(expr: Node) -> frozenset:
+    """``id`` of every scope in ``expr`` (cached; for "is this scope new here?" tests)."""
+    cache = expr._cache  # pylint: disable=protected-access
+    hit = cache.get("scope_ids")
+    if hit is None:
+        hit = frozenset(id(s) for s in scopes_of(expr))
+        cache["scope_ids"] = hit
+    return hit
+
+
+def direct_scopes(scope: Scope) -> Tuple[Scope, ...]:
+    """The scopes read directly by ``scope``'s body (not entering them), in pre-order, once."""
+    cache = scope._cache  # pylint: disable=protected-access
+    hit = cache.get("direct_scopes")
+    if hit is None:
+        hit = _body_scopes(scope.body)
+        cache["direct_scopes"] = hit
+    return hit
+
+
+def _body_scopes(body: Node) -> Tuple[Scope, ...]:
+    out: List[Scope] = []
+    seen = set()
+    stack = [body]
+    while stack:
+        cur = stack.pop()
+        kind = type(cur)
+        if kind is Access:
+            src = cur.source
+            if type(src) is Scope and id(src) not in seen:
+                seen.add(id(src))
+                out.append(src)
+            stack.extend(reversed(cur.indices))
+        elif kind is BinOp:
+            stack.append(cur.b)
+            stack.append(cur.a)
+        elif kind is Call:
+            stack.extend(reversed(cur.args))
+        elif kind is Scope and id(cur) not in seen:
+            seen.add(id(cur))
+            out.append(cur)
+    return tuple(out)
 
 
 def is_compute(scope: Scope) -> bool:
@@ -75,10 +120,16 @@ def compute_scopes(expr: Node) -> List[Scope]:
 
 
 def replace_node(expr: Node, old: Node, new: Node) -> Node:
-    """``expr`` with every occurrence of ``old`` (by identity) replaced by ``new``."""
+    """``expr`` with every occurrence of ``old`` (by identity) replaced by ``new``.
+
+    When ``old`` is a scope, only the scopes that contain it are rebuilt (the others are shared
+    unchanged, found through the cached scope sets).
+    """
     if old is new:
         return expr
     memo: Dict[int, Node] = {}
+    old_id = id(old)
+    prune = isinstance(old, Scope)
 
     def go(node: Node) -> Node:
         if node is old:
@@ -87,18 +138,22 @@ def replace_node(expr: Node, old: Node, new: Node) -> Node:
         hit = memo.get(key)
         if hit is not None:
             return hit
-        if isinstance(node, Scope):
-            body = go(node.body)
-            out = node if body is node.body else node.replace(body=body)
-        elif isinstance(node, Access):
+        kind = type(node)
+        if kind is Scope:
+            if prune and old_id not in scope_ids(node):
+                out = node
+            else:
+                body = go(node.body)
+                out = node if body is node.body else node.replace(body=body)
+        elif kind is Access:
             src = go(node.source)
             idx = tuple(go(i) for i in node.indices)
             same = src is node.source and all(a is b for a, b in zip(idx, node.indices))
             out = node if same else Access(src, idx)
-        elif isinstance(node, BinOp):
+        elif kind is BinOp:
             a, b = go(node.a), go(node.b)
             out = node if (a is node.a and b is node.b) else BinOp(node.op, a, b)
-        elif isinstance(node, Call):
+        elif kind is Call:
             args = tuple(go(x) for x in node.args)
             out = node if all(x is y for x, y in zip(args, node.args)) else Call(node.func, args)
         else:
@@ -112,7 +167,7 @@ def replace_node(expr: Node, old: Node, new: Node) -> Node:
 def contains(expr: Node, target: Node) -> bool:
     """True when ``target`` (by identity) occurs in ``expr``."""
     if isinstance(target, Scope):
-        return any(s is target for s in scopes_of(expr))
+        return id(target) in scope_ids(expr)
     from ..ir.nodes import iter_nodes  # pylint: disable=import-outside-toplevel
 
     return any(n is target for n in iter_nodes(expr))

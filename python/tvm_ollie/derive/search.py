@@ -5,12 +5,22 @@
 path and each distinct state (by fingerprint of its canonical form) is expanded once:
 
 * **explorative** steps (one rule at one focus scope) cost one unit of depth;
-* **eager** steps (stage merging) run to a fixed point after every explorative step, free;
-* **guided** instantiation costs nothing: at every state every scope is matched against the
-  targets (:func:`tvm_ollie.derive.match.match_scope`); each match becomes a candidate program
-  (:func:`tvm_ollie.derive.program.instantiate`).
+* **eager** steps (stage merging, boundary tightening) run to a fixed point after every
+  explorative step, free;
+* **guided** instantiation costs nothing: at every state the scopes that its parent state did not
+  have are matched against the targets (:func:`tvm_ollie.derive.match.match_scope`, cached per
+  scope); each match becomes a candidate program (:func:`tvm_ollie.derive.program.instantiate`).
+  A scope shared with the parent was instantiated there already: same operator, only the
+  eOperators around it would differ.
 
-Every search has explicit limits (depth, time, states) and reports which one stopped it. Candidates
+Repeats are pruned by fingerprint twice: first the raw rewritten expression (a repeat is dropped
+before the expensive normalization: eager rules + :func:`tvm_ollie.derive.canon.canonicalize`),
+then the canonical form. The time spent per phase is in ``SearchStats.phase_s``.
+
+Every search has explicit limits (depth, time, states) and reports which one stopped it; the
+time budget covers verification too (the cheapest candidate is always verified; when the budget
+cuts verification short the stop reason is ``TIME_BUDGET``). The exploration is deterministic:
+no iteration over hash-ordered sets; ``seed`` only draws the verification inputs. Candidates
 are deduplicated, sorted by analytic cost, and each is checked against the original expression
 with the reference interpreter (on sampled output points when the expression is too large to
 evaluate whole) before it is returned; a candidate that fails is a bug: it is logged and dropped.
@@ -28,11 +38,12 @@ import numpy as np
 
 from ..ir.nodes import Scope
 from .canon import canonicalize
-from .focus import apply_eager, apply_rules, compute_scopes, scopes_of
+from .focus import apply_eager, apply_rules, compute_scopes, scope_ids, scopes_of
 from .rules import EAGER_RULES, SEARCH_RULES
 from .rules.base import Rule, RuleContext
 
-__all__ = ["derive", "DeriveResult", "SearchStats", "StopReason", "DEFAULT_TARGETS"]
+__all__ = ["derive", "DeriveResult", "SearchStats", "StopReason", "DEFAULT_TARGETS",
+           "verify_candidate"]
 
 LOG = logging.getLogger(__name__)
 
@@ -56,6 +67,8 @@ class SearchStats:
     states_visited: int = 0
     states_pruned: int = 0
     states_generated: int = 0
+    #: pruned before normalization (the raw rewritten expression was seen before)
+    states_pruned_raw: int = 0
     max_depth_reached: int = 0
     time_s: float = 0.0
     search_time_s: float = 0.0
@@ -65,6 +78,10 @@ class SearchStats:
     first_found_states: Dict[str, int] = field(default_factory=dict)
     #: ``(seconds, depth, repr)`` of every distinct candidate, in the order found.
     found_log: List[Tuple[float, int, str]] = field(default_factory=list)
+    #: seconds spent per phase of the exploration (rule application and tree rebuilding,
+    #: normalization = eager merging + canonical form, fingerprints, instantiation).
+    phase_s: Dict[str, float] = field(default_factory=lambda: dict.fromkeys(
+        ("rewrite", "normalize", "fingerprint", "instantiate"), 0.0))
     candidates_found: int = 0
     candidates_rejected: int = 0
     stop_reason: StopReason = StopReason.EXHAUSTED
@@ -112,7 +129,7 @@ def _state_key(expr: Scope):
 
 class _Search:
     def __init__(self, expr: Scope, targets, max_depth, time_budget_s, max_states,
-                 rules, ctx, stop_on_first, guided):
+                 rules, ctx, stop_on_first, guided, instantiate_all_scopes):
         from . import match as match_mod  # pylint: disable=import-outside-toplevel
         from . import program as program_mod  # pylint: disable=import-outside-toplevel
 
@@ -120,28 +137,41 @@ class _Search:
         self.expr = expr
         self.targets = tuple(targets)
         self.max_depth = max_depth
-        self.deadline = None if time_budget_s is None else time.perf_counter() + time_budget_s
+        self.t0 = time.perf_counter()
+        self.deadline = None if time_budget_s is None else self.t0 + time_budget_s
         self.max_states = max_states
         self.rules = tuple(rules)
         self.ctx = ctx
         self.stop_on_first = stop_on_first
         self.guided = guided
+        self.instantiate_all_scopes = instantiate_all_scopes
         self.stats = SearchStats()
-        self.t0 = time.perf_counter()
-        self.match_cache: Dict[Scope, list] = {}
+        self.match_cache: Dict[int, list] = {}
         self.candidates: Dict[str, object] = {}
         self.key_fn = _state_key
+        self.phase = self.stats.phase_s
 
     # -- guided instantiation -----------------------------------------------------------------
     def _matches(self, scope: Scope) -> list:
-        hit = self.match_cache.get(scope)
+        hit = self.match_cache.get(id(scope))
         if hit is None:
             hit = self.match_mod.match_scope(scope, self.targets)
-            self.match_cache[scope] = hit
-        return hit
+            # the scope is kept alive by the entry, so its id cannot be reused meanwhile
+            self.match_cache[id(scope)] = hit = (scope, hit)
+        return hit[1]
 
-    def _instantiate(self, state: Scope, path: Tuple, depth: int) -> None:
+    def _instantiate(self, state: Scope, path: Tuple, depth: int, parent: Optional[Scope]) -> None:
+        """Instantiate every match of the scopes of ``state`` that its parent did not have.
+
+        A scope already present in the parent state was instantiated there (same operator, in
+        the parent's context); only the new scopes can add an operator, so only they are
+        matched (``instantiate_all_scopes`` restores matching every scope of every state).
+        """
+        t = time.perf_counter()
+        old = scope_ids(parent) if parent is not None and not self.instantiate_all_scopes else ()
         for scope in scopes_of(state):
+            if id(scope) in old:
+                continue
             for m in self._matches(scope):
                 try:
                     prog = self.program_mod.instantiate(state, scope, m, path)
@@ -152,12 +182,14 @@ class _Search:
                 if key in self.candidates:
                     continue
                 self.candidates[key] = prog
+                now = time.perf_counter() - self.t0
                 self.stats.candidates_found += 1
-                self.stats.found_log.append((time.perf_counter() - self.t0, depth, repr(prog)))
+                self.stats.found_log.append((now, depth, repr(prog)))
                 if m.kind not in self.stats.first_found_s:
-                    self.stats.first_found_s[m.kind] = time.perf_counter() - self.t0
+                    self.stats.first_found_s[m.kind] = now
                     self.stats.first_found_depth[m.kind] = depth
                     self.stats.first_found_states[m.kind] = self.stats.states_visited
+        self.phase["instantiate"] += time.perf_counter() - t
         if self.stop_on_first and all(t in self.stats.first_found_s for t in self._reachable()):
             raise _Limits(StopReason.FIRST_FOUND)
 
@@ -184,39 +216,67 @@ class _Search:
         return tuple(r for r in self.rules
                      if r.max_per_path is None or used.get(r.name, 0) < r.max_per_path)
 
+    def _children(self, state: Scope, path: Tuple, seen: set, seen_raw: set, out: list) -> None:
+        """Append the new (unseen) one-step successors of ``state`` to ``out``.
+
+        Two fingerprints guard the expensive normalization (eager merging + canonical form): the
+        raw rewritten expression's (equal raw states normalize alike, so a repeat is dropped
+        before it is normalized) and the canonical one's.
+        """
+        clock = time.perf_counter
+        deadline = self.deadline
+        phase = self.phase
+        t = clock()
+        for step in apply_rules(state, self._allowed(path), self.ctx, compute_scopes(state)):
+            t1 = clock()
+            phase["rewrite"] += t1 - t
+            if deadline is not None and t1 > deadline:
+                raise _Limits(StopReason.TIME_BUDGET)
+            self.stats.states_generated += 1
+            raw = self.key_fn(step.expr)
+            t2 = clock()
+            phase["fingerprint"] += t2 - t1
+            if raw in seen_raw:
+                self.stats.states_pruned += 1
+                self.stats.states_pruned_raw += 1
+                t = t2
+                continue
+            seen_raw.add(raw)
+            new = self._normal(step.expr)
+            t3 = clock()
+            phase["normalize"] += t3 - t2
+            key = self.key_fn(new)
+            t = clock()
+            phase["fingerprint"] += t - t3
+            if key in seen:
+                self.stats.states_pruned += 1
+                continue
+            seen.add(key)
+            out.append((new, path + ((step.rule.name, step.note, new),), state))
+        phase["rewrite"] += clock() - t
+
     def run(self) -> None:
         root = self._normal(self.expr)
         seen = {self.key_fn(root)}
-        frontier: List[Tuple[Scope, Tuple]] = [(root, ())]
+        seen_raw = {self.key_fn(self.expr)}
+        frontier: List[Tuple[Scope, Tuple, Optional[Scope]]] = [(root, (), None)]
         depth = 0
         stop = StopReason.EXHAUSTED
         try:
             while frontier:
-                nxt: List[Tuple[Scope, Tuple]] = []
+                nxt: List[Tuple[Scope, Tuple, Optional[Scope]]] = []
                 self.stats.max_depth_reached = depth
-                for state, path in frontier:
+                for state, path, parent in frontier:
                     self._check_limits()
                     self.stats.states_visited += 1
                     if self.guided:
-                        self._instantiate(state, path, depth)
+                        self._instantiate(state, path, depth, parent)
                     if depth >= self.max_depth:
                         stop = StopReason.MAX_DEPTH
                         continue
-                    rules = self._allowed(path)
-                    for step in apply_rules(state, rules, self.ctx, compute_scopes(state)):
-                        self.stats.states_generated += 1
-                        new = self._normal(step.expr)
-                        key = self.key_fn(new)
-                        if key in seen:
-                            self.stats.states_pruned += 1
-                            continue
-                        seen.add(key)
-                        nxt.append((new, path + ((step.rule.name, step.note, new),)))
+                    self._children(state, path, seen, seen_raw, nxt)
                 frontier = nxt
                 depth += 1
-                if depth > self.max_depth and frontier:
-                    stop = StopReason.MAX_DEPTH
-                    break
         except _Limits as lim:
             stop = lim.reason
         self.stats.stop_reason = stop
@@ -244,6 +304,7 @@ def derive(
     stop_on_first=False,
     guided: bool = True,
     cost_target: str = "cuda",
+    instantiate_all_scopes: bool = False,
 ) -> DeriveResult:
     """Derive programs equivalent to ``expr`` built from target operators and eOperators.
 
@@ -276,6 +337,15 @@ def derive(
         Match targets at every state (turning it off measures pure exploration).
     cost_target : str
         Roofline defaults used to sort candidates (``"cuda"`` or ``"llvm"``).
+    instantiate_all_scopes : bool
+        Match every scope of every state, not only the scopes a state does not share with its
+        parent (more candidates that differ only in their eOperators; slower).
+
+    Notes
+    -----
+    ``time_budget_s`` bounds the whole call, verification included: the cheapest candidate is
+    always verified (nothing unverified is returned), further ones only while time remains; when
+    the budget cuts verification short, ``stats.stop_reason`` is ``TIME_BUDGET``.
 
     Returns
     -------
@@ -285,7 +355,8 @@ def derive(
         raise TypeError(f"derive needs a Scope, got {type(expr).__name__}")
     ctx = ctx or RuleContext(targets=tuple(targets))
     search = _Search(expr, targets, max_depth, time_budget_s, max_states,
-                     rules if rules is not None else SEARCH_RULES, ctx, stop_on_first, guided)
+                     rules if rules is not None else SEARCH_RULES, ctx, stop_on_first, guided,
+                     instantiate_all_scopes)
     search.run()
     stats = search.stats
     progs = list(search.candidates.values())
@@ -296,6 +367,9 @@ def derive(
         checker = _Verifier(expr, seed)
         for prog in progs:
             if max_candidates is not None and len(out) >= max_candidates:
+                break
+            if out and search.deadline is not None and time.perf_counter() > search.deadline:
+                stats.stop_reason = StopReason.TIME_BUDGET
                 break
             ok, why = checker.check(prog)
             if ok:
@@ -309,6 +383,12 @@ def derive(
     stats.verify_time_s = time.perf_counter() - t_verify
     stats.time_s = stats.search_time_s + stats.verify_time_s
     return DeriveResult(out, stats, expr)
+
+
+def verify_candidate(original: Scope, program, seed: int = 0) -> Tuple[bool, str]:
+    """``(ok, reason)``: ``program`` against ``original`` on random inputs (sampled output points
+    when ``original`` is too large to evaluate whole), as :func:`derive` checks candidates."""
+    return _Verifier(original, seed).check(program)
 
 
 def _cost(prog, target: str) -> float:

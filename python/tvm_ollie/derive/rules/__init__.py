@@ -1,8 +1,9 @@
 """Derivation rules, one module per family; each rule is a named :class:`Rule` object.
 
 ``ALL_RULES`` lists every intra-expression rule; ``EAGER_RULES`` those applied to a fixed point
-after every step without costing depth (stage merging); ``SEARCH_RULES`` the explorative rules the
-search tries by default (boundary relaxing enters through ``split_sum_padded``, which relaxes
+after every step without costing depth (stage merging, and boundary tightening: the tightest
+ranges are part of the canonical form of a state, so states that differ only in how far they were
+tightened are one state); ``SEARCH_RULES`` the explorative rules the search tries by default (boundary relaxing enters through ``split_sum_padded``, which relaxes
 exactly as much as a split needs, so the standalone ``relax_sum`` is left out of the default).
 """
 
@@ -22,7 +23,7 @@ ALL_RULES = (
 )
 EAGER_RULES = tuple(r for r in ALL_RULES if not r.costs_depth)
 SEARCH_RULES = (
-    SPLIT_STAGE, MAP_ITERS, TIGHTEN, SPLIT_SUM, SPLIT_SUM_PADDED, SPLIT_LOOP, FUSE_ITERS,
+    SPLIT_STAGE, MAP_ITERS, SPLIT_SUM, SPLIT_SUM_PADDED, SPLIT_LOOP, FUSE_ITERS,
     SPLIT_DIM, MERGE_STAGE_SUM,
 )
 RULES_BY_NAME = {r.name: r for r in ALL_RULES}

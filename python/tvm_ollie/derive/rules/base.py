@@ -202,8 +202,14 @@ def _is_int(node: Node) -> bool:
     return isinstance(node, (Var,)) or (isinstance(node, Const) and node.dtype.startswith("int"))
 
 
-def body_accesses(node: Node) -> List[Access]:
-    """Accesses in a scope body (not entering nested scopes), each once, in pre-order."""
+def body_accesses(node: Node) -> Tuple[Access, ...]:
+    """Accesses in a scope body (not entering nested scopes), each once, in pre-order.
+
+    Cached on the node: every rule guard asks this of the same few bodies.
+    """
+    hit = node._cache.get("body_accesses")  # pylint: disable=protected-access
+    if hit is not None:
+        return hit
     out: List[Access] = []
     seen = set()
     stack = [node]
@@ -212,11 +218,17 @@ def body_accesses(node: Node) -> List[Access]:
         if id(cur) in seen:
             continue
         seen.add(id(cur))
-        if isinstance(cur, Access):
+        kind = type(cur)
+        if kind is Access:
             out.append(cur)
             stack.extend(reversed(cur.indices))
-        elif isinstance(cur, (BinOp, Call)):
-            stack.extend(reversed(cur.children))
+        elif kind is BinOp:
+            stack.append(cur.b)
+            stack.append(cur.a)
+        elif kind is Call:
+            stack.extend(reversed(cur.args))
+    out = tuple(out)
+    node._cache["body_accesses"] = out  # pylint: disable=protected-access
     return out
 
 

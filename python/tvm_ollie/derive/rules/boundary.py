@@ -38,20 +38,6 @@ from .base import (
 )
 
 
-def _rest_interval(coeffs: Dict[Var, int], const: int, skip: Var, ranges) -> Optional[Tuple]:
-    lo = hi = const
-    for v, c in coeffs.items():
-        if v is skip:
-            continue
-        r = ranges.get(v)
-        if r is None:
-            return None
-        a, b = c * r[0], c * (r[1] - 1)
-        lo += min(a, b)
-        hi += max(a, b)
-    return lo, hi
-
-
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -62,32 +48,60 @@ def feasible_range(scope: Scope, var: Var) -> Tuple[int, int]:
     Sound over-approximation of where the body can be non-zero; the full range when nothing is
     known.
     """
+    return feasible_ranges(scope)[var]
+
+
+def feasible_ranges(scope: Scope) -> Dict[Var, Tuple[int, int]]:
+    """:func:`feasible_range` of every iterator of ``scope`` (one pass over the body, cached).
+
+    Each bound is derived from the iterators' ORIGINAL ranges (not from bounds tightened in the
+    same pass), so every iterator's answer is the same as when asked alone.
+    """
+    cache = scope._cache  # pylint: disable=protected-access
+    hit = cache.get("feasible")
+    if hit is not None:
+        return hit
     ranges = scope_ranges(scope)
-    lo, hi = ranges[var][0], ranges[var][1] - 1
+    out = {v: (r[0], r[1] - 1) for v, r in ranges.items()}
     for fac in factors(scope.body):
         if not isinstance(fac, Access) or not zero_padded(fac.source):
             continue
         for idx, (dlo, dhi) in zip(fac.indices, data_bounds(fac.source)):
             lin = linear_form(idx)
-            if lin is None or var not in lin[0]:
+            if lin is None:
                 continue
-            a = lin[0][var]
-            rest = _rest_interval(lin[0], lin[1], var, ranges)
-            if rest is None:
+            coeffs, const = lin
+            lo_all = hi_all = const
+            spans = []
+            for v, c in coeffs.items():
+                r = ranges.get(v)
+                if r is None:
+                    spans = None
+                    break
+                a, b = c * r[0], c * (r[1] - 1)
+                spans.append((v, c, min(a, b), max(a, b)))
+                lo_all += min(a, b)
+                hi_all += max(a, b)
+            if not spans:
                 continue
-            low, high = dlo - rest[1], dhi - rest[0]  # a*v must lie in [low, high]
-            if a > 0:
-                vlo, vhi = _ceil_div(low, a), high // a
-            else:
-                vlo, vhi = _ceil_div(high, a), low // a
-            lo, hi = max(lo, vlo), min(hi, vhi)
-    return lo, hi
+            for v, a, vmin, vmax in spans:
+                rest = (lo_all - vmin, hi_all - vmax)
+                low, high = dlo - rest[1], dhi - rest[0]  # a*v must lie in [low, high]
+                if a > 0:
+                    vlo, vhi = _ceil_div(low, a), high // a
+                else:
+                    vlo, vhi = _ceil_div(high, a), low // a
+                cur = out[v]
+                out[v] = (max(cur[0], vlo), min(cur[1], vhi))
+    cache["feasible"] = out
+    return out
 
 
 def _tighten(scope: Scope, ctx: RuleContext) -> Iterator[Rewrite]:  # pylint: disable=unused-argument
+    feasible = feasible_ranges(scope)
     loops, pad, notes = [], [], []
     for iv, (plo, phi) in zip(scope.loops, scope.pad):
-        lo, hi = feasible_range(scope, iv.var)
+        lo, hi = feasible[iv.var]
         if lo > hi or (lo, hi + 1) == (iv.begin, iv.end):
             loops.append(iv)
             pad.append((plo, phi))
@@ -98,7 +112,7 @@ def _tighten(scope: Scope, ctx: RuleContext) -> Iterator[Rewrite]:  # pylint: di
     reduce = []
     if scope.reducer == "sum":
         for iv in scope.reduce:
-            lo, hi = feasible_range(scope, iv.var)
+            lo, hi = feasible[iv.var]
             if lo > hi or (lo, hi + 1) == (iv.begin, iv.end):
                 reduce.append(iv)
                 continue
@@ -170,6 +184,7 @@ TIGHTEN = Rule(
     "tighten", "boundary",
     "L<v:b:e> pad[lo,hi] {f} = L<v:b':e'> pad[lo+b'-b, hi+e-e'] {f}, f = 0 for v outside [b',e')",
     _tighten,
+    costs_depth=False,
 )
 RELAX_SUM = Rule(
     "relax_sum", "boundary",
