@@ -34,7 +34,7 @@ from __future__ import annotations
 from math import gcd
 from typing import Dict, FrozenSet, Iterable, Mapping, Optional, Tuple, Union
 
-from .nodes import BinOp, Const, Node, Var
+from .nodes import BinOp, Const, Node, Var, live_nodes
 
 #: Inclusive integer bounds ``(lo, hi)`` of an iterator or expression.
 Bounds = Tuple[int, int]
@@ -251,7 +251,7 @@ def affine_bounds(aff: Affine, bounds: Mapping[Var, Bounds]) -> Optional[Bounds]
 
 def clear_cache() -> None:
     """Forget every cached affine form (for benchmarks of cold behaviour)."""
-    for node in list(Node._table.values()):
+    for node in live_nodes():
         node._cache.pop(_CACHE_AFFINE, None)
         node._cache.pop(_CACHE_KEY, None)
 

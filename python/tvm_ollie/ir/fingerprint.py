@@ -43,7 +43,7 @@ import struct
 from typing import Dict, List, Optional, Tuple
 
 from .affine import Affine, to_affine
-from .nodes import Access, BinOp, Call, Const, IterVar, Node, Scope, Tensor, Var, is_index
+from .nodes import Access, BinOp, Call, Const, IterVar, Node, Scope, Tensor, Var, is_index, live_nodes
 
 _MASK64 = (1 << 64) - 1
 _CACHE_FP = "fingerprint"
@@ -94,7 +94,7 @@ def fingerprint(node: Node) -> int:
 
 def clear_cache() -> None:
     """Forget every cached fingerprint (for benchmarks of cold behaviour)."""
-    for node in list(Node._table.values()):
+    for node in live_nodes():
         cache = node._cache
         for key in (_CACHE_FP, _CACHE_INDEX, _CACHE_ACCESS):
             cache.pop(key, None)

@@ -40,6 +40,23 @@ SCALAR_FUNCS = {
 }
 
 
+#: The interning table: (class, fields) -> weak reference to the one node with those fields. A
+#: plain dict of KeyedRefs (what WeakValueDictionary does, minus its Python-level overhead on
+#: this hot path); an entry goes away with its node.
+_TABLE: dict = {}
+_set = object.__setattr__
+
+
+def _forget(ref: "weakref.KeyedRef") -> None:
+    if _TABLE.get(ref.key) is ref:
+        del _TABLE[ref.key]
+
+
+def live_nodes() -> list:
+    """Every node alive now (for caches that must be cleared, e.g. in cold benchmarks)."""
+    return [node for node in (ref() for ref in list(_TABLE.values())) if node is not None]
+
+
 class Node:
     """Base of all IR nodes: interned, immutable, hashed once.
 
@@ -47,18 +64,20 @@ class Node:
     """
 
     __slots__ = ("_args", "_hash", "_cache", "__weakref__")
-    _table: "weakref.WeakValueDictionary[Any, Node]" = weakref.WeakValueDictionary()
 
     @classmethod
     def _make(cls, args: tuple) -> "Node":
         key = (cls, args)
-        node = Node._table.get(key)
-        if node is None:
-            node = object.__new__(cls)
-            object.__setattr__(node, "_args", args)
-            object.__setattr__(node, "_hash", hash(key))
-            object.__setattr__(node, "_cache", {})
-            Node._table[key] = node
+        ref = _TABLE.get(key)
+        if ref is not None:
+            node = ref()
+            if node is not None:
+                return node
+        node = object.__new__(cls)
+        _set(node, "_args", args)
+        _set(node, "_hash", hash(key))
+        _set(node, "_cache", {})
+        _TABLE[key] = weakref.KeyedRef(node, _forget, key)
         return node
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -84,7 +103,13 @@ class Node:
 
     @property
     def children(self) -> Tuple["Node", ...]:
-        """Direct child nodes, in field order."""
+        """Direct child nodes, in field order (computed once per node: a hot path of searches)."""
+        kids = self._cache.get("children")
+        if kids is None:
+            kids = self._cache["children"] = self._children()
+        return kids
+
+    def _children(self) -> Tuple["Node", ...]:
         return tuple(_iter_nodes(self._args))
 
     def __str__(self) -> str:
@@ -144,6 +169,9 @@ class Var(Node):
 
     __slots__ = ()
 
+    def _children(self) -> Tuple[Node, ...]:
+        return ()
+
     def __new__(cls, name: str) -> "Var":
         if not isinstance(name, str) or not name:
             raise TypeError("Var name must be a non-empty string")
@@ -185,6 +213,9 @@ class BinOp(Node):
         if op not in BINARY_OPS:
             raise ValueError(f"unknown binary op {op!r}")
         return cls._make((op, as_node(a), as_node(b)))
+
+    def _children(self) -> Tuple[Node, ...]:
+        return self._args[1:]
 
     @property
     def op(self) -> str:
@@ -399,6 +430,9 @@ class Access(Node):
             raise ValueError(f"{len(indices)} indices for a {source.ndim}-d source")
         return cls._make((source, indices))
 
+    def _children(self) -> Tuple[Node, ...]:
+        return (self._args[0],) + self._args[1]
+
     @property
     def source(self) -> Union[Tensor, Scope]:
         return self._args[0]
@@ -448,19 +482,26 @@ def _cached(node: Node, key: str, compute):
 def free_vars(node: Node) -> frozenset:
     """Iterator variables used by ``node`` and not bound inside it."""
 
-    def compute() -> frozenset:
-        if isinstance(node, Var):
-            return frozenset((node,))
-        if isinstance(node, Scope):
-            return frozenset()  # scopes are closed by construction
-        if isinstance(node, Access) and isinstance(node.source, Scope):
-            return frozenset().union(*(free_vars(i) for i in node.indices))
-        out = frozenset()
-        for child in node.children:
-            out |= free_vars(child)
+    cache = node._cache
+    out = cache.get("free_vars")
+    if out is not None:
         return out
+    if isinstance(node, Var):
+        out = frozenset((node,))
+    elif isinstance(node, (Scope, Tensor, Const)):
+        out = _NO_VARS  # scopes are closed by construction
+    else:
+        kids = node.indices if isinstance(node, Access) else node.children
+        out = _NO_VARS
+        for child in kids:
+            fv = free_vars(child)
+            if fv:
+                out = out | fv if out else fv
+    cache["free_vars"] = out
+    return out
 
-    return _cached(node, "free_vars", compute)
+
+_NO_VARS: frozenset = frozenset()
 
 
 def input_tensors(node: Node) -> Tuple[Tensor, ...]:

@@ -19,7 +19,8 @@ from __future__ import annotations
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from .affine import Affine, affine_bounds, to_affine
-from .nodes import COMPARE_OPS, Access, BinOp, Call, Const, Node, Scope, Var, free_vars, is_index
+from .nodes import (COMPARE_OPS, Access, BinOp, Call, Const, Node, Scope, Var, free_vars, is_index,
+                    live_nodes)
 
 #: Half-open ranges ``Var -> (begin, end)`` as the public functions take them.
 Ranges = Mapping[Var, Tuple[int, int]]
@@ -73,7 +74,7 @@ def index_range(node: Node, ranges: Ranges) -> Tuple[int, int]:
 
 def clear_cache() -> None:
     """Forget every cached simplification result (for benchmarks of cold behaviour)."""
-    for node in list(Node._table.values()):
+    for node in live_nodes():
         cache = node._cache
         cache.pop(_CACHE_SCOPE, None)
         cache.pop(_CACHE_INDEX, None)
