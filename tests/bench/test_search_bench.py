@@ -19,3 +19,10 @@ def test_table_prints_every_requested_case(capsys):
     lines = [ln for ln in out.splitlines() if ln.startswith("g2bmm")]
     assert len(lines) == 1 and "True" in lines[0]
     assert "phases:" in out
+
+
+def test_lifted_conv_transpose_row_is_found():
+    # the guarded gather form of the lifter: solved eagerly, then matmul + offset-add
+    row = search_bench.run_case("convtranspose-lifted", depth=3, quick=True, budget=60)
+    assert row["found"] and row["verified"], row
+    assert "matmul" in row["program"] and "offset-add" in row["program"]

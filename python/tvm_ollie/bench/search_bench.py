@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Callable, Dict, NamedTuple, Optional, Sequence
 
-from ..ir.nodes import IterVar, Scope, Tensor, Var
+from ..ir.nodes import BinOp, Call, Const, IterVar, Scope, Tensor, Var
 
 
 class Case(NamedTuple):
@@ -76,6 +76,29 @@ def conv_transpose(quick: bool) -> Scope:
                  a[vn, vi, vj, vf] * k[vh + 1 - 2 * vi, vw + 1 - 2 * vj, vf, vc])
 
 
+def conv_transpose_lifted(quick: bool) -> Scope:
+    """The same transposed convolution in the form the lifter emits for Relax's NCHW/IOHW
+    ``conv2d_transpose`` (stride 2, padding 1): a gather guarded by the stride condition::
+
+        Out[n, o, h, w] = Σ_{c,r,s} select((h + 1 - r) % 2 == 0 and (w + 1 - s) % 2 == 0,
+                                           X[n, c, (h + 1 - r) // 2, (w + 1 - s) // 2], 0)
+                                    * K[c, o, r, s]
+    """
+    n, h, c, f = (2, 2, 3, 4) if quick else (16, 2, 448, 256)
+    vn, vo, vh, vw, vc, vr, vs = (Var(x) for x in "nohwcrs")
+    x = Tensor("X", (n, c, h, h), pad=((0, 0), (0, 0), (1, 1), (1, 1)))
+    k = Tensor("K", (c, f, 4, 4))
+    guards, idx = [], []
+    for out, tap in ((vh, vr), (vw, vs)):
+        pos = out + 1 - tap
+        guards.append(BinOp("==", BinOp("%", pos, Const(2)), Const(0)))
+        idx.append(BinOp("//", pos, Const(2)))
+    read = Call("select", (BinOp("and", *guards), x[(vn, vc, *idx)], Const(0.0, "float32")))
+    return Scope([IterVar(vn, 0, n), IterVar(vo, 0, f), IterVar(vh, 0, 2 * h),
+                  IterVar(vw, 0, 2 * h)],
+                 [IterVar(vc, 0, c), IterVar(vr, 0, 4), IterVar(vs, 0, 4)], read * k[vc, vo, vr, vs])
+
+
 def g2bmm(quick: bool) -> Scope:
     """Dilated G2BMM, dilation 4: batch 8, length 10000, width 2*500+1, dim 64 (quick: 1x16)."""
     bs, m, w, d, k = (1, 16, 1, 4, 4) if quick else (8, 10000, 500, 4, 64)
@@ -91,6 +114,9 @@ CASES: Dict[str, Case] = {
                     "matmul + offset-add"),
     "convtranspose": Case(conv_transpose, ("matmul",), r"matmul\[.*offset-add",
                           "matmul + eOps"),
+    "convtranspose-lifted": Case(conv_transpose_lifted, ("matmul",),
+                                 r"^(eop\[gather[^\]]*\] -> )*matmul\[.*offset-add",
+                                 "matmul + eOps, from the lifted (guarded gather) form"),
     "conv5x5": Case(conv5x5, ("conv2d",), r"conv2d\[\S+ \* \d+x\d+x3x3[ \]]", "conv3x3 + eOps"),
     "g2bmm": Case(g2bmm, ("g2bmm",), r"g2bmm\[[^\]]*d=1\]", "G2BMM d=1 + layout eOps"),
 }
@@ -129,6 +155,7 @@ def run_case(name: str, depth: int, quick: bool, budget: Optional[float]) -> Dic
 EINNET = {  # EinNet C++ at depth 7 (OSDI'23 artifact): states, seconds, found depth, found time
     "conv3x3": ("158K", "7 s", 4, "96 ms"),
     "convtranspose": ("0.9M", "53 s", 6, "11.3 s"),
+    "convtranspose-lifted": ("0.9M", "53 s", 6, "11.3 s"),
     "conv5x5": ("2.2M", "99 s", 7, "101 s"),
     "g2bmm": ("18K", "0.7 s", 4, "24 ms"),
 }

@@ -3,12 +3,14 @@
 ``ALL_RULES`` lists every intra-expression rule; ``EAGER_RULES`` those applied to a fixed point
 after every step without costing depth (stage merging, and boundary tightening: the tightest
 ranges are part of the canonical form of a state, so states that differ only in how far they were
-tightened are one state); ``SEARCH_RULES`` the explorative rules the search tries by default (boundary relaxing enters through ``split_sum_padded``, which relaxes
+tightened are one state; and guard solving: a summation under a stride guard is replaced by one
+over the guard's solutions); ``SEARCH_RULES`` the explorative rules the search tries by default (boundary relaxing enters through ``split_sum_padded``, which relaxes
 exactly as much as a split needs, so the standalone ``relax_sum`` is left out of the default).
 """
 
 from .base import Rewrite, Rule, RuleContext  # noqa: F401
 from .boundary import RELAX_SUM, TIGHTEN  # noqa: F401
+from .guard import SOLVE_GUARD  # noqa: F401
 from .layout import SPLIT_DIM  # noqa: F401
 from .merge import FUSE_ITERS, MAP_ITERS  # noqa: F401
 from .split import SPLIT_LOOP, SPLIT_SUM, SPLIT_SUM_PADDED  # noqa: F401
@@ -20,6 +22,7 @@ ALL_RULES = (
     SPLIT_STAGE, MERGE_STAGE, MERGE_STAGE_SUM,
     TIGHTEN, RELAX_SUM,
     SPLIT_DIM,
+    SOLVE_GUARD,
 )
 EAGER_RULES = tuple(r for r in ALL_RULES if not r.costs_depth)
 SEARCH_RULES = (

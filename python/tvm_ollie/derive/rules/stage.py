@@ -5,6 +5,11 @@
 
       L<l> Σ<P, Q> {f}  =  L<l> Σ<P> { (L<P, l> Σ<Q> {f})[P, l] }
 
+  ``P`` never holds a plain contraction iterator (one that every read it occurs in, at least
+  two, indexes alone, like the channel ``c`` of a convolution): moving it out only turns the
+  contraction into a batch of outer products summed by an eOperator, which no target wants,
+  and it multiplies the states of a search (``2^n - 2`` subsets become ``2^(n-1) - 2``).
+
 * :data:`MERGE_STAGE` (stage merging, eager: costs no depth) — a read of a nested stage that only
   moves data out of another stage (``W = L<w> {X[ψ(w)]}``, ``X`` a scope, no summation) is
   replaced by the read it stands for::
@@ -12,7 +17,9 @@
       W[idx]  ->  X[ψ(idx)]
 
   (A stage that moves data out of an input TENSOR is a data-layout stage made on purpose by
-  :mod:`.layout`; it is kept.)
+  :mod:`.layout`; it is kept, unless it is a plain transposed copy ``L<w> {X[π(w)]}`` of the whole
+  tensor, as a lifted ``permute_dims`` feeding an operator is: that carries no layout the
+  operators could not read directly, and inlining it is what lets them match the transpose.)
 
   When the reader can reach ``W``'s zero margins, the merge is kept only if ``X`` reads zero
   padding there as well (some index of ``ψ`` leaves ``X``'s data on that margin); ``X``'s own
@@ -29,9 +36,9 @@
 from __future__ import annotations
 
 from itertools import combinations
-from typing import Dict, Iterator, Optional
+from typing import Dict, FrozenSet, Iterator, Optional
 
-from ...ir.nodes import Access, IterVar, Node, Scope, substitute
+from ...ir.nodes import Access, IterVar, Node, Scope, Tensor, Var, free_vars, substitute
 from .base import (
     Rewrite,
     Rule,
@@ -41,18 +48,45 @@ from .base import (
     fresh_vars,
     interval,
     iter_names,
+    linear_form,
     scope_ranges,
     widen_pad,
     zero_padded,
 )
 
 
+def plain_contractions(scope: Scope) -> FrozenSet[Var]:
+    """Summation iterators that index a dimension alone in every read they occur in (>= 2)."""
+    uses: Dict[Var, int] = {}
+    mixed = set()
+    for acc in body_accesses(scope.body):
+        seen = set()
+        for idx in acc.indices:
+            lin = linear_form(idx)
+            if lin is None:
+                mixed.update(v for v in free_vars(idx) if isinstance(v, Var))
+                continue
+            if len(lin[0]) == 1:
+                (v, c), = lin[0].items()
+                if abs(c) == 1:
+                    seen.add(v)
+                    continue
+            mixed.update(lin[0])
+        for v in seen:
+            uses[v] = uses.get(v, 0) + 1
+    red = {iv.var for iv in scope.reduce}
+    return frozenset(v for v, n in uses.items() if n >= 2 and v in red and v not in mixed)
+
+
 def _split_stage(scope: Scope, ctx: RuleContext) -> Iterator[Rewrite]:  # pylint: disable=unused-argument
     red = scope.reduce
     if len(red) < 2:
         return
+    plain = plain_contractions(scope)
     for size in range(1, len(red)):
         for outer_set in combinations(red, size):
+            if any(iv.var in plain for iv in outer_set):
+                continue
             rest = tuple(iv for iv in red if iv not in outer_set)
             inner = Scope(outer_set + scope.loops, rest, scope.body, reducer=scope.reducer)
             idx = tuple(iv.var for iv in outer_set + scope.loops)
@@ -91,7 +125,7 @@ def inline_access(acc: Access, ranges) -> Optional[Access]:
         return None
     inner = w.body
     src = inner.source
-    if not isinstance(src, Scope):
+    if not isinstance(src, Scope) and not _is_transposed_copy(w):
         return None  # a stage over an input tensor is a data-layout stage: it stays
     margins = _margins_read(acc, w, ranges)
     if margins is None:
@@ -119,6 +153,22 @@ def inline_access(acc: Access, ranges) -> Optional[Access]:
     if src2 is None:
         return None
     return Access(src2, new_idx)
+
+
+def _is_transposed_copy(w: Scope) -> bool:
+    """True when ``w = L<w> {X[π(w)]}`` copies a whole tensor ``X`` (no padding, ``π`` a
+    permutation of the loop iterators, each loop spanning its dimension)."""
+    inner = w.body
+    if not isinstance(inner.source, Tensor) or any(lo or hi for lo, hi in w.pad):
+        return False
+    loops = {iv.var: iv for iv in w.loops}
+    if len(inner.indices) != len(loops) or len(set(inner.indices)) != len(loops):
+        return False
+    for idx, size in zip(inner.indices, inner.source.shape):
+        iv = loops.get(idx)
+        if iv is None or iv.begin != 0 or iv.end != size:
+            return False
+    return True
 
 
 def _outside(r, bounds) -> bool:
