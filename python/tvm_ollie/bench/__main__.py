@@ -1,0 +1,74 @@
+"""``python -m tvm_ollie.bench``: the benchmark command line (also ``tvm-ollie bench``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import List, Optional
+
+
+def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.ArgumentParser:
+    """Add the bench options to ``parser`` (or a new one); the CLI reuses this."""
+    parser = parser or argparse.ArgumentParser(
+        prog="python -m tvm_ollie.bench",
+        description="Compare TVM, ONNX Runtime, PyTorch and torch.compile on the model zoo.",
+    )
+    parser.add_argument("--models", nargs="+", help="model names (default: all)")
+    parser.add_argument("--quick", action="store_true", help="small sizes and time budget")
+    parser.add_argument("--trials", type=int, default=0,
+                        help="MetaSchedule trials per model for TVM (0: untuned default pipeline)")
+    parser.add_argument("--target", choices=("llvm", "cuda"), default="llvm")
+    parser.add_argument("--out", default="bench_results", help="output directory")
+    parser.add_argument("--work-dir", help="tuning database directory (default OUT/work)")
+    parser.add_argument("--systems", nargs="+", help="systems to compare (default: all baselines)")
+    parser.add_argument("--reference", default="tvm", help="system the ratios are relative to")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--threads", type=int, help="threads per system (default: all cores)")
+    parser.add_argument("--budget", type=float, help="timing budget per model in seconds")
+    parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument("--list", action="store_true", help="list models and systems and exit")
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Parse ``argv`` and run the benchmark; returns the exit status."""
+    return run_from_args(build_parser().parse_args(argv))
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Run the benchmark for parsed arguments (shared with the ``tvm-ollie`` CLI).
+
+    Call it before anything imports torch: it sets the thread environment first (OpenMP reads
+    its wait policy when it starts; see :mod:`.env`).
+    """
+    # pylint: disable=import-outside-toplevel
+    from .env import configure_threads
+
+    configure_threads(args.threads or os.cpu_count() or 1)
+    from ..models import list_models
+    from .harness import run_bench
+    from .systems import list_systems
+
+    if args.list:
+        print("models: " + " ".join(list_models()))
+        print("systems: " + " ".join(list_systems()))
+        return 0
+    unknown = set(args.models or []) - set(list_models())
+    if unknown:
+        print(f"unknown models: {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
+    results = run_bench(
+        models=args.models, quick=args.quick, trials=args.trials, target=args.target,
+        out_dir=args.out, systems=args.systems, reference=args.reference, batch=args.batch,
+        work_dir=args.work_dir, threads=args.threads, time_budget_s=args.budget,
+        plot=not args.no_plot,
+    )  # fmt: skip
+    print(f"\nwrote {args.out}/results.json, results.md")
+    failed = [(m, s) for m, e in results["models"].items() for s, r in e["systems"].items()
+              if r.get("status") in ("error", "mismatch")]  # fmt: skip
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

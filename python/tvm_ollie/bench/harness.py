@@ -1,0 +1,194 @@
+"""``run_bench``: build every model in every system, check outputs, time them interleaved.
+
+For each model: PyTorch eager on CPU gives the reference outputs; every system is prepared
+(a missing package or device marks its column skipped; any other failure is recorded as an
+error and the run goes on); each system's outputs are compared with the reference
+(:mod:`.check`) and only systems that agree are timed, all together in interleaved rounds
+(:mod:`.timing`). Each system's ratio to the reference system is the median of per-round ratios.
+The model's FLOPs and bytes come from its Relax module (:mod:`.roofline`); the machine's peaks
+are measured once at the start. Results are written after every model (JSON + Markdown) and
+plotted at the end.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import time
+import traceback
+from typing import Callable, Dict, Iterable, List, Optional
+
+from . import report
+from .check import as_numpy_list, compare_outputs
+from .env import configure_threads
+from .roofline import count_module, measure_cpu_peaks, measure_cuda_peaks
+from .systems import BenchContext, SystemUnavailable, get_system
+from .timing import measure_interleaved, paired_ratio
+
+DEFAULT_SYSTEMS = ("tvm", "onnxruntime", "torch", "torch_compile")
+
+
+def run_bench(
+    models: Optional[Iterable[str]] = None,
+    quick: bool = False,
+    trials: int = 0,
+    target: str = "llvm",
+    out_dir: str = "bench_results",
+    systems: Optional[Iterable[str]] = None,
+    reference: str = "tvm",
+    batch: int = 1,
+    work_dir: Optional[str] = None,
+    threads: Optional[int] = None,
+    time_budget_s: Optional[float] = None,
+    plot: bool = True,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """Run the benchmark and write ``results.json``, ``results.md`` (and ``speedups.png``).
+
+    Parameters
+    ----------
+    models : iterable of str, optional
+        Model names (default: all registered models).
+    quick : bool
+        Use the small model sizes.
+    trials : int
+        MetaSchedule trials per model for TVM-based systems (0: TVM's untuned default pipeline).
+    target : str
+        ``"llvm"`` or ``"cuda"``.
+    out_dir : str
+        Where the results go.
+    systems : iterable of str, optional
+        System names (default :data:`DEFAULT_SYSTEMS`).
+    reference : str
+        System every other one is compared with, pair by pair.
+    batch : int
+        Batch size.
+    work_dir : str, optional
+        Persistent directory for tuning databases and exported files (default
+        ``<out_dir>/work``); reusing it skips re-tuning.
+    threads : int, optional
+        Threads for every system (default: all cores). Sets ``TVM_NUM_THREADS`` and passive
+        waiting for the thread pools if unset (see :mod:`.env`).
+    time_budget_s : float, optional
+        Timing budget per model (default 2 s quick, 10 s full).
+    plot : bool
+        Write the matplotlib plot (skipped with a note if matplotlib is missing).
+    log : callable
+        Progress messages.
+
+    Returns
+    -------
+    dict
+        The results (as written to ``results.json``).
+    """
+    from ..models import get_model, list_models  # pylint: disable=import-outside-toplevel
+
+    models = list(models) if models else list_models()
+    systems = list(systems) if systems else list(DEFAULT_SYSTEMS)
+    for name in systems:
+        get_system(name)  # unknown names fail early
+    threads = int(threads or os.cpu_count() or 1)
+    thread_env = configure_threads(threads)
+    budget = time_budget_s if time_budget_s is not None else (2.0 if quick else 10.0)
+    os.makedirs(out_dir, exist_ok=True)
+    ctx = BenchContext(target, threads, trials, work_dir or os.path.join(out_dir, "work"))
+
+    peaks = measure_cuda_peaks() if target == "cuda" else measure_cpu_peaks()
+    results = {
+        "config": {
+            "models": models, "systems": systems, "reference": reference, "quick": quick,
+            "trials": trials, "target": target, "batch": batch, "threads": threads,
+            "thread_env": thread_env,
+            "time_budget_s": budget, "machine": platform.machine(),
+            "processor": platform.processor(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        },
+        "peaks": None if peaks is None else vars(peaks),
+        "models": {},
+    }  # fmt: skip
+    log(f"peaks: {report.describe_peaks(peaks)}")
+    for name in models:
+        start = time.perf_counter()
+        spec = get_model(name, quick=quick, batch=batch)
+        entry = bench_model(spec, systems, reference, ctx, peaks, budget, log)
+        entry["wall_s"] = time.perf_counter() - start
+        results["models"][name] = entry
+        report.write_results(results, out_dir)
+        log(report.model_line(name, entry, reference))
+        del spec
+        gc.collect()
+    results["config"]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    report.write_results(results, out_dir)
+    if plot:
+        note = report.plot_ratios(results, os.path.join(out_dir, "speedups.png"))
+        if note:
+            log(note)
+    return results
+
+
+def bench_model(spec, systems: List[str], reference: str, ctx: BenchContext, peaks,
+                budget_s: float, log: Callable[[str], None]) -> dict:  # fmt: skip
+    """Prepare, check and time ``systems`` on one model; returns the model's result entry."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    with torch.inference_mode():
+        ref_outputs = as_numpy_list(spec.module(*spec.example_inputs))
+    entry: dict = {"description": spec.description, "input_shapes": spec.input_shapes,
+                   "paper": spec.paper, "systems": {}}  # fmt: skip
+    counts = None
+    try:
+        mod = ctx.relax_module(spec)[0]
+        counts = count_module(mod)
+        entry.update(flops=counts.flops, bytes=counts.bytes, bytes_min=counts.bytes_min)
+        if peaks is not None:
+            entry.update(bound_s=counts.bound_s(peaks), bound_min_s=counts.bound_min_s(peaks))
+    except Exception as err:  # pylint: disable=broad-except
+        entry["counts_error"] = f"{type(err).__name__}: {err}"
+    runs: Dict[str, Callable] = {}
+    for name in systems:
+        result, run = _prepare_and_check(name, spec, ctx, ref_outputs, log)
+        entry["systems"][name] = result
+        if run is not None:
+            runs[name] = run
+    samples = measure_interleaved(runs, budget_s=budget_s) if runs else {}
+    for name, sample in samples.items():
+        result = entry["systems"][name]
+        result["median_s"] = sample.median
+        result["rounds"] = len(sample.seconds)
+        result["calls_per_sample"] = sample.number
+        if reference in samples:
+            result["ratio_to_ref"] = paired_ratio(sample, samples[reference])
+        if "bound_s" in entry:
+            result["roofline_fraction"] = entry["bound_s"] / sample.median
+            result["roofline_min_fraction"] = entry["bound_min_s"] / sample.median
+    return entry
+
+
+def _prepare_and_check(name, spec, ctx, ref_outputs, log):
+    """Prepare one system and check its outputs; returns ``(result dict, run or None)``."""
+    system = get_system(name)
+    start = time.perf_counter()
+    try:
+        prepared = system.prepare(spec, ctx)
+    except SystemUnavailable as err:
+        return {"status": "skipped", "reason": str(err)}, None
+    except Exception as err:  # pylint: disable=broad-except
+        log(f"  {spec.name}/{name}: error\n{traceback.format_exc(limit=6)}")
+        return {"status": "error", "reason": f"{type(err).__name__}: {err}"[:500]}, None
+    result = {"status": "built", "prepare_s": time.perf_counter() - start,
+              "compile_s": prepared.compile_s, **prepared.info}  # fmt: skip
+    if prepared.tune_s is not None:
+        result["tune_s"] = prepared.tune_s
+    if prepared.run is None:
+        return result, None
+    try:
+        agreement = compare_outputs(as_numpy_list(prepared.run()), ref_outputs)
+    except Exception as err:  # pylint: disable=broad-except
+        result.update(status="error", reason=f"run failed: {type(err).__name__}: {err}"[:500])
+        return result, None
+    result["max_abs_err"], result["rel_err"] = agreement.max_abs_err, agreement.rel_err
+    if not agreement.ok:
+        result.update(status="mismatch", reason=agreement.reason)
+        return result, None
+    result["status"] = "ok"
+    return result, prepared.run

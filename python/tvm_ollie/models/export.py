@@ -1,0 +1,59 @@
+"""Turn a :class:`ModelSpec` into what each system runs: a Relax module or an ONNX file.
+
+Both paths start from the same ``nn.Module`` and example inputs, so weights are identical.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import List, Tuple
+
+from .registry import ModelSpec
+
+
+def export_program(spec: ModelSpec):
+    """``torch.export`` the model on its example inputs (no autograd)."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    with torch.no_grad():
+        return torch.export.export(spec.module, spec.example_inputs)
+
+
+def to_relax(spec: ModelSpec) -> Tuple[object, List[object]]:
+    """Import the model into Relax with its weights as trailing ``main`` parameters.
+
+    Returns
+    -------
+    mod : tvm.IRModule
+        ``main(*inputs, *params)``; weights are parameters (not constants) so tuning and the
+        roofline walk see them as tensors read by the ops.
+    params : list of tvm.runtime.Tensor
+        The weights, in ``main``'s parameter order after the inputs.
+    """
+    # pylint: disable=import-outside-toplevel
+    from tvm import relax
+    from tvm.relax.frontend.torch import from_exported_program
+
+    program = export_program(spec)
+    mod = from_exported_program(program, keep_params_as_input=True, unwrap_unit_return_tuple=True)
+    mod, params = relax.frontend.detach_params(mod)
+    return mod, list(params.get("main", []))
+
+
+def to_onnx(spec: ModelSpec, path: str, opset: int = 18) -> str:
+    """Export the model to an ONNX file at ``path`` (created directories as needed)."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with torch.no_grad():
+        torch.onnx.export(
+            spec.module,
+            spec.example_inputs,
+            path,
+            input_names=[f"input{i}" for i in range(len(spec.example_inputs))],
+            opset_version=opset,
+            dynamo=True,
+            external_data=False,
+            verbose=False,
+        )
+    return path

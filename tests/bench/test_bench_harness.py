@@ -1,0 +1,133 @@
+"""The harness end to end on a tiny model, with fake systems covering every outcome."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tvm_ollie.bench import __main__ as cli  # noqa: E402
+from tvm_ollie.bench.harness import run_bench  # noqa: E402
+from tvm_ollie.bench.systems import (  # noqa: E402
+    Prepared,
+    SystemUnavailable,
+    get_system,
+    list_systems,
+    register_system,
+)
+
+
+def _eager(spec):
+    with torch.no_grad():
+        return spec.module(*spec.example_inputs).numpy()
+
+
+@register_system("test_close")
+def _close(spec, ctx):
+    """Eager output times (1 + 1e-6): agrees."""
+    out = _eager(spec) * (1 + 1e-6)
+    return Prepared(lambda: out, compile_s=0.5, tune_s=1.5, info={"note": "fake"})
+
+
+@register_system("test_wrong")
+def _wrong(spec, ctx):
+    """Eager output plus 1% of its scale: a mismatch."""
+    out = _eager(spec)
+    out = out + 0.01 * np.abs(out).max()
+    return Prepared(lambda: out)
+
+
+@register_system("test_missing")
+def _missing(spec, ctx):
+    """A system whose package is absent."""
+    raise SystemUnavailable("fakepkg is not installed")
+
+
+@register_system("test_broken")
+def _broken(spec, ctx):
+    """A system that fails to build."""
+    raise RuntimeError("boom")
+
+
+@register_system("test_built_only")
+def _built_only(spec, ctx):
+    """Built but nothing to run it on."""
+    return Prepared(None, compile_s=0.1)
+
+
+def test_registry():
+    assert {"tvm", "onnxruntime", "torch", "torch_compile"} <= set(list_systems())
+    assert get_system("tvm").tvm_based and not get_system("torch").tvm_based
+    with pytest.raises(KeyError):
+        get_system("nope")
+    with pytest.raises(ValueError):
+        register_system("torch")(lambda spec, ctx: None)
+
+
+def test_every_outcome_is_reported(tmp_path):
+    systems = ["torch", "test_close", "test_wrong", "test_missing", "test_broken"]
+    systems.append("test_built_only")
+    results = run_bench(models=["infogan"], quick=True, systems=systems, reference="torch",
+                        out_dir=str(tmp_path), time_budget_s=0.05, log=lambda _: None)  # fmt: skip
+    entry = results["models"]["infogan"]
+    status = {name: r["status"] for name, r in entry["systems"].items()}
+    assert status == {"torch": "ok", "test_close": "ok", "test_wrong": "mismatch",
+                      "test_missing": "skipped", "test_broken": "error",
+                      "test_built_only": "built"}  # fmt: skip
+    close = entry["systems"]["test_close"]
+    assert close["ratio_to_ref"] > 0 and close["median_s"] > 0 and close["tune_s"] == 1.5
+    assert entry["systems"]["torch"]["ratio_to_ref"] == 1.0
+    assert "median_s" not in entry["systems"]["test_wrong"]
+    assert entry["flops"] > 0 and entry["bytes"] > entry["bytes_min"] > 0
+    assert 0 < close["roofline_fraction"]
+    with open(tmp_path / "results.json", encoding="utf-8") as f:
+        assert json.load(f)["models"]["infogan"]["systems"]["test_missing"]["reason"]
+    report = (tmp_path / "results.md").read_text()
+    assert "| infogan |" in report and "mismatch" in report and "fakepkg" in report
+    assert os.path.getsize(tmp_path / "speedups.png") > 0
+
+
+def test_tvm_and_torch_agree_through_the_harness(tmp_path):
+    results = run_bench(models=["csrnet"], quick=True, systems=["tvm", "torch"],
+                        out_dir=str(tmp_path), time_budget_s=0.05, plot=False,
+                        log=lambda _: None)  # fmt: skip
+    systems = results["models"]["csrnet"]["systems"]
+    assert systems["tvm"]["status"] == "ok", systems["tvm"]
+    assert systems["torch"]["status"] == "ok"
+    assert systems["tvm"]["ratio_to_ref"] == 1.0
+    assert systems["tvm"]["rel_err"] < 1e-4
+    assert "tune_s" not in systems["tvm"]  # trials=0: untuned default pipeline
+
+
+def test_cli_list_and_bad_model(capsys):
+    assert cli.main(["--list"]) == 0
+    assert "longformer" in capsys.readouterr().out
+    assert cli.main(["--models", "nope"]) == 2
+
+
+def test_cuda_target_builds_tvm_and_skips_what_cannot_run(tmp_path):
+    results = run_bench(models=["infogan"], quick=True, target="cuda",
+                        systems=["tvm", "torch", "onnxruntime"], out_dir=str(tmp_path),
+                        time_budget_s=0.05, plot=False, log=lambda _: None)  # fmt: skip
+    systems = results["models"]["infogan"]["systems"]
+    if results["peaks"] is None:  # no GPU here: TVM is compiled for CUDA but not run
+        assert systems["tvm"]["status"] == "built" and systems["tvm"]["compile_s"] > 0
+        assert systems["torch"]["status"] == "skipped"
+        assert "built" in (tmp_path / "results.md").read_text()
+    else:
+        assert systems["tvm"]["status"] == "ok"
+
+
+def test_thread_environment_defaults_and_overrides(monkeypatch):
+    from tvm_ollie.bench.env import configure_threads
+
+    for key in ("TVM_NUM_THREADS", "OMP_WAIT_POLICY", "TVM_THREAD_POOL_SPIN_COUNT"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    state = configure_threads(3)
+    assert state["TVM_NUM_THREADS"] == "3"
+    assert state["TVM_THREAD_POOL_SPIN_COUNT"] == "0"
+    assert state["OMP_WAIT_POLICY"] == "ACTIVE"  # the user's choice is kept
+    assert state["torch_preloaded"] == "True"
