@@ -5,9 +5,13 @@ The public entry points (see the README):
 * :func:`lift` turns an operator (a PrimFunc, a ``te.Tensor``, or a Relax call) into an
   expression of the tensor-algebra IR (:mod:`tvm_ollie.ir`);
 * :func:`evaluate` runs an expression on numpy arrays (the reference interpreter);
-* :func:`lower` turns an expression back into a TVM PrimFunc.
+* :func:`lower` turns an expression back into a TVM PrimFunc;
+* :func:`derive` searches equivalent programs: target operators plus memory-bound eOperators;
+* :mod:`tvm_ollie.transform` holds the Relax pass ``OllieOptimize``; importing ``tvm_ollie``
+  registers the ``"ollie"`` Relax pipeline, so ``tvm.compile(mod, target,
+  relax_pipeline="ollie")`` works.
 
-``import tvm_ollie`` does not import TVM; the functions import what they need on first use.
+``tvm_ollie.lift`` and ``tvm_ollie.derive`` are subpackages that can be called like functions.
 """
 
 from __future__ import annotations
@@ -15,15 +19,10 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from . import ir  # noqa: F401
+from . import derive, lift  # noqa: F401  (callable subpackages: ollie.lift(x), ollie.derive(e))
+from . import transform  # noqa: F401  (registers the "ollie" pipeline)
 
 __version__ = "0.1.0"
-
-
-def lift(op: Any, mod: Any = None) -> "ir.Scope":
-    """Lift an operator into an expression. See :func:`tvm_ollie.lift.lift`."""
-    from .lift import lift as _lift  # pylint: disable=import-outside-toplevel
-
-    return _lift(op, mod)
 
 
 def evaluate(expr: "ir.Node", inputs: Mapping[str, Any], **kwargs: Any):

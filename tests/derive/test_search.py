@@ -155,7 +155,7 @@ def test_time_budget_bounds_the_search():
     assert res.candidates  # what was found before the budget ran out is returned, verified
     assert elapsed < 1.0 + 5.0  # the budget, plus verifying the cheapest candidate
     phases = res.stats.phase_s
-    assert set(phases) == {"rewrite", "normalize", "fingerprint", "instantiate"}
+    assert set(phases) == {"rewrite", "normalize", "fingerprint", "instantiate", "guided"}
     assert sum(phases.values()) <= res.stats.search_time_s + 1e-6
 
 
@@ -226,7 +226,7 @@ def test_eager_tightening_finds_conv3x3_target_at_depth_3():
     form = "matmul[16x8 @ 8x72] -> eop[offset-add 1x4x4x8]"
     assert form in [repr(p) for p in res.candidates]
     hit = next(d for _, d, r in res.stats.found_log if r == form)
-    assert hit == 3
+    assert hit <= 3  # 1 with the guided map_to_target (its mappings cost no depth)
 
 
 @pytest.mark.slow

@@ -88,7 +88,7 @@ def test_lifted_conv2d_transpose_to_matmul(n, hw, k, p, op):
         return dims[1] == 4 and {dims[0], dims[2]} == {n * hw * hw, 4 * k * k}
 
     _, depth = derive_expect(expr, ("matmul",), MATMUL_OFFSET_ADD, max_depth=3, accept=einnet)
-    assert depth == 3
+    assert depth <= 3  # 1 with the guided map_to_target (its mappings cost no depth)
 
 
 def test_lifted_conv1d_transpose_to_matmul():

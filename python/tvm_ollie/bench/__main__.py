@@ -33,18 +33,45 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Parse ``argv`` and run the benchmark; returns the exit status."""
-    return run_from_args(build_parser().parse_args(argv))
+    restart = ["-m", "tvm_ollie.bench", *sys.argv[1:]] if argv is None else None
+    return run_from_args(build_parser().parse_args(argv), restart_argv=restart)
 
 
-def run_from_args(args: argparse.Namespace) -> int:
+def restart_with_thread_env(threads: int, restart_argv: Optional[List[str]]) -> None:
+    """Restart the process when torch was loaded before the thread environment was set.
+
+    OpenMP reads its wait policy when torch loads it, and ``import tvm`` (hence ``import
+    tvm_ollie``) already imports torch when it is installed, so a command line cannot set the
+    policy in time from inside the process. The restarted process inherits the variables from
+    its start; a marker variable prevents a second restart. Library calls (``restart_argv`` is
+    None) never restart.
+    """
+    from .env import PASSIVE_WAIT  # pylint: disable=import-outside-toplevel
+
+    if (restart_argv is None or "torch" not in sys.modules
+            or all(key in os.environ for key in PASSIVE_WAIT)
+            or os.environ.get("TVM_OLLIE_BENCH_RESTARTED")):
+        return
+    env = dict(os.environ, TVM_OLLIE_BENCH_RESTARTED="1")
+    env.setdefault("TVM_NUM_THREADS", str(int(threads)))
+    for key, value in PASSIVE_WAIT.items():
+        env.setdefault(key, value)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *restart_argv], env)
+
+
+def run_from_args(args: argparse.Namespace, restart_argv: Optional[List[str]] = None) -> int:
     """Run the benchmark for parsed arguments (shared with the ``tvm-ollie`` CLI).
 
-    Call it before anything imports torch: it sets the thread environment first (OpenMP reads
-    its wait policy when it starts; see :mod:`.env`).
+    The thread environment must be set before torch starts OpenMP (see :mod:`.env`): from a
+    command line (``restart_argv``: the arguments after the interpreter that rerun the same
+    command) the process restarts itself with it set when torch is already loaded.
     """
     # pylint: disable=import-outside-toplevel
     from .env import configure_threads
 
+    restart_with_thread_env(args.threads or os.cpu_count() or 1, restart_argv)
     configure_threads(args.threads or os.cpu_count() or 1)
     from ..models import list_models
     from .harness import run_bench

@@ -149,6 +149,7 @@ def run_case(name: str, depth: int, quick: bool, budget: Optional[float]) -> Dic
         "generated": st.states_generated, "search_s": st.search_time_s, "cpu_s": cpu,
         "stop": st.stop_reason.value, "candidates": st.candidates_found,
         "depth_reached": st.max_depth_reached, "phase": dict(st.phase_s),
+        "guided_steps": st.guided_steps,
     }
 
 
@@ -192,7 +193,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.phases:
             phases = ", ".join(f"{k} {v:.2f}s" for k, v in row["phase"].items())
             print(f"{'':<14} phases: {phases}; generated {row['generated']}, "
-                  f"{row['candidates']} candidates, depth reached {row['depth_reached']}")
+                  f"{row['candidates']} candidates ({row['guided_steps']} guided steps), "
+                  f"depth reached {row['depth_reached']}")
         sys.stdout.flush()
     return 0
 

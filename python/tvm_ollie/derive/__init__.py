@@ -5,8 +5,11 @@
 (:mod:`tvm_ollie.derive.match`, :mod:`tvm_ollie.derive.program`); see :mod:`.search`.
 """
 
+from .._callable import make_callable
 from .program import Program, Stage  # noqa: F401
 from .search import DEFAULT_TARGETS, DeriveResult, SearchStats, StopReason, derive  # noqa: F401
 
 __all__ = ["derive", "DeriveResult", "Program", "Stage", "StopReason", "SearchStats",
            "DEFAULT_TARGETS"]
+
+make_callable(__name__, derive)

@@ -49,7 +49,11 @@ def _canon(s: Scope, root: bool) -> Tuple[Scope, Tuple[int, ...]]:
     simple = simplify(s.replace(body=body) if body is not s.body else s)
     out = _rename(simple, root)
     cache[key] = out
-    out[0]._cache.setdefault(key, (out[0], tuple(range(len(s.loops)))))  # pylint: disable=protected-access
+    canon = out[0]._cache  # pylint: disable=protected-access
+    canon.setdefault(key, (out[0], tuple(range(len(s.loops)))))
+    # renaming and reordering keep simplified indices simplified: mark the canonical scope so
+    # that simplifying a state that reads it (its parent's canonicalization) does not redo it
+    canon.setdefault("simplify", out[0])
     return out
 
 

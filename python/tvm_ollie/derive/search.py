@@ -11,7 +11,11 @@ path and each distinct state (by fingerprint of its canonical form) is expanded 
   have are matched against the targets (:func:`tvm_ollie.derive.match.match_scope`, cached per
   scope); each match becomes a candidate program (:func:`tvm_ollie.derive.program.instantiate`).
   A scope shared with the parent was instantiated there already: same operator, only the
-  eOperators around it would differ.
+  eOperators around it would differ;
+* **guided rules** (:data:`tvm_ollie.derive.rules.GUIDED_RULES`, e.g. ``map_to_target``) are
+  tried at the new compute scopes of every state, free: a rewrite is kept only when it makes a
+  stage match a target, and then only as candidates (the rewritten state is instantiated, not
+  explored), so the exploration itself is unchanged.
 
 Repeats are pruned by fingerprint twice: first the raw rewritten expression (a repeat is dropped
 before the expensive normalization: eager rules + :func:`tvm_ollie.derive.canon.canonicalize`),
@@ -39,7 +43,8 @@ import numpy as np
 from ..ir.nodes import Scope
 from .canon import canonicalize
 from .focus import apply_eager, apply_rules, compute_scopes, scope_ids, scopes_of
-from .rules import EAGER_RULES, SEARCH_RULES
+from .focus import is_compute, replace_node, rewrites
+from .rules import EAGER_RULES, GUIDED_RULES, SEARCH_RULES
 from .rules.base import Rule, RuleContext
 
 __all__ = ["derive", "DeriveResult", "SearchStats", "StopReason", "DEFAULT_TARGETS",
@@ -81,9 +86,11 @@ class SearchStats:
     #: seconds spent per phase of the exploration (rule application and tree rebuilding,
     #: normalization = eager merging + canonical form, fingerprints, instantiation).
     phase_s: Dict[str, float] = field(default_factory=lambda: dict.fromkeys(
-        ("rewrite", "normalize", "fingerprint", "instantiate"), 0.0))
+        ("rewrite", "normalize", "fingerprint", "instantiate", "guided"), 0.0))
     candidates_found: int = 0
     candidates_rejected: int = 0
+    #: guided rewrites taken (each led to an instantiated target)
+    guided_steps: int = 0
     stop_reason: StopReason = StopReason.EXHAUSTED
 
     def summary(self) -> str:
@@ -147,6 +154,7 @@ class _Search:
         self.instantiate_all_scopes = instantiate_all_scopes
         self.stats = SearchStats()
         self.match_cache: Dict[int, list] = {}
+        self.seen_guided: set = set()  # fingerprints of the states guided rules produced
         self.candidates: Dict[str, object] = {}
         self.key_fn = _state_key
         self.phase = self.stats.phase_s
@@ -190,8 +198,41 @@ class _Search:
                     self.stats.first_found_depth[m.kind] = depth
                     self.stats.first_found_states[m.kind] = self.stats.states_visited
         self.phase["instantiate"] += time.perf_counter() - t
+        self._check_first()
+
+    def _check_first(self) -> None:
         if self.stop_on_first and all(t in self.stats.first_found_s for t in self._reachable()):
             raise _Limits(StopReason.FIRST_FOUND)
+
+    def _guided(self, state: Scope, path: Tuple, depth: int, parent: Optional[Scope]) -> None:
+        """Guided rules at the compute scopes of ``state`` that its parent did not have.
+
+        A rewrite is offered only when it leads a stage to a target (the rule's own guard), so
+        each one is normalized in its state and instantiated; the rewritten state is not
+        explored further (a guided step is free and adds candidates, never states).
+        """
+        t = time.perf_counter()
+        old = scope_ids(parent) if parent is not None else ()
+        steps = []
+        for scope in scopes_of(state):
+            if id(scope) in old or not is_compute(scope):
+                continue
+            for rule in GUIDED_RULES:
+                for rw in rewrites(rule, scope, self.ctx):
+                    steps.append((rule, rw, scope))
+        self.phase["guided"] += time.perf_counter() - t
+        for rule, rw, scope in steps:
+            t = time.perf_counter()
+            if self.deadline is not None and t > self.deadline:
+                raise _Limits(StopReason.TIME_BUDGET)
+            new = self._normal(replace_node(state, scope, rw.scope))
+            key = self.key_fn(new)
+            self.phase["guided"] += time.perf_counter() - t
+            if key in self.seen_guided:  # e.g. the same two mappings in the other order
+                continue
+            self.seen_guided.add(key)
+            self.stats.guided_steps += 1
+            self._instantiate(new, path + ((rule.name, rw.note, new),), depth, state)
 
     def _reachable(self):
         return self.stop_on_first if isinstance(self.stop_on_first, tuple) else self.targets[:1]
@@ -271,6 +312,8 @@ class _Search:
                     self.stats.states_visited += 1
                     if self.guided:
                         self._instantiate(state, path, depth, parent)
+                        if GUIDED_RULES:
+                            self._guided(state, path, depth, parent)
                     if depth >= self.max_depth:
                         stop = StopReason.MAX_DEPTH
                         continue

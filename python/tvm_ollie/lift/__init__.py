@@ -8,9 +8,7 @@ value is the operator's result. Anything that cannot be expressed exactly raises
 
 from __future__ import annotations
 
-import sys
-import types
-
+from .._callable import make_callable
 from ..ir.nodes import Scope
 from .errors import LiftError
 from .legalize import lift_via_legalize
@@ -82,15 +80,4 @@ def lift(x, mod=None, legalize_fallback: bool = False) -> Scope:
                     "PrimFunc")
 
 
-class _CallableModule(types.ModuleType):
-    """Lets ``tvm_ollie.lift(x)`` keep working once this subpackage shadows the function.
-
-    ``tvm_ollie/__init__.py`` defines a function ``lift``; importing ``tvm_ollie.lift.*`` sets the
-    package attribute ``tvm_ollie.lift`` to this module, so the module itself must be callable.
-    """
-
-    def __call__(self, x, mod=None, **kwargs) -> Scope:
-        return lift(x, mod, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+make_callable(__name__, lift)

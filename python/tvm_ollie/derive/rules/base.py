@@ -44,12 +44,15 @@ class RuleContext:
         When given, exactly these factors are tried (overrides the automatic choice).
     max_relax : int
         Largest amount by which boundary relaxing may enlarge a summation range.
+    guided_maps : int
+        Longest chain of iterator mappings the guided rule ``map_to_target`` tries (0: off).
     """
 
     targets: Tuple[str, ...] = ()
     small_factors: Tuple[int, ...] = (2, 3)
     split_factors: Optional[Tuple[int, ...]] = None
     max_relax: int = 4
+    guided_maps: int = 2
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,8 @@ class Rule:
     merging), which the search applies to a fixed point after every step without counting depth.
     ``max_per_path`` bounds how often the search uses the rule on one derivation path (None: no
     bound); rules whose repeated use only re-nests what one use already did carry a bound.
+    ``guided`` rules are neither explorative nor eager: the search tries them at each scope a
+    state newly created and keeps a result only when it instantiates a target (no depth cost).
     """
 
     name: str
@@ -68,6 +73,7 @@ class Rule:
     apply: Callable[[Scope, RuleContext], Iterator[Rewrite]] = field(repr=False)
     costs_depth: bool = True
     max_per_path: Optional[int] = None
+    guided: bool = False
 
     def __call__(self, scope: Scope, ctx: Optional[RuleContext] = None) -> List[Rewrite]:
         """All rewrites of ``scope`` (a list; empty when the rule does not apply)."""

@@ -56,6 +56,25 @@ def _index_pairs(scope: Scope) -> List[Tuple[Var, int, Var, int]]:
 
 
 def _map_iters(scope: Scope, ctx: RuleContext) -> Iterator[Rewrite]:  # pylint: disable=unused-argument
+    for _, _, _, rw in map_iters_with_pairs(scope):
+        yield rw
+
+
+def map_iters_with_pairs(scope: Scope) -> List[Tuple[Var, Var, Var, Rewrite]]:
+    """:data:`MAP_ITERS`'s rewrites of ``scope``, each with its ``(x, y, t)`` (t = x + s*y).
+
+    Cached on the scope (the guided rule chains mappings and needs to know which iterators
+    each one merged).
+    """
+    cache = scope._cache  # pylint: disable=protected-access
+    hit = cache.get("map_iters")
+    if hit is None:
+        hit = list(_map_iters_pairs(scope))
+        cache["map_iters"] = hit
+    return hit
+
+
+def _map_iters_pairs(scope: Scope) -> Iterator[Tuple[Var, Var, Var, Rewrite]]:
     loops = {iv.var: iv for iv in scope.loops}
     done = set()
     for x, cx, y, cy in _index_pairs(scope):
@@ -78,7 +97,7 @@ def _map_iters(scope: Scope, ctx: RuleContext) -> Iterator[Rewrite]:  # pylint: 
         idx = tuple(BinOp("+", iv.var, _times(s, y)) if iv is ix else iv.var
                     for iv in scope.loops)
         outer = Scope(scope.loops, (), inner[idx], pad=scope.pad)
-        yield Rewrite(outer, f"map [{x.name}, {y.name}] -> {t.name} = {x.name} + {s}*{y.name}")
+        yield x, y, t, Rewrite(outer, f"map [{x.name}, {y.name}] -> {t.name} = {x.name} + {s}*{y.name}")
 
 
 def _fuse_iters(scope: Scope, ctx: RuleContext) -> Iterator[Rewrite]:  # pylint: disable=unused-argument

@@ -1,0 +1,183 @@
+"""Latency of the ollie build against TVM's own MetaSchedule pipeline, same trial budget.
+
+``python -m tvm_ollie.bench.pass_bench [--trials N] [--models conv512,demo]``
+
+For each model, in one process and measured interleaved (median per call, ``TVM_NUM_THREADS=2``
+unless set):
+
+* ``tvm-default``: ``tvm.compile(mod, llvm)``, no tuning;
+* ``tvm-ms``: TVM's ``relax.pipeline.static_shape_tuning_pipeline(total_trials=N, ...)`` in the
+  two-step form ``tvm.compile(pipeline(mod), target)``;
+* ``ollie-analytic``: :func:`tvm_ollie.transform.build` with ``trials=0``;
+* ``ollie-ms``: :func:`tvm_ollie.transform.build` with MetaSchedule trials chosen so that the
+  trials it spends in all (the original and the candidate of every distinct operator, plus the
+  kernels left after the rewrite) are about ``N``; the trials actually spent are printed.
+
+Compile times include tuning. Models: ``conv512`` is one conv3x3 at 1x512x7x7 with 512
+filters, pad 1; ``demo`` is conv3x3 -> relu -> conv3x3 -> conv2d_transpose(stride 2) -> conv3x3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import tempfile
+import time
+
+os.environ.setdefault("TVM_NUM_THREADS", "2")
+
+import numpy as np  # noqa: E402
+
+
+def _models():
+    from tvm import relax  # pylint: disable=import-outside-toplevel
+
+    def var(name, shape):
+        return relax.Var(name, relax.TensorType(shape, "float32"))
+
+    def module(params, body):
+        bb = relax.BlockBuilder()
+        with bb.function("main", params):
+            with bb.dataflow():
+                out = bb.emit_output(body(bb, *params))
+            bb.emit_func_output(out)
+        return bb.get()
+
+    def conv512():
+        return module([var("x", (1, 512, 7, 7)), var("w", (512, 512, 3, 3))],
+                      lambda bb, x, w: relax.op.nn.conv2d(x, w, padding=1))
+
+    def demo():
+        def body(bb, x, w1, w2, k, w3):
+            y = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(x, w1, padding=1)))
+            y = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(y, w2, padding=1)))
+            y = bb.emit(relax.op.nn.conv2d_transpose(y, k, strides=2, padding=1))
+            return relax.op.nn.conv2d(y, w3, padding=1)
+
+        return module([var("x", (1, 32, 14, 14)), var("w1", (64, 32, 3, 3)),
+                       var("w2", (64, 64, 3, 3)), var("k", (64, 32, 4, 4)),
+                       var("w3", (16, 32, 3, 3))], body)
+
+    return {"conv512": conv512, "demo": demo}
+
+
+def _ollie_trials(mod, total: int, max_measured: int) -> int:
+    """Per-implementation trials so that the ollie build spends about ``total`` in all."""
+    from ..transform.decide import call_signature  # pylint: disable=import-outside-toplevel
+    from ..transform.optimize import _derivable_calls  # pylint: disable=C0415
+
+    sigs = {call_signature(c) for _, _, c in _derivable_calls(mod)}
+    shares = len(sigs) * (1 + max_measured) + 1
+    return max(1, total // shares)
+
+
+def bench_model(name: str, mod, trials: int, work_root: str, time_budget_s: float,
+                max_measured: int) -> dict:
+    """Compile ``mod`` four ways and time them; returns a row of the table."""
+    import tvm  # pylint: disable=import-outside-toplevel
+    from tvm import relax  # pylint: disable=import-outside-toplevel
+
+    from ..transform import build  # pylint: disable=import-outside-toplevel
+    from ..tune import STATS  # pylint: disable=import-outside-toplevel
+    from ..tune.metaschedule import normalize_target  # pylint: disable=C0415
+    from .timing import measure_interleaved  # pylint: disable=import-outside-toplevel
+
+    target = normalize_target("llvm")
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32")
+            for p in mod["main"].params]
+    row = {"model": name, "trials": trials}
+    exes = {}
+    t0 = time.perf_counter()
+    exes["tvm-default"] = tvm.compile(mod, target=target)
+    row["compile:tvm-default"] = time.perf_counter() - t0
+    if trials > 0:
+        wd = os.path.join(work_root, f"{name}_tvm")
+        t0 = time.perf_counter()
+        tuned = relax.pipeline.static_shape_tuning_pipeline(
+            total_trials=trials, target=target, work_dir=wd)(mod)
+        exes["tvm-ms"] = tvm.compile(tuned, target=target)
+        row["compile:tvm-ms"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    exes["ollie-analytic"], rep0 = build(mod, target, trials=0, time_budget_s=time_budget_s)
+    row["compile:ollie-analytic"] = time.perf_counter() - t0
+    row["report:ollie-analytic"] = rep0.to_text()
+    if trials > 0:
+        per = _ollie_trials(mod, trials, max_measured)
+        before = STATS.trials
+        t0 = time.perf_counter()
+        exes["ollie-ms"], rep = build(mod, target, trials=per,
+                                      work_dir=os.path.join(work_root, f"{name}_ollie"),
+                                      time_budget_s=time_budget_s, max_measured=max_measured)
+        row["compile:ollie-ms"] = time.perf_counter() - t0
+        row["ollie_trials_spent"] = STATS.trials - before
+        row["ollie_trials_per_impl"] = per
+        row["report:ollie-ms"] = rep.to_text()
+    dev = tvm.cpu()
+    outs, runs = {}, {}
+    for key, ex in exes.items():
+        vm = relax.VirtualMachine(ex, dev)
+        targs = [tvm.runtime.tensor(a, dev) for a in args]
+        outs[key] = vm["main"](*targs).numpy()
+        runs[key] = (lambda f, a: (lambda: f(*a)))(vm["main"], targs)
+    ref = outs["tvm-default"]
+    for key, out in outs.items():
+        err = float(np.max(np.abs(out - ref))) / max(float(np.max(np.abs(ref))), 1e-6)
+        row[f"relerr:{key}"] = err
+    samples = measure_interleaved(runs, budget_s=8.0)
+    for key, s in samples.items():
+        row[f"latency:{key}"] = s.median
+    return row
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=32, help="MetaSchedule trials N")
+    parser.add_argument("--models", default="conv512,demo")
+    parser.add_argument("--time-budget", type=float, default=20.0,
+                        help="derivation seconds per model")
+    parser.add_argument("--max-measured", type=int, default=1,
+                        help="candidates tuned and measured per distinct operator")
+    parser.add_argument("--work-dir", default=None, help="keep tuning databases here")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("tvm_ollie.derive").setLevel(logging.CRITICAL)
+    work_root = args.work_dir or tempfile.mkdtemp(prefix="ollie_pass_bench_")
+    models = _models()
+    rows = []
+    for name in args.models.split(","):
+        row = bench_model(name, models[name](), args.trials, work_root, args.time_budget,
+                          args.max_measured)
+        rows.append(row)
+        _print_row(row)
+        _print_table([row])
+    print(f"\nTVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS')}, trials N={args.trials}")
+    _print_table(rows)
+    if not args.work_dir:
+        shutil.rmtree(work_root, ignore_errors=True)
+    return 0
+
+
+def _print_table(rows) -> None:
+    print(f"{'model':<9} {'system':<15} {'latency':>11} {'compile':>9} {'rel.err':>9}")
+    for row in rows:
+        for key in ("tvm-default", "tvm-ms", "ollie-analytic", "ollie-ms"):
+            if f"latency:{key}" not in row:
+                continue
+            print(f"{row['model']:<9} {key:<15} {row[f'latency:{key}'] * 1e3:>9.3f}ms "
+                  f"{row[f'compile:{key}']:>8.1f}s {row[f'relerr:{key}']:>9.1e}")
+        if "ollie_trials_spent" in row:
+            print(f"{'':<9} ollie-ms spent {row['ollie_trials_spent']} trials "
+                  f"({row['ollie_trials_per_impl']} per tuned implementation)", flush=True)
+
+
+def _print_row(row: dict) -> None:
+    for key in ("report:ollie-analytic", "report:ollie-ms"):
+        if key in row:
+            print(f"== {row['model']} {key[7:]}\n{row[key]}\n", flush=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

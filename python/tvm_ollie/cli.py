@@ -1,0 +1,405 @@
+"""The ``tvm-ollie`` command line (the replacement for TVM's retired ``tvmc``).
+
+* ``tvm-ollie compile MODEL -t TARGET -o OUT.so``: optimize and build a model into a library
+  that ``tvm.runtime.load_module`` loads and the Relax VM runs (weights inside);
+* ``tvm-ollie run OUT.so --input NAME=FILE.npy ...``: run a compiled library and time it;
+* ``tvm-ollie explain MODEL -t TARGET``: what the optimizer chose for each operator, and why;
+* ``tvm-ollie demo``: optimize a small built-in model, check it against TVM, report the speedup;
+* ``tvm-ollie roundtrip``: lift a conv2d to an expression, lower it back, build and check it;
+* ``tvm-ollie lift MODEL``: print the expression of every liftable operator;
+* ``tvm-ollie bench ...``: the benchmark (same options as ``python -m tvm_ollie.bench``).
+
+MODEL is an ONNX file, a Relax module saved with ``tvm.ir.save_json`` (.json), or
+``file.py:function`` returning an IRModule (or an ``(IRModule, params)`` pair).
+
+User errors (bad file, target, input, option) are one line on stderr and exit status 2; other
+failures are one line and status 1; Ctrl-C prints "interrupted" and exits with 130. ``--debug``
+shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import warnings
+from typing import List, NoReturn, Optional
+
+#: Exit status of user errors (bad input) and of other failures.
+EXIT_USER_ERROR = 2
+EXIT_FAILURE = 1
+EXIT_INTERRUPTED = 130
+
+
+class UserError(Exception):
+    """An error caused by the command's input (bad file, bad option): reported in one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line (usage is left to ``--help``)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands
+# ---------------------------------------------------------------------------------------------
+
+
+def _compile(args: argparse.Namespace) -> int:
+    # pylint: disable=import-outside-toplevel
+    from .compat import tvm
+    from .frontend.explain import summary_line
+    from .frontend.inputs import module_signature, save_signature
+    from .frontend.progress import Stages
+    from .frontend.targets import is_gpu
+
+    target = _target(args.target)
+    options = _search_options(args)
+    out = args.output or os.path.splitext(os.path.basename(args.model.split(":")[0]))[0] + ".so"
+    out_dir = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(out_dir):
+        raise UserError(f"output directory does not exist: {out_dir}")
+    with Stages(["loading model", "optimizing and building", "exporting"]) as stages:
+        mod = _load(args)
+        stages.next()
+        ex, report = _transform().build(mod, target=target, **options)
+        stages.next()
+        ex.export_library(out)
+        save_signature(out, module_signature(mod))
+    size_kb = os.path.getsize(out) / 1024
+    print(f"wrote {out} ({size_kb:.0f} KB) for {target.kind.name}: "
+          f"{summary_line(list(report.decisions))}; search {_secs(report, 'search_s')}, "
+          f"tuning {_secs(report, 'tuning_s')} (details: tvm-ollie explain)")  # fmt: skip
+    if is_gpu(target) and not tvm.cuda(0).exist:
+        print("note: no GPU here; the library holds CUDA source, compiled when it is loaded on a "
+              "machine with a GPU")  # fmt: skip
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    # pylint: disable=import-outside-toplevel
+    from .frontend.explain import format_time
+    from .frontend.inputs import arrange_inputs, load_signature, read_input_files
+    from .frontend.runner import ModelRunner, load_library, pick_device
+
+    if args.repeat < 0:
+        raise UserError("--repeat must be >= 0")
+    if args.output and not args.output.endswith((".npz", ".npy")):
+        raise UserError(f"--output {args.output}: expected a .npz (or, for one output, .npy) file")
+    given = read_input_files(args.input)
+    lib = load_library(args.library)
+    runner = ModelRunner(lib, pick_device(lib, args.device))
+    arrays, notes = arrange_inputs(
+        runner.param_names(), given, load_signature(args.library), random=args.random_inputs,
+        seed=args.seed,
+    )
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    outputs = runner.run(arrays)
+    for index, value in enumerate(outputs):
+        print(f"output {index}: {_describe_array(value)}")
+    if args.output:
+        _save_outputs(args.output, outputs)
+        print(f"wrote {args.output}")
+    if args.repeat:
+        latency_s = runner.median_latency_ms(arrays, args.repeat) / 1e3
+        print(f"latency: {format_time(latency_s)} (median of {args.repeat}, {runner.dev})")
+    return 0
+
+
+def _explain(args: argparse.Namespace) -> int:
+    # pylint: disable=import-outside-toplevel
+    from .frontend.explain import decision_details, decision_table, other_operators, summary_line
+    from .frontend.progress import Stages
+
+    target = _target(args.target)
+    options = _search_options(args)
+    with Stages(["loading model", "optimizing"]) as stages:
+        mod = _load(args)
+        stages.next()
+        _, report = _transform().optimize_module(mod, target=target, **options)
+    decisions = list(report.decisions)
+    print(f"{args.model} for {target.kind.name}: {summary_line(decisions)}; search "
+          f"{_secs(report, 'search_s')}, tuning {_secs(report, 'tuning_s')}")  # fmt: skip
+    if decisions:
+        print()
+        print(decision_table(decisions))
+    others = other_operators(mod, decisions)
+    if others:
+        print(f"\nnot derivable, kept as they are: {others}")
+    if decisions:
+        print()
+        print(decision_details(decisions))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo  # pylint: disable=import-outside-toplevel
+
+    from .frontend.targets import parse_target  # pylint: disable=import-outside-toplevel
+
+    parse_target(args.target)  # fail on a bad target before building anything
+    if args.channels < 1 or args.size < 2:
+        raise UserError("--channels must be >= 1 and --size >= 2")
+    ok = run_demo(
+        channels=args.channels, size=args.size, target=args.target, trials=args.trials,
+        work_dir=args.work_dir, max_depth=args.max_depth, time_budget_s=args.time_budget,
+        repeat=max(1, args.repeat), explain=args.explain, out=sys.stdout,
+    )
+    return 0 if ok else EXIT_FAILURE
+
+
+def _roundtrip(args: argparse.Namespace) -> int:
+    from .demo import run_roundtrip  # pylint: disable=import-outside-toplevel
+
+    ok = run_roundtrip(
+        batch=args.batch, channels=args.channels, size=args.size, filters=args.filters,
+        out=sys.stdout,
+    )
+    return 0 if ok else EXIT_FAILURE
+
+
+def _lift(args: argparse.Namespace) -> int:
+    from .demo import print_lifted_ops  # pylint: disable=import-outside-toplevel
+
+    print_lifted_ops(_load(args), out=sys.stdout)
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from .bench.__main__ import run_from_args  # pylint: disable=import-outside-toplevel
+
+    return run_from_args(args, restart_argv=args.restart_argv)
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def _target(text: str):
+    from .frontend.targets import parse_target  # pylint: disable=import-outside-toplevel
+
+    target, note = parse_target(text)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
+    return target
+
+
+def _load(args: argparse.Namespace):
+    from .frontend.loader import load_module  # pylint: disable=import-outside-toplevel
+
+    mod = load_module(args.model, shapes=args.shape)
+    if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
+        raise UserError(f"{args.model}: the module has no 'main' function")
+    return mod
+
+
+def _transform():
+    """``tvm_ollie.transform``, imported when a command needs it (it imports MetaSchedule)."""
+    from . import transform  # pylint: disable=import-outside-toplevel
+
+    return transform
+
+
+def _search_options(args: argparse.Namespace) -> dict:
+    if args.trials < 0 or args.max_depth < 0 or args.time_budget <= 0:
+        raise UserError("--trials and --max-depth must be >= 0 and --time-budget > 0")
+    return {"trials": args.trials, "work_dir": args.work_dir, "max_depth": args.max_depth,
+            "time_budget_s": args.time_budget}  # fmt: skip
+
+
+def _secs(report, field: str) -> str:
+    value = getattr(report, field, None)
+    return "-" if value is None else f"{value:.1f} s"
+
+
+def _save_outputs(path: str, outputs) -> None:
+    """``.npz`` with ``output_0``, ``output_1``...; ``.npy`` for a single output."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
+    if path.endswith(".npy"):
+        if len(outputs) != 1:
+            raise UserError(f"main has {len(outputs)} outputs: save them with --output FILE.npz")
+        np.save(path, outputs[0])
+    else:
+        np.savez(path, **{f"output_{i}": v for i, v in enumerate(outputs)})
+
+
+def _describe_array(value) -> str:
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
+    text = f"{value.dtype}{list(value.shape)}"
+    if value.size and np.issubdtype(value.dtype, np.number):
+        data = value.astype("float64")
+        text += (f" min {data.min():.6g} max {data.max():.6g} mean {data.mean():.6g} "
+                 f"std {data.std():.6g}")  # fmt: skip
+    return text
+
+
+# ---------------------------------------------------------------------------------------------
+# Parser
+# ---------------------------------------------------------------------------------------------
+
+
+def _add_model_options(parser: argparse.ArgumentParser, target: bool = True) -> None:
+    parser.add_argument("model", help="an ONNX file, a saved Relax module (.json) or file.py:func")
+    parser.add_argument(
+        "--shape", action="append", default=[], metavar="NAME=D1,D2,...",
+        help="input shape for ONNX models with dynamic dimensions (repeatable)",
+    )
+    if target:
+        parser.add_argument(
+            "-t", "--target", default="llvm",
+            help="llvm, cuda, a tag such as nvidia/nvidia-h100, or a JSON dict such as "
+            '\'{"kind": "llvm", "num-cores": 4}\' (default: llvm)',
+        )
+
+
+def _add_search_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trials", type=int, default=0,
+                        help="MetaSchedule trials (0: no tuning, the cost model decides)")
+    parser.add_argument("--work-dir", help="tuning database directory (reused across runs)")
+    parser.add_argument("--max-depth", type=int, default=5, help="derivation search depth")
+    parser.add_argument("--time-budget", type=float, default=20.0, metavar="SECONDS",
+                        help="derivation search time for the whole model, shared by its operators")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``tvm-ollie`` (exposed for tests and documentation)."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show tracebacks of errors")  # fmt: skip
+    parser = _Parser(
+        prog="tvm-ollie",
+        description="Derivation-based tensor-program optimizer for Apache TVM (Relax).",
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    cmd = sub.add_parser("compile", parents=[common], help="optimize and build a model into a .so")
+    _add_model_options(cmd)
+    _add_search_options(cmd)
+    cmd.add_argument("-o", "--output", metavar="OUT.so",
+                     help="library to write (default: MODEL's name with .so, here)")
+    cmd.set_defaults(func=_compile)
+
+    cmd = sub.add_parser("run", parents=[common], help="run a compiled library")
+    cmd.add_argument("library", help="a library written by tvm-ollie compile")
+    cmd.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                     help="an input of main (repeatable)")
+    cmd.add_argument("--random-inputs", action="store_true",
+                     help="seeded random values for the inputs not given")
+    cmd.add_argument("--seed", type=int, default=0, help="seed of --random-inputs")
+    cmd.add_argument("--output", metavar="OUT.npz", help="save the outputs (.npz, or .npy)")
+    cmd.add_argument("--repeat", type=int, default=10,
+                     help="timed runs for the median latency (0: no timing)")
+    cmd.add_argument("--device", choices=("cpu", "cuda"),
+                     help="device (default: the one the library's kernels are for)")
+    cmd.set_defaults(func=_run)
+
+    cmd = sub.add_parser("explain", parents=[common],
+                         help="show what the optimizer chose for each operator, and why")
+    _add_model_options(cmd)
+    _add_search_options(cmd)
+    cmd.set_defaults(func=_explain)
+
+    cmd = sub.add_parser("demo", parents=[common],
+                         help="optimize a small built-in model, check it, report the speedup")
+    cmd.add_argument("--channels", type=int, default=16)
+    cmd.add_argument("--size", type=int, default=32, help="input height and width")
+    cmd.add_argument("-t", "--target", default="llvm", help="target (default: llvm)")
+    cmd.add_argument("--repeat", type=int, default=20, help="timed runs per build")
+    cmd.add_argument("--explain", action="store_true",
+                     help="also print each operator's rule path (as tvm-ollie explain does)")
+    _add_search_options(cmd)
+    cmd.set_defaults(func=_demo)
+
+    cmd = sub.add_parser("roundtrip", parents=[common],
+                         help="lift a conv2d, lower it back, build and check it")
+    cmd.add_argument("--batch", type=int, default=1)
+    cmd.add_argument("--channels", type=int, default=64)
+    cmd.add_argument("--size", type=int, default=14, help="input height and width")
+    cmd.add_argument("--filters", type=int, default=64)
+    cmd.set_defaults(func=_roundtrip)
+
+    cmd = sub.add_parser("lift", parents=[common],
+                         help="print the expression of every liftable operator")
+    _add_model_options(cmd, target=False)
+    cmd.set_defaults(func=_lift)
+
+    cmd = sub.add_parser("bench", parents=[common],
+                         help="benchmark against other systems (see tvm-ollie bench --help)")
+    from .bench.__main__ import build_parser as bench_parser  # pylint: disable=C0415
+
+    bench_parser(cmd)
+    cmd.set_defaults(func=_bench)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of the ``tvm-ollie`` console script; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    # How to rerun this very command in a new process (only for a real command line).
+    args.restart_argv = ["-m", "tvm_ollie.cli", *sys.argv[1:]] if argv is None else None
+    if not args.debug:
+        # Frontend warnings (e.g. the ONNX checker's) repeat what the one-line error says.
+        warnings.filterwarnings("ignore", module=r"tvm\.relax\.frontend")
+    sigint = _SigintFlag()
+    try:
+        with sigint:
+            return args.func(args)
+    except KeyboardInterrupt:
+        print("tvm-ollie: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as err:  # pylint: disable=broad-except
+        if sigint.received:
+            # Ctrl-C inside a Python callback of TVM's C++ (a pass, a TE function) reaches us
+            # as the FFI's RuntimeError, not as KeyboardInterrupt.
+            print("tvm-ollie: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        if args.debug:
+            raise
+        return _report_error(err)
+
+
+class _SigintFlag:
+    """Records that Ctrl-C was pressed (then raises KeyboardInterrupt as Python would)."""
+
+    def __init__(self):
+        self.received = False
+        self._previous = None
+
+    def _handle(self, _signum, _frame) -> None:
+        self.received = True
+        raise KeyboardInterrupt
+
+    def __enter__(self) -> "_SigintFlag":
+        try:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        except ValueError:  # not the main thread: leave signals alone
+            self._previous = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+def _report_error(err: Exception) -> int:
+    """One line on stderr: the message of a user error, or the type and gist of a failure."""
+    from .frontend.errors import FrontendError, first_line  # pylint: disable=C0415
+
+    if isinstance(err, (UserError, FrontendError)):
+        print(f"tvm-ollie: error: {first_line(err)}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    print(f"tvm-ollie: error: {type(err).__name__}: {first_line(err)} "
+          "(run with --debug for the traceback)", file=sys.stderr)  # fmt: skip
+    return EXIT_FAILURE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

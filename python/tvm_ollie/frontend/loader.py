@@ -1,0 +1,204 @@
+"""Load a model given on the command line into a Relax ``IRModule``.
+
+Accepted forms:
+
+* ``model.onnx``: imported with TVM's Relax ONNX frontend; weights become constants
+  (``keep_params_in_input=False``), so they end up inside the compiled library;
+* ``module.json``: a Relax module saved with ``tvm.ir.save_json``;
+* ``path/to/file.py:function``: a Python function returning an ``IRModule``, or a
+  ``(IRModule, params)`` pair whose params are bound into ``main`` as constants (params: a dict
+  from parameter name to array, or ``relax.frontend.detach_params``'s ``{"main": [arrays]}``).
+
+Every problem with the model itself raises :class:`ModelLoadError` with a one-line message.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import warnings
+from typing import Any, Dict, Iterator, List, Mapping, Sequence, Tuple
+
+import numpy as np
+
+from ..compat import relax, tvm
+from .errors import FrontendError, first_line
+
+
+class ModelLoadError(FrontendError):
+    """The model cannot be loaded: missing or corrupt file, unsupported format or operator."""
+
+
+def parse_shapes(specs: Sequence[str]) -> Dict[str, List[int]]:
+    """``["x=1,3,224,224"]`` -> ``{"x": [1, 3, 224, 224]}``."""
+    shapes = {}
+    for spec in specs:
+        name, sep, dims = spec.partition("=")
+        if not sep or not name:
+            raise ModelLoadError(f"bad --shape {spec!r}: expected NAME=D1,D2,...")
+        try:
+            shapes[name] = [int(d) for d in dims.split(",") if d.strip()]
+        except ValueError as err:
+            raise ModelLoadError(f"bad --shape {spec!r}: dimensions must be integers") from err
+        if any(d <= 0 for d in shapes[name]):
+            raise ModelLoadError(f"bad --shape {spec!r}: dimensions must be positive")
+    return shapes
+
+
+def load_module(model: str, shapes: Sequence[str] = ()) -> "tvm.IRModule":
+    """Load ``model`` (see the module docstring) as a Relax IRModule.
+
+    Parameters
+    ----------
+    model : str
+        ``file.onnx``, ``file.json`` or ``file.py:function``.
+    shapes : sequence of str
+        ``NAME=D1,D2,...`` input shapes; only ONNX models use them (to fix dynamic dimensions).
+
+    Returns
+    -------
+    mod : tvm.IRModule
+        The Relax module, with every weight a constant.
+    """
+    path, sep, func_name = model.rpartition(":")
+    if sep and path.endswith(".py"):
+        return _load_python(path, func_name)
+    if not os.path.exists(model):
+        raise ModelLoadError(f"no such model file: {model}")
+    if os.path.isdir(model):
+        raise ModelLoadError(f"{model} is a directory, not a model file")
+    if model.endswith(".onnx"):
+        return _load_onnx(model, parse_shapes(shapes))
+    if model.endswith(".json"):
+        return _load_json(model)
+    raise ModelLoadError(
+        f"unsupported model format: {model} (expected .onnx, .json or file.py:function)"
+    )
+
+
+def _load_onnx(path: str, shapes: Dict[str, List[int]]) -> "tvm.IRModule":
+    try:
+        import onnx  # pylint: disable=import-outside-toplevel
+    except ImportError as err:
+        raise ModelLoadError("loading ONNX models needs the 'onnx' package") from err
+    from tvm.relax.frontend.onnx import from_onnx  # pylint: disable=import-outside-toplevel
+
+    try:
+        model = onnx.load(path)
+    except Exception as err:  # onnx raises DecodeError and others for corrupt files
+        raise ModelLoadError(f"cannot read ONNX file {path}: {first_line(err)}") from err
+    graph_inputs = {i.name for i in model.graph.input}
+    unknown = sorted(set(shapes) - graph_inputs)
+    if unknown:
+        raise ModelLoadError(
+            f"--shape names {', '.join(unknown)} are not inputs of {path} "
+            f"(inputs: {', '.join(sorted(graph_inputs)) or 'none'})"
+        )
+    try:
+        with warnings.catch_warnings():
+            # The ONNX checker's complaint about outputs declared without a shape is harmless.
+            warnings.filterwarnings("ignore", message="Field 'shape' of 'type' is required")
+            return from_onnx(model, shape_dict=shapes or None, keep_params_in_input=False)
+    except tvm.error.OpNotImplemented as err:
+        raise ModelLoadError(f"{path}: {first_line(err)}") from err
+    except (RuntimeError, ValueError, KeyError, AttributeError, IndexError, TypeError) as err:
+        raise ModelLoadError(f"cannot import ONNX file {path}: {first_line(err)}") from err
+
+
+def _load_json(path: str) -> "tvm.IRModule":
+    with open(path, encoding="utf-8") as file:
+        text = file.read()
+    try:
+        json.loads(text)
+    except ValueError as err:
+        raise ModelLoadError(f"{path} is not valid JSON: {err}") from err
+    try:
+        mod = tvm.ir.load_json(text)
+    except Exception as err:  # the FFI raises several error types for foreign JSON
+        raise ModelLoadError(
+            f"{path} is not a module saved by tvm.ir.save_json: {first_line(err)}"
+        ) from err
+    if not isinstance(mod, tvm.IRModule):
+        raise ModelLoadError(f"{path} holds a {type(mod).__name__}, not an IRModule")
+    return mod
+
+
+def _load_python(path: str, func_name: str) -> "tvm.IRModule":
+    if not os.path.exists(path):
+        raise ModelLoadError(f"no such file: {path}")
+    if not func_name.isidentifier():
+        raise ModelLoadError(f"bad function name {func_name!r} in {path}:{func_name}")
+    spec = importlib.util.spec_from_file_location("_ollie_user_model", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as err:
+        raise ModelLoadError(f"{path}: {first_line(err)}") from err
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise ModelLoadError(f"{path} has no function {func_name!r}")
+    result = func()
+    params = None
+    if isinstance(result, tuple) and len(result) == 2:
+        result, params = result
+    if not isinstance(result, tvm.IRModule):
+        raise ModelLoadError(
+            f"{path}:{func_name} returned {type(result).__name__}, not an IRModule "
+            "or an (IRModule, params) pair"
+        )
+    return bind_params(result, params) if params else result
+
+
+def bind_params(mod: "tvm.IRModule", params: Mapping[str, Any]) -> "tvm.IRModule":
+    """Bind weights into ``main`` as constants, so that compiling embeds them in the library.
+
+    ``params`` maps parameter names to arrays, or is ``detach_params``'s ``{"main": [arrays]}``:
+    the arrays then fill the trailing parameters of ``main`` (``detach_params`` removes the
+    weights from the end of the parameter list and records the number of real inputs).
+    """
+    if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
+        raise ModelLoadError("the module has no 'main' function to bind params into")
+    func = mod["main"]
+    names = [p.name for p in func.params]
+    if isinstance(params.get("main"), (list, tuple)):
+        values = list(params["main"])
+        if len(values) > len(names):
+            raise ModelLoadError(
+                f"{len(values)} params given but main has only {len(names)} parameters"
+            )
+        params = dict(zip(names[len(names) - len(values):], values))
+    unknown = sorted(set(params) - set(names))
+    if unknown:
+        raise ModelLoadError(f"params {', '.join(unknown)} are not parameters of main")
+    arrays = {name: _to_tensor(name, value) for name, value in params.items()}
+    mod = relax.transform.BindParams("main", arrays)(mod)
+    if "num_input" in (mod["main"].attrs or {}):
+        # The attribute counted the inputs before the weights; with the weights bound every
+        # remaining parameter is an input.
+        mod["main"] = mod["main"].without_attr("num_input")
+    return mod
+
+
+def _to_tensor(name: str, value: Any) -> "tvm.runtime.Tensor":
+    if isinstance(value, tvm.runtime.Tensor):
+        return value
+    if hasattr(value, "detach"):  # a torch tensor
+        value = value.detach().cpu().numpy()
+    try:
+        return tvm.runtime.tensor(np.ascontiguousarray(value))
+    except (TypeError, ValueError) as err:
+        raise ModelLoadError(f"param {name!r} is not an array: {type(value).__name__}") from err
+
+
+def iter_op_calls(mod: "tvm.IRModule") -> Iterator[Tuple[str, "relax.Var", "relax.Call"]]:
+    """Every ``var = op(...)`` binding of a Relax operator, as (function, var, call)."""
+    for gv, func in mod.functions_items():
+        if not isinstance(func, relax.Function):
+            continue
+        body = func.body
+        for block in getattr(body, "blocks", ()):
+            for binding in block.bindings:
+                value = getattr(binding, "value", None)
+                if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
+                    yield gv.name_hint, binding.var, value

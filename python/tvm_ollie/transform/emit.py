@@ -1,0 +1,155 @@
+"""Emit a derived :class:`~tvm_ollie.derive.program.Program` as Relax bindings.
+
+Every stage becomes one binding with its shape intact:
+
+* an eOperator (and any operator stage that has no Relax operator form) becomes one
+  ``R.call_tir`` of the stage's expression lowered through TE
+  (:func:`tvm_ollie.codegen.lower.to_te`, one PrimFunc per stage);
+* a ``matmul``/``batch_matmul`` stage without transposed operands becomes ``R.matmul``, and a
+  ``conv2d`` stage in NCHW/OIHW layout becomes ``R.nn.conv2d``: the *library operator* path,
+  so that TVM's own legalization plus dlight (GPU) or MetaSchedule compiles the heavy kernel
+  exactly as it would compile a user-written matmul or convolution.
+
+A stage that reads an earlier output (or an input) under another shape with the same number of
+elements reads a row-major view of it: that is an ``R.reshape``, which TVM lowers to a free
+view (``RewriteDataflowReshape``). The program's output is reshaped to the call's result shape.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Mapping, Tuple
+
+from ..codegen.lower import to_te
+from ..compat import relax
+from ..derive.program import Program, Stage
+from ..ir.nodes import Tensor, input_tensors
+
+__all__ = ["EmitError", "emit_program", "stage_mode"]
+
+
+class EmitError(ValueError):
+    """A program (or one of its stages) has no Relax form here."""
+
+
+def _shape_of(expr) -> Tuple[int, ...]:
+    return tuple(int(s) for s in expr.ty.shape)
+
+
+def _view(bb: "relax.BlockBuilder", value, shape: Tuple[int, ...]):
+    """``value`` under ``shape`` (a free row-major reshape when the shapes differ)."""
+    have = _shape_of(value)
+    if have == tuple(shape):
+        return value
+    n_have, n_want = 1, 1
+    for s in have:
+        n_have *= s
+    for s in shape:
+        n_want *= s
+    if n_have != n_want:
+        raise EmitError(f"cannot view a tensor of shape {list(have)} as {list(shape)}")
+    return bb.emit(relax.op.reshape(value, tuple(shape)))
+
+
+def stage_mode(stage: Stage, library: bool = True) -> str:
+    """How ``stage`` is emitted: ``"matmul"``, ``"conv2d"`` (Relax ops) or ``"tir"``."""
+    if not library or not stage.is_operator:
+        return "tir"
+    at = stage.attrs
+    if stage.kind in ("matmul", "batch_matmul"):
+        if not at.get("transpose_a") and not at.get("transpose_b"):
+            return "matmul"
+        return "tir"
+    if stage.kind == "conv2d":
+        if (at.get("data_layout"), at.get("kernel_layout"), at.get("out_layout")) == (
+                "NCHW", "OIHW", "NCHW"):
+            return "conv2d"
+    return "tir"
+
+
+def _reads(stage: Stage) -> List[Tensor]:
+    reads = list(input_tensors(stage.expr))
+    names = [t.name for t in reads]
+    if len(set(names)) != len(names):
+        raise EmitError(f"stage {stage.name} reads one tensor under two shapes")
+    return reads
+
+
+def _emit_library(bb, stage: Stage, mode: str, values: Mapping[str, object]):
+    """The Relax operator of a matched stage; operands in the stage's operand order."""
+    reads = _reads(stage)
+    if len(reads) != 2:
+        raise EmitError(f"stage {stage.name} ({stage.kind}) does not read two operands")
+    a, b = (_view(bb, values[t.name], t.shape) for t in reads)
+    if mode == "matmul":
+        call = relax.op.matmul(a, b)
+    else:
+        at = stage.attrs
+        pl_h, pl_w, ph_h, ph_w = at["padding"]
+        call = relax.op.nn.conv2d(a, b, strides=tuple(at["stride"]),
+                                  padding=(pl_h, pl_w, ph_h, ph_w),
+                                  dilation=tuple(at["dilation"]))
+    out = bb.normalize(call)
+    if _shape_of(out) != tuple(stage.shape):
+        raise EmitError(f"stage {stage.name}: the Relax {mode} gives {list(_shape_of(out))}, "
+                        f"the stage computes {list(stage.shape)}")
+    return out
+
+
+def _emit_tir(bb, stage: Stage, values: Mapping[str, object], name: str):
+    reads = _reads(stage)
+    args = [_view(bb, values[t.name], t.shape) for t in reads]
+    names = [t.name for t in reads]
+
+    def compute(*tensors):
+        _, out = to_te(stage.expr, placeholders=dict(zip(names, tensors)), name=name)
+        return out
+
+    return bb.call_te(compute, *args, primfunc_name_hint=name)
+
+
+def emit_program(bb: "relax.BlockBuilder", program: Program, inputs: Mapping[str, object],
+                 out_shape: Tuple[int, ...], library: bool = True, name: str = "ollie"):
+    """Emit ``program`` into the dataflow block ``bb`` is building; return the result.
+
+    Parameters
+    ----------
+    bb : relax.BlockBuilder
+        A builder inside a dataflow block (intermediate stages are emitted as bindings).
+    program : Program
+        A single-output program (from :func:`tvm_ollie.derive.derive`).
+    inputs : Mapping[str, relax.Expr]
+        The Relax value of each input tensor of the program, by the names the lift gave them.
+    out_shape : tuple of int
+        The shape of the call being replaced (the output stage may be a view of it).
+    library : bool
+        Emit matched operators as Relax operators where possible (see :func:`stage_mode`).
+    name : str
+        Prefix of the PrimFunc names.
+
+    Returns
+    -------
+    relax.Expr
+        The (not yet bound) expression of the result, shaped ``out_shape``.
+    """
+    if program.multi:
+        raise EmitError("multi-output programs are not emitted by the pass")
+    values: Dict[str, object] = dict(inputs)
+    result = None
+    for k, stage in enumerate(program.stages):
+        missing = [t for t in stage.reads if t not in values]
+        if missing:
+            raise EmitError(f"stage {stage.name} reads unknown tensors {missing}")
+        mode = stage_mode(stage, library)
+        if mode == "tir":
+            expr = _emit_tir(bb, stage, values, f"{name}_{stage.kind}_{k}")
+        else:
+            expr = _emit_library(bb, stage, mode, values)
+        if stage.name == program.output:
+            result = expr
+            break
+        values[stage.name] = bb.emit(expr)
+    if result is None:
+        raise EmitError(f"the output stage {program.output} was not emitted")
+    if _shape_of(bb.normalize(result)) != tuple(out_shape):
+        result = relax.op.reshape(bb.emit(result), tuple(out_shape))
+    return result

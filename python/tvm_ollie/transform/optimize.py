@@ -1,0 +1,200 @@
+"""The ``OllieOptimize`` Relax pass: replace operators by cheaper derived programs.
+
+For every call of a derivable operator (:data:`.decide.DERIVABLE_OPS`) in every Relax function,
+the pass lifts the call, derives equivalent programs, costs them against the original
+(calibrated roofline with ``trials=0``, MetaSchedule-tuned measurements with ``trials>0``),
+verifies the winner numerically, and emits it as Relax (:mod:`.emit`). Calls whose signature
+repeats are decided once. Everything that does not win, or fails anywhere, stays exactly as it
+was; the report says why.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Dict, List, Optional, Tuple
+
+from ..compat import relax, tvm
+from ..tune.calibrate import Calibration
+from ..tune.metaschedule import STATS, normalize_target
+from .decide import DERIVABLE_OPS, Decider, call_signature
+from .emit import emit_program
+from .report import OpDecision, OptimizeReport
+
+__all__ = ["OllieOptimize", "optimize_module"]
+
+LOG = logging.getLogger("tvm_ollie.transform")
+
+
+def _var_name(var) -> str:
+    return str(getattr(var, "name", None) or getattr(var, "name_hint", ""))
+
+
+def _derivable_calls(mod: "tvm.IRModule") -> List[Tuple[str, str, "relax.Call"]]:
+    """``(function, variable, call)`` of every derivable call bound in a Relax function."""
+    out = []
+    for gv, func in mod.functions_items():
+        if not isinstance(func, relax.Function):
+            continue
+        body = func.body
+        if not isinstance(body, relax.SeqExpr):
+            continue
+        for block in body.blocks:
+            for binding in block.bindings:
+                value = getattr(binding, "value", None)
+                if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and \
+                        value.op.name in DERIVABLE_OPS and _static(value):
+                    out.append((gv.name_hint, _var_name(binding.var), value))
+    return out
+
+
+def _static(call) -> bool:
+    for e in [call] + list(call.args):
+        ty = e.ty
+        if not isinstance(ty, relax.TensorType) or ty.shape is None:
+            return False
+        try:
+            [int(s) for s in ty.shape]
+        except (TypeError, ValueError):
+            return False
+    return True
+
+
+@relax.expr_functor.mutator
+class _Rewriter(relax.PyExprMutator):
+    """Replaces each decided call by its program (bindings emitted in place)."""
+
+    def __init__(self, mod, choices: Dict[str, object]):
+        super().__init__(mod)
+        self.choices = choices
+
+    def visit_call_(self, call):  # pylint: disable=arguments-renamed
+        call = self.visit_expr_post_order(call)
+        if not (isinstance(call.op, tvm.ir.Op) and call.op.name in DERIVABLE_OPS):
+            return call
+        if not _static(call):
+            return call
+        choice = self.choices.get(call_signature(call))
+        if choice is None or choice.program is None:
+            return call
+        from .decide import _operand_values  # pylint: disable=import-outside-toplevel
+
+        names, values = _operand_values(call)
+        mapping = {pn: v for pn, v in zip(choice.names, values)}
+        short = call.op.name.rsplit(".", 1)[-1]
+        return emit_program(self.builder_, choice.program, mapping,
+                            tuple(int(s) for s in call.ty.shape), name=f"ollie_{short}")
+
+
+def optimize_module(mod: "tvm.IRModule", target=None, trials: int = 0,
+                    work_dir: Optional[str] = None, max_depth: int = 5,
+                    time_budget_s: float = 20.0, targets=None, verbose: bool = False,
+                    calibration: Optional[Calibration] = None, max_measured: int = 2,
+                    ) -> Tuple["tvm.IRModule", OptimizeReport]:
+    """Run the derivation rewrite on ``mod``; return the new module and the report.
+
+    Parameters
+    ----------
+    mod : IRModule
+        A Relax module with static shapes (dynamic-shape calls are left alone).
+    target : str | dict | Target, optional
+        The target (``Target.current()`` or llvm when None).
+    trials : int
+        0: decide by the calibrated analytic cost. >0: tune (MetaSchedule, XGBoost) the
+        original and the ``max_measured`` cheapest candidates with ``trials`` trials each
+        and decide by measured time (GPU targets without a GPU here fall back to analytic).
+    work_dir : str, optional
+        MetaSchedule JSON database and measurement cache (reused by later compiles).
+    max_depth : int
+        Derivation depth.
+    time_budget_s : float
+        Derivation time for the whole module, shared by the distinct operator signatures.
+    targets : sequence of str, optional
+        Only consider these Relax operators (e.g. ``["relax.nn.conv2d"]``); default all.
+    verbose : bool
+        Log the report at INFO level (and each decision's rule path at DEBUG).
+    calibration : Calibration, optional
+        Override the analytic cost calibration (reproducible decisions).
+    max_measured : int
+        Candidates tuned and measured per signature when ``trials > 0``.
+    """
+    t_start = time.perf_counter()
+    tgt = normalize_target(target)
+    calls = _derivable_calls(mod)
+    if targets:
+        wanted = {t if t.startswith("relax.") else f"relax.{t}" for t in targets}
+        calls = [c for c in calls if c[2].op.name in wanted]
+    decider = Decider(tgt, trials=trials, work_dir=work_dir, max_depth=max_depth,
+                      calibration=calibration, max_measured=max_measured)
+    report = OptimizeReport(target=str(tgt.kind.name if tgt.kind.name != "llvm" else "llvm"))
+    tuning0, calls0 = STATS.seconds, STATS.calls
+    sigs = list(dict.fromkeys(call_signature(c) for _, _, c in calls))
+    choices: Dict[str, object] = {}
+    decisions = []
+    for fname, vname, call in calls:
+        sig = call_signature(call)
+        if sig not in choices:
+            pending = len(sigs) - len(choices)
+            spent = decider.search_s
+            budget = max(0.5, (time_budget_s - spent) / max(pending, 1))
+            choices[sig] = decider.decide(call, budget)
+        ch = choices[sig]
+        d = OpDecision(fname, vname, call.op.name, sig,
+                       chosen=repr(ch.program) if ch.program is not None else "original",
+                       reason=ch.reason, explain=ch.explain, before_s=ch.before_s,
+                       after_s=ch.after_s, measured=ch.measured, candidates=ch.candidates)
+        decisions.append(d)
+        log = LOG.info if (verbose or d.rewritten) else LOG.debug
+        log("ollie: %s.%s %s -> %s (%s)", fname, vname, sig, d.chosen, d.reason)
+    new_mod = mod
+    if any(ch.program is not None for ch in choices.values()):
+        rewriter = _Rewriter(mod, choices)
+        for gv, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
+        new_mod = rewriter.builder_.get()
+    report.decisions = decisions
+    report.search_s = decider.search_s
+    report.verify_s = decider.verify_s
+    report.tuning_s = STATS.seconds - tuning0
+    report.tuning_calls = STATS.calls - calls0
+    report.total_s = time.perf_counter() - t_start
+    if verbose:
+        LOG.info("%s", report.to_text())
+    return new_mod, report
+
+
+@tvm.transform.module_pass(opt_level=0, name="OllieOptimize")
+class OllieOptimize:
+    """The derivation rewrite as a module pass (see :func:`optimize_module`).
+
+    ``OllieOptimize(target=None, trials=0, work_dir=None, max_depth=5, time_budget_s=20.0)``;
+    the target defaults to ``tvm.target.Target.current()`` when the pass runs (llvm if none).
+    The report of the last run is ``.last_report``.
+    """
+
+    def __init__(self, target=None, trials: int = 0, work_dir: Optional[str] = None,
+                 max_depth: int = 5, time_budget_s: float = 20.0, targets=None,
+                 verbose: bool = False, calibration: Optional[Calibration] = None,
+                 max_measured: int = 2):
+        self.target = target
+        self.trials = trials
+        self.work_dir = work_dir
+        self.max_depth = max_depth
+        self.time_budget_s = time_budget_s
+        self.targets = targets
+        self.verbose = verbose
+        self.calibration = calibration
+        self.max_measured = max_measured
+        self.last_report: Optional[OptimizeReport] = None
+
+    def transform_module(self, mod: "tvm.IRModule", ctx) -> "tvm.IRModule":  # noqa: ARG002
+        target = self.target
+        if target is None:
+            target = tvm.target.Target.current(allow_none=True) or "llvm"
+        new_mod, report = optimize_module(
+            mod, target, trials=self.trials, work_dir=self.work_dir, max_depth=self.max_depth,
+            time_budget_s=self.time_budget_s, targets=self.targets, verbose=self.verbose,
+            calibration=self.calibration, max_measured=self.max_measured)
+        self.last_report = report
+        return new_mod

@@ -1,0 +1,112 @@
+"""What the pass decided for each operator, and why (the report of :class:`OllieOptimize`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List
+
+__all__ = ["OpDecision", "OptimizeReport"]
+
+
+@dataclass
+class OpDecision:
+    """The decision for one call of a derivable operator.
+
+    Attributes
+    ----------
+    function, var_name : str
+        The Relax function and the variable bound to the call.
+    op_name : str
+        The Relax operator (``relax.nn.conv2d``...).
+    signature : str
+        Operator, operand shapes/dtypes and attributes: calls with equal signatures share one
+        derivation and one tuning.
+    chosen : str
+        ``"original"`` or ``repr(program)`` of the derived program that replaced the call.
+    reason : str
+        Why (the costs compared, or what failed).
+    explain : str
+        The rule path of the chosen program (``""`` when the original was kept).
+    before_s, after_s : float
+        Cost of the original and of the chosen implementation (equal when kept), measured
+        seconds when ``measured`` else the calibrated analytic estimate.
+    measured : bool
+        Whether MetaSchedule-tuned kernels were timed (``trials > 0`` on a runnable target).
+    candidates : int
+        Derived programs considered.
+    """
+
+    function: str
+    var_name: str
+    op_name: str
+    signature: str
+    chosen: str = "original"
+    reason: str = ""
+    explain: str = ""
+    before_s: float = 0.0
+    after_s: float = 0.0
+    measured: bool = False
+    candidates: int = 0
+
+    @property
+    def rewritten(self) -> bool:
+        """Whether the call was replaced."""
+        return self.chosen != "original"
+
+    @property
+    def speedup(self) -> float:
+        """``before_s / after_s`` (1.0 when kept or unknown)."""
+        if self.after_s <= 0 or not self.rewritten:
+            return 1.0
+        return self.before_s / self.after_s
+
+
+@dataclass
+class OptimizeReport:
+    """Decisions of one run of the pass plus where its time went."""
+
+    target: str = ""
+    decisions: List[OpDecision] = field(default_factory=list)
+    search_s: float = 0.0
+    tuning_s: float = 0.0
+    verify_s: float = 0.0
+    total_s: float = 0.0
+    tuning_calls: int = 0
+
+    @property
+    def rewritten(self) -> List[OpDecision]:
+        """The decisions that replaced their call."""
+        return [d for d in self.decisions if d.rewritten]
+
+    def to_text(self, width: int = 60) -> str:
+        """A table: one row per call, then the totals."""
+        head = (f"{'function':<10} {'var':<10} {'operator':<44} {'before':>10} {'after':>10} "
+                f"{'x':>6} {'m':>1}  chosen / reason")
+        rows = [f"OllieOptimize on {self.target}", head, "-" * len(head)]
+        for d in self.decisions:
+            sig = d.signature if len(d.signature) <= 44 else d.signature[:41] + "..."
+            chosen = d.chosen if d.rewritten else f"original ({d.reason})"
+            if len(chosen) > width:
+                chosen = chosen[:width - 3] + "..."
+            rows.append(f"{d.function[:10]:<10} {d.var_name[:10]:<10} {sig:<44} "
+                        f"{_us(d.before_s):>10} {_us(d.after_s):>10} {d.speedup:>6.2f} "
+                        f"{'M' if d.measured else 'A'}  {chosen}")
+        rows.append("-" * len(head))
+        rows.append(f"{len(self.rewritten)}/{len(self.decisions)} calls rewritten; search "
+                    f"{self.search_s:.2f}s, tuning {self.tuning_s:.2f}s ({self.tuning_calls} "
+                    f"calls), verify {self.verify_s:.2f}s, total {self.total_s:.2f}s "
+                    "(times: M measured, A analytic)")
+        return "\n".join(rows)
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+
+def _us(seconds: float) -> str:
+    if seconds <= 0:
+        return "-"
+    if seconds < 1e-6:
+        return f"{seconds * 1e9:.0f}ns"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f}us"
+    return f"{seconds * 1e3:.2f}ms"

@@ -1,0 +1,53 @@
+"""Calibrated analytic cost of an operator and of its derived programs (``trials=0``).
+
+Both sides of a decision are costed by one model so that they compare: the original operator
+is one kernel of its kind (a convolution, a matmul...) that does the work of its lifted
+expression; a derived program is the sum of its stages, an operator stage at the efficiency of
+its kind and an eOperator at the bandwidth roof (see :mod:`.calibrate`).
+"""
+
+from __future__ import annotations
+
+from ..derive.cost import expr_cost, stage_cost
+from ..derive.program import Program
+from ..ir.nodes import Scope
+from .calibrate import Calibration
+
+__all__ = ["ORIGINAL_KIND", "original_seconds", "program_seconds", "stage_seconds"]
+
+#: Kernel kind of an original Relax operator (keys of :data:`.calibrate.EFFICIENCY`).
+ORIGINAL_KIND = {
+    "relax.nn.conv1d": "conv2d",
+    "relax.nn.conv2d": "conv2d",
+    "relax.nn.conv3d": "conv2d",
+    "relax.nn.conv1d_transpose": "conv_transpose",
+    "relax.nn.conv2d_transpose": "conv_transpose",
+    "relax.nn.conv3d_transpose": "conv_transpose",
+    "relax.matmul": "matmul",
+}
+
+
+def _roof(flops: float, moved: float, calib: Calibration, kind: str) -> float:
+    if kind == "eop":
+        return max(flops / calib.peak_flops, moved / (calib.bandwidth * calib.eff("eop")))
+    return max(flops / (calib.peak_flops * calib.eff(kind)), moved / calib.bandwidth)
+
+
+def stage_seconds(stage, calib: Calibration) -> float:
+    """Estimated seconds of one program stage."""
+    sc = stage_cost(stage, calib.peak_flops, calib.bandwidth)
+    kind = stage.kind
+    if kind == "batch_matmul" and stage.attrs.get("batch", 1) == 1:
+        kind = "matmul"
+    return _roof(sc.flops, sc.bytes, calib, kind)
+
+
+def program_seconds(program: Program, calib: Calibration) -> float:
+    """Estimated seconds of a derived program (sum over its stages)."""
+    return sum(stage_seconds(s, calib) for s in program.stages)
+
+
+def original_seconds(expr: Scope, op_name: str, calib: Calibration) -> float:
+    """Estimated seconds of the original operator: one kernel doing its lifted expression."""
+    flops, moved = expr_cost(expr)
+    return _roof(flops, moved, calib, ORIGINAL_KIND.get(op_name, "tir"))

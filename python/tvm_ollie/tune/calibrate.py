@@ -1,0 +1,134 @@
+"""Calibration of the analytic roofline cost for a target.
+
+The derivation engine's cost (:mod:`tvm_ollie.derive.cost`) is a roofline: each stage takes
+``max(flops / peak, bytes / bandwidth)``. Two things make it a usable decision rule for a pass:
+
+* the roof itself: on ``llvm`` it is measured once per process on this machine with a numpy
+  micro-benchmark (a float32 GEMM through the BLAS for the compute roof, a large array copy for
+  the bandwidth); on ``cuda`` the engine's defaults (an H100/H200-class GPU) are used, since the
+  machine that compiles need not have the GPU;
+* how close TVM's generated kernels get to it without tuning, per kind of kernel: this is the
+  fraction of the roof in :data:`EFFICIENCY`. It is what makes the *original* operator
+  comparable with a derived program: on a GPU dlight has a tuned rule for matmul but schedules a
+  direct convolution with its generic fallback, and on a CPU an untuned GEMM loop nest
+  vectorizes better than a seven-deep convolution nest. The numbers are the order of
+  magnitude measured with TVM 0.27 on the development machines (see the pass benchmark,
+  ``python -m tvm_ollie.bench.pass_bench``); the decision only needs them to rank kernels.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass, field, replace
+from typing import Dict, Mapping, Optional
+
+import numpy as np
+
+from ..derive.cost import TARGET_DEFAULTS
+
+__all__ = ["Calibration", "EFFICIENCY", "calibrate", "measure_cpu_roofline", "target_kind"]
+
+#: Fraction of the compute roof reached by untuned TVM kernels, per target kind and stage kind
+#: (``eop`` is a memory-bound eOperator: its fraction applies to the bandwidth roof).
+EFFICIENCY: Dict[str, Dict[str, float]] = {
+    "cuda": {"matmul": 0.6, "batch_matmul": 0.5, "conv2d": 0.05, "conv_transpose": 0.04,
+             "g2bmm": 0.1, "gbmm": 0.1, "tir": 0.05, "eop": 0.6},
+    # Untuned TVM on a CPU: no schedule at all, so a GEMM loop nest is no faster than a direct
+    # convolution (measured: conv3x3 1x512x7x7 118 ms direct vs 139 ms im2col+GEMM); only a
+    # derivation that removes work (e.g. a strided transposed convolution) wins here.
+    "llvm": {"matmul": 0.15, "batch_matmul": 0.15, "conv2d": 0.15, "conv_transpose": 0.15,
+             "g2bmm": 0.1, "gbmm": 0.1, "tir": 0.1, "eop": 0.5},
+}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Roof and per-kind efficiencies of one target kind.
+
+    Attributes
+    ----------
+    kind : str
+        ``"llvm"`` or ``"cuda"`` (the row of :data:`EFFICIENCY` used).
+    peak_flops, bandwidth : float
+        The compute roof (FLOP/s) and memory roof (bytes/s).
+    efficiency : dict
+        Fraction of the roof per stage kind (see :data:`EFFICIENCY`).
+    source : str
+        Where the roof came from (``"measured"``, ``"default"``, ``"given"``).
+    """
+
+    kind: str
+    peak_flops: float
+    bandwidth: float
+    efficiency: Mapping[str, float] = field(default_factory=dict)
+    source: str = "default"
+
+    def eff(self, kind: str) -> float:
+        """The efficiency of a stage kind (the generic ``tir`` value if unknown)."""
+        return float(self.efficiency.get(kind, self.efficiency.get("tir", 0.1)))
+
+    def with_roof(self, peak_flops: float, bandwidth: float) -> "Calibration":
+        """The same efficiencies under another roof."""
+        return replace(self, peak_flops=float(peak_flops), bandwidth=float(bandwidth),
+                       source="given")
+
+
+def target_kind(target) -> str:
+    """``"cuda"`` for GPU targets, ``"llvm"`` otherwise (str, dict or Target)."""
+    if isinstance(target, str):
+        name = target.split()[0]
+    elif isinstance(target, dict):
+        name = str(target.get("kind", "llvm"))
+    else:
+        name = str(getattr(getattr(target, "kind", None), "name", "llvm"))
+    if name.startswith("nvidia/") or name in ("cuda", "nvptx"):
+        return "cuda"
+    return "llvm"
+
+
+def _best_time(fn, repeat: int) -> float:
+    """Fastest of ``repeat`` runs: the roof is what the machine can reach, not its load."""
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.min(times))
+
+
+@functools.lru_cache(maxsize=1)
+def measure_cpu_roofline(n: int = 384, mib: int = 64, repeat: int = 5) -> tuple:
+    """``(peak FLOP/s, bytes/s)`` of this CPU: an ``n``-cube float32 GEMM and a ``mib`` copy.
+
+    Cached per process: it takes well under a second and the roof does not change.
+    """
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    a @ b  # warm up the BLAS threads
+    peak = 2.0 * n ** 3 / max(_best_time(lambda: a @ b, repeat), 1e-9)
+    src = np.ones(mib * (1 << 20) // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    bandwidth = 2.0 * src.nbytes / max(_best_time(lambda: np.copyto(dst, src), repeat), 1e-9)
+    return float(peak), float(bandwidth)
+
+
+def calibrate(target, peak_flops: Optional[float] = None,
+              bandwidth: Optional[float] = None) -> Calibration:
+    """The calibration of ``target``: measured roof on llvm, defaults on cuda.
+
+    ``peak_flops``/``bandwidth`` override the roof (tests use this for reproducible decisions).
+    """
+    kind = target_kind(target)
+    eff = dict(EFFICIENCY[kind])
+    if peak_flops is not None and bandwidth is not None:
+        return Calibration(kind, float(peak_flops), float(bandwidth), eff, "given")
+    if kind == "llvm":
+        peak, bw = measure_cpu_roofline()
+        source = "measured"
+    else:
+        peak, bw = TARGET_DEFAULTS["cuda"]
+        source = "default"
+    return Calibration(kind, float(peak_flops or peak), float(bandwidth or bw), eff, source)

@@ -1,0 +1,256 @@
+"""The one place tvm-ollie drives MetaSchedule: tune Relax functions, keep records, apply them.
+
+A :class:`Tuner` owns a MetaSchedule JSON database in a work directory. ``tune`` legalizes and
+fuses a Relax module exactly as TVM's own pipeline does (so the tasks are the kernels the final
+build will compile), skips every task whose workload already has records, and tunes the rest
+with the XGBoost cost model. A second compile of the same model therefore spends no tuning time:
+:data:`STATS` counts the tuning calls, tasks and trials so tests can check that.
+
+Two practical fixes for TVM 0.27 on a CPU (see ``research/tvm-0.27-notes.md``):
+
+* LocalBuilder's default build function imports ``tvm.s_tir.tensor_intrin`` in every fresh
+  worker (20-30 s, more under load), inside its 30 s build timeout: :func:`fast_build` compiles
+  without it (plain llvm needs no tensor intrinsics);
+* ``TuneContext`` imports the same package in the tuning process. For llvm targets, whose
+  default schedule rules use no tensor intrinsics, :func:`_without_tensor_intrin` stands in an
+  empty module for the duration of the tuning call only (removed afterwards, so a later real
+  import, e.g. by dlight for fp16 on a GPU, still registers everything).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import time
+import types
+from dataclasses import dataclass
+from typing import List, Optional
+
+from ..compat import meta_schedule, relax, tvm
+
+__all__ = ["STATS", "TuningStats", "Tuner", "fast_build", "normalize_target", "is_gpu_target",
+           "gpu_available"]
+
+LOG = logging.getLogger(__name__)
+
+
+@dataclass
+class TuningStats:
+    """Process-wide counters of MetaSchedule work (``calls``: tuning runs actually started)."""
+
+    calls: int = 0
+    tasks: int = 0
+    trials: int = 0
+    skipped_tasks: int = 0
+    seconds: float = 0.0
+
+    def reset(self) -> None:
+        self.calls = self.tasks = self.trials = self.skipped_tasks = 0
+        self.seconds = 0.0
+
+
+#: Counters of every tuning call in this process.
+STATS = TuningStats()
+
+
+def normalize_target(target) -> "tvm.target.Target":
+    """A Target from a str/dict/Target; ``"cuda"`` -> sm_90 with an llvm host; llvm gets
+    ``num-cores`` (MetaSchedule needs it) from ``TVM_NUM_THREADS`` or the CPU count."""
+    from ..compat import cuda_target  # pylint: disable=import-outside-toplevel
+
+    if target is None:
+        target = tvm.target.Target.current(allow_none=True) or "llvm"
+    if isinstance(target, str) and target.strip() == "cuda":
+        return cuda_target()
+    if not isinstance(target, tvm.target.Target):
+        target = tvm.target.Target(target)
+    if target.kind.name == "llvm" and "num-cores" not in target.attrs:
+        cores = int(os.environ.get("TVM_NUM_THREADS", 0)) or os.cpu_count() or 1
+        config = dict(target.export())
+        config["num-cores"] = cores
+        target = tvm.target.Target(config)
+    return target
+
+
+def is_gpu_target(target) -> bool:
+    """Whether ``target`` runs on a GPU."""
+    return normalize_target(target).kind.name in ("cuda", "rocm", "vulkan", "metal", "opencl")
+
+
+def gpu_available(target) -> bool:
+    """Whether a device for ``target`` exists on this machine."""
+    try:
+        return bool(tvm.device(normalize_target(target).kind.name, 0).exist)
+    except Exception:  # pylint: disable=broad-except
+        return False
+
+
+def fast_build(mod, target, _params):
+    """LocalBuilder build function that skips the tensor-intrinsics import (llvm only)."""
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock  # pylint: disable=C0415
+
+    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    return tvm.compile(mod, target=target).mod
+
+
+@contextlib.contextmanager
+def _without_tensor_intrin(target):
+    name = "tvm.s_tir.tensor_intrin"
+    if target.kind.name != "llvm" or name in sys.modules:
+        yield
+        return
+    stub = types.ModuleType(name)
+    stub.__doc__ = "tvm-ollie: stand-in while tuning llvm (no tensor intrinsics used)"
+    sys.modules[name] = stub
+    try:
+        yield
+    finally:
+        if sys.modules.get(name) is stub:
+            del sys.modules[name]
+            parent = sys.modules.get("tvm.s_tir")
+            if parent is not None and getattr(parent, "tensor_intrin", None) is stub:
+                delattr(parent, "tensor_intrin")
+
+
+def search_strategy(trials_per_task: int):
+    """Evolutionary search sized to the budget.
+
+    MetaSchedule's defaults (a population of 512, 4 genetic iterations) cost about a minute
+    of search per task on a loaded 2-core machine, for any number of trials; with a handful of
+    trials per task a smaller population finds as good a schedule in a fraction of the time.
+    """
+    ms = meta_schedule()
+    if trials_per_task >= 64:
+        return ms.search_strategy.EvolutionarySearch()
+    return ms.search_strategy.EvolutionarySearch(
+        population_size=min(512, max(64, 16 * trials_per_task)),
+        init_min_unmeasured=min(50, max(16, 4 * trials_per_task)),
+        genetic_num_iters=2 if trials_per_task >= 8 else 1)
+
+
+def _is_view(task) -> bool:
+    """A pure reshape kernel: TVM's build turns it into a view, nothing to tune."""
+    try:
+        funcs = [f for _, f in task.dispatched[0].functions_items()]
+        return len(funcs) == 1 and bool(relax.analysis.has_reshape_pattern(funcs[0]))
+    except Exception:  # pylint: disable=broad-except
+        return False
+
+
+def legalize_and_fuse(mod: "tvm.IRModule", target) -> "tvm.IRModule":
+    """TVM's ``zero`` pipeline (legalize, fold constants, fuse) under ``target``."""
+    with normalize_target(target):
+        return relax.get_pipeline("zero")(mod)
+
+
+class Tuner:
+    """MetaSchedule tuning with a JSON database in ``work_dir``.
+
+    Parameters
+    ----------
+    target : str | dict | Target
+        The target (normalized by :func:`normalize_target`).
+    work_dir : str
+        Directory of the JSON database (created if missing); records persist across processes.
+    seed : int
+        Seed of the search.
+    """
+
+    def __init__(self, target, work_dir: str, seed: int = 0):
+        self.target = normalize_target(target)
+        self.work_dir = os.path.abspath(work_dir)
+        os.makedirs(self.work_dir, exist_ok=True)
+        self.seed = seed
+        self._db = None
+
+    @property
+    def database(self):
+        """The JSON database (opened on first use)."""
+        if self._db is None:
+            ms = meta_schedule()
+            self._db = ms.database.JSONDatabase(work_dir=self.work_dir)
+        return self._db
+
+    def tasks(self, fused_mod: "tvm.IRModule") -> list:
+        """MetaSchedule tasks of a legalized and fused module."""
+        ms = meta_schedule()
+        return list(ms.relax_integration.extract_tasks(fused_mod, self.target))
+
+    def untuned(self, fused_mod: "tvm.IRModule") -> list:
+        """Tasks of ``fused_mod`` that have no record in the database yet."""
+        db = self.database
+        out = []
+        for task in self.tasks(fused_mod):
+            if task.mod.attrs and task.mod.attrs.get("tirx.is_scheduled", False):
+                continue
+            if _is_view(task):
+                continue
+            if not db.has_workload(task.dispatched[0]):
+                out.append(task)
+        return out
+
+    def tune(self, fused_mod: "tvm.IRModule", trials: int) -> int:
+        """Tune the untuned tasks of ``fused_mod`` with up to ``trials`` trials in all.
+
+        Returns the number of trials granted (0 when every task already had records).
+        """
+        todo = self.untuned(fused_mod)
+        STATS.skipped_tasks += len(self.tasks(fused_mod)) - len(todo)
+        if not todo or trials <= 0:
+            return 0
+        ms = meta_schedule()
+        per_task = max(1, trials // len(todo))
+        t0 = time.perf_counter()
+        cores = int(self.target.attrs.get("num-cores", 1)) if self.target.kind.name == "llvm" \
+            else os.cpu_count() or 1
+        with _without_tensor_intrin(self.target):
+            contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
+                extracted_tasks=todo, work_dir=self.work_dir, seed=self.seed,
+                strategy=search_strategy(per_task))
+            builder = ms.builder.LocalBuilder(
+                f_build=fast_build if self.target.kind.name == "llvm" else None,
+                max_workers=max(1, min(cores, 2)), timeout_sec=60)
+            ms.tune.tune_tasks(
+                tasks=contexts, task_weights=weights, work_dir=self.work_dir,
+                max_trials_global=per_task * len(todo), max_trials_per_task=per_task,
+                num_trials_per_iter=min(per_task, 16), builder=builder, runner="local",
+                database=self.database,
+                cost_model=ms.cost_model.XGBModel(
+                    extractor=ms.feature_extractor.PerStoreFeature(), adaptive_training=True,
+                    num_tuning_cores=max(1, cores)),
+                task_scheduler="gradient")
+        STATS.calls += 1
+        STATS.tasks += len(todo)
+        STATS.trials += per_task * len(todo)
+        STATS.seconds += time.perf_counter() - t0
+        LOG.info("tuned %d task(s), %d trial(s) each, in %.1fs", len(todo), per_task,
+                 time.perf_counter() - t0)
+        return per_task * len(todo)
+
+    def apply(self, fused_mod: "tvm.IRModule") -> "tvm.IRModule":
+        """``fused_mod`` with every task that has a record replaced by its best schedule."""
+        with self.target, self.database:
+            return relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(fused_mod)
+
+    def record_count(self) -> int:
+        """Number of tuning records in the database."""
+        return len(self.database)
+
+
+def default_pipeline(target) -> "tvm.transform.Pass":
+    """TVM's full default Relax pipeline for ``target`` (fusion, dlight on GPUs)."""
+    return relax.get_default_pipeline(normalize_target(target))
+
+
+def task_names(tasks: List) -> List[str]:
+    """Names of extracted tasks (for logs and reports)."""
+    return [t.task_name for t in tasks]
+
+
+def optional_database(work_dir: Optional[str]):
+    """The JSON database of ``work_dir``, or None when no work dir is given."""
+    if not work_dir:
+        return None
+    return meta_schedule().database.JSONDatabase(work_dir=os.path.abspath(work_dir))

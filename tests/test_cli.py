@@ -1,0 +1,260 @@
+"""The ``tvm-ollie`` command line, driven as a user drives it: in a subprocess.
+
+Each subprocess pays the TVM import (about 2 s), so the compiled libraries are shared by the
+tests of one module (``scope="module"`` fixtures) and the error cases are small.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "frontend"))
+
+import tiny_models  # noqa: E402  pylint: disable=wrong-import-position
+
+
+#: A short derivation search: the tiny models need no more, and each test stays a few seconds.
+FAST = ("--time-budget", "3")
+
+
+def cli(*args, cwd=None, timeout=300):
+    """Run ``python -m tvm_ollie.cli ARGS``; returns the completed process (text output)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run(
+        [sys.executable, "-m", "tvm_ollie.cli", *map(str, args)], cwd=cwd, env=env,
+        capture_output=True, text=True, timeout=timeout, check=False,
+    )
+
+
+def ok(proc):
+    """Assert a zero exit; returns stdout."""
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    assert "Traceback" not in proc.stderr
+    return proc.stdout
+
+
+def one_line_error(proc, expected_code=2):
+    """Assert a failed run that printed one error line and no traceback; returns that line."""
+    assert proc.returncode == expected_code, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("tvm-ollie: error: ")
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    """A folder with the tiny model as ONNX, .json and .py, an input and its expected output."""
+    path = tmp_path_factory.mktemp("cli")
+    w, b = tiny_models.write_onnx(str(path / "tiny.onnx"))
+    from tvm import ir  # pylint: disable=import-outside-toplevel
+
+    (path / "tiny.json").write_text(ir.save_json(tiny_models.relax_module()))
+    tiny_models.write_python_model(str(path / "tiny_model.py"))
+    x = np.random.default_rng(1).uniform(-1, 1, tiny_models.X_SHAPE).astype("float32")
+    np.save(path / "x.npy", x)
+    np.save(path / "x_bad.npy", np.zeros((1, 2, 5, 6), "float32"))
+    return path, tiny_models.reference(x, w, b)
+
+
+@pytest.fixture(scope="module")
+def onnx_lib(work):
+    """``tiny.onnx`` compiled for llvm."""
+    path, _ = work
+    out = ok(cli("compile", "tiny.onnx", "-t", "llvm", "-o", "tiny.so", *FAST, cwd=path))
+    assert "wrote tiny.so" in out
+    return path / "tiny.so"
+
+
+def _run_and_compare(path, lib, expected):
+    out = ok(cli("run", lib, "--input", "x=x.npy", "--output", "y.npz", "--repeat", "2", cwd=path))
+    assert "output 0: float32[1, 4, 6, 6]" in out and "latency:" in out
+    got = np.load(path / "y.npz")["output_0"]
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_compile_onnx_and_run(work, onnx_lib):
+    path, expected = work
+    assert os.path.getsize(onnx_lib) > 0
+    _run_and_compare(path, onnx_lib, expected)
+
+
+def _load_and_compare(path, lib, expected):
+    """The library is an ordinary TVM artifact: load_module + the Relax VM run it."""
+    import tvm  # pylint: disable=import-outside-toplevel
+    from tvm import relax  # pylint: disable=import-outside-toplevel
+
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(path / lib)), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(np.load(path / "x.npy"))).numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_library_loads_in_plain_tvm(work, onnx_lib):
+    path, expected = work
+    _load_and_compare(path, onnx_lib.name, expected)
+
+
+def test_compile_json_module(work):
+    path, expected = work
+    ok(cli("compile", "tiny.json", "-o", "tiny_json.so", *FAST, cwd=path))
+    _load_and_compare(path, "tiny_json.so", expected)
+
+
+def test_compile_python_function_binds_params(work):
+    path, expected = work
+    ok(cli("compile", "tiny_model.py:make", "-o", "tiny_py.so", *FAST, cwd=path))
+    _load_and_compare(path, "tiny_py.so", expected)
+
+
+def in_process(capsys, args, cwd):
+    """Run ``main(args)`` in this process (no TVM import to pay); returns a CompletedProcess."""
+    from tvm_ollie.cli import main  # pylint: disable=import-outside-toplevel
+
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as exc:  # argparse errors exit
+        code = exc.code
+    finally:
+        os.chdir(old)
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, captured.out, captured.err)
+
+
+def test_run_random_inputs(work, onnx_lib, capsys):
+    path, _ = work
+    proc = in_process(capsys, ["run", onnx_lib.name, "--random-inputs", "--repeat", "1"], path)
+    out = ok(proc)
+    assert "output 0: float32[1, 4, 6, 6]" in out and "latency:" in out
+    assert "random input x: float32[1, 2, 6, 6]" in proc.stderr
+
+
+def in_process_error(capsys, args, cwd, expected_code=2):
+    """Run ``main(args)`` in this process; returns its one error line."""
+    return one_line_error(in_process(capsys, args, cwd), expected_code)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "tiny.so"], "missing input x"),
+    (["run", "tiny.so", "--input", "y=x.npy"], "unknown input y"),
+    (["run", "tiny.so", "--input", "x=x_bad.npy"], "has shape [1, 2, 5, 6]"),
+    (["run", "tiny.so", "--input", "x=none.npy"], "no such input file"),
+    (["run", "tiny.onnx", "--random-inputs"], "not a compiled library"),
+    (["run", "none.so"], "no such library"),
+    (["run", "tiny.so", "--random-inputs", "--output", "y.txt"], "expected a .npz"),
+])
+def test_run_errors(work, onnx_lib, capsys, args, message):
+    path, _ = work
+    assert onnx_lib.exists()
+    assert message in in_process_error(capsys, args, path)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["compile", "tiny.onnx", "-t", "llvmx"], "bad target 'llvmx'"),
+    (["explain", "tiny.onnx", "-t", "llvm -mcpu=znver3"], "JSON form"),
+    (["compile", "tiny.onnx", "-t", '{"kind": "llvm", "cores": 2}'], "Unknown config option"),
+    (["compile", "tiny_model.py:nope"], "no function 'nope'"),
+    (["compile", "tiny.onnx", "--shape", "q=1,2"], "not inputs"),
+    (["compile", "tiny.onnx", "-o", "no/such/dir/x.so"], "output directory does not exist"),
+    (["compile", "tiny.onnx", "--trials", "-1"], "--trials"),
+    (["lift", "x_bad.npy"], "unsupported model format"),
+    (["demo", "--channels", "0"], "--channels"),
+])
+def test_user_errors_are_one_line(work, capsys, args, message):
+    path, _ = work
+    assert message in in_process_error(capsys, args, path)
+
+
+def test_errors_in_a_real_process(work):
+    """The same errors end to end: a missing file and an unknown command, no traceback."""
+    path, _ = work
+    assert "no such model file" in one_line_error(cli("compile", "missing.onnx", cwd=path))
+    line = one_line_error(cli("frobnicate", cwd=path))
+    assert "invalid choice: 'frobnicate'" in line
+
+
+def test_unsupported_onnx_operator(tmp_path, capsys):
+    import onnx  # pylint: disable=import-outside-toplevel
+    from onnx import TensorProto, helper  # pylint: disable=import-outside-toplevel
+
+    graph = helper.make_graph(
+        [helper.make_node("NoSuchOp", ["x"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+              str(tmp_path / "bad.onnx"))
+    line = in_process_error(capsys, ["compile", "bad.onnx"], tmp_path)
+    assert "not supported for frontend ONNX: NoSuchOp" in line
+
+
+def test_explain_lists_each_operator(work):
+    path, _ = work
+    out = ok(cli("explain", "tiny.onnx", *FAST, cwd=path))
+    # conv2d is derivable and gets a decision; the others are listed as kept.
+    for op in ("relax.nn.conv2d", "relax.nn.relu", "relax.add"):
+        assert op in out
+    for column in ("binding", "operator", "before", "after", "chosen"):
+        assert column in out
+    assert "rule path:" in out
+
+
+def test_compile_for_cuda_without_running(work, capsys):
+    """A GPU target builds anywhere: without a GPU the library holds CUDA source."""
+    path, expected = work
+    proc = cli("compile", "tiny.onnx", "-t", "nvidia/nvidia-h100", "-o", "tiny_cuda.so", *FAST,
+               cwd=path)
+    ok(proc)
+    assert os.path.getsize(path / "tiny_cuda.so") > 0
+    import tvm  # pylint: disable=import-outside-toplevel
+
+    if tvm.cuda(0).exist:
+        _run_and_compare(path, "tiny_cuda.so", expected)
+    else:
+        line = in_process_error(capsys, ["run", "tiny_cuda.so", "--random-inputs"], path)
+        assert "CUDA" in line
+
+
+def test_demo_passes():
+    out = ok(cli("demo", "--channels", "4", "--size", "8", "--repeat", "3", *FAST))
+    assert "demo passed" in out
+    assert "speedup" in out and "relax.nn.conv2d" in out
+
+
+def test_roundtrip_and_lift(work, capsys):
+    path, _ = work
+    out = ok(cli("roundtrip", "--channels", "4", "--size", "6", "--filters", "4"))
+    assert "demo passed" in out
+    out = ok(in_process(capsys, ["lift", "tiny.onnx"], path))
+    assert "relax.nn.conv2d: L<" in out
+
+
+def test_bench_is_forwarded(capsys):
+    out = ok(in_process(capsys, ["bench", "--list"], os.getcwd()))
+    assert out.startswith("models: ") and "systems: " in out
+
+
+def test_interrupt_exits_130(work):
+    path, _ = work
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tvm_ollie.cli", "demo", "--channels", "8", "--size", "16"],
+        cwd=path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        first = proc.stdout.readline()  # printed once TVM is imported and the model is built
+        assert first.startswith("demo model:"), first
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "tvm-ollie: interrupted" in err and "Traceback" not in err
