@@ -91,7 +91,7 @@ def test_every_outcome_is_reported(tmp_path):
 
 def test_tvm_and_torch_agree_through_the_harness(tmp_path):
     results = run_bench(models=["csrnet"], quick=True, systems=["tvm", "torch"],
-                        out_dir=str(tmp_path), time_budget_s=0.05, plot=False,
+                        reference="tvm", out_dir=str(tmp_path), time_budget_s=0.05, plot=False,
                         log=lambda _: None)  # fmt: skip
     systems = results["models"]["csrnet"]["systems"]
     assert systems["tvm"]["status"] == "ok", systems["tvm"]
@@ -99,6 +99,17 @@ def test_tvm_and_torch_agree_through_the_harness(tmp_path):
     assert systems["tvm"]["ratio_to_ref"] == 1.0
     assert systems["tvm"]["rel_err"] < 1e-4
     assert "tune_s" not in systems["tvm"]  # trials=0: untuned default pipeline
+
+
+def test_ollie_column_agrees_and_is_the_default_reference(tmp_path):
+    results = run_bench(models=["infogan"], quick=True, systems=["ollie", "tvm", "torch"],
+                        out_dir=str(tmp_path), time_budget_s=0.05, plot=False,
+                        log=lambda _: None)  # fmt: skip
+    systems = results["models"]["infogan"]["systems"]
+    assert systems["ollie"]["status"] == "ok", systems["ollie"]
+    assert systems["ollie"]["rel_err"] < 1e-4
+    assert systems["ollie"]["ratio_to_ref"] == 1.0
+    assert systems["tvm"]["ratio_to_ref"] > 0
 
 
 def test_cli_list_and_bad_model(capsys):

@@ -22,7 +22,7 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
     parser.add_argument("--out", default="bench_results", help="output directory")
     parser.add_argument("--work-dir", help="tuning database directory (default OUT/work)")
     parser.add_argument("--systems", nargs="+", help="systems to compare (default: all baselines)")
-    parser.add_argument("--reference", default="tvm", help="system the ratios are relative to")
+    parser.add_argument("--reference", default="ollie", help="system the ratios are relative to")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--threads", type=int, help="threads per system (default: all cores)")
     parser.add_argument("--budget", type=float, help="timing budget per model in seconds")

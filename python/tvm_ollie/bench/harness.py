@@ -26,7 +26,7 @@ from .roofline import count_module, measure_cpu_peaks, measure_cuda_peaks
 from .systems import BenchContext, SystemUnavailable, get_system
 from .timing import measure_interleaved, paired_ratio
 
-DEFAULT_SYSTEMS = ("tvm", "onnxruntime", "torch", "torch_compile")
+DEFAULT_SYSTEMS = ("ollie", "tvm", "onnxruntime", "torch", "torch_compile")
 
 
 def run_bench(
@@ -36,7 +36,7 @@ def run_bench(
     target: str = "llvm",
     out_dir: str = "bench_results",
     systems: Optional[Iterable[str]] = None,
-    reference: str = "tvm",
+    reference: str = "ollie",
     batch: int = 1,
     work_dir: Optional[str] = None,
     threads: Optional[int] = None,

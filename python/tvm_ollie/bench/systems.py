@@ -181,6 +181,24 @@ def prepare_tvm(spec, ctx: BenchContext) -> Prepared:
     return prepare_tvm_executable(ex, params, spec, ctx, build.compile_s, tune_s, info)
 
 
+@register_system("ollie", tvm_based=True)
+def prepare_ollie(spec, ctx: BenchContext) -> Prepared:
+    """tvm-ollie: the ollie build (derivation + TVM's pipeline), tuning records in work_dir."""
+    from ..transform import build as ollie_build  # pylint: disable=import-outside-toplevel
+
+    mod, params, import_s = ctx.relax_module(spec)
+    work_dir = ctx.model_dir(spec, "ollie")
+    start = time.perf_counter()
+    ex, report = ollie_build(mod, target=ctx.target, trials=ctx.trials,
+                             work_dir=work_dir if ctx.trials > 0 else None)
+    total_s = time.perf_counter() - start
+    tune_s = report.tuning_s if ctx.trials > 0 else None
+    info = {"trials_per_impl": ctx.trials, "import_s": import_s, "search_s": report.search_s,
+            "rewritten": [d.var_name for d in report.decisions if d.chosen != "original"],
+            "decisions": [f"{d.op_name} {d.var_name}: {d.chosen}" for d in report.decisions]}
+    return prepare_tvm_executable(ex, params, spec, ctx, total_s - (tune_s or 0.0), tune_s, info)
+
+
 def _torch_device(ctx: BenchContext):
     try:
         import torch  # pylint: disable=import-outside-toplevel

@@ -7,10 +7,11 @@
       L<x,y> f(x,y) = L<x,y> { (L<t,y> f(t - s*y, y))[x + s*y, y] },  t = x + s*y   (repeated)
 
   kept only when the innermost stage, normalized (eager rules, canonical form), matches one of
-  ``ctx.targets`` (:func:`tvm_ollie.derive.match.match_scope`) while the focus itself and the
-  stages of the shorter chains do not (a mapping that is not needed to reach a target is left
-  to the explorative search). Each mapping is an ordinary
-  equivalence, so the chain is one; the guard only decides whether it is worth taking. The
+  ``ctx.targets`` (:func:`tvm_ollie.derive.match.match_scope`) while the focus itself does not
+  (a stage that matches already is instantiated as it is). Chains continue past a stage that
+  matches: conv5x5 split into 3x3 taps matches conv2d (grouped) after one mapping, and the
+  4-filter conv3x3 only after the second. Each mapping is an ordinary equivalence, so the chain
+  is one; the guard only decides whether it is worth taking. The
   search applies it at every scope a state has newly created and instantiates the result without
   charging depth (a guided step): an operator whose index form is one mapping (or
   ``ctx.guided_maps`` mappings) away from a target is found where the mapped stage appears,
