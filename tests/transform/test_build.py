@@ -81,3 +81,23 @@ def test_emit_library_matmul_for_pointwise_conv():
     assert all(not o.startswith("relax.matmul") for o in sm.ops_in(tir_only))
     sm.assert_close(sm.run(tvm.compile(tir_only, target="llvm"), args), ref)
     assert np.isfinite(ref).all()
+
+
+def test_emit_library_grouped_conv2d_keeps_its_groups():
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 8, 6, 6), "float32"))
+    w = relax.Var("w", relax.TensorType((8, 1, 3, 3), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.nn.conv2d(x, w, padding=1, groups=8)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    call = mod["main"].body.blocks[0].bindings[0].value
+    res = derive(lift_relax_call(call), targets=("conv2d",), max_depth=0, verify=False)
+    prog = next(p for p in res.candidates
+                if p.kinds == ("conv2d",) and p.stages[-1].attrs.get("groups") == 8)
+    emitted = isolated_module(call, prog, ["x", "w"])
+    assert any("conv2d" in o for o in sm.ops_in(emitted))
+    args = sm.random_inputs(mod)
+    ref = sm.run(tvm.compile(mod, target="llvm"), args)
+    sm.assert_close(sm.run(tvm.compile(emitted, target="llvm"), args), ref)

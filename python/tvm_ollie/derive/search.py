@@ -101,6 +101,8 @@ class SearchStats:
                 f"{self.candidates_found} candidates, {self.time_s:.2f}s, "
                 f"stop={self.stop_reason.value}; first: {first or 'none'}")
 
+    __str__ = summary  # print(stats) gives the line; repr keeps every field (and the log)
+
 
 @dataclass
 class DeriveResult:

@@ -87,7 +87,7 @@ def _emit_library(bb, stage: Stage, mode: str, values: Mapping[str, object]):
         pl_h, pl_w, ph_h, ph_w = at["padding"]
         call = relax.op.nn.conv2d(a, b, strides=tuple(at["stride"]),
                                   padding=(pl_h, pl_w, ph_h, ph_w),
-                                  dilation=tuple(at["dilation"]))
+                                  dilation=tuple(at["dilation"]), groups=int(at.get("groups", 1)))
     out = bb.normalize(call)
     if _shape_of(out) != tuple(stage.shape):
         raise EmitError(f"stage {stage.name}: the Relax {mode} gives {list(_shape_of(out))}, "
