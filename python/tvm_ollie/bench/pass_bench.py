@@ -23,9 +23,9 @@ import argparse
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
-import sys
 
 os.environ.setdefault("TVM_NUM_THREADS", "2")
 
