@@ -149,3 +149,27 @@ def test_constant_weights():
     assert report.decisions[0].rewritten, report.decisions[0].reason
     args = sm.random_inputs(mod)
     sm.assert_close(_compile_run(new, args), _compile_run(mod, args))
+
+
+def test_untuned_check_keeps_only_candidates_measured_faster(monkeypatch):
+    # With trials=0 on a CPU, a candidate the analytic cost prefers is timed untuned against
+    # the original; here the original is made to time faster, so nothing may be rewritten
+    # although the (GEMM-favouring) calibration wants to rewrite.
+    from tvm_ollie.transform import decide
+
+    mod = sm.conv_stack()
+    timed = []
+
+    def fake_seconds(self, emitted):
+        original = sm.ops_in(emitted) == ["relax.nn.conv2d"]
+        timed.append(original)
+        return 1e-3 if original else 2e-3
+
+    monkeypatch.setattr(decide.Decider, "_untuned_seconds", fake_seconds)
+    new, report = optimize_module(mod, "llvm", check_untuned=True, **OPTS)
+    assert True in timed and False in timed, timed
+    assert not any(d.rewritten for d in report.decisions)
+    tvm.ir.assert_structural_equal(new, mod)
+    # and the same options without the check do rewrite
+    _, plain = optimize_module(mod, "llvm", check_untuned=False, **OPTS)
+    assert any(d.rewritten for d in plain.decisions)

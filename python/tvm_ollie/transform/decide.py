@@ -191,8 +191,13 @@ class Decider:
     def __init__(self, target, trials: int = 0, work_dir: Optional[str] = None,
                  max_depth: int = 5, search_budget_s: float = 5.0,
                  calibration: Optional[Calibration] = None, max_measured: int = 2,
-                 max_states: Optional[int] = 2000):
+                 max_states: Optional[int] = 2000, check_untuned: Optional[bool] = None):
         self.target = normalize_target(target)
+        #: with trials=0 on a CPU, time the original and the candidate untuned before choosing
+        #: (not when a fixed calibration asks for reproducible, cost-model-only decisions)
+        if check_untuned is None:
+            check_untuned = not is_gpu_target(self.target) and calibration is None
+        self.check_untuned = bool(check_untuned)
         self.calib = calibration or calibrate(self.target)
         self.trials = int(trials)
         self.max_depth = max_depth
@@ -265,15 +270,37 @@ class Decider:
 
     def _choose_analytic(self, call, names, better, before, n_cand) -> Choice:
         failures = []
+        t_orig = None
         for est, text, prog in better[:MAX_VERIFY]:
             ok, why = self._verify(call, prog, names)
-            if ok:
+            if not ok:
+                failures.append(f"{text}: {why}")
+                LOG.warning("ollie: candidate rejected: %s: %s", text, why)
+                continue
+            if not self.check_untuned:
                 return Choice(prog, names, f"analytic {_t(before)} -> {_t(est)}",
                               before, est, False, n_cand, _explain(prog))
-            failures.append(f"{text}: {why}")
-            LOG.warning("ollie: candidate rejected: %s: %s", text, why)
-        return Choice(None, names, "every cheaper candidate failed: " + "; ".join(failures),
-                      before, before, False, n_cand)
+            # Untuned kernels on a CPU are far from the roofline, so the analytic ranking is
+            # checked against what will actually run: both builds untuned, timed here.
+            if t_orig is None:
+                t_orig = self._untuned_seconds(isolated_module(call))
+            t_cand = self._untuned_seconds(isolated_module(call, prog, names))
+            if t_orig is not None and t_cand is not None and t_cand < t_orig * (1 - MARGIN):
+                return Choice(prog, names, f"untuned, measured {_t(t_orig)} -> {_t(t_cand)} "
+                              f"(analytic {_t(before)} -> {_t(est)})", t_orig, t_cand, True,
+                              n_cand, _explain(prog))
+            failures.append(f"{text}: untuned {_t(t_cand) if t_cand else 'failed'} vs original "
+                            f"{_t(t_orig) if t_orig else 'failed'}")
+        return Choice(None, names, "no cheaper candidate held up: " + "; ".join(failures),
+                      before, before, t_orig is not None, n_cand)
+
+    def _untuned_seconds(self, mod) -> Optional[float]:
+        """Median seconds of ``mod`` built with TVM's default pipeline (no tuning) on the CPU."""
+        try:
+            return time_main(compile_module(mod, self.target), random_args(mod["main"]))
+        except Exception as err:  # pylint: disable=broad-except
+            LOG.warning("ollie: untuned timing failed: %s: %s", type(err).__name__, err)
+            return None
 
     def _choose_measured(self, call, sig, names, better, before_est, n_cand) -> Choice:
         tkey = str(self.target)

@@ -90,6 +90,7 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: int = 0,
                     work_dir: Optional[str] = None, max_depth: int = 5,
                     time_budget_s: float = 20.0, targets=None, verbose: bool = False,
                     calibration: Optional[Calibration] = None, max_measured: int = 2,
+                    check_untuned: Optional[bool] = None,
                     ) -> Tuple["tvm.IRModule", OptimizeReport]:
     """Run the derivation rewrite on ``mod``; return the new module and the report.
 
@@ -117,6 +118,11 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: int = 0,
         Override the analytic cost calibration (reproducible decisions).
     max_measured : int
         Candidates tuned and measured per signature when ``trials > 0``.
+    check_untuned : bool, optional
+        With ``trials=0``, also time the original and each accepted candidate untuned and keep
+        the candidate only if it is faster (default: on for CPU targets, whose untuned kernels
+        the analytic cost ranks poorly, unless ``calibration`` is given for reproducible
+        decisions; off for GPU targets, which may have no device here).
     """
     t_start = time.perf_counter()
     tgt = normalize_target(target)
@@ -125,7 +131,8 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: int = 0,
         wanted = {t if t.startswith("relax.") else f"relax.{t}" for t in targets}
         calls = [c for c in calls if c[2].op.name in wanted]
     decider = Decider(tgt, trials=trials, work_dir=work_dir, max_depth=max_depth,
-                      calibration=calibration, max_measured=max_measured)
+                      calibration=calibration, max_measured=max_measured,
+                      check_untuned=check_untuned)
     report = OptimizeReport(target=str(tgt.kind.name if tgt.kind.name != "llvm" else "llvm"))
     tuning0, calls0 = STATS.seconds, STATS.calls
     sigs = list(dict.fromkeys(call_signature(c) for _, _, c in calls))
@@ -176,8 +183,9 @@ class OllieOptimize:
     def __init__(self, target=None, trials: int = 0, work_dir: Optional[str] = None,
                  max_depth: int = 5, time_budget_s: float = 20.0, targets=None,
                  verbose: bool = False, calibration: Optional[Calibration] = None,
-                 max_measured: int = 2):
+                 max_measured: int = 2, check_untuned: Optional[bool] = None):
         self.target = target
+        self.check_untuned = check_untuned
         self.trials = trials
         self.work_dir = work_dir
         self.max_depth = max_depth
@@ -195,6 +203,7 @@ class OllieOptimize:
         new_mod, report = optimize_module(
             mod, target, trials=self.trials, work_dir=self.work_dir, max_depth=self.max_depth,
             time_budget_s=self.time_budget_s, targets=self.targets, verbose=self.verbose,
-            calibration=self.calibration, max_measured=self.max_measured)
+            calibration=self.calibration, max_measured=self.max_measured,
+            check_untuned=self.check_untuned)
         self.last_report = report
         return new_mod
