@@ -18,19 +18,15 @@ from typing import Optional, TextIO, Tuple
 import numpy as np
 
 from .compat import relax, tvm
+from .frontend.builder import single_function_module, tensor_var
 
 
 def conv2d_module(batch: int, channels: int, size: int, filters: int) -> "tvm.IRModule":
     """A Relax module ``main(x, w) = conv2d(x, w, padding=1)`` in NCHW/OIHW."""
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((batch, channels, size, size), "float32"))
-    w = relax.Var("w", relax.TensorType((filters, channels, 3, 3), "float32"))
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            y = bb.emit(relax.op.nn.conv2d(x, w, strides=1, padding=1))
-            out = bb.emit_output(y)
-        bb.emit_func_output(out)
-    return bb.get()
+    return single_function_module(
+        [tensor_var("x", (batch, channels, size, size)),
+         tensor_var("w", (filters, channels, 3, 3))],
+        lambda bb, x, w: relax.op.nn.conv2d(x, w, strides=1, padding=1))
 
 
 def demo_model(channels: int = 16, size: int = 32, seed: int = 0) -> "tvm.IRModule":
@@ -46,20 +42,16 @@ def demo_model(channels: int = 16, size: int = 32, seed: int = 0) -> "tvm.IRModu
         return relax.const(rng.uniform(-scale, scale, shape).astype("float32"))
 
     wide = 2 * channels
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, channels, size, size), "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            y = bb.emit(relax.op.nn.conv2d(x, weight(channels, channels, 3, 3), padding=1))
-            y = bb.emit(relax.op.nn.relu(y))
-            y = bb.emit(relax.op.nn.conv2d(y, weight(wide, channels, 3, 3), padding=1))
-            y = bb.emit(relax.op.nn.relu(y))
-            # conv2d_transpose weights are IOHW: (in_channels, out_channels, kh, kw).
-            y = bb.emit(relax.op.nn.conv2d_transpose(
-                y, weight(wide, channels, 4, 4), strides=2, padding=1))
-            out = bb.emit_output(y)
-        bb.emit_func_output(out)
-    return bb.get()
+
+    def body(bb, x):
+        y = bb.emit(relax.op.nn.conv2d(x, weight(channels, channels, 3, 3), padding=1))
+        y = bb.emit(relax.op.nn.relu(y))
+        y = bb.emit(relax.op.nn.conv2d(y, weight(wide, channels, 3, 3), padding=1))
+        y = bb.emit(relax.op.nn.relu(y))
+        # conv2d_transpose weights are IOHW: (in_channels, out_channels, kh, kw).
+        return relax.op.nn.conv2d_transpose(y, weight(wide, channels, 4, 4), strides=2, padding=1)
+
+    return single_function_module([tensor_var("x", (1, channels, size, size))], body)
 
 
 def run_demo(

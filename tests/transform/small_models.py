@@ -4,24 +4,13 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from tvm_ollie.frontend.builder import single_function_module as _module
+from tvm_ollie.frontend.builder import tensor_var as _var
 from tvm_ollie.tune.calibrate import EFFICIENCY, Calibration
 
 #: A fixed calibration on llvm with the GPU efficiency table (GEMMs beat direct convolutions):
 #: decisions in tests must not depend on the machine's load, and must rewrite something.
 LLVM_CALIB = Calibration("llvm", 1e11, 2e10, dict(EFFICIENCY["cuda"]), "given")
-
-
-def _var(name, shape):
-    return relax.Var(name, relax.TensorType(shape, "float32"))
-
-
-def _module(params, body):
-    bb = relax.BlockBuilder()
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = bb.emit_output(body(bb, *params))
-        bb.emit_func_output(out)
-    return bb.get()
 
 
 def conv3x3():

@@ -35,16 +35,8 @@ import numpy as np  # noqa: E402
 def _models():
     from tvm import relax  # pylint: disable=import-outside-toplevel
 
-    def var(name, shape):
-        return relax.Var(name, relax.TensorType(shape, "float32"))
-
-    def module(params, body):
-        bb = relax.BlockBuilder()
-        with bb.function("main", params):
-            with bb.dataflow():
-                out = bb.emit_output(body(bb, *params))
-            bb.emit_func_output(out)
-        return bb.get()
+    from ..frontend.builder import single_function_module as module  # pylint: disable=C0415
+    from ..frontend.builder import tensor_var as var  # pylint: disable=C0415
 
     def conv512():
         return module([var("x", (1, 512, 7, 7)), var("w", (512, 512, 3, 3))],
