@@ -148,6 +148,7 @@ def _demo(args: argparse.Namespace) -> int:
         channels=args.channels, size=args.size, target=args.target, trials=args.trials,
         work_dir=args.work_dir, max_depth=args.max_depth, time_budget_s=args.time_budget,
         repeat=max(1, args.repeat), explain=args.explain, out=sys.stdout,
+        library=False if args.no_library else None, derive=not args.no_derive,
     )
     return 0 if ok else EXIT_FAILURE
 
@@ -209,7 +210,8 @@ def _search_options(args: argparse.Namespace) -> dict:
     if args.trials < 0 or args.max_depth < 0 or args.time_budget <= 0:
         raise UserError("--trials and --max-depth must be >= 0 and --time-budget > 0")
     return {"trials": args.trials, "work_dir": args.work_dir, "max_depth": args.max_depth,
-            "time_budget_s": args.time_budget}  # fmt: skip
+            "time_budget_s": args.time_budget, "library": False if args.no_library else None,
+            "derive": not args.no_derive}  # fmt: skip
 
 
 def _secs(report, field: str) -> str:
@@ -266,6 +268,10 @@ def _add_search_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-depth", type=int, default=5, help="derivation search depth")
     parser.add_argument("--time-budget", type=float, default=20.0, metavar="SECONDS",
                         help="derivation search time for the whole model, shared by its operators")
+    parser.add_argument("--no-library", action="store_true",
+                        help="TVM-built kernels only (no native library kernels)")
+    parser.add_argument("--no-derive", action="store_true",
+                        help="no derived programs (only the operators' implementations compete)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -66,11 +66,14 @@ def run_demo(
     explain: bool = False,
     out: TextIO = sys.stdout,
     progress: bool = True,
+    library: Optional[bool] = None,
+    derive: bool = True,
 ) -> bool:
     """Build the demo model with TVM and with tvm-ollie, compare, and report.
 
     Returns whether the optimized build's output matches TVM's (relative error below 1e-4).
-    With ``explain`` the rule path of every decision is printed too.
+    With ``explain`` the rule path of every decision is printed too. ``library``/``derive``
+    switch native kernels and derivation (as in :func:`tvm_ollie.transform.optimize_module`).
     """
     # pylint: disable=import-outside-toplevel
     from .frontend.explain import chosen_lines, decision_details, decision_table, summary_line
@@ -94,7 +97,8 @@ def run_demo(
         stages.next()
         start = time.perf_counter()
         ollie_ex, report = build(mod, target=tgt, trials=trials, work_dir=work_dir,
-                                 max_depth=max_depth, time_budget_s=time_budget_s)
+                                 max_depth=max_depth, time_budget_s=time_budget_s,
+                                 library=library, derive=derive)
         ollie_build_s = time.perf_counter() - start
         stages.next()
         ref, got, base_ms, ollie_ms = _compare_runs(base_ex, ollie_ex, dev, x, repeat)

@@ -75,7 +75,7 @@ def test_emit_library_matmul_for_pointwise_conv():
     with bb.function("main", [x, w]):
         with bb.dataflow():
             out = bb.emit_output(emit_program(bb, prog, {"x": x, "w": w}, (1, 8, 6, 6),
-                                              library=False))
+                                              impl="tir"))
         bb.emit_func_output(out)
     tir_only = bb.get()
     assert all(not o.startswith("relax.matmul") for o in sm.ops_in(tir_only))

@@ -26,7 +26,7 @@ from .roofline import count_module, measure_cpu_peaks, measure_cuda_peaks
 from .systems import BenchContext, SystemUnavailable, get_system
 from .timing import measure_interleaved, paired_ratio
 
-DEFAULT_SYSTEMS = ("ollie", "tvm", "onnxruntime", "torch", "torch_compile")
+DEFAULT_SYSTEMS = ("ollie", "ollie-lib", "tvm", "onnxruntime", "torch", "torch_compile")
 
 
 def run_bench(

@@ -1,13 +1,23 @@
 """Per-operator decisions: lift, derive, cost (analytic or measured), verify, choose.
 
+Every call has *alternatives*: the original operator built by TVM (the baseline), the original
+operator on a native library kernel (:mod:`tvm_ollie.codegen.library`), and each derived
+program with its matched operators either as Relax operators built by TVM or as library
+kernels. They are ranked by the calibrated analytic cost; the cheapest are verified and, when
+the pass measures (``trials > 0``, or the untuned check on CPUs), timed by the decision's
+:data:`Timer`, and the fastest measured one wins.
+
 Calls with equal :func:`call_signature` (operator, operand shapes/dtypes, attributes, operand
 aliasing) are decided once: the chosen program is cached with the operand names of the first
 call and re-bound positionally for the others.
 
-Never worse: a candidate is accepted only when it is cheaper than the original under the chosen
-cost by :data:`MARGIN`, built, (tuned,) and matched the original numerically on random inputs
-(relative error :data:`RTOL` of the output's largest magnitude, float32 on llvm). Anything else
-keeps the original call and records why.
+Never worse: an alternative is accepted only when it is cheaper than the original under the
+chosen cost by :data:`MARGIN`, built, (tuned,) and matched the original numerically on random
+inputs (relative error :data:`RTOL` of the output's largest magnitude, float32 on llvm).
+Anything else keeps the original call and records why.
+
+Injection points for tests and tools: ``timer`` (module, label) -> seconds and ``checker``
+(reference module, candidate module) -> (ok, why) replace the measurement and the numeric check.
 """
 
 from __future__ import annotations
@@ -18,10 +28,12 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from .. import native
+from ..codegen import library as lib
 from ..compat import relax, tvm
 from ..derive.program import Program
 from ..lift import LiftError, lift_relax_call
@@ -32,8 +44,8 @@ from ..tune.measure import compile_module, random_args, time_main
 from ..tune.metaschedule import STATS, Tuner, gpu_available, is_gpu_target, normalize_target
 from .emit import EmitError, emit_program
 
-__all__ = ["DERIVABLE_OPS", "MARGIN", "RTOL", "Choice", "Decider", "call_signature",
-           "isolated_module"]
+__all__ = ["DERIVABLE_OPS", "MARGIN", "RTOL", "Alternative", "Checker", "Choice", "Decider",
+           "Timer", "call_signature", "isolated_module"]
 
 LOG = logging.getLogger("tvm_ollie.transform")
 
@@ -52,6 +64,12 @@ MARGIN = 0.03
 RTOL = 1e-4
 #: Candidates verified before giving up (cheapest first).
 MAX_VERIFY = 3
+
+#: ``timer(module, label) -> seconds`` (None: failed to build or run). ``label`` names the
+#: alternative (:attr:`Alternative.label`); ``module`` computes the call alone.
+Timer = Callable[["tvm.IRModule", str], Optional[float]]
+#: ``checker(reference, candidate) -> (ok, why)``: both modules compute the call alone.
+Checker = Callable[["tvm.IRModule", "tvm.IRModule"], Tuple[bool, str]]
 
 
 def _shape(expr) -> Tuple[int, ...]:
@@ -92,10 +110,11 @@ def _operand_values(call) -> Tuple[List[str], List[object]]:
 
 
 def isolated_module(call, program: Optional[Program] = None, names=None,
-                    library: bool = True) -> "tvm.IRModule":
+                    impl: str = "tvm") -> "tvm.IRModule":
     """A module whose ``main`` computes the call alone (or ``program`` in its place).
 
     Variable operands become parameters (in operand order); constant operands stay constants.
+    With ``program=None`` and ``impl="native"`` the call runs on its native library kernel.
     """
     op_names, values = _operand_values(call)
     bb = relax.BlockBuilder()
@@ -109,17 +128,48 @@ def isolated_module(call, program: Optional[Program] = None, names=None,
             inputs[n] = p
     with bb.function("main", params):
         with bb.dataflow():
+            new_args = [inputs[Operands(call).name(a)] if isinstance(
+                a.ty, relax.TensorType) else a for a in call.args]
             if program is None:
-                new_args = [inputs[Operands(call).name(a)] if isinstance(
-                    a.ty, relax.TensorType) else a for a in call.args]
-                out = bb.emit_output(relax.Call(call.op, new_args, call.attrs, call.ty_args))
+                out = bb.emit_output(original_form(call, new_args, impl))
             else:
                 mapping = inputs if names is None else {
                     pn: inputs[cn] for pn, cn in zip(names, op_names)}
                 out = bb.emit_output(emit_program(bb, program, mapping, _shape(call),
-                                                  library=library))
+                                                  impl=impl))
         bb.emit_func_output(out)
     return bb.get()
+
+
+def original_form(call, args, impl: str = "tvm") -> "relax.Expr":
+    """The call on ``args``: the Relax operator itself, or its native kernel (``impl="native"``)."""
+    if impl == "native":
+        form = lib.call_form(call)
+        if form is None:
+            raise EmitError(f"no native kernel for {call.op.name}")
+        return lib.emit_call(form, args[:2], _shape(call))
+    return relax.Call(call.op, args, call.attrs, call.ty_args)
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """One way to compute a call: the original operator or a derived program, implemented with
+    TVM-built kernels (``impl="tvm"``) or with native library kernels (``impl="native"``)."""
+
+    program: Optional[Program]
+    impl: str
+    estimate: float
+
+    @property
+    def label(self) -> str:
+        """``original``, ``original [native]``, ``<program>`` or ``<program> [native]``."""
+        text = "original" if self.program is None else repr(self.program)
+        return text if self.impl == "tvm" else f"{text} [{self.impl}]"
+
+    @property
+    def is_baseline(self) -> bool:
+        """The original operator as TVM builds it."""
+        return self.program is None and self.impl == "tvm"
 
 
 @dataclass
@@ -134,10 +184,21 @@ class Choice:
     measured: bool = False
     candidates: int = 0
     explain: str = ""
+    impl: str = "tvm"
+
+    @property
+    def rewritten(self) -> bool:
+        """Whether the call is replaced (by a program, or by its native kernel)."""
+        return self.program is not None or self.impl != "tvm"
+
+    @property
+    def label(self) -> str:
+        """What runs in place of the call (``"original"`` when it is kept)."""
+        return Alternative(self.program, self.impl, 0.0).label
 
 
 class _MeasureCache:
-    """Measured seconds per (target, signature, implementation), kept in ``work_dir``."""
+    """Measured seconds per (target, signature, implementation, mode), kept in ``work_dir``."""
 
     FILE = "ollie_measurements.json"
 
@@ -161,10 +222,26 @@ class _MeasureCache:
     def put(self, key: str, seconds: float) -> None:
         self.data[key] = float(seconds)
         if self.path:
-            tmp = self.path + ".tmp"
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            tmp = f"{self.path}.{os.getpid()}.tmp"
             with open(tmp, "w", encoding="utf-8") as f:
                 json.dump(self.data, f, indent=1, sort_keys=True)
             os.replace(tmp, self.path)
+
+
+def check_numerics(ref_mod: "tvm.IRModule", cand_mod: "tvm.IRModule") -> Tuple[bool, str]:
+    """The default :data:`Checker`: both built on llvm, compared on random inputs (:data:`RTOL`
+    of the reference's largest magnitude)."""
+    args = random_args(ref_mod["main"], seed=1)
+    ref = _run_llvm(ref_mod, args)
+    got = _run_llvm(cand_mod, args)
+    if got.shape != ref.shape:
+        return False, f"shape {got.shape} != {ref.shape}"
+    err = float(np.max(np.abs(got.astype(np.float64) - ref))) if ref.size else 0.0
+    scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+    if not np.isfinite(err) or err > RTOL * max(scale, 1e-6):
+        return False, f"numerics differ: max abs err {err:.3g} (scale {scale:.3g})"
+    return True, ""
 
 
 class Decider:
@@ -175,7 +252,8 @@ class Decider:
     target : Target
         The compilation target.
     trials : int
-        MetaSchedule trials per measured implementation (0: analytic cost only).
+        MetaSchedule trials per measured implementation (0: analytic cost, plus the untuned
+        check on CPUs).
     work_dir : str, optional
         Tuning database and measurement cache directory (a temporary one when tuning without).
     max_depth : int
@@ -183,36 +261,55 @@ class Decider:
     search_budget_s : float
         Derivation time per signature.
     calibration : Calibration, optional
-        Analytic cost calibration (measured/default for the target when None).
+        Analytic cost calibration (measured for the target when None).
     max_measured : int
-        Candidates (cheapest by the analytic cost) tuned and measured per signature.
+        Alternatives (cheapest by the analytic cost) verified and measured per signature.
+    max_states : int, optional
+        Derivation states per signature.
+    check_untuned : bool, optional
+        With ``trials=0``, time the original and the alternatives untuned before choosing
+        (default: on for CPU targets unless ``calibration`` is given).
+    library : bool, optional
+        Consider native library kernels (default: when the native library is loaded and the
+        target is a CPU). ``True`` asks for them: a missing library is then reported once.
+    derive : bool
+        Consider derived programs (``False``: only the original operator's implementations).
+    timer : Timer, optional
+        Replaces the measurement (compile + time on this machine, cached in ``work_dir``).
+    checker : Checker, optional
+        Replaces the numeric check (:func:`check_numerics`).
     """
 
     def __init__(self, target, trials: int = 0, work_dir: Optional[str] = None,
                  max_depth: int = 5, search_budget_s: float = 5.0,
-                 calibration: Optional[Calibration] = None, max_measured: int = 2,
-                 max_states: Optional[int] = 2000, check_untuned: Optional[bool] = None):
+                 calibration: Optional[Calibration] = None, max_measured: int = 3,
+                 max_states: Optional[int] = 2000, check_untuned: Optional[bool] = None,
+                 library: Optional[bool] = None, derive: bool = True,
+                 timer: Optional[Timer] = None, checker: Optional[Checker] = None):
         self.target = normalize_target(target)
-        #: with trials=0 on a CPU, time the original and the candidate untuned before choosing
-        #: (not when a fixed calibration asks for reproducible, cost-model-only decisions)
+        gpu = is_gpu_target(self.target)
         if check_untuned is None:
-            check_untuned = not is_gpu_target(self.target) and calibration is None
+            check_untuned = not gpu and calibration is None
         self.check_untuned = bool(check_untuned)
+        self.library = _library_enabled(library, gpu)
         self.calib = calibration or calibrate(self.target)
         self.trials = int(trials)
         self.max_depth = max_depth
         self.search_budget_s = search_budget_s
         self.max_measured = max_measured
         self.max_states = max_states
-        self.can_measure = self.trials > 0 and (
-            not is_gpu_target(self.target) or gpu_available(self.target))
+        self.derive = bool(derive)
+        self.can_measure = self.trials > 0 and (not gpu or gpu_available(self.target))
         self.work_dir = work_dir
         if self.can_measure and not work_dir:
             import tempfile  # pylint: disable=import-outside-toplevel
 
             self.work_dir = tempfile.mkdtemp(prefix="ollie_tune_")
         self.tuner = Tuner(self.target, self.work_dir) if self.can_measure else None
-        self.measure_cache = _MeasureCache(self.work_dir if self.can_measure else None)
+        self.measure_cache = _MeasureCache(self.work_dir)
+        self.timer: Timer = timer or self._time
+        self.checker: Checker = checker or check_numerics
+        self.measures = timer is not None or self.can_measure or self.check_untuned
         self.cache: Dict[str, Choice] = {}
         self.search_s = 0.0
         self.tuning_s = 0.0
@@ -233,14 +330,42 @@ class Decider:
             self.cache[sig] = hit
         return hit
 
-    # -- steps -----------------------------------------------------------------------------
+    # -- stages: alternatives -> cost -> check -> choose --------------------------------------
 
     def _decide(self, call, sig: str, budget_s: float) -> Choice:
         names, _ = _operand_values(call)
+        alts, n_cand, note = self.alternatives(call, budget_s)
+        base = alts[0]
+        others = sorted(alts[1:], key=lambda a: (a.estimate, a.label))
+        # The analytic cost prunes: to choose by it, an alternative must beat the original by
+        # MARGIN; to be measured, it must be no worse than the original within MARGIN (ties
+        # are common where both sides are memory-bound, e.g. a small matmul on TVM or a library).
+        bound = base.estimate * ((1 + MARGIN) if self.measures else (1 - MARGIN))
+        better = [a for a in others if a.estimate < bound]
+        if not better:
+            best = _t(others[0].estimate) if others else "none"
+            return Choice(None, names, f"no candidate beats the original by the analytic cost "
+                          f"({_t(base.estimate)} vs best {best}; {n_cand} candidates{note})",
+                          base.estimate, base.estimate, False, n_cand)
+        if self.measures:
+            return self._choose_measured(call, sig, names, base, better, n_cand)
+        return self._choose_analytic(call, names, base, better, n_cand)
+
+    def alternatives(self, call, budget_s: float) -> Tuple[List[Alternative], int, str]:
+        """The baseline first, then every other alternative with its analytic estimate;
+        the number of derived candidates and a note on the search."""
         try:
             expr = lift_relax_call(call)
         except LiftError as err:
-            return Choice(None, names, f"not liftable: {err}")
+            expr, note = None, f"; not liftable: {err}"
+        op = call.op.name
+        base_est = analytic.original_seconds(expr, op, self.calib) if expr is not None else 0.0
+        alts = [Alternative(None, "tvm", base_est)]
+        if self.library and lib.call_form(call) is not None and expr is not None:
+            alts.append(Alternative(None, "native",
+                                    analytic.original_seconds(expr, op, self.calib, "native")))
+        if expr is None or not self.derive:
+            return alts, 0, "" if expr is not None else note
         from ..derive.search import derive  # pylint: disable=import-outside-toplevel
 
         t0 = time.perf_counter()
@@ -248,92 +373,77 @@ class Decider:
                      max_states=self.max_states, verify=False, max_candidates=None,
                      cost_target=self.calib.kind)
         self.search_s += time.perf_counter() - t0
-        before = analytic.original_seconds(expr, call.op.name, self.calib)
-        ranked, seen = [], set()
+        seen = set()
         for prog in res.candidates:
             if prog.multi or repr(prog) in seen:
                 continue
             seen.add(repr(prog))
-            ranked.append((analytic.program_seconds(prog, self.calib), repr(prog), prog))
-        ranked.sort(key=lambda t: (t[0], t[1]))
-        n_cand = len(ranked)
-        better = [r for r in ranked if r[0] < before * (1 - MARGIN)]
-        stop = res.stats.stop_reason.value
-        if not better:
-            best = _t(ranked[0][0]) if ranked else "none"
-            return Choice(None, names, f"no candidate beats the original by the analytic cost "
-                          f"({_t(before)} vs best {best}; {n_cand} candidates, "
-                          f"search stop={stop})", before, before, False, n_cand)
-        if self.can_measure:
-            return self._choose_measured(call, sig, names, better, before, n_cand)
-        return self._choose_analytic(call, names, better, before, n_cand)
+            impls = ["tvm"]
+            if self.library and any(lib.stage_form(s) is not None for s in prog.stages):
+                impls.append("native")
+            for impl in impls:
+                alts.append(Alternative(prog, impl,
+                                        analytic.program_seconds(prog, self.calib, impl)))
+        return alts, len(seen), f", search stop={res.stats.stop_reason.value}"
 
-    def _choose_analytic(self, call, names, better, before, n_cand) -> Choice:
+    def _choose_analytic(self, call, names, base, better, n_cand) -> Choice:
         failures = []
-        t_orig = None
-        for est, text, prog in better[:MAX_VERIFY]:
-            ok, why = self._verify(call, prog, names)
-            if not ok:
-                failures.append(f"{text}: {why}")
-                LOG.warning("ollie: candidate rejected: %s: %s", text, why)
-                continue
-            if not self.check_untuned:
-                return Choice(prog, names, f"analytic {_t(before)} -> {_t(est)}",
-                              before, est, False, n_cand, _explain(prog))
-            # Untuned kernels on a CPU are far from the roofline, so the analytic ranking is
-            # checked against what will actually run: both builds untuned, timed here.
-            if t_orig is None:
-                t_orig = self._untuned_seconds(isolated_module(call))
-            t_cand = self._untuned_seconds(isolated_module(call, prog, names))
-            if t_orig is not None and t_cand is not None and t_cand < t_orig * (1 - MARGIN):
-                return Choice(prog, names, f"untuned, measured {_t(t_orig)} -> {_t(t_cand)} "
-                              f"(analytic {_t(before)} -> {_t(est)})", t_orig, t_cand, True,
-                              n_cand, _explain(prog))
-            failures.append(f"{text}: untuned {_t(t_cand) if t_cand else 'failed'} vs original "
-                            f"{_t(t_orig) if t_orig else 'failed'}")
+        for alt in better[:MAX_VERIFY]:
+            ok, why = self._verify(call, alt, names)
+            if ok:
+                return _chosen(alt, names, f"analytic {_t(base.estimate)} -> {_t(alt.estimate)}",
+                               base.estimate, alt.estimate, False, n_cand)
+            failures.append(f"{alt.label}: {why}")
+            LOG.warning("ollie: candidate rejected: %s: %s", alt.label, why)
         return Choice(None, names, "no cheaper candidate held up: " + "; ".join(failures),
-                      before, before, t_orig is not None, n_cand)
+                      base.estimate, base.estimate, False, n_cand)
 
-    def _untuned_seconds(self, mod) -> Optional[float]:
-        """Median seconds of ``mod`` built with TVM's default pipeline (no tuning) on the CPU."""
+    def _choose_measured(self, call, sig, names, base, better, n_cand) -> Choice:
+        t_base = self._timed(call, sig, base, names)
+        if t_base is None:
+            return Choice(None, names, "the original operator failed to build or run",
+                          base.estimate, base.estimate, False, n_cand)
+        mode = "measured" if self.can_measure else "untuned, measured"
+        times, failures, best = [f"original {_t(t_base)}"], [], None
+        for alt in better[:self.max_measured]:
+            ok, why = self._verify(call, alt, names)
+            if not ok:
+                failures.append(f"{alt.label}: {why}")
+                LOG.warning("ollie: candidate rejected: %s: %s", alt.label, why)
+                continue
+            t = self._timed(call, sig, alt, names)
+            if t is None:
+                failures.append(f"{alt.label}: failed to build, tune or run")
+                continue
+            times.append(f"{alt.label} {_t(t)}")
+            if best is None or t < best[0]:
+                best = (t, alt)
+        tail = ("; rejected: " + "; ".join(failures)) if failures else ""
+        summary = f"{mode}: " + ", ".join(times) + tail
+        if best is None or best[0] >= t_base * (1 - MARGIN):
+            return Choice(None, names, summary, t_base, t_base, True, n_cand)
+        return _chosen(best[1], names, summary, t_base, best[0], True, n_cand)
+
+    # -- cost and check -------------------------------------------------------------------
+
+    def _timed(self, call, sig: str, alt: Alternative, names) -> Optional[float]:
         try:
-            return time_main(compile_module(mod, self.target), random_args(mod["main"]))
+            mod = isolated_module(call, alt.program, names, alt.impl)
+        except EmitError as err:
+            LOG.warning("ollie: %s has no Relax form: %s", alt.label, err)
+            return None
+        key = (sig, alt.label)
+        try:
+            return self.timer(mod, "|".join(key))
         except Exception as err:  # pylint: disable=broad-except
-            LOG.warning("ollie: untuned timing failed: %s: %s", type(err).__name__, err)
+            LOG.warning("ollie: measuring %s failed: %s: %s", alt.label, type(err).__name__, err)
             return None
 
-    def _choose_measured(self, call, sig, names, better, before_est, n_cand) -> Choice:
-        tkey = str(self.target)
-        t_orig = self._measured(tkey, sig, "original", isolated_module(call))
-        if t_orig is None:
-            return Choice(None, names, "the original operator failed to build or run",
-                          before_est, before_est, False, n_cand)
-        best, failures = None, []
-        for _est, text, prog in better[:self.max_measured]:
-            ok, why = self._verify(call, prog, names)
-            if not ok:
-                failures.append(f"{text}: {why}")
-                LOG.warning("ollie: candidate rejected: %s: %s", text, why)
-                continue
-            try:
-                t = self._measured(tkey, sig, text, isolated_module(call, prog, names))
-            except Exception as err:  # pylint: disable=broad-except
-                t, why = None, f"{type(err).__name__}: {err}"
-            if t is None:
-                failures.append(f"{text}: failed to build, tune or run ({why})")
-                continue
-            if best is None or t < best[0]:
-                best = (t, text, prog)
-        tail = ("; rejected: " + "; ".join(failures)) if failures else ""
-        if best is None or best[0] >= t_orig * (1 - MARGIN):
-            got = f"best {_t(best[0])}" if best else "no candidate measured"
-            return Choice(None, names, f"measured: original {_t(t_orig)}, {got}{tail}",
-                          t_orig, t_orig, True, n_cand)
-        return Choice(best[2], names, f"measured {_t(t_orig)} -> {_t(best[0])}"
-                      f"{tail}", t_orig, best[0], True, n_cand, _explain(best[2]))
-
-    def _measured(self, tkey: str, sig: str, impl: str, mod) -> Optional[float]:
-        key = self.measure_cache.key(tkey, sig, impl)
+    def _time(self, mod: "tvm.IRModule", label: str) -> Optional[float]:
+        """The default timer: build (tuned with ``trials`` when measuring) and time here;
+        cached in ``work_dir`` by target, label and mode."""
+        mode = f"tuned{self.trials}" if self.can_measure else "untuned"
+        key = self.measure_cache.key(str(self.target), label, mode)
         cached = self.measure_cache.get(key)
         if cached is not None:
             return cached
@@ -343,7 +453,7 @@ class Decider:
             ex = compile_module(mod, self.target, self.tuner, self.trials)
             seconds = time_main(ex, random_args(mod["main"]))
         except Exception as err:  # pylint: disable=broad-except
-            LOG.warning("ollie: measuring %s failed: %s: %s", impl, type(err).__name__, err)
+            LOG.warning("ollie: measuring %s failed: %s: %s", label, type(err).__name__, err)
             return None
         finally:
             if STATS.calls != calls:
@@ -351,28 +461,36 @@ class Decider:
         self.measure_cache.put(key, seconds)
         return seconds
 
-    def _verify(self, call, prog: Program, names) -> Tuple[bool, str]:
-        """Build the original and the candidate alone on llvm and compare on random inputs."""
+    def _verify(self, call, alt: Alternative, names) -> Tuple[bool, str]:
+        """The checker on the original and the alternative, each alone."""
         t0 = time.perf_counter()
         try:
-            ref_mod = isolated_module(call)
-            cand_mod = isolated_module(call, prog, names)
-            args = random_args(ref_mod["main"], seed=1)
-            ref = _run_llvm(ref_mod, args)
-            got = _run_llvm(cand_mod, args)
-            if got.shape != ref.shape:
-                return False, f"shape {got.shape} != {ref.shape}"
-            err = float(np.max(np.abs(got.astype(np.float64) - ref))) if ref.size else 0.0
-            scale = float(np.max(np.abs(ref))) if ref.size else 0.0
-            if not np.isfinite(err) or err > RTOL * max(scale, 1e-6):
-                return False, f"numerics differ: max abs err {err:.3g} (scale {scale:.3g})"
-            return True, ""
+            return self.checker(isolated_module(call),
+                                isolated_module(call, alt.program, names, alt.impl))
         except EmitError as err:
             return False, f"no Relax form: {err}"
         except Exception as err:  # pylint: disable=broad-except
             return False, f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         finally:
             self.verify_s += time.perf_counter() - t0
+
+
+def _library_enabled(library: Optional[bool], gpu: bool) -> bool:
+    """Whether native kernels are alternatives (CPU targets with the library loaded)."""
+    if library is False or gpu:
+        return False
+    ok = native.load()
+    if library and not ok:
+        LOG.warning("ollie: native kernels requested but unavailable (%s); using TVM kernels",
+                    native.unavailable_reason())
+    return ok
+
+
+def _chosen(alt: Alternative, names, reason: str, before: float, after: float, measured: bool,
+            n_cand: int) -> Choice:
+    explain = _explain(alt.program) if alt.program is not None else \
+        f"original operator on the native {alt.impl} kernel"
+    return Choice(alt.program, names, reason, before, after, measured, n_cand, explain, alt.impl)
 
 
 def _run_llvm(mod, args) -> np.ndarray:

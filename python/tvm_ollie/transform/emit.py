@@ -5,10 +5,13 @@ Every stage becomes one binding with its shape intact:
 * an eOperator (and any operator stage that has no Relax operator form) becomes one
   ``R.call_tir`` of the stage's expression lowered through TE
   (:func:`tvm_ollie.codegen.lower.to_te`, one PrimFunc per stage);
-* a ``matmul``/``batch_matmul`` stage without transposed operands becomes ``R.matmul``, and a
-  ``conv2d`` stage in NCHW/OIHW layout becomes ``R.nn.conv2d``: the *library operator* path,
-  so that TVM's own legalization plus dlight (GPU) or MetaSchedule compiles the heavy kernel
-  exactly as it would compile a user-written matmul or convolution.
+* with ``impl="tvm"``, a ``matmul``/``batch_matmul`` stage without transposed operands becomes
+  ``R.matmul``, and a ``conv2d`` stage in NCHW/OIHW layout becomes ``R.nn.conv2d``: the *Relax
+  operator* path, so that TVM's own legalization plus dlight (GPU) or MetaSchedule compiles the
+  heavy kernel exactly as it would compile a user-written matmul or convolution;
+* with ``impl="native"``, every matched stage the native library implements becomes one
+  ``R.call_dps_packed`` of its kernel (:mod:`tvm_ollie.codegen.library`), the others as above;
+* with ``impl="tir"``, every stage is a ``call_tir`` (no operator forms at all).
 
 A stage that reads an earlier output (or an input) under another shape with the same number of
 elements reads a row-major view of it: that is an ``R.reshape``, which TVM lowers to a free
@@ -19,12 +22,16 @@ from __future__ import annotations
 
 from typing import Dict, List, Mapping, Tuple
 
+from ..codegen import library as lib
 from ..codegen.lower import to_te
 from ..compat import relax
 from ..derive.program import Program, Stage
 from ..ir.nodes import Tensor, input_tensors
 
-__all__ = ["EmitError", "emit_program", "stage_mode"]
+__all__ = ["IMPLS", "EmitError", "emit_program", "stage_mode"]
+
+#: How matched operator stages are emitted (see the module docstring).
+IMPLS = ("tvm", "native", "tir")
 
 
 class EmitError(ValueError):
@@ -50,10 +57,15 @@ def _view(bb: "relax.BlockBuilder", value, shape: Tuple[int, ...]):
     return bb.emit(relax.op.reshape(value, tuple(shape)))
 
 
-def stage_mode(stage: Stage, library: bool = True) -> str:
-    """How ``stage`` is emitted: ``"matmul"``, ``"conv2d"`` (Relax ops) or ``"tir"``."""
-    if not library or not stage.is_operator:
+def stage_mode(stage: Stage, impl: str = "tvm") -> str:
+    """How ``stage`` is emitted: ``"native"`` (a library kernel), ``"matmul"``, ``"conv2d"``
+    (Relax ops) or ``"tir"``."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, not {impl!r}")
+    if impl == "tir" or not stage.is_operator:
         return "tir"
+    if impl == "native" and lib.stage_form(stage) is not None:
+        return "native"
     at = stage.attrs
     if stage.kind in ("matmul", "batch_matmul"):
         if not at.get("transpose_a") and not at.get("transpose_b"):
@@ -75,11 +87,14 @@ def _reads(stage: Stage) -> List[Tensor]:
 
 
 def _emit_library(bb, stage: Stage, mode: str, values: Mapping[str, object]):
-    """The Relax operator of a matched stage; operands in the stage's operand order."""
+    """The Relax operator (or native kernel) of a matched stage; operands in the stage's
+    operand order."""
     reads = _reads(stage)
     if len(reads) != 2:
         raise EmitError(f"stage {stage.name} ({stage.kind}) does not read two operands")
     a, b = (_view(bb, values[t.name], t.shape) for t in reads)
+    if mode == "native":
+        return lib.emit_call(lib.stage_form(stage), [a, b], stage.shape)
     if mode == "matmul":
         call = relax.op.matmul(a, b)
     else:
@@ -108,7 +123,7 @@ def _emit_tir(bb, stage: Stage, values: Mapping[str, object], name: str):
 
 
 def emit_program(bb: "relax.BlockBuilder", program: Program, inputs: Mapping[str, object],
-                 out_shape: Tuple[int, ...], library: bool = True, name: str = "ollie"):
+                 out_shape: Tuple[int, ...], impl: str = "tvm", name: str = "ollie"):
     """Emit ``program`` into the dataflow block ``bb`` is building; return the result.
 
     Parameters
@@ -121,8 +136,9 @@ def emit_program(bb: "relax.BlockBuilder", program: Program, inputs: Mapping[str
         The Relax value of each input tensor of the program, by the names the lift gave them.
     out_shape : tuple of int
         The shape of the call being replaced (the output stage may be a view of it).
-    library : bool
-        Emit matched operators as Relax operators where possible (see :func:`stage_mode`).
+    impl : str
+        How matched operators are emitted: ``"tvm"`` (Relax operators where possible),
+        ``"native"`` (library kernels where possible) or ``"tir"`` (see :func:`stage_mode`).
     name : str
         Prefix of the PrimFunc names.
 
@@ -139,7 +155,7 @@ def emit_program(bb: "relax.BlockBuilder", program: Program, inputs: Mapping[str
         missing = [t for t in stage.reads if t not in values]
         if missing:
             raise EmitError(f"stage {stage.name} reads unknown tensors {missing}")
-        mode = stage_mode(stage, library)
+        mode = stage_mode(stage, impl)
         if mode == "tir":
             expr = _emit_tir(bb, stage, values, f"{name}_{stage.kind}_{k}")
         else:

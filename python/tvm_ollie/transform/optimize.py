@@ -1,11 +1,13 @@
 """The ``OllieOptimize`` Relax pass: replace operators by cheaper derived programs.
 
 For every call of a derivable operator (:data:`.decide.DERIVABLE_OPS`) in every Relax function,
-the pass lifts the call, derives equivalent programs, costs them against the original
-(calibrated roofline with ``trials=0``, MetaSchedule-tuned measurements with ``trials>0``),
-verifies the winner numerically, and emits it as Relax (:mod:`.emit`). Calls whose signature
-repeats are decided once. Everything that does not win, or fails anywhere, stays exactly as it
-was; the report says why.
+the pass lifts the call, derives equivalent programs, costs them and the original's native
+library kernel against the original (calibrated roofline with ``trials=0``, plus untuned
+timings on CPUs; MetaSchedule-tuned measurements with ``trials>0``), verifies the winner
+numerically, and emits it as Relax (:mod:`.emit`). Calls whose signature repeats are decided
+once. Library kernels then take their bias, activation and residual consumers
+(:mod:`.epilogue`). Everything that does not win, or fails anywhere, stays exactly as it was;
+the report says why.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from typing import Dict, List, Optional, Tuple
 from ..compat import relax, tvm
 from ..tune.calibrate import Calibration
 from ..tune.metaschedule import STATS, normalize_target
-from .decide import DERIVABLE_OPS, Decider, call_signature
+from .decide import DERIVABLE_OPS, Checker, Decider, Timer, call_signature, original_form
 from .emit import emit_program
+from .epilogue import fuse_epilogues
 from .report import OpDecision, OptimizeReport
 
 __all__ = ["OllieOptimize", "optimize_module"]
@@ -75,22 +78,27 @@ class _Rewriter(relax.PyExprMutator):
         if not _static(call):
             return call
         choice = self.choices.get(call_signature(call))
-        if choice is None or choice.program is None:
+        if choice is None or not choice.rewritten:
             return call
+        if choice.program is None:
+            return original_form(call, list(call.args), choice.impl)
         from .decide import _operand_values  # pylint: disable=import-outside-toplevel
 
         names, values = _operand_values(call)
         mapping = {pn: v for pn, v in zip(choice.names, values)}
         short = call.op.name.rsplit(".", 1)[-1]
         return emit_program(self.builder_, choice.program, mapping,
-                            tuple(int(s) for s in call.ty.shape), name=f"ollie_{short}")
+                            tuple(int(s) for s in call.ty.shape), impl=choice.impl,
+                            name=f"ollie_{short}")
 
 
 def optimize_module(mod: "tvm.IRModule", target=None, trials: int = 0,
                     work_dir: Optional[str] = None, max_depth: int = 5,
                     time_budget_s: float = 20.0, targets=None, verbose: bool = False,
-                    calibration: Optional[Calibration] = None, max_measured: int = 2,
-                    check_untuned: Optional[bool] = None,
+                    calibration: Optional[Calibration] = None, max_measured: int = 3,
+                    check_untuned: Optional[bool] = None, library: Optional[bool] = None,
+                    derive: bool = True, timer: Optional[Timer] = None,
+                    checker: Optional[Checker] = None,
                     ) -> Tuple["tvm.IRModule", OptimizeReport]:
     """Run the derivation rewrite on ``mod``; return the new module and the report.
 
@@ -117,12 +125,20 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: int = 0,
     calibration : Calibration, optional
         Override the analytic cost calibration (reproducible decisions).
     max_measured : int
-        Candidates tuned and measured per signature when ``trials > 0``.
+        Alternatives (cheapest first) verified and measured per signature when measuring.
     check_untuned : bool, optional
         With ``trials=0``, also time the original and each accepted candidate untuned and keep
         the candidate only if it is faster (default: on for CPU targets, whose untuned kernels
         the analytic cost ranks poorly, unless ``calibration`` is given for reproducible
         decisions; off for GPU targets, which may have no device here).
+    library : bool, optional
+        Native library kernels as alternatives (default: on CPU targets when the native
+        library is loaded; ``False``: TVM kernels only).
+    derive : bool
+        Derived programs as alternatives (``False``: only the original's implementations,
+        the ``ollie-lib`` ablation).
+    timer, checker : callable, optional
+        Replace the measurement and the numeric check (see :mod:`.decide`).
     """
     t_start = time.perf_counter()
     tgt = normalize_target(target)
@@ -132,7 +148,8 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: int = 0,
         calls = [c for c in calls if c[2].op.name in wanted]
     decider = Decider(tgt, trials=trials, work_dir=work_dir, max_depth=max_depth,
                       calibration=calibration, max_measured=max_measured,
-                      check_untuned=check_untuned)
+                      check_untuned=check_untuned, library=library, derive=derive,
+                      timer=timer, checker=checker)
     report = OptimizeReport(target=str(tgt.kind.name if tgt.kind.name != "llvm" else "llvm"))
     tuning0, calls0 = STATS.seconds, STATS.calls
     sigs = list(dict.fromkeys(call_signature(c) for _, _, c in calls))
@@ -147,19 +164,19 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: int = 0,
             choices[sig] = decider.decide(call, budget)
         ch = choices[sig]
         d = OpDecision(fname, vname, call.op.name, sig,
-                       chosen=repr(ch.program) if ch.program is not None else "original",
+                       chosen=ch.label,
                        reason=ch.reason, explain=ch.explain, before_s=ch.before_s,
                        after_s=ch.after_s, measured=ch.measured, candidates=ch.candidates)
         decisions.append(d)
         log = LOG.info if (verbose or d.rewritten) else LOG.debug
         log("ollie: %s.%s %s -> %s (%s)", fname, vname, sig, d.chosen, d.reason)
     new_mod = mod
-    if any(ch.program is not None for ch in choices.values()):
+    if any(ch.rewritten for ch in choices.values()):
         rewriter = _Rewriter(mod, choices)
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function):
                 rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-        new_mod = rewriter.builder_.get()
+        new_mod, report.epilogues = fuse_epilogues(rewriter.builder_.get())
     report.decisions = decisions
     report.search_s = decider.search_s
     report.verify_s = decider.verify_s
@@ -183,8 +200,14 @@ class OllieOptimize:
     def __init__(self, target=None, trials: int = 0, work_dir: Optional[str] = None,
                  max_depth: int = 5, time_budget_s: float = 20.0, targets=None,
                  verbose: bool = False, calibration: Optional[Calibration] = None,
-                 max_measured: int = 2, check_untuned: Optional[bool] = None):
+                 max_measured: int = 3, check_untuned: Optional[bool] = None,
+                 library: Optional[bool] = None, derive: bool = True,
+                 timer: Optional[Timer] = None, checker: Optional[Checker] = None):
         self.target = target
+        self.library = library
+        self.derive = derive
+        self.timer = timer
+        self.checker = checker
         self.check_untuned = check_untuned
         self.trials = trials
         self.work_dir = work_dir
@@ -204,6 +227,7 @@ class OllieOptimize:
             mod, target, trials=self.trials, work_dir=self.work_dir, max_depth=self.max_depth,
             time_budget_s=self.time_budget_s, targets=self.targets, verbose=self.verbose,
             calibration=self.calibration, max_measured=self.max_measured,
-            check_untuned=self.check_untuned)
+            check_untuned=self.check_untuned, library=self.library, derive=self.derive,
+            timer=self.timer, checker=self.checker)
         self.last_report = report
         return new_mod

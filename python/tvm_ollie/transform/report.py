@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List
+from typing import Dict, List
 
 __all__ = ["OpDecision", "OptimizeReport"]
 
@@ -22,7 +22,9 @@ class OpDecision:
         Operator, operand shapes/dtypes and attributes: calls with equal signatures share one
         derivation and one tuning.
     chosen : str
-        ``"original"`` or ``repr(program)`` of the derived program that replaced the call.
+        ``"original"``; ``"original [native]"`` (the operator on its native library kernel);
+        or ``repr(program)`` of the derived program that replaced the call, followed by
+        ``[native]`` when its matched operators run on library kernels.
     reason : str
         Why (the costs compared, or what failed).
     explain : str
@@ -72,6 +74,8 @@ class OptimizeReport:
     verify_s: float = 0.0
     total_s: float = 0.0
     tuning_calls: int = 0
+    #: consumers (bias, residual, activation) folded into native kernels, per kernel kind
+    epilogues: Dict[str, int] = field(default_factory=dict)
 
     @property
     def rewritten(self) -> List[OpDecision]:
@@ -96,6 +100,9 @@ class OptimizeReport:
                     f"{self.search_s:.2f}s, tuning {self.tuning_s:.2f}s ({self.tuning_calls} "
                     f"calls), verify {self.verify_s:.2f}s, total {self.total_s:.2f}s "
                     "(times: M measured, A analytic)")
+        if self.epilogues:
+            folded = ", ".join(f"{k} {v}" for k, v in sorted(self.epilogues.items()))
+            rows.append(f"epilogues folded into native kernels: {folded}")
         return "\n".join(rows)
 
     def __str__(self) -> str:

@@ -4,16 +4,21 @@ Both sides of a decision are costed by one model so that they compare: the origi
 is one kernel of its kind (a convolution, a matmul...) that does the work of its lifted
 expression; a derived program is the sum of its stages, an operator stage at the efficiency of
 its kind and an eOperator at the bandwidth roof (see :mod:`.calibrate`).
+
+``impl="native"`` costs the operators the native library runs (original matmul/conv2d calls,
+matched matmul/conv2d stages) at the library's *measured* efficiency (``native_matmul``,
+``native_conv2d`` in the calibration); everything else is costed as TVM builds it.
 """
 
 from __future__ import annotations
 
+from ..codegen import library as lib
 from ..derive.cost import expr_cost, stage_cost
 from ..derive.program import Program
 from ..ir.nodes import Scope
 from .calibrate import Calibration
 
-__all__ = ["ORIGINAL_KIND", "original_seconds", "program_seconds", "stage_seconds"]
+__all__ = ["NATIVE_KIND", "ORIGINAL_KIND", "original_seconds", "program_seconds", "stage_seconds"]
 
 #: Kernel kind of an original Relax operator (keys of :data:`.calibrate.EFFICIENCY`).
 ORIGINAL_KIND = {
@@ -33,21 +38,32 @@ def _roof(flops: float, moved: float, calib: Calibration, kind: str) -> float:
     return max(flops / (calib.peak_flops * calib.eff(kind)), moved / calib.bandwidth)
 
 
-def stage_seconds(stage, calib: Calibration) -> float:
-    """Estimated seconds of one program stage."""
+#: Kernel kind of an original Relax operator on the native library.
+NATIVE_KIND = {"relax.nn.conv2d": "native_conv2d", "relax.matmul": "native_matmul"}
+
+
+def stage_seconds(stage, calib: Calibration, impl: str = "tvm") -> float:
+    """Estimated seconds of one program stage (``impl`` as in :func:`program_seconds`)."""
     sc = stage_cost(stage, calib.peak_flops, calib.bandwidth)
     kind = stage.kind
-    if kind == "batch_matmul" and stage.attrs.get("batch", 1) == 1:
+    if impl == "native" and lib.stage_form(stage) is not None:
+        kind = "native_conv2d" if kind == "conv2d" else "native_matmul"
+    elif kind == "batch_matmul" and stage.attrs.get("batch", 1) == 1:
         kind = "matmul"
     return _roof(sc.flops, sc.bytes, calib, kind)
 
 
-def program_seconds(program: Program, calib: Calibration) -> float:
-    """Estimated seconds of a derived program (sum over its stages)."""
-    return sum(stage_seconds(s, calib) for s in program.stages)
+def program_seconds(program: Program, calib: Calibration, impl: str = "tvm") -> float:
+    """Estimated seconds of a derived program (sum over its stages); with ``impl="native"``
+    the matched stages the library implements run on it."""
+    return sum(stage_seconds(s, calib, impl) for s in program.stages)
 
 
-def original_seconds(expr: Scope, op_name: str, calib: Calibration) -> float:
-    """Estimated seconds of the original operator: one kernel doing its lifted expression."""
+def original_seconds(expr: Scope, op_name: str, calib: Calibration, impl: str = "tvm") -> float:
+    """Estimated seconds of the original operator: one kernel doing its lifted expression
+    (TVM's, or the native library's with ``impl="native"``)."""
     flops, moved = expr_cost(expr)
-    return _roof(flops, moved, calib, ORIGINAL_KIND.get(op_name, "tir"))
+    kind = ORIGINAL_KIND.get(op_name, "tir")
+    if impl == "native":
+        kind = NATIVE_KIND.get(op_name, kind)
+    return _roof(flops, moved, calib, kind)

@@ -13,7 +13,10 @@ The derivation engine's cost (:mod:`tvm_ollie.derive.cost`) is a roofline: each 
   direct convolution with its generic fallback, and on a CPU an untuned GEMM loop nest
   vectorizes better than a seven-deep convolution nest. The numbers are the order of
   magnitude measured with TVM 0.27 on the development machines (see the pass benchmark,
-  ``python -m tvm_ollie.bench.pass_bench``); the decision only needs them to rank kernels.
+  ``python -m tvm_ollie.bench.pass_bench``); the decision only needs them to rank kernels;
+* how close the native library's kernels get (``native_matmul``, ``native_conv2d``): measured
+  here, once per process, by timing the library itself on a GEMM and a convolution
+  (:func:`measure_native_efficiency`), so that ``trials=0`` ranks what the library does.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ import numpy as np
 
 from ..derive.cost import TARGET_DEFAULTS
 
-__all__ = ["Calibration", "EFFICIENCY", "calibrate", "measure_cpu_roofline", "target_kind"]
+__all__ = ["Calibration", "EFFICIENCY", "calibrate", "measure_cpu_roofline",
+           "measure_native_efficiency", "target_kind"]
 
 #: Fraction of the compute roof reached by untuned TVM kernels, per target kind and stage kind
 #: (``eop`` is a memory-bound eOperator: its fraction applies to the bandwidth roof).
@@ -115,6 +119,43 @@ def measure_cpu_roofline(n: int = 384, mib: int = 64, repeat: int = 5) -> tuple:
     return float(peak), float(bandwidth)
 
 
+def _time_native(func_name: str, attrs: str, arrays, out_shape, repeat: int) -> float:
+    """Best seconds of one native kernel call on float32 arrays (DPS: output last)."""
+    import tvm_ffi  # pylint: disable=import-outside-toplevel
+
+    from ..compat import tvm  # pylint: disable=import-outside-toplevel
+
+    func = tvm_ffi.get_global_func(func_name)
+    args = [tvm.runtime.tensor(a) for a in arrays]
+    out = tvm.runtime.tensor(np.zeros(out_shape, dtype="float32"))
+    func(attrs, *args, out)  # first call builds and caches the library's primitive
+    return _best_time(lambda: func(attrs, *args, out), repeat)
+
+
+@functools.lru_cache(maxsize=1)
+def measure_native_efficiency(repeat: int = 5) -> Dict[str, float]:
+    """Fraction of this CPU's compute roof the native kernels reach: ``native_matmul`` on a
+    384-cube GEMM, ``native_conv2d`` on a 3x3 convolution 1x64x56x56 -> 64 (ResNet's first
+    stage). Empty when the native library is not loaded. Cached per process."""
+    from .. import native  # pylint: disable=import-outside-toplevel
+    from ..codegen import library as lib  # pylint: disable=import-outside-toplevel
+
+    if not native.load():
+        return {}
+    peak, _ = measure_cpu_roofline()
+    rng = np.random.default_rng(0)
+    n = 384
+    a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
+    t_mm = _time_native(lib.MATMUL, "ta=0;tb=0", (a, b), (n, n), repeat)
+    x = rng.standard_normal((1, 64, 56, 56), dtype=np.float32)
+    w = rng.standard_normal((64, 64, 3, 3), dtype=np.float32)
+    conv = lib.conv2d_call((1, 1), (1, 1, 1, 1), (1, 1), 1, "NCHW", "OIHW")
+    t_conv = _time_native(lib.CONV2D, conv.text(), (x, w), (1, 64, 56, 56), repeat)
+    conv_flops = 2.0 * 64 * 64 * 9 * 56 * 56
+    return {"native_matmul": min(1.0, 2.0 * n ** 3 / t_mm / peak),
+            "native_conv2d": min(1.0, conv_flops / t_conv / peak)}
+
+
 def calibrate(target, peak_flops: Optional[float] = None,
               bandwidth: Optional[float] = None) -> Calibration:
     """The calibration of ``target``: measured roof on llvm, defaults on cuda.
@@ -127,6 +168,7 @@ def calibrate(target, peak_flops: Optional[float] = None,
         return Calibration(kind, float(peak_flops), float(bandwidth), eff, "given")
     if kind == "llvm":
         peak, bw = measure_cpu_roofline()
+        eff.update(measure_native_efficiency())
         source = "measured"
     else:
         peak, bw = TARGET_DEFAULTS["cuda"]

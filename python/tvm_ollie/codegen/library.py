@@ -1,0 +1,163 @@
+"""Native library kernels as Relax: which operators they serve, and their ``call_dps_packed``.
+
+The native library (:mod:`tvm_ollie.native`, oneDNN/OpenBLAS on CPUs) registers tvm-ffi globals
+in destination-passing style. Their first argument is a ``key=value;...`` attribute string, then
+the operands, then (appended by the Relax VM) the output:
+
+* ``tvm_ollie.cpu.matmul(attrs, A, B, [bias], [residual], Out)`` with ``ta``/``tb`` transposes;
+* ``tvm_ollie.cpu.conv2d(attrs, data, weight, [bias], [residual], Out)``.
+
+Both compute ``Out = act(op + bias + residual)``; the epilogue keys (``bias``, ``res``, ``act``)
+are added by :mod:`tvm_ollie.transform.epilogue` when it folds consumers into the call.
+
+A :class:`LibCall` is a kernel name plus its attributes; :func:`call_form` gives the one that
+replaces an original Relax call, :func:`stage_form` the one that runs a matched program stage.
+Both return ``None`` when the library does not implement that case (the rule of thumb of
+TVM's rules: no form, no rewrite).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional, Sequence, Tuple
+
+from ..compat import relax, tvm
+
+__all__ = ["CONV2D", "MATMUL", "LibCall", "call_form", "emit_call", "parse_attrs",
+           "stage_form"]
+
+MATMUL = "tvm_ollie.cpu.matmul"
+CONV2D = "tvm_ollie.cpu.conv2d"
+
+#: Data/kernel layout pairs the conv2d kernel takes (the output is in the data layout).
+CONV_LAYOUTS = (("NCHW", "OIHW"), ("NHWC", "HWIO"), ("NHWC", "OHWI"))
+
+
+@dataclass(frozen=True)
+class LibCall:
+    """A native kernel and its attributes (``attrs`` in the order they are written)."""
+
+    func: str
+    attrs: Tuple[Tuple[str, str], ...]
+
+    @property
+    def kind(self) -> str:
+        """``"matmul"`` or ``"conv2d"``."""
+        return self.func.rsplit(".", 1)[-1]
+
+    def text(self) -> str:
+        """The attribute string the kernel parses."""
+        return ";".join(f"{k}={v}" for k, v in self.attrs)
+
+    def get(self, key: str, default: str = "") -> str:
+        """An attribute's value (``default`` when absent)."""
+        return dict(self.attrs).get(key, default)
+
+    def with_attrs(self, **updates: str) -> "LibCall":
+        """The same kernel with ``updates`` set (existing keys keep their position)."""
+        items = dict(self.attrs)
+        items.update({k: str(v) for k, v in updates.items()})
+        return LibCall(self.func, tuple(items.items()))
+
+
+def parse_attrs(text: str) -> Dict[str, str]:
+    """``"a=1;b=x"`` -> ``{"a": "1", "b": "x"}``."""
+    out: Dict[str, str] = {}
+    for item in filter(None, text.split(";")):
+        key, _, value = item.partition("=")
+        out[key] = value
+    return out
+
+
+def _ints(values) -> str:
+    return ",".join(str(int(v)) for v in values)
+
+
+def matmul_call(ta: bool = False, tb: bool = False) -> LibCall:
+    """The matmul kernel with the given transposes."""
+    return LibCall(MATMUL, (("ta", str(int(bool(ta)))), ("tb", str(int(bool(tb))))))
+
+
+def conv2d_call(stride, padding, dilation, groups: int, layout: str, klayout: str) -> LibCall:
+    """The conv2d kernel (``padding`` as top, left, bottom, right)."""
+    return LibCall(CONV2D, (("layout", layout), ("klayout", klayout), ("stride", _ints(stride)),
+                            ("pad", _ints(padding)), ("dil", _ints(dilation)),
+                            ("groups", str(int(groups)))))
+
+
+def _f32(expr) -> bool:
+    ty = expr.ty
+    return isinstance(ty, relax.TensorType) and str(ty.dtype) == "float32" and ty.shape is not None
+
+
+def _ndim(expr) -> int:
+    return len(expr.ty.shape)
+
+
+def _out_dtype_ok(attrs) -> bool:
+    dtype = str(getattr(attrs, "out_dtype", "") or "")
+    return dtype in ("", "void", "float32")
+
+
+def call_form(call: "relax.Call") -> Optional[LibCall]:
+    """The native kernel that computes the Relax ``call`` exactly, or None."""
+    if not isinstance(call.op, tvm.ir.Op) or not all(_f32(a) for a in call.args[:2]):
+        return None
+    if not _f32(call):
+        return None
+    name = call.op.name
+    if name == "relax.matmul":
+        a, b = call.args[:2]
+        if _ndim(a) < 2 or _ndim(b) < 2 or not _out_dtype_ok(call.attrs):
+            return None
+        return matmul_call()
+    if name == "relax.nn.conv2d":
+        at = call.attrs
+        layout, klayout = str(at.data_layout), str(at.kernel_layout)
+        out_layout = str(at.out_layout) or layout
+        if (layout, klayout) not in CONV_LAYOUTS or out_layout != layout:
+            return None
+        if not _out_dtype_ok(at):
+            return None
+        return conv2d_call([int(s) for s in at.strides], [int(p) for p in at.padding],
+                           [int(d) for d in at.dilation], int(at.groups), layout, klayout)
+    return None
+
+
+def stage_form(stage) -> Optional[LibCall]:
+    """The native kernel of a matched program stage (:class:`~tvm_ollie.derive.program.Stage`)."""
+    at = stage.attrs
+    if stage.kind in ("matmul", "batch_matmul"):
+        return matmul_call(bool(at.get("transpose_a")), bool(at.get("transpose_b")))
+    if stage.kind == "conv2d":
+        layout, klayout = at.get("data_layout"), at.get("kernel_layout")
+        if (layout, klayout) not in CONV_LAYOUTS or at.get("out_layout", layout) != layout:
+            return None
+        return conv2d_call(at["stride"], at["padding"], at["dilation"], at.get("groups", 1),
+                           layout, klayout)
+    return None
+
+
+def emit_call(lib: LibCall, operands: Sequence["relax.Expr"], out_shape: Sequence[int],
+              dtype: str = "float32") -> "relax.Call":
+    """``R.call_dps_packed(lib.func, (attrs, *operands), out)``: not yet bound."""
+    args = [tvm.ir.StringImm(lib.text())] + list(operands)
+    out_ty = relax.TensorType(tuple(int(s) for s in out_shape), dtype)
+    return relax.call_dps_packed(lib.func, args, out_ty)
+
+
+def lib_call_of(expr) -> Optional[Tuple[LibCall, list]]:
+    """``(LibCall, operands)`` when ``expr`` is a call emitted by :func:`emit_call`, else None."""
+    if not isinstance(expr, relax.Call) or not isinstance(expr.op, tvm.ir.Op):
+        return None
+    if expr.op.name != "relax.call_dps_packed":
+        return None
+    func, args = expr.args[0], expr.args[1]
+    name = str(getattr(func, "global_symbol", "") or "")
+    if name not in (MATMUL, CONV2D) or not isinstance(args, relax.Tuple) or not args.fields:
+        return None
+    head = args.fields[0]
+    if not isinstance(head, tvm.ir.StringImm):
+        return None
+    attrs = tuple(parse_attrs(str(head.value)).items())
+    return LibCall(name, attrs), list(args.fields[1:])

@@ -1,0 +1,238 @@
+"""Fold the consumers of native library kernels into the kernel call: bias, residual, activation.
+
+The native kernels compute ``Out = act(op(A, B) + bias + residual)`` in one pass over the
+output (:mod:`tvm_ollie.codegen.library`). When the pass has put a kernel in place of an
+operator, the operator's consumers in the model (``add`` of a per-channel bias, ``add`` of a
+same-shaped shortcut, an activation) would otherwise each read and write the whole output
+again. One rule, applied in a dataflow block while it matches::
+
+    y = call_dps_packed(K, (attrs, a, b, ...));  z = add(y, bias)   ->  z = K(attrs+bias, .., bias)
+    y = call_dps_packed(K, (attrs, ...));        z = add(y, r)      ->  z = K(attrs+res, .., r)
+    y = call_dps_packed(K, (attrs, ...));        z = act(y)         ->  z = K(attrs+act, ...)
+
+Guards (each named below): ``y`` is used once, by ``z``, in the same block; the epilogue keeps
+the kernel's order (bias, then residual, then activation; each at most once); ``z`` has ``y``'s
+shape and dtype; a bias broadcasts along the output channel only; a residual is float32 of the
+output's shape.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ..codegen import library as lib
+from ..compat import relax, tvm
+
+__all__ = ["ACTIVATIONS", "fuse_epilogues"]
+
+#: Relax activation -> the kernel's ``act`` value (``clip`` takes its bounds from the call).
+ACTIVATIONS = {
+    "relax.nn.relu": "relu", "relax.sigmoid": "sigmoid", "relax.tanh": "tanh",
+    "relax.nn.gelu": "gelu", "relax.nn.gelu_tanh": "gelu_tanh", "relax.nn.silu": "silu",
+    "relax.clip": "clip",
+}
+
+#: Epilogue steps in the order the kernel applies them.
+_ORDER = ("bias", "res", "act")
+
+
+@relax.expr_functor.visitor
+class _UseCounter(relax.PyExprVisitor):
+    """How many times each variable is read."""
+
+    def __init__(self):
+        super().__init__()
+        self.uses: Counter = Counter()
+
+    def visit_var_(self, var):  # pylint: disable=arguments-renamed
+        self.uses[var] += 1
+
+    def visit_dataflow_var_(self, var):  # pylint: disable=arguments-renamed
+        self.uses[var] += 1
+
+
+def _shape(expr) -> Optional[Tuple[int, ...]]:
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    try:
+        return tuple(int(s) for s in ty.shape)
+    except (TypeError, ValueError):
+        return None
+
+
+def _is_f32(expr) -> bool:
+    return isinstance(expr.ty, relax.TensorType) and str(expr.ty.dtype) == "float32"
+
+
+def _channel_axis(call: lib.LibCall, rank: int) -> int:
+    """The output axis a bias runs along (NCHW convolutions: 1; otherwise the last)."""
+    if call.kind == "conv2d" and call.get("layout") == "NCHW":
+        return 1
+    return rank - 1
+
+
+def _guard_step_order(call: lib.LibCall, step: str) -> bool:
+    """The kernel applies bias, residual, activation in that order, each once."""
+    done = [k for k in _ORDER if call.get(k, "0" if k != "act" else "none") not in ("0", "none")]
+    return not done or _ORDER.index(step) > max(_ORDER.index(k) for k in done)
+
+
+def _bias_length(bias, out_shape: Tuple[int, ...], axis: int) -> Optional[int]:
+    """The bias's length when it broadcasts along ``axis`` of the output only, else None."""
+    shape = _shape(bias)
+    if shape is None or not _is_f32(bias) or len(shape) > len(out_shape):
+        return None
+    offset = len(out_shape) - len(shape)
+    for k, s in enumerate(shape):
+        if s != 1 and k + offset != axis:
+            return None
+    if axis < offset or shape[axis - offset] != out_shape[axis]:
+        return None
+    return out_shape[axis]
+
+
+def _activation(value) -> Optional[str]:
+    """The kernel's ``act`` value for an activation call (clip with its bounds), else None."""
+    name = value.op.name
+    act = ACTIVATIONS.get(name)
+    if act != "clip":
+        return act
+    try:
+        lo, hi = (float(a.value) for a in value.args[1:3])
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return f"clip_{lo!r}_{hi!r}"
+
+
+def _fold(kernel, operands, consumer, y) -> Optional[Tuple[lib.LibCall, list, list]]:
+    """The kernel with ``consumer`` folded in: ``(call, operands, bindings to emit first)``."""
+    value = consumer.value
+    if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
+        return None
+    out_shape = _shape(y)
+    if _shape(consumer.var) != out_shape or not _is_f32(consumer.var):
+        return None
+    if value.op.name in ACTIVATIONS and len(value.args) >= 1 and value.args[0].same_as(y):
+        act = _activation(value)
+        if act is None or not _guard_step_order(kernel, "act"):
+            return None
+        return kernel.with_attrs(act=act), operands, []
+    if value.op.name != "relax.add" or len(value.args) != 2:
+        return None
+    a, b = value.args
+    other = b if a.same_as(y) else a if b.same_as(y) else None
+    if other is None or other.same_as(y):
+        return None
+    if _shape(other) == out_shape and _is_f32(other) and _guard_step_order(kernel, "res"):
+        return kernel.with_attrs(res=1), operands + [other], []
+    length = _bias_length(other, out_shape, _channel_axis(kernel, len(out_shape)))
+    if length is None or not _guard_step_order(kernel, "bias"):
+        return None
+    pre = []
+    if _shape(other) != (length,):
+        if isinstance(other, tvm.ir.expr.Constant):
+            other = relax.const(other.value.numpy().reshape(length).astype(np.float32))
+        else:
+            flat = relax.DataflowVar("ollie_bias", relax.TensorType((length,), "float32"))
+            pre.append(relax.VarBinding(flat, relax.op.reshape(other, (length,))))
+            other = flat
+    return kernel.with_attrs(bias=1), operands + [other], pre
+
+
+def _first_readers(bindings: List) -> Dict[object, int]:
+    """For each variable, the index of the first binding that reads it."""
+    first: Dict[object, int] = {}
+    for j, binding in enumerate(bindings):
+        counter = _UseCounter()
+        counter.visit_expr(binding.value)
+        for var in counter.uses:
+            first.setdefault(var, j)
+    return first
+
+
+def _fuse_block(bindings: List, uses: Counter, counts: Dict[str, int]) -> Tuple[List, bool]:
+    """One pass over a dataflow block's bindings (each binding folded at most once); whether
+    anything was folded."""
+    out: List = list(bindings)
+    readers = _first_readers(bindings)
+    changed = False
+    for k, binding in enumerate(bindings):
+        found = lib.lib_call_of(binding.value)
+        at = readers.get(binding.var)
+        if found is None or uses[binding.var] != 1 or at is None:
+            continue
+        if out[k] is not binding or out[at] is not bindings[at]:
+            continue  # already folded in this pass
+        kernel, operands = found
+        folded = _fold(kernel, operands, bindings[at], binding.var)
+        if folded is None:
+            continue
+        # the guards keep bias before residual, so appended operands are in the kernel's order
+        new_kernel, new_operands, pre = folded
+        call = lib.emit_call(new_kernel, new_operands, _shape(binding.var))
+        bb = relax.BlockBuilder()
+        pre = [relax.VarBinding(p.var, bb.normalize(p.value)) for p in pre]
+        out[k] = None
+        out[at] = pre + [relax.VarBinding(bindings[at].var, bb.normalize(call))]
+        counts[kernel.kind] = counts.get(kernel.kind, 0) + 1
+        changed = True
+    flat: List = []
+    for item in out:
+        if item is not None:
+            flat.extend(item if isinstance(item, list) else [item])
+    return flat, changed
+
+
+def _fuse_function(func: "relax.Function", counts: Dict[str, int]) -> "relax.Function":
+    body = func.body
+    if not isinstance(body, relax.SeqExpr):
+        return func
+    blocks = list(body.blocks)
+    changed_any = False
+    for bi, block in enumerate(blocks):
+        if not isinstance(block, relax.DataflowBlock):
+            continue
+        bindings = list(block.bindings)
+        while True:
+            bindings, changed = _fuse_block(bindings, _uses_of(bindings, blocks, bi, body),
+                                            counts)
+            if not changed:
+                break
+            changed_any = True
+        blocks[bi] = relax.DataflowBlock(bindings)
+    if not changed_any:
+        return func
+    return relax.Function(func.params, relax.SeqExpr(blocks, body.body), func.ret_ty,
+                          func.is_pure, func.attrs)
+
+
+def _uses_of(bindings, blocks, bi, body) -> Counter:
+    """Reads of every variable in the function (the block ``bi`` as ``bindings``)."""
+    counter = _UseCounter()
+    for j, block in enumerate(blocks):
+        for b in (bindings if j == bi else block.bindings):
+            counter.visit_expr(b.value)
+    counter.visit_expr(body.body)
+    return counter.uses
+
+
+def fuse_epilogues(mod: "tvm.IRModule") -> Tuple["tvm.IRModule", Dict[str, int]]:
+    """``mod`` with every foldable bias/residual/activation folded into its native kernel call;
+    and how many were folded per kernel kind."""
+    counts: Dict[str, int] = {}
+    updates = {}
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            new = _fuse_function(func, counts)
+            if not new.same_as(func):
+                updates[gv] = new
+    if not updates:
+        return mod, counts
+    new_mod = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
+    for gv, func in updates.items():
+        new_mod[gv] = func
+    return relax.transform.Normalize()(new_mod), counts
