@@ -18,11 +18,16 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from . import native
 from . import ir  # noqa: F401
 from . import derive, lift  # noqa: F401  (callable subpackages: ollie.lift(x), ollie.derive(e))
 from . import transform  # noqa: F401  (registers the "ollie" pipeline)
 
 __version__ = "0.1.0"
+
+# Register the native kernels (tvm_ollie.cpu.*) as tvm-ffi globals; on failure this logs one
+# warning and the package works without them (native.available() is then False).
+native.load()
 
 
 def evaluate(expr: "ir.Node", inputs: Mapping[str, Any], **kwargs: Any):

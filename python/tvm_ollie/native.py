@@ -1,0 +1,232 @@
+"""Loading the native kernel library (``libtvm_ollie_native.so``).
+
+The library holds vendor-library kernels (oneDNN, OpenBLAS) registered as tvm-ffi global
+functions in destination-passing style, so a Relax module calls them with
+``relax.call_dps_packed(MATMUL, (attrs, a, b, ...), out_ty)``. Its functions exist only after
+:func:`load` has run in the process (``import tvm_ollie`` does that).
+
+The interface of the kernels (attribute strings, argument order) is documented in
+``NATIVE_NOTES.md`` at the top of the repository.
+
+Environment variables:
+
+* ``TVM_OLLIE_NATIVE_LIB``: path of the library to load (before the usual locations);
+* ``TVM_OLLIE_DISABLE_NATIVE=1``: do not load it (:func:`available` is then False);
+* ``TVM_NUM_THREADS``: thread count of the kernels, as for TVM's own thread pool (default: the
+  number of cores available to the process).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import site
+import sys
+import sysconfig
+import threading
+from pathlib import Path
+from typing import List, Optional
+
+__all__ = [
+    "MATMUL",
+    "CONV2D",
+    "INFO",
+    "SET_NUM_THREADS",
+    "GET_NUM_THREADS",
+    "CACHE_STATS",
+    "LIBRARY_NAME",
+    "load",
+    "available",
+    "unavailable_reason",
+    "library_path",
+    "set_num_threads",
+    "get_num_threads",
+    "info",
+]
+
+#: Global function names (tvm-ffi) registered by the library.
+MATMUL = "tvm_ollie.cpu.matmul"
+CONV2D = "tvm_ollie.cpu.conv2d"
+INFO = "tvm_ollie.cpu.info"
+SET_NUM_THREADS = "tvm_ollie.cpu.set_num_threads"
+GET_NUM_THREADS = "tvm_ollie.cpu.get_num_threads"
+CACHE_STATS = "tvm_ollie.cpu.cache_stats"
+
+LIBRARY_NAME = "libtvm_ollie_native.so"
+
+#: GNU OpenMP's waiting policy, applied when this module loads oneDNN (and with it libgomp) for
+#: the first time, unless the user set ``OMP_WAIT_POLICY``. See NATIVE_NOTES.md (threads) for
+#: the measurement behind the choice.
+DEFAULT_OMP_WAIT_POLICY: Optional[str] = None
+
+_LOG = logging.getLogger(__name__)
+_LOCK = threading.Lock()
+_STATE = {"done": False, "ok": False, "reason": "not loaded yet", "path": None}
+_HANDLES: List[ctypes.CDLL] = []  # keep the libraries loaded
+
+
+def _candidate_paths() -> List[Path]:
+    """Where the library may be, in order: the environment variable, beside this module (a
+    regular install), and ``tvm_ollie/lib`` in every site-packages directory (an editable
+    install, where this module stays in the source tree)."""
+    out: List[Path] = []
+    env = os.environ.get("TVM_OLLIE_NATIVE_LIB")
+    if env:
+        out.append(Path(env))
+    out.append(Path(__file__).resolve().parent / "lib" / LIBRARY_NAME)
+    dirs: List[str] = []
+    for key in ("platlib", "purelib"):
+        try:
+            dirs.append(sysconfig.get_paths()[key])
+        except KeyError:
+            pass
+    try:
+        dirs.extend(site.getsitepackages())
+    except AttributeError:  # some virtualenv layouts
+        pass
+    dirs.extend(p for p in sys.path if p.endswith("site-packages"))
+    seen = set()
+    for d in dirs:
+        p = Path(d) / "tvm_ollie" / "lib" / LIBRARY_NAME
+        if str(p) not in seen:
+            seen.add(str(p))
+            out.append(p)
+    return out
+
+
+def _find_dist_file(dist_name: str, basename: str) -> Optional[str]:
+    """A file of an installed distribution, by base name (data-scheme files included)."""
+    import importlib.metadata as md  # pylint: disable=import-outside-toplevel
+
+    try:
+        dist = md.distribution(dist_name)
+    except md.PackageNotFoundError:
+        return None
+    for f in dist.files or ():
+        if f.name == basename:
+            path = os.path.abspath(str(dist.locate_file(f)))
+            if os.path.exists(path):
+                return path
+    return None
+
+
+def _dependency_paths() -> List[str]:
+    """libdnnl.so.3 (from onednn-cpu-gomp, in <prefix>/lib) and OpenBLAS (scipy-openblas32)."""
+    paths = []
+    dnnl = _find_dist_file("onednn-cpu-gomp", "libdnnl.so.3")
+    if dnnl is None:
+        for prefix in (sys.prefix, sys.base_prefix):
+            p = os.path.join(prefix, "lib", "libdnnl.so.3")
+            if os.path.exists(p):
+                dnnl = p
+                break
+    if dnnl is None:
+        raise OSError("libdnnl.so.3 not found (pip install onednn-cpu-gomp==2023.2.0)")
+    paths.append(dnnl)
+    try:
+        import scipy_openblas32  # pylint: disable=import-outside-toplevel
+    except ImportError as err:
+        raise OSError("scipy-openblas32 is not installed") from err
+    lib_dir = scipy_openblas32.get_lib_dir()
+    blas = os.path.join(lib_dir, "lib" + scipy_openblas32.get_library() + ".so")
+    if not os.path.exists(blas):
+        raise OSError(f"OpenBLAS library not found at {blas}")
+    paths.append(blas)
+    return paths
+
+
+def _load_locked() -> bool:
+    if os.environ.get("TVM_OLLIE_DISABLE_NATIVE", "") not in ("", "0"):
+        _STATE["reason"] = "disabled by TVM_OLLIE_DISABLE_NATIVE"
+        return False
+    lib = next((p for p in _candidate_paths() if p.is_file()), None)
+    if lib is None:
+        _STATE["reason"] = (
+            f"{LIBRARY_NAME} not found (was the C++ build skipped at pip install? looked in "
+            + ", ".join(str(p.parent) for p in _candidate_paths()[:3])
+            + ", site-packages/tvm_ollie/lib)"
+        )
+        return False
+    import tvm_ffi  # pylint: disable=import-outside-toplevel  (loads libtvm_ffi.so first)
+
+    if DEFAULT_OMP_WAIT_POLICY is not None:
+        os.environ.setdefault("OMP_WAIT_POLICY", DEFAULT_OMP_WAIT_POLICY)
+    for dep in _dependency_paths():
+        _HANDLES.append(ctypes.CDLL(dep, mode=ctypes.RTLD_GLOBAL))
+    _HANDLES.append(ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL))
+    if tvm_ffi.get_global_func(MATMUL, allow_missing=True) is None:
+        _STATE["reason"] = f"{lib} loaded but {MATMUL} is not registered"
+        return False
+    _STATE["path"] = str(lib)
+    _STATE["reason"] = ""
+    return True
+
+
+def load() -> bool:
+    """Load the native library (once per process) so that its global functions register.
+
+    Returns
+    -------
+    bool
+        True when the kernels are available. On failure one warning with the reason is logged
+        (see :func:`unavailable_reason`) and False is returned; nothing raises.
+    """
+    with _LOCK:
+        if _STATE["done"]:
+            return bool(_STATE["ok"])
+        try:
+            ok = _load_locked()
+        except Exception as err:  # pylint: disable=broad-except  (never break the import)
+            ok = False
+            _STATE["reason"] = f"{type(err).__name__}: {err}"
+        _STATE["ok"] = ok
+        _STATE["done"] = True
+        if not ok and not _STATE["reason"].startswith("disabled"):
+            _LOG.warning("tvm-ollie native library unavailable: %s", _STATE["reason"])
+        return ok
+
+
+def available() -> bool:
+    """Whether the native kernels are loaded (loads them on first call)."""
+    return load()
+
+
+def unavailable_reason() -> str:
+    """Why the native library is not available ("" when it is)."""
+    load()
+    return str(_STATE["reason"])
+
+
+def library_path() -> Optional[str]:
+    """The path of the loaded library, or None."""
+    load()
+    return _STATE["path"]
+
+
+def _func(name: str):
+    if not load():
+        raise RuntimeError(f"tvm-ollie native library unavailable: {_STATE['reason']}")
+    import tvm_ffi  # pylint: disable=import-outside-toplevel
+
+    return tvm_ffi.get_global_func(name)
+
+
+def set_num_threads(n: int) -> None:
+    """Set the thread count of the native kernels (OpenMP for oneDNN, and OpenBLAS).
+
+    Use the same count as TVM's thread pool (``TVM_NUM_THREADS``) to avoid oversubscription.
+    """
+    if int(n) < 1:
+        raise ValueError(f"set_num_threads: expected n >= 1, got {n}")
+    _func(SET_NUM_THREADS)(int(n))
+
+
+def get_num_threads() -> int:
+    """The thread count of the native kernels."""
+    return int(_func(GET_NUM_THREADS)())
+
+
+def info() -> str:
+    """Library versions, thread count and the implementation choices of each kernel."""
+    return str(_func(INFO)())

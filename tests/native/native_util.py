@@ -1,0 +1,74 @@
+"""Helpers of the native-kernel tests: calling a kernel directly (tvm-ffi) or through Relax."""
+
+import numpy as np
+import pytest
+
+from tvm_ollie import native
+
+
+def require_native():
+    """Skip the calling test when the native library is not loaded, with the reason."""
+    if not native.available():
+        pytest.skip(f"native library unavailable: {native.unavailable_reason()}")
+
+
+def call_direct(name, attrs, arrays, out_shape):
+    """Call global function `name` with (attrs, *arrays, out) and return out (numpy)."""
+    import tvm_ffi
+
+    func = tvm_ffi.get_global_func(name)
+    out = np.full(out_shape, np.nan, dtype="float32")
+    args = [tvm_ffi.from_dlpack(np.ascontiguousarray(a)) for a in arrays]
+    func(attrs, *args, tvm_ffi.from_dlpack(out))
+    return out
+
+
+def call_relax(name, attrs, arrays, out_shape):
+    """Build a one-call Relax function (call_dps_packed) with tvm.compile and run it on the VM."""
+    import tvm
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    params = [relax.Var(f"x{i}", relax.TensorType(a.shape, "float32")) for i, a in enumerate(arrays)]
+    with bb.function("main", params):
+        with bb.dataflow():
+            y = bb.emit(
+                relax.call_dps_packed(
+                    name,
+                    [tvm.ir.StringImm(attrs)] + params,
+                    relax.TensorType(tuple(out_shape), "float32"),
+                )
+            )
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    ex = tvm.compile(bb.get(), target="llvm")
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    return vm["main"](*[tvm.runtime.tensor(a) for a in arrays]).numpy()
+
+
+def act_ref(x, act):
+    """numpy reference of the activations (float64)."""
+    from math import erf, sqrt
+
+    if act == "none":
+        return x
+    if act == "relu":
+        return np.maximum(x, 0)
+    if act.startswith("clip_"):
+        lo, hi = act[5:].rsplit("_", 1)
+        return np.clip(x, float(lo), float(hi))
+    if act == "sigmoid":
+        return 1 / (1 + np.exp(-x))
+    if act == "tanh":
+        return np.tanh(x)
+    if act == "gelu":
+        return 0.5 * x * (1 + np.vectorize(erf)(x / sqrt(2)))
+    if act == "gelu_tanh":
+        return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+    if act == "silu":
+        return x / (1 + np.exp(-x))
+    raise ValueError(act)
+
+
+ACTS = ["none", "relu", "clip_0_6", "clip_-0.5_0.25", "sigmoid", "tanh", "gelu", "gelu_tanh",
+        "silu"]

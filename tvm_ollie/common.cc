@@ -1,0 +1,383 @@
+// Shared helpers of the tvm-ollie native library (see common.h).
+#include "common.h"
+
+#include <omp.h>
+#include <sched.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "cblas.h"
+
+namespace tvm_ollie {
+
+namespace ffi = tvm::ffi;
+
+// ---------------------------------------------------------------------------------------------
+Attrs::Attrs(const std::string& kernel, const std::string& text) : kernel_(kernel), text_(text) {
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t end = text.find(';', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string item = text.substr(pos, end - pos);
+    // trim spaces
+    size_t b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+    item = b == std::string::npos ? "" : item.substr(b, e - b + 1);
+    if (!item.empty()) {
+      size_t eq = item.find('=');
+      if (eq == std::string::npos || eq == 0) {
+        TVM_FFI_THROW(ValueError) << kernel_ << ": bad attribute '" << item << "' in \"" << text_
+                                  << "\" (expected key=value)";
+      }
+      std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+      if (values_.count(key)) {
+        TVM_FFI_THROW(ValueError) << kernel_ << ": attribute '" << key << "' given twice in \""
+                                  << text_ << "\"";
+      }
+      values_[key] = value;
+      used_[key] = false;
+    }
+    pos = end + 1;
+  }
+}
+
+void Attrs::Bad(const std::string& key, const std::string& why) const {
+  auto it = values_.find(key);
+  TVM_FFI_THROW(ValueError) << kernel_ << ": bad value '" << (it == values_.end() ? "" : it->second)
+                            << "' for attribute '" << key << "' (" << why << ") in \"" << text_
+                            << "\"";
+}
+
+bool Attrs::GetBool(const std::string& key, bool dflt) {
+  auto it = values_.find(key);
+  if (it == values_.end()) return dflt;
+  used_[key] = true;
+  if (it->second == "0") return false;
+  if (it->second == "1") return true;
+  Bad(key, "expected 0 or 1");
+}
+
+static bool ParseInt(const std::string& s, int64_t* out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  long long v = std::strtoll(s.c_str(), &end, 10);
+  if (errno != 0 || end != s.c_str() + s.size()) return false;
+  *out = v;
+  return true;
+}
+
+int64_t Attrs::GetInt(const std::string& key, int64_t dflt) {
+  auto it = values_.find(key);
+  if (it == values_.end()) return dflt;
+  used_[key] = true;
+  int64_t v;
+  if (!ParseInt(it->second, &v)) Bad(key, "expected an integer");
+  return v;
+}
+
+std::vector<int64_t> Attrs::GetInts(const std::string& key, size_t n, std::vector<int64_t> dflt) {
+  auto it = values_.find(key);
+  if (it == values_.end()) return dflt;
+  used_[key] = true;
+  std::vector<int64_t> out;
+  std::stringstream ss(it->second);
+  std::string tok;
+  while (std::getline(ss, tok, ',')) {
+    int64_t v;
+    if (!ParseInt(tok, &v)) Bad(key, "expected " + std::to_string(n) + " comma-separated integers");
+    out.push_back(v);
+  }
+  if (out.size() != n || (!it->second.empty() && it->second.back() == ',')) {
+    Bad(key, "expected " + std::to_string(n) + " comma-separated integers");
+  }
+  return out;
+}
+
+std::string Attrs::GetStr(const std::string& key, const std::string& dflt,
+                          const std::vector<std::string>& allowed) {
+  auto it = values_.find(key);
+  if (it == values_.end()) return dflt;
+  used_[key] = true;
+  for (const auto& a : allowed) {
+    if (a == it->second) return a;
+  }
+  std::string why = "expected one of";
+  for (const auto& a : allowed) why += " " + a;
+  Bad(key, why);
+}
+
+std::string Attrs::GetRaw(const std::string& key, const std::string& dflt) {
+  auto it = values_.find(key);
+  if (it == values_.end()) return dflt;
+  used_[key] = true;
+  return it->second;
+}
+
+void Attrs::CheckAllUsed() const {
+  std::string unknown;
+  for (const auto& kv : used_) {
+    if (!kv.second) unknown += (unknown.empty() ? "" : ", ") + kv.first;
+  }
+  if (!unknown.empty()) {
+    TVM_FFI_THROW(ValueError) << kernel_ << ": unknown attribute(s) " << unknown << " in \""
+                              << text_ << "\"";
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+static bool ParseFloat(const std::string& s, float* out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  float v = std::strtof(s.c_str(), &end);
+  if (errno != 0 || end != s.c_str() + s.size() || !std::isfinite(v)) return false;
+  *out = v;
+  return true;
+}
+
+Activation ParseActivation(const Attrs& attrs, const std::string& value) {
+  Activation a;
+  a.text = value;
+  if (value == "none") {
+    a.kind = Act::kNone;
+  } else if (value == "relu") {
+    a.kind = Act::kRelu;
+  } else if (value == "sigmoid") {
+    a.kind = Act::kSigmoid;
+  } else if (value == "tanh") {
+    a.kind = Act::kTanh;
+  } else if (value == "gelu") {
+    a.kind = Act::kGelu;
+  } else if (value == "gelu_tanh") {
+    a.kind = Act::kGeluTanh;
+  } else if (value == "silu") {
+    a.kind = Act::kSilu;
+  } else if (value.rfind("clip_", 0) == 0) {
+    // clip_LO_HI; LO may be negative ("clip_-1_1"), so split at the last '_'.
+    std::string rest = value.substr(5);
+    size_t us = rest.rfind('_');
+    bool ok = us != std::string::npos && us > 0 && ParseFloat(rest.substr(0, us), &a.lo) &&
+              ParseFloat(rest.substr(us + 1), &a.hi) && a.lo <= a.hi;
+    if (!ok) {
+      TVM_FFI_THROW(ValueError) << attrs.kernel() << ": bad activation '" << value
+                                << "' (expected clip_LO_HI with decimal LO <= HI, e.g. clip_0_6)";
+    }
+    a.kind = Act::kClip;
+  } else {
+    TVM_FFI_THROW(ValueError) << attrs.kernel() << ": bad activation '" << value
+                              << "' (expected none, relu, clip_LO_HI, sigmoid, tanh, gelu, "
+                                 "gelu_tanh or silu)";
+  }
+  return a;
+}
+
+void AppendActivation(const Activation& act, dnnl::post_ops* ops) {
+  using alg = dnnl::algorithm;
+  switch (act.kind) {
+    case Act::kNone:
+      return;
+    case Act::kRelu:
+      ops->append_eltwise(alg::eltwise_relu, 0.f, 0.f);
+      return;
+    case Act::kClip:
+      ops->append_eltwise(alg::eltwise_clip, act.lo, act.hi);
+      return;
+    case Act::kSigmoid:
+      ops->append_eltwise(alg::eltwise_logistic, 0.f, 0.f);
+      return;
+    case Act::kTanh:
+      ops->append_eltwise(alg::eltwise_tanh, 0.f, 0.f);
+      return;
+    case Act::kGelu:
+      ops->append_eltwise(alg::eltwise_gelu_erf, 0.f, 0.f);
+      return;
+    case Act::kGeluTanh:
+      ops->append_eltwise(alg::eltwise_gelu_tanh, 0.f, 0.f);
+      return;
+    case Act::kSilu:
+      ops->append_eltwise(alg::eltwise_swish, 1.f, 0.f);
+      return;
+  }
+}
+
+void ApplyActivation(const Activation& act, float* x, int64_t n) {
+  if (act.kind == Act::kNone) return;
+  const float lo = act.lo, hi = act.hi;
+  const Act kind = act.kind;
+#pragma omp parallel for schedule(static) if (n > 32768)
+  for (int64_t i = 0; i < n; ++i) {
+    float v = x[i];
+    switch (kind) {
+      case Act::kRelu:
+        v = v > 0.f ? v : 0.f;
+        break;
+      case Act::kClip:
+        v = v < lo ? lo : (v > hi ? hi : v);
+        break;
+      case Act::kSigmoid:
+        v = 1.f / (1.f + std::exp(-v));
+        break;
+      case Act::kTanh:
+        v = std::tanh(v);
+        break;
+      case Act::kGelu:
+        v = 0.5f * v * (1.f + std::erf(v * 0.70710678118654752f));
+        break;
+      case Act::kGeluTanh:
+        v = 0.5f * v * (1.f + std::tanh(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+        break;
+      case Act::kSilu:
+        v = v / (1.f + std::exp(-v));
+        break;
+      case Act::kNone:
+        break;
+    }
+    x[i] = v;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+std::string ShapeStr(const ffi::TensorView& t) {
+  std::string s = "[";
+  for (int i = 0; i < t.ndim(); ++i) s += (i ? ", " : "") + std::to_string(t.shape()[i]);
+  return s + "]";
+}
+
+std::vector<int64_t> Dims(const ffi::TensorView& t) {
+  return std::vector<int64_t>(t.shape().begin(), t.shape().end());
+}
+
+float* CheckFloatTensor(const ffi::TensorView& t, const std::string& kernel,
+                        const std::string& what, int min_rank) {
+  DLDataType dt = t.dtype();
+  if (dt.code != kDLFloat || dt.bits != 32 || dt.lanes != 1) {
+    TVM_FFI_THROW(TypeError) << kernel << ": " << what << " must be float32";
+  }
+  if (t.device().device_type != kDLCPU) {
+    TVM_FFI_THROW(ValueError) << kernel << ": " << what << " must be on the CPU";
+  }
+  if (t.ndim() < min_rank) {
+    TVM_FFI_THROW(ValueError) << kernel << ": " << what << " must have rank >= " << min_rank
+                              << ", got shape " << ShapeStr(t);
+  }
+  if (!t.IsContiguous()) {
+    TVM_FFI_THROW(ValueError) << kernel << ": " << what << " must be contiguous (row-major)";
+  }
+  for (int i = 0; i < t.ndim(); ++i) {
+    if (t.shape()[i] < 0) {
+      TVM_FFI_THROW(ValueError) << kernel << ": " << what << " has a negative dimension";
+    }
+  }
+  if (t.data_ptr() == nullptr && t.numel() > 0) {
+    TVM_FFI_THROW(ValueError) << kernel << ": " << what << " has no data";
+  }
+  return reinterpret_cast<float*>(static_cast<char*>(t.data_ptr()) + t.byte_offset());
+}
+
+// ---------------------------------------------------------------------------------------------
+dnnl::engine& Engine() {
+  static dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  return eng;
+}
+
+dnnl::stream& Stream() {
+  thread_local dnnl::stream s(Engine());
+  return s;
+}
+
+void* ScratchBuffer(int slot, size_t bytes) {
+  struct Buf {
+    void* p = nullptr;
+    size_t n = 0;
+    ~Buf() { std::free(p); }
+  };
+  constexpr int kSlots = 8;
+  thread_local Buf bufs[kSlots];
+  if (slot < 0 || slot >= kSlots) TVM_FFI_THROW(InternalError) << "bad scratch slot " << slot;
+  Buf& b = bufs[slot];
+  if (b.n < bytes || b.p == nullptr) {
+    std::free(b.p);
+    size_t n = ((bytes + 63) / 64) * 64;
+    if (n == 0) n = 64;
+    b.p = std::aligned_alloc(64, n);
+    if (b.p == nullptr) TVM_FFI_THROW(RuntimeError) << "out of memory (" << n << " bytes)";
+    b.n = n;
+  }
+  return b.p;
+}
+
+PrimitiveCache& PrimitiveCache::Global() {
+  static PrimitiveCache* cache = new PrimitiveCache();  // never destroyed (exit-order safe)
+  return *cache;
+}
+
+std::shared_ptr<void> PrimitiveCache::Get(const std::string& key,
+                                          const std::function<std::shared_ptr<void>()>& create) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find(key);
+    if (it != map_.end()) {
+      ++hits_;
+      return it->second;
+    }
+  }
+  // Create outside the lock (creation can take milliseconds); the first insert wins.
+  std::shared_ptr<void> value = create();
+  std::lock_guard<std::mutex> lock(mu_);
+  ++misses_;
+  auto res = map_.emplace(key, value);
+  return res.first->second;
+}
+
+size_t PrimitiveCache::size() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return map_.size();
+}
+
+// ---------------------------------------------------------------------------------------------
+static int g_num_threads = 0;
+static std::once_flag g_threads_once;
+
+static int DefaultThreads() {
+  const char* env = std::getenv("TVM_NUM_THREADS");
+  if (env != nullptr && *env) {
+    int64_t v;
+    if (ParseInt(env, &v) && v > 0) return static_cast<int>(v);
+  }
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  return 1;
+}
+
+void SetNumThreads(int n) {
+  if (n <= 0) TVM_FFI_THROW(ValueError) << "set_num_threads: expected n >= 1, got " << n;
+  g_num_threads = n;
+  omp_set_num_threads(n);
+  BlasSetNumThreads(n);
+}
+
+void InitThreadsOnce() {
+  std::call_once(g_threads_once, []() { SetNumThreads(DefaultThreads()); });
+}
+
+void EnsureThreads() {
+  InitThreadsOnce();
+  if (omp_get_max_threads() != g_num_threads) omp_set_num_threads(g_num_threads);
+}
+
+int GetNumThreads() {
+  InitThreadsOnce();
+  return g_num_threads;
+}
+
+void BlasSetNumThreads(int n) { scipy_openblas_set_num_threads(n); }
+
+std::string BlasConfig() { return scipy_openblas_get_config(); }
+
+}  // namespace tvm_ollie

@@ -1,0 +1,120 @@
+// Shared helpers of the tvm-ollie native library: attribute parsing, tensor checks,
+// activations, the oneDNN engine and the primitive cache, thread settings.
+#ifndef TVM_OLLIE_COMMON_H_
+#define TVM_OLLIE_COMMON_H_
+
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "oneapi/dnnl/dnnl.hpp"
+
+namespace tvm_ollie {
+
+// ---------------------------------------------------------------------------------------------
+// Attributes: "key=value;key=value". Every key must be consumed by the kernel (strict parsing).
+class Attrs {
+ public:
+  Attrs(const std::string& kernel, const std::string& text);
+  bool Has(const std::string& key) const { return values_.count(key) != 0; }
+  // Typed getters mark the key as used; a bad value throws ValueError.
+  bool GetBool(const std::string& key, bool dflt);
+  int64_t GetInt(const std::string& key, int64_t dflt);
+  std::vector<int64_t> GetInts(const std::string& key, size_t n, std::vector<int64_t> dflt);
+  std::string GetStr(const std::string& key, const std::string& dflt,
+                     const std::vector<std::string>& allowed);
+  std::string GetRaw(const std::string& key, const std::string& dflt);
+  // Throws ValueError naming every key that no getter asked for.
+  void CheckAllUsed() const;
+  const std::string& kernel() const { return kernel_; }
+
+ private:
+  [[noreturn]] void Bad(const std::string& key, const std::string& why) const;
+  std::string kernel_;
+  std::string text_;
+  std::map<std::string, std::string> values_;
+  std::map<std::string, bool> used_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Activations (applied after bias and residual).
+enum class Act { kNone, kRelu, kClip, kSigmoid, kTanh, kGelu, kGeluTanh, kSilu };
+
+struct Activation {
+  Act kind = Act::kNone;
+  float lo = 0.f, hi = 0.f;  // clip bounds
+  std::string text = "none";
+};
+
+// Parses "none|relu|clip_LO_HI|sigmoid|tanh|gelu|gelu_tanh|silu"; throws ValueError.
+Activation ParseActivation(const Attrs& attrs, const std::string& value);
+// Adds the activation as an eltwise post-op (no-op for kNone).
+void AppendActivation(const Activation& act, dnnl::post_ops* ops);
+// In-place activation over n contiguous floats (used by the OpenBLAS path).
+void ApplyActivation(const Activation& act, float* data, int64_t n);
+
+// ---------------------------------------------------------------------------------------------
+// Tensor checks.
+std::string ShapeStr(const tvm::ffi::TensorView& t);
+// Checks float32, CPU, contiguous, rank >= min_rank; returns the data pointer (byte_offset
+// applied). `what` names the argument in errors.
+float* CheckFloatTensor(const tvm::ffi::TensorView& t, const std::string& kernel,
+                        const std::string& what, int min_rank);
+std::vector<int64_t> Dims(const tvm::ffi::TensorView& t);
+
+// ---------------------------------------------------------------------------------------------
+// oneDNN engine, per-thread stream, per-thread scratch buffers.
+dnnl::engine& Engine();
+dnnl::stream& Stream();
+// A per-thread buffer of at least `bytes` bytes (64-byte aligned); slot selects one of a few
+// independent buffers so that one call can hold several at once.
+void* ScratchBuffer(int slot, size_t bytes);
+
+// Process-wide cache of prepared kernels (primitives, descriptors), keyed by a string built from
+// the kernel name, attributes and shapes. Never keyed by data pointers.
+class PrimitiveCache {
+ public:
+  static PrimitiveCache& Global();
+  std::shared_ptr<void> Get(const std::string& key, const std::function<std::shared_ptr<void>()>&
+                                                        create);
+  size_t size();
+  int64_t hits() const { return hits_; }
+  int64_t misses() const { return misses_; }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<void>> map_;
+  int64_t hits_ = 0, misses_ = 0;
+};
+
+template <typename T>
+std::shared_ptr<T> CachedGet(const std::string& key, const std::function<std::shared_ptr<T>()>&
+                                                         create) {
+  return std::static_pointer_cast<T>(PrimitiveCache::Global().Get(
+      key, [&]() -> std::shared_ptr<void> { return create(); }));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Threads: one count for OpenMP (oneDNN) and OpenBLAS.
+void SetNumThreads(int n);
+int GetNumThreads();
+void InitThreadsOnce();
+// Called at every kernel entry: OpenMP's thread count is per calling thread, so a thread that
+// has not seen SetNumThreads gets it here.
+void EnsureThreads();
+
+// OpenBLAS entry points (prefixed names of scipy-openblas32).
+void BlasSetNumThreads(int n);
+std::string BlasConfig();
+
+}  // namespace tvm_ollie
+
+#endif  // TVM_OLLIE_COMMON_H_

@@ -1,0 +1,348 @@
+// tvm_ollie.cpu.conv2d: Out = act(conv2d(data, weight) + bias + residual), float32, oneDNN.
+//
+// Calling convention (destination-passing style, Out last):
+//   tvm_ollie.cpu.conv2d(attrs: str, data, weight, [bias], [residual], Out)
+// attrs: layout=NCHW|NHWC, klayout=OIHW|HWIO|OHWI, stride=SH,SW, pad=TOP,LEFT,BOTTOM,RIGHT,
+//        dil=DH,DW, groups=G, bias=0|1, res=0|1, act=... (as matmul),
+//        fmt=plain|blocked (implementation: oneDNN on the user's formats, or on the formats
+//        oneDNN prefers with reorders inside the call; default: see ChooseFormat).
+#include <tvm/ffi/function.h>
+#include <tvm/ffi/reflection/registry.h>
+
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "kernels.h"
+
+namespace tvm_ollie {
+
+namespace ffi = tvm::ffi;
+
+namespace {
+
+constexpr const char* kName = "tvm_ollie.cpu.conv2d";
+
+enum class Fmt { kAuto, kPlain, kBlocked };
+
+struct ConvParams {
+  bool nhwc = false;
+  std::string klayout = "OIHW";
+  int64_t sh = 1, sw = 1, pt = 0, pl = 0, pb = 0, pr = 0, dh = 1, dw = 1, groups = 1;
+  bool has_bias = false, has_res = false;
+  Activation act;
+  Fmt fmt = Fmt::kAuto;
+  std::string canonical;
+};
+
+ConvParams ParseConvAttrs(const std::string& text) {
+  Attrs attrs(kName, text);
+  ConvParams p;
+  p.nhwc = attrs.GetStr("layout", "NCHW", {"NCHW", "NHWC"}) == "NHWC";
+  p.klayout = attrs.GetStr("klayout", "OIHW", {"OIHW", "HWIO", "OHWI"});
+  auto s = attrs.GetInts("stride", 2, {1, 1});
+  auto pad = attrs.GetInts("pad", 4, {0, 0, 0, 0});
+  auto d = attrs.GetInts("dil", 2, {1, 1});
+  p.groups = attrs.GetInt("groups", 1);
+  p.has_bias = attrs.GetBool("bias", false);
+  p.has_res = attrs.GetBool("res", false);
+  p.act = ParseActivation(attrs, attrs.GetRaw("act", "none"));
+  std::string fmt = attrs.GetStr("fmt", "auto", {"auto", "plain", "blocked"});
+  p.fmt = fmt == "plain" ? Fmt::kPlain : (fmt == "blocked" ? Fmt::kBlocked : Fmt::kAuto);
+  attrs.CheckAllUsed();
+  p.sh = s[0];
+  p.sw = s[1];
+  p.pt = pad[0];
+  p.pl = pad[1];
+  p.pb = pad[2];
+  p.pr = pad[3];
+  p.dh = d[0];
+  p.dw = d[1];
+  if (p.sh < 1 || p.sw < 1) TVM_FFI_THROW(ValueError) << kName << ": stride must be >= 1";
+  if (p.dh < 1 || p.dw < 1) TVM_FFI_THROW(ValueError) << kName << ": dil must be >= 1";
+  if (p.pt < 0 || p.pl < 0 || p.pb < 0 || p.pr < 0) {
+    TVM_FFI_THROW(ValueError) << kName << ": pad must be >= 0";
+  }
+  if (p.groups < 1) TVM_FFI_THROW(ValueError) << kName << ": groups must be >= 1";
+  p.canonical = std::string("layout=") + (p.nhwc ? "NHWC" : "NCHW") + ";klayout=" + p.klayout +
+                ";stride=" + std::to_string(p.sh) + "," + std::to_string(p.sw) +
+                ";pad=" + std::to_string(p.pt) + "," + std::to_string(p.pl) + "," +
+                std::to_string(p.pb) + "," + std::to_string(p.pr) + ";dil=" +
+                std::to_string(p.dh) + "," + std::to_string(p.dw) +
+                ";groups=" + std::to_string(p.groups) + ";bias=" + (p.has_bias ? "1" : "0") +
+                ";res=" + (p.has_res ? "1" : "0") + ";act=" + p.act.text;
+  return p;
+}
+
+struct ConvShape {
+  int64_t N, C, H, W, O, I, KH, KW, OH, OW;
+};
+
+ConvShape CheckConvShapes(const ConvParams& p, const ffi::TensorView& X, const ffi::TensorView& Wt,
+                          const ffi::TensorView& Out) {
+  if (X.ndim() != 4 || Wt.ndim() != 4 || Out.ndim() != 4) {
+    TVM_FFI_THROW(ValueError) << kName << ": data, weight and Out must be 4-D, got data "
+                              << ShapeStr(X) << ", weight " << ShapeStr(Wt) << ", Out "
+                              << ShapeStr(Out);
+  }
+  ConvShape s;
+  auto x = X.shape();
+  auto w = Wt.shape();
+  s.N = x[0];
+  s.C = p.nhwc ? x[3] : x[1];
+  s.H = p.nhwc ? x[1] : x[2];
+  s.W = p.nhwc ? x[2] : x[3];
+  if (p.klayout == "OIHW") {
+    s.O = w[0], s.I = w[1], s.KH = w[2], s.KW = w[3];
+  } else if (p.klayout == "HWIO") {
+    s.KH = w[0], s.KW = w[1], s.I = w[2], s.O = w[3];
+  } else {  // OHWI
+    s.O = w[0], s.KH = w[1], s.KW = w[2], s.I = w[3];
+  }
+  if (s.I * p.groups != s.C || s.O % p.groups != 0 || s.O == 0) {
+    TVM_FFI_THROW(ValueError) << kName << ": weight " << ShapeStr(Wt) << " (" << p.klayout
+                              << ") does not fit data " << ShapeStr(X) << " with groups="
+                              << p.groups << " (need I * groups == C and O % groups == 0)";
+  }
+  if (s.KH < 1 || s.KW < 1) TVM_FFI_THROW(ValueError) << kName << ": empty kernel";
+  const int64_t ekh = (s.KH - 1) * p.dh + 1, ekw = (s.KW - 1) * p.dw + 1;
+  const int64_t hp = s.H + p.pt + p.pb, wp = s.W + p.pl + p.pr;
+  if (hp < ekh || wp < ekw) {
+    TVM_FFI_THROW(ValueError) << kName << ": the (dilated) kernel " << ekh << "x" << ekw
+                              << " is larger than the padded input " << hp << "x" << wp;
+  }
+  s.OH = (hp - ekh) / p.sh + 1;
+  s.OW = (wp - ekw) / p.sw + 1;
+  std::vector<int64_t> want = p.nhwc ? std::vector<int64_t>{s.N, s.OH, s.OW, s.O}
+                                     : std::vector<int64_t>{s.N, s.O, s.OH, s.OW};
+  if (Dims(Out) != want) {
+    TVM_FFI_THROW(ValueError) << kName << ": Out has shape " << ShapeStr(Out) << ", expected ["
+                              << want[0] << ", " << want[1] << ", " << want[2] << ", " << want[3]
+                              << "] for data " << ShapeStr(X) << " and weight " << ShapeStr(Wt)
+                              << " with \"" << p.canonical << "\"";
+  }
+  return s;
+}
+
+using dims = dnnl::memory::dims;
+using dt = dnnl::memory::data_type;
+
+dnnl::memory::desc ActivationDesc(bool nhwc, int64_t n, int64_t c, int64_t h, int64_t w) {
+  dims d{n, c, h, w};
+  dims st = nhwc ? dims{h * w * c, 1, w * c, c} : dims{c * h * w, h * w, w, 1};
+  return dnnl::memory::desc(d, dt::f32, st);
+}
+
+// The user's weight as oneDNN dims {O, I, KH, KW} (or {G, O/G, I, KH, KW}) with the strides of
+// its layout.
+dnnl::memory::desc WeightDesc(const ConvParams& p, const ConvShape& s) {
+  int64_t so, si, sh, sw;  // element strides of o, i, kh, kw
+  if (p.klayout == "OIHW") {
+    so = s.I * s.KH * s.KW, si = s.KH * s.KW, sh = s.KW, sw = 1;
+  } else if (p.klayout == "HWIO") {
+    so = 1, si = s.O, sh = s.KW * s.I * s.O, sw = s.I * s.O;
+  } else {  // OHWI
+    so = s.KH * s.KW * s.I, si = 1, sh = s.KW * s.I, sw = s.I;
+  }
+  if (p.groups == 1) {
+    return dnnl::memory::desc(dims{s.O, s.I, s.KH, s.KW}, dt::f32, dims{so, si, sh, sw});
+  }
+  const int64_t og = s.O / p.groups;
+  return dnnl::memory::desc(dims{p.groups, og, s.I, s.KH, s.KW}, dt::f32,
+                            dims{og * so, so, si, sh, sw});
+}
+
+// A reorder with a user scratchpad (thread-safe execution of a cached primitive).
+struct Reorder {
+  bool needed = false;
+  dnnl::reorder prim;
+  dnnl::memory::desc scratch_md;
+  void Init(const dnnl::memory::desc& from, const dnnl::memory::desc& to) {
+    needed = from != to;
+    if (!needed) return;
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    dnnl::reorder::primitive_desc pd(Engine(), from, Engine(), to, attr);
+    scratch_md = pd.scratchpad_desc();
+    prim = dnnl::reorder(pd);
+  }
+  void Run(const dnnl::memory& from, const dnnl::memory& to, int scratch_slot) const {
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
+    size_t n = scratch_md.get_size();
+    if (n > 0) {
+      args[DNNL_ARG_SCRATCHPAD] = dnnl::memory(scratch_md, Engine(), ScratchBuffer(scratch_slot, n));
+    }
+    prim.execute(Stream(), args);
+  }
+};
+
+struct OneDNNConv {
+  dnnl::convolution_forward prim;
+  dnnl::memory::desc user_src, user_wei, user_dst, bias_md;
+  dnnl::memory::desc src_md, wei_md, dst_md, scratch_md;
+  Reorder src_in, wei_in, res_in, dst_out;
+  std::string impl;  // the oneDNN implementation name (for info/benchmarks)
+};
+
+// Default implementation per layout, measured with kernel_bench (see NATIVE_NOTES.md).
+Fmt ChooseFormat(const ConvParams& p, const ConvShape& s) {
+  (void)s;
+  return p.nhwc ? Fmt::kPlain : Fmt::kBlocked;
+}
+
+std::shared_ptr<OneDNNConv> CreateConv(const ConvParams& p, const ConvShape& s, Fmt fmt) {
+  auto e = std::make_shared<OneDNNConv>();
+  e->user_src = ActivationDesc(p.nhwc, s.N, s.C, s.H, s.W);
+  e->user_dst = ActivationDesc(p.nhwc, s.N, s.O, s.OH, s.OW);
+  e->user_wei = WeightDesc(p, s);
+  const bool blocked = fmt == Fmt::kBlocked;
+  dnnl::memory::desc src_any = e->user_src, wei_any = e->user_wei, dst_any = e->user_dst;
+  if (blocked) {
+    src_any = dnnl::memory::desc(e->user_src.get_dims(), dt::f32, dnnl::memory::format_tag::any);
+    wei_any = dnnl::memory::desc(e->user_wei.get_dims(), dt::f32, dnnl::memory::format_tag::any);
+    dst_any = dnnl::memory::desc(e->user_dst.get_dims(), dt::f32, dnnl::memory::format_tag::any);
+  }
+  dims strides{p.sh, p.sw}, dil{p.dh - 1, p.dw - 1}, pad_l{p.pt, p.pl}, pad_r{p.pb, p.pr};
+  auto make_pd = [&](const dnnl::memory::desc& res_md) {
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    dnnl::post_ops ops;
+    if (p.has_res) ops.append_binary(dnnl::algorithm::binary_add, res_md);
+    AppendActivation(p.act, &ops);
+    attr.set_post_ops(ops);
+    if (p.has_bias) {
+      e->bias_md = dnnl::memory::desc(dims{s.O}, dt::f32, dims{1});
+      return dnnl::convolution_forward::primitive_desc(
+          Engine(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+          src_any, wei_any, e->bias_md, dst_any, strides, dil, pad_l, pad_r, attr);
+    }
+    return dnnl::convolution_forward::primitive_desc(
+        Engine(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+        src_any, wei_any, dst_any, strides, dil, pad_l, pad_r, attr);
+  };
+  // First pass: let oneDNN choose dst's format (with the residual described like dst), then, if
+  // the residual's format matters, rebuild with the chosen dst format for the residual.
+  dnnl::convolution_forward::primitive_desc pd = make_pd(e->user_dst);
+  if (blocked && p.has_res && pd.dst_desc() != e->user_dst) {
+    dst_any = pd.dst_desc();
+    pd = make_pd(pd.dst_desc());
+  }
+  e->src_md = pd.src_desc();
+  e->wei_md = pd.weights_desc();
+  e->dst_md = pd.dst_desc();
+  e->scratch_md = pd.scratchpad_desc();
+  e->impl = pd.impl_info_str();
+  e->prim = dnnl::convolution_forward(pd);
+  e->src_in.Init(e->user_src, e->src_md);
+  e->wei_in.Init(e->user_wei, e->wei_md);
+  e->dst_out.Init(e->dst_md, e->user_dst);
+  if (p.has_res) e->res_in.Init(e->user_dst, e->dst_md);
+  return e;
+}
+
+void Conv2d(ffi::PackedArgs args, ffi::Any* rv) {
+  EnsureThreads();
+  if (args.size() < 1) TVM_FFI_THROW(TypeError) << kName << ": missing attrs";
+  auto attrs_opt = args[0].try_cast<ffi::String>();
+  if (!attrs_opt.has_value()) {
+    TVM_FFI_THROW(TypeError) << kName << ": first argument must be the attrs string";
+  }
+  ConvParams p = ParseConvAttrs(std::string(attrs_opt.value()));
+  const int want = 4 + (p.has_bias ? 1 : 0) + (p.has_res ? 1 : 0);
+  if (args.size() != want) {
+    TVM_FFI_THROW(TypeError) << kName << ": expected " << want << " arguments (attrs, data, weight"
+                             << (p.has_bias ? ", bias" : "") << (p.has_res ? ", residual" : "")
+                             << ", Out) for attrs \"" << p.canonical << "\", got "
+                             << args.size();
+  }
+  auto tensor = [&](int i, const char* what) {
+    auto t = args[i].try_cast<ffi::TensorView>();
+    if (!t.has_value()) TVM_FFI_THROW(TypeError) << kName << ": " << what << " must be a tensor";
+    return t.value();
+  };
+  int i = 1;
+  ffi::TensorView X = tensor(i++, "data");
+  ffi::TensorView Wt = tensor(i++, "weight");
+  float* x = CheckFloatTensor(X, kName, "data", 4);
+  float* w = CheckFloatTensor(Wt, kName, "weight", 4);
+  float* bias = nullptr;
+  float* res = nullptr;
+  std::optional<ffi::TensorView> Bias, Res;
+  if (p.has_bias) {
+    Bias = tensor(i++, "bias");
+    bias = CheckFloatTensor(*Bias, kName, "bias", 1);
+  }
+  if (p.has_res) {
+    Res = tensor(i++, "residual");
+    res = CheckFloatTensor(*Res, kName, "residual", 0);
+  }
+  ffi::TensorView Out = tensor(i++, "Out");
+  float* out = CheckFloatTensor(Out, kName, "Out", 4);
+  ConvShape s = CheckConvShapes(p, X, Wt, Out);
+  if (Bias.has_value() && (Bias->ndim() != 1 || Bias->shape()[0] != s.O)) {
+    TVM_FFI_THROW(ValueError) << kName << ": bias has shape " << ShapeStr(*Bias) << ", expected ["
+                              << s.O << "]";
+  }
+  if (Res.has_value() && Dims(*Res) != Dims(Out)) {
+    TVM_FFI_THROW(ValueError) << kName << ": residual has shape " << ShapeStr(*Res)
+                              << ", expected Out's shape " << ShapeStr(Out);
+  }
+  if (Out.numel() == 0) return;
+  if (X.numel() == 0) {  // C == 0: the sum is empty, Out = act(bias + residual)
+    TVM_FFI_THROW(ValueError) << kName << ": data " << ShapeStr(X) << " is empty";
+  }
+  Fmt fmt = p.fmt == Fmt::kAuto ? ChooseFormat(p, s) : p.fmt;
+  std::string key = std::string(kName) + "|" + p.canonical + "|fmt=" +
+                    (fmt == Fmt::kBlocked ? "b" : "p") + "|" + std::to_string(s.N) + "," +
+                    std::to_string(s.C) + "," + std::to_string(s.H) + "," + std::to_string(s.W) +
+                    "|" + std::to_string(s.O) + "," + std::to_string(s.KH) + "," +
+                    std::to_string(s.KW);
+  auto e = CachedGet<OneDNNConv>(key, [&]() { return CreateConv(p, s, fmt); });
+  const dnnl::engine& eng = Engine();
+  dnnl::memory user_src(e->user_src, eng, x), user_wei(e->user_wei, eng, w),
+      user_dst(e->user_dst, eng, out);
+  dnnl::memory src = user_src, wei = user_wei, dst = user_dst;
+  // Scratch slots: 0 conv scratchpad, 1 src, 2 weights, 3 dst, 4 residual, 5 reorder scratch.
+  if (e->src_in.needed) {
+    src = dnnl::memory(e->src_md, eng, ScratchBuffer(1, e->src_md.get_size()));
+    e->src_in.Run(user_src, src, 5);
+  }
+  if (e->wei_in.needed) {
+    wei = dnnl::memory(e->wei_md, eng, ScratchBuffer(2, e->wei_md.get_size()));
+    e->wei_in.Run(user_wei, wei, 5);
+  }
+  if (e->dst_out.needed) dst = dnnl::memory(e->dst_md, eng, ScratchBuffer(3, e->dst_md.get_size()));
+  std::unordered_map<int, dnnl::memory> cargs{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei},
+                                              {DNNL_ARG_DST, dst}};
+  if (p.has_bias) cargs[DNNL_ARG_BIAS] = dnnl::memory(e->bias_md, eng, bias);
+  if (p.has_res) {
+    dnnl::memory user_res(e->user_dst, eng, res);
+    dnnl::memory r = user_res;
+    if (e->res_in.needed) {
+      r = dnnl::memory(e->dst_md, eng, ScratchBuffer(4, e->dst_md.get_size()));
+      e->res_in.Run(user_res, r, 5);
+    }
+    cargs[DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1] = r;
+  }
+  size_t scratch = e->scratch_md.get_size();
+  if (scratch > 0) {
+    cargs[DNNL_ARG_SCRATCHPAD] = dnnl::memory(e->scratch_md, eng, ScratchBuffer(0, scratch));
+  }
+  e->prim.execute(Stream(), cargs);
+  if (e->dst_out.needed) e->dst_out.Run(dst, user_dst, 5);
+  Stream().wait();
+}
+
+}  // namespace
+
+std::string Conv2dInfo() {
+  return "conv2d default: NHWC on the user's formats (oneDNN jit, no reorders); NCHW with "
+         "oneDNN's blocked formats and reorders inside the call";
+}
+
+TVM_FFI_STATIC_INIT_BLOCK() {
+  namespace refl = tvm::ffi::reflection;
+  refl::GlobalDef().def_packed(kName, Conv2d);
+}
+
+}  // namespace tvm_ollie

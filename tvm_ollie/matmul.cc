@@ -1,0 +1,373 @@
+// tvm_ollie.cpu.matmul: Out = act(A' @ B' + bias + residual), float32, batched with numpy-style
+// broadcasting of the leading dims, oneDNN matmul or OpenBLAS sgemm.
+//
+// Calling convention (destination-passing style, Out last):
+//   tvm_ollie.cpu.matmul(attrs: str, A, B, [bias], [residual], Out)
+// attrs: ta=0|1 (A stored [..., K, M]), tb=0|1 (B stored [..., N, K]), bias=0|1, res=0|1,
+//        act=none|relu|clip_LO_HI|sigmoid|tanh|gelu|gelu_tanh|silu, lib=onednn|openblas.
+#include <tvm/ffi/function.h>
+#include <tvm/ffi/reflection/registry.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "cblas.h"
+#include "common.h"
+#include "kernels.h"
+
+namespace tvm_ollie {
+
+namespace ffi = tvm::ffi;
+
+namespace {
+
+constexpr const char* kName = "tvm_ollie.cpu.matmul";
+
+enum class Lib { kAuto, kOneDNN, kOpenBLAS };
+
+struct MatmulParams {
+  bool ta = false, tb = false, has_bias = false, has_res = false;
+  Activation act;
+  Lib lib = Lib::kAuto;
+  std::string canonical;  // attrs in canonical order (cache key)
+};
+
+MatmulParams ParseMatmulAttrs(const std::string& text) {
+  Attrs attrs(kName, text);
+  MatmulParams p;
+  p.ta = attrs.GetBool("ta", false);
+  p.tb = attrs.GetBool("tb", false);
+  p.has_bias = attrs.GetBool("bias", false);
+  p.has_res = attrs.GetBool("res", false);
+  p.act = ParseActivation(attrs, attrs.GetRaw("act", "none"));
+  std::string lib = attrs.GetStr("lib", "auto", {"auto", "onednn", "openblas"});
+  p.lib = lib == "onednn" ? Lib::kOneDNN : (lib == "openblas" ? Lib::kOpenBLAS : Lib::kAuto);
+  attrs.CheckAllUsed();
+  p.canonical = std::string("ta=") + (p.ta ? "1" : "0") + ";tb=" + (p.tb ? "1" : "0") +
+                ";bias=" + (p.has_bias ? "1" : "0") + ";res=" + (p.has_res ? "1" : "0") +
+                ";act=" + p.act.text;
+  return p;
+}
+
+// The problem after shape checks: batch dims broadcast to `batch` (rank nb, padded with 1s on
+// the left for A and B), M, N, K.
+struct Problem {
+  std::vector<int64_t> a_batch, b_batch, batch;  // all of length nb
+  int64_t M = 0, N = 0, K = 0;
+  int64_t batch_count = 1;
+};
+
+Problem CheckShapes(const MatmulParams& p, const ffi::TensorView& A, const ffi::TensorView& B,
+                    const ffi::TensorView& Out) {
+  Problem pr;
+  const int ra = A.ndim(), rb = B.ndim(), ro = Out.ndim();
+  const int64_t a0 = A.shape()[ra - 2], a1 = A.shape()[ra - 1];
+  const int64_t b0 = B.shape()[rb - 2], b1 = B.shape()[rb - 1];
+  pr.M = p.ta ? a1 : a0;
+  const int64_t ka = p.ta ? a0 : a1;
+  const int64_t kb = p.tb ? b1 : b0;
+  pr.N = p.tb ? b0 : b1;
+  if (ka != kb) {
+    TVM_FFI_THROW(ValueError) << kName << ": inner dimensions differ: A " << ShapeStr(A)
+                              << (p.ta ? " (ta=1)" : "") << " has K=" << ka << ", B "
+                              << ShapeStr(B) << (p.tb ? " (tb=1)" : "") << " has K=" << kb;
+  }
+  pr.K = ka;
+  const int nb = std::max(ra, rb) - 2;
+  pr.a_batch.assign(nb, 1);
+  pr.b_batch.assign(nb, 1);
+  pr.batch.assign(nb, 1);
+  for (int i = 0; i < ra - 2; ++i) pr.a_batch[nb - (ra - 2) + i] = A.shape()[i];
+  for (int i = 0; i < rb - 2; ++i) pr.b_batch[nb - (rb - 2) + i] = B.shape()[i];
+  for (int i = 0; i < nb; ++i) {
+    int64_t x = pr.a_batch[i], y = pr.b_batch[i];
+    if (x != y && x != 1 && y != 1) {
+      TVM_FFI_THROW(ValueError) << kName << ": batch dimensions of A " << ShapeStr(A)
+                                << " and B " << ShapeStr(B) << " do not broadcast";
+    }
+    pr.batch[i] = x == 1 ? y : x;
+    pr.batch_count *= pr.batch[i];
+  }
+  std::vector<int64_t> want = pr.batch;
+  want.push_back(pr.M);
+  want.push_back(pr.N);
+  bool ok = ro == nb + 2;
+  for (int i = 0; ok && i < ro; ++i) ok = Out.shape()[i] == want[i];
+  if (!ok) {
+    std::string w = "[";
+    for (size_t i = 0; i < want.size(); ++i) w += (i ? ", " : "") + std::to_string(want[i]);
+    TVM_FFI_THROW(ValueError) << kName << ": Out has shape " << ShapeStr(Out) << ", expected "
+                              << w << "] for A " << ShapeStr(A) << " and B " << ShapeStr(B);
+  }
+  return pr;
+}
+
+// Broadcast epilogue prologue: Out = residual (+ bias) or bias, before a beta=1 GEMM.
+void FillOutWithAddends(float* out, const float* bias, const float* res, int64_t rows,
+                        int64_t N) {
+  const int64_t total = rows * N;
+  if (res != nullptr) {
+    std::memcpy(out, res, sizeof(float) * total);
+    if (bias != nullptr) {
+#pragma omp parallel for schedule(static) if (total > 65536)
+      for (int64_t r = 0; r < rows; ++r) {
+        float* o = out + r * N;
+        for (int64_t j = 0; j < N; ++j) o[j] += bias[j];
+      }
+    }
+  } else if (bias != nullptr) {
+#pragma omp parallel for schedule(static) if (total > 65536)
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(out + r * N, bias, sizeof(float) * N);
+  }
+}
+
+// Row-major strides of a batch shape (element strides per batch of a [..., X, Y] tensor with
+// matrix size `mat`); a broadcast (size-1) dim gets stride 0.
+std::vector<int64_t> BatchStrides(const std::vector<int64_t>& dims, int64_t mat) {
+  std::vector<int64_t> s(dims.size(), 0);
+  int64_t acc = mat;
+  for (int i = static_cast<int>(dims.size()) - 1; i >= 0; --i) {
+    s[i] = dims[i] == 1 ? 0 : acc;
+    acc *= dims[i];
+  }
+  return s;
+}
+
+bool FitsBlasInt(int64_t v) { return v <= std::numeric_limits<blasint>::max(); }
+
+void RunOpenBLAS(const MatmulParams& p, const Problem& pr, const float* a, const float* b,
+                 const float* bias, const float* res, float* out) {
+  const int64_t M = pr.M, N = pr.N, K = pr.K;
+  const int64_t total_rows = pr.batch_count * M;
+  FillOutWithAddends(out, bias, res, total_rows, N);
+  const float beta = (bias != nullptr || res != nullptr) ? 1.f : 0.f;
+  const bool b_broadcast = std::all_of(pr.b_batch.begin(), pr.b_batch.end(),
+                                       [](int64_t d) { return d == 1; });
+  if (K == 0 || M == 0 || N == 0) {
+    if (beta == 0.f) std::fill(out, out + total_rows * N, 0.f);
+  } else if (b_broadcast && !p.ta && pr.batch_count > 1 &&
+             std::equal(pr.a_batch.begin(), pr.a_batch.end(), pr.batch.begin())) {
+    // Fold A's batch into M: one [batch*M, K] @ [K, N] GEMM.
+    if (!FitsBlasInt(total_rows) || !FitsBlasInt(K) || !FitsBlasInt(N)) {
+      TVM_FFI_THROW(ValueError) << kName << ": problem too large for 32-bit BLAS";
+    }
+    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, p.tb ? CblasTrans : CblasNoTrans,
+                      static_cast<blasint>(total_rows), static_cast<blasint>(N),
+                      static_cast<blasint>(K), 1.f, a, static_cast<blasint>(K), b,
+                      static_cast<blasint>(p.tb ? K : N), beta, out, static_cast<blasint>(N));
+  } else {
+    if (!FitsBlasInt(M) || !FitsBlasInt(K) || !FitsBlasInt(N)) {
+      TVM_FFI_THROW(ValueError) << kName << ": problem too large for 32-bit BLAS";
+    }
+    const std::vector<int64_t> sa = BatchStrides(pr.a_batch, M * K);
+    const std::vector<int64_t> sb = BatchStrides(pr.b_batch, K * N);
+    const int nb = static_cast<int>(pr.batch.size());
+    std::vector<int64_t> idx(nb, 0);
+    for (int64_t bi = 0; bi < pr.batch_count; ++bi) {
+      int64_t oa = 0, ob = 0;
+      for (int d = 0; d < nb; ++d) {
+        oa += idx[d] * sa[d];
+        ob += idx[d] * sb[d];
+      }
+      scipy_cblas_sgemm(CblasRowMajor, p.ta ? CblasTrans : CblasNoTrans,
+                        p.tb ? CblasTrans : CblasNoTrans, static_cast<blasint>(M),
+                        static_cast<blasint>(N), static_cast<blasint>(K), 1.f, a + oa,
+                        static_cast<blasint>(p.ta ? M : K), b + ob,
+                        static_cast<blasint>(p.tb ? K : N), beta, out + bi * M * N,
+                        static_cast<blasint>(N));
+      for (int d = nb - 1; d >= 0; --d) {
+        if (++idx[d] < pr.batch[d]) break;
+        idx[d] = 0;
+      }
+    }
+  }
+  ApplyActivation(p.act, out, total_rows * N);
+}
+
+// A cached oneDNN matmul for one (attrs, shapes) pair.
+struct OneDNNMatmul {
+  dnnl::matmul prim;
+  dnnl::memory::desc src_md, wei_md, bias_md, dst_md, scratch_md;
+};
+
+std::string DimsKey(const std::vector<int64_t>& d) {
+  std::string s;
+  for (int64_t v : d) s += std::to_string(v) + ",";
+  return s;
+}
+
+void RunOneDNN(const MatmulParams& p, const Problem& pr, const float* a, const float* b,
+               const float* bias, const float* res, float* out) {
+  using dt = dnnl::memory::data_type;
+  using dims = dnnl::memory::dims;
+  const int64_t M = pr.M, N = pr.N, K = pr.K;
+  // Fold A's batch into M when B is not batched (one big 2-D GEMM).
+  const bool b_broadcast = std::all_of(pr.b_batch.begin(), pr.b_batch.end(),
+                                       [](int64_t d) { return d == 1; });
+  const bool fold = b_broadcast && !p.ta &&
+                    std::equal(pr.a_batch.begin(), pr.a_batch.end(), pr.batch.begin());
+  std::vector<int64_t> a_batch = pr.a_batch, b_batch = pr.b_batch, batch = pr.batch;
+  int64_t m = M;
+  if (fold) {
+    m = M * pr.batch_count;
+    a_batch.clear();
+    b_batch.clear();
+    batch.clear();
+  }
+  if (batch.empty()) {  // oneDNN wants the same rank everywhere; 2-D is fine.
+  }
+  std::string key = std::string(kName) + "|" + p.canonical + "|a" + DimsKey(a_batch) + "|b" +
+                    DimsKey(b_batch) + "|" + std::to_string(m) + "x" + std::to_string(N) + "x" +
+                    std::to_string(K);
+  auto entry = CachedGet<OneDNNMatmul>(key, [&]() {
+    auto e = std::make_shared<OneDNNMatmul>();
+    const int nb = static_cast<int>(batch.size());
+    dims src_d(a_batch.begin(), a_batch.end()), wei_d(b_batch.begin(), b_batch.end()),
+        dst_d(batch.begin(), batch.end());
+    src_d.push_back(m);
+    src_d.push_back(K);
+    wei_d.push_back(K);
+    wei_d.push_back(N);
+    dst_d.push_back(m);
+    dst_d.push_back(N);
+    // Strides of A and B as stored (transposes are expressed as strides).
+    dims src_s(nb + 2), wei_s(nb + 2);
+    src_s[nb] = p.ta ? 1 : K;
+    src_s[nb + 1] = p.ta ? m : 1;
+    wei_s[nb] = p.tb ? 1 : N;
+    wei_s[nb + 1] = p.tb ? K : 1;
+    int64_t acc_a = m * K, acc_b = K * N;
+    for (int i = nb - 1; i >= 0; --i) {
+      src_s[i] = acc_a;
+      acc_a *= a_batch[i];
+      wei_s[i] = acc_b;
+      acc_b *= b_batch[i];
+    }
+    e->src_md = dnnl::memory::desc(src_d, dt::f32, src_s);
+    e->wei_md = dnnl::memory::desc(wei_d, dt::f32, wei_s);
+    e->dst_md = dnnl::memory::desc(dst_d, dt::f32, dnnl::memory::format_tag::any);
+    // dst must be plain row-major: give explicit strides.
+    dims dst_s(nb + 2);
+    int64_t acc = 1;
+    for (int i = nb + 1; i >= 0; --i) {
+      dst_s[i] = acc;
+      acc *= dst_d[i];
+    }
+    e->dst_md = dnnl::memory::desc(dst_d, dt::f32, dst_s);
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    dnnl::post_ops ops;
+    if (p.has_res) ops.append_binary(dnnl::algorithm::binary_add, e->dst_md);
+    AppendActivation(p.act, &ops);
+    attr.set_post_ops(ops);
+    dnnl::matmul::primitive_desc pd;
+    if (p.has_bias) {
+      dims bias_d(nb + 2, 1);
+      bias_d[nb + 1] = N;
+      dims bias_s(nb + 2, N);
+      bias_s[nb + 1] = 1;
+      e->bias_md = dnnl::memory::desc(bias_d, dt::f32, bias_s);
+      pd = dnnl::matmul::primitive_desc(Engine(), e->src_md, e->wei_md, e->bias_md, e->dst_md,
+                                        attr);
+    } else {
+      pd = dnnl::matmul::primitive_desc(Engine(), e->src_md, e->wei_md, e->dst_md, attr);
+    }
+    e->scratch_md = pd.scratchpad_desc();
+    e->prim = dnnl::matmul(pd);
+    return e;
+  });
+  const dnnl::engine& eng = Engine();
+  std::unordered_map<int, dnnl::memory> args;
+  args[DNNL_ARG_SRC] = dnnl::memory(entry->src_md, eng, const_cast<float*>(a));
+  args[DNNL_ARG_WEIGHTS] = dnnl::memory(entry->wei_md, eng, const_cast<float*>(b));
+  args[DNNL_ARG_DST] = dnnl::memory(entry->dst_md, eng, out);
+  if (p.has_bias) args[DNNL_ARG_BIAS] = dnnl::memory(entry->bias_md, eng, const_cast<float*>(bias));
+  if (p.has_res) {
+    args[DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1] =
+        dnnl::memory(entry->dst_md, eng, const_cast<float*>(res));
+  }
+  size_t scratch = entry->scratch_md.get_size();
+  if (scratch > 0) {
+    args[DNNL_ARG_SCRATCHPAD] = dnnl::memory(entry->scratch_md, eng, ScratchBuffer(0, scratch));
+  }
+  entry->prim.execute(Stream(), args);
+  Stream().wait();
+}
+
+// Default library per shape class, from kernel_bench on the 2-core AVX-512 Xeon (see the
+// comment in ChooseLib).
+Lib ChooseLib(const Problem& pr) {
+  (void)pr;
+  return Lib::kOneDNN;
+}
+
+void Matmul(ffi::PackedArgs args, ffi::Any* rv) {
+  EnsureThreads();
+  if (args.size() < 1) TVM_FFI_THROW(TypeError) << kName << ": missing attrs";
+  auto attrs_opt = args[0].try_cast<ffi::String>();
+  if (!attrs_opt.has_value()) {
+    TVM_FFI_THROW(TypeError) << kName << ": first argument must be the attrs string";
+  }
+  MatmulParams p = ParseMatmulAttrs(std::string(attrs_opt.value()));
+  const int want = 4 + (p.has_bias ? 1 : 0) + (p.has_res ? 1 : 0);
+  if (args.size() != want) {
+    TVM_FFI_THROW(TypeError) << kName << ": expected " << want
+                             << " arguments (attrs, A, B" << (p.has_bias ? ", bias" : "")
+                             << (p.has_res ? ", residual" : "") << ", Out) for attrs \""
+                             << p.canonical << "\", got " << args.size();
+  }
+  auto tensor = [&](int i, const char* what) {
+    auto t = args[i].try_cast<ffi::TensorView>();
+    if (!t.has_value()) TVM_FFI_THROW(TypeError) << kName << ": " << what << " must be a tensor";
+    return t.value();
+  };
+  int i = 1;
+  ffi::TensorView A = tensor(i++, "A");
+  ffi::TensorView B = tensor(i++, "B");
+  const float* a = CheckFloatTensor(A, kName, "A", 2);
+  const float* b = CheckFloatTensor(B, kName, "B", 2);
+  const float* bias = nullptr;
+  const float* res = nullptr;
+  std::optional<ffi::TensorView> Bias, Res;
+  if (p.has_bias) {
+    Bias = tensor(i++, "bias");
+    bias = CheckFloatTensor(*Bias, kName, "bias", 1);
+  }
+  if (p.has_res) {
+    Res = tensor(i++, "residual");
+    res = CheckFloatTensor(*Res, kName, "residual", 0);
+  }
+  ffi::TensorView Out = tensor(i++, "Out");
+  float* out = CheckFloatTensor(Out, kName, "Out", 2);
+  Problem pr = CheckShapes(p, A, B, Out);
+  if (Bias.has_value() && (Bias->ndim() != 1 || Bias->shape()[0] != pr.N)) {
+    TVM_FFI_THROW(ValueError) << kName << ": bias has shape " << ShapeStr(*Bias)
+                              << ", expected [" << pr.N << "]";
+  }
+  if (Res.has_value() && Dims(*Res) != Dims(Out)) {
+    TVM_FFI_THROW(ValueError) << kName << ": residual has shape " << ShapeStr(*Res)
+                              << ", expected Out's shape " << ShapeStr(Out);
+  }
+  if (Out.numel() == 0) return;
+  Lib lib = p.lib == Lib::kAuto ? ChooseLib(pr) : p.lib;
+  if (pr.K == 0) lib = Lib::kOpenBLAS;  // the BLAS path handles K == 0 (out = epilogue only)
+  if (lib == Lib::kOpenBLAS) {
+    RunOpenBLAS(p, pr, a, b, bias, res, out);
+  } else {
+    RunOneDNN(p, pr, a, b, bias, res, out);
+  }
+}
+
+}  // namespace
+
+std::string MatmulInfo() { return "matmul default: onednn"; }
+
+TVM_FFI_STATIC_INIT_BLOCK() {
+  namespace refl = tvm::ffi::reflection;
+  refl::GlobalDef().def_packed(kName, Matmul);
+}
+
+}  // namespace tvm_ollie
