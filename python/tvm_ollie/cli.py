@@ -265,7 +265,7 @@ def _add_search_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trials", type=int, default=0,
                         help="MetaSchedule trials (0: no tuning, the cost model decides)")
     parser.add_argument("--work-dir", help="tuning database directory (reused across runs)")
-    parser.add_argument("--max-depth", type=int, default=5, help="derivation search depth")
+    parser.add_argument("--max-depth", type=int, default=7, help="derivation search depth")
     parser.add_argument("--time-budget", type=float, default=20.0, metavar="SECONDS",
                         help="derivation search time for the whole model, shared by its operators")
     parser.add_argument("--no-library", action="store_true",

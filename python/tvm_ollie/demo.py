@@ -60,7 +60,7 @@ def run_demo(
     target: str = "llvm",
     trials: int = 0,
     work_dir: Optional[str] = None,
-    max_depth: int = 5,
+    max_depth: int = 7,
     time_budget_s: float = 20.0,
     repeat: int = 20,
     explain: bool = False,

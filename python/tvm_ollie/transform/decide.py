@@ -281,7 +281,7 @@ class Decider:
     """
 
     def __init__(self, target, trials: int = 0, work_dir: Optional[str] = None,
-                 max_depth: int = 5, search_budget_s: float = 5.0,
+                 max_depth: int = 7, search_budget_s: float = 5.0,
                  calibration: Optional[Calibration] = None, max_measured: int = 3,
                  max_states: Optional[int] = 2000, check_untuned: Optional[bool] = None,
                  library: Optional[bool] = None, derive: bool = True,

@@ -93,7 +93,7 @@ class _Rewriter(relax.PyExprMutator):
 
 
 def optimize_module(mod: "tvm.IRModule", target=None, trials: int = 0,
-                    work_dir: Optional[str] = None, max_depth: int = 5,
+                    work_dir: Optional[str] = None, max_depth: int = 7,
                     time_budget_s: float = 20.0, targets=None, verbose: bool = False,
                     calibration: Optional[Calibration] = None, max_measured: int = 3,
                     check_untuned: Optional[bool] = None, library: Optional[bool] = None,
@@ -192,13 +192,13 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: int = 0,
 class OllieOptimize:
     """The derivation rewrite as a module pass (see :func:`optimize_module`).
 
-    ``OllieOptimize(target=None, trials=0, work_dir=None, max_depth=5, time_budget_s=20.0)``;
+    ``OllieOptimize(target=None, trials=0, work_dir=None, max_depth=7, time_budget_s=20.0)``;
     the target defaults to ``tvm.target.Target.current()`` when the pass runs (llvm if none).
     The report of the last run is ``.last_report``.
     """
 
     def __init__(self, target=None, trials: int = 0, work_dir: Optional[str] = None,
-                 max_depth: int = 5, time_budget_s: float = 20.0, targets=None,
+                 max_depth: int = 7, time_budget_s: float = 20.0, targets=None,
                  verbose: bool = False, calibration: Optional[Calibration] = None,
                  max_measured: int = 3, check_untuned: Optional[bool] = None,
                  library: Optional[bool] = None, derive: bool = True,

@@ -8,7 +8,9 @@ The derivation engine's cost (:mod:`tvm_ollie.derive.cost`) is a roofline: each 
   the bandwidth); on ``cuda`` the engine's defaults (an H100/H200-class GPU) are used, since the
   machine that compiles need not have the GPU;
 * how close TVM's generated kernels get to it without tuning, per kind of kernel: this is the
-  fraction of the roof in :data:`EFFICIENCY`. It is what makes the *original* operator
+  fraction of the roof in :data:`EFFICIENCY` (defaults), replaced on llvm by a measurement of
+  TVM's own untuned build of a GEMM, a convolution and a transposed convolution here
+  (:func:`measure_tvm_efficiency`). It is what makes the *original* operator
   comparable with a derived program: on a GPU dlight has a tuned rule for matmul but schedules a
   direct convolution with its generic fallback, and on a CPU an untuned GEMM loop nest
   vectorizes better than a seven-deep convolution nest. The numbers are the order of
@@ -31,7 +33,7 @@ import numpy as np
 from ..derive.cost import TARGET_DEFAULTS
 
 __all__ = ["Calibration", "EFFICIENCY", "calibrate", "measure_cpu_roofline",
-           "measure_native_efficiency", "target_kind"]
+           "measure_native_efficiency", "measure_tvm_efficiency", "target_kind"]
 
 #: Fraction of the compute roof reached by untuned TVM kernels, per target kind and stage kind
 #: (``eop`` is a memory-bound eOperator: its fraction applies to the bandwidth roof).
@@ -156,6 +158,62 @@ def measure_native_efficiency(repeat: int = 5) -> Dict[str, float]:
             "native_conv2d": min(1.0, conv_flops / t_conv / peak)}
 
 
+def _tvm_seconds(build_body, shapes, target, repeat: int) -> float:
+    """Best seconds of a one-call Relax module built by TVM's default pipeline (untuned)."""
+    # pylint: disable=import-outside-toplevel
+    from ..compat import relax, tvm
+    from ..frontend.builder import single_function_module, tensor_var
+    from .metaschedule import default_pipeline
+
+    names = [f"x{k}" for k in range(len(shapes))]
+    mod = single_function_module([tensor_var(n, s) for n, s in zip(names, shapes)], build_body)
+    ex = tvm.compile(mod, target=target, relax_pipeline=default_pipeline(target))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    rng = np.random.default_rng(0)
+    args = [tvm.runtime.tensor(rng.standard_normal(s, dtype=np.float32)) for s in shapes]
+    vm["main"](*args)
+    return _best_time(lambda: vm["main"](*args), repeat)
+
+
+#: measured untuned-TVM efficiencies per target (``str(target)``)
+_TVM_EFFICIENCY: Dict[str, Dict[str, float]] = {}
+
+
+def _measure_tvm_efficiency(target, repeat: int) -> Dict[str, float]:
+    from ..compat import relax  # pylint: disable=import-outside-toplevel
+
+    peak, _ = measure_cpu_roofline()
+    n = 128
+    t_mm = _tvm_seconds(lambda bb, a, b: relax.op.matmul(a, b), [(n, n), (n, n)], target,
+                        repeat)
+    conv = ((1, 32, 28, 28), (32, 32, 3, 3))
+    t_conv = _tvm_seconds(lambda bb, x, w: relax.op.nn.conv2d(x, w, padding=1), conv, target,
+                          repeat)
+    convt = ((1, 32, 14, 14), (32, 32, 4, 4))
+    t_convt = _tvm_seconds(lambda bb, x, w: relax.op.nn.conv2d_transpose(
+        x, w, strides=2, padding=1), convt, target, repeat)
+    conv_flops = 2.0 * 32 * 32 * 9 * 28 * 28
+    convt_flops = 2.0 * 32 * 32 * 16 * 14 * 14  # useful work: each input point times a kernel
+    eff = {"matmul": 2.0 * n ** 3 / t_mm / peak, "conv2d": conv_flops / t_conv / peak,
+           "conv_transpose": convt_flops / t_convt / peak}
+    eff["batch_matmul"] = eff["matmul"]
+    return {k: float(min(1.0, v)) for k, v in eff.items()}
+
+
+def measure_tvm_efficiency(target, repeat: int = 3) -> Dict[str, float]:
+    """Fraction of this CPU's compute roof TVM's untuned build reaches (``matmul``,
+    ``batch_matmul``, ``conv2d``, ``conv_transpose``): a 128-cube GEMM, a 3x3 convolution
+    1x32x28x28 -> 32 and a stride-2 4x4 transposed convolution 1x32x14x14 -> 32, built with
+    the pipeline the pass builds with. Cached per process and target."""
+    from .metaschedule import normalize_target  # pylint: disable=import-outside-toplevel
+
+    tgt = normalize_target(target)
+    key = str(tgt)
+    if key not in _TVM_EFFICIENCY:
+        _TVM_EFFICIENCY[key] = _measure_tvm_efficiency(tgt, repeat)
+    return dict(_TVM_EFFICIENCY[key])
+
+
 def calibrate(target, peak_flops: Optional[float] = None,
               bandwidth: Optional[float] = None) -> Calibration:
     """The calibration of ``target``: measured roof on llvm, defaults on cuda.
@@ -168,6 +226,7 @@ def calibrate(target, peak_flops: Optional[float] = None,
         return Calibration(kind, float(peak_flops), float(bandwidth), eff, "given")
     if kind == "llvm":
         peak, bw = measure_cpu_roofline()
+        eff.update(measure_tvm_efficiency(target))
         eff.update(measure_native_efficiency())
         source = "measured"
     else:
