@@ -173,6 +173,54 @@ def test_time_budget_hit_during_verification(monkeypatch):
     res = derive(conv, targets=("matmul",), max_depth=2, time_budget_s=0.5)
     assert res.stats.stop_reason is StopReason.TIME_BUDGET
     assert 1 <= len(res.candidates) < res.stats.candidates_found
+    st = res.stats
+    assert st.candidates_verified == len(res.candidates)
+    assert st.candidates_unverified == st.candidates_found - st.candidates_verified
+    assert "unverified (budget)" in st.summary()
+
+
+def test_best_of_every_kind_is_returned_first():
+    # a 3x3 convolution has conv2d forms and matmul forms; with room for two candidates the
+    # result holds the cheapest of each kind, not the two cheapest of one kind
+    conv = conv2d_nhwc(h=4, c=8, f=8)
+    full = derive(conv, targets=("matmul", "conv2d"), max_depth=3, max_candidates=None)
+    kinds = {k for p in full.candidates for k in p.kinds}
+    assert {"matmul", "conv2d"} <= kinds
+    res = derive(conv, targets=("matmul", "conv2d"), max_depth=3, max_candidates=2)
+    got = [set(p.kinds) for p in res.candidates]
+    assert len(got) == 2 and {"matmul", "conv2d"} <= got[0] | got[1], got
+    costs = [p.cost(target="llvm").time_s for p in res.candidates]
+    assert costs == sorted(costs)  # still returned by cost
+
+
+def test_best_of_each_kind_first_order():
+    from types import SimpleNamespace as NS
+
+    from tvm_ollie.derive.search import best_of_each_kind_first
+
+    def prog(*kinds):
+        return NS(stages=[NS(kind=k, is_operator=k != "eop") for k in kinds], name=kinds)
+
+    progs = [prog("matmul", "eop"), prog("matmul"), prog("eop", "conv2d"), prog("matmul"),
+             prog("g2bmm", "matmul")]
+    order = best_of_each_kind_first(progs)
+    assert [p.name for p in order] == [("matmul", "eop"), ("eop", "conv2d"), ("g2bmm", "matmul"),
+                                       ("matmul",), ("matmul",)]
+
+
+def test_ranking_follows_the_current_target():
+    import tvm
+
+    conv = conv2d_nhwc(h=4, c=8, f=8)
+    with tvm.target.Target("llvm"):
+        cpu = derive(conv, targets=("matmul", "conv2d"), max_depth=2, verify=False,
+                     max_candidates=None)
+    explicit = derive(conv, targets=("matmul", "conv2d"), max_depth=2, verify=False,
+                      max_candidates=None, cost_target="llvm")
+    gpu = derive(conv, targets=("matmul", "conv2d"), max_depth=2, verify=False,
+                 max_candidates=None, cost_target="cuda")
+    assert [repr(p) for p in cpu.candidates] == [repr(p) for p in explicit.candidates]
+    assert [repr(p) for p in cpu.candidates] != [repr(p) for p in gpu.candidates]
 
 
 def _signature(res):

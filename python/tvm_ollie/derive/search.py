@@ -22,12 +22,16 @@ before the expensive normalization: eager rules + :func:`tvm_ollie.derive.canon.
 then the canonical form. The time spent per phase is in ``SearchStats.phase_s``.
 
 Every search has explicit limits (depth, time, states) and reports which one stopped it; the
-time budget covers verification too (the cheapest candidate is always verified; when the budget
-cuts verification short the stop reason is ``TIME_BUDGET``). The exploration is deterministic:
-no iteration over hash-ordered sets; ``seed`` only draws the verification inputs. Candidates
-are deduplicated, sorted by analytic cost, and each is checked against the original expression
-with the reference interpreter (on sampled output points when the expression is too large to
-evaluate whole) before it is returned; a candidate that fails is a bug: it is logged and dropped.
+time budget covers verification too: a share of it (:data:`VERIFY_SHARE`) is reserved for
+verification, so that a search that explores until its deadline still returns what it found.
+Verification goes in order of value: first the cheapest candidate of every target kind (the
+best matmul form, the best conv2d form...), then the cheapest others; the stats count the
+candidates found, verified, rejected and those the budget left unverified. The exploration is
+deterministic: no iteration over hash-ordered sets; ``seed`` only draws the verification
+inputs. Candidates are deduplicated, sorted by the analytic cost of the target compiled for,
+and each is checked against the original expression with the reference interpreter (on
+sampled output points when the expression is too large to evaluate whole) before it is
+returned; a candidate that fails is a bug: it is logged and dropped.
 """
 
 from __future__ import annotations
@@ -48,11 +52,14 @@ from .rules import EAGER_RULES, GUIDED_RULES, SEARCH_RULES
 from .rules.base import Rule, RuleContext
 
 __all__ = ["derive", "DeriveResult", "SearchStats", "StopReason", "DEFAULT_TARGETS",
-           "verify_candidate"]
+           "VERIFY_SHARE", "best_of_each_kind_first", "verify_candidate"]
 
 LOG = logging.getLogger(__name__)
 
 DEFAULT_TARGETS = ("matmul", "batch_matmul", "conv2d", "g2bmm", "gbmm")
+
+#: Share of a time budget reserved for verification when ``derive`` verifies.
+VERIFY_SHARE = 0.25
 
 
 class StopReason(enum.Enum):
@@ -89,6 +96,9 @@ class SearchStats:
         ("rewrite", "normalize", "fingerprint", "instantiate", "guided"), 0.0))
     candidates_found: int = 0
     candidates_rejected: int = 0
+    #: candidates checked and passed / left unchecked because the time budget ran out
+    candidates_verified: int = 0
+    candidates_unverified: int = 0
     #: guided rewrites taken (each led to an instantiated target)
     guided_steps: int = 0
     stop_reason: StopReason = StopReason.EXHAUSTED
@@ -97,8 +107,11 @@ class SearchStats:
         """One line for logs and the benchmark."""
         first = ", ".join(f"{k}@d{self.first_found_depth[k]} {v * 1e3:.1f}ms"
                           for k, v in sorted(self.first_found_s.items(), key=lambda kv: kv[1]))
+        cut = f", {self.candidates_unverified} unverified (budget)" \
+            if self.candidates_unverified else ""
         return (f"{self.states_visited} states ({self.states_pruned} pruned), "
-                f"{self.candidates_found} candidates, {self.time_s:.2f}s, "
+                f"{self.candidates_found} candidates ({self.candidates_verified} verified"
+                f"{cut}), {self.time_s:.2f}s, "
                 f"stop={self.stop_reason.value}; first: {first or 'none'}")
 
     __str__ = summary  # print(stats) gives the line; repr keeps every field (and the log)
@@ -106,7 +119,10 @@ class SearchStats:
 
 @dataclass
 class DeriveResult:
-    """Candidates (programs sorted by cost, each verified) and the search statistics."""
+    """Candidates (programs sorted by cost, each verified) and the search statistics.
+
+    Which candidates are kept when there are more than ``max_candidates`` or than the budget
+    can verify: the cheapest of every operator kind first, then the cheapest others."""
 
     candidates: list
     stats: SearchStats
@@ -348,7 +364,7 @@ def derive(
     max_candidates: Optional[int] = 16,
     stop_on_first=False,
     guided: bool = True,
-    cost_target: str = "cuda",
+    cost_target: Optional[str] = None,
     instantiate_all_scopes: bool = False,
 ) -> DeriveResult:
     """Derive programs equivalent to ``expr`` built from target operators and eOperators.
@@ -375,22 +391,26 @@ def derive(
         Check each returned candidate against ``expr`` with the interpreter (never turn this off
         outside of benchmarks of the search alone).
     max_candidates : int or None
-        Return at most this many (the cheapest; verification stops once enough passed).
+        Return at most this many: the cheapest of every target kind first, then the cheapest
+        others (verification stops once enough passed).
     stop_on_first : bool or tuple of str
         Stop as soon as the first target (or each of the given targets) has a candidate.
     guided : bool
         Match targets at every state (turning it off measures pure exploration).
-    cost_target : str
-        Roofline defaults used to sort candidates (``"cuda"`` or ``"llvm"``).
+    cost_target : str, optional
+        Roofline defaults used to sort candidates (``"cuda"`` or ``"llvm"``); by default the
+        kind of ``tvm.target.Target.current()`` (``"llvm"`` when there is none).
     instantiate_all_scopes : bool
         Match every scope of every state, not only the scopes a state does not share with its
         parent (more candidates that differ only in their eOperators; slower).
 
     Notes
     -----
-    ``time_budget_s`` bounds the whole call, verification included: the cheapest candidate is
-    always verified (nothing unverified is returned), further ones only while time remains; when
-    the budget cuts verification short, ``stats.stop_reason`` is ``TIME_BUDGET``.
+    ``time_budget_s`` bounds the whole call, verification included: with ``verify`` the
+    exploration stops at ``(1 - VERIFY_SHARE)`` of it, and verification gets the rest. The
+    first candidate is always verified (nothing unverified is returned), further ones only
+    while time remains; when the budget cuts verification short, ``stats.stop_reason`` is
+    ``TIME_BUDGET`` and ``stats.candidates_unverified`` counts what was left.
 
     Returns
     -------
@@ -399,35 +419,71 @@ def derive(
     if not isinstance(expr, Scope):
         raise TypeError(f"derive needs a Scope, got {type(expr).__name__}")
     ctx = ctx or RuleContext(targets=tuple(targets))
-    search = _Search(expr, targets, max_depth, time_budget_s, max_states,
+    explore_s = time_budget_s
+    if verify and time_budget_s is not None:
+        explore_s = time_budget_s * (1 - VERIFY_SHARE)
+    search = _Search(expr, targets, max_depth, explore_s, max_states,
                      rules if rules is not None else SEARCH_RULES, ctx, stop_on_first, guided,
                      instantiate_all_scopes)
     search.run()
+    deadline = None if time_budget_s is None else search.t0 + time_budget_s
     stats = search.stats
-    progs = list(search.candidates.values())
-    progs.sort(key=lambda p: (_cost(p, cost_target), repr(p)))
+    cost_target = cost_target or _current_target_kind()
+    costs = {id(p): (_cost(p, cost_target), repr(p)) for p in search.candidates.values()}
+    progs = sorted(search.candidates.values(), key=lambda p: costs[id(p)])
+    progs = best_of_each_kind_first(progs)
     t_verify = time.perf_counter()
     out = []
     if verify and progs:
         checker = _Verifier(expr, seed)
-        for prog in progs:
+        for k, prog in enumerate(progs):
             if max_candidates is not None and len(out) >= max_candidates:
                 break
-            if out and search.deadline is not None and time.perf_counter() > search.deadline:
+            if out and deadline is not None and time.perf_counter() > deadline:
                 stats.stop_reason = StopReason.TIME_BUDGET
+                stats.candidates_unverified = len(progs) - k
                 break
             ok, why = checker.check(prog)
             if ok:
                 out.append(prog)
+                stats.candidates_verified += 1
             else:
                 stats.candidates_rejected += 1
                 LOG.error("derived candidate failed verification (%s): %r\n%s", why, prog,
                           _explain(prog))
     else:
         out = progs if max_candidates is None else progs[:max_candidates]
+    out.sort(key=lambda p: costs[id(p)])  # returned by cost, whichever were kept
     stats.verify_time_s = time.perf_counter() - t_verify
     stats.time_s = stats.search_time_s + stats.verify_time_s
     return DeriveResult(out, stats, expr)
+
+
+def best_of_each_kind_first(progs: Sequence) -> list:
+    """``progs`` (sorted by cost) reordered: the first program using each operator kind (in
+    the order the kinds first appear), then the others in their order."""
+    firsts, rest, kinds = [], [], set()
+    for prog in progs:
+        new = {s.kind for s in prog.stages if s.is_operator} - kinds
+        if new:
+            kinds |= new
+            firsts.append(prog)
+        else:
+            rest.append(prog)
+    return firsts + rest
+
+
+def _current_target_kind() -> str:
+    """``"cuda"`` when the current TVM target is a GPU, else ``"llvm"``."""
+    try:
+        from ..compat import tvm  # pylint: disable=import-outside-toplevel
+
+        current = tvm.target.Target.current(allow_none=True)
+    except Exception:  # pylint: disable=broad-except
+        return "llvm"
+    if current is not None and current.kind.name in ("cuda", "nvptx", "rocm"):
+        return "cuda"
+    return "llvm"
 
 
 def verify_candidate(original: Scope, program, seed: int = 0) -> Tuple[bool, str]:
