@@ -30,6 +30,7 @@ from ..tune import analytic
 from ..tune.calibrate import Calibration, calibrate
 from ..tune.measure import compile_module, random_args, time_main
 from ..tune.metaschedule import STATS, Tuner, gpu_available, is_gpu_target, normalize_target
+from ..tune.rpc import RPCConfig
 from .emit import EmitError, emit_program
 
 __all__ = ["DERIVABLE_OPS", "MARGIN", "RTOL", "Choice", "Decider", "call_signature",
@@ -186,12 +187,16 @@ class Decider:
         Analytic cost calibration (measured/default for the target when None).
     max_measured : int
         Candidates (cheapest by the analytic cost) tuned and measured per signature.
+    rpc : RPCConfig, optional
+        Run every measurement (tuning trials, untuned and tuned timings) on the devices behind
+        this RPC tracker; checked once here so an unreachable tracker fails before any work.
     """
 
     def __init__(self, target, trials: int = 0, work_dir: Optional[str] = None,
                  max_depth: int = 5, search_budget_s: float = 5.0,
                  calibration: Optional[Calibration] = None, max_measured: int = 2,
-                 max_states: Optional[int] = 2000, check_untuned: Optional[bool] = None):
+                 max_states: Optional[int] = 2000, check_untuned: Optional[bool] = None,
+                 rpc: Optional[RPCConfig] = None):
         self.target = normalize_target(target)
         #: with trials=0 on a CPU, time the original and the candidate untuned before choosing
         #: (not when a fixed calibration asks for reproducible, cost-model-only decisions)
@@ -206,12 +211,17 @@ class Decider:
         self.max_states = max_states
         self.can_measure = self.trials > 0 and (
             not is_gpu_target(self.target) or gpu_available(self.target))
+        self.rpc = rpc
+        if rpc is not None:
+            self.can_measure = self.trials > 0  # the remote devices measure, not this machine
+            if self.can_measure or self.check_untuned:
+                rpc.check()
         self.work_dir = work_dir
         if self.can_measure and not work_dir:
             import tempfile  # pylint: disable=import-outside-toplevel
 
             self.work_dir = tempfile.mkdtemp(prefix="ollie_tune_")
-        self.tuner = Tuner(self.target, self.work_dir) if self.can_measure else None
+        self.tuner = Tuner(self.target, self.work_dir, rpc=rpc) if self.can_measure else None
         self.measure_cache = _MeasureCache(self.work_dir if self.can_measure else None)
         self.cache: Dict[str, Choice] = {}
         self.search_s = 0.0
@@ -297,13 +307,14 @@ class Decider:
     def _untuned_seconds(self, mod) -> Optional[float]:
         """Median seconds of ``mod`` built with TVM's default pipeline (no tuning) on the CPU."""
         try:
-            return time_main(compile_module(mod, self.target), random_args(mod["main"]))
+            return time_main(compile_module(mod, self.target), random_args(mod["main"]),
+                             rpc=self.rpc, target=self.target)
         except Exception as err:  # pylint: disable=broad-except
             LOG.warning("ollie: untuned timing failed: %s: %s", type(err).__name__, err)
             return None
 
     def _choose_measured(self, call, sig, names, better, before_est, n_cand) -> Choice:
-        tkey = str(self.target)
+        tkey = str(self.target) + (f"@rpc:{self.rpc.key}" if self.rpc is not None else "")
         t_orig = self._measured(tkey, sig, "original", isolated_module(call))
         if t_orig is None:
             return Choice(None, names, "the original operator failed to build or run",
@@ -341,7 +352,7 @@ class Decider:
         calls = STATS.calls
         try:
             ex = compile_module(mod, self.target, self.tuner, self.trials)
-            seconds = time_main(ex, random_args(mod["main"]))
+            seconds = time_main(ex, random_args(mod["main"]), rpc=self.rpc, target=self.target)
         except Exception as err:  # pylint: disable=broad-except
             LOG.warning("ollie: measuring %s failed: %s: %s", impl, type(err).__name__, err)
             return None

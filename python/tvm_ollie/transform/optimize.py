@@ -17,6 +17,7 @@ from typing import Dict, List, Optional, Tuple
 from ..compat import relax, tvm
 from ..tune.calibrate import Calibration
 from ..tune.metaschedule import STATS, normalize_target
+from ..tune.rpc import RPCConfig
 from .decide import DERIVABLE_OPS, Decider, call_signature
 from .emit import emit_program
 from .report import OpDecision, OptimizeReport
@@ -90,7 +91,7 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: int = 0,
                     work_dir: Optional[str] = None, max_depth: int = 5,
                     time_budget_s: float = 20.0, targets=None, verbose: bool = False,
                     calibration: Optional[Calibration] = None, max_measured: int = 2,
-                    check_untuned: Optional[bool] = None,
+                    check_untuned: Optional[bool] = None, rpc: Optional[RPCConfig] = None,
                     ) -> Tuple["tvm.IRModule", OptimizeReport]:
     """Run the derivation rewrite on ``mod``; return the new module and the report.
 
@@ -123,6 +124,9 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: int = 0,
         the candidate only if it is faster (default: on for CPU targets, whose untuned kernels
         the analytic cost ranks poorly, unless ``calibration`` is given for reproducible
         decisions; off for GPU targets, which may have no device here).
+    rpc : RPCConfig, optional
+        Measure on the devices behind this RPC tracker instead of this machine (tuning trials,
+        untuned and tuned timings); builds stay local, records go to ``work_dir``.
     """
     t_start = time.perf_counter()
     tgt = normalize_target(target)
@@ -132,7 +136,7 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: int = 0,
         calls = [c for c in calls if c[2].op.name in wanted]
     decider = Decider(tgt, trials=trials, work_dir=work_dir, max_depth=max_depth,
                       calibration=calibration, max_measured=max_measured,
-                      check_untuned=check_untuned)
+                      check_untuned=check_untuned, rpc=rpc)
     report = OptimizeReport(target=str(tgt.kind.name if tgt.kind.name != "llvm" else "llvm"))
     tuning0, calls0 = STATS.seconds, STATS.calls
     sigs = list(dict.fromkeys(call_signature(c) for _, _, c in calls))
@@ -183,8 +187,10 @@ class OllieOptimize:
     def __init__(self, target=None, trials: int = 0, work_dir: Optional[str] = None,
                  max_depth: int = 5, time_budget_s: float = 20.0, targets=None,
                  verbose: bool = False, calibration: Optional[Calibration] = None,
-                 max_measured: int = 2, check_untuned: Optional[bool] = None):
+                 max_measured: int = 2, check_untuned: Optional[bool] = None,
+                 rpc: Optional[RPCConfig] = None):
         self.target = target
+        self.rpc = rpc
         self.check_untuned = check_untuned
         self.trials = trials
         self.work_dir = work_dir
@@ -204,6 +210,6 @@ class OllieOptimize:
             mod, target, trials=self.trials, work_dir=self.work_dir, max_depth=self.max_depth,
             time_budget_s=self.time_budget_s, targets=self.targets, verbose=self.verbose,
             calibration=self.calibration, max_measured=self.max_measured,
-            check_untuned=self.check_untuned)
+            check_untuned=self.check_untuned, rpc=self.rpc)
         self.last_report = report
         return new_mod
