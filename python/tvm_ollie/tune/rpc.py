@@ -187,8 +187,13 @@ class RPCConfig:
         return n
 
     def connect(self) -> "tvm.rpc.RPCSession":
-        """A session on a free device of :attr:`key`, waiting at most :attr:`device_wait_s`."""
+        """A session on a free device of :attr:`key`, waiting at most :attr:`device_wait_s`.
+
+        A key without any server fails at once (the tracker would queue the request until
+        one registers): that is what remains when every device of the key disconnected.
+        """
         base = rpc_module().base
+        self.check()
         sock = self._tracker_socket()
         try:
             sock.settimeout(self.device_wait_s)
