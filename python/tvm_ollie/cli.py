@@ -235,9 +235,11 @@ def _rpc_config(args: argparse.Namespace):
     from .tune.rpc import RPCConfig  # pylint: disable=import-outside-toplevel
 
     try:
-        return RPCConfig.from_address(tracker, key, workers=workers or 1)
+        config = RPCConfig.from_address(tracker, key, workers=workers or 1)
     except ValueError as err:
         raise UserError(str(err)) from None
+    config.check()  # an unreachable tracker or unknown key: one line before any loading
+    return config
 
 
 def _secs(report, field: str) -> str:

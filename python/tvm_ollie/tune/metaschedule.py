@@ -115,6 +115,26 @@ def _without_tensor_intrin(target):
                 delattr(parent, "tensor_intrin")
 
 
+@contextlib.contextmanager
+def _unnamed_handlers_detached():
+    """Detach handlers without a name from MetaSchedule's logger while it sets up its logs.
+
+    MetaSchedule lists the logger's handlers by name in a ``dictConfig`` and fails on one
+    without a name (``'NoneType' object has no attribute 'format'``). pytest >= 8 attaches its
+    unnamed capture handlers to every non-propagating logger, MetaSchedule's included, so the
+    second tuning run in a test process failed; the handlers are put back afterwards.
+    """
+    logger = logging.getLogger("tvm.s_tir.meta_schedule")
+    detached = [h for h in logger.handlers if h.get_name() is None]
+    for handler in detached:
+        logger.removeHandler(handler)
+    try:
+        yield
+    finally:
+        for handler in detached:
+            logger.addHandler(handler)
+
+
 def search_strategy(trials_per_task: int):
     """Evolutionary search sized to the budget.
 
@@ -224,7 +244,7 @@ class Tuner:
         t0 = time.perf_counter()
         cores = int(self.target.attrs.get("num-cores", 1)) if self.target.kind.name == "llvm" \
             else os.cpu_count() or 1
-        with _without_tensor_intrin(self.target):
+        with _without_tensor_intrin(self.target), _unnamed_handlers_detached():
             contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
                 extracted_tasks=todo, work_dir=self.work_dir, seed=self.seed,
                 strategy=search_strategy(per_task))
