@@ -316,7 +316,7 @@ class LocalCluster:
     """
 
     def __init__(self, servers: int = 2, key: str = "ollie-local", log_dir: Optional[str] = None,
-                 start_timeout_s: float = 60.0):
+                 start_timeout_s: float = 120.0):
         require_tracker_dependencies()
         self.key = key
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="ollie_rpc_logs_")
