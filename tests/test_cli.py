@@ -166,6 +166,11 @@ def test_run_errors(work, onnx_lib, capsys, args, message):
     (["compile", "tiny.onnx", "--trials", "-1"], "--trials"),
     (["lift", "x_bad.npy"], "unsupported model format"),
     (["demo", "--channels", "0"], "--channels"),
+    (["compile", "tiny.onnx", "--rpc-key", "k"], "need --rpc-tracker HOST:PORT"),
+    (["explain", "tiny.onnx", "--rpc-tracker", "127.0.0.1:9190"], "needs --rpc-key"),
+    (["compile", "tiny.onnx", "--rpc-tracker", "nohost", "--rpc-key", "k"], "expected HOST:PORT"),
+    (["explain", "tiny.onnx", "--rpc-tracker", "h:1", "--rpc-key", "k", "--rpc-workers", "0"],
+     "--rpc-workers must be >= 1"),
 ])
 def test_user_errors_are_one_line(work, capsys, args, message):
     path, _ = work
@@ -178,6 +183,43 @@ def test_errors_in_a_real_process(work):
     assert "no such model file" in one_line_error(cli("compile", "missing.onnx", cwd=path))
     line = one_line_error(cli("frobnicate", cwd=path))
     assert "invalid choice: 'frobnicate'" in line
+
+
+def _closed_port() -> int:
+    import socket  # pylint: disable=import-outside-toplevel
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nobody listens there once the block ends
+
+
+def test_unreachable_rpc_tracker_is_one_line(work, capsys):
+    """No tracker at the address: one line and exit 1 before any search, in a real process too."""
+    path, _ = work
+    tracker = f"127.0.0.1:{_closed_port()}"
+    proc = cli("compile", "tiny.onnx", "--rpc-tracker", tracker, "--rpc-key", "k", "-o", "r.so",
+               *FAST, cwd=path)
+    line = one_line_error(proc, expected_code=1)
+    assert f"cannot reach the RPC tracker at {tracker}" in line
+    assert not (path / "r.so").exists()
+    line = in_process_error(capsys, ["explain", "tiny.onnx", "--trials", "2", "--rpc-tracker",
+                                     tracker, "--rpc-key", "k", *FAST], path, expected_code=1)
+    assert "cannot reach the RPC tracker" in line
+
+
+@pytest.mark.tuning
+def test_compile_tunes_through_rpc(work, tmp_path):
+    """``--rpc-*`` with trials: the measurements happen on the server, the library is right."""
+    from tvm_ollie.tune.rpc import LocalCluster  # pylint: disable=import-outside-toplevel
+
+    path, expected = work
+    with LocalCluster(1, key="cli-test", log_dir=str(tmp_path)) as cluster:
+        out = ok(cli("compile", "tiny.onnx", "--trials", "2", "--work-dir", tmp_path / "db",
+                     "--rpc-tracker", f"127.0.0.1:{cluster.tracker_port}", "--rpc-key",
+                     "cli-test", "-o", "tiny_rpc.so", *FAST, cwd=path))
+        assert "wrote tiny_rpc.so" in out
+        assert cluster.loads()[0] >= 2  # at least the trials ran there
+    _load_and_compare(path, "tiny_rpc.so", expected)
 
 
 def test_unsupported_onnx_operator(tmp_path, capsys):

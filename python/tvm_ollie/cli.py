@@ -9,6 +9,9 @@
 * ``tvm-ollie lift MODEL``: print the expression of every liftable operator;
 * ``tvm-ollie bench ...``: the benchmark (same options as ``python -m tvm_ollie.bench``).
 
+``compile`` and ``explain`` measure on remote devices with ``--rpc-tracker HOST:PORT --rpc-key
+KEY [--rpc-workers N]`` (TVM's ``python -m tvm.exec.rpc_tracker`` and ``rpc_server``).
+
 MODEL is an ONNX file, a Relax module saved with ``tvm.ir.save_json`` (.json), or
 ``file.py:function`` returning an IRModule (or an ``(IRModule, params)`` pair).
 
@@ -209,9 +212,37 @@ def _transform():
 def _search_options(args: argparse.Namespace) -> dict:
     if args.trials < 0 or args.max_depth < 0 or args.time_budget <= 0:
         raise UserError("--trials and --max-depth must be >= 0 and --time-budget > 0")
-    return {"trials": args.trials, "work_dir": args.work_dir, "max_depth": args.max_depth,
-            "time_budget_s": args.time_budget, "library": False if args.no_library else None,
-            "derive": not args.no_derive}  # fmt: skip
+    options = {"trials": args.trials, "work_dir": args.work_dir, "max_depth": args.max_depth,
+               "time_budget_s": args.time_budget,
+               "library": False if args.no_library else None,
+               "derive": not args.no_derive}  # fmt: skip
+    rpc = _rpc_config(args)
+    if rpc is not None:
+        options["rpc"] = rpc
+    return options
+
+
+def _rpc_config(args: argparse.Namespace):
+    """The :class:`~tvm_ollie.tune.rpc.RPCConfig` of ``--rpc-*`` (None without a tracker)."""
+    tracker = getattr(args, "rpc_tracker", None)
+    key = getattr(args, "rpc_key", None)
+    workers = getattr(args, "rpc_workers", None)
+    if tracker is None:
+        if key is not None or workers is not None:
+            raise UserError("--rpc-key and --rpc-workers need --rpc-tracker HOST:PORT")
+        return None
+    if not key:
+        raise UserError("--rpc-tracker needs --rpc-key KEY (the key the RPC servers registered)")
+    if workers is not None and workers < 1:
+        raise UserError("--rpc-workers must be >= 1")
+    from .tune.rpc import RPCConfig  # pylint: disable=import-outside-toplevel
+
+    try:
+        config = RPCConfig.from_address(tracker, key, workers=workers or 1)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    config.check()  # an unreachable tracker or unknown key: one line before any loading
+    return config
 
 
 def _secs(report, field: str) -> str:
@@ -274,6 +305,17 @@ def _add_search_options(parser: argparse.ArgumentParser) -> None:
                         help="no derived programs (only the operators' implementations compete)")
 
 
+def _add_rpc_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "remote measurement", "measure on devices behind TVM's RPC tracker (builds stay here)")
+    group.add_argument("--rpc-tracker", metavar="HOST:PORT",
+                       help="address of python -m tvm.exec.rpc_tracker")
+    group.add_argument("--rpc-key", metavar="KEY",
+                       help="device key the RPC servers registered with (rpc_server --key)")
+    group.add_argument("--rpc-workers", type=int, metavar="N",
+                       help="measurements at once, each on its own device (default: 1)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``tvm-ollie`` (exposed for tests and documentation)."""
     common = argparse.ArgumentParser(add_help=False)
@@ -289,6 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmd = sub.add_parser("compile", parents=[common], help="optimize and build a model into a .so")
     _add_model_options(cmd)
     _add_search_options(cmd)
+    _add_rpc_options(cmd)
     cmd.add_argument("-o", "--output", metavar="OUT.so",
                      help="library to write (default: MODEL's name with .so, here)")
     cmd.set_defaults(func=_compile)
@@ -311,6 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="show what the optimizer chose for each operator, and why")
     _add_model_options(cmd)
     _add_search_options(cmd)
+    _add_rpc_options(cmd)
     cmd.set_defaults(func=_explain)
 
     cmd = sub.add_parser("demo", parents=[common],

@@ -25,6 +25,13 @@ def meta_schedule():
     return meta_schedule
 
 
+def rpc_module():
+    """``tvm.rpc`` (client, server and the tracker protocol in ``.base``), imported lazily."""
+    from tvm import rpc  # pylint: disable=import-outside-toplevel
+
+    return rpc
+
+
 def cpu_target(num_cores: int = None) -> "tvm.target.Target":
     """An llvm target; with ``num_cores`` the JSON form 0.27 requires for options."""
     if num_cores is None:

@@ -20,6 +20,7 @@ from ..compat import relax, tvm
 from ..tune.measure import compile_module
 from ..tune.metaschedule import Tuner, default_pipeline, gpu_available, is_gpu_target, \
     normalize_target
+from ..tune.rpc import RPCConfig
 from .optimize import OllieOptimize, optimize_module
 from .report import OptimizeReport
 
@@ -31,7 +32,8 @@ PIPELINE_NAME = "ollie"
 
 
 def build(mod: "tvm.IRModule", target="llvm", trials: int = 0, work_dir: Optional[str] = None,
-          **opts) -> Tuple["tvm.runtime.Executable", OptimizeReport]:
+          rpc: Optional[RPCConfig] = None, **opts
+          ) -> Tuple["tvm.runtime.Executable", OptimizeReport]:
     """Rewrite ``mod`` with the pass, then compile it to a Relax executable.
 
     Parameters
@@ -46,6 +48,9 @@ def build(mod: "tvm.IRModule", target="llvm", trials: int = 0, work_dir: Optiona
     work_dir : str, optional
         MetaSchedule database directory; records found there are applied even with
         ``trials=0``, and nothing already recorded is tuned again.
+    rpc : RPCConfig, optional
+        Measure on the devices behind this RPC tracker: the pass's timings and every tuning
+        trial (GPU targets are then tuned without a GPU here); builds stay local.
     **opts
         Passed to :func:`optimize_module` (``max_depth``, ``time_budget_s``, ``calibration``...).
 
@@ -54,15 +59,18 @@ def build(mod: "tvm.IRModule", target="llvm", trials: int = 0, work_dir: Optiona
     (Executable, OptimizeReport)
     """
     tgt = normalize_target(target)
-    if trials > 0 and work_dir is None and not (is_gpu_target(tgt) and not gpu_available(tgt)):
+    remote = rpc is not None
+    if trials > 0 and work_dir is None and (remote or not (is_gpu_target(tgt) and
+                                                            not gpu_available(tgt))):
         import tempfile  # pylint: disable=import-outside-toplevel
 
         work_dir = tempfile.mkdtemp(prefix="ollie_tune_")
-    new_mod, report = optimize_module(mod, tgt, trials=trials, work_dir=work_dir, **opts)
-    tunable = trials > 0 and (not is_gpu_target(tgt) or gpu_available(tgt))
+    new_mod, report = optimize_module(mod, tgt, trials=trials, work_dir=work_dir, rpc=rpc,
+                                      **opts)
+    tunable = trials > 0 and (remote or not is_gpu_target(tgt) or gpu_available(tgt))
     has_db = bool(work_dir) and os.path.isdir(work_dir) and any(
         f.endswith(".json") and "workload" in f for f in os.listdir(work_dir))
-    tuner = Tuner(tgt, work_dir) if (tunable or has_db) else None
+    tuner = Tuner(tgt, work_dir, rpc=rpc) if (tunable or has_db) else None
     try:
         ex = compile_module(new_mod, tgt, tuner, trials if tunable else 0)
     except Exception as err:  # pylint: disable=broad-except

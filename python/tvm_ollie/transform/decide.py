@@ -42,6 +42,7 @@ from ..tune import analytic
 from ..tune.calibrate import Calibration, calibrate
 from ..tune.measure import compile_module, random_args, time_main
 from ..tune.metaschedule import STATS, Tuner, gpu_available, is_gpu_target, normalize_target
+from ..tune.rpc import RPCConfig
 from .emit import EmitError, emit_program
 
 __all__ = ["DERIVABLE_OPS", "MARGIN", "RTOL", "Alternative", "Checker", "Choice", "Decider",
@@ -278,6 +279,9 @@ class Decider:
         Replaces the measurement (compile + time on this machine, cached in ``work_dir``).
     checker : Checker, optional
         Replaces the numeric check (:func:`check_numerics`).
+    rpc : RPCConfig, optional
+        Run every measurement (tuning trials, untuned and tuned timings) on the devices behind
+        this RPC tracker; checked once here so an unreachable tracker fails before any work.
     """
 
     def __init__(self, target, trials: int = 0, work_dir: Optional[str] = None,
@@ -285,7 +289,8 @@ class Decider:
                  calibration: Optional[Calibration] = None, max_measured: int = 3,
                  max_states: Optional[int] = 2000, check_untuned: Optional[bool] = None,
                  library: Optional[bool] = None, derive: bool = True,
-                 timer: Optional[Timer] = None, checker: Optional[Checker] = None):
+                 timer: Optional[Timer] = None, checker: Optional[Checker] = None,
+                 rpc: Optional[RPCConfig] = None):
         self.target = normalize_target(target)
         gpu = is_gpu_target(self.target)
         if check_untuned is None:
@@ -300,12 +305,17 @@ class Decider:
         self.max_states = max_states
         self.derive = bool(derive)
         self.can_measure = self.trials > 0 and (not gpu or gpu_available(self.target))
+        self.rpc = rpc
+        if rpc is not None:
+            self.can_measure = self.trials > 0  # the remote devices measure, not this machine
+            if self.can_measure or self.check_untuned:
+                rpc.check()
         self.work_dir = work_dir
         if self.can_measure and not work_dir:
             import tempfile  # pylint: disable=import-outside-toplevel
 
             self.work_dir = tempfile.mkdtemp(prefix="ollie_tune_")
-        self.tuner = Tuner(self.target, self.work_dir) if self.can_measure else None
+        self.tuner = Tuner(self.target, self.work_dir, rpc=rpc) if self.can_measure else None
         self.measure_cache = _MeasureCache(self.work_dir)
         self.timer: Timer = timer or self._time
         self.checker: Checker = checker or check_numerics
@@ -440,10 +450,11 @@ class Decider:
             return None
 
     def _time(self, mod: "tvm.IRModule", label: str) -> Optional[float]:
-        """The default timer: build (tuned with ``trials`` when measuring) and time here;
-        cached in ``work_dir`` by target, label and mode."""
+        """The default timer: build (tuned with ``trials`` when measuring) and time here (or
+        on the RPC devices); cached in ``work_dir`` by target, device, label and mode."""
         mode = f"tuned{self.trials}" if self.can_measure else "untuned"
-        key = self.measure_cache.key(str(self.target), label, mode)
+        where = f"@rpc:{self.rpc.key}" if self.rpc is not None else ""
+        key = self.measure_cache.key(str(self.target) + where, label, mode)
         cached = self.measure_cache.get(key)
         if cached is not None:
             return cached
@@ -451,7 +462,7 @@ class Decider:
         calls = STATS.calls
         try:
             ex = compile_module(mod, self.target, self.tuner, self.trials)
-            seconds = time_main(ex, random_args(mod["main"]))
+            seconds = time_main(ex, random_args(mod["main"]), rpc=self.rpc, target=self.target)
         except Exception as err:  # pylint: disable=broad-except
             LOG.warning("ollie: measuring %s failed: %s: %s", label, type(err).__name__, err)
             return None

@@ -19,6 +19,7 @@ from typing import Dict, List, Optional, Tuple
 from ..compat import relax, tvm
 from ..tune.calibrate import Calibration
 from ..tune.metaschedule import STATS, normalize_target
+from ..tune.rpc import RPCConfig
 from .decide import DERIVABLE_OPS, Checker, Decider, Timer, call_signature, original_form
 from .emit import emit_program
 from .epilogue import fuse_epilogues
@@ -98,7 +99,7 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: int = 0,
                     calibration: Optional[Calibration] = None, max_measured: int = 3,
                     check_untuned: Optional[bool] = None, library: Optional[bool] = None,
                     derive: bool = True, timer: Optional[Timer] = None,
-                    checker: Optional[Checker] = None,
+                    checker: Optional[Checker] = None, rpc: Optional[RPCConfig] = None,
                     ) -> Tuple["tvm.IRModule", OptimizeReport]:
     """Run the derivation rewrite on ``mod``; return the new module and the report.
 
@@ -139,6 +140,9 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: int = 0,
         the ``ollie-lib`` ablation).
     timer, checker : callable, optional
         Replace the measurement and the numeric check (see :mod:`.decide`).
+    rpc : RPCConfig, optional
+        Measure on the devices behind this RPC tracker instead of this machine (tuning trials,
+        untuned and tuned timings); builds stay local, records go to ``work_dir``.
     """
     t_start = time.perf_counter()
     tgt = normalize_target(target)
@@ -149,7 +153,7 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: int = 0,
     decider = Decider(tgt, trials=trials, work_dir=work_dir, max_depth=max_depth,
                       calibration=calibration, max_measured=max_measured,
                       check_untuned=check_untuned, library=library, derive=derive,
-                      timer=timer, checker=checker)
+                      timer=timer, checker=checker, rpc=rpc)
     report = OptimizeReport(target=str(tgt.kind.name if tgt.kind.name != "llvm" else "llvm"))
     tuning0, calls0 = STATS.seconds, STATS.calls
     sigs = list(dict.fromkeys(call_signature(c) for _, _, c in calls))
@@ -202,12 +206,14 @@ class OllieOptimize:
                  verbose: bool = False, calibration: Optional[Calibration] = None,
                  max_measured: int = 3, check_untuned: Optional[bool] = None,
                  library: Optional[bool] = None, derive: bool = True,
-                 timer: Optional[Timer] = None, checker: Optional[Checker] = None):
+                 timer: Optional[Timer] = None, checker: Optional[Checker] = None,
+                 rpc: Optional[RPCConfig] = None):
         self.target = target
         self.library = library
         self.derive = derive
         self.timer = timer
         self.checker = checker
+        self.rpc = rpc
         self.check_untuned = check_untuned
         self.trials = trials
         self.work_dir = work_dir
@@ -228,6 +234,6 @@ class OllieOptimize:
             time_budget_s=self.time_budget_s, targets=self.targets, verbose=self.verbose,
             calibration=self.calibration, max_measured=self.max_measured,
             check_untuned=self.check_untuned, library=self.library, derive=self.derive,
-            timer=self.timer, checker=self.checker)
+            timer=self.timer, checker=self.checker, rpc=self.rpc)
         self.last_report = report
         return new_mod

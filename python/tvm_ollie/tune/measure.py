@@ -1,4 +1,9 @@
-"""Compile a Relax module (optionally with tuning records) and time it on this machine."""
+"""Compile a Relax module (optionally with tuning records) and time it, here or on a remote device.
+
+Builds are always local; :func:`time_main` times on this machine's device of the target's kind,
+or, given an :class:`~.rpc.RPCConfig`, exports the executable and times it on a device behind
+the RPC tracker (:func:`.rpc.time_remote`).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,9 @@ import numpy as np
 
 from ..compat import relax, tvm
 from .metaschedule import Tuner, default_pipeline, legalize_and_fuse, normalize_target
+from .rpc import RPCConfig, time_remote
 
-__all__ = ["compile_module", "random_args", "time_main"]
+__all__ = ["compile_module", "device_kind", "random_args", "time_main"]
 
 
 def compile_module(mod: "tvm.IRModule", target, tuner: Optional[Tuner] = None,
@@ -38,10 +44,40 @@ def random_args(func: "relax.Function", seed: int = 0) -> list:
     return out
 
 
+def device_kind(target) -> str:
+    """The runtime device name of a target (``"cpu"`` for llvm/c, else the target kind)."""
+    kind = normalize_target(target).kind.name
+    return "cpu" if kind in ("llvm", "c") else kind
+
+
 def time_main(ex: "tvm.runtime.Executable", args: Sequence[np.ndarray], device=None,
-              number: int = 5, repeat: int = 5) -> float:
-    """Median seconds of one call of ``main`` (Relax VM ``time_evaluator``)."""
-    dev = device if device is not None else tvm.cpu()
+              number: int = 5, repeat: int = 5, rpc: Optional[RPCConfig] = None,
+              target=None) -> float:
+    """Median seconds of one call of ``main`` (Relax VM ``time_evaluator``).
+
+    Parameters
+    ----------
+    ex : Executable
+        The compiled module.
+    args : sequence of ndarray
+        Inputs of ``main``.
+    device : Device, optional
+        Local device to time on; default: device 0 of ``target``'s kind (the CPU without a
+        target), so a CUDA executable is timed on the GPU and not on the host.
+    number, repeat : int
+        ``time_evaluator`` settings; the median of ``repeat`` averages of ``number`` runs.
+    rpc : RPCConfig, optional
+        Time on a device of ``target``'s kind behind this RPC tracker instead (the executable
+        is exported, uploaded and loaded there); raises :class:`~.rpc.RPCError` on failure.
+    target : str | dict | Target, optional
+        The target ``ex`` was built for (selects the device kind).
+    """
+    kind = device_kind(target) if target is not None else "cpu"
+    if rpc is not None:
+        if device is not None:
+            raise ValueError("time_main: give either a local device or rpc, not both")
+        return time_remote(ex, args, rpc, kind, number=number, repeat=repeat)
+    dev = device if device is not None else tvm.device(kind, 0)
     vm = relax.VirtualMachine(ex, dev)
     targs = [tvm.runtime.tensor(a, dev) for a in args]
     vm["main"](*targs)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from ..compat import meta_schedule, relax, tvm
+from .rpc import RPCConfig, RPCError
 
 __all__ = ["STATS", "TuningStats", "Tuner", "fast_build", "normalize_target", "is_gpu_target",
            "gpu_available"]
@@ -114,6 +115,26 @@ def _without_tensor_intrin(target):
                 delattr(parent, "tensor_intrin")
 
 
+@contextlib.contextmanager
+def _unnamed_handlers_detached():
+    """Detach handlers without a name from MetaSchedule's logger while it sets up its logs.
+
+    MetaSchedule lists the logger's handlers by name in a ``dictConfig`` and fails on one
+    without a name (``'NoneType' object has no attribute 'format'``). pytest >= 8 attaches its
+    unnamed capture handlers to every non-propagating logger, MetaSchedule's included, so the
+    second tuning run in a test process failed; the handlers are put back afterwards.
+    """
+    logger = logging.getLogger("tvm.s_tir.meta_schedule")
+    detached = [h for h in logger.handlers if h.get_name() is None]
+    for handler in detached:
+        logger.removeHandler(handler)
+    try:
+        yield
+    finally:
+        for handler in detached:
+            logger.addHandler(handler)
+
+
 def search_strategy(trials_per_task: int):
     """Evolutionary search sized to the budget.
 
@@ -156,14 +177,20 @@ class Tuner:
         Directory of the JSON database (created if missing); records persist across processes.
     seed : int
         Seed of the search.
+    rpc : RPCConfig, optional
+        Measure the trials on the devices behind this RPC tracker (``ms.runner.RPCRunner``,
+        ``rpc.workers`` at a time) instead of on this machine; builds stay local and the
+        records go to the same database.
     """
 
-    def __init__(self, target, work_dir: str, seed: int = 0):
+    def __init__(self, target, work_dir: str, seed: int = 0, rpc: Optional[RPCConfig] = None):
         self.target = normalize_target(target)
         self.work_dir = os.path.abspath(work_dir)
         os.makedirs(self.work_dir, exist_ok=True)
         self.seed = seed
+        self.rpc = rpc
         self._db = None
+        self._runner = None
 
     @property
     def database(self):
@@ -179,17 +206,27 @@ class Tuner:
         return list(ms.relax_integration.extract_tasks(fused_mod, self.target))
 
     def untuned(self, fused_mod: "tvm.IRModule") -> list:
-        """Tasks of ``fused_mod`` that have no record in the database yet."""
-        db = self.database
+        """Tasks of ``fused_mod`` without a valid (successfully measured) record yet.
+
+        A workload whose trials all failed (e.g. its devices disconnected) has entries in the
+        database but no valid record: it is tuned again, never taken as done.
+        """
         out = []
         for task in self.tasks(fused_mod):
             if task.mod.attrs and task.mod.attrs.get("tirx.is_scheduled", False):
                 continue
             if _is_view(task):
                 continue
-            if not db.has_workload(task.dispatched[0]):
+            if not self.has_valid_record(task.dispatched[0]):
                 out.append(task)
         return out
+
+    def has_valid_record(self, mod: "tvm.IRModule") -> bool:
+        """Whether the database holds a successfully measured schedule of ``mod``."""
+        db = self.database
+        if not db.has_workload(mod):
+            return False
+        return len(db.get_top_k(db.commit_workload(mod), 1)) > 0
 
     def tune(self, fused_mod: "tvm.IRModule", trials: int) -> int:
         """Tune the untuned tasks of ``fused_mod`` with up to ``trials`` trials in all.
@@ -201,11 +238,13 @@ class Tuner:
         if not todo or trials <= 0:
             return 0
         ms = meta_schedule()
+        if self.rpc is not None:
+            self.rpc.check()  # one clear line now rather than every trial failing later
         per_task = max(1, trials // len(todo))
         t0 = time.perf_counter()
         cores = int(self.target.attrs.get("num-cores", 1)) if self.target.kind.name == "llvm" \
             else os.cpu_count() or 1
-        with _without_tensor_intrin(self.target):
+        with _without_tensor_intrin(self.target), _unnamed_handlers_detached():
             contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
                 extracted_tasks=todo, work_dir=self.work_dir, seed=self.seed,
                 strategy=search_strategy(per_task))
@@ -215,7 +254,8 @@ class Tuner:
             ms.tune.tune_tasks(
                 tasks=contexts, task_weights=weights, work_dir=self.work_dir,
                 max_trials_global=per_task * len(todo), max_trials_per_task=per_task,
-                num_trials_per_iter=min(per_task, 16), builder=builder, runner="local",
+                num_trials_per_iter=min(per_task, 16), builder=builder,
+                runner=self._measurer(),
                 database=self.database,
                 cost_model=ms.cost_model.XGBModel(
                     extractor=ms.feature_extractor.PerStoreFeature(), adaptive_training=True,
@@ -227,7 +267,41 @@ class Tuner:
         STATS.seconds += time.perf_counter() - t0
         LOG.info("tuned %d task(s), %d trial(s) each, in %.1fs", len(todo), per_task,
                  time.perf_counter() - t0)
+        if self.rpc is not None:
+            self._check_remote_results(todo)
         return per_task * len(todo)
+
+    def _measurer(self):
+        """MetaSchedule's runner: local, or one RPCRunner kept for every tuning call.
+
+        The RPCRunner's worker processes each import TVM (seconds), so they are started once
+        per Tuner and not once per tuned implementation.
+        """
+        if self.rpc is None:
+            return "local"
+        if self._runner is None:
+            self._runner = self.rpc.ms_runner()
+        return self._runner
+
+    def _check_remote_results(self, tasks: list) -> None:
+        """Raise :class:`RPCError` when a task got no successful remote measurement.
+
+        MetaSchedule records failed runs as errors and goes on; when every trial of a task
+        failed remotely (its devices went away, none was free) the run must stop with the
+        reason instead of building the task untuned as if it had been tuned.
+        """
+        failed = [t.task_name for t in tasks if not self.has_valid_record(t.dispatched[0])]
+        if not failed:
+            return
+        try:
+            servers = self.rpc.check()
+            why = f"{servers} server(s) still registered; see the MetaSchedule logs in " \
+                  f"{self.work_dir}/logs"
+        except RPCError as err:
+            why = str(err)
+        raise RPCError(f"no trial of {', '.join(failed[:3])}"
+                       f"{' ...' if len(failed) > 3 else ''} ran successfully on {self.rpc}: "
+                       f"{why}")
 
     def apply(self, fused_mod: "tvm.IRModule") -> "tvm.IRModule":
         """``fused_mod`` with every task that has a record replaced by its best schedule."""
