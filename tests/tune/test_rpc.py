@@ -152,13 +152,13 @@ def test_failed_remote_timing_is_never_cached(cluster, tmp_path):
     gone = dataclasses.replace(cluster.config(), key="no-such-device")
     decider.rpc = gone  # the devices went away after the start-up check
     t0 = time.perf_counter()
-    assert decider._untuned_seconds(isolated_module(call)) is None
+    assert decider.timer(isolated_module(call), "sig|original") is None
     assert time.perf_counter() - t0 < 30  # no wait for a device that cannot come
     # the measured path (trials > 0) with its own cache
     decider = Decider("llvm", trials=2, work_dir=str(tmp_path), rpc=cluster.config())
     decider.rpc = decider.tuner.rpc = gone
     calls = STATS.calls
-    assert decider._measured("llvm", "sig", "original", isolated_module(call)) is None
+    assert decider.timer(isolated_module(call), "sig|original") is None
     assert STATS.calls == calls  # stopped before tuning: no trial was spent
     assert decider.measure_cache.data == {}
     assert not os.path.exists(os.path.join(str(tmp_path), "ollie_measurements.json"))
