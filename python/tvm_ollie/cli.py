@@ -59,16 +59,14 @@ def _compile(args: argparse.Namespace) -> int:
     target = _target(args.target)
     options = _search_options(args)
     out = args.output or os.path.splitext(os.path.basename(args.model.split(":")[0]))[0] + ".so"
-    out_dir = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(out_dir):
-        raise UserError(f"output directory does not exist: {out_dir}")
-    with Stages(["loading model", "optimizing and building", "exporting"]) as stages:
+    with _Output(out) as tmp_out, Stages(["loading model", "optimizing and building",
+                                          "exporting"]) as stages:  # fmt: skip
         mod = _load(args)
         stages.next()
         ex, report = _transform().build(mod, target=target, **options)
         stages.next()
-        ex.export_library(out)
-        save_signature(out, module_signature(mod))
+        ex.export_library(tmp_out.path)
+        tmp_out.commit(save_signature(tmp_out.path, module_signature(mod)))
     size_kb = os.path.getsize(out) / 1024
     print(f"wrote {out} ({size_kb:.0f} KB) for {target.kind.name}: "
           f"{summary_line(list(report.decisions))}; search {_secs(report, 'search_s')}, "
@@ -117,10 +115,14 @@ def _explain(args: argparse.Namespace) -> int:
 
     target = _target(args.target)
     options = _search_options(args)
+    from .tune.workdir import prepare_work_dir, work_dir_lock  # pylint: disable=C0415
+
     with Stages(["loading model", "optimizing"]) as stages:
         mod = _load(args)
         stages.next()
-        _, report = _transform().optimize_module(mod, target=target, **options)
+        with work_dir_lock(args.work_dir):
+            prepare_work_dir(args.work_dir)
+            _, report = _transform().optimize_module(mod, target=target, **options)
     decisions = list(report.decisions)
     print(f"{args.model} for {target.kind.name}: {summary_line(decisions)}; search "
           f"{_secs(report, 'search_s')}, tuning {_secs(report, 'tuning_s')}")  # fmt: skip
@@ -180,6 +182,57 @@ def _bench(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
+class _Output:
+    """The library that ``compile`` writes, written under a temporary name beside it and renamed
+    at the end: an error or Ctrl-C never leaves a partial library behind.
+
+    :attr:`path` is the temporary path to export to (same extension, so that
+    ``export_library`` picks the same format); :meth:`commit` renames it (and its signature).
+    """
+
+    def __init__(self, out: str):
+        self.out = out
+        folder = os.path.dirname(os.path.abspath(out))
+        if not os.path.isdir(folder):
+            raise UserError(f"output directory does not exist: {folder}")
+        if os.path.isdir(out):
+            raise UserError(f"cannot write {out}: it is a directory")
+        base, ext = os.path.splitext(os.path.basename(out))
+        self.path = os.path.join(folder, f".{base}.{os.getpid()}.tmp{ext}")
+        self.signature_tmp: Optional[str] = None
+
+    def __enter__(self) -> "_Output":
+        try:  # fail now, not after minutes of tuning, when the folder is not writable
+            with open(self.path, "wb"):
+                pass
+        except OSError as err:
+            raise UserError(f"cannot write {self.out}: {err.strerror or err}") from err
+        _CLEANUP.append(self.path)
+        return self
+
+    def commit(self, signature_tmp: str) -> None:
+        """Move the exported library and its signature file into place."""
+        from .frontend.inputs import signature_path  # pylint: disable=import-outside-toplevel
+
+        self.signature_tmp = signature_tmp
+        _CLEANUP.append(signature_tmp)
+        os.replace(signature_tmp, signature_path(self.out))
+        os.replace(self.path, self.out)
+
+    def __exit__(self, *exc) -> None:
+        for path in (self.path, self.signature_tmp):
+            if path is None:
+                continue
+            if path in _CLEANUP:
+                _CLEANUP.remove(path)
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+#: Temporary files to delete if Ctrl-C ends the process at once (see :class:`_SigintFlag`).
+_CLEANUP: List[str] = []
+
+
 def _target(text: str):
     from .frontend.targets import parse_target  # pylint: disable=import-outside-toplevel
 
@@ -221,12 +274,24 @@ def _save_outputs(path: str, outputs) -> None:
     """``.npz`` with ``output_0``, ``output_1``...; ``.npy`` for a single output."""
     import numpy as np  # pylint: disable=import-outside-toplevel
 
-    if path.endswith(".npy"):
-        if len(outputs) != 1:
-            raise UserError(f"main has {len(outputs)} outputs: save them with --output FILE.npz")
-        np.save(path, outputs[0])
-    else:
-        np.savez(path, **{f"output_{i}": v for i, v in enumerate(outputs)})
+    if path.endswith(".npy") and len(outputs) != 1:
+        raise UserError(f"main has {len(outputs)} outputs: save them with --output FILE.npz")
+    folder = os.path.dirname(os.path.abspath(path))
+    base, ext = os.path.splitext(os.path.basename(path))
+    tmp = os.path.join(folder, f".{base}.{os.getpid()}.tmp{ext}")
+    _CLEANUP.append(tmp)
+    try:
+        if ext == ".npy":
+            np.save(tmp, outputs[0])
+        else:
+            np.savez(tmp, **{f"output_{i}": v for i, v in enumerate(outputs)})
+        os.replace(tmp, path)
+    except OSError as err:
+        raise UserError(f"cannot write {path}: {err.strerror or err}") from err
+    finally:
+        _CLEANUP.remove(tmp)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def _describe_array(value) -> str:
@@ -348,7 +413,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not args.debug:
         # Frontend warnings (e.g. the ONNX checker's) repeat what the one-line error says.
         warnings.filterwarnings("ignore", module=r"tvm\.relax\.frontend")
-    sigint = _SigintFlag()
+    # A real command line leaves at once on Ctrl-C: inside MetaSchedule's C++ tuning loop a
+    # KeyboardInterrupt is swallowed or turned into an FFI error with a traceback.
+    sigint = _SigintFlag(exit_at_once=argv is None)
     try:
         with sigint:
             return args.func(args)
@@ -367,15 +434,35 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 class _SigintFlag:
-    """Records that Ctrl-C was pressed (then raises KeyboardInterrupt as Python would)."""
+    """Records that Ctrl-C was pressed, then raises KeyboardInterrupt as Python would, or (with
+    ``exit_at_once``) prints "interrupted", removes the temporary outputs and exits with 130.
 
-    def __init__(self):
+    Leaving at once is safe for the work dir: its lock is released with the process, and a
+    database line cut short is dropped by the next run (:mod:`tvm_ollie.tune.workdir`).
+    """
+
+    def __init__(self, exit_at_once: bool = False):
         self.received = False
+        self.exit_at_once = exit_at_once
         self._previous = None
 
     def _handle(self, _signum, _frame) -> None:
         self.received = True
-        raise KeyboardInterrupt
+        if not self.exit_at_once:
+            raise KeyboardInterrupt
+        for path in list(_CLEANUP):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        try:
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            pass
+        try:
+            print("tvm-ollie: interrupted", file=sys.stderr, flush=True)
+        finally:
+            os._exit(EXIT_INTERRUPTED)  # pylint: disable=protected-access
 
     def __enter__(self) -> "_SigintFlag":
         try:

@@ -20,6 +20,7 @@ from ..compat import relax, tvm
 from ..tune.measure import compile_module
 from ..tune.metaschedule import Tuner, default_pipeline, gpu_available, is_gpu_target, \
     normalize_target
+from ..tune.workdir import prepare_work_dir, work_dir_lock
 from .optimize import OllieOptimize, optimize_module
 from .report import OptimizeReport
 
@@ -45,7 +46,9 @@ def build(mod: "tvm.IRModule", target="llvm", trials: int = 0, work_dir: Optiona
         the rewritten module here (0: no tuning; GPU targets are never tuned without a GPU).
     work_dir : str, optional
         MetaSchedule database directory; records found there are applied even with
-        ``trials=0``, and nothing already recorded is tuned again.
+        ``trials=0``, and nothing already recorded is tuned again. Files cut short by a crash
+        are repaired (with a warning), and the directory is locked for the whole build, so
+        that processes sharing it take turns.
     **opts
         Passed to :func:`optimize_module` (``max_depth``, ``time_budget_s``, ``calibration``...).
 
@@ -58,6 +61,15 @@ def build(mod: "tvm.IRModule", target="llvm", trials: int = 0, work_dir: Optiona
         import tempfile  # pylint: disable=import-outside-toplevel
 
         work_dir = tempfile.mkdtemp(prefix="ollie_tune_")
+    # One process at a time tunes in a work dir: MetaSchedule's database refers to workloads
+    # by line number, so two processes appending to it at once would mix their records up.
+    with work_dir_lock(work_dir):
+        prepare_work_dir(work_dir)
+        return _build(mod, tgt, trials, work_dir, opts)
+
+
+def _build(mod: "tvm.IRModule", tgt, trials: int, work_dir: Optional[str],
+           opts: dict) -> Tuple["tvm.runtime.Executable", OptimizeReport]:
     new_mod, report = optimize_module(mod, tgt, trials=trials, work_dir=work_dir, **opts)
     tunable = trials > 0 and (not is_gpu_target(tgt) or gpu_available(tgt))
     has_db = bool(work_dir) and os.path.isdir(work_dir) and any(
