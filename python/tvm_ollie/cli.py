@@ -20,11 +20,14 @@ shows the traceback instead.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import os
 import signal
 import sys
+import types
 import warnings
-from typing import List, NoReturn, Optional
+from typing import Iterator, List, NoReturn, Optional
 
 #: Exit status of user errors (bad input) and of other failures.
 EXIT_USER_ERROR = 2
@@ -417,7 +420,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     # KeyboardInterrupt is swallowed or turned into an FFI error with a traceback.
     sigint = _SigintFlag(exit_at_once=argv is None)
     try:
-        with sigint:
+        with sigint, _workers_in_own_process_group(argv is None and args.command in _TUNING):
             return args.func(args)
     except KeyboardInterrupt:
         print("tvm-ollie: interrupted", file=sys.stderr)
@@ -474,6 +477,41 @@ class _SigintFlag:
     def __exit__(self, *exc) -> None:
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
+
+
+#: Commands that may run MetaSchedule (and so TVM's PopenPool worker processes).
+_TUNING = ("compile", "explain", "demo", "bench")
+
+
+@contextlib.contextmanager
+def _workers_in_own_process_group(enabled: bool) -> Iterator[None]:
+    """Start TVM's PopenPool workers (MetaSchedule's builders and runners) in a process group
+    of their own meanwhile.
+
+    Ctrl-C in a terminal signals the whole foreground process group: the workers, often busy
+    importing TVM, would print KeyboardInterrupt tracebacks over the one "interrupted" line. In
+    their own group they are not signalled; they exit when this process's pipes to them close.
+    """
+    if not enabled:
+        yield
+        return
+    try:
+        from tvm.support import popen_pool  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        yield
+        return
+    real = popen_pool.subprocess
+    if not hasattr(real, "Popen"):
+        yield
+        return
+    proxy = types.ModuleType("subprocess")
+    proxy.__dict__.update(real.__dict__)
+    proxy.Popen = functools.partial(real.Popen, process_group=0)
+    popen_pool.subprocess = proxy
+    try:
+        yield
+    finally:
+        popen_pool.subprocess = real
 
 
 def _report_error(err: Exception) -> int:
