@@ -90,6 +90,8 @@ def _run(args: argparse.Namespace) -> int:
         raise UserError("--repeat must be >= 0")
     if args.output and not args.output.endswith((".npz", ".npy")):
         raise UserError(f"--output {args.output}: expected a .npz (or, for one output, .npy) file")
+    if args.output:
+        _check_writable(args.output)
     given = read_input_files(args.input)
     lib = load_library(args.library)
     runner = ModelRunner(lib, pick_device(lib, args.device))
@@ -200,8 +202,7 @@ class _Output:
             raise UserError(f"output directory does not exist: {folder}")
         if os.path.isdir(out):
             raise UserError(f"cannot write {out}: it is a directory")
-        base, ext = os.path.splitext(os.path.basename(out))
-        self.path = os.path.join(folder, f".{base}.{os.getpid()}.tmp{ext}")
+        self.path = _temp_beside(out)
         self.signature_tmp: Optional[str] = None
 
     def __enter__(self) -> "_Output":
@@ -273,15 +274,33 @@ def _secs(report, field: str) -> str:
     return "-" if value is None else f"{value:.1f} s"
 
 
+def _temp_beside(path: str) -> str:
+    """A temporary name beside ``path`` with the same extension."""
+    base, ext = os.path.splitext(os.path.basename(path))
+    return os.path.join(os.path.dirname(os.path.abspath(path)), f".{base}.{os.getpid()}.tmp{ext}")
+
+
+def _check_writable(path: str) -> None:
+    """Fail now, not after the work, when ``path`` cannot be written."""
+    if os.path.isdir(path):
+        raise UserError(f"cannot write {path}: it is a directory")
+    tmp = _temp_beside(path)
+    try:
+        with open(tmp, "wb"):
+            pass
+        os.unlink(tmp)
+    except OSError as err:
+        raise UserError(f"cannot write {path}: {err.strerror or err}") from err
+
+
 def _save_outputs(path: str, outputs) -> None:
     """``.npz`` with ``output_0``, ``output_1``...; ``.npy`` for a single output."""
     import numpy as np  # pylint: disable=import-outside-toplevel
 
     if path.endswith(".npy") and len(outputs) != 1:
         raise UserError(f"main has {len(outputs)} outputs: save them with --output FILE.npz")
-    folder = os.path.dirname(os.path.abspath(path))
-    base, ext = os.path.splitext(os.path.basename(path))
-    tmp = os.path.join(folder, f".{base}.{os.getpid()}.tmp{ext}")
+    tmp = _temp_beside(path)
+    ext = os.path.splitext(path)[1]
     _CLEANUP.append(tmp)
     try:
         if ext == ".npy":
