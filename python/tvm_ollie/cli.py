@@ -117,11 +117,10 @@ def _explain(args: argparse.Namespace) -> int:
     # pylint: disable=import-outside-toplevel
     from .frontend.explain import decision_details, decision_table, other_operators, summary_line
     from .frontend.progress import Stages
+    from .tune.workdir import prepare_work_dir, work_dir_lock
 
     target = _target(args.target)
     options = _search_options(args)
-    from .tune.workdir import prepare_work_dir, work_dir_lock  # pylint: disable=C0415
-
     with Stages(["loading model", "optimizing"]) as stages:
         mod = _load(args)
         stages.next()
@@ -203,30 +202,30 @@ class _Output:
         if os.path.isdir(out):
             raise UserError(f"cannot write {out}: it is a directory")
         self.path = _temp_beside(out)
-        self.signature_tmp: Optional[str] = None
+        from .frontend.inputs import signature_path  # pylint: disable=import-outside-toplevel
+
+        self._temps = [self.path, signature_path(self.path)]
+        self._final = [out, signature_path(out)]
 
     def __enter__(self) -> "_Output":
+        _CLEANUP.extend(self._temps)
         try:  # fail now, not after minutes of tuning, when the folder is not writable
             with open(self.path, "wb"):
                 pass
         except OSError as err:
+            self.__exit__()
             raise UserError(f"cannot write {self.out}: {err.strerror or err}") from err
-        _CLEANUP.append(self.path)
         return self
 
     def commit(self, signature_tmp: str) -> None:
-        """Move the exported library and its signature file into place."""
-        from .frontend.inputs import signature_path  # pylint: disable=import-outside-toplevel
-
-        self.signature_tmp = signature_tmp
-        _CLEANUP.append(signature_tmp)
-        os.replace(signature_tmp, signature_path(self.out))
+        """Move the exported library and its signature file (written to ``signature_tmp``, the
+        signature path of :attr:`path`) into place."""
+        assert signature_tmp == self._temps[1]
+        os.replace(signature_tmp, self._final[1])
         os.replace(self.path, self.out)
 
     def __exit__(self, *exc) -> None:
-        for path in (self.path, self.signature_tmp):
-            if path is None:
-                continue
+        for path in self._temps:
             if path in _CLEANUP:
                 _CLEANUP.remove(path)
             if os.path.exists(path):
