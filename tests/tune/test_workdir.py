@@ -189,3 +189,19 @@ def test_work_dir_lock_is_exclusive_and_reentrant(tmp_path):
             assert workdir.lock_is_held(str(tmp_path))
         assert workdir.lock_is_held(str(tmp_path)) and not other_process_gets_it()
     assert not workdir.lock_is_held(str(tmp_path)) and other_process_gets_it()
+
+
+def test_database_that_parses_but_does_not_load_starts_empty(tmp_path, caplog):
+    """A workload line that is valid JSON but holds no module: MetaSchedule rejects the file, so
+    both files are moved aside and an empty database is started."""
+    make_database(str(tmp_path))
+    with open(_path(tmp_path, workdir.WORKLOAD_FILE), "w", encoding="utf-8") as file:
+        for _ in SIZES:
+            file.write('["123", "bm90IGEgbW9kdWxl"]\n')  # base64 of "not a module"
+    with caplog.at_level(logging.WARNING, logger="tvm_ollie"):
+        db = workdir.open_database(str(tmp_path))
+    assert len(db) == 0
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert "cannot be loaded" in message and "starting an empty one" in message
+    assert len(_corrupt_files(tmp_path)) == 2
+    assert not workdir.lock_is_held(str(tmp_path))

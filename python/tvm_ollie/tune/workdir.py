@@ -159,11 +159,15 @@ def open_database(work_dir: str):
     If MetaSchedule still cannot load it, both files are moved aside and an empty database is
     started (with a warning).
     """
+    work_dir = os.path.abspath(work_dir)
+    with work_dir_lock(work_dir):  # already held (re-entrant) when called within a build
+        repair_database(work_dir)
+        return _load_or_start_empty(work_dir)
+
+
+def _load_or_start_empty(work_dir: str):
     from ..compat import meta_schedule  # pylint: disable=import-outside-toplevel
 
-    work_dir = os.path.abspath(work_dir)
-    os.makedirs(work_dir, exist_ok=True)
-    repair_database(work_dir)
     database = meta_schedule().database.JSONDatabase
     try:
         return database(work_dir=work_dir)
