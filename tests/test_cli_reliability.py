@@ -134,13 +134,20 @@ def _onnx(path, nodes, inputs, outputs, initializers=()):
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
 
 
-def test_truncated_onnx_file(model, capsys):
+@pytest.mark.parametrize("damage, message", [
+    ("cut", "cannot read ONNX file bad.onnx: Error parsing message"),
+    ("noise", "cannot read ONNX file bad.onnx: Error parsing message"),
+    ("empty", "cannot import ONNX file bad.onnx: Model IR version 0"),
+])
+def test_malformed_onnx_file(model, capsys, damage, message):
     path, _ = model
     data = (path / "tiny.onnx").read_bytes()
-    (path / "cut.onnx").write_bytes(data[: len(data) // 2])
-    line = in_process_error(capsys, ["compile", "cut.onnx", "-o", "cut.so"], path)
-    assert "cannot read ONNX file cut.onnx" in line
-    assert not (path / "cut.so").exists() and not _no_leftovers(path)
+    content = {"cut": data[: len(data) // 2], "noise": np.random.default_rng(0).bytes(600),
+               "empty": b""}[damage]  # fmt: skip
+    (path / "bad.onnx").write_bytes(content)
+    line = in_process_error(capsys, ["compile", "bad.onnx", "-o", "bad.so"], path)
+    assert message in line
+    assert not (path / "bad.so").exists() and not _no_leftovers(path)
 
 
 def test_unsupported_operator_names_op_and_node(tmp_path, capsys):
