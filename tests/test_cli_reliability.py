@@ -163,6 +163,20 @@ def test_unsupported_operator_names_op_and_node(tmp_path, capsys):
     assert not (tmp_path / "odd.so").exists()
 
 
+def test_operator_that_fails_to_convert_names_op_and_node(tmp_path, capsys):
+    """A supported operator whose conversion fails (here: channels that do not match)."""
+    from onnx import TensorProto, helper, numpy_helper  # pylint: disable=C0415
+
+    w = np.zeros((4, 2, 3, 3), "float32")
+    _onnx(tmp_path / "conv.onnx", [helper.make_node("Conv", ["x", "w"], ["y"], name="conv_a")],
+          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "C", 6, 6])],
+          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+          [numpy_helper.from_array(w, "w")])  # fmt: skip
+    line = in_process_error(capsys, ["compile", "conv.onnx", "--shape", "x=1,3,6,6"], tmp_path)
+    assert "cannot import ONNX file conv.onnx (operator Conv, node 'conv_a'): The channel" in line
+    assert not (tmp_path / "conv.so").exists() and not _no_leftovers(tmp_path)
+
+
 @pytest.mark.parametrize("shape", ["x=1,2", "x=1,2,6,6,1"])
 def test_shape_of_the_wrong_rank(model, capsys, shape):
     path, _ = model
