@@ -234,7 +234,7 @@ def test_unsupported_onnx_operator(tmp_path, capsys):
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
               str(tmp_path / "bad.onnx"))
     line = in_process_error(capsys, ["compile", "bad.onnx"], tmp_path)
-    assert "not supported for frontend ONNX: NoSuchOp" in line
+    assert "operator NoSuchOp (node #0) is not supported by TVM's ONNX importer" in line
 
 
 def test_explain_lists_each_operator(work):

@@ -23,11 +23,14 @@ shows the traceback instead.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import os
 import signal
 import sys
+import types
 import warnings
-from typing import List, NoReturn, Optional
+from typing import Iterator, List, NoReturn, Optional
 
 #: Exit status of user errors (bad input) and of other failures.
 EXIT_USER_ERROR = 2
@@ -62,16 +65,14 @@ def _compile(args: argparse.Namespace) -> int:
     target = _target(args.target)
     options = _search_options(args)
     out = args.output or os.path.splitext(os.path.basename(args.model.split(":")[0]))[0] + ".so"
-    out_dir = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(out_dir):
-        raise UserError(f"output directory does not exist: {out_dir}")
-    with Stages(["loading model", "optimizing and building", "exporting"]) as stages:
+    with _Output(out) as tmp_out, Stages(["loading model", "optimizing and building",
+                                          "exporting"]) as stages:  # fmt: skip
         mod = _load(args)
         stages.next()
         ex, report = _transform().build(mod, target=target, **options)
         stages.next()
-        ex.export_library(out)
-        save_signature(out, module_signature(mod))
+        ex.export_library(tmp_out.path)
+        tmp_out.commit(save_signature(tmp_out.path, module_signature(mod)))
     size_kb = os.path.getsize(out) / 1024
     print(f"wrote {out} ({size_kb:.0f} KB) for {target.kind.name}: "
           f"{summary_line(list(report.decisions))}; search {_secs(report, 'search_s')}, "
@@ -92,6 +93,8 @@ def _run(args: argparse.Namespace) -> int:
         raise UserError("--repeat must be >= 0")
     if args.output and not args.output.endswith((".npz", ".npy")):
         raise UserError(f"--output {args.output}: expected a .npz (or, for one output, .npy) file")
+    if args.output:
+        _check_writable(args.output)
     given = read_input_files(args.input)
     lib = load_library(args.library)
     runner = ModelRunner(lib, pick_device(lib, args.device))
@@ -117,13 +120,16 @@ def _explain(args: argparse.Namespace) -> int:
     # pylint: disable=import-outside-toplevel
     from .frontend.explain import decision_details, decision_table, other_operators, summary_line
     from .frontend.progress import Stages
+    from .tune.workdir import prepare_work_dir, work_dir_lock
 
     target = _target(args.target)
     options = _search_options(args)
     with Stages(["loading model", "optimizing"]) as stages:
         mod = _load(args)
         stages.next()
-        _, report = _transform().optimize_module(mod, target=target, **options)
+        with work_dir_lock(args.work_dir):
+            prepare_work_dir(args.work_dir)
+            _, report = _transform().optimize_module(mod, target=target, **options)
     decisions = list(report.decisions)
     print(f"{args.model} for {target.kind.name}: {summary_line(decisions)}; search "
           f"{_secs(report, 'search_s')}, tuning {_secs(report, 'tuning_s')}")  # fmt: skip
@@ -182,6 +188,56 @@ def _bench(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------------
+
+
+class _Output:
+    """The library that ``compile`` writes, written under a temporary name beside it and renamed
+    at the end: an error or Ctrl-C never leaves a partial library behind.
+
+    :attr:`path` is the temporary path to export to (same extension, so that
+    ``export_library`` picks the same format); :meth:`commit` renames it (and its signature).
+    """
+
+    def __init__(self, out: str):
+        self.out = out
+        folder = os.path.dirname(os.path.abspath(out))
+        if not os.path.isdir(folder):
+            raise UserError(f"output directory does not exist: {folder}")
+        if os.path.isdir(out):
+            raise UserError(f"cannot write {out}: it is a directory")
+        self.path = _temp_beside(out)
+        from .frontend.inputs import signature_path  # pylint: disable=import-outside-toplevel
+
+        self._temps = [self.path, signature_path(self.path)]
+        self._final = [out, signature_path(out)]
+
+    def __enter__(self) -> "_Output":
+        _CLEANUP.extend(self._temps)
+        try:  # fail now, not after minutes of tuning, when the folder is not writable
+            with open(self.path, "wb"):
+                pass
+        except OSError as err:
+            self.__exit__()
+            raise UserError(f"cannot write {self.out}: {err.strerror or err}") from err
+        return self
+
+    def commit(self, signature_tmp: str) -> None:
+        """Move the exported library and its signature file (written to ``signature_tmp``, the
+        signature path of :attr:`path`) into place."""
+        assert signature_tmp == self._temps[1]
+        os.replace(signature_tmp, self._final[1])
+        os.replace(self.path, self.out)
+
+    def __exit__(self, *exc) -> None:
+        for path in self._temps:
+            if path in _CLEANUP:
+                _CLEANUP.remove(path)
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+#: Temporary files to delete if Ctrl-C ends the process at once (see :class:`_SigintFlag`).
+_CLEANUP: List[str] = []
 
 
 def _target(text: str):
@@ -250,16 +306,46 @@ def _secs(report, field: str) -> str:
     return "-" if value is None else f"{value:.1f} s"
 
 
+def _temp_beside(path: str) -> str:
+    """A temporary name beside ``path`` with the same extension."""
+    base, ext = os.path.splitext(os.path.basename(path))
+    return os.path.join(os.path.dirname(os.path.abspath(path)), f".{base}.{os.getpid()}.tmp{ext}")
+
+
+def _check_writable(path: str) -> None:
+    """Fail now, not after the work, when ``path`` cannot be written."""
+    if os.path.isdir(path):
+        raise UserError(f"cannot write {path}: it is a directory")
+    tmp = _temp_beside(path)
+    try:
+        with open(tmp, "wb"):
+            pass
+        os.unlink(tmp)
+    except OSError as err:
+        raise UserError(f"cannot write {path}: {err.strerror or err}") from err
+
+
 def _save_outputs(path: str, outputs) -> None:
     """``.npz`` with ``output_0``, ``output_1``...; ``.npy`` for a single output."""
     import numpy as np  # pylint: disable=import-outside-toplevel
 
-    if path.endswith(".npy"):
-        if len(outputs) != 1:
-            raise UserError(f"main has {len(outputs)} outputs: save them with --output FILE.npz")
-        np.save(path, outputs[0])
-    else:
-        np.savez(path, **{f"output_{i}": v for i, v in enumerate(outputs)})
+    if path.endswith(".npy") and len(outputs) != 1:
+        raise UserError(f"main has {len(outputs)} outputs: save them with --output FILE.npz")
+    tmp = _temp_beside(path)
+    ext = os.path.splitext(path)[1]
+    _CLEANUP.append(tmp)
+    try:
+        if ext == ".npy":
+            np.save(tmp, outputs[0])
+        else:
+            np.savez(tmp, **{f"output_{i}": v for i, v in enumerate(outputs)})
+        os.replace(tmp, path)
+    except OSError as err:
+        raise UserError(f"cannot write {path}: {err.strerror or err}") from err
+    finally:
+        _CLEANUP.remove(tmp)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def _describe_array(value) -> str:
@@ -398,9 +484,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not args.debug:
         # Frontend warnings (e.g. the ONNX checker's) repeat what the one-line error says.
         warnings.filterwarnings("ignore", module=r"tvm\.relax\.frontend")
-    sigint = _SigintFlag()
+    # A real command line leaves at once on Ctrl-C: inside MetaSchedule's C++ tuning loop a
+    # KeyboardInterrupt is swallowed or turned into an FFI error with a traceback.
+    sigint = _SigintFlag(exit_at_once=argv is None)
     try:
-        with sigint:
+        with sigint, _workers_in_own_process_group(argv is None and args.command in _TUNING):
             return args.func(args)
     except KeyboardInterrupt:
         print("tvm-ollie: interrupted", file=sys.stderr)
@@ -417,15 +505,35 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 class _SigintFlag:
-    """Records that Ctrl-C was pressed (then raises KeyboardInterrupt as Python would)."""
+    """Records that Ctrl-C was pressed, then raises KeyboardInterrupt as Python would, or (with
+    ``exit_at_once``) prints "interrupted", removes the temporary outputs and exits with 130.
 
-    def __init__(self):
+    Leaving at once is safe for the work dir: its lock is released with the process, and a
+    database line cut short is dropped by the next run (:mod:`tvm_ollie.tune.workdir`).
+    """
+
+    def __init__(self, exit_at_once: bool = False):
         self.received = False
+        self.exit_at_once = exit_at_once
         self._previous = None
 
     def _handle(self, _signum, _frame) -> None:
         self.received = True
-        raise KeyboardInterrupt
+        if not self.exit_at_once:
+            raise KeyboardInterrupt
+        for path in list(_CLEANUP):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        try:
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            pass
+        try:
+            print("tvm-ollie: interrupted", file=sys.stderr, flush=True)
+        finally:
+            os._exit(EXIT_INTERRUPTED)  # pylint: disable=protected-access
 
     def __enter__(self) -> "_SigintFlag":
         try:
@@ -437,6 +545,41 @@ class _SigintFlag:
     def __exit__(self, *exc) -> None:
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
+
+
+#: Commands that may run MetaSchedule (and so TVM's PopenPool worker processes).
+_TUNING = ("compile", "explain", "demo", "bench")
+
+
+@contextlib.contextmanager
+def _workers_in_own_process_group(enabled: bool) -> Iterator[None]:
+    """Start TVM's PopenPool workers (MetaSchedule's builders and runners) in a process group
+    of their own meanwhile.
+
+    Ctrl-C in a terminal signals the whole foreground process group: the workers, often busy
+    importing TVM, would print KeyboardInterrupt tracebacks over the one "interrupted" line. In
+    their own group they are not signalled; they exit when this process's pipes to them close.
+    """
+    if not enabled:
+        yield
+        return
+    try:
+        from tvm.support import popen_pool  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        yield
+        return
+    real = popen_pool.subprocess
+    if not hasattr(real, "Popen"):
+        yield
+        return
+    proxy = types.ModuleType("subprocess")
+    proxy.__dict__.update(real.__dict__)
+    proxy.Popen = functools.partial(real.Popen, process_group=0)
+    popen_pool.subprocess = proxy
+    try:
+        yield
+    finally:
+        popen_pool.subprocess = real
 
 
 def _report_error(err: Exception) -> int:

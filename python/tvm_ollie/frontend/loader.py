@@ -14,11 +14,16 @@ Every problem with the model itself raises :class:`ModelLoadError` with a one-li
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import importlib.util
+import io
 import json
 import os
+import re
+import sys
 import warnings
-from typing import Any, Dict, Iterator, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -82,28 +87,106 @@ def _load_onnx(path: str, shapes: Dict[str, List[int]]) -> "tvm.IRModule":
         import onnx  # pylint: disable=import-outside-toplevel
     except ImportError as err:
         raise ModelLoadError("loading ONNX models needs the 'onnx' package") from err
-    from tvm.relax.frontend.onnx import from_onnx  # pylint: disable=import-outside-toplevel
-
     try:
         model = onnx.load(path)
     except Exception as err:  # onnx raises DecodeError and others for corrupt files
         raise ModelLoadError(f"cannot read ONNX file {path}: {first_line(err)}") from err
-    graph_inputs = {i.name for i in model.graph.input}
-    unknown = sorted(set(shapes) - graph_inputs)
+    graph_inputs = {i.name: i for i in model.graph.input}
+    unknown = sorted(set(shapes) - set(graph_inputs))
     if unknown:
         raise ModelLoadError(
             f"--shape names {', '.join(unknown)} are not inputs of {path} "
             f"(inputs: {', '.join(sorted(graph_inputs)) or 'none'})"
         )
+    for name, dims in shapes.items():
+        declared = _declared_rank(graph_inputs[name])
+        if declared is not None and declared != len(dims):
+            raise ModelLoadError(
+                f"--shape {name}={','.join(map(str, dims))} has {len(dims)} dimensions, but "
+                f"input {name} of {path} has {declared}"
+            )
+    _check_supported_ops(path, model)
+    # The importer prints the failing operator on stdout, and the C++ BlockBuilder it leaves
+    # unfinished warns on stderr when freed: both are replaced by the one-line error.
+    with _quiet_stderr():
+        mod, failure = _import_onnx(path, model, shapes)
+        gc.collect()
+    if failure:
+        raise ModelLoadError(failure)
+    return mod
+
+
+def _import_onnx(path: str, model, shapes: Dict[str, List[int]]):
+    """``(module, None)``, or ``(None, one-line message)`` when TVM's importer fails."""
+    from tvm.relax.frontend.onnx import from_onnx  # pylint: disable=import-outside-toplevel
+
+    printed = io.StringIO()
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), contextlib.redirect_stdout(printed):
             # The ONNX checker's complaint about outputs declared without a shape is harmless.
             warnings.filterwarnings("ignore", message="Field 'shape' of 'type' is required")
-            return from_onnx(model, shape_dict=shapes or None, keep_params_in_input=False)
+            return from_onnx(model, shape_dict=shapes or None, keep_params_in_input=False), None
     except tvm.error.OpNotImplemented as err:
-        raise ModelLoadError(f"{path}: {first_line(err)}") from err
+        return None, f"{path}: {first_line(err)}"
     except (RuntimeError, ValueError, KeyError, AttributeError, IndexError, TypeError) as err:
-        raise ModelLoadError(f"cannot import ONNX file {path}: {first_line(err)}") from err
+        found = re.search(r"Error converting operator (\S+?),", printed.getvalue())
+        where = ""
+        if found:
+            nodes = [n.name for n in model.graph.node if n.op_type == found.group(1)]
+            where = f" (operator {found.group(1)}" + (
+                f", node '{nodes[0]}')" if len(nodes) == 1 and nodes[0] else ")")
+        return None, f"cannot import ONNX file {path}{where}: {first_line(err)}"
+
+
+def _declared_rank(value_info) -> Optional[int]:
+    """The rank an ONNX graph input declares (None when it declares no shape)."""
+    tensor_type = value_info.type.tensor_type
+    if not tensor_type.HasField("shape"):
+        return None
+    return len(tensor_type.shape.dim)
+
+
+def _check_supported_ops(path: str, model) -> None:
+    """Name the first operator (and its node) that TVM's ONNX importer has no converter for."""
+    try:
+        # pylint: disable=import-outside-toplevel
+        from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
+
+        known = set(_get_convert_map()) | {"Constant", "If"}
+    except (ImportError, AttributeError, TypeError):  # a TVM without that table: let it check
+        return
+    missing = [(i, n) for i, n in enumerate(model.graph.node) if n.op_type not in known]
+    if not missing:
+        return
+    index, node = missing[0]
+    name = f"node '{node.name}'" if node.name else f"node #{index}"
+    more = f" (and {len(missing) - 1} more unsupported node(s))" if len(missing) > 1 else ""
+    raise ModelLoadError(
+        f"{path}: operator {node.op_type} ({name}) is not supported by TVM's ONNX importer{more}"
+    )
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Send the process's standard error (C++ logging) to /dev/null meanwhile."""
+    with contextlib.suppress(AttributeError, ValueError, OSError):
+        sys.stderr.flush()
+    saved = []
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):
+            saved.append((2, os.dup(2)))
+            os.dup2(devnull, 2)
+        yield
+    finally:
+        for fd, copy in saved:
+            os.dup2(copy, fd)
+            os.close(copy)
+        os.close(devnull)
 
 
 def _load_json(path: str) -> "tvm.IRModule":

@@ -28,7 +28,9 @@ def load_library(path: str) -> "tvm.runtime.Module":
                 f"{path} holds CUDA kernels and this TVM runtime cannot load them (no CUDA "
                 "runtime on this machine)"
             ) from err
-        if "Loader for" in text:
+        if "Loader for" in text or any(
+            sign in text for sign in ("invalid ELF header", "file too short", "not a dynamic")
+        ):
             raise LibraryError(
                 f"{path} is not a compiled library (expected a .so written by tvm-ollie compile)"
             ) from err

@@ -21,6 +21,7 @@ from ..tune.measure import compile_module
 from ..tune.metaschedule import Tuner, default_pipeline, gpu_available, is_gpu_target, \
     normalize_target
 from ..tune.rpc import RPCConfig
+from ..tune.workdir import prepare_work_dir, work_dir_lock
 from .optimize import OllieOptimize, optimize_module
 from .report import OptimizeReport
 
@@ -47,7 +48,9 @@ def build(mod: "tvm.IRModule", target="llvm", trials: int = 0, work_dir: Optiona
         the rewritten module here (0: no tuning; GPU targets are never tuned without a GPU).
     work_dir : str, optional
         MetaSchedule database directory; records found there are applied even with
-        ``trials=0``, and nothing already recorded is tuned again.
+        ``trials=0``, and nothing already recorded is tuned again. Files cut short by a crash
+        are repaired (with a warning), and the directory is locked for the whole build, so
+        that processes sharing it take turns.
     rpc : RPCConfig, optional
         Measure on the devices behind this RPC tracker: the pass's timings and every tuning
         trial (GPU targets are then tuned without a GPU here); builds stay local.
@@ -65,6 +68,17 @@ def build(mod: "tvm.IRModule", target="llvm", trials: int = 0, work_dir: Optiona
         import tempfile  # pylint: disable=import-outside-toplevel
 
         work_dir = tempfile.mkdtemp(prefix="ollie_tune_")
+    # One process at a time tunes in a work dir: MetaSchedule's database refers to workloads
+    # by line number, so two processes appending to it at once would mix their records up.
+    with work_dir_lock(work_dir):
+        prepare_work_dir(work_dir)
+        return _build(mod, tgt, trials, work_dir, rpc, opts)
+
+
+def _build(mod: "tvm.IRModule", tgt, trials: int, work_dir: Optional[str],
+           rpc: Optional[RPCConfig], opts: dict
+           ) -> Tuple["tvm.runtime.Executable", OptimizeReport]:
+    remote = rpc is not None
     new_mod, report = optimize_module(mod, tgt, trials=trials, work_dir=work_dir, rpc=rpc,
                                       **opts)
     tunable = trials > 0 and (remote or not is_gpu_target(tgt) or gpu_available(tgt))

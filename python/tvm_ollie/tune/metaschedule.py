@@ -194,10 +194,11 @@ class Tuner:
 
     @property
     def database(self):
-        """The JSON database (opened on first use)."""
+        """The JSON database (opened on first use; a cut-short file is repaired first)."""
         if self._db is None:
-            ms = meta_schedule()
-            self._db = ms.database.JSONDatabase(work_dir=self.work_dir)
+            from .workdir import open_database  # pylint: disable=import-outside-toplevel
+
+            self._db = open_database(self.work_dir)
         return self._db
 
     def tasks(self, fused_mod: "tvm.IRModule") -> list:
@@ -324,7 +325,10 @@ def task_names(tasks: List) -> List[str]:
 
 
 def optional_database(work_dir: Optional[str]):
-    """The JSON database of ``work_dir``, or None when no work dir is given."""
+    """The JSON database of ``work_dir`` (broken lines dropped, see :mod:`.workdir`), or None
+    when no work dir is given."""
     if not work_dir:
         return None
-    return meta_schedule().database.JSONDatabase(work_dir=os.path.abspath(work_dir))
+    from .workdir import open_database  # pylint: disable=import-outside-toplevel
+
+    return open_database(work_dir)
