@@ -7,8 +7,9 @@ fails in VM codegen in 0.27). Three adjustments:
 * on CPU, MetaSchedule's LocalBuilder gets :func:`fast_build`: the default build function
   imports ``tvm.s_tir.tensor_intrin`` (20-30 s) in every freshly spawned worker, and the
   builder respawns its pool every batch, so builds time out. The pipeline calls the global
-  function ``tvm.s_tir.meta_schedule.tune_relax``; :func:`_tuning_builder` re-registers it for
-  the duration of the call with the builder swapped, and restores the original afterwards.
+  function ``tvm.s_tir.meta_schedule.tune_relax``; :func:`_install_fast_tuning_builder`
+  re-registers it once per process with the builder swapped for CPU targets (never restored:
+  restoring it crashed the interpreter at exit).
 * ``max_trials_per_task`` is ``ceil(trials / tasks)`` so that every task gets trials (left
   unset, a small budget all goes to the first task);
 * tuning records persist in ``work_dir`` with a ``tuned.json`` marker holding the module's
@@ -21,7 +22,6 @@ relax.get_default_pipeline(target))`` (legalize, fuse, and dlight on GPUs).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -71,21 +71,32 @@ def make_target(kind: str, threads: int):
     raise ValueError(f"unsupported target {kind!r} (use 'llvm' or 'cuda')")
 
 
-@contextlib.contextmanager
-def _tuning_builder(target):
-    """Make the tuning pipeline use :func:`fast_build` on CPU targets (see module docstring)."""
+#: The registered ``tune_relax`` this module replaced (None until it did).
+_ORIGINAL_TUNE_RELAX = None
+
+
+def _install_fast_tuning_builder() -> None:
+    """Once per process: make the tuning pipeline use :func:`fast_build` for CPU targets.
+
+    The replacement is registered once and never restored: TVM's C++ side keeps a reference to
+    the function it looked up, and restoring the original left that reference to be released
+    after Python shut down (a crash at exit). Other targets are handed to the original.
+    """
+    global _ORIGINAL_TUNE_RELAX  # pylint: disable=global-statement
+    if _ORIGINAL_TUNE_RELAX is not None:
+        return
     # pylint: disable=import-outside-toplevel
     import tvm_ffi
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule import relax_integration
 
     original = tvm_ffi.get_global_func(_TUNE_RELAX)
-    if target.kind.name != "llvm":
-        yield
-        return
 
-    def tune_with_fast_builder(mod, params, tgt, work_dir, max_trials_global,
-                               max_trials_per_task=None, op_names=None):  # fmt: skip
+    def tune_with_fast_builder(mod, params, tgt, work_dir, max_trials_global, *rest):
+        if tgt.kind.name != "llvm":
+            return original(mod, params, tgt, work_dir, max_trials_global, *rest)
+        max_trials_per_task = rest[0] if rest else None
+        op_names = rest[1] if len(rest) > 1 else None
         # What the registered function does (tune, then return the module unchanged), with
         # the builder swapped.
         relax_integration.tune_relax(
@@ -97,10 +108,7 @@ def _tuning_builder(target):
         return mod
 
     tvm_ffi.register_global_func(_TUNE_RELAX, tune_with_fast_builder, override=True)
-    try:
-        yield
-    finally:
-        tvm_ffi.register_global_func(_TUNE_RELAX, original, override=True)
+    _ORIGINAL_TUNE_RELAX = original
 
 
 def count_tasks(mod, target) -> int:
@@ -175,11 +183,11 @@ def build_tvm(mod, target, trials: int = 0, work_dir: Optional[str] = None) -> T
     os.makedirs(work_dir, exist_ok=True)
     start = time.perf_counter()
     per_task = max(1, -(-todo // count_tasks(mod, target))) if todo else None
-    with _tuning_builder(target):
-        pipeline = relax.pipeline.static_shape_tuning_pipeline(
-            total_trials=todo, target=target, work_dir=work_dir, max_trials_per_task=per_task
-        )
-        tuned = pipeline(mod)
+    _install_fast_tuning_builder()
+    pipeline = relax.pipeline.static_shape_tuning_pipeline(
+        total_trials=todo, target=target, work_dir=work_dir, max_trials_per_task=per_task
+    )
+    tuned = pipeline(mod)
     tune_s = time.perf_counter() - start
     if todo:
         with open(os.path.join(work_dir, _MARKER), "w", encoding="utf-8") as f:
