@@ -58,7 +58,7 @@ LIBRARY_NAME = "libtvm_ollie_native.so"
 #: GNU OpenMP's waiting policy, applied when this module loads oneDNN (and with it libgomp) for
 #: the first time, unless the user set ``OMP_WAIT_POLICY``. See NATIVE_NOTES.md (threads) for
 #: the measurement behind the choice.
-DEFAULT_OMP_WAIT_POLICY: Optional[str] = None
+DEFAULT_OMP_WAIT_POLICY: Optional[str] = "PASSIVE"
 
 _LOG = logging.getLogger(__name__)
 _LOCK = threading.Lock()
@@ -150,8 +150,9 @@ def _load_locked() -> bool:
         return False
     import tvm_ffi  # pylint: disable=import-outside-toplevel  (loads libtvm_ffi.so first)
 
-    if DEFAULT_OMP_WAIT_POLICY is not None:
-        os.environ.setdefault("OMP_WAIT_POLICY", DEFAULT_OMP_WAIT_POLICY)
+    policy = os.environ.get("TVM_OLLIE_OMP_WAIT_POLICY", DEFAULT_OMP_WAIT_POLICY or "unset")
+    if policy not in ("", "unset"):
+        os.environ.setdefault("OMP_WAIT_POLICY", policy)
     for dep in _dependency_paths():
         _HANDLES.append(ctypes.CDLL(dep, mode=ctypes.RTLD_GLOBAL))
     _HANDLES.append(ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL))
