@@ -23,7 +23,8 @@ def test_load_is_idempotent_and_registers_globals():
     assert native.unavailable_reason() == ""
     assert os.path.isfile(native.library_path())
     for name in (native.MATMUL, native.CONV2D, native.INFO, native.SET_NUM_THREADS,
-                 native.GET_NUM_THREADS, native.CACHE_STATS):
+                 native.GET_NUM_THREADS, native.CACHE_STATS, native.CONV2D_PACKED_SIZE,
+                 native.CONV2D_PACK_WEIGHT):
         assert tvm_ffi.get_global_func(name, allow_missing=True) is not None, name
 
 
@@ -39,6 +40,14 @@ def test_threads_roundtrip():
         native.set_num_threads(before)
     with pytest.raises(ValueError):
         native.set_num_threads(0)
+
+
+def test_conv2d_packed_size():
+    _require()
+    size = native.conv2d_packed_size("pad=1,1,1,1", (1, 16, 7, 7), (32, 16, 3, 3))
+    assert size >= 16 + 32 * 16 * 3 * 3  # header + weights (blocked formats may pad)
+    with pytest.raises(Exception, match="does not fit data"):
+        native.conv2d_packed_size("", (1, 16, 7, 7), (32, 8, 3, 3))
 
 
 def test_info_names_libraries_and_choices():

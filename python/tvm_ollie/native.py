@@ -35,6 +35,8 @@ __all__ = [
     "SET_NUM_THREADS",
     "GET_NUM_THREADS",
     "CACHE_STATS",
+    "CONV2D_PACKED_SIZE",
+    "CONV2D_PACK_WEIGHT",
     "LIBRARY_NAME",
     "load",
     "available",
@@ -43,6 +45,7 @@ __all__ = [
     "set_num_threads",
     "get_num_threads",
     "info",
+    "conv2d_packed_size",
 ]
 
 #: Global function names (tvm-ffi) registered by the library.
@@ -52,6 +55,9 @@ INFO = "tvm_ollie.cpu.info"
 SET_NUM_THREADS = "tvm_ollie.cpu.set_num_threads"
 GET_NUM_THREADS = "tvm_ollie.cpu.get_num_threads"
 CACHE_STATS = "tvm_ollie.cpu.cache_stats"
+#: Optional weight prepacking for conv2d (see NATIVE_NOTES.md): size query and DPS packer.
+CONV2D_PACKED_SIZE = "tvm_ollie.cpu.conv2d_packed_size"
+CONV2D_PACK_WEIGHT = "tvm_ollie.cpu.conv2d_pack_weight"
 
 LIBRARY_NAME = "libtvm_ollie_native.so"
 
@@ -231,3 +237,17 @@ def get_num_threads() -> int:
 def info() -> str:
     """Library versions, thread count and the implementation choices of each kernel."""
     return str(_func(INFO)())
+
+
+def conv2d_packed_size(attrs: str, data_shape, weight_shape) -> int:
+    """Number of float32 elements of the packed weight for ``conv2d_pack_weight``.
+
+    Parameters
+    ----------
+    attrs : str
+        The conv2d attributes of the call that will use the packed weight (without ``wpacked``).
+    data_shape, weight_shape : sequence of int
+        The data shape (in ``layout``) and the weight shape (in ``klayout``).
+    """
+    return int(_func(CONV2D_PACKED_SIZE)(attrs, [int(d) for d in data_shape],
+                                          [int(d) for d in weight_shape]))
