@@ -4,6 +4,7 @@
 #include <omp.h>
 #include <sched.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -133,7 +134,7 @@ static bool ParseFloat(const std::string& s, float* out) {
   char* end = nullptr;
   errno = 0;
   float v = std::strtof(s.c_str(), &end);
-  if (errno != 0 || end != s.c_str() + s.size() || !std::isfinite(v)) return false;
+  if (end != s.c_str() + s.size() || std::isnan(v)) return false;  // inf is a valid bound
   *out = v;
   return true;
 }
@@ -163,7 +164,7 @@ Activation ParseActivation(const Attrs& attrs, const std::string& value) {
               ParseFloat(rest.substr(us + 1), &a.hi) && a.lo <= a.hi;
     if (!ok) {
       TVM_FFI_THROW(ValueError) << attrs.kernel() << ": bad activation '" << value
-                                << "' (expected clip_LO_HI with decimal LO <= HI, e.g. clip_0_6)";
+                                << "' (expected clip_LO_HI with decimal LO <= HI, e.g. clip_0_6 or clip_0.0_inf)";
     }
     a.kind = Act::kClip;
   } else {
