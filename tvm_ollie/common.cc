@@ -4,6 +4,7 @@
 #include <omp.h>
 #include <sched.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -339,7 +340,7 @@ size_t PrimitiveCache::size() {
 }
 
 // ---------------------------------------------------------------------------------------------
-static int g_num_threads = 0;
+static std::atomic<int> g_num_threads{0};
 static std::once_flag g_threads_once;
 
 static int DefaultThreads() {

@@ -3,8 +3,8 @@
     python -m tvm_ollie.bench.kernel_bench [--threads N] [--budget-s S] [--only gemm|conv]
 
 Systems (each with the same thread count): the native library with each backend
-(``ollie-onednn``, ``ollie-openblas``; for conv2d the plain and blocked-format implementations
-in NCHW and NHWC), numpy (GEMM only), PyTorch, ONNX Runtime (a one-node ONNX model built with
+(``ollie-onednn``, ``ollie-openblas``, ``ollie-default``; for conv2d the plain, blocked-format
+and prepacked-weight implementations in NCHW and NHWC), numpy (GEMM only), PyTorch, ONNX Runtime (a one-node ONNX model built with
 ``onnx.helper``) and untuned TVM (``tvm.compile`` with the default pipeline; skipped where one
 run takes more than 2 s). Every system runs once per round in rotating order
 (:func:`tvm_ollie.bench.timing.measure_interleaved`); the table gives medians. Missing optional
@@ -107,11 +107,19 @@ def _conv_runs(n, c, h, w, o, k, pad, groups, threads, skip) -> Dict[str, Callab
         out_nhwc = np.empty((n, oh, ow, o), "float32")
         t = {name: tvm_ffi.from_dlpack(v) for name, v in
              dict(x=x, w=wt, xh=x_nhwc, wh=w_hwio, on=out_nchw, oh=out_nhwc).items()}
-        for fmt in ("plain", "blocked"):
-            runs[f"ollie-NCHW-{fmt}"] = (lambda fmt=fmt: f(
-                f"layout=NCHW;klayout=OIHW;{common};fmt={fmt}", t["x"], t["w"], t["on"]))
-            runs[f"ollie-NHWC-{fmt}"] = (lambda fmt=fmt: f(
-                f"layout=NHWC;klayout=HWIO;{common};fmt={fmt}", t["xh"], t["wh"], t["oh"]))
+        pack = tvm_ffi.get_global_func(native.CONV2D_PACK_WEIGHT)
+        for lay, kl, xk, wk, ok in (("NCHW", "OIHW", "x", "w", "on"),
+                                    ("NHWC", "HWIO", "xh", "wh", "oh")):
+            attrs = f"layout={lay};klayout={kl};{common}"
+            for fmt in ("plain", "blocked"):
+                runs[f"ollie-{lay}-{fmt}"] = (lambda a=f"{attrs};fmt={fmt}", xk=xk, wk=wk, ok=ok:
+                                              f(a, t[xk], t[wk], t[ok]))
+            size = native.conv2d_packed_size(attrs, t[xk].shape, t[wk].shape)
+            t[f"p{lay}"] = tvm_ffi.from_dlpack(np.empty(size, "float32"))
+            pack(attrs, t[xk], t[wk], t[f"p{lay}"])
+            runs[f"ollie-{lay}-packed"] = (
+                lambda a=f"{attrs};wpacked=1;kernel={k},{k}", xk=xk, pk=f"p{lay}", ok=ok:
+                f(a, t[xk], t[pk], t[ok]))
     try:
         import torch
 
