@@ -201,8 +201,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="timing budget per shape (interleaved rounds)")
     parser.add_argument("--only", choices=["gemm", "conv"], default=None)
     opts = parser.parse_args(argv)
-    os.environ.setdefault("TVM_NUM_THREADS", str(opts.threads))
     from .. import native
+    from .env import configure_threads
+
+    # TVM_NUM_THREADS, no spinning in TVM's pool (its workers would steal the cores from the
+    # next system in the interleaved rounds); OMP_WAIT_POLICY=PASSIVE is set by native.load().
+    configure_threads(opts.threads)
     from .timing import measure_interleaved
 
     if native.available():
@@ -210,7 +214,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     else:
         print(f"native library unavailable: {native.unavailable_reason()}", file=sys.stderr)
     skip: List[str] = []
-    print(f"threads={opts.threads}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}"
+    print(f"threads={opts.threads}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}, "
+          f"TVM_THREAD_POOL_SPIN_COUNT={os.environ.get('TVM_THREAD_POOL_SPIN_COUNT', 'unset')}"
           f", medians of interleaved runs (budget {opts.budget_s} s per shape)\n")
     if opts.only in (None, "gemm"):
         table = []
