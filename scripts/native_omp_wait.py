@@ -6,7 +6,7 @@ processes, with ``OMP_WAIT_POLICY`` unset (libgomp spins ~300k iterations after 
 region) and with ``OMP_WAIT_POLICY=PASSIVE`` (workers sleep at once). The policy is read when
 libgomp starts, so each setting needs its own process.
 
-    python scripts/native_omp_wait.py [--threads 2] [--rounds 30]
+    python scripts/native_omp_wait.py [--threads 2] [--rounds 30] [--tvm-spin-count 0]
 """
 
 import argparse
@@ -62,11 +62,17 @@ def main():
     parser.add_argument("--threads", type=int, default=int(os.environ.get("TVM_NUM_THREADS", 2)))
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--sizes", default="256,512")
+    parser.add_argument("--policies", default="unset,ACTIVE,PASSIVE")
+    parser.add_argument("--tvm-spin-count", default=None,
+                        help="TVM_THREAD_POOL_SPIN_COUNT for the children (default: TVM's)")
     opts = parser.parse_args()
     rows = []
     for n in map(int, opts.sizes.split(",")):
-        for policy in ("unset", "ACTIVE", "PASSIVE"):
+        for policy in opts.policies.split(","):
             env = dict(os.environ, TVM_NUM_THREADS=str(opts.threads))
+            env.pop("TVM_THREAD_POOL_SPIN_COUNT", None)
+            if opts.tvm_spin_count is not None:
+                env["TVM_THREAD_POOL_SPIN_COUNT"] = opts.tvm_spin_count
             env.pop("OMP_WAIT_POLICY", None)
             env["TVM_OLLIE_OMP_WAIT_POLICY"] = "unset"
             if policy != "unset":
