@@ -33,7 +33,8 @@ def build(parts):
         with bb.dataflow():
             y = a
             if "mm" in parts:
-                y = bb.emit(relax.call_dps_packed(native.MATMUL, [tvm.ir.StringImm("lib=onednn"), a, b],
+                attrs = tvm.ir.StringImm("lib=onednn")
+                y = bb.emit(relax.call_dps_packed(native.MATMUL, [attrs, a, b],
                                                   relax.TensorType((n, n), "float32")))
             if "ew" in parts:
                 for _ in range(4):
@@ -80,7 +81,8 @@ def main():
             out = subprocess.run([sys.executable, "-c", CHILD, str(n), str(opts.rounds)], env=env,
                                  check=True, capture_output=True, text=True).stdout
             rows.append((n, policy, json.loads(out.strip().splitlines()[-1])))
-    print("| n | OMP_WAIT_POLICY | matmul (ms) | 4 TVM elementwise (ms) | matmul + elementwise (ms) |")
+    print("| n | OMP_WAIT_POLICY | matmul (ms) | 4 TVM elementwise (ms) "
+          "| matmul + elementwise (ms) |")
     print("|---|---|---|---|---|")
     for n, policy, t in rows:
         print(f"| {n} | {policy} | {t['mm']:.3f} | {t['ew']:.3f} | {t['mm+ew']:.3f} |")

@@ -165,7 +165,8 @@ Activation ParseActivation(const Attrs& attrs, const std::string& value) {
               ParseFloat(rest.substr(us + 1), &a.hi) && a.lo <= a.hi;
     if (!ok) {
       TVM_FFI_THROW(ValueError) << attrs.kernel() << ": bad activation '" << value
-                                << "' (expected clip_LO_HI with decimal LO <= HI, e.g. clip_0_6 or clip_0.0_inf)";
+                                << "' (expected clip_LO_HI with decimal LO <= HI, e.g. clip_0_6 "
+                                   "or clip_0.0_inf)";
     }
     a.kind = Act::kClip;
   } else {

@@ -191,7 +191,8 @@ struct Reorder {
     std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
     size_t n = scratch_md.get_size();
     if (n > 0) {
-      args[DNNL_ARG_SCRATCHPAD] = dnnl::memory(scratch_md, Engine(), ScratchBuffer(scratch_slot, n));
+      args[DNNL_ARG_SCRATCHPAD] =
+          dnnl::memory(scratch_md, Engine(), ScratchBuffer(scratch_slot, n));
     }
     prim.execute(Stream(), args);
   }
@@ -295,7 +296,8 @@ std::string ConvKey(const ConvParams& p, const ConvShape& s, Fmt fmt) {
 }
 
 uint64_t PackHash(const std::string& key, const dnnl::memory::desc& md) {
-  std::string text = key + "|isa=" + std::to_string(static_cast<int>(dnnl::get_effective_cpu_isa()));
+  const int isa = static_cast<int>(dnnl::get_effective_cpu_isa());
+  std::string text = key + "|isa=" + std::to_string(isa);
   auto add = [&](const char* what, const dnnl::memory::dims& d) {
     text += std::string("|") + what;
     for (int64_t v : d) text += "," + std::to_string(v);

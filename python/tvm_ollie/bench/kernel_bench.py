@@ -4,11 +4,11 @@
 
 Systems (each with the same thread count): the native library with each backend
 (``ollie-onednn``, ``ollie-openblas``, ``ollie-default``; for conv2d the plain, blocked-format
-and prepacked-weight implementations in NCHW and NHWC), numpy (GEMM only), PyTorch, ONNX Runtime (a one-node ONNX model built with
-``onnx.helper``) and untuned TVM (``tvm.compile`` with the default pipeline; skipped where one
-run takes more than 2 s). Every system runs once per round in rotating order
-(:func:`tvm_ollie.bench.timing.measure_interleaved`); the table gives medians. Missing optional
-systems (torch, onnxruntime) are reported as such, not fatal.
+and prepacked-weight implementations in NCHW and NHWC), numpy (GEMM only), PyTorch, ONNX
+Runtime (a one-node ONNX model built with ``onnx.helper``) and untuned TVM (``tvm.compile`` with
+the default pipeline; skipped where one run takes more than 2 s). Every system runs once per
+round in rotating order (:func:`tvm_ollie.bench.timing.measure_interleaved`); the table gives
+medians. Missing optional systems (torch, onnxruntime) are reported as such, not fatal.
 """
 
 from __future__ import annotations
