@@ -4,6 +4,8 @@
 #include <omp.h>
 #include <sched.h>
 
+#include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -133,7 +135,7 @@ static bool ParseFloat(const std::string& s, float* out) {
   char* end = nullptr;
   errno = 0;
   float v = std::strtof(s.c_str(), &end);
-  if (errno != 0 || end != s.c_str() + s.size() || !std::isfinite(v)) return false;
+  if (end != s.c_str() + s.size() || std::isnan(v)) return false;  // inf is a valid bound
   *out = v;
   return true;
 }
@@ -163,7 +165,8 @@ Activation ParseActivation(const Attrs& attrs, const std::string& value) {
               ParseFloat(rest.substr(us + 1), &a.hi) && a.lo <= a.hi;
     if (!ok) {
       TVM_FFI_THROW(ValueError) << attrs.kernel() << ": bad activation '" << value
-                                << "' (expected clip_LO_HI with decimal LO <= HI, e.g. clip_0_6)";
+                                << "' (expected clip_LO_HI with decimal LO <= HI, e.g. clip_0_6 "
+                                   "or clip_0.0_inf)";
     }
     a.kind = Act::kClip;
   } else {
@@ -338,7 +341,7 @@ size_t PrimitiveCache::size() {
 }
 
 // ---------------------------------------------------------------------------------------------
-static int g_num_threads = 0;
+static std::atomic<int> g_num_threads{0};
 static std::once_flag g_threads_once;
 
 static int DefaultThreads() {

@@ -9,6 +9,8 @@
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/reflection/registry.h>
 
+#include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,7 +34,9 @@ struct ConvParams {
   bool has_bias = false, has_res = false;
   Activation act;
   Fmt fmt = Fmt::kAuto;
-  std::string canonical;
+  bool wpacked = false;        // weight given as the output of conv2d_pack_weight
+  int64_t pkh = 0, pkw = 0;    // kernel size (attrs "kernel=KH,KW"), required with wpacked=1
+  std::string canonical;       // every key but fmt/wpacked/kernel (cache and pack key)
 };
 
 ConvParams ParseConvAttrs(const std::string& text) {
@@ -49,6 +53,19 @@ ConvParams ParseConvAttrs(const std::string& text) {
   p.act = ParseActivation(attrs, attrs.GetRaw("act", "none"));
   std::string fmt = attrs.GetStr("fmt", "auto", {"auto", "plain", "blocked"});
   p.fmt = fmt == "plain" ? Fmt::kPlain : (fmt == "blocked" ? Fmt::kBlocked : Fmt::kAuto);
+  p.wpacked = attrs.GetBool("wpacked", false);
+  if (attrs.Has("kernel")) {
+    auto kk = attrs.GetInts("kernel", 2, {0, 0});
+    p.pkh = kk[0];
+    p.pkw = kk[1];
+    if (p.pkh < 1 || p.pkw < 1) TVM_FFI_THROW(ValueError) << kName << ": kernel must be >= 1";
+  }
+  if (p.wpacked && p.pkh == 0) {
+    TVM_FFI_THROW(ValueError) << kName << ": wpacked=1 needs kernel=KH,KW";
+  }
+  if (p.wpacked && p.fmt == Fmt::kPlain) {
+    TVM_FFI_THROW(ValueError) << kName << ": wpacked=1 cannot be combined with fmt=plain";
+  }
   attrs.CheckAllUsed();
   p.sh = s[0];
   p.sw = s[1];
@@ -78,16 +95,21 @@ struct ConvShape {
   int64_t N, C, H, W, O, I, KH, KW, OH, OW;
 };
 
-ConvShape CheckConvShapes(const ConvParams& p, const ffi::TensorView& X, const ffi::TensorView& Wt,
-                          const ffi::TensorView& Out) {
-  if (X.ndim() != 4 || Wt.ndim() != 4 || Out.ndim() != 4) {
+std::string DimsStr(const std::vector<int64_t>& d) {
+  std::string out = "[";
+  for (size_t i = 0; i < d.size(); ++i) out += (i ? ", " : "") + std::to_string(d[i]);
+  return out + "]";
+}
+
+// Shapes given as dims (data, weight in klayout order, Out); `out` may be null (pack_weight).
+ConvShape CheckConvShapes(const ConvParams& p, const std::vector<int64_t>& x,
+                          const std::vector<int64_t>& w, const std::vector<int64_t>* out) {
+  if (x.size() != 4 || w.size() != 4 || (out && out->size() != 4)) {
     TVM_FFI_THROW(ValueError) << kName << ": data, weight and Out must be 4-D, got data "
-                              << ShapeStr(X) << ", weight " << ShapeStr(Wt) << ", Out "
-                              << ShapeStr(Out);
+                              << DimsStr(x) << ", weight " << DimsStr(w)
+                              << (out ? ", Out " + DimsStr(*out) : std::string());
   }
   ConvShape s;
-  auto x = X.shape();
-  auto w = Wt.shape();
   s.N = x[0];
   s.C = p.nhwc ? x[3] : x[1];
   s.H = p.nhwc ? x[1] : x[2];
@@ -100,8 +122,8 @@ ConvShape CheckConvShapes(const ConvParams& p, const ffi::TensorView& X, const f
     s.O = w[0], s.KH = w[1], s.KW = w[2], s.I = w[3];
   }
   if (s.I * p.groups != s.C || s.O % p.groups != 0 || s.O == 0) {
-    TVM_FFI_THROW(ValueError) << kName << ": weight " << ShapeStr(Wt) << " (" << p.klayout
-                              << ") does not fit data " << ShapeStr(X) << " with groups="
+    TVM_FFI_THROW(ValueError) << kName << ": weight " << DimsStr(w) << " (" << p.klayout
+                              << ") does not fit data " << DimsStr(x) << " with groups="
                               << p.groups << " (need I * groups == C and O % groups == 0)";
   }
   if (s.KH < 1 || s.KW < 1) TVM_FFI_THROW(ValueError) << kName << ": empty kernel";
@@ -115,11 +137,10 @@ ConvShape CheckConvShapes(const ConvParams& p, const ffi::TensorView& X, const f
   s.OW = (wp - ekw) / p.sw + 1;
   std::vector<int64_t> want = p.nhwc ? std::vector<int64_t>{s.N, s.OH, s.OW, s.O}
                                      : std::vector<int64_t>{s.N, s.O, s.OH, s.OW};
-  if (Dims(Out) != want) {
-    TVM_FFI_THROW(ValueError) << kName << ": Out has shape " << ShapeStr(Out) << ", expected ["
-                              << want[0] << ", " << want[1] << ", " << want[2] << ", " << want[3]
-                              << "] for data " << ShapeStr(X) << " and weight " << ShapeStr(Wt)
-                              << " with \"" << p.canonical << "\"";
+  if (out && *out != want) {
+    TVM_FFI_THROW(ValueError) << kName << ": Out has shape " << DimsStr(*out) << ", expected "
+                              << DimsStr(want) << " for data " << DimsStr(x) << " and weight "
+                              << DimsStr(w) << " with \"" << p.canonical << "\"";
   }
   return s;
 }
@@ -170,7 +191,8 @@ struct Reorder {
     std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
     size_t n = scratch_md.get_size();
     if (n > 0) {
-      args[DNNL_ARG_SCRATCHPAD] = dnnl::memory(scratch_md, Engine(), ScratchBuffer(scratch_slot, n));
+      args[DNNL_ARG_SCRATCHPAD] =
+          dnnl::memory(scratch_md, Engine(), ScratchBuffer(scratch_slot, n));
     }
     prim.execute(Stream(), args);
   }
@@ -184,10 +206,20 @@ struct OneDNNConv {
   std::string impl;  // the oneDNN implementation name (for info/benchmarks)
 };
 
-// Default implementation per layout, measured with kernel_bench (see NATIVE_NOTES.md).
+// Default implementation. Measured on the shared 2-core AVX-512 Xeon, one thread, ms (best of
+// repeated calls; plain = oneDNN on the user's formats, blocked = oneDNN's preferred formats with
+// reorders inside the call):
+//   W1 1x512x7x7 -> 512 3x3:   NCHW plain 4.4 (gemm:jit), blocked 5.5 (brgconv 4.7 + weight
+//                               reorder 3.6); NHWC plain 13.6, blocked 13.5
+//   ResNet 1x64x56x56 -> 64:    NCHW plain 4.8, blocked 3.1; NHWC plain 2.2, blocked 2.3
+//   depthwise 1x96x56x56 3x3:   NCHW plain 3.8, blocked 0.9; NHWC plain 3.6, blocked 0.28
+// Rule: blocked, except NCHW without groups when the weights are larger than data + output
+// (there the per-call weight reorder costs more than the im2col GEMM saves).
 Fmt ChooseFormat(const ConvParams& p, const ConvShape& s) {
-  (void)s;
-  return p.nhwc ? Fmt::kPlain : Fmt::kBlocked;
+  const int64_t wsize = s.O * s.I * s.KH * s.KW;
+  const int64_t asize = s.N * (s.C * s.H * s.W + s.O * s.OH * s.OW);
+  if (!p.nhwc && p.groups == 1 && wsize > asize) return Fmt::kPlain;
+  return Fmt::kBlocked;
 }
 
 std::shared_ptr<OneDNNConv> CreateConv(const ConvParams& p, const ConvShape& s, Fmt fmt) {
@@ -240,14 +272,81 @@ std::shared_ptr<OneDNNConv> CreateConv(const ConvParams& p, const ConvShape& s, 
   return e;
 }
 
-void Conv2d(ffi::PackedArgs args, ffi::Any* rv) {
-  EnsureThreads();
-  if (args.size() < 1) TVM_FFI_THROW(TypeError) << kName << ": missing attrs";
+// Packed weights (conv2d_pack_weight): a 64-byte header, then the weights in the blocked format
+// of the cached primitive. The header holds a magic number and a hash of the problem, the
+// weight format and the CPU ISA, so that a packed tensor made for another problem or machine is
+// rejected instead of read in the wrong layout.
+constexpr int64_t kPackHeaderFloats = 16;
+constexpr uint64_t kPackMagic = 0x314b5045494c4c4fULL;  // "OLLIEPK1"
+
+uint64_t Fnv1a(const std::string& text) {
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+std::string ConvKey(const ConvParams& p, const ConvShape& s, Fmt fmt) {
+  return std::string(kName) + "|" + p.canonical + "|fmt=" + (fmt == Fmt::kBlocked ? "b" : "p") +
+         "|" + std::to_string(s.N) + "," + std::to_string(s.C) + "," + std::to_string(s.H) + "," +
+         std::to_string(s.W) + "|" + std::to_string(s.O) + "," + std::to_string(s.KH) + "," +
+         std::to_string(s.KW);
+}
+
+uint64_t PackHash(const std::string& key, const dnnl::memory::desc& md) {
+  const int isa = static_cast<int>(dnnl::get_effective_cpu_isa());
+  std::string text = key + "|isa=" + std::to_string(isa);
+  auto add = [&](const char* what, const dnnl::memory::dims& d) {
+    text += std::string("|") + what;
+    for (int64_t v : d) text += "," + std::to_string(v);
+  };
+  add("dims", md.get_dims());
+  add("strides", md.get_strides());
+  add("blks", md.get_inner_blks());
+  add("idxs", md.get_inner_idxs());
+  text += "|size=" + std::to_string(md.get_size());
+  return Fnv1a(text);
+}
+
+int64_t PackedFloats(const OneDNNConv& e) {
+  return kPackHeaderFloats + static_cast<int64_t>((e.wei_md.get_size() + 3) / 4);
+}
+
+// The weight dims in klayout order for a packed call: O from Out, I = C / groups, kernel=KH,KW.
+std::vector<int64_t> PackedWeightDims(const ConvParams& p, const std::vector<int64_t>& x,
+                                      int64_t o) {
+  if (x.size() != 4) TVM_FFI_THROW(ValueError) << kName << ": data must be 4-D";
+  const int64_t c = p.nhwc ? x[3] : x[1];
+  if (c % p.groups != 0) {
+    TVM_FFI_THROW(ValueError) << kName << ": data channels " << c << " not divisible by groups="
+                              << p.groups;
+  }
+  const int64_t i = c / p.groups;
+  if (p.klayout == "OIHW") return {o, i, p.pkh, p.pkw};
+  if (p.klayout == "HWIO") return {p.pkh, p.pkw, i, o};
+  return {o, p.pkh, p.pkw, i};
+}
+
+ConvParams ParseArgsAttrs(ffi::PackedArgs args, const char* fname) {
+  if (args.size() < 1) TVM_FFI_THROW(TypeError) << fname << ": missing attrs";
   auto attrs_opt = args[0].try_cast<ffi::String>();
   if (!attrs_opt.has_value()) {
-    TVM_FFI_THROW(TypeError) << kName << ": first argument must be the attrs string";
+    TVM_FFI_THROW(TypeError) << fname << ": first argument must be the attrs string";
   }
-  ConvParams p = ParseConvAttrs(std::string(attrs_opt.value()));
+  return ParseConvAttrs(std::string(attrs_opt.value()));
+}
+
+ffi::TensorView TensorArg(ffi::PackedArgs args, int i, const char* fname, const char* what) {
+  auto t = args[i].try_cast<ffi::TensorView>();
+  if (!t.has_value()) TVM_FFI_THROW(TypeError) << fname << ": " << what << " must be a tensor";
+  return t.value();
+}
+
+void Conv2d(ffi::PackedArgs args, ffi::Any* rv) {
+  EnsureThreads();
+  ConvParams p = ParseArgsAttrs(args, kName);
   const int want = 4 + (p.has_bias ? 1 : 0) + (p.has_res ? 1 : 0);
   if (args.size() != want) {
     TVM_FFI_THROW(TypeError) << kName << ": expected " << want << " arguments (attrs, data, weight"
@@ -255,30 +354,32 @@ void Conv2d(ffi::PackedArgs args, ffi::Any* rv) {
                              << ", Out) for attrs \"" << p.canonical << "\", got "
                              << args.size();
   }
-  auto tensor = [&](int i, const char* what) {
-    auto t = args[i].try_cast<ffi::TensorView>();
-    if (!t.has_value()) TVM_FFI_THROW(TypeError) << kName << ": " << what << " must be a tensor";
-    return t.value();
-  };
   int i = 1;
-  ffi::TensorView X = tensor(i++, "data");
-  ffi::TensorView Wt = tensor(i++, "weight");
+  ffi::TensorView X = TensorArg(args, i++, kName, "data");
+  ffi::TensorView Wt = TensorArg(args, i++, kName, "weight");
   float* x = CheckFloatTensor(X, kName, "data", 4);
-  float* w = CheckFloatTensor(Wt, kName, "weight", 4);
+  float* w = CheckFloatTensor(Wt, kName, "weight", p.wpacked ? 1 : 4);
   float* bias = nullptr;
   float* res = nullptr;
   std::optional<ffi::TensorView> Bias, Res;
   if (p.has_bias) {
-    Bias = tensor(i++, "bias");
+    Bias = TensorArg(args, i++, kName, "bias");
     bias = CheckFloatTensor(*Bias, kName, "bias", 1);
   }
   if (p.has_res) {
-    Res = tensor(i++, "residual");
+    Res = TensorArg(args, i++, kName, "residual");
     res = CheckFloatTensor(*Res, kName, "residual", 0);
   }
-  ffi::TensorView Out = tensor(i++, "Out");
+  ffi::TensorView Out = TensorArg(args, i++, kName, "Out");
   float* out = CheckFloatTensor(Out, kName, "Out", 4);
-  ConvShape s = CheckConvShapes(p, X, Wt, Out);
+  const std::vector<int64_t> out_dims = Dims(Out);
+  const int64_t o = p.nhwc ? out_dims[3] : out_dims[1];
+  const std::vector<int64_t> w_dims = p.wpacked ? PackedWeightDims(p, Dims(X), o) : Dims(Wt);
+  if (p.wpacked && Wt.ndim() != 1) {
+    TVM_FFI_THROW(ValueError) << kName << ": with wpacked=1 the weight must be the 1-D output of "
+                              << "tvm_ollie.cpu.conv2d_pack_weight, got " << ShapeStr(Wt);
+  }
+  ConvShape s = CheckConvShapes(p, Dims(X), w_dims, &out_dims);
   if (Bias.has_value() && (Bias->ndim() != 1 || Bias->shape()[0] != s.O)) {
     TVM_FFI_THROW(ValueError) << kName << ": bias has shape " << ShapeStr(*Bias) << ", expected ["
                               << s.O << "]";
@@ -288,28 +389,42 @@ void Conv2d(ffi::PackedArgs args, ffi::Any* rv) {
                               << ", expected Out's shape " << ShapeStr(Out);
   }
   if (Out.numel() == 0) return;
-  if (X.numel() == 0) {  // C == 0: the sum is empty, Out = act(bias + residual)
+  if (X.numel() == 0) {
     TVM_FFI_THROW(ValueError) << kName << ": data " << ShapeStr(X) << " is empty";
   }
-  Fmt fmt = p.fmt == Fmt::kAuto ? ChooseFormat(p, s) : p.fmt;
-  std::string key = std::string(kName) + "|" + p.canonical + "|fmt=" +
-                    (fmt == Fmt::kBlocked ? "b" : "p") + "|" + std::to_string(s.N) + "," +
-                    std::to_string(s.C) + "," + std::to_string(s.H) + "," + std::to_string(s.W) +
-                    "|" + std::to_string(s.O) + "," + std::to_string(s.KH) + "," +
-                    std::to_string(s.KW);
+  Fmt fmt = p.wpacked ? Fmt::kBlocked : (p.fmt == Fmt::kAuto ? ChooseFormat(p, s) : p.fmt);
+  const std::string key = ConvKey(p, s, fmt);
   auto e = CachedGet<OneDNNConv>(key, [&]() { return CreateConv(p, s, fmt); });
   const dnnl::engine& eng = Engine();
-  dnnl::memory user_src(e->user_src, eng, x), user_wei(e->user_wei, eng, w),
-      user_dst(e->user_dst, eng, out);
-  dnnl::memory src = user_src, wei = user_wei, dst = user_dst;
+  dnnl::memory user_src(e->user_src, eng, x), user_dst(e->user_dst, eng, out);
+  dnnl::memory src = user_src, dst = user_dst, wei;
   // Scratch slots: 0 conv scratchpad, 1 src, 2 weights, 3 dst, 4 residual, 5 reorder scratch.
   if (e->src_in.needed) {
     src = dnnl::memory(e->src_md, eng, ScratchBuffer(1, e->src_md.get_size()));
     e->src_in.Run(user_src, src, 5);
   }
-  if (e->wei_in.needed) {
-    wei = dnnl::memory(e->wei_md, eng, ScratchBuffer(2, e->wei_md.get_size()));
-    e->wei_in.Run(user_wei, wei, 5);
+  if (p.wpacked) {
+    if (Wt.numel() != PackedFloats(*e)) {
+      TVM_FFI_THROW(ValueError) << kName << ": packed weight has " << Wt.numel()
+                                << " elements, expected " << PackedFloats(*e)
+                                << " (pack it with tvm_ollie.cpu.conv2d_pack_weight and the same "
+                                << "attrs and shapes)";
+    }
+    uint64_t header[2];
+    std::memcpy(header, w, sizeof(header));
+    if (header[0] != kPackMagic || header[1] != PackHash(key, e->wei_md)) {
+      TVM_FFI_THROW(ValueError) << kName << ": packed weight was made for another problem, "
+                                << "format or machine (header mismatch); repack it with "
+                                << "tvm_ollie.cpu.conv2d_pack_weight in this process";
+    }
+    wei = dnnl::memory(e->wei_md, eng, w + kPackHeaderFloats);
+  } else {
+    wei = dnnl::memory(e->user_wei, eng, w);
+    if (e->wei_in.needed) {
+      dnnl::memory user_wei = wei;
+      wei = dnnl::memory(e->wei_md, eng, ScratchBuffer(2, e->wei_md.get_size()));
+      e->wei_in.Run(user_wei, wei, 5);
+    }
   }
   if (e->dst_out.needed) dst = dnnl::memory(e->dst_md, eng, ScratchBuffer(3, e->dst_md.get_size()));
   std::unordered_map<int, dnnl::memory> cargs{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei},
@@ -333,16 +448,78 @@ void Conv2d(ffi::PackedArgs args, ffi::Any* rv) {
   Stream().wait();
 }
 
+constexpr const char* kPackName = "tvm_ollie.cpu.conv2d_pack_weight";
+constexpr const char* kPackSizeName = "tvm_ollie.cpu.conv2d_packed_size";
+
+// The packed problem for (attrs, data dims, weight dims in klayout): the cached blocked conv.
+std::shared_ptr<OneDNNConv> PackedEntry(const char* fname, const ConvParams& p,
+                                        const std::vector<int64_t>& x,
+                                        const std::vector<int64_t>& w, std::string* key) {
+  if (p.wpacked || p.fmt == Fmt::kPlain) {
+    TVM_FFI_THROW(ValueError) << fname << ": give the conv2d attrs without wpacked/fmt=plain";
+  }
+  ConvShape s = CheckConvShapes(p, x, w, nullptr);
+  *key = ConvKey(p, s, Fmt::kBlocked);
+  return CachedGet<OneDNNConv>(*key, [&]() { return CreateConv(p, s, Fmt::kBlocked); });
+}
+
+// conv2d_packed_size(attrs, data_shape, weight_shape) -> number of float32 elements.
+int64_t PackedSize(const std::string& attrs, const ffi::Array<int64_t>& x,
+                   const ffi::Array<int64_t>& w) {
+  EnsureThreads();
+  ConvParams p = ParseConvAttrs(attrs);
+  std::string key;
+  auto e = PackedEntry(kPackSizeName, p, std::vector<int64_t>(x.begin(), x.end()),
+                       std::vector<int64_t>(w.begin(), w.end()), &key);
+  return PackedFloats(*e);
+}
+
+// conv2d_pack_weight(attrs, data, weight, Packed): data only gives its shape.
+void PackWeight(ffi::PackedArgs args, ffi::Any* rv) {
+  EnsureThreads();
+  ConvParams p = ParseArgsAttrs(args, kPackName);
+  if (args.size() != 4) {
+    TVM_FFI_THROW(TypeError) << kPackName << ": expected 4 arguments (attrs, data, weight, "
+                             << "Packed), got " << args.size();
+  }
+  ffi::TensorView X = TensorArg(args, 1, kPackName, "data");
+  ffi::TensorView Wt = TensorArg(args, 2, kPackName, "weight");
+  ffi::TensorView P = TensorArg(args, 3, kPackName, "Packed");
+  CheckFloatTensor(X, kPackName, "data", 4);
+  float* w = CheckFloatTensor(Wt, kPackName, "weight", 4);
+  float* packed = CheckFloatTensor(P, kPackName, "Packed", 1);
+  std::string key;
+  auto e = PackedEntry(kPackName, p, Dims(X), Dims(Wt), &key);
+  if (P.ndim() != 1 || P.numel() != PackedFloats(*e)) {
+    TVM_FFI_THROW(ValueError) << kPackName << ": Packed has shape " << ShapeStr(P)
+                              << ", expected [" << PackedFloats(*e)
+                              << "] (tvm_ollie.cpu.conv2d_packed_size)";
+  }
+  uint64_t header[kPackHeaderFloats / 2] = {kPackMagic, PackHash(key, e->wei_md)};
+  std::memcpy(packed, header, sizeof(header));
+  dnnl::memory user_wei(e->user_wei, Engine(), w);
+  dnnl::memory dst(e->wei_md, Engine(), packed + kPackHeaderFloats);
+  if (e->wei_in.needed) {
+    e->wei_in.Run(user_wei, dst, 5);
+    Stream().wait();
+  } else {
+    std::memcpy(packed + kPackHeaderFloats, w, e->wei_md.get_size());
+  }
+}
+
 }  // namespace
 
 std::string Conv2dInfo() {
-  return "conv2d default: NHWC on the user's formats (oneDNN jit, no reorders); NCHW with "
-         "oneDNN's blocked formats and reorders inside the call";
+  return "conv2d default: oneDNN on its blocked formats with reorders inside the call, except "
+         "NCHW without groups with weights larger than data + output: oneDNN on plain formats";
 }
 
 TVM_FFI_STATIC_INIT_BLOCK() {
   namespace refl = tvm::ffi::reflection;
-  refl::GlobalDef().def_packed(kName, Conv2d);
+  refl::GlobalDef()
+      .def_packed(kName, Conv2d)
+      .def_packed(kPackName, PackWeight)
+      .def(kPackSizeName, PackedSize);
 }
 
 }  // namespace tvm_ollie

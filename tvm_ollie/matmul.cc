@@ -297,11 +297,15 @@ void RunOneDNN(const MatmulParams& p, const Problem& pr, const float* a, const f
   Stream().wait();
 }
 
-// Default library per shape class, from kernel_bench on the 2-core AVX-512 Xeon (see the
-// comment in ChooseLib).
+// Default library per shape class. Measured with 2 threads on the shared 2-core AVX-512 Xeon
+// (GFLOP/s, best of repeated calls, oneDNN vs OpenBLAS; the machine was heavily loaded, so only
+// large ratios were trusted): 256^3 8 vs 4, 512^3 25 vs 13, 1024^3 39 vs 44 (tie),
+// 4608x512x49 66 vs 25, 49x4608x512 18 vs 7, 4096x448x64 109 vs 49, 128x768x3072 14 vs 18
+// (tie), 1x768x768 0.3 vs 9 (oneDNN splits a GEMV over OpenMP threads and stalls whenever a
+// thread is descheduled; OpenBLAS runs it on one thread). Rule: OpenBLAS for matrix-vector
+// products (M == 1 or N == 1), oneDNN otherwise.
 Lib ChooseLib(const Problem& pr) {
-  (void)pr;
-  return Lib::kOneDNN;
+  return (pr.M == 1 || pr.N == 1) ? Lib::kOpenBLAS : Lib::kOneDNN;
 }
 
 void Matmul(ffi::PackedArgs args, ffi::Any* rv) {
@@ -363,7 +367,9 @@ void Matmul(ffi::PackedArgs args, ffi::Any* rv) {
 
 }  // namespace
 
-std::string MatmulInfo() { return "matmul default: onednn"; }
+std::string MatmulInfo() {
+  return "matmul default: openblas sgemm when M == 1 or N == 1, onednn matmul otherwise";
+}
 
 TVM_FFI_STATIC_INIT_BLOCK() {
   namespace refl = tvm::ffi::reflection;

@@ -35,6 +35,8 @@ __all__ = [
     "SET_NUM_THREADS",
     "GET_NUM_THREADS",
     "CACHE_STATS",
+    "CONV2D_PACKED_SIZE",
+    "CONV2D_PACK_WEIGHT",
     "LIBRARY_NAME",
     "load",
     "available",
@@ -43,6 +45,7 @@ __all__ = [
     "set_num_threads",
     "get_num_threads",
     "info",
+    "conv2d_packed_size",
 ]
 
 #: Global function names (tvm-ffi) registered by the library.
@@ -52,13 +55,16 @@ INFO = "tvm_ollie.cpu.info"
 SET_NUM_THREADS = "tvm_ollie.cpu.set_num_threads"
 GET_NUM_THREADS = "tvm_ollie.cpu.get_num_threads"
 CACHE_STATS = "tvm_ollie.cpu.cache_stats"
+#: Optional weight prepacking for conv2d (see NATIVE_NOTES.md): size query and DPS packer.
+CONV2D_PACKED_SIZE = "tvm_ollie.cpu.conv2d_packed_size"
+CONV2D_PACK_WEIGHT = "tvm_ollie.cpu.conv2d_pack_weight"
 
 LIBRARY_NAME = "libtvm_ollie_native.so"
 
 #: GNU OpenMP's waiting policy, applied when this module loads oneDNN (and with it libgomp) for
 #: the first time, unless the user set ``OMP_WAIT_POLICY``. See NATIVE_NOTES.md (threads) for
 #: the measurement behind the choice.
-DEFAULT_OMP_WAIT_POLICY: Optional[str] = None
+DEFAULT_OMP_WAIT_POLICY: Optional[str] = "PASSIVE"
 
 _LOG = logging.getLogger(__name__)
 _LOCK = threading.Lock()
@@ -150,8 +156,9 @@ def _load_locked() -> bool:
         return False
     import tvm_ffi  # pylint: disable=import-outside-toplevel  (loads libtvm_ffi.so first)
 
-    if DEFAULT_OMP_WAIT_POLICY is not None:
-        os.environ.setdefault("OMP_WAIT_POLICY", DEFAULT_OMP_WAIT_POLICY)
+    policy = os.environ.get("TVM_OLLIE_OMP_WAIT_POLICY", DEFAULT_OMP_WAIT_POLICY or "unset")
+    if policy not in ("", "unset"):
+        os.environ.setdefault("OMP_WAIT_POLICY", policy)
     for dep in _dependency_paths():
         _HANDLES.append(ctypes.CDLL(dep, mode=ctypes.RTLD_GLOBAL))
     _HANDLES.append(ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL))
@@ -230,3 +237,17 @@ def get_num_threads() -> int:
 def info() -> str:
     """Library versions, thread count and the implementation choices of each kernel."""
     return str(_func(INFO)())
+
+
+def conv2d_packed_size(attrs: str, data_shape, weight_shape) -> int:
+    """Number of float32 elements of the packed weight for ``conv2d_pack_weight``.
+
+    Parameters
+    ----------
+    attrs : str
+        The conv2d attributes of the call that will use the packed weight (without ``wpacked``).
+    data_shape, weight_shape : sequence of int
+        The data shape (in ``layout``) and the weight shape (in ``klayout``).
+    """
+    return int(_func(CONV2D_PACKED_SIZE)(attrs, [int(d) for d in data_shape],
+                                          [int(d) for d in weight_shape]))

@@ -29,7 +29,8 @@ def call_relax(name, attrs, arrays, out_shape):
     from tvm import relax
 
     bb = relax.BlockBuilder()
-    params = [relax.Var(f"x{i}", relax.TensorType(a.shape, "float32")) for i, a in enumerate(arrays)]
+    params = [relax.Var(f"x{i}", relax.TensorType(a.shape, "float32"))
+              for i, a in enumerate(arrays)]
     with bb.function("main", params):
         with bb.dataflow():
             y = bb.emit(

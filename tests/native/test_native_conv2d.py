@@ -164,3 +164,61 @@ def test_bad_shapes_raise():
         call_direct(native.CONV2D, "bias=1", [x, w, np.ones(4, "float32")], (1, 3, 3, 3))
     with pytest.raises(TypeError, match="expected 5 arguments"):
         call_direct(native.CONV2D, "res=1", [x, w], (1, 3, 3, 3))
+
+
+PACK = "tvm_ollie.cpu.conv2d_pack_weight"
+PACK_SIZE = "tvm_ollie.cpu.conv2d_packed_size"
+
+
+def _pack(attrs, x, w):
+    import tvm_ffi
+
+    size = tvm_ffi.get_global_func(PACK_SIZE)(attrs, list(x.shape), list(w.shape))
+    return call_direct(PACK, attrs, [x, w], (size,))
+
+
+@pytest.mark.parametrize(
+    "layout,klayout,groups,o,act",
+    [("NCHW", "OIHW", 1, 6, "relu"), ("NHWC", "HWIO", 1, 6, "none"),
+     ("NHWC", "OHWI", 2, 6, "silu"), ("NCHW", "OIHW", 8, 8, "clip_0_6")],
+)
+def test_packed_weights_match_unpacked(layout, klayout, groups, o, act):
+    rng = np.random.default_rng(groups)
+    n, c, h, w, k = 1, 8, 9, 7, 3
+    x = rng.standard_normal((n, c, h, w) if layout == "NCHW" else (n, h, w, c)).astype("f4")
+    wshape = {"OIHW": (o, c // groups, k, k), "HWIO": (k, k, c // groups, o),
+              "OHWI": (o, k, k, c // groups)}[klayout]
+    wt = rng.standard_normal(wshape).astype("float32")
+    bias = rng.standard_normal(o).astype("float32")
+    out_shape = (n, o, h, w) if layout == "NCHW" else (n, h, w, o)
+    res = rng.standard_normal(out_shape).astype("float32")
+    attrs = (f"layout={layout};klayout={klayout};pad=1,1,1,1;groups={groups};bias=1;res=1;"
+             f"act={act}")
+    packed = _pack(attrs, x, wt)
+    assert packed.ndim == 1 and packed.size > wt.size  # header + (padded) blocked weights
+    ref = call_direct(native.CONV2D, attrs, [x, wt, bias, res], out_shape)
+    out = call_direct(native.CONV2D, attrs + f";wpacked=1;kernel={k},{k}",
+                      [x, packed, bias, res], out_shape)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_packed_weights_for_another_problem_are_rejected():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 8, 9, 9)).astype("float32")
+    wt = rng.standard_normal((8, 8, 3, 3)).astype("float32")
+    packed = _pack("pad=1,1,1,1", x, wt)
+    # same sizes, other problem (stride 1 vs padding 0 changes the output shape, so use act)
+    with pytest.raises(ValueError, match="header mismatch|packed weight has"):
+        call_direct(native.CONV2D, "pad=1,1,1,1;act=relu;wpacked=1;kernel=3,3", [x, packed],
+                    (1, 8, 9, 9))
+    with pytest.raises(ValueError, match="packed weight has"):
+        call_direct(native.CONV2D, "pad=1,1,1,1;wpacked=1;kernel=3,3", [x, packed[:-1]],
+                    (1, 8, 9, 9))
+    bad = packed.copy()
+    bad[:4] = 0
+    with pytest.raises(ValueError, match="header mismatch"):
+        call_direct(native.CONV2D, "pad=1,1,1,1;wpacked=1;kernel=3,3", [x, bad], (1, 8, 9, 9))
+    with pytest.raises(ValueError, match="needs kernel"):
+        call_direct(native.CONV2D, "pad=1,1,1,1;wpacked=1", [x, packed], (1, 8, 9, 9))
+    with pytest.raises(ValueError, match="expected \\["):
+        call_direct(PACK, "pad=1,1,1,1", [x, wt], (7,))

@@ -83,6 +83,14 @@ def test_epilogues(lib, act):
         _case(rng, (2, 9, 17), (17, 6), 0, 0, bias, res, act, lib)
 
 
+@pytest.mark.parametrize("lib", LIBS)
+def test_clip_bounds_as_python_repr(lib):
+    """The pass writes clip bounds with repr(): 0.0, 6.0, -inf, 1e-05."""
+    rng = np.random.default_rng(1)
+    for act in ("clip_0.0_6.0", "clip_-inf_0.5", "clip_1e-05_inf", "clip_-1.5_-0.5"):
+        _case(rng, (5, 11), (11, 4), 0, 0, 1, 0, act, lib)
+
+
 def test_default_lib_larger_shapes():
     rng = np.random.default_rng(7)
     _case(rng, (64, 256), (256, 96), 0, 0, 1, 1, "gelu")
@@ -144,6 +152,8 @@ def test_through_relax_call_dps_packed():
         ("act=swish", "bad activation"),
         ("act=clip_6_0", "bad activation"),
         ("act=clip_a_b", "bad activation"),
+        ("act=clip_nan_1", "bad activation"),
+        ("act=clip_1", "bad activation"),
         ("lib=mkl", "bad value 'mkl'"),
         ("ta", "expected key=value"),
         ("ta=0;ta=1", "given twice"),

@@ -1,0 +1,79 @@
+"""The measurements behind the native library's default choices (NATIVE_NOTES.md).
+
+GEMM: oneDNN vs OpenBLAS (``lib=``) on the benchmark shapes, GFLOP/s, best and median of
+repeated back-to-back calls. conv2d: plain / blocked / prepacked weights on the benchmark
+workloads in NCHW and NHWC, ms. Set TVM_NUM_THREADS to choose the thread count.
+
+    TVM_NUM_THREADS=2 python scripts/native_impl_choice.py [gemm|conv]
+"""
+
+import sys
+import time
+
+import numpy as np
+import tvm_ffi
+
+from tvm_ollie import native
+from tvm_ollie.bench.kernel_bench import CONV_SHAPES, GEMM_SHAPES
+
+
+def _times(fn, seconds=0.4, at_least=5):
+    fn()
+    out = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end or len(out) < at_least:
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    out.sort()
+    return out[0], out[len(out) // 2]
+
+
+def gemm():
+    f = tvm_ffi.get_global_func(native.MATMUL)
+    for m, k, n, label in GEMM_SHAPES:
+        a = np.random.rand(m, k).astype("float32")
+        b = np.random.rand(k, n).astype("float32")
+        o = np.empty((m, n), "float32")
+        ta, tb, to = map(tvm_ffi.from_dlpack, (a, b, o))
+        cells = []
+        for lib in ("onednn", "openblas"):
+            best, med = _times(lambda lib=lib: f(f"lib={lib}", ta, tb, to))
+            cells.append(f"{lib} {2 * m * n * k / best / 1e9:.1f} (median "
+                         f"{2 * m * n * k / med / 1e9:.1f})")
+        print(f"{label}: " + ", ".join(cells), flush=True)
+
+
+def conv():
+    f = tvm_ffi.get_global_func(native.CONV2D)
+    pack = tvm_ffi.get_global_func(native.CONV2D_PACK_WEIGHT)
+    for n, c, h, w, o, k, pad, g, label in CONV_SHAPES:
+        for layout in ("NCHW", "NHWC"):
+            x = np.random.rand(n, c, h, w).astype("float32")
+            wt = np.random.rand(o, c // g, k, k).astype("float32")
+            klayout, out = "OIHW", np.empty((n, o, h, w), "float32")
+            if layout == "NHWC":
+                x = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+                wt = np.ascontiguousarray(wt.transpose(2, 3, 1, 0))
+                klayout, out = "HWIO", np.empty((n, h, w, o), "float32")
+            attrs = f"layout={layout};klayout={klayout};pad={pad},{pad},{pad},{pad};groups={g}"
+            packed = np.empty(native.conv2d_packed_size(attrs, x.shape, wt.shape), "float32")
+            tx, tw, tp, to = map(tvm_ffi.from_dlpack, (x, wt, packed, out))
+            pack(attrs, tx, tw, tp)
+            runs = {
+                "default": lambda: f(attrs, tx, tw, to),
+                "plain": lambda: f(attrs + ";fmt=plain", tx, tw, to),
+                "blocked": lambda: f(attrs + ";fmt=blocked", tx, tw, to),
+                "packed": lambda: f(attrs + f";wpacked=1;kernel={k},{k}", tx, tp, to),
+            }
+            cells = [f"{name} {_times(fn)[0] * 1e3:.2f}" for name, fn in runs.items()]
+            print(f"{label} {layout}: " + ", ".join(cells) + " (ms, best)", flush=True)
+
+
+if __name__ == "__main__":
+    assert native.available(), native.unavailable_reason()
+    what = sys.argv[1] if len(sys.argv) > 1 else "both"
+    if what in ("gemm", "both"):
+        gemm()
+    if what in ("conv", "both"):
+        conv()
