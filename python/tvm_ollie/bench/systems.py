@@ -5,7 +5,183 @@ model (compiling, exporting, tuning) and returns a callable that runs one infere
 model's example inputs. Adding a system (the ``ollie`` column, for instance) is one decorated
 function::
 
-    def _prepare_ollie(spec, ctx: BenchContext, system: str, **opts) -> Prepared:
+    @register_system("ollie", tvm_based=True)
+    def prepare_ollie(spec, ctx):
+        mod, params = ctx.relax_module(spec)
+        ex = tvm.compile(mod, ctx.target, relax_pipeline="ollie")
+        return prepare_tvm_executable(ex, params, spec, ctx, compile_s=...)
+
+``prepare`` raises :class:`SystemUnavailable` when a package or device it needs is missing:
+the harness reports the column as skipped instead of failing.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import time
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+from .tvm_build import build_tvm, make_target
+
+
+class SystemUnavailable(Exception):
+    """The system cannot run here (missing package or device); the reason is the message."""
+
+
+@dataclasses.dataclass
+class Prepared:
+    """A system ready to run one model.
+
+    Attributes
+    ----------
+    run : callable or None
+        One full inference (synchronized); returns the raw outputs. None when the system was
+        built but cannot be measured here (e.g. CUDA build without a GPU).
+    compile_s : float
+        Time to build (export + compile, excluding tuning).
+    tune_s : float or None
+        Tuning time (TVM-based systems).
+    info : dict
+        Anything else worth reporting (trials, database reuse, providers...).
+    """
+
+    run: Optional[Callable[[], object]]
+    compile_s: float = 0.0
+    tune_s: Optional[float] = None
+    info: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class System:
+    """A registered system."""
+
+    name: str
+    prepare: Callable[..., Prepared]
+    tvm_based: bool
+    description: str
+
+
+_SYSTEMS: Dict[str, System] = {}
+
+
+def register_system(name: str, tvm_based: bool = False, description: str = ""):
+    """Register ``prepare(spec, ctx) -> Prepared`` as the system ``name``."""
+
+    def _wrap(prepare):
+        if name in _SYSTEMS:
+            raise ValueError(f"system {name!r} registered twice")
+        doc = description or (prepare.__doc__ or "").strip().splitlines()[0]
+        _SYSTEMS[name] = System(name, prepare, tvm_based, doc)
+        return prepare
+
+    return _wrap
+
+
+def get_system(name: str) -> System:
+    """The registered system ``name``."""
+    if name not in _SYSTEMS:
+        raise KeyError(f"unknown system {name!r}; known: {', '.join(_SYSTEMS)}")
+    return _SYSTEMS[name]
+
+
+def list_systems() -> List[str]:
+    """Registered system names, in registration order."""
+    return list(_SYSTEMS)
+
+
+class BenchContext:
+    """Settings shared by all systems in a run, and per-model artifacts they share.
+
+    Parameters
+    ----------
+    target : str
+        ``"llvm"`` or ``"cuda"``.
+    threads : int
+        Threads for every system (the machine's cores by default).
+    trials : int
+        MetaSchedule trials per model for TVM-based systems (0: untuned default pipeline).
+    work_dir : str
+        Where tuning databases and ONNX files are kept between runs.
+    """
+
+    def __init__(self, target: str = "llvm", threads: Optional[int] = None, trials: int = 0,
+                 work_dir: str = "bench_work"):  # fmt: skip
+        self.target_kind = target
+        self.threads = int(threads or os.cpu_count() or 1)
+        self.trials = int(trials)
+        self.work_dir = os.path.abspath(work_dir)
+        self._relax_cache: Dict[str, tuple] = {}
+        self._target = None
+
+    @property
+    def target(self):
+        """The TVM target object."""
+        if self._target is None:
+            self._target = make_target(self.target_kind, self.threads)
+        return self._target
+
+    def tvm_device(self):
+        """The TVM device of the target."""
+        import tvm  # pylint: disable=import-outside-toplevel
+
+        return tvm.cuda(0) if self.target_kind == "cuda" else tvm.cpu(0)
+
+    def relax_module(self, spec) -> tuple:
+        """``(mod, params, import_s)`` of ``spec``, imported once per run and shared."""
+        if spec.key not in self._relax_cache:
+            from ..models import to_relax  # pylint: disable=import-outside-toplevel
+
+            start = time.perf_counter()
+            mod, params = to_relax(spec)
+            self._relax_cache[spec.key] = (mod, params, time.perf_counter() - start)
+        return self._relax_cache[spec.key]
+
+    def model_dir(self, spec, system: str) -> str:
+        """Per model, target and system directory under ``work_dir`` (tuning DBs, files)."""
+        return os.path.join(self.work_dir, self.target_kind, system, spec.key)
+
+
+def prepare_tvm_executable(
+    ex, params, spec, ctx: BenchContext, compile_s: float,
+    tune_s: Optional[float] = None, info: Optional[dict] = None,
+) -> Prepared:  # fmt: skip
+    """Wrap a Relax executable as a :class:`Prepared` (inputs converted once, outside timing)."""
+    # pylint: disable=import-outside-toplevel
+    import tvm
+    from tvm import relax
+
+    dev = ctx.tvm_device()
+    if not dev.exist:
+        return Prepared(None, compile_s, tune_s, dict(info or {}, note="built; no device to run"))
+    vm = relax.VirtualMachine(ex, dev)
+    args = [tvm.runtime.tensor(x.numpy(), dev) for x in spec.example_inputs]
+    args += [p.copyto(dev) for p in params] if ctx.target_kind == "cuda" else list(params)
+    main = vm["main"]
+
+    def run():
+        out = main(*args)
+        dev.sync()
+        return out
+
+    return Prepared(run, compile_s, tune_s, dict(info or {}))
+
+
+@register_system("tvm", tvm_based=True)
+def prepare_tvm(spec, ctx: BenchContext) -> Prepared:
+    """TVM alone: torch.export -> Relax -> static_shape_tuning_pipeline / default pipeline."""
+    mod, params, import_s = ctx.relax_module(spec)
+    build = build_tvm(mod, ctx.target, ctx.trials, ctx.model_dir(spec, "tvm"))
+    info = {"trials": build.trials, "reused_db": build.reused_db, "import_s": import_s}
+    tune_s = build.tune_s if ctx.trials > 0 else None
+    ex = build.executable
+    return prepare_tvm_executable(ex, params, spec, ctx, build.compile_s, tune_s, info)
+
+
+def _prepare_ollie(spec, ctx: BenchContext, system: str, **opts) -> Prepared:
     """The ollie build of ``spec`` with pass options ``opts``, tuning records in work_dir."""
     from ..transform import build as ollie_build  # pylint: disable=import-outside-toplevel
 
