@@ -160,6 +160,46 @@ def _innermost_is_contiguous(sch, info) -> bool:
     return True
 
 
+def _uses(expr, var) -> bool:
+    """Whether ``var`` occurs in ``expr``."""
+    import tvm_ffi  # pylint: disable=import-outside-toplevel
+
+    found = []
+    tvm_ffi.structural_walk(expr, [(tirx.Var, lambda v: found.append(v.same_as(var)))],
+                            order="pre")
+    return any(found)
+
+
+def _reads_are_unit_stride(sch, info) -> bool:
+    """Whether every load in the block is unit-stride in the innermost iterator, or ignores it.
+
+    Vectorizing helps when each vector load is one contiguous load (``x[.., v]``) or a broadcast
+    (``y[c]``). Loads whose other indices depend on the innermost iterator (a transpose read) or
+    whose last index is not ``v + c`` (``p // w`` of an im2col gather, ``x[idx[v]]``) become
+    per-lane gathers plus vector integer division, which measured about 2x slower than TVM's
+    scalar loop for a 3.6M-element im2col gather (SCHED_NOTES.md).
+    """
+    from ..compat import BufferLoadNode, sym  # pylint: disable=import-outside-toplevel
+
+    var = info.iters[-1].var
+    analyzer = sym.Analyzer()
+    loads = []
+    import tvm_ffi  # pylint: disable=import-outside-toplevel
+
+    tvm_ffi.structural_walk(sch.get(info.block_rv).body, [(BufferLoadNode, loads.append)],
+                            order="pre")
+    for load in loads:
+        indices = list(load.indices)
+        if not indices:
+            continue
+        if any(_uses(index, var) for index in indices[:-1]):
+            return False
+        last = indices[-1]
+        if _uses(last, var) and _uses(analyzer.simplify(last - var), var):
+            return False
+    return True
+
+
 def _vectorize_inner(sch, info, lanes: int) -> tuple:
     """Vectorize the innermost loop of ``info`` when it is contiguous and its extent allows.
 
@@ -168,7 +208,8 @@ def _vectorize_inner(sch, info, lanes: int) -> tuple:
     """
     loop = info.iters[-1].loop_rv
     extent = _static(sch.get(loop).extent)
-    if extent is None or extent < 4 or not _innermost_is_contiguous(sch, info):
+    if extent is None or extent < 4 or not _innermost_is_contiguous(sch, info) \
+            or not _reads_are_unit_stride(sch, info):
         return loop, False
     if extent <= lanes and extent & (extent - 1) == 0:
         sch.vectorize(loop)
@@ -181,6 +222,23 @@ def _vectorize_inner(sch, info, lanes: int) -> tuple:
     outer, inner = sch.split(loop, factors=[None, width])
     sch.vectorize(inner)
     return outer, True
+
+
+def _parallel_loops(sch, info, rest, vectorized: bool, cores: int) -> list:
+    """The loops of an injective block to fuse into its parallel loop.
+
+    All loops but the vector loop when the innermost loop was vectorized. Otherwise the innermost
+    loop stays out of the fusion whenever the outer loops alone give every thread several chunks:
+    a serial innermost loop keeps plain ``i + 1`` indexing that LLVM strength-reduces and may
+    vectorize itself, where a fully fused loop recomputes every index with div/mod per element.
+    """
+    outer = [it.loop_rv for it in info.iters[:-1]]
+    if vectorized or not outer:
+        return outer + [rest]
+    outer_extent = _product(_static(sch.get(lp).extent) for lp in outer)
+    if outer_extent is None or outer_extent >= 4 * cores:
+        return outer
+    return outer + [rest]
 
 
 def _parallelize(sch, loops: Sequence, work: Optional[int], cores: int, min_work: int) -> bool:
@@ -252,7 +310,7 @@ class InjectiveRule(_CPURule):
             work = _block_work(info)
             lanes = vector_lanes(target, _write_dtype(sch, info.block_rv))
             rest, vectorized = _vectorize_inner(sch, info, lanes)
-            outer = [it.loop_rv for it in info.iters[:-1]] + [rest]
+            outer = _parallel_loops(sch, info, rest, vectorized, cores)
             parallel = _parallelize(sch, outer, work, cores, self.min_parallel_work)
             changed = changed or vectorized or parallel
         return sch if changed else None
@@ -294,7 +352,7 @@ class ReductionRule(_CPURule):
             if info.is_injective():
                 lanes = vector_lanes(target, _write_dtype(sch, info.block_rv))
                 rest, vectorized = _vectorize_inner(sch, info, lanes)
-                outer = [it.loop_rv for it in info.iters[:-1]] + [rest]
+                outer = _parallel_loops(sch, info, rest, vectorized, cores)
             else:
                 vectorized = False
                 outer = [it.loop_rv for it in info.iters[: _leading_spatial(info)]]
