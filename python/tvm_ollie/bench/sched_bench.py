@@ -111,6 +111,78 @@ def bench(name: str, mod: "tvm.IRModule", args: Sequence[np.ndarray], target,
             "rounds": len(samples["tvm"].seconds)}
 
 
+def threshold_sweep(target, sizes: Sequence[int], budget_s: float) -> None:
+    """Where parallel starts to pay: an fp32 add+sigmoid of n elements, parallel or not.
+
+    Both builds use the same rules (inlined, vectorized); only ``min_parallel_work`` differs
+    (0: always parallel; above n: never).
+    """
+    from ..tune.cpu_schedule import default_rules  # pylint: disable=import-outside-toplevel
+
+    print("| elements | serial (us) | parallel (us) | parallel speedup |")
+    print("|---:|---:|---:|---:|", flush=True)
+    for n in sizes:
+        params = [((n // 64, 64), "float32")] * 2
+        mod = _kernel_module(params, lambda bb, x, y: R.sigmoid(R.add(x, y)))
+        rng = np.random.default_rng(0)
+        args = [tvm.runtime.tensor(rng.standard_normal(s).astype(d)) for s, d in params]
+        calls = {}
+        for key, work in (("serial", n + 1), ("parallel", 0)):
+            pipeline = cpu_pipeline(target, rules=default_rules(min_parallel_work=work))
+            vm = relax.VirtualMachine(tvm.compile(mod, target=target, relax_pipeline=pipeline),
+                                      tvm.cpu())
+            calls[key] = (lambda vm=vm: vm["main"](*args))
+        samples = measure_interleaved(calls, budget_s=budget_s)
+        print(f"| {n} | {samples['serial'].median * 1e6:.1f} | "
+              f"{samples['parallel'].median * 1e6:.1f} | "
+              f"{1.0 / paired_ratio(samples['parallel'], samples['serial']):.2f}x |", flush=True)
+
+
+def _time_prim_func(func, target, number: int = 3, repeat: int = 5) -> float:
+    """Median seconds of one PrimFunc on random inputs (integer inputs are zeros: safe indices)."""
+    func = func.with_attr("global_symbol", "main")
+    ex = tvm.compile(tvm.IRModule({"main": func}), target=target)
+    rng = np.random.default_rng(0)
+    args = []
+    for param in func.params:  # in 0.27 a buffer parameter carries its shape and dtype
+        shape = [int(d) for d in param.shape]
+        dtype = str(param.dtype)
+        data = (rng.standard_normal(shape).astype(dtype) if dtype.startswith("float")
+                else np.zeros(shape, dtype=dtype))
+        args.append(tvm.runtime.tensor(data))
+    timer = ex.jit().time_evaluator("main", tvm.cpu(), number=number, repeat=repeat)
+    return timer(*args).median
+
+
+def per_kernel(model: str, target, top: int) -> None:
+    """Each PrimFunc of a zoo model timed alone, TVM's lowering vs ours (largest first)."""
+    from ..compat import tirx  # pylint: disable=import-outside-toplevel
+
+    mod, _ = _model_module(model)
+    lowered = {"tvm": relax.get_default_pipeline(target)(mod), "sched": cpu_pipeline(target)(mod)}
+    rows = []
+    for gvar, func in lowered["sched"].functions_items():
+        if not isinstance(func, tirx.PrimFunc):
+            continue
+        base = lowered["tvm"][gvar.name_hint]
+        rule = func.attrs.get("ollie.cpu_schedule_rule", "-") if func.attrs else "-"
+        try:
+            t_base = _time_prim_func(base, target)
+            t_ours = _time_prim_func(func, target)
+        except Exception as err:  # pylint: disable=broad-except
+            print(f"skipped {gvar.name_hint}: {type(err).__name__}", file=sys.stderr)
+            continue
+        rows.append((t_base, t_ours, gvar.name_hint, rule))
+    rows.sort(reverse=True)
+    total = (sum(r[0] for r in rows), sum(r[1] for r in rows))
+    print(f"{model}: {len(rows)} kernels, sum {total[0] * 1e3:.2f} ms -> {total[1] * 1e3:.2f} ms")
+    print("| kernel | rule | TVM (us) | sched (us) | speedup |")
+    print("|---|---|---:|---:|---:|")
+    for t_base, t_ours, name, rule in rows[:top]:
+        print(f"| {name} | {rule} | {t_base * 1e6:.0f} | {t_ours * 1e6:.0f} | "
+              f"{t_base / t_ours:.2f}x |", flush=True)
+
+
 def main(argv: Sequence[str] = None) -> int:
     """Command line entry point: prints a markdown table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -119,8 +191,19 @@ def main(argv: Sequence[str] = None) -> int:
     parser.add_argument("--no-kernels", action="store_true", help="skip the single kernels")
     parser.add_argument("--budget", type=float, default=3.0,
                         help="seconds of interleaved timing per workload (at least 5 rounds)")
+    parser.add_argument("--threshold", action="store_true",
+                        help="only the parallel-threshold sweep (add+sigmoid, 1K-256K elements)")
+    parser.add_argument("--per-kernel", default="",
+                        help="time every PrimFunc of this zoo model alone (not interleaved)")
     args = parser.parse_args(argv)
     target = normalize_target("llvm")
+    if args.per_kernel:
+        per_kernel(args.per_kernel, target, top=25)
+        return 0
+    if args.threshold:
+        print(f"target {target}, TVM threads {tvm.runtime.num_threads()}", flush=True)
+        threshold_sweep(target, [1024, 4096, 16384, 65536, 262144], args.budget)
+        return 0
     work = []
     if not args.no_kernels:
         work += [(k, lambda k=k: (_kernel_module(*KERNELS[k]),

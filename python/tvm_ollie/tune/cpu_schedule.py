@@ -254,11 +254,61 @@ def _parallelize(sch, loops: Sequence, work: Optional[int], cores: int, min_work
     return True
 
 
-def _try_inline_all(sch, infos: list) -> None:
-    """dlight's ``try_inline``: inline (forward, then reverse) until nothing more inlines."""
-    from tvm.s_tir.dlight.base import try_inline  # pylint: disable=C0415
+def _loads_of(stmt, buffer) -> int:
+    """Number of loads of ``buffer`` in ``stmt``."""
+    import tvm_ffi  # pylint: disable=import-outside-toplevel
 
-    try_inline(sch, list(infos))
+    from ..compat import BufferLoadNode  # pylint: disable=import-outside-toplevel
+
+    count = []
+    tvm_ffi.structural_walk(stmt, [(BufferLoadNode,
+                                    lambda ld: count.append(ld.source.same_as(buffer)))],
+                            order="pre")
+    return sum(count)
+
+
+def _inline_single_reads(sch, infos: list) -> int:
+    """Inline producers read once per consumer element, then reverse-inline consumers.
+
+    dlight's ``try_inline`` inlines every block it can; a producer read at several points per
+    consumer element (the four taps of a bilinear ``resize2d``, a pooling window) is then
+    recomputed once per tap, index arithmetic of reshapes and transposes included: that made a
+    fused reshape/transpose/resize/concat kernel of SegFormer 3x slower than TVM's loop nest
+    (SCHED_NOTES.md). Such producers stay materialized. A consumer that is reverse-inlined into its
+    producer is evaluated once per producer element, so it is always tried. Returns the number
+    of blocks inlined.
+    """
+    blocks = [info.block_rv for info in infos]
+    inlined = 0
+    progress = True
+    while progress:
+        progress = False
+        for i, block in enumerate(blocks):
+            writes = sch.get(block).writes
+            consumers = sch.get_consumers(block)
+            if len(writes) != 1 or not consumers or any(
+                    _loads_of(sch.get(c).body, writes[0].source) > 1 for c in consumers):
+                continue
+            try:
+                sch.compute_inline(block)
+            except Exception:  # pylint: disable=broad-except
+                continue
+            blocks.pop(i)
+            inlined += 1
+            progress = True
+            break
+        if progress:
+            continue
+        for i, block in enumerate(blocks):
+            try:
+                sch.reverse_compute_inline(block)
+            except Exception:  # pylint: disable=broad-except
+                continue
+            blocks.pop(i)
+            inlined += 1
+            progress = True
+            break
+    return inlined
 
 
 def _block_work(info) -> Optional[int]:
@@ -297,12 +347,10 @@ class InjectiveRule(_CPURule):
         infos = _normalize(sch)
         if not infos or not all(info.is_injective() for info in infos):
             return None
-        before = len(infos)
-        _try_inline_all(sch, infos)
+        changed = _inline_single_reads(sch, infos) > 0
         infos = _normalize(sch)
         if not infos:
             return None
-        changed = len(infos) < before
         cores = num_cores(target)
         for info in infos:
             if not info.iters:
@@ -322,15 +370,15 @@ class ReductionRule(_CPURule):
     Covers sum/mean/max, pooling windows and the matmuls/convolutions that no library or tuning
     record took. The spatial loops of a reduction are independent, so each block gets its leading
     spatial loops fused into one ``parallel`` loop (a reduction axis is never split, so the
-    accumulation order and therefore the result is exactly TVM's); injective blocks that could
-    not be inlined are vectorized like in :class:`InjectiveRule`.
+    accumulation order and therefore the result is exactly TVM's); injective blocks get the
+    :class:`InjectiveRule` treatment. Nothing is inlined: inlining a pad into a convolution puts
+    its bounds test in the innermost multiply-add loop, which made SegFormer's convolutions up to
+    2.5x slower than TVM's loop nest with a materialized pad (SCHED_NOTES.md).
     """
 
     def apply(self, func, target, tunable):  # pylint: disable=unused-argument
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
-        from tvm.s_tir.dlight.base import try_inline_contiguous_spatial  # pylint: disable=C0415
-
         sch = _schedule_cls()(func)
         infos = _normalize(sch)
         if not infos or all(info.is_injective() for info in infos):
@@ -339,10 +387,6 @@ class ReductionRule(_CPURule):
             kinds = info.dom_kind()
             if "O" in kinds or kinds.lstrip("S").strip("R"):
                 return None  # opaque iterators or spatial after reduction: FallbackRule's job
-        try_inline_contiguous_spatial(sch, infos)
-        infos = _normalize(sch)
-        if not infos:
-            return None
         cores = num_cores(target)
         changed = False
         for info in infos:
@@ -387,20 +431,34 @@ class FallbackRule(_CPURule):
         return sch if changed else None
 
 
-def _reduces_innermost(sch, info) -> bool:
-    """Whether a reduction block's innermost iterator is reduced over a contiguous input axis.
+def _is_row_reduction(sch, info) -> bool:
+    """Whether a reduction block reduces rows: reduction iterators only in contiguous last axes.
 
-    True for softmax/layer norm over the last axis (a read's last index is the innermost
-    reduction iterator); False for e.g. a mean over a middle axis, whose reduction reads are
-    strided.
+    True for softmax, layer norm or a mean over the last axis: every load that uses a reduction
+    iterator has the innermost one as its last index and no reduction iterator elsewhere. False
+    for a mean over a middle axis (strided reads), a matmul (``B[k, j]``) or a convolution, for
+    which ``dlight.cpu.Reduction`` measured slower than TVM's loop nest (SCHED_NOTES.md).
     """
     if not info.iters or info.iters[-1].kind != "R":
         return False
-    var = info.iters[-1].var
-    for region in sch.get(info.block_rv).reads:
-        if region.region and region.region[-1].min.same_as(var):
-            return True
-    return False
+    from ..compat import BufferLoadNode  # pylint: disable=import-outside-toplevel
+    import tvm_ffi  # pylint: disable=import-outside-toplevel
+
+    reduce_vars = [it.var for it in info.iters if it.kind == "R"]
+    inner = info.iters[-1].var
+    loads = []
+    tvm_ffi.structural_walk(sch.get(info.block_rv).body, [(BufferLoadNode, loads.append)],
+                            order="pre")
+    used = False
+    for load in loads:
+        indices = list(load.indices)
+        if not any(_uses(i, v) for i in indices for v in reduce_vars):
+            continue
+        used = True
+        if not indices[-1].same_as(inner) or any(
+                _uses(i, v) for i in indices[:-1] for v in reduce_vars):
+            return False
+    return used
 
 
 class MinWork(_CPURule):
@@ -409,9 +467,10 @@ class MinWork(_CPURule):
     dlight's CPU rules parallelize unconditionally; below ``min_parallel_work`` loop iterations in
     every block the parallel launch costs more than it saves, so such functions are passed on to
     the next rule (which keeps them single-threaded). With ``innermost_reduction`` the wrapped rule
-    is used only when every reduction reduces over a contiguous axis: ``dlight.cpu.Reduction``
-    splits and unrolls the innermost reduction loop, which made a mean over a middle axis (strided
-    reads) about 2x slower than TVM's unscheduled loop, single-threaded (SCHED_NOTES.md).
+    is used only when every reduction is a row reduction (:func:`_is_row_reduction`):
+    ``dlight.cpu.Reduction`` splits and unrolls the innermost reduction loop and computes every
+    block at the shared spatial loop, which made a mean over a middle axis about 2x slower
+    single-threaded, and SegFormer's matmul+bias and conv+bias kernels 0.4-0.8x (SCHED_NOTES.md).
     """
 
     def __init__(self, rule: "dlight.ScheduleRule",
@@ -432,7 +491,7 @@ class MinWork(_CPURule):
         if all(w is not None and w < self.min_parallel_work for w in works):
             return None
         if self.innermost_reduction and not all(
-                _reduces_innermost(sch, info) for info in infos if not info.is_injective()):
+                _is_row_reduction(sch, info) for info in infos if not info.is_injective()):
             return None
         return self.rule.apply(func, target, tunable)
 
