@@ -138,10 +138,10 @@ def threshold_sweep(target, sizes: Sequence[int], budget_s: float) -> None:
               f"{1.0 / paired_ratio(samples['parallel'], samples['serial']):.2f}x |", flush=True)
 
 
-def _time_prim_func(func, target, number: int = 3, repeat: int = 5) -> float:
-    """Median seconds of one PrimFunc on random inputs (integer inputs are zeros: safe indices)."""
+def _prim_func_call(func, target) -> Callable[[], object]:
+    """A call of one PrimFunc on random inputs (integer inputs are zeros: safe indices)."""
     func = func.with_attr("global_symbol", "main")
-    ex = tvm.compile(tvm.IRModule({"main": func}), target=target)
+    kernel = tvm.compile(tvm.IRModule({"main": func}), target=target).jit()["main"]
     rng = np.random.default_rng(0)
     args = []
     for param in func.params:  # in 0.27 a buffer parameter carries its shape and dtype
@@ -150,12 +150,11 @@ def _time_prim_func(func, target, number: int = 3, repeat: int = 5) -> float:
         data = (rng.standard_normal(shape).astype(dtype) if dtype.startswith("float")
                 else np.zeros(shape, dtype=dtype))
         args.append(tvm.runtime.tensor(data))
-    timer = ex.jit().time_evaluator("main", tvm.cpu(), number=number, repeat=repeat)
-    return timer(*args).median
+    return lambda: kernel(*args)
 
 
-def per_kernel(model: str, target, top: int) -> None:
-    """Each PrimFunc of a zoo model timed alone, TVM's lowering vs ours (largest first)."""
+def per_kernel(model: str, target, top: int, budget_s: float) -> None:
+    """Each PrimFunc of a zoo model timed alone (interleaved), TVM's lowering vs ours."""
     from ..compat import tirx  # pylint: disable=import-outside-toplevel
 
     mod, _ = _model_module(model)
@@ -167,20 +166,23 @@ def per_kernel(model: str, target, top: int) -> None:
         base = lowered["tvm"][gvar.name_hint]
         rule = func.attrs.get("ollie.cpu_schedule_rule", "-") if func.attrs else "-"
         try:
-            t_base = _time_prim_func(base, target)
-            t_ours = _time_prim_func(func, target)
+            calls = {"tvm": _prim_func_call(base, target), "sched": _prim_func_call(func, target)}
         except Exception as err:  # pylint: disable=broad-except
             print(f"skipped {gvar.name_hint}: {type(err).__name__}", file=sys.stderr)
             continue
+        samples = measure_interleaved(calls, budget_s=budget_s, min_rounds=5)
+        t_base, t_ours = samples["tvm"].median, samples["sched"].median
         rows.append((t_base, t_ours, gvar.name_hint, rule))
     rows.sort(reverse=True)
     total = (sum(r[0] for r in rows), sum(r[1] for r in rows))
     print(f"{model}: {len(rows)} kernels, sum {total[0] * 1e3:.2f} ms -> {total[1] * 1e3:.2f} ms")
     print("| kernel | rule | TVM (us) | sched (us) | speedup |")
     print("|---|---|---:|---:|---:|")
-    for t_base, t_ours, name, rule in rows[:top]:
+    slower = [r for r in rows[top:] if r[1] > 1.1 * r[0]]
+    for t_base, t_ours, name, rule in rows[:top] + slower:
         print(f"| {name} | {rule} | {t_base * 1e6:.0f} | {t_ours * 1e6:.0f} | "
               f"{t_base / t_ours:.2f}x |", flush=True)
+    print(f"({len(slower)} more kernels below the top {top} measured >10% slower, listed last)")
 
 
 def main(argv: Sequence[str] = None) -> int:
@@ -198,7 +200,7 @@ def main(argv: Sequence[str] = None) -> int:
     args = parser.parse_args(argv)
     target = normalize_target("llvm")
     if args.per_kernel:
-        per_kernel(args.per_kernel, target, top=25)
+        per_kernel(args.per_kernel, target, top=25, budget_s=min(args.budget, 0.3))
         return 0
     if args.threshold:
         print(f"target {target}, TVM threads {tvm.runtime.num_threads()}", flush=True)
