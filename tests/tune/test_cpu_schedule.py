@@ -108,6 +108,8 @@ CASES = {
                    True, False, "ReductionRule"),
     "matmul": (lambda x, w: R.matmul(x, w), [((64, 128), F32), ((128, 96), F32)],
                True, False, "ReductionRule"),
+    "gemv": (lambda x, v: R.matmul(x, v), [((512, 256), F32), ((256,), F32)], True, False,
+             "ReductionRule"),
     "conv2d_relu": (lambda x, w: R.nn.relu(R.nn.conv2d(x, w, padding=(1, 1))),
                     [((1, 8, 32, 32), F32), ((16, 8, 3, 3), F32)], True, False, None),
     "odd_small_7x13x5": (lambda x, y: R.multiply(R.add(x, y), x), [((7, 13, 5), F32)] * 2,

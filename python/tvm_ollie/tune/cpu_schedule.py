@@ -15,19 +15,21 @@ faster, never make it fail.
 
 The rules (see :func:`default_rules`):
 
-1. :class:`InjectiveRule`: functions whose blocks are all spatial. Inline every block that can be
-   inlined, then per remaining block vectorize the contiguous innermost loop and run the rest as
-   one fused ``parallel`` loop.
-2. TVM's ``dlight.cpu.GEMV`` and ``dlight.cpu.Reduction`` (softmax / norm-like functions whose
-   blocks share leading spatial axes), gated by :class:`MinWork` so that tiny functions stay
-   single-threaded.
+1. :class:`InjectiveRule`: functions whose blocks are all spatial. Inline every producer that
+   its consumers read once per element (and reverse-inline consumers), then per remaining block
+   vectorize the innermost loop when it is the contiguous output axis and every load is
+   unit-stride or a broadcast in it, and run the outer loops as one fused ``parallel`` loop.
+2. TVM's ``dlight.cpu.Reduction``, wrapped in :class:`MinWork`: only for functions big enough to
+   parallelize, and only for row reductions (softmax, layer norm, a mean over the last axis),
+   where it measured faster; on matmul/conv epilogues and strided reductions it measured slower
+   than TVM's loop nest. (``dlight.cpu.GEMV`` is left out: see :func:`default_rules`.)
 3. :class:`ReductionRule`: any other function made of spatial and reduction blocks whose spatial
-   iterators lead (sum/mean/max, pooling windows, matmuls, convolutions): inline the injective
-   producers and consumers that can be, parallelize each remaining block's leading spatial loops
-   and vectorize the injective ones.
+   iterators lead (sum/mean/max over any axis, pooling windows, matmuls, convolutions):
+   parallelize each block's leading spatial loops; injective blocks as in rule 1; no inlining.
 4. :class:`FallbackRule`: anything else ``NormalizePrimFunc`` accepts: parallelize the outermost
-   loop of each block when it binds only spatial iterators.
+   loop of each block when it binds a spatial iterator.
 
+Every rule leaves a block single-threaded below :data:`DEFAULT_MIN_PARALLEL_WORK` iterations.
 Parallel loops are not split by the thread count here: TVM lowers a ``parallel`` loop to a
 ``TVMBackendParallelLaunch`` whose body gives each runtime thread one contiguous chunk of the loop
 range, so the fused loop already runs as ``TVM_NUM_THREADS`` chunks, and the same binary adapts to
@@ -63,8 +65,9 @@ __all__ = [
 LOG = logging.getLogger(__name__)
 
 #: Below this many loop iterations (output elements for an injective block, spatial x reduction
-#: iterations for a reduction block) a parallel launch costs more than it saves on this 2-core
-#: machine: an fp32 add of 4K elements is slower parallel, of 64K clearly faster (SCHED_NOTES.md).
+#: iterations for a reduction block) a block stays single-threaded: in the threshold sweep of
+#: SCHED_NOTES.md (``sched_bench --threshold``) parallel add+sigmoid was 0.79x at 1K elements and
+#: 0.90x at 4K, and only from 16K on did it reach break-even (with the second core busy) or gain.
 DEFAULT_MIN_PARALLEL_WORK = 16384
 
 #: PrimFunc attribute naming the rule that scheduled the function (for reports and tests).
@@ -496,11 +499,18 @@ class MinWork(_CPURule):
         return self.rule.apply(func, target, tunable)
 
 
-def default_rules(min_parallel_work: int = DEFAULT_MIN_PARALLEL_WORK) -> List["dlight.ScheduleRule"]:
-    """The CPU rules in the order they are tried (first one that returns a schedule wins)."""
+def default_rules(min_parallel_work: int = DEFAULT_MIN_PARALLEL_WORK,
+                  ) -> List["dlight.ScheduleRule"]:
+    """The CPU rules in the order they are tried (first one that returns a schedule wins).
+
+    TVM's ``dlight.cpu.GEMV`` is not among them: its schedule (a vectorized spatial loop around
+    the reduction, reduction loops annotated for explicit unrolling by 256) took 88 s to compile
+    for one 512x256 matrix-vector product (``test_cpu_schedule.py``'s ``gemv`` case); the
+    :class:`ReductionRule` parallelizes GEMVs instead. ``MinWork(dlight.cpu.GEMV())`` can still
+    be passed as a rule.
+    """
     return [
         InjectiveRule(min_parallel_work),
-        MinWork(dlight.cpu.GEMV(), min_parallel_work),
         MinWork(dlight.cpu.Reduction(), min_parallel_work, innermost_reduction=True),
         ReductionRule(min_parallel_work),
         FallbackRule(min_parallel_work),
