@@ -303,3 +303,26 @@ def test_opt_out_and_default_pipeline(monkeypatch):
                    for f in _prim_funcs(cs.cpu_pipeline(TARGET, enabled=False)(mod)).values())
     monkeypatch.setenv(cs.ENV_SWITCH, "0")
     assert not any(_has(f, PARALLEL) for f in _prim_funcs(default_pipeline(TARGET)(mod)).values())
+
+
+def test_eoperator_gather_from_te_is_parallel_not_vectorized():
+    """An im2col-like TE gather (as our pass emits): div/mod indices are not vectorized."""
+    from tvm_ollie.bench.sched_bench import _im2col
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16, 20, 24), F32))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit_te(_im2col, x))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    lowered = cs.cpu_pipeline(TARGET)(mod)
+    (func,) = _prim_funcs(lowered).values()
+    assert func.attrs[cs.SCHEDULED_BY_ATTR] == "InjectiveRule"
+    assert _has(func, PARALLEL) and not _has(func, VECTORIZED)
+    inputs = _inputs([((1, 16, 20, 24), F32)])
+    base = relax.get_default_pipeline(TARGET)(mod)
+    np.testing.assert_array_equal(_run(lowered, inputs)[0], _run(base, inputs)[0])
+    padded = np.pad(inputs[0][0], ((0, 0), (1, 1), (1, 1)))
+    c, r, s = 5, 4, 7  # channel 5, tap (1, 2), output pixel (4, 7)
+    assert _run(lowered, inputs)[0][0, c * 9 + 5, r * 24 + s] == padded[c, r + 1, s + 2]
