@@ -100,10 +100,16 @@ CASES = {
     "layer_norm": (lambda x, g, b: R.nn.layer_norm(x, g, b, axes=[-1]),
                    [((4, 128, 96), F32), ((96,), F32), ((96,), F32)],
                    True, False, "dlight.cpu.Reduction"),
+    # reductions of < 64 elements per output stay serial (measured slower in parallel) ...
     "mean_middle_axis": (lambda x: R.mean(x, axis=[1]), [((64, 56, 128), F32)],
-                         True, False, "ReductionRule"),
-    "max_pool2d": (lambda x: R.nn.max_pool2d(x, (3, 3), (2, 2), (1, 1)),
+                         False, False, None),
+    "max_pool2d": (lambda x: R.nn.max_pool2d(x, (3, 3), (2, 2), (1, 1)),  # only the pad block
                    [((1, 16, 56, 56), F32)], True, True, "ReductionRule"),
+    # ... while their injective producers/consumers and longer reductions are parallel
+    "mean_middle_axis_long": (lambda x: R.mean(x, axis=[1]), [((32, 96, 128), F32)],
+                              True, False, "ReductionRule"),
+    "max_pool2d_8x8": (lambda x: R.nn.max_pool2d(x, (8, 8), (8, 8)), [((1, 16, 128, 128), F32)],
+                       True, True, "ReductionRule"),
     "avg_pool2d": (lambda x: R.nn.avg_pool2d(x, (2, 2), (2, 2)), [((2, 16, 64, 64), F32)],
                    True, False, "ReductionRule"),
     "matmul": (lambda x, w: R.matmul(x, w), [((64, 128), F32), ((128, 96), F32)],
@@ -303,6 +309,20 @@ def test_opt_out_and_default_pipeline(monkeypatch):
                    for f in _prim_funcs(cs.cpu_pipeline(TARGET, enabled=False)(mod)).values())
     monkeypatch.setenv(cs.ENV_SWITCH, "0")
     assert not any(_has(f, PARALLEL) for f in _prim_funcs(default_pipeline(TARGET)(mod)).values())
+
+
+def test_short_reduction_stays_serial_but_its_pad_is_parallel():
+    body, params = CASES["max_pool2d"][:2]
+    (func,) = _prim_funcs(cs.cpu_pipeline(TARGET)(_module(body, params))).values()
+    parallel_blocks = []
+
+    def visit(loop):
+        if int(loop.kind) == int(PARALLEL):
+            tvm_ffi.structural_walk(loop.body, [(tvm.s_tir.SBlock,
+                                                 lambda b: parallel_blocks.append(b.name_hint))])
+
+    tvm_ffi.structural_walk(func.body, [(tirx.For, visit)], order="pre")
+    assert parallel_blocks == ["pad_temp"]
 
 
 def test_eoperator_gather_from_te_is_parallel_not_vectorized():

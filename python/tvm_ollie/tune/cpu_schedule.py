@@ -70,6 +70,12 @@ LOG = logging.getLogger(__name__)
 #: 0.90x at 4K, and only from 16K on did it reach break-even (with the second core busy) or gain.
 DEFAULT_MIN_PARALLEL_WORK = 16384
 
+#: A reduction block that reduces fewer elements than this per output stays single-threaded:
+#: parallel over the outputs measured slower than TVM's serial loop for max_pool2d 3x3 (9 per
+#: output, 0.65x) and a mean over a middle axis of 56 (0.73x), in runs where elementwise kernels
+#: and softmax gained 1.75-2x (SCHED_NOTES.md); matmuls and convolutions (>= 64) gained.
+MIN_PARALLEL_REDUCTION = 64
+
 #: PrimFunc attribute naming the rule that scheduled the function (for reports and tests).
 SCHEDULED_BY_ATTR = "ollie.cpu_schedule_rule"
 
@@ -319,6 +325,12 @@ def _block_work(info) -> Optional[int]:
     return _product(_static(it.dom) for it in info.iters)
 
 
+def _small_reduction(info) -> bool:
+    """Whether a reduction block reduces fewer than :data:`MIN_PARALLEL_REDUCTION` elements."""
+    extent = _product(_static(it.dom) for it in info.iters if it.kind == "R")
+    return extent is not None and not info.is_injective() and extent < MIN_PARALLEL_REDUCTION
+
+
 def _leading_spatial(info) -> int:
     kinds = info.dom_kind()
     return len(kinds) - len(kinds.lstrip("S"))
@@ -400,6 +412,8 @@ class ReductionRule(_CPURule):
                 lanes = vector_lanes(target, _write_dtype(sch, info.block_rv))
                 rest, vectorized = _vectorize_inner(sch, info, lanes)
                 outer = _parallel_loops(sch, info, rest, vectorized, cores)
+            elif _small_reduction(info):
+                continue
             else:
                 vectorized = False
                 outer = [it.loop_rv for it in info.iters[: _leading_spatial(info)]]
@@ -426,7 +440,7 @@ class FallbackRule(_CPURule):
         cores = num_cores(target)
         changed = False
         for info in infos:
-            if not info.iters or info.dom_kind()[0] != "S":
+            if not info.iters or info.dom_kind()[0] != "S" or _small_reduction(info):
                 continue
             work = _block_work(info)
             if _parallelize(sch, [info.iters[0].loop_rv], work, cores, self.min_parallel_work):
