@@ -103,15 +103,15 @@ CASES = {
     # reductions of < 64 elements per output stay serial (measured slower in parallel) ...
     "mean_middle_axis": (lambda x: R.mean(x, axis=[1]), [((64, 56, 128), F32)],
                          False, False, None),
-    "max_pool2d": (lambda x: R.nn.max_pool2d(x, (3, 3), (2, 2), (1, 1)),  # only the pad block
-                   [((1, 16, 56, 56), F32)], True, True, "ReductionRule"),
+    "max_pool2d": (lambda x: R.nn.max_pool2d(x, (3, 3), (2, 2), (1, 1)),
+                   [((1, 16, 56, 56), F32)], False, True, None),
     # ... while their injective producers/consumers and longer reductions are parallel
     "mean_middle_axis_long": (lambda x: R.mean(x, axis=[1]), [((32, 96, 128), F32)],
                               True, False, "ReductionRule"),
     "max_pool2d_8x8": (lambda x: R.nn.max_pool2d(x, (8, 8), (8, 8)), [((1, 16, 128, 128), F32)],
                        True, True, "ReductionRule"),
     "avg_pool2d": (lambda x: R.nn.avg_pool2d(x, (2, 2), (2, 2)), [((2, 16, 64, 64), F32)],
-                   True, False, "ReductionRule"),
+                   False, False, None),
     "matmul": (lambda x, w: R.matmul(x, w), [((64, 128), F32), ((128, 96), F32)],
                True, False, "ReductionRule"),
     "gemv": (lambda x, v: R.matmul(x, v), [((512, 256), F32), ((256,), F32)], True, False,
@@ -311,18 +311,16 @@ def test_opt_out_and_default_pipeline(monkeypatch):
     assert not any(_has(f, PARALLEL) for f in _prim_funcs(default_pipeline(TARGET)(mod)).values())
 
 
-def test_short_reduction_stays_serial_but_its_pad_is_parallel():
+def test_function_with_short_reduction_is_left_unscheduled():
     body, params = CASES["max_pool2d"][:2]
-    (func,) = _prim_funcs(cs.cpu_pipeline(TARGET)(_module(body, params))).values()
-    parallel_blocks = []
-
-    def visit(loop):
-        if int(loop.kind) == int(PARALLEL):
-            tvm_ffi.structural_walk(loop.body, [(tvm.s_tir.SBlock,
-                                                 lambda b: parallel_blocks.append(b.name_hint))])
-
-    tvm_ffi.structural_walk(func.body, [(tirx.For, visit)], order="pre")
-    assert parallel_blocks == ["pad_temp"]
+    mod = _module(body, params)
+    (func,) = _prim_funcs(cs.cpu_pipeline(TARGET)(mod)).values()
+    (base,) = _prim_funcs(relax.get_default_pipeline(TARGET)(mod)).values()
+    assert cs.SCHEDULED_BY_ATTR not in func.attrs
+    tvm.ir.assert_structural_equal(func, base)
+    # not even the fallback parallelizes it
+    (fallback,) = _prim_funcs(cs.cpu_pipeline(TARGET, rules=[cs.FallbackRule()])(mod)).values()
+    assert not _has(fallback, PARALLEL)
 
 
 def test_eoperator_gather_from_te_is_parallel_not_vectorized():

@@ -70,10 +70,11 @@ LOG = logging.getLogger(__name__)
 #: 0.90x at 4K, and only from 16K on did it reach break-even (with the second core busy) or gain.
 DEFAULT_MIN_PARALLEL_WORK = 16384
 
-#: A reduction block that reduces fewer elements than this per output stays single-threaded:
-#: parallel over the outputs measured slower than TVM's serial loop for max_pool2d 3x3 (9 per
-#: output, 0.65x) and a mean over a middle axis of 56 (0.73x), in runs where elementwise kernels
-#: and softmax gained 1.75-2x (SCHED_NOTES.md); matmuls and convolutions (>= 64) gained.
+#: A function with a reduction block that reduces fewer elements than this per output stays
+#: unscheduled: parallel over the outputs measured slower than TVM's serial loop for max_pool2d
+#: 3x3 (9 per output, 0.65x) and a mean over a middle axis of 56 (0.73x), in runs where
+#: elementwise kernels and softmax gained 1.75-2x; parallelizing only the pad block of that
+#: max_pool2d still gave 0.61x (the serial pooling after it ran slower). SCHED_NOTES.md.
 MIN_PARALLEL_REDUCTION = 64
 
 #: PrimFunc attribute naming the rule that scheduled the function (for reports and tests).
@@ -398,6 +399,8 @@ class ReductionRule(_CPURule):
         infos = _normalize(sch)
         if not infos or all(info.is_injective() for info in infos):
             return None
+        if any(_small_reduction(info) for info in infos):
+            return None
         for info in infos:
             kinds = info.dom_kind()
             if "O" in kinds or kinds.lstrip("S").strip("R"):
@@ -412,8 +415,6 @@ class ReductionRule(_CPURule):
                 lanes = vector_lanes(target, _write_dtype(sch, info.block_rv))
                 rest, vectorized = _vectorize_inner(sch, info, lanes)
                 outer = _parallel_loops(sch, info, rest, vectorized, cores)
-            elif _small_reduction(info):
-                continue
             else:
                 vectorized = False
                 outer = [it.loop_rv for it in info.iters[: _leading_spatial(info)]]
@@ -435,12 +436,12 @@ class FallbackRule(_CPURule):
             return None
         sch = _schedule_cls()(func)
         infos = _normalize(sch)
-        if not infos:
+        if not infos or any(_small_reduction(info) for info in infos):
             return None
         cores = num_cores(target)
         changed = False
         for info in infos:
-            if not info.iters or info.dom_kind()[0] != "S" or _small_reduction(info):
+            if not info.iters or info.dom_kind()[0] != "S":
                 continue
             work = _block_work(info)
             if _parallelize(sch, [info.iters[0].loop_rv], work, cores, self.min_parallel_work):
