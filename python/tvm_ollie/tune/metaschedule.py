@@ -315,8 +315,15 @@ class Tuner:
 
 
 def default_pipeline(target) -> "tvm.transform.Pass":
-    """TVM's full default Relax pipeline for ``target`` (fusion, dlight on GPUs)."""
-    return relax.get_default_pipeline(normalize_target(target))
+    """TVM's full default Relax pipeline for ``target`` (fusion, dlight on GPUs); for llvm the
+    same plus default CPU schedules (``cpu_schedule.cpu_pipeline``, ``TVM_OLLIE_CPU_SCHEDULE=0``
+    turns them off)."""
+    target = normalize_target(target)
+    if target.kind.name == "llvm":
+        from .cpu_schedule import cpu_pipeline  # pylint: disable=import-outside-toplevel
+
+        return cpu_pipeline(target)
+    return relax.get_default_pipeline(target)
 
 
 def task_names(tasks: List) -> List[str]:
