@@ -29,7 +29,9 @@ The rules (see :func:`default_rules`):
 4. :class:`FallbackRule`: anything else ``NormalizePrimFunc`` accepts: parallelize the outermost
    loop of each block when it binds a spatial iterator.
 
-Every rule leaves a block single-threaded below :data:`DEFAULT_MIN_PARALLEL_WORK` iterations.
+Every rule leaves a block single-threaded below :data:`DEFAULT_MIN_PARALLEL_WORK` iterations, and
+rules 3-4 leave a function unscheduled when one of its reductions is shorter than
+:data:`MIN_PARALLEL_REDUCTION` per output (3x3 pooling, short means): measured slower in parallel.
 Parallel loops are not split by the thread count here: TVM lowers a ``parallel`` loop to a
 ``TVMBackendParallelLaunch`` whose body gives each runtime thread one contiguous chunk of the loop
 range, so the fused loop already runs as ``TVM_NUM_THREADS`` chunks, and the same binary adapts to
@@ -47,6 +49,7 @@ from ..compat import dlight, tirx, tvm
 
 __all__ = [
     "DEFAULT_MIN_PARALLEL_WORK",
+    "MIN_PARALLEL_REDUCTION",
     "FallbackRule",
     "InjectiveRule",
     "MinWork",

@@ -22,7 +22,8 @@ def compile_module(mod: "tvm.IRModule", target, tuner: Optional[Tuner] = None,
                    trials: int = 0) -> "tvm.runtime.Executable":
     """Legalize and fuse ``mod``, tune its untuned tasks (``trials``), apply the records, build.
 
-    Without a tuner this is exactly ``tvm.compile(mod, target)`` with TVM's default pipeline.
+    Without a tuner this is ``tvm.compile(mod, target)`` with :func:`default_pipeline` (TVM's
+    default pipeline; on llvm plus default CPU schedules for the kernels nothing scheduled).
     """
     target = normalize_target(target)
     if tuner is None:
