@@ -280,6 +280,21 @@ def _loads_of(stmt, buffer) -> int:
     return sum(count)
 
 
+def _inline_first(blocks: list, inline, allowed) -> bool:
+    """Apply ``inline`` to the first block of ``blocks`` that ``allowed`` admits and that it
+    accepts (the block is then removed from ``blocks``); whether one was inlined."""
+    for i, block in enumerate(blocks):
+        if not allowed(block):
+            continue
+        try:
+            inline(block)
+        except Exception:  # pylint: disable=broad-except
+            continue
+        blocks.pop(i)
+        return True
+    return False
+
+
 def _inline_single_reads(sch, infos: list) -> int:
     """Inline producers read once per consumer element, then reverse-inline consumers.
 
@@ -292,35 +307,17 @@ def _inline_single_reads(sch, infos: list) -> int:
     of blocks inlined.
     """
     blocks = [info.block_rv for info in infos]
+
+    def read_once(block) -> bool:
+        writes = sch.get(block).writes
+        consumers = sch.get_consumers(block)
+        return len(writes) == 1 and bool(consumers) and all(
+            _loads_of(sch.get(c).body, writes[0].source) <= 1 for c in consumers)
+
     inlined = 0
-    progress = True
-    while progress:
-        progress = False
-        for i, block in enumerate(blocks):
-            writes = sch.get(block).writes
-            consumers = sch.get_consumers(block)
-            if len(writes) != 1 or not consumers or any(
-                    _loads_of(sch.get(c).body, writes[0].source) > 1 for c in consumers):
-                continue
-            try:
-                sch.compute_inline(block)
-            except Exception:  # pylint: disable=broad-except
-                continue
-            blocks.pop(i)
-            inlined += 1
-            progress = True
-            break
-        if progress:
-            continue
-        for i, block in enumerate(blocks):
-            try:
-                sch.reverse_compute_inline(block)
-            except Exception:  # pylint: disable=broad-except
-                continue
-            blocks.pop(i)
-            inlined += 1
-            progress = True
-            break
+    while (_inline_first(blocks, sch.compute_inline, read_once)
+           or _inline_first(blocks, sch.reverse_compute_inline, lambda _: True)):
+        inlined += 1
     return inlined
 
 
