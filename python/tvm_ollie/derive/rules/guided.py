@@ -85,11 +85,11 @@ def reaches_target(stage: Scope, ctx: RuleContext) -> List:
 def _map_to_target(scope: Scope, ctx: RuleContext) -> Iterator[Rewrite]:
     if not ctx.targets or ctx.guided_maps < 1 or reaches_target(scope, ctx):
         return
-    seen = set()
+    seen = set()  # the nodes themselves (interned), not ids: a dropped one may free its id
     for new, inner, note in _chains(scope, ctx, ctx.guided_maps):
-        if id(new) in seen:
+        if new in seen:
             continue
-        seen.add(id(new))
+        seen.add(new)
         if reaches_target(inner, ctx):
             yield Rewrite(new, f"guided {note}")
 
