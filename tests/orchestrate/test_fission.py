@@ -12,7 +12,7 @@ from tvm.script import relax as R
 
 from tvm_ollie.orchestrate import FISSION_RULES, Fission, FissionReport, fission
 from tvm_ollie.orchestrate.fission import count_ops, non_primitive_ops
-from tvm_ollie.orchestrate.fission_rules import ATTENTION_RULE, PRIMITIVE_KINDS
+from tvm_ollie.orchestrate.fission_rules import ATTENTION_RULE, PRIMITIVE_KINDS, RuleContext
 
 F32 = "float32"
 
@@ -268,6 +268,15 @@ def test_guard_integer_data():
     mod = _module([(1, 2, 4, 4)], _single(lambda x: nn.max_pool2d(x, (2, 2), (2, 2))),
                   dtype="int32")
     _unchanged(mod, "relax.nn.max_pool2d", "guard float_data (kept as one reduce primitive)")
+
+
+def test_rule_apply_returns_none_when_a_guard_fails():
+    mod = _module([(1, 2, 4, 4)], _single(lambda x: nn.max_pool2d(x, (2, 2), (2, 2))),
+                  dtype="int32")
+    call = mod["main"].body.blocks[0].bindings[0].value
+    rule = FISSION_RULES["relax.nn.max_pool2d"]
+    assert rule.failed_guard(call, RuleContext()) == "float_data"
+    assert rule.apply(relax.BlockBuilder(), call, RuleContext()) is None
 
 
 def test_guard_overlapping_pool_windows():

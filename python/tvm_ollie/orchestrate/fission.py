@@ -131,7 +131,7 @@ class _FissionMutator(relax.PyExprMutator):
         return self.visit_expr(func)
 
     def _plan_attention(self, func: relax.Function) -> None:
-        """Matmuls whose softmax operand the attention rule absorbs (that softmax is not emitted)."""
+        """Find the matmuls whose softmax operand the attention rule absorbs (not emitted)."""
         for binding in _bindings(func):
             call = binding.value
             if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)

@@ -146,12 +146,16 @@ class FissionRule:
                 return name
         return None
 
-    def apply(self, bb: "relax.BlockBuilder", call: relax.Call, new_call: relax.Call,
-              ctx: RuleContext) -> Optional[relax.Expr]:
-        """The replacement of ``call`` (whose rewritten form is ``new_call``), or None."""
+    def apply(self, bb: "relax.BlockBuilder", call: relax.Call, ctx: RuleContext,
+              new_call: Optional[relax.Call] = None) -> Optional[relax.Expr]:
+        """The replacement of ``call``, or None when the rule does not apply.
+
+        ``new_call`` is ``call`` with its arguments already rewritten (default: ``call``);
+        guards look at the original, the graph is built from the rewritten one.
+        """
         if call.op.name != self.op_name or self.failed_guard(call, ctx) is not None:
             return None
-        return self.build(bb, new_call, ctx)
+        return self.build(bb, call if new_call is None else new_call, ctx)
 
 
 # ------------------------------------------------------------------------ shape/dtype helpers
@@ -382,7 +386,7 @@ def _build_batch_norm(bb, call, ctx):
 
 
 def _build_instance_norm(bb, call, ctx):
-    """instance_norm(x) = (x - mean(x)) / sqrt(var(x) + eps) * gamma + beta  (per sample, channel)."""
+    """instance_norm(x) = (x - mean(x)) / sqrt(var(x) + eps) * gamma + beta  (per N, C)."""
     del ctx
     x, gamma, beta = call.args
     shape = _shape(x)
