@@ -201,7 +201,9 @@ def fission(mod: tvm.IRModule, attention: bool = False,
     Returns
     -------
     new_mod : tvm.IRModule
-        ``mod`` itself when nothing was split, else the rewritten module.
+        ``mod`` itself when nothing was split, else the rewritten module (in a function where
+        something was split, bindings left unused, e.g. a split batch_norm's result tuple, are
+        removed from its dataflow blocks).
     report : FissionReport
         Calls split per rule and calls left untouched with the reason.
     """
