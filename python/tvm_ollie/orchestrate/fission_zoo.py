@@ -102,6 +102,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         res = fission_model(name, quick=not args.full, check=args.check,
                             attention=args.attention)
         print(res.line(), flush=True)
+        print(f"    split {dict(sorted(res.report.split.items()))}")
         for op_name, reasons in sorted(res.report.untouched.items()):
             print(f"    untouched {op_name}: {reasons}")
         leftover = {k: v for k, v in res.composite_after.items()
