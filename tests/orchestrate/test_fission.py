@@ -42,6 +42,14 @@ def _attention(bb, scores, values):
     return bb.emit(relax.op.matmul(prob, values))
 
 
+def _attention_exported(bb, scores, values):
+    """softmax -> broadcast_to -> reshape -> matmul, as torch.export writes ``softmax(S) @ V``."""
+    prob = bb.emit(relax.op.nn.softmax(scores, axis=-1))
+    wide = bb.emit(relax.op.broadcast_to(prob, (1, 2, 5, 7)))
+    rows = bb.emit(relax.op.reshape(wide, (2, 5, 7)))
+    return bb.emit(relax.op.matmul(rows, values))
+
+
 nn = relax.op.nn
 
 #: case -> (composite op, input shapes, body, input scale, rule names expected to fire)
@@ -80,6 +88,8 @@ CASES = {
                               _single(lambda x: nn.adaptive_avg_pool2d(x, 1)), 1.0),
     "attention": ("relax.nn.softmax", [(2, 5, 7), (2, 7, 4)], _attention, 1.0),
     "attention_large": ("relax.nn.softmax", [(2, 5, 7), (7, 4)], _attention, 1e4),
+    "attention_exported": ("relax.nn.softmax", [(1, 2, 5, 7), (2, 7, 4)], _attention_exported,
+                           1.0),
 }
 
 
@@ -153,6 +163,22 @@ def test_attention_uses_one_matmul(compiled):
     assert report.split == {ATTENTION_RULE.name: 1}
     assert ops["relax.matmul"] == 1 and ops["relax.concat"] == 1 and ops["relax.max"] == 1
     assert "relax.sum" not in ops  # the row sum comes out of the matmul
+
+
+def test_attention_through_row_wise_layout(compiled):
+    _, fissioned = compiled
+    new_mod, report = fissioned["attention_exported"]
+    assert report.split == {ATTENTION_RULE.name: 1}
+    assert count_ops(new_mod)["relax.matmul"] == 1
+
+
+def test_attention_not_through_row_mixing_reshape():
+    def body(bb, s, v):
+        prob = bb.emit(relax.op.nn.softmax(s))
+        return bb.emit(relax.op.matmul(bb.emit(relax.op.reshape(prob, (2, 14))), v))
+
+    _, report = fission(_module([(4, 7), (14, 3)], body), attention=True)
+    assert report.split == {"softmax": 1}
 
 
 def test_attention_off_by_default():

@@ -24,6 +24,7 @@ from .fission_rules import (
     FissionRule,
     RuleContext,
     primitive_kind,
+    softmax_chain,
 )
 
 __all__ = ["FISSION_RULES", "ATTENTION_RULE", "FissionRule", "FissionReport", "Fission",
@@ -140,7 +141,8 @@ class _FissionMutator(relax.PyExprMutator):
             reason = ATTENTION_RULE.failed_guard(call, self.ctx)
             if reason is None:
                 self._attention_calls[call] = True
-                self._deferred[call.args[0]] = True
+                for var in softmax_chain(call.args[0], self.ctx).absorbed:
+                    self._deferred[var] = True
             elif reason != ATTENTION_RULE.guards[0][0]:
                 self.report.add_untouched(
                     "relax.nn.softmax + relax.matmul",
@@ -148,7 +150,7 @@ class _FissionMutator(relax.PyExprMutator):
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:  # noqa: D401
         if binding.var in self._deferred:
-            return  # a softmax read only by a matmul that the attention rule rewrites
+            return  # a softmax (or row-wise layout of it) that the attention rewrite replaces
         self._current = binding.var
         super().visit_var_binding_(binding)
 

@@ -495,32 +495,82 @@ def _build_adaptive_avg_pool2d(bb, call, ctx):
 # ------------------------------------------------------------------------ attention
 
 
-def _softmax_operand(call: relax.Call, ctx: RuleContext) -> Optional[relax.Call]:
-    producer = ctx.producer(call.args[0])
-    if producer is None or producer.op.name != "relax.nn.softmax":
-        return None
-    return producer
+def _row_wise(call: relax.Call) -> bool:
+    """A layout op that moves whole rows (last axis kept intact), so softmax commutes with it."""
+    name = call.op.name
+    if name not in ("relax.reshape", "relax.broadcast_to", "relax.permute_dims"):
+        return False
+    src, dst = _static_shape(call.args[0]), _static_shape(call)
+    if src is None or dst is None or not src or not dst or src[-1] != dst[-1]:
+        return False
+    if name == "relax.permute_dims":
+        axes = call.attrs.axes
+        return axes is not None and int(axes[-1]) % len(src) == len(src) - 1
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class SoftmaxChain:
+    """``lhs = L_k(...L_1(softmax(S)))`` with row-wise layout ops ``L_i``, each value read once.
+
+    Attributes
+    ----------
+    softmax : relax.Call
+        The softmax call.
+    layout : tuple of relax.Call
+        The row-wise layout calls, from the softmax outwards.
+    absorbed : tuple of relax.Var
+        The variables bound to the softmax and the layout calls; the rewrite replaces them.
+    """
+
+    softmax: relax.Call
+    layout: Tuple[relax.Call, ...]
+    absorbed: Tuple[relax.Var, ...]
+
+
+def softmax_chain(lhs: relax.Expr, ctx: RuleContext,
+                  max_layout_ops: int = 4) -> Optional[SoftmaxChain]:
+    """The softmax feeding ``lhs`` through at most ``max_layout_ops`` row-wise layout ops.
+
+    torch.export writes ``softmax(S) @ V`` as softmax -> broadcast_to -> reshape -> matmul;
+    moving those row-wise ops onto S before the softmax does not change the result.
+    """
+    layout: List[relax.Call] = []
+    absorbed: List[relax.Var] = []
+    var = lhs
+    while True:
+        producer = ctx.producer(var)
+        if producer is None or ctx.use_count(var) != 1:
+            return None
+        absorbed.append(var)
+        if producer.op.name == "relax.nn.softmax":
+            return SoftmaxChain(producer, tuple(reversed(layout)), tuple(absorbed))
+        if len(layout) >= max_layout_ops or not _row_wise(producer):
+            return None
+        layout.append(producer)
+        var = producer.args[0]
 
 
 def softmax_lhs(call: relax.Call, ctx: RuleContext) -> bool:
-    """matmul(P, V) with P = softmax(S), P read only by this matmul (and P is not V)."""
-    return (_softmax_operand(call, ctx) is not None and ctx.use_count(call.args[0]) == 1
-            and not call.args[0].same_as(call.args[1]))
+    """matmul(P, V): P = softmax(S) (maybe through row-wise layout ops), each read once."""
+    return (not call.args[0].same_as(call.args[1])
+            and softmax_chain(call.args[0], ctx) is not None)
 
 
 def scores_static_float(call: relax.Call, ctx: RuleContext) -> bool:
     """The softmax input S has a static shape and a floating-point dtype."""
-    producer = _softmax_operand(call, ctx)
+    producer = softmax_chain(call.args[0], ctx).softmax
     return static_shapes(producer, ctx) and float_data(producer, ctx)
 
 
 def last_axis_matrices(call: relax.Call, ctx: RuleContext) -> bool:
     """softmax is over the last axis of S; P and V are at least 2-D; one dtype throughout."""
     lhs, rhs = call.args
-    ndim = len(_shape(lhs))
-    if ndim < 2 or len(_shape(rhs)) < 2:
+    if len(_shape(lhs)) < 2 or len(_shape(rhs)) < 2:
         return False
-    if int(_softmax_operand(call, ctx).attrs.axis) % ndim != ndim - 1:
+    producer = softmax_chain(lhs, ctx).softmax
+    ndim = len(_shape(producer.args[0]))
+    if int(producer.attrs.axis) % ndim != ndim - 1:
         return False
     out_dtype = call.attrs.out_dtype
     return (out_dtype is None or str(out_dtype) in ("", "void", _dtype(lhs))) and _dtype(
@@ -529,8 +579,11 @@ def last_axis_matrices(call: relax.Call, ctx: RuleContext) -> bool:
 
 def _build_attention(bb, call, ctx):
     """softmax(S) @ V = (E @ [V, 1])[..., :d] / (E @ [V, 1])[..., d:],  E = exp(S - max(S))."""
-    producer = ctx.producer(call.args[0])
-    scores = ctx.remap(producer.args[0])
+    chain = softmax_chain(call.args[0], ctx)
+    scores = ctx.remap(chain.softmax.args[0])
+    for layout in chain.layout:  # row-wise: applied to S instead of softmax(S)
+        rest = [ctx.remap(a) for a in layout.args[1:]]
+        scores = bb.emit(relax.Call(layout.op, [scores] + rest, layout.attrs, layout.ty_args))
     values = call.args[1]
     v_shape = _shape(values)
     dtype = _dtype(values)
