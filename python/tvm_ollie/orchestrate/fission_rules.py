@@ -12,6 +12,10 @@ function's docstring), small named guards, and a build function that emits stand
 operators through a ``BlockBuilder``. A rule applies only to static shapes and floating-point
 data, and keeps the numerically stable forms (softmax subtracts the row maximum; Korch's
 released code dropped it and overflows on large logits).
+
+HardSwish and HardSigmoid need no rule: TVM 0.27 has no Relax op for them, and both the torch
+and the ONNX importers already write them as add/multiply/clip/divide. Windowed pooling with
+overlapping windows (ResNet's and YOLOX's max pools) is kept as one reduce primitive.
 """
 
 from __future__ import annotations
