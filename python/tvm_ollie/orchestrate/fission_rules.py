@@ -93,20 +93,21 @@ class RuleContext:
 
     ``producer(var)`` is the original call bound to ``var`` (None if ``var`` is not bound to an
     operator call); ``use_count(var)`` counts the bindings and returns that read ``var``;
-    ``remap(expr)`` gives the rewritten form of an original expression.
+    ``remap(expr)`` gives the rewritten form of an original expression. This base class is the
+    context of a lone call (nothing known upstream); the fission pass supplies a real one.
     """
 
-    def producer(self, var: relax.Expr) -> Optional[relax.Call]:  # pragma: no cover - default
+    def producer(self, var: relax.Expr) -> Optional[relax.Call]:
         """Original call bound to ``var``."""
         del var
         return None
 
-    def use_count(self, var: relax.Expr) -> int:  # pragma: no cover - default
+    def use_count(self, var: relax.Expr) -> int:
         """How many bindings (and returns) read ``var``."""
         del var
         return 0
 
-    def remap(self, expr: relax.Expr) -> relax.Expr:  # pragma: no cover - default
+    def remap(self, expr: relax.Expr) -> relax.Expr:
         """Rewritten form of an original expression."""
         return expr
 
