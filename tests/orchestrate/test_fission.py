@@ -336,3 +336,40 @@ def test_module_pass_and_rule_table():
         assert rule.op_name == op_name and rule.equation and "=" in rule.equation
         assert rule.guards and all(callable(g) for _, g in rule.guards)
     assert {v for v in PRIMITIVE_KINDS.values()} == {"elementwise", "reduce", "layout", "linear"}
+
+
+@I.ir_module
+class AttentionBefore:
+    @R.function
+    def main(s: R.Tensor((2, 4, 6), "float32"),
+             v: R.Tensor((2, 6, 3), "float32")) -> R.Tensor((2, 4, 3), "float32"):
+        with R.dataflow():
+            p = R.nn.softmax(s, axis=-1)
+            y = R.matmul(p, v)
+            R.output(y)
+        return y
+
+
+@I.ir_module
+class AttentionExpected:
+    @R.function
+    def main(s: R.Tensor((2, 4, 6), "float32"),
+             v: R.Tensor((2, 6, 3), "float32")) -> R.Tensor((2, 4, 3), "float32"):
+        with R.dataflow():
+            m = R.max(s, axis=[-1], keepdims=True)
+            d = R.subtract(s, m)
+            e = R.exp(d)
+            ones = R.ones(R.shape([2, 6, 1]), "float32")
+            vc = R.concat((v, ones), axis=-1)
+            both = R.matmul(e, vc)
+            num = R.strided_slice(both, axes=[2], begin=[0], end=[3])
+            den = R.strided_slice(both, axes=[2], begin=[3], end=[4])
+            y = R.divide(num, den)
+            R.output(y)
+        return y
+
+
+def test_attention_structure():
+    after, report = fission(AttentionBefore, attention=True)
+    tvm.ir.assert_structural_equal(after, AttentionExpected)
+    assert report.split == {ATTENTION_RULE.name: 1}
