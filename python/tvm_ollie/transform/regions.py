@@ -107,6 +107,16 @@ class Region:
         return self.bindings[-1].var
 
     @property
+    def heavy_call(self):
+        """The compute-heavy call the region was grown from."""
+        return next(b.value for b in self.bindings if b.var.same_as(self.heavy))
+
+    @property
+    def out_shape(self) -> Tuple[int, ...]:
+        """Static shape of the region's result."""
+        return tuple(int(s) for s in self.output.ty.shape)
+
+    @property
     def size(self) -> int:
         return len(self.bindings)
 
@@ -490,3 +500,34 @@ def find_regions(mod: "tvm.IRModule", max_calls: int = MAX_CALLS,
                 out.append(Region(gv.name_hint, [blk.bindings[m] for m in members],
                                   blk.bindings[k].var))
     return out
+
+
+def isolated_region_module(region: Region, program=None, names=None,
+                           impl: str = "tvm") -> "tvm.IRModule":
+    """A module whose ``main`` computes the region alone (or ``program`` in its place).
+
+    Variable inputs become parameters in :meth:`Region.inputs` order; constants stay constants.
+    """
+    from .emit import emit_program  # pylint: disable=import-outside-toplevel
+
+    bb = relax.BlockBuilder()
+    params, values = [], {}
+    for n, v in region.inputs():
+        if isinstance(v, _CONST):
+            values[n] = v
+        else:
+            p = relax.Var(n, v.ty)
+            params.append(p)
+            values[n] = p
+    with bb.function("main", params):
+        with bb.dataflow():
+            if program is None:
+                out = bb.emit_output(region.replay(bb, values))
+            else:
+                in_names = [n for n, _ in region.inputs()]
+                mapping = values if names is None else {
+                    pn: values[cn] for pn, cn in zip(names, in_names)}
+                out = bb.emit_output(emit_program(bb, program, mapping, region.out_shape,
+                                                  impl=impl, name="ollie_region"))
+        bb.emit_func_output(out)
+    return bb.get()
