@@ -363,6 +363,8 @@ class Decider:
             return Choice(None, names, f"no candidate beats the original by the analytic cost "
                           f"({_t(base.estimate)} vs best {best}; {n_cand} candidates{note})",
                           base.estimate, base.estimate, False, n_cand)
+        if _is_region(call):
+            better = _kinds_first(better)
         if self.measures:
             return self._choose_measured(call, sig, names, base, better, n_cand)
         return self._choose_analytic(call, names, base, better, n_cand)
@@ -524,6 +526,21 @@ def unit_module(unit, program: Optional[Program] = None, names=None,
 
         return isolated_region_module(unit, program, names, impl)
     return isolated_module(unit, program, names, impl)
+
+
+def _kinds_first(alts: List[Alternative]) -> List[Alternative]:
+    """``alts`` (cheapest first) with the cheapest of each operator kind (g2bmm, gbmm, matmul,
+    ...) moved to the front: a region's few measured slots then try every kind of rewrite."""
+    firsts, rest, kinds = [], [], set()
+    for alt in alts:
+        new = set() if alt.program is None else \
+            {s.kind for s in alt.program.stages if s.is_operator} - kinds
+        if new:
+            kinds |= new
+            firsts.append(alt)
+        else:
+            rest.append(alt)
+    return firsts + rest
 
 
 def _region_seconds(region, calib: Calibration) -> float:

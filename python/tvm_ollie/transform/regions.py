@@ -18,7 +18,8 @@ producer becomes the producer's scope with output padding). The derivation then 
 stages it can, which is how ``pad + take + reshape/permute + matmul`` reaches the G2BMM/GBMM
 matchers.
 
-A region of one call is that call: the pass decides it exactly as it always did.
+A heavy call without data-movement producers is a region of one call: the pass decides it
+exactly as it always did (its epilogues are folded into library kernels by :mod:`.epilogue`).
 """
 
 from __future__ import annotations
@@ -495,7 +496,10 @@ def find_regions(mod: "tvm.IRModule", max_calls: int = MAX_CALLS,
                 grown[k] = _grow_producers(blk, k, taken, max(1, max_calls))
                 taken.update(grown[k])
             for k in seeds:
-                members = _grow_consumers(blk, grown[k], k, taken, max(1, max_calls))
+                # a heavy call that reads no data movement is decided alone, as it always was
+                # (its epilogues are folded into library kernels by the epilogue pass)
+                members = grown[k] if len(grown[k]) == 1 else \
+                    _grow_consumers(blk, grown[k], k, taken, max(1, max_calls))
                 taken.update(members)
                 out.append(Region(gv.name_hint, [blk.bindings[m] for m in members],
                                   blk.bindings[k].var))
