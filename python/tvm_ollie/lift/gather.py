@@ -1,4 +1,4 @@
-"""Lift of ``relax.take`` with a constant index tensor that is an affine function of its
+"""Lifts of ``relax.take`` and ``relax.gather_nd`` with a constant index tensor that is an affine function of its
 coordinates.
 
 Exported graphs write a (dilated) window as a gather: ``take(pad(x), idx, axis)`` with a
@@ -26,7 +26,7 @@ from .common import IterNames, affine, normalize_axis
 from .errors import LiftError
 from .registry import Operands, register_lift
 
-__all__ = ["fit_affine_index", "lift_take"]
+__all__ = ["fit_affine_index", "lift_gather_nd", "lift_take"]
 
 _CONST = tvm.ir.expr.Constant
 
@@ -90,12 +90,39 @@ def lift_take(call, names: Operands) -> Scope:
     return Scope(loops, (), Access(x, indices))
 
 
-def _is_affine_take(call) -> bool:
-    """Whether ``call`` is a ``take`` that :func:`lift_take` lifts (used by region growth)."""
-    if not (isinstance(call, relax.Call) and getattr(call.op, "name", "") == "relax.take"):
-        return False
-    try:
-        lift_take(call, Operands(call))
-    except LiftError:
-        return False
-    return True
+@register_lift("relax.gather_nd")
+def lift_gather_nd(call, names: Operands) -> Scope:
+    """``gather_nd(x, idx)`` (``batch_dims=0``) with a constant ``idx`` whose every component
+    ``idx[.., q]`` is affine in the leading coordinates, as an affine read of ``x``::
+
+        out[j.., rest..] = x[c_0 + Σ a_0d j_d, .., c_{M-1} + Σ a_{M-1,d} j_d, rest..]
+    """
+    data, index = call.args[0], call.args[1]
+    if not isinstance(index, _CONST):
+        raise LiftError(f"{names.op}: the indices are not a constant tensor")
+    if int(call.attrs.batch_dims) != 0:
+        raise LiftError(f"{names.op}: batch_dims {call.attrs.batch_dims} is unsupported")
+    x = names.tensor(data, "data")
+    idx = index.value.numpy()
+    if idx.ndim < 1 or not 1 <= idx.shape[-1] <= x.ndim:
+        raise LiftError(f"{names.op}: indices of shape {idx.shape} do not index {x.shape}")
+    m = idx.shape[-1]
+    lead = idx.shape[:-1]
+    out = tuple(lead) + tuple(x.shape[m:])
+    if out != tuple(names.out_shape()):
+        raise LiftError(f"{names.op}: result shape {out} differs from {names.out_shape()}")
+    gen = IterNames(names.names)
+    loops: List[IterVar] = gen.iters([f"i{k}" for k in range(len(out))], out)
+    vars_ = [iv.var for iv in loops]
+    reads: List[Node] = []
+    for q in range(m):
+        comp = idx[..., q]
+        fit = fit_affine_index(comp) if comp.ndim else (int(comp), [])
+        if fit is None:
+            raise LiftError(f"{names.op}: the constant indices are not an affine function of "
+                            "their coordinates")
+        if comp.size and (int(comp.min()) < 0 or int(comp.max()) >= x.shape[q]):
+            raise LiftError(f"{names.op}: indices outside [0, {x.shape[q]}) are unsupported")
+        c, coeffs = fit
+        reads.append(affine(list(zip(vars_[:len(lead)], coeffs)), c))
+    return Scope(loops, (), Access(x, reads + vars_[len(lead):]))

@@ -73,7 +73,8 @@ class _RegionRewriter(relax.PyExprMutator):
     def __init__(self, mod, regions: List[Tuple[Region, object]]):
         super().__init__(mod)
         self.outputs = {hash(r.output): (r, ch) for r, ch in regions}
-        self.drop = {hash(b.var) for r, _ in regions for b in r.bindings[:-1]}
+        self.drop = {hash(b.var) for r, _ in regions for b in r.bindings[:-1]
+                     if hash(b.var) not in r.keep}
 
     def visit_var_binding_(self, binding):  # pylint: disable=arguments-renamed
         key = hash(binding.var)
@@ -193,9 +194,10 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: int = 0,
                       timer=timer, checker=checker, rpc=rpc)
     report = OptimizeReport(target=str(tgt.kind.name if tgt.kind.name != "llvm" else "llvm"))
     tuning0, calls0 = STATS.seconds, STATS.calls
-    wanted_ops = {c[2].op.name for c in calls}
     regions = [r for r in (find_regions(mod, region_calls) if region_calls > 1 and derive
-                           else []) if r.size > 1 and r.heavy_call.op.name in wanted_ops]
+                           else []) if r.size > 1]
+    if targets:
+        regions = [r for r in regions if r.heavy_call.op.name in wanted]
     sigs = list(dict.fromkeys([call_signature(c) for _, _, c in calls] +
                               [r.signature() for r in regions]))
     choices: Dict[str, object] = {}

@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from ..compat import relax, tvm
 from ..derive.program import map_accesses, stage_merge
 from ..ir.nodes import (Access, BinOp, Const, IterVar, Scope, Tensor, free_vars, fresh_var,
@@ -46,9 +48,12 @@ HEAVY_OPS = (
 #: Producers a region grows through (they only move or pad data).
 MOVE_OPS = (
     "relax.nn.pad", "relax.reshape", "relax.permute_dims", "relax.strided_slice",
-    "relax.take", "relax.expand_dims", "relax.squeeze", "relax.flatten", "relax.broadcast_to",
+    "relax.take", "relax.gather_nd", "relax.expand_dims", "relax.squeeze", "relax.flatten",
+    "relax.broadcast_to",
     "relax.concat",
 )
+#: Ops whose second operand is a constant index tensor (consumed by the lift, not an input).
+_GATHERS = ("relax.take", "relax.gather_nd")
 #: Default bound on the calls of one region.
 MAX_CALLS = 16
 
@@ -97,6 +102,9 @@ class Region:
     function: str
     bindings: List[object]
     heavy: object
+    mod: Optional[object] = field(default=None, repr=False)
+    #: members that stay bound when the region is replaced (their shape is read outside)
+    keep: frozenset = field(default=frozenset(), repr=False)
     _expr: Optional[Scope] = field(default=None, repr=False)
     _inputs: Optional[List[Tuple[str, object]]] = field(default=None, repr=False)
 
@@ -127,12 +135,13 @@ class Region:
 
     @property
     def op_names(self) -> List[str]:
-        return [c.op.name for c in self.calls]
+        """Operator of each call (``relax.call_tir:<PrimFunc>`` for ``call_tir``)."""
+        return [_op_label(c) for c in self.calls]
 
     def describe(self) -> str:
         """``lv31 = matmul(reshape(permute_dims(take(pad(lv14)))), ...)``-like one-line summary:
         the calls in order, each ``var=op``."""
-        return ", ".join(f"{_name(b.var)}={b.value.op.name.replace('relax.', '')}"
+        return ", ".join(f"{_name(b.var)}={_op_label(b.value).replace('relax.', '')}"
                          for b in self.bindings)
 
     # -- inputs and the lifted expression ----------------------------------------------------
@@ -156,7 +165,7 @@ class Region:
             for a in _leaves(b.value.args):
                 if not isinstance(a.ty, relax.TensorType) or hash(a) in members:
                     continue
-                if b.value.op.name == "relax.take" and a is not b.value.args[0] and \
+                if b.value.op.name in _GATHERS and a is not b.value.args[0] and \
                         isinstance(a, _CONST):
                     continue
                 if isinstance(a, _CONST) and _scalar(a):
@@ -192,8 +201,8 @@ class Region:
         scopes: Dict[int, Scope] = {}
         for b in self.bindings:
             call = b.value
-            expr = lift_relax_call(call)
-            ops = Operands(call)
+            expr = lift_relax_call(call, self.mod)
+            ops = Operands(call, self.mod)
             by_name = {}
             for a in _leaves(call.args):
                 if isinstance(a.ty, relax.TensorType):
@@ -231,10 +240,11 @@ class Region:
         return f"region[{' '.join(o.replace('relax.', '') for o in self.op_names)}] {ins} " \
                f"{self.lift()}"
 
-    def replay(self, bb: "relax.BlockBuilder", values: Dict[str, object]):
-        """Emit the region's original calls on ``values`` (by input name); return the output
-        expression (not bound)."""
+    def replay(self, bb: "relax.BlockBuilder", values: Dict[str, object], funcs=None):
+        """Emit the region's original calls on ``values`` (by input name; ``funcs`` maps the
+        callees of ``call_tir`` to the builder's copies); return the output (not bound)."""
         env = {hash(v): values[n] for n, v in self.inputs()}
+        env.update(funcs or {})
         out = None
         for k, b in enumerate(self.bindings):
             call = b.value
@@ -334,6 +344,13 @@ def _merge_reduction(scope: Scope) -> Scope:
     return Scope(scope.loops, reduce, new_body, scope.pad, inner.reducer)
 
 
+def _op_label(call) -> str:
+    name = call.op.name
+    if name == "relax.call_tir":
+        return f"{name}:{call.args[0].name_hint}"
+    return name
+
+
 def _rebind_arg(arg, env):
     if isinstance(arg, relax.Tuple):
         return relax.Tuple([_rebind_arg(f, env) for f in arg.fields])
@@ -347,26 +364,33 @@ def _scalar(const) -> bool:
 class _Block:
     """Def-use facts of one dataflow block."""
 
-    def __init__(self, block, outside_uses: Dict[int, int]):
-        self.bindings = list(block.bindings)
+    def __init__(self, block, outside_uses: Dict[int, int], mod=None):
+        self.mod = mod
+        self.bindings = [_with_constant_index(b, block) for b in block.bindings]
         self.index = {hash(b.var): k for k, b in enumerate(self.bindings)}
         self.users: Dict[int, List[int]] = {}
+        #: variables whose shape is read (``shape_of``): a static shape, not the values
+        self.shape_read: set = set()
         for k, b in enumerate(self.bindings):
             value = getattr(b, "value", None)
+            if isinstance(value, relax.Call) and getattr(value.op, "name", "") == \
+                    "relax.shape_of":
+                self.shape_read.update(hash(v) for v in _used_vars(value))
+                continue
             for v in _used_vars(value):
                 self.users.setdefault(hash(v), []).append(k)
         self.outside = outside_uses
-        self._liftable: Dict[int, bool] = {}
+        self._kinds: Dict[int, Optional[str]] = {}
 
     def used_outside(self, var) -> bool:
         """Used after the block (a later block, the function output) or not a dataflow var."""
         return self.outside.get(hash(var), 0) > 0 or not isinstance(var, relax.DataflowVar)
 
-    def liftable(self, k: int) -> bool:
-        hit = self._liftable.get(k)
-        if hit is None:
-            hit = self._liftable[k] = _liftable(self.bindings[k])
-        return hit
+    def kind(self, k: int) -> Optional[str]:
+        """``"heavy"``, ``"move"``, ``"other"`` (liftable) or None (see :func:`_kind`)."""
+        if k not in self._kinds:
+            self._kinds[k] = _kind(self.bindings[k], self.mod)
+        return self._kinds[k]
 
 
 def _used_vars(expr) -> List[object]:
@@ -382,18 +406,80 @@ def _used_vars(expr) -> List[object]:
     return out
 
 
-def _liftable(binding) -> bool:
+def _kind(binding, mod=None) -> Optional[str]:
+    """How a binding takes part in regions: ``"heavy"`` (a compute-heavy operator, or a
+    ``call_tir`` whose PrimFunc is a sum of products), ``"move"`` (data movement: a
+    :data:`MOVE_OPS` call, or a ``call_tir`` that reads one element), ``"other"`` (any other call
+    that lifts) or None (does not lift)."""
     value = getattr(binding, "value", None)
     if not (isinstance(binding, relax.VarBinding) and isinstance(value, relax.Call) and
             isinstance(value.op, tvm.ir.Op) and _static(value)):
-        return False
+        return None
     if not all(_static(a) for a in _leaves(value.args) if isinstance(a.ty, relax.TensorType)):
-        return False
+        return None
     try:
-        lift_relax_call(value)
+        expr = lift_relax_call(value, mod)
     except (LiftError, ValueError, TypeError):
+        return None
+    name = value.op.name
+    if name in HEAVY_OPS:
+        return "heavy"
+    if name in MOVE_OPS:
+        return "move"
+    if name == "relax.call_tir":
+        body = expr.body
+        if expr.reduce and expr.reducer == "sum" and isinstance(body, BinOp) and \
+                body.op == "*" and isinstance(body.a, Access) and isinstance(body.b, Access):
+            return "heavy"
+        if not expr.reduce and isinstance(body, Access) and isinstance(body.source, Tensor):
+            return "move"
+    return "other"
+
+
+def _with_constant_index(binding, block):
+    """``binding`` with the index operand of a gather replaced by its constant value when the
+    index is computed from a constant by the exporters' negative-index normalization
+    ``where(c < 0, c + n, c)`` and ``c`` has no negative entry (so the result is ``c``)."""
+    value = getattr(binding, "value", None)
+    if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and
+            value.op.name in _GATHERS and isinstance(value.args[1], relax.Var)):
+        return binding
+    defs = {hash(b.var): getattr(b, "value", None) for b in block.bindings}
+    const = _normalized_constant(value.args[1], defs)
+    if const is None:
+        return binding
+    new = relax.Call(value.op, [value.args[0], const] + list(value.args[2:]), value.attrs,
+                     value.ty_args)
+    return relax.VarBinding(binding.var, relax.BlockBuilder().normalize(new))
+
+
+def _normalized_constant(var, defs):
+    where = defs.get(hash(var))
+    if not (isinstance(where, relax.Call) and getattr(where.op, "name", "") == "relax.where"):
+        return None
+    cond, _, other = where.args
+    if not isinstance(other, _CONST):
+        return None
+    cond = defs.get(hash(cond), cond) if isinstance(cond, relax.Var) else cond
+    if not (isinstance(cond, relax.Call) and getattr(cond.op, "name", "") == "relax.less" and
+            isinstance(cond.args[0], _CONST) and isinstance(cond.args[1], _CONST) and
+            float(cond.args[1].value.numpy()) == 0):
+        return None
+    arr = other.value.numpy()
+    if not np.array_equal(cond.args[0].value.numpy(), arr):
+        return None
+    if arr.dtype.kind not in "iu" or (arr.size and int(arr.min()) < 0):
+        return None
+    return other
+
+
+def _is_pad_tir(block: _Block, k: int) -> bool:
+    """A ``call_tir`` that pads: its lifted read is of a padded tensor."""
+    call = block.bindings[k].value
+    if call.op.name != "relax.call_tir" or block.kind(k) != "move":
         return False
-    return True
+    body = lift_relax_call(call, block.mod).body
+    return any(lo or hi for lo, hi in body.source.pad)
 
 
 def _grow_producers(block: _Block, seed: int, taken: set, max_calls: int) -> List[int]:
@@ -402,16 +488,15 @@ def _grow_producers(block: _Block, seed: int, taken: set, max_calls: int) -> Lis
     frontier = [seed]
     while frontier and len(members) < max_calls:
         k = frontier.pop()
-        if block.bindings[k].value.op.name == "relax.nn.pad":
+        if block.bindings[k].value.op.name == "relax.nn.pad" or _is_pad_tir(block, k):
             continue  # the padded value stays an input: its reads are padded tensor reads
         for v in _used_vars(block.bindings[k].value):
             p = block.index.get(hash(v))
-            if p is None or p in members or p in taken or not block.liftable(p):
-                continue
-            if block.bindings[p].value.op.name not in MOVE_OPS:
+            if p is None or p in members or p in taken or block.kind(p) != "move":
                 continue
             pv = block.bindings[p].var
-            if block.used_outside(pv) or any(u not in members for u in block.users[hash(pv)]):
+            if block.used_outside(pv) or \
+                    any(u not in members for u in block.users.get(hash(pv), [])):
                 continue
             members.append(p)
             frontier.append(p)
@@ -431,8 +516,7 @@ def _grow_consumers(block: _Block, members: List[int], seed: int, taken: set,
         if block.used_outside(ov) or len(set(users)) != 1:
             break
         c = users[0]
-        if c in taken or not block.liftable(c) or \
-                block.bindings[c].value.op.name in HEAVY_OPS:
+        if c in taken or block.kind(c) in (None, "heavy"):
             break
         reads = {block.index.get(hash(v)) for v in _used_vars(block.bindings[c].value)}
         if len(reads & set(members)) != 1:
@@ -483,11 +567,9 @@ def find_regions(mod: "tvm.IRModule", max_calls: int = MAX_CALLS,
         for block in func.body.blocks:
             if not isinstance(block, relax.DataflowBlock):
                 continue
-            blk = _Block(block, outside)
-            seeds = [k for k, b in enumerate(blk.bindings)
-                     if isinstance(getattr(b, "value", None), relax.Call) and
-                     isinstance(b.value.op, tvm.ir.Op) and b.value.op.name in heavy_ops and
-                     blk.liftable(k)]
+            blk = _Block(block, outside, mod)
+            seeds = [k for k, b in enumerate(blk.bindings) if blk.kind(k) == "heavy" and
+                     (b.value.op.name in heavy_ops or b.value.op.name == "relax.call_tir")]
             # producers first, for every heavy call: data movement in front of a heavy call
             # belongs to the call that reads through it, not to an earlier call's epilogue
             taken: set = set(seeds)
@@ -501,8 +583,10 @@ def find_regions(mod: "tvm.IRModule", max_calls: int = MAX_CALLS,
                 members = grown[k] if len(grown[k]) == 1 else \
                     _grow_consumers(blk, grown[k], k, taken, max(1, max_calls))
                 taken.update(members)
+                keep = frozenset(hash(blk.bindings[m].var) for m in members
+                                 if hash(blk.bindings[m].var) in blk.shape_read)
                 out.append(Region(gv.name_hint, [blk.bindings[m] for m in members],
-                                  blk.bindings[k].var))
+                                  blk.bindings[k].var, mod, keep=keep))
     return out
 
 
@@ -523,10 +607,15 @@ def isolated_region_module(region: Region, program=None, names=None,
             p = relax.Var(n, v.ty)
             params.append(p)
             values[n] = p
+    funcs = {}
+    for call in region.calls:
+        if call.op.name == "relax.call_tir" and region.mod is not None:
+            gv = call.args[0]
+            funcs[hash(gv)] = bb.add_func(region.mod[gv], gv.name_hint)
     with bb.function("main", params):
         with bb.dataflow():
             if program is None:
-                out = bb.emit_output(region.replay(bb, values))
+                out = bb.emit_output(region.replay(bb, values, funcs))
             else:
                 in_names = [n for n, _ in region.inputs()]
                 mapping = values if names is None else {
