@@ -160,3 +160,44 @@ def test_multi_output_program_is_emitted_as_a_tuple():
     got = vm["main"](*[tvm.runtime.tensor(v) for v in (a, b1, b2)])
     np.testing.assert_allclose(got[0].numpy(), a @ b1, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got[1].numpy(), a @ b2, rtol=1e-5, atol=1e-5)
+
+
+def _onnx_banded_module():
+    """The exporter's form: Pad, Transpose, GatherND (constant indices), Transpose, Einsum,
+    imported by TVM's ONNX frontend (pad and einsum become ``call_tir``, the indices go through
+    the frontend's negative-index normalization)."""
+    pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper  # pylint: disable=C0415
+    from tvm.relax.frontend.onnx import from_onnx  # pylint: disable=C0415
+
+    pads = np.array([0, 0, D * W, 0, 0, 0, D * W, 0], "int64")
+    nodes = [
+        helper.make_node("Pad", ["k", "pads"], ["kp"]),
+        helper.make_node("Transpose", ["kp"], ["kt"], perm=[2, 0, 1, 3]),
+        helper.make_node("GatherND", ["kt", "idx"], ["g"]),
+        helper.make_node("Transpose", ["g"], ["keys"], perm=[2, 3, 0, 1, 4]),
+        helper.make_node("Einsum", ["q", "keys"], ["s"], equation="bhmk,bhmwk->bhmw"),
+    ]
+    spec = [1, H, N, DK]
+    graph = helper.make_graph(
+        nodes, "band",
+        [helper.make_tensor_value_info("q", TensorProto.FLOAT, spec),
+         helper.make_tensor_value_info("k", TensorProto.FLOAT, spec)],
+        [helper.make_tensor_value_info("s", TensorProto.FLOAT, [1, H, N, 2 * W + 1])],
+        [numpy_helper.from_array(pads, "pads"),
+         numpy_helper.from_array(_band_index()[..., None], "idx")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    return from_onnx(model, keep_params_in_input=False)
+
+
+def test_onnx_form_becomes_g2bmm():
+    mod = _onnx_banded_module()
+    (region,) = [r for r in find_regions(mod) if r.size > 1]
+    assert any("gather_nd" in op for op in region.op_names)
+    assert any(op.startswith("relax.call_tir:einsum") for op in region.op_names)
+    new, report = optimize_module(mod, "llvm", time_budget_s=8.0, library=False,
+                                  timer=_prefer("g2bmm"))
+    (reg,) = report.regions
+    assert reg.rewritten and "g2bmm" in reg.chosen, reg.reason
+    args = _args(2)
+    np.testing.assert_allclose(_run(new, args), _run(mod, args), rtol=1e-5, atol=1e-5)

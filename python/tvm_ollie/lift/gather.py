@@ -1,5 +1,5 @@
-"""Lifts of ``relax.take`` and ``relax.gather_nd`` with a constant index tensor that is an affine function of its
-coordinates.
+"""Lifts of ``relax.take`` and ``relax.gather_nd`` with a constant index tensor that is an
+affine function of its coordinates.
 
 Exported graphs write a (dilated) window as a gather: ``take(pad(x), idx, axis)`` with a
 constant ``idx`` such as ``idx[m, w] = m + D * w``. Read as an opaque table, such a gather hides
@@ -20,7 +20,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from ..compat import relax, tvm
+from ..compat import tvm
 from ..ir.nodes import Access, IterVar, Node, Scope
 from .common import IterNames, affine, normalize_axis
 from .errors import LiftError

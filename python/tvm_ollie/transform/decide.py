@@ -358,13 +358,18 @@ class Decider:
         # are common where both sides are memory-bound, e.g. a small matmul on TVM or a library).
         bound = base.estimate * ((1 + MARGIN) if self.measures else (1 - MARGIN))
         better = [a for a in others if a.estimate < bound]
+        if _is_region(call) and self.measures:
+            # the analytic cost of a region's original (several kernels) is rough: the cheapest
+            # program of every operator kind is measured whatever its estimate
+            firsts = _kind_leaders(others)
+            better = firsts + [a for a in better if a not in firsts]
         if not better:
             best = _t(others[0].estimate) if others else "none"
             return Choice(None, names, f"no candidate beats the original by the analytic cost "
                           f"({_t(base.estimate)} vs best {best}; {n_cand} candidates{note})",
                           base.estimate, base.estimate, False, n_cand)
         if _is_region(call):
-            better = _kinds_first(better)
+            better = _kind_leaders(better) + [a for a in better if a not in _kind_leaders(better)]
         if self.measures:
             return self._choose_measured(call, sig, names, base, better, n_cand)
         return self._choose_analytic(call, names, base, better, n_cand)
@@ -528,19 +533,17 @@ def unit_module(unit, program: Optional[Program] = None, names=None,
     return isolated_module(unit, program, names, impl)
 
 
-def _kinds_first(alts: List[Alternative]) -> List[Alternative]:
-    """``alts`` (cheapest first) with the cheapest of each operator kind (g2bmm, gbmm, matmul,
-    ...) moved to the front: a region's few measured slots then try every kind of rewrite."""
-    firsts, rest, kinds = [], [], set()
+def _kind_leaders(alts: List[Alternative]) -> List[Alternative]:
+    """The cheapest alternative of each operator kind (g2bmm, gbmm, matmul, ...) among ``alts``
+    (cheapest first): a region's few measured slots then try every kind of rewrite."""
+    leaders, kinds = [], set()
     for alt in alts:
         new = set() if alt.program is None else \
             {s.kind for s in alt.program.stages if s.is_operator} - kinds
         if new:
             kinds |= new
-            firsts.append(alt)
-        else:
-            rest.append(alt)
-    return firsts + rest
+            leaders.append(alt)
+    return leaders
 
 
 def _region_seconds(region, calib: Calibration) -> float:

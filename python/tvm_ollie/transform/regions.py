@@ -526,6 +526,21 @@ def _grow_consumers(block: _Block, members: List[int], seed: int, taken: set,
     return sorted(members)
 
 
+def _kept(block: _Block, members: List[int]) -> frozenset:
+    """Members whose shape is read outside (``shape_of``), with the members they read: they
+    stay bound when the region is replaced (TVM folds the static shape and drops them)."""
+    keep = {m for m in members if hash(block.bindings[m].var) in block.shape_read}
+    frontier = list(keep)
+    while frontier:
+        k = frontier.pop()
+        for v in _used_vars(block.bindings[k].value):
+            p = block.index.get(hash(v))
+            if p is not None and p in members and p not in keep:
+                keep.add(p)
+                frontier.append(p)
+    return frozenset(hash(block.bindings[m].var) for m in keep)
+
+
 def _outside_uses(func) -> Dict[int, int]:
     """Uses of each variable outside the dataflow block that binds it (approximated by uses in
     other blocks and in the function's result)."""
@@ -583,8 +598,7 @@ def find_regions(mod: "tvm.IRModule", max_calls: int = MAX_CALLS,
                 members = grown[k] if len(grown[k]) == 1 else \
                     _grow_consumers(blk, grown[k], k, taken, max(1, max_calls))
                 taken.update(members)
-                keep = frozenset(hash(blk.bindings[m].var) for m in members
-                                 if hash(blk.bindings[m].var) in blk.shape_read)
+                keep = _kept(blk, members)
                 out.append(Region(gv.name_hint, [blk.bindings[m] for m in members],
                                   blk.bindings[k].var, mod, keep=keep))
     return out
