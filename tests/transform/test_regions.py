@@ -201,3 +201,15 @@ def test_onnx_form_becomes_g2bmm():
     assert reg.rewritten and "g2bmm" in reg.chosen, reg.reason
     args = _args(2)
     np.testing.assert_allclose(_run(new, args), _run(mod, args), rtol=1e-5, atol=1e-5)
+
+
+def test_explain_lists_regions():
+    from tvm_ollie.frontend.explain import region_lines  # pylint: disable=C0415
+    from tvm_ollie.transform.report import OptimizeReport, RegionDecision  # pylint: disable=C0415
+
+    reg = RegionDecision("main", "lv6", "lv=nn.pad, lv1=take, lv4=matmul", "L<i:0:2> { x[i] }",
+                         chosen="g2bmm[2x16x4, w=2, d=2]", reason="measured", before_s=2e-3,
+                         after_s=1e-3, measured=True)
+    text = region_lines([reg])
+    assert "lv1=take" in text and "became:     g2bmm[2x16x4, w=2, d=2]" in text
+    assert "1/1 regions rewritten" in OptimizeReport(regions=[reg]).to_text()
