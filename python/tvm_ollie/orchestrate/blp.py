@@ -131,9 +131,14 @@ def solve_blp(problem: BLPProblem, time_limit_s: float = 10.0) -> BLPResult:
             ci.extend(cols)
         mat = csr_array((data, (ri, ci)), shape=(len(rows), n))
         constraints = [LinearConstraint(mat, [r[2] for r in rows], [r[3] for r in rows])]
-    res = milp(np.asarray(problem.costs, dtype=float), integrality=np.ones(n),
-               bounds=Bounds(0, 1), constraints=constraints,
-               options={"time_limit": float(time_limit_s), "disp": False})
+    # Kernel costs are seconds (1e-6..1e-2): scale them so that the largest is 1e3, otherwise
+    # HiGHS's absolute gap tolerance (1e-6) would accept a clearly suboptimal selection.
+    costs = np.asarray(problem.costs, dtype=float)
+    scale = 1e3 / max(float(np.max(np.abs(costs))), 1e-30)
+    res = milp(costs * scale, integrality=np.ones(n), bounds=Bounds(0, 1),
+               constraints=constraints,
+               options={"time_limit": float(time_limit_s), "disp": False,
+                        "mip_rel_gap": 1e-6})
     solve_s = time.perf_counter() - start
     gap = float(getattr(res, "mip_gap", 0.0) or 0.0)
     if res.x is None:
@@ -144,7 +149,7 @@ def solve_blp(problem: BLPProblem, time_limit_s: float = 10.0) -> BLPResult:
                          f"no solution ({res.message})")
     chosen = [i for i in range(n) if res.x[i] > 0.5]
     status = "optimal" if res.status == 0 else "time_limit"
-    return BLPResult(chosen, float(res.fun), status, gap, solve_s, n, len(rows),
+    return BLPResult(chosen, float(res.fun) / scale, status, gap, solve_s, n, len(rows),
                      str(res.message))
 
 

@@ -1,0 +1,189 @@
+"""Emitted modules compute what the original computes; fallbacks keep them correct."""
+
+import numpy as np
+import pytest
+
+from tvm_ollie.compat import relax, tvm
+from tvm_ollie.frontend.builder import single_function_module, tensor_var
+from tvm_ollie.orchestrate import (AnalyticCost, CostModel, OrchestrateConfig,
+                                   orchestrate_module, orchestrate_pipeline)
+from tvm_ollie.orchestrate.emit import KernelCycle, plan_kernels
+from tvm_ollie.orchestrate.graph import build_graph
+from tvm_ollie.orchestrate.candidates import make_candidate
+
+from orch_helpers import CALIB, const, random_args, run
+
+COST = AnalyticCost("llvm", CALIB)
+
+
+def conv_chain():
+    def body(bb, x, w1, w2):
+        c = bb.emit(relax.op.nn.conv2d(x, w1, padding=1))
+        b = bb.emit(relax.op.add(c, const((1, 4, 1, 1), 1)))
+        r = bb.emit(relax.op.nn.relu(b))
+        c2 = bb.emit(relax.op.nn.conv2d(r, w2, padding=1))
+        b2 = bb.emit(relax.op.add(c2, const((1, 4, 1, 1), 2)))
+        return relax.op.nn.relu(b2)
+
+    return single_function_module([tensor_var("x", (1, 4, 8, 8)), tensor_var("w1", (4, 4, 3, 3)),
+                                   tensor_var("w2", (4, 4, 3, 3))], body)
+
+
+def residual_block():
+    """x -> conv -> relu -> conv -> (+ x) -> relu, with a side branch x -> sigmoid -> (*)."""
+    def body(bb, x, w1, w2):
+        c = bb.emit(relax.op.nn.conv2d(x, w1, padding=1))
+        r = bb.emit(relax.op.nn.relu(c))
+        c2 = bb.emit(relax.op.nn.conv2d(r, w2, padding=1))
+        gate = bb.emit(relax.op.sigmoid(x))
+        s = bb.emit(relax.op.add(c2, x))
+        m = bb.emit(relax.op.multiply(s, gate))
+        return relax.op.nn.relu(m)
+
+    return single_function_module([tensor_var("x", (1, 4, 8, 8)), tensor_var("w1", (4, 4, 3, 3)),
+                                   tensor_var("w2", (4, 4, 3, 3))], body)
+
+
+def attention_block():
+    def body(bb, x, wq):
+        q = bb.emit(relax.op.matmul(x, wq))
+        t = bb.emit(relax.op.permute_dims(q, [1, 0]))
+        s = bb.emit(relax.op.matmul(q, t))
+        sm = bb.emit(relax.op.nn.softmax(relax.op.multiply(s, relax.const(0.25, "float32"))))
+        o = bb.emit(relax.op.matmul(sm, q))
+        res = bb.emit(relax.op.add(o, x))
+        return relax.op.nn.layer_norm(res, const((16,), 3), const((16,), 4), axes=[-1])
+
+    return single_function_module([tensor_var("x", (8, 16)), tensor_var("wq", (16, 16))], body)
+
+
+def two_outputs():
+    def body(bb, x):
+        e = bb.emit(relax.op.exp(x))
+        s = bb.emit(relax.op.sum(e, axis=[1], keepdims=True))
+        d = bb.emit(relax.op.divide(e, s))
+        sp = bb.emit(relax.op.split(d, 2, axis=1))
+        a = bb.emit(relax.TupleGetItem(sp, 0))
+        b = bb.emit(relax.TupleGetItem(sp, 1))
+        ra = bb.emit(relax.op.nn.relu(a))
+        return relax.Tuple([ra, relax.op.negative(b)])
+
+    return single_function_module([tensor_var("x", (4, 8))], body)
+
+
+def _check_equal(mod, **kwargs):
+    reports = []
+    ex = tvm.compile(mod, "llvm", relax_pipeline=orchestrate_pipeline(
+        "llvm", cost=kwargs.pop("cost", COST), reports=reports, **kwargs))
+    ref = tvm.compile(mod, "llvm")
+    args = random_args(mod)
+    for got, want in zip(run(ex, args), run(ref, args)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    return reports[-1]
+
+
+@pytest.mark.parametrize("build", [conv_chain, residual_block, attention_block, two_outputs])
+def test_orchestrated_equals_original(build):
+    report = _check_equal(build())
+    assert report.partitions and all(p.status == "optimal" for p in report.partitions)
+    fused = [k for p in report.partitions for k in p.kernels if len(k.primitives) > 1]
+    assert fused, report.to_text()
+    assert report.kernels < report.primitives
+
+
+def test_convs_absorb_bias_and_relu():
+    mod, report = orchestrate_module(conv_chain(), "llvm", cost=COST)
+    kernels = [k for p in report.partitions for k in p.kernels]
+    # two kernels, one per convolution, each with its prologue/epilogue
+    assert len(kernels) == 2, report.to_text()
+    assert all(k.kinds.count("linear") == 1 for k in kernels)
+    prims = [gv.name_hint for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert sum(n.startswith("orch_") for n in prims) == 2
+
+
+def test_report_numbers_are_filled():
+    _, report = orchestrate_module(attention_block(), "llvm", cost=COST)
+    part = report.partitions[0]
+    assert part.primitives == 8 and part.candidates >= part.primitives
+    assert part.variables == part.candidates and part.constraints > 0
+    assert part.solve_s > 0 and part.gap == 0 and part.enumeration == "exhausted"
+    assert 0 < part.objective_s < part.singleton_cost_s
+    assert sum(k.cost_s for k in part.kernels) == pytest.approx(part.objective_s)
+    text = report.to_text()
+    assert "vars=" in text and "kernel " in text
+
+
+def test_failing_kernel_falls_back():
+    failed = []
+
+    def check(kmod):
+        names = [gv.name_hint for gv, _ in kmod.functions_items()]
+        if any("conv2d" in n and n.startswith("orch_") for n in names):
+            failed.append(names)
+            raise RuntimeError("injected build failure")
+
+    report = _check_equal(conv_chain(), check=check)
+    part = report.partitions[0]
+    assert failed and any("injected build failure" in r for r in part.fallbacks)
+    assert part.rounds > 1
+    assert not any("conv2d" in p for k in part.kernels if len(k.primitives) > 1
+                   for p in k.primitives)
+
+
+def test_always_failing_check_gives_singletons():
+    def check(_):
+        raise RuntimeError("nothing builds")
+
+    report = _check_equal(two_outputs(), check=check,
+                          config=OrchestrateConfig(max_rounds=2))
+    part = report.partitions[0]
+    assert part.status.endswith("+singletons")
+    assert all(len(k.primitives) == 1 for k in part.kernels)
+
+
+def _cycle_module():
+    def body(bb, x, y):
+        n1 = bb.emit(relax.op.nn.relu(x))
+        n5 = bb.emit(relax.op.exp(n1))
+        n3 = bb.emit(relax.op.nn.relu(y))
+        n2 = bb.emit(relax.op.add(n1, n3))
+        n4 = bb.emit(relax.op.add(n5, n3))
+        return relax.Tuple([n2, n4])
+
+    return single_function_module([tensor_var("x", (4, 4)), tensor_var("y", (4, 4))], body)
+
+
+class _FavourCycle(CostModel):
+    """Makes the two kernels that depend on each other the cheapest choice."""
+
+    name = "fake"
+
+    def kernel_seconds(self, graph, cand):
+        return 1.0 if cand.mask in (0b10011, 0b01100) else 5.0
+
+
+def test_kernel_cycle_is_cut():
+    mod = _cycle_module()
+    graph = build_graph(mod["main"].body.blocks[0], mod)
+    a, b = make_candidate(graph, 0b10011), make_candidate(graph, 0b01100)
+    with pytest.raises(KernelCycle):
+        plan_kernels(graph, [a, b], [graph.nodes[3].var, graph.nodes[4].var],
+                     lambda v: v in graph.producer)
+    report = _check_equal(mod, cost=_FavourCycle())
+    assert any("cycle" in r for r in report.partitions[0].fallbacks)
+
+
+def test_partitions_of_a_long_chain():
+    def body(bb, x):
+        v = x
+        for k in range(40):
+            v = bb.emit(relax.op.nn.relu(v) if k % 2 else relax.op.add(v, v))
+        return v
+
+    mod = single_function_module([tensor_var("x", (4, 4))], body)
+    config = OrchestrateConfig(max_partition_nodes=16, min_partition_nodes=8,
+                               max_kernel_size=4)
+    report = _check_equal(mod, config=config)
+    assert len(report.partitions) >= 3
+    assert sum(p.primitives for p in report.partitions) == 41  # + the output alias
+    assert all(len(k.primitives) <= 4 for p in report.partitions for k in p.kernels)
