@@ -27,7 +27,7 @@ def problems(draw):
     return BLPProblem(costs, produces, needs, set(required), available)
 
 
-@settings(max_examples=60)
+@settings(max_examples=40)
 @given(problems())
 def test_blp_matches_brute_force(problem):
     best = brute_force(problem)

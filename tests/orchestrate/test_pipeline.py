@@ -82,7 +82,8 @@ def _check_equal(mod, **kwargs):
     return reports[-1]
 
 
-@pytest.mark.parametrize("build", [conv_chain, residual_block, attention_block, two_outputs])
+# conv_chain is compiled and compared by test_failing_kernel_falls_back
+@pytest.mark.parametrize("build", [residual_block, attention_block, two_outputs])
 def test_orchestrated_equals_original(build):
     report = _check_equal(build())
     assert report.partitions and all(p.status == "optimal" for p in report.partitions)
@@ -94,11 +95,12 @@ def test_orchestrated_equals_original(build):
 def test_convs_absorb_bias_and_relu():
     mod, report = orchestrate_module(conv_chain(), "llvm", cost=COST)
     kernels = [k for p in report.partitions for k in p.kernels]
-    # two kernels, one per convolution, each with its prologue/epilogue
+    # two kernels, one per convolution; bias and relu go in the epilogue of the first or the
+    # prologue of the second (same cost)
     assert len(kernels) == 2, report.to_text()
     assert all(k.kinds.count("linear") == 1 for k in kernels)
-    prims = [gv.name_hint for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
-    assert sum(n.startswith("orch_") for n in prims) == 2
+    calls = [b.value for b in mod["main"].body.blocks[0].bindings]
+    assert len(calls) == 2 and all(c.op.name == "relax.call_tir" for c in calls)
 
 
 def test_report_numbers_are_filled():
