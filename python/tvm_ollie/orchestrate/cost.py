@@ -138,6 +138,7 @@ class MeasuredCost(CostModel):
         self.number, self.repeat = number, repeat
         self.cache: Dict[str, float] = {}
         self.hits = self.builds = 0
+        self.failures: list = []  # why a candidate fell back to the analytic cost
         if work_dir and os.path.exists(self._path()):
             with open(self._path(), encoding="utf-8") as fh:
                 self.cache = {str(k): float(v) for k, v in json.load(fh).items()}
@@ -156,6 +157,8 @@ class MeasuredCost(CostModel):
 
     def kernel_seconds(self, graph: PrimitiveGraph, cand: Candidate) -> float:
         # pylint: disable=import-outside-toplevel
+        import tvm_ffi
+
         from ..compat import tvm
         from ..tune.measure import time_main
         from ..tune.metaschedule import default_pipeline, normalize_target
@@ -166,9 +169,9 @@ class MeasuredCost(CostModel):
             fused = tvm.relax.transform.FuseTIR()(mod)
             prims = [f for _, f in fused.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
             key = f"{target_kind(self.target)}:" + ":".join(
-                str(tvm.ir.structural_hash(p)) for p in prims)
-        except Exception:  # pylint: disable=broad-except
-            return self._fallback(graph, cand)
+                str(tvm_ffi.structural_hash(p)) for p in prims)
+        except Exception as err:  # pylint: disable=broad-except
+            return self._fallback(graph, cand, err)
         if key in self.cache:
             self.hits += 1
             return self.cache[key]
@@ -177,14 +180,16 @@ class MeasuredCost(CostModel):
             ex = tvm.compile(fused, target=tgt, relax_pipeline=default_pipeline(tgt))
             seconds = time_main(ex, _args(fused["main"]), number=self.number,
                                 repeat=self.repeat, target=tgt)
-        except Exception:  # pylint: disable=broad-except
-            return self._fallback(graph, cand)
+        except Exception as err:  # pylint: disable=broad-except
+            return self._fallback(graph, cand, err)
         self.builds += 1
         self.cache[key] = float(seconds)
         self._save()
         return float(seconds)
 
-    def _fallback(self, graph: PrimitiveGraph, cand: Candidate) -> float:
+    def _fallback(self, graph: PrimitiveGraph, cand: Candidate, err: Exception) -> float:
+        self.failures.append(f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+                             if str(err) else type(err).__name__)
         if self.fallback is None:
             self.fallback = AnalyticCost(self.target)
         return self.fallback.kernel_seconds(graph, cand)
