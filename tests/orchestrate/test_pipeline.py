@@ -1,9 +1,11 @@
 """Emitted modules compute what the original computes; fallbacks keep them correct."""
 
+import shutil
+
 import numpy as np
 import pytest
 
-from tvm_ollie.compat import relax, tvm
+from tvm_ollie.compat import cuda_target, relax, tvm
 from tvm_ollie.frontend.builder import single_function_module, tensor_var
 from tvm_ollie.orchestrate import (AnalyticCost, CostModel, OrchestrateConfig,
                                    orchestrate_module, orchestrate_pipeline)
@@ -189,3 +191,27 @@ def test_partitions_of_a_long_chain():
     assert len(report.partitions) >= 3
     assert sum(p.primitives for p in report.partitions) == 41  # + the output alias
     assert all(len(k.primitives) <= 4 for p in report.partitions for k in p.kernels)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_cuda_build_without_gpu():
+    """On a GPU target every fused kernel must be scheduled by dlight (schedule_check)."""
+    reports = []
+    tgt = cuda_target()
+    ex = tvm.compile(two_outputs(), tgt, relax_pipeline=orchestrate_pipeline(
+        tgt, cost=AnalyticCost(tgt), reports=reports))
+    part = reports[-1].partitions[0]
+    assert ex is not None and part.status == "optimal" and not part.fallbacks
+    assert any(len(k.primitives) > 1 for k in part.kernels)
+
+
+@pytest.mark.gpu
+def test_cuda_numerics():
+    tgt = cuda_target()
+    mod = attention_block()
+    ex = tvm.compile(mod, tgt, relax_pipeline=orchestrate_pipeline(tgt))
+    dev = tvm.cuda(0)
+    args = random_args(mod)
+    got = relax.VirtualMachine(ex, dev)["main"](*[tvm.runtime.tensor(a, dev) for a in args])
+    want = run(tvm.compile(mod, "llvm"), args)[0]
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)

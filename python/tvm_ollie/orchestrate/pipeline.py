@@ -32,7 +32,8 @@ from .partition import partition
 from .report import KernelReport, OrchestrationReport, PartitionReport
 
 __all__ = ["Orchestrate", "OrchestrateConfig", "orchestrate_legalized", "orchestrate_module",
-           "orchestrate_pipeline", "fuse_check", "build_check"]
+           "orchestrate_pipeline", "fuse_check", "build_check", "default_check",
+           "schedule_check"]
 
 #: ``check(kernel_module) -> None``; raises when the kernel cannot be built as one PrimFunc.
 KernelCheck = Callable[["tvm.IRModule"], None]
@@ -58,6 +59,36 @@ def fuse_check(mod: "tvm.IRModule") -> None:
              if isinstance(b.value, relax.Call)]
     if len(calls) != 1 or calls[0].op.name != "relax.call_tir":
         raise ValueError("FuseTIR did not produce one call_tir")
+
+
+def schedule_check(target) -> KernelCheck:
+    """For GPU targets: the kernel merges (:func:`fuse_check`) and the passes TVM runs after
+    ``FuseTIR`` for ``target`` (dlight's default schedules) schedule its PrimFunc; an
+    unscheduled GPU kernel would not build (no thread binding)."""
+    tgt = _normalize(target)
+
+    def _check(mod):
+        fuse_check(mod)
+        after = _after_fuse_tir(tgt)
+        with tgt:
+            fused = tvm.transform.Sequential(after)(relax.transform.FuseTIR()(mod))
+        for gvar, func in fused.functions_items():
+            if isinstance(func, tvm.tirx.PrimFunc) and not (
+                    func.attrs is not None and "tirx.is_scheduled" in func.attrs):
+                raise ValueError(f"{gvar.name_hint} is not scheduled for {tgt.kind.name}")
+
+    return _check
+
+
+def default_check(target) -> KernelCheck:
+    """:func:`fuse_check` on CPUs, :func:`schedule_check` on GPUs."""
+    return fuse_check if _normalize(target).kind.name == "llvm" else schedule_check(target)
+
+
+def _after_fuse_tir(target) -> list:
+    passes = _backend(target).legalize_passes(target)
+    names = [p.info.name for p in passes]
+    return passes[names.index("FuseTIR") + 1:] if "FuseTIR" in names else []
 
 
 def build_check(target) -> KernelCheck:
@@ -220,14 +251,14 @@ def _cost_for(cost, target) -> CostModel:
 class Orchestrate:
     """Kernel orchestration in place of ``FuseOps`` (input: legalized, pattern-annotated).
 
-    ``Orchestrate(target=None, cost=None, config=OrchestrateConfig(), check=fuse_check)``;
+    ``Orchestrate(target=None, cost=None, config=OrchestrateConfig(), check=None)``;
     the cost defaults to :class:`~.cost.AnalyticCost` of the target (``Target.current()`` or
-    llvm). The last report is ``.last_report``.
+    llvm), the per-kernel check to :func:`default_check`. The last report is ``.last_report``.
     """
 
     def __init__(self, target=None, cost: Optional[CostModel] = None,
                  config: OrchestrateConfig = OrchestrateConfig(),
-                 check: Optional[KernelCheck] = fuse_check):
+                 check: Optional[KernelCheck] = None):
         self.target, self.cost, self.config, self.check = target, cost, config, check
         self.last_report: Optional[OrchestrationReport] = None
 
@@ -235,8 +266,9 @@ class Orchestrate:
         target = self.target or tvm.target.Target.current(allow_none=True) or "llvm"
         self.cost = _cost_for(self.cost, target)
         report = OrchestrationReport(target=target_kind(target), cost_model=self.cost.name)
+        check = self.check if self.check is not None else default_check(target)
         new_mod, self.last_report = orchestrate_legalized(mod, self.cost, self.config,
-                                                          self.check, report)
+                                                          check, report)
         return new_mod
 
 
@@ -265,7 +297,7 @@ def orchestrate_module(mod: "tvm.IRModule", target="llvm", cost: Optional[CostMo
                        fission: Optional[Callable[["tvm.IRModule"], "tvm.IRModule"]] = None,
                        time_limit_s: float = 10.0, max_kernel_size: int = 8,
                        config: Optional[OrchestrateConfig] = None,
-                       check: Optional[KernelCheck] = fuse_check,
+                       check: Optional[KernelCheck] = None,
                        ) -> Tuple["tvm.IRModule", OrchestrationReport]:
     """Orchestrate a Relax module of standard operators; return it fused and the report.
 
@@ -286,7 +318,9 @@ def orchestrate_module(mod: "tvm.IRModule", target="llvm", cost: Optional[CostMo
                                         relax.transform.AnnotateTIROpPattern(),
                                         relax.transform.FoldConstant()])(mod)
         report = OrchestrationReport(target=target_kind(tgt), cost_model=cost.name)
-        mod, report = orchestrate_legalized(mod, cost, config, check, report)
+        mod, report = orchestrate_legalized(mod, cost, config,
+                                            check if check is not None else default_check(tgt),
+                                            report)
         mod = relax.transform.FuseTIR()(mod)
     return mod, report
 
@@ -294,7 +328,7 @@ def orchestrate_module(mod: "tvm.IRModule", target="llvm", cost: Optional[CostMo
 def orchestrate_pipeline(target="llvm", cost: Optional[CostModel] = None,
                          fission: Optional[Callable[["tvm.IRModule"], "tvm.IRModule"]] = None,
                          config: OrchestrateConfig = OrchestrateConfig(),
-                         check: Optional[KernelCheck] = fuse_check,
+                         check: Optional[KernelCheck] = None,
                          reports: Optional[list] = None) -> "tvm.transform.Pass":
     """TVM's default Relax pipeline for ``target`` with :class:`Orchestrate` instead of
     ``FuseOps`` (see the module docstring); each run's report is appended to ``reports``."""
