@@ -215,3 +215,26 @@ def test_cuda_numerics():
     got = relax.VirtualMachine(ex, dev)["main"](*[tvm.runtime.tensor(a, dev) for a in args])
     want = run(tvm.compile(mod, "llvm"), args)[0]
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_fission_hook_runs_before_legalization():
+    seen = []
+
+    @relax.expr_functor.mutator
+    class ReluToMaximum(relax.PyExprMutator):
+        def visit_call_(self, call):  # pylint: disable=arguments-renamed
+            call = super().visit_call_(call)
+            if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.relu":
+                return relax.op.maximum(call.args[0], relax.const(0.0, "float32"))
+            return call
+
+    def fission(mod):
+        seen.append(sorted({b.value.op.name for b in mod["main"].body.blocks[0].bindings
+                            if isinstance(b.value, relax.Call)}))
+        mod["main"] = ReluToMaximum().visit_expr(mod["main"])
+        return mod
+
+    _, report = orchestrate_module(conv_chain(), "llvm", cost=COST, fission=fission)
+    assert "relax.nn.relu" in seen[0]
+    names = [n for p in report.partitions for k in p.kernels for n in k.primitives]
+    assert "maximum" in names and "relu" not in names
