@@ -13,7 +13,7 @@ from tvm_ollie.orchestrate.emit import KernelCycle, plan_kernels
 from tvm_ollie.orchestrate.graph import build_graph
 from tvm_ollie.orchestrate.candidates import make_candidate
 
-from orch_helpers import CALIB, const, random_args, run
+from orch_helpers import CALIB, const, random_args, random_dag_module, run
 
 COST = AnalyticCost("llvm", CALIB)
 
@@ -238,3 +238,38 @@ def test_fission_hook_runs_before_legalization():
     assert "relax.nn.relu" in seen[0]
     names = [n for p in report.partitions for k in p.kernels for n in k.primitives]
     assert "maximum" in names and "relu" not in names
+
+
+def test_time_limit_uses_incumbent_or_singletons(monkeypatch):
+    import tvm_ollie.orchestrate.pipeline as pipeline_mod  # pylint: disable=C0415
+    from tvm_ollie.orchestrate.blp import BLPResult, solve_blp  # pylint: disable=C0415
+
+    def incumbent(problem, time_limit_s):
+        res = solve_blp(problem, time_limit_s)
+        res.status, res.gap = "time_limit", 0.5
+        return res
+
+    monkeypatch.setattr(pipeline_mod, "solve_blp", incumbent)
+    _, report = orchestrate_module(two_outputs(), "llvm", cost=COST)
+    part = report.partitions[0]
+    assert part.status == "time_limit" and part.gap == 0.5 and not part.fallbacks
+    assert any(len(k.primitives) > 1 for k in part.kernels)
+
+    def nothing(problem, time_limit_s):
+        return BLPResult([], float("nan"), "time_limit_no_incumbent", float("nan"),
+                         time_limit_s, len(problem.costs), 1, "time limit reached")
+
+    monkeypatch.setattr(pipeline_mod, "solve_blp", nothing)
+    _, report = orchestrate_module(two_outputs(), "llvm", cost=COST)
+    part = report.partitions[0]
+    assert part.status == "time_limit_no_incumbent+singletons"
+    assert "time limit reached" in part.fallbacks[0]
+    assert all(len(k.primitives) == 1 for k in part.kernels)
+
+
+def test_too_many_candidates_splits_the_partition():
+    mod = random_dag_module(30, 1)
+    config = OrchestrateConfig(max_partition_candidates=60)
+    report = _check_equal(mod, config=config)
+    assert len(report.partitions) >= 2
+    assert all(p.candidates <= 60 or p.primitives <= 4 for p in report.partitions)

@@ -72,7 +72,8 @@ class BLPResult:
 
     chosen: List[int]
     objective: float
-    status: str  # "optimal", "time_limit", "infeasible", "error"
+    status: str  # optimal, time_limit (best incumbent), time_limit_no_incumbent, infeasible,
+    #              error
     gap: float
     solve_s: float
     n_vars: int
@@ -142,10 +143,8 @@ def solve_blp(problem: BLPProblem, time_limit_s: float = 10.0) -> BLPResult:
     solve_s = time.perf_counter() - start
     gap = float(getattr(res, "mip_gap", 0.0) or 0.0)
     if res.x is None:
-        status = "infeasible" if res.status == 2 else ("time_limit" if res.status == 1
-                                                        else "error")
-        return BLPResult([], float("nan"), status if status != "time_limit" else "error",
-                         float("nan"), solve_s, n, len(rows),
+        status = {1: "time_limit_no_incumbent", 2: "infeasible"}.get(res.status, "error")
+        return BLPResult([], float("nan"), status, float("nan"), solve_s, n, len(rows),
                          f"no solution ({res.message})")
     chosen = [i for i in range(n) if res.x[i] > 0.5]
     status = "optimal" if res.status == 0 else "time_limit"

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..compat import relax, tvm
-from .primitives import Constant, call_name, callee_primfunc, is_fusable_call, kind_of, primfunc_flops
+from .primitives import (Constant, call_name, callee_primfunc, is_fusable_call, kind_of,
+                         primfunc_flops)
 
 __all__ = ["Node", "PrimitiveGraph", "build_graph", "value_bytes"]
 

@@ -8,7 +8,8 @@ placed where the frontier is narrowest, i.e. where the fewest values produced be
 after it (a single value: a cut vertex of the dataflow, such as a residual block boundary).
 Within the last ``window`` positions before the size bound the narrowest frontier wins (the
 latest on ties); a frontier of width <= ``narrow`` cuts as soon as the segment has
-``min_nodes`` nodes.
+``min_nodes`` nodes. A segment whose candidates exceed the selection's budget is cut in two
+again (:func:`split_in_two`), so every program stays small enough to solve.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import List
 
 from .graph import PrimitiveGraph
 
-__all__ = ["frontier_widths", "partition"]
+__all__ = ["frontier_widths", "partition", "split_in_two"]
 
 
 def frontier_widths(graph: PrimitiveGraph) -> List[int]:
@@ -64,3 +65,14 @@ def partition(graph: PrimitiveGraph, max_nodes: int = 48, min_nodes: int = 12,
         parts.append(list(range(start, cut + 1)))
         start = cut + 1
     return parts
+
+
+def split_in_two(graph: PrimitiveGraph, nodes: List[int]) -> List[List[int]]:
+    """Cut a range of nodes (consecutive in topological order) in two at the narrowest
+    frontier of its middle half (used when a partition has too many candidates)."""
+    if len(nodes) < 2:
+        return [nodes]
+    widths = frontier_widths(graph)
+    lo, hi = len(nodes) // 4, max(len(nodes) // 4 + 1, 3 * len(nodes) // 4)
+    cut = min(range(lo, hi), key=lambda k: (widths[nodes[k]], abs(k - len(nodes) // 2)))
+    return [nodes[:cut + 1], nodes[cut + 1:]] if cut + 1 < len(nodes) else [nodes]

@@ -28,7 +28,7 @@ from .candidates import Candidate, enumerate_candidates, make_candidate
 from .cost import AnalyticCost, CostModel
 from .emit import KernelCycle, emit_bindings, kernel_module, plan_kernels
 from .graph import PrimitiveGraph, build_graph
-from .partition import partition
+from .partition import partition, split_in_two
 from .report import KernelReport, OrchestrationReport, PartitionReport
 
 __all__ = ["Orchestrate", "OrchestrateConfig", "orchestrate_legalized", "orchestrate_module",
@@ -48,6 +48,7 @@ class OrchestrateConfig:
     time_limit_s: float = 10.0
     max_partition_nodes: int = 64
     min_partition_nodes: int = 24
+    max_partition_candidates: int = 600
     max_rounds: int = 4
 
 
@@ -136,10 +137,11 @@ class _Selector:
         self.required = _required(graph, nodes)
         self.produced_here = _produced_in(graph, nodes)
 
-    def run(self):
+    def run(self, enum=None):
         graph, rep, config = self.graph, self.rep, self.config
-        enum = enumerate_candidates(graph, config.max_kernel_size, config.max_candidates,
-                                    nodes=self.nodes)
+        if enum is None:
+            enum = enumerate_candidates(graph, config.max_kernel_size, config.max_candidates,
+                                        nodes=self.nodes)
         cands = enum.candidates
         rep.candidates, rep.enumeration = len(cands), enum.stop_reason
         costs = self.cost.costs(graph, cands)
@@ -196,10 +198,20 @@ def _orchestrate_block(block, mod, builder, fname: str, bi: int, cost: CostModel
                        config: OrchestrateConfig, check, report: OrchestrationReport):
     graph = build_graph(block, mod)
     bindings = []
-    parts = partition(graph, config.max_partition_nodes, config.min_partition_nodes)
-    for pi, nodes in enumerate(parts):
+    todo = partition(graph, config.max_partition_nodes, config.min_partition_nodes)
+    pi = 0
+    while todo:
+        nodes = todo.pop(0)
+        enum = enumerate_candidates(graph, config.max_kernel_size, config.max_candidates,
+                                    nodes=nodes)
+        if len(enum.candidates) > config.max_partition_candidates and len(nodes) > 4:
+            halves = split_in_two(graph, nodes)
+            if len(halves) == 2:
+                todo[:0] = halves
+                continue
         rep = PartitionReport(fname, bi, pi, len(nodes), 0, "")
-        plan, plan_costs = _Selector(graph, nodes, cost, config, check, rep).run()
+        pi += 1
+        plan, plan_costs = _Selector(graph, nodes, cost, config, check, rep).run(enum)
         bindings.extend(emit_bindings(graph, plan, builder))
         for p, c in zip(plan, plan_costs):
             rep.kernels.append(KernelReport([graph.nodes[i].name for i in p.cand.nodes],

@@ -32,8 +32,8 @@ from ..compat import BufferLoadNode, relax, tirx, tvm
 #: one of these).
 Constant = tvm.ir.expr.Constant
 
-__all__ = ["Constant", "KINDS", "OP_KIND", "kind_of", "primfunc_kind", "primfunc_flops", "callee_primfunc",
-           "is_fusable_call", "call_name"]
+__all__ = ["Constant", "KINDS", "OP_KIND", "call_name", "callee_primfunc", "is_fusable_call",
+           "kind_of", "primfunc_flops", "primfunc_kind"]
 
 #: The primitive kinds, in the order the report prints them.
 KINDS = ("elementwise", "reduce", "layout", "linear", "opaque")
