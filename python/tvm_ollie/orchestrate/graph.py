@@ -154,8 +154,7 @@ def _inputs_of(value) -> Tuple[List[object], List[object]]:
 def _node_of(index: int, binding, mod) -> Node:
     value = binding.value
     is_call = isinstance(binding, relax.VarBinding) and isinstance(value, relax.Call)
-    inputs, consts = _inputs_of(value) if isinstance(binding, relax.VarBinding) \
-        else _inputs_of(binding.value)
+    inputs, consts = _inputs_of(value)
     if not is_call:
         return Node(index, binding, "opaque", type(value).__name__, tuple(inputs), tuple(consts),
                     fusable=False)
@@ -190,7 +189,7 @@ def build_graph(block: "relax.DataflowBlock", mod: Optional["tvm.IRModule"] = No
         if isinstance(binding, relax.VarBinding) and isinstance(value, relax.TupleGetItem) \
                 and isinstance(value.tuple_value, relax.Var) and value.tuple_value in producer:
             owner = nodes[producer[value.tuple_value]]
-            if owner.projections is not None and isinstance(owner.binding.value, relax.Call):
+            if isinstance(owner.binding.value, relax.Call):
                 owner.projections.append(binding)
                 producer[binding.var] = owner.index
                 continue
