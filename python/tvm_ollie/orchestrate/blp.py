@@ -7,6 +7,8 @@ value ``v``::
     subject to  sum_{j in P(v)} x_j >= 1      for every required output v not available
                 sum_{j in P(v)} x_j - x_i >= 0 for every candidate i and input v of i that is
                                                not available (a graph input)
+    sum_{j contains p} x_j >= 1     for every primitive p on a path to a required value
+                                    (implied by the above; it tightens the relaxation)
 
 A primitive may lie in several chosen kernels (recomputation is allowed: nothing says "each
 primitive once"). ``scipy.optimize.milp`` solves it with a time limit; on time-out the best
@@ -44,6 +46,11 @@ class BLPProblem:
         Values available without any candidate (graph inputs).
     extra_cuts : list of frozenset
         Groups of candidates that must not all be chosen.
+    covers : list of frozenset
+        Groups of candidates of which at least one must be chosen. The selection passes one
+        per live primitive (the candidates containing it): implied by the constraints above
+        (a primitive on a path to a required value lies in some chosen kernel), they make the
+        relaxation much tighter, which the solver needs on graphs of hundreds of candidates.
     """
 
     costs: List[float]
@@ -52,6 +59,7 @@ class BLPProblem:
     required: Set
     available: Set
     extra_cuts: List[FrozenSet[int]] = field(default_factory=list)
+    covers: List[FrozenSet[int]] = field(default_factory=list)
 
     def feasible(self, chosen: Sequence[int]) -> bool:
         """Whether a selection satisfies every constraint."""
@@ -62,6 +70,8 @@ class BLPProblem:
         if not self.required <= made:
             return False
         if any(cut <= chosen for cut in self.extra_cuts):
+            return False
+        if any(not cover & chosen for cover in self.covers):
             return False
         return all(self.needs[i] <= made for i in chosen)
 
@@ -106,6 +116,9 @@ def _rows(problem: BLPProblem):
     for cut in problem.extra_cuts:
         cols = sorted(cut)
         rows.append((cols, [1.0] * len(cols), -np.inf, float(len(cols) - 1)))
+    for cover in problem.covers:
+        cols = sorted(cover)
+        rows.append((cols, [1.0] * len(cols), 1.0, np.inf))
     return rows
 
 

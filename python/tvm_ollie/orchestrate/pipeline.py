@@ -41,14 +41,21 @@ KernelCheck = Callable[["tvm.IRModule"], None]
 
 @dataclass(frozen=True)
 class OrchestrateConfig:
-    """Limits of orchestration (one frozen object that travels through the pass)."""
+    """Limits of orchestration (one frozen object that travels through the pass).
+
+    ``max_kernel_size`` primitives per kernel; ``max_candidates`` per partition enumeration;
+    ``time_limit_s`` per binary program; partitions of ``min_partition_nodes`` to
+    ``max_partition_nodes`` primitives (:func:`.partition.partition`), split in two while
+    they have more than ``max_partition_candidates`` candidates; ``max_rounds`` solves per
+    partition when chosen kernels fail their check or form a cycle.
+    """
 
     max_kernel_size: int = 8
     max_candidates: int = 3000
     time_limit_s: float = 10.0
-    max_partition_nodes: int = 64
-    min_partition_nodes: int = 24
-    max_partition_candidates: int = 600
+    max_partition_nodes: int = 128
+    min_partition_nodes: int = 48
+    max_partition_candidates: int = 1000
     max_rounds: int = 4
 
 
@@ -123,6 +130,19 @@ def _required(graph: PrimitiveGraph, nodes: List[int]) -> List[object]:
     return out
 
 
+def _live(graph: PrimitiveGraph, nodes: List[int], required: List[object]) -> List[int]:
+    """Nodes of the partition with a path (inside it) to a required value."""
+    inside = set(nodes)
+    needed = set(required)
+    live = set()
+    for i in reversed(nodes):
+        node = graph.nodes[i]
+        if any(v in needed for v in node.outputs) or any(
+                j in live for j in graph.members(graph.succ[i]) if j in inside):
+            live.add(i)
+    return sorted(live)
+
+
 def _singletons(graph: PrimitiveGraph, nodes: List[int]) -> List[Candidate]:
     return [make_candidate(graph, 1 << i) for i in nodes]
 
@@ -137,7 +157,9 @@ class _Selector:
         self.required = _required(graph, nodes)
         self.produced_here = _produced_in(graph, nodes)
 
-    def run(self, enum=None):
+    def run(self, enum=None, can_split: bool = False):
+        """The plan and its kernels' costs; None when the solver found nothing in time and
+        ``can_split`` (the caller then solves the two halves of the partition)."""
         graph, rep, config = self.graph, self.rep, self.config
         if enum is None:
             enum = enumerate_candidates(graph, config.max_kernel_size, config.max_candidates,
@@ -150,6 +172,12 @@ class _Selector:
             costs, [frozenset(c.outputs) for c in cands],
             [frozenset(v for v in c.inputs if self.produced_here(v)) for c in cands],
             set(self.required), set())
+        containing: dict = {}
+        for k, cand in enumerate(cands):
+            for i in cand.nodes:
+                containing.setdefault(i, []).append(k)
+        problem.covers = [frozenset(containing[i]) for i in _live(graph, self.nodes,
+                                                                 self.required)]
         for _ in range(config.max_rounds):
             rep.rounds += 1
             res = solve_blp(problem, config.time_limit_s)
@@ -157,6 +185,8 @@ class _Selector:
             rep.solve_s += res.solve_s
             rep.gap, rep.status, rep.objective_s = res.gap, res.status, res.objective
             if not res.ok:
+                if can_split and res.status == "time_limit_no_incumbent":
+                    return None
                 rep.fallbacks.append(f"solver: {res.status} {res.message}".strip())
                 break
             chosen = [cands[i] for i in res.chosen]
@@ -204,14 +234,20 @@ def _orchestrate_block(block, mod, builder, fname: str, bi: int, cost: CostModel
         nodes = todo.pop(0)
         enum = enumerate_candidates(graph, config.max_kernel_size, config.max_candidates,
                                     nodes=nodes)
-        if len(enum.candidates) > config.max_partition_candidates and len(nodes) > 4:
-            halves = split_in_two(graph, nodes)
-            if len(halves) == 2:
-                todo[:0] = halves
-                continue
+        halves = split_in_two(graph, nodes) if len(nodes) > 4 else [nodes]
+        if len(enum.candidates) > config.max_partition_candidates and len(halves) == 2:
+            todo[:0] = halves
+            continue
         rep = PartitionReport(fname, bi, pi, len(nodes), 0, "")
+        found = _Selector(graph, nodes, cost, config, check, rep).run(enum, len(halves) == 2)
+        if found is None:  # no solution within the time limit: solve the halves instead
+            report.notes.append(f"{fname} block {bi}: {len(nodes)} primitives, "
+                                f"{rep.candidates} candidates: no solution in "
+                                f"{rep.solve_s:.1f} s, split in two")
+            todo[:0] = halves
+            continue
         pi += 1
-        plan, plan_costs = _Selector(graph, nodes, cost, config, check, rep).run(enum)
+        plan, plan_costs = found
         bindings.extend(emit_bindings(graph, plan, builder))
         for p, c in zip(plan, plan_costs):
             rep.kernels.append(KernelReport([graph.nodes[i].name for i in p.cand.nodes],
