@@ -273,3 +273,19 @@ def test_too_many_candidates_splits_the_partition():
     report = _check_equal(mod, config=config)
     assert len(report.partitions) >= 2
     assert all(p.candidates <= 60 or p.primitives <= 4 for p in report.partitions)
+
+
+def test_kernels_are_primitive_functions_in_dependency_order():
+    from tvm_ollie.orchestrate import orchestrate_legalized  # pylint: disable=C0415
+
+    mod = relax.transform.AnnotateTIROpPattern()(relax.transform.LegalizeOps()(two_outputs()))
+    out, report = orchestrate_legalized(mod, COST)
+    prim = {gv.name_hint: f for gv, f in out.functions_items()
+            if isinstance(f, relax.Function) and f.attrs is not None and "Primitive" in f.attrs}
+    assert len(prim) == 1 and report.kernels == 2  # the fused kernel and the output tuple
+    bindings = out["main"].body.blocks[0].bindings
+    assert bindings[0].value.op.name_hint in prim  # the kernel, then its two outputs, the tuple
+    assert [type(b.value).__name__ for b in bindings] == ["Call", "TupleGetItem",
+                                                          "TupleGetItem", "Tuple"]
+    fused = relax.transform.FuseTIR()(out)
+    assert sum(isinstance(f, tvm.tirx.PrimFunc) for _, f in fused.functions_items()) == 1

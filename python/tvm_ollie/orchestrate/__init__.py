@@ -7,14 +7,15 @@ from .blp import BLPProblem, BLPResult, brute_force, solve_blp
 from .candidates import Candidate, Enumeration, enumerate_candidates, is_convex
 from .cost import AnalyticCost, CostModel, MeasuredCost
 from .graph import Node, PrimitiveGraph, build_graph
-from .pipeline import (Orchestrate, OrchestrateConfig, build_check, fuse_check,
-                       orchestrate_legalized, orchestrate_module, orchestrate_pipeline)
+from .pipeline import (Orchestrate, OrchestrateConfig, build_check, default_check, fuse_check,
+                       orchestrate_legalized, orchestrate_module, orchestrate_pipeline,
+                       schedule_check)
 from .primitives import KINDS, OP_KIND, kind_of
 from .report import KernelReport, OrchestrationReport, PartitionReport
 
 __all__ = ["AnalyticCost", "BLPProblem", "BLPResult", "Candidate", "CostModel", "Enumeration",
            "KINDS", "KernelReport", "MeasuredCost", "Node", "OP_KIND", "Orchestrate",
            "OrchestrateConfig", "OrchestrationReport", "PartitionReport", "PrimitiveGraph",
-           "brute_force", "build_check", "build_graph", "enumerate_candidates", "fuse_check",
-           "is_convex", "kind_of", "orchestrate_legalized", "orchestrate_module",
-           "orchestrate_pipeline", "solve_blp"]
+           "brute_force", "build_check", "build_graph", "default_check", "enumerate_candidates",
+           "fuse_check", "is_convex", "kind_of", "orchestrate_legalized", "orchestrate_module",
+           "orchestrate_pipeline", "schedule_check", "solve_blp"]
