@@ -289,3 +289,11 @@ def test_kernels_are_primitive_functions_in_dependency_order():
                                                           "TupleGetItem", "Tuple"]
     fused = relax.transform.FuseTIR()(out)
     assert sum(isinstance(f, tvm.tirx.PrimFunc) for _, f in fused.functions_items()) == 1
+
+
+def test_build_check_accepts_good_kernels():
+    from tvm_ollie.orchestrate import build_check  # pylint: disable=C0415
+
+    _, report = orchestrate_module(two_outputs(), "llvm", cost=COST, check=build_check("llvm"))
+    part = report.partitions[0]
+    assert not part.fallbacks and any(len(k.primitives) > 1 for k in part.kernels)

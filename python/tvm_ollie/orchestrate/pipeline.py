@@ -100,11 +100,14 @@ def _after_fuse_tir(target) -> list:
 
 
 def build_check(target) -> KernelCheck:
-    """A check that also compiles the kernel with TVM's default pipeline for ``target``."""
+    """A check that also compiles the kernel with TVM's default pipeline for ``target``
+    (slower than :func:`default_check`: one compilation per fused kernel)."""
+    tgt = _normalize(target)
 
     def _check(mod):
         fuse_check(mod)
-        tvm.compile(relax.transform.FuseTIR()(mod), target=target)
+        tvm.compile(relax.transform.FuseTIR()(mod), target=tgt,
+                    relax_pipeline=relax.get_default_pipeline(tgt))
 
     return _check
 
