@@ -181,6 +181,38 @@ def prepare_tvm(spec, ctx: BenchContext) -> Prepared:
     return prepare_tvm_executable(ex, params, spec, ctx, build.compile_s, tune_s, info)
 
 
+@register_system("tvm-orch", tvm_based=True)
+def prepare_tvm_orch(spec, ctx: BenchContext) -> Prepared:
+    """TVM's default pipeline with kernel orchestration (BLP, analytic cost) for FuseOps."""
+    # pylint: disable=import-outside-toplevel
+    import tvm
+
+    from ..orchestrate import orchestrate_pipeline
+
+    mod, params, import_s = ctx.relax_module(spec)
+    reports: list = []
+    start = time.perf_counter()
+    ex = tvm.compile(mod, target=ctx.target,
+                     relax_pipeline=orchestrate_pipeline(ctx.target, reports=reports))
+    compile_s = time.perf_counter() - start
+    info = {"import_s": import_s}
+    rep = reports[-1] if reports else None
+    if rep is not None:
+        parts = rep.partitions
+        info.update({
+            "primitives": rep.primitives, "kernels": rep.kernels, "partitions": len(parts),
+            "candidates": sum(p.candidates for p in parts),
+            "blp_variables": sum(p.variables for p in parts),
+            "blp_constraints": sum(p.constraints for p in parts),
+            "solve_s": sum(p.solve_s for p in parts),
+            "max_gap": max((p.gap for p in parts), default=0.0),
+            "statuses": sorted({p.status for p in parts}),
+            "enumeration": sorted({p.enumeration for p in parts}),
+            "fallbacks": sum(len(p.fallbacks) for p in parts),
+            "orchestrate_s": rep.total_s})
+    return prepare_tvm_executable(ex, params, spec, ctx, compile_s, None, info)
+
+
 def _prepare_ollie(spec, ctx: BenchContext, system: str, **opts) -> Prepared:
     """The ollie build of ``spec`` with pass options ``opts``, tuning records in work_dir."""
     from ..transform import build as ollie_build  # pylint: disable=import-outside-toplevel

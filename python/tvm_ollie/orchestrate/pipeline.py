@@ -1,0 +1,403 @@
+"""The orchestration pass and the TVM pipeline that uses it in place of ``FuseOps``.
+
+TVM 0.27's default Relax pipeline for a target (``relax.backend.<target>.get_default_pipeline``)
+is ``library_dispatch_passes + legalize_passes + dataflow_lower_passes + finalize_passes``,
+where ``legalize_passes`` is ``LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps,
+FuseTIR`` (plus dlight's default schedules on GPUs). :func:`orchestrate_pipeline` is that same
+list with ``FuseOps`` replaced by :class:`Orchestrate` (and an optional fission pass before
+``LegalizeOps``), so everything around the grouping decision is TVM's own.
+
+:class:`Orchestrate` works on a legalized module (primitives are ``call_tir`` bindings): per
+dataflow block it builds the primitive graph, partitions it, enumerates candidates, costs them,
+selects kernels by the binary program, checks each multi-primitive kernel (``FuseTIR`` on it
+alone, or a full build), and emits the plan. A failing kernel is banned and the program solved
+again (at most ``max_rounds`` times); after that, or when the solver has no solution, the
+partition keeps its primitives as single kernels, and the report says why.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Tuple
+
+from ..compat import relax, tvm
+from ..tune.calibrate import target_kind
+from .blp import BLPProblem, solve_blp
+from .candidates import Candidate, enumerate_candidates, make_candidate
+from .cost import AnalyticCost, CostModel
+from .emit import KernelCycle, emit_bindings, kernel_module, plan_kernels
+from .graph import PrimitiveGraph, build_graph
+from .partition import partition, split_in_two
+from .report import KernelReport, OrchestrationReport, PartitionReport
+
+__all__ = ["Orchestrate", "OrchestrateConfig", "orchestrate_legalized", "orchestrate_module",
+           "orchestrate_pipeline", "fuse_check", "build_check", "default_check",
+           "schedule_check"]
+
+#: ``check(kernel_module) -> None``; raises when the kernel cannot be built as one PrimFunc.
+KernelCheck = Callable[["tvm.IRModule"], None]
+
+
+@dataclass(frozen=True)
+class OrchestrateConfig:
+    """Limits of orchestration (one frozen object that travels through the pass).
+
+    ``max_kernel_size`` primitives per kernel; ``max_candidates`` per partition enumeration;
+    ``time_limit_s`` per binary program; partitions of ``min_partition_nodes`` to
+    ``max_partition_nodes`` primitives (:func:`.partition.partition`), split in two while
+    they have more than ``max_partition_candidates`` candidates; ``max_rounds`` solves per
+    partition when chosen kernels fail their check or form a cycle.
+    """
+
+    max_kernel_size: int = 8
+    max_candidates: int = 3000
+    time_limit_s: float = 10.0
+    max_partition_nodes: int = 128
+    min_partition_nodes: int = 48
+    max_partition_candidates: int = 1000
+    max_rounds: int = 4
+
+
+def fuse_check(mod: "tvm.IRModule") -> None:
+    """The kernel merges into one PrimFunc with ``FuseTIR`` (cheap default check)."""
+    fused = relax.transform.FuseTIR()(mod)
+    main = fused["main"]
+    calls = [b.value for blk in main.body.blocks for b in blk.bindings
+             if isinstance(b.value, relax.Call)]
+    if len(calls) != 1 or calls[0].op.name != "relax.call_tir":
+        raise ValueError("FuseTIR did not produce one call_tir")
+
+
+def schedule_check(target) -> KernelCheck:
+    """For GPU targets: the kernel merges (:func:`fuse_check`) and the passes TVM runs after
+    ``FuseTIR`` for ``target`` (dlight's default schedules) schedule its PrimFunc; an
+    unscheduled GPU kernel would not build (no thread binding)."""
+    tgt = _normalize(target)
+
+    def _check(mod):
+        fuse_check(mod)
+        after = _after_fuse_tir(tgt)
+        with tgt:
+            fused = tvm.transform.Sequential(after)(relax.transform.FuseTIR()(mod))
+        for gvar, func in fused.functions_items():
+            if isinstance(func, tvm.tirx.PrimFunc) and not (
+                    func.attrs is not None and "tirx.is_scheduled" in func.attrs):
+                raise ValueError(f"{gvar.name_hint} is not scheduled for {tgt.kind.name}")
+
+    return _check
+
+
+def default_check(target) -> KernelCheck:
+    """:func:`fuse_check` on CPUs, :func:`schedule_check` on GPUs."""
+    return fuse_check if _normalize(target).kind.name == "llvm" else schedule_check(target)
+
+
+def _after_fuse_tir(target) -> list:
+    passes = _backend(target).legalize_passes(target)
+    names = [p.info.name for p in passes]
+    return passes[names.index("FuseTIR") + 1:] if "FuseTIR" in names else []
+
+
+def build_check(target) -> KernelCheck:
+    """A check that also compiles the kernel with TVM's default pipeline for ``target``
+    (slower than :func:`default_check`: one compilation per fused kernel)."""
+    tgt = _normalize(target)
+
+    def _check(mod):
+        fuse_check(mod)
+        tvm.compile(relax.transform.FuseTIR()(mod), target=tgt,
+                    relax_pipeline=relax.get_default_pipeline(tgt))
+
+    return _check
+
+
+def _produced_in(graph: PrimitiveGraph, nodes: List[int]):
+    inside = set(nodes)
+
+    def produced_here(var) -> bool:
+        return graph.producer.get(var) in inside
+
+    return produced_here
+
+
+def _required(graph: PrimitiveGraph, nodes: List[int]) -> List[object]:
+    """Values of the partition read by later nodes or visible after the block."""
+    inside = set(nodes)
+    out = []
+    for i in nodes:
+        for var in graph.nodes[i].outputs:
+            readers = graph.consumers.get(var, ())
+            if graph.is_output(var) or any(r not in inside for r in readers):
+                out.append(var)
+    return out
+
+
+def _live(graph: PrimitiveGraph, nodes: List[int], required: List[object]) -> List[int]:
+    """Nodes of the partition with a path (inside it) to a required value."""
+    inside = set(nodes)
+    needed = set(required)
+    live = set()
+    for i in reversed(nodes):
+        node = graph.nodes[i]
+        if any(v in needed for v in node.outputs) or any(
+                j in live for j in graph.members(graph.succ[i]) if j in inside):
+            live.add(i)
+    return sorted(live)
+
+
+def _singletons(graph: PrimitiveGraph, nodes: List[int]) -> List[Candidate]:
+    return [make_candidate(graph, 1 << i) for i in nodes]
+
+
+class _Selector:
+    """Selection of one partition, with the fallback loop of the module docstring."""
+
+    def __init__(self, graph, nodes, cost: CostModel, config: OrchestrateConfig,
+                 check: Optional[KernelCheck], rep: PartitionReport):
+        self.graph, self.nodes, self.cost, self.config = graph, nodes, cost, config
+        self.check, self.rep = check, rep
+        self.required = _required(graph, nodes)
+        self.produced_here = _produced_in(graph, nodes)
+
+    def run(self, enum=None, can_split: bool = False):
+        """The plan and its kernels' costs; None when the solver found nothing in time and
+        ``can_split`` (the caller then solves the two halves of the partition)."""
+        graph, rep, config = self.graph, self.rep, self.config
+        if enum is None:
+            enum = enumerate_candidates(graph, config.max_kernel_size, config.max_candidates,
+                                        nodes=self.nodes)
+        cands = enum.candidates
+        rep.candidates, rep.enumeration = len(cands), enum.stop_reason
+        costs = self.cost.costs(graph, cands)
+        rep.singleton_cost_s = sum(c for c, k in zip(costs, cands) if k.size == 1)
+        problem = BLPProblem(
+            costs, [frozenset(c.outputs) for c in cands],
+            [frozenset(v for v in c.inputs if self.produced_here(v)) for c in cands],
+            set(self.required), set())
+        containing: dict = {}
+        for k, cand in enumerate(cands):
+            for i in cand.nodes:
+                containing.setdefault(i, []).append(k)
+        problem.covers = [frozenset(containing[i]) for i in _live(graph, self.nodes,
+                                                                 self.required)]
+        for _ in range(config.max_rounds):
+            rep.rounds += 1
+            res = solve_blp(problem, config.time_limit_s)
+            rep.variables, rep.constraints = res.n_vars, res.n_constraints
+            rep.solve_s += res.solve_s
+            rep.gap, rep.status, rep.objective_s = res.gap, res.status, res.objective
+            if not res.ok:
+                if can_split and res.status == "time_limit_no_incumbent":
+                    return None
+                rep.fallbacks.append(f"solver: {res.status} {res.message}".strip())
+                break
+            chosen = [cands[i] for i in res.chosen]
+            try:
+                plan = plan_kernels(graph, chosen, self.required, self.produced_here)
+            except KernelCycle as cyc:
+                rep.fallbacks.append(f"round {rep.rounds}: {cyc}; cut added")
+                problem.extra_cuts.append(frozenset(res.chosen[m] for m in cyc.members))
+                continue
+            failed = self._failures(plan)
+            if not failed:
+                return plan, [costs[res.chosen[p.position]] for p in plan]
+            for p in failed:
+                problem.extra_cuts.append(frozenset([res.chosen[p.position]]))
+        else:
+            rep.fallbacks.append(f"no buildable plan after {config.max_rounds} rounds")
+        rep.status += "+singletons"
+        single = _singletons(graph, self.nodes)
+        plan = plan_kernels(graph, single, self.required, self.produced_here)
+        return plan, [self.cost.kernel_seconds(graph, p.cand) for p in plan]
+
+    def _failures(self, plan):
+        failed = []
+        for p in plan:
+            if p.cand.size == 1 or self.check is None:
+                continue
+            try:
+                self.check(kernel_module(self.graph, p.cand, p.exports))
+            except Exception as err:  # pylint: disable=broad-except
+                names = "+".join(self.graph.nodes[i].name for i in p.cand.nodes)
+                self.rep.fallbacks.append(
+                    f"round {self.rep.rounds}: kernel {names} failed ({type(err).__name__}: "
+                    f"{str(err).splitlines()[0][:120] if str(err) else ''}); banned")
+                failed.append(p)
+        return failed
+
+
+def _orchestrate_block(block, mod, builder, fname: str, bi: int, cost: CostModel,
+                       config: OrchestrateConfig, check, report: OrchestrationReport):
+    graph = build_graph(block, mod)
+    bindings = []
+    todo = partition(graph, config.max_partition_nodes, config.min_partition_nodes)
+    pi = 0
+    while todo:
+        nodes = todo.pop(0)
+        enum = enumerate_candidates(graph, config.max_kernel_size, config.max_candidates,
+                                    nodes=nodes)
+        halves = split_in_two(graph, nodes) if len(nodes) > 4 else [nodes]
+        if len(enum.candidates) > config.max_partition_candidates and len(halves) == 2:
+            todo[:0] = halves
+            continue
+        rep = PartitionReport(fname, bi, pi, len(nodes), 0, "")
+        found = _Selector(graph, nodes, cost, config, check, rep).run(enum, len(halves) == 2)
+        if found is None:  # no solution within the time limit: solve the halves instead
+            report.notes.append(f"{fname} block {bi}: {len(nodes)} primitives, "
+                                f"{rep.candidates} candidates: no solution in "
+                                f"{rep.solve_s:.1f} s, split in two")
+            todo[:0] = halves
+            continue
+        pi += 1
+        plan, plan_costs = found
+        bindings.extend(emit_bindings(graph, plan, builder))
+        for p, c in zip(plan, plan_costs):
+            rep.kernels.append(KernelReport([graph.nodes[i].name for i in p.cand.nodes],
+                                            [graph.nodes[i].kind for i in p.cand.nodes],
+                                            float(c), len(p.exports)))
+        report.partitions.append(rep)
+    return relax.DataflowBlock(bindings)
+
+
+def orchestrate_legalized(mod: "tvm.IRModule", cost: CostModel,
+                          config: OrchestrateConfig = OrchestrateConfig(),
+                          check: Optional[KernelCheck] = fuse_check,
+                          report: Optional[OrchestrationReport] = None,
+                          ) -> Tuple["tvm.IRModule", OrchestrationReport]:
+    """Orchestrate every dataflow block of every (non-primitive) Relax function of a
+    legalized module; the result has ``Primitive`` functions for ``FuseTIR``."""
+    start = time.perf_counter()
+    report = report or OrchestrationReport(cost_model=getattr(cost, "name", "custom"))
+    builder = relax.BlockBuilder(mod)
+    updates = {}
+    for gv, func in mod.functions_items():
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            continue
+        attrs = func.attrs
+        if attrs is not None and ("Primitive" in attrs or "Codegen" in attrs):
+            continue
+        blocks = list(func.body.blocks)
+        changed = False
+        for bi, block in enumerate(blocks):
+            if isinstance(block, relax.DataflowBlock) and block.bindings:
+                blocks[bi] = _orchestrate_block(block, mod, builder, gv.name_hint, bi, cost,
+                                                config, check, report)
+                changed = True
+        if changed:
+            updates[gv] = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body),
+                                         func.ret_ty, func.is_pure, func.attrs)
+    new_mod = builder.get()
+    for gv, func in updates.items():
+        new_mod[gv] = func
+    report.total_s += time.perf_counter() - start
+    return new_mod, report
+
+
+def _cost_for(cost, target) -> CostModel:
+    return cost if isinstance(cost, CostModel) else AnalyticCost(target)
+
+
+@tvm.transform.module_pass(opt_level=0, name="Orchestrate")
+class Orchestrate:
+    """Kernel orchestration in place of ``FuseOps`` (input: legalized, pattern-annotated).
+
+    ``Orchestrate(target=None, cost=None, config=OrchestrateConfig(), check=None)``;
+    the cost defaults to :class:`~.cost.AnalyticCost` of the target (``Target.current()`` or
+    llvm), the per-kernel check to :func:`default_check`. The last report is ``.last_report``.
+    """
+
+    def __init__(self, target=None, cost: Optional[CostModel] = None,
+                 config: OrchestrateConfig = OrchestrateConfig(),
+                 check: Optional[KernelCheck] = None):
+        self.target, self.cost, self.config, self.check = target, cost, config, check
+        self.last_report: Optional[OrchestrationReport] = None
+
+    def transform_module(self, mod: "tvm.IRModule", ctx) -> "tvm.IRModule":  # noqa: ARG002
+        target = self.target or tvm.target.Target.current(allow_none=True) or "llvm"
+        self.cost = _cost_for(self.cost, target)
+        report = OrchestrationReport(target=target_kind(target), cost_model=self.cost.name)
+        check = self.check if self.check is not None else default_check(target)
+        new_mod, self.last_report = orchestrate_legalized(mod, self.cost, self.config,
+                                                          check, report)
+        return new_mod
+
+
+def _normalize(target) -> "tvm.target.Target":
+    from ..tune.metaschedule import normalize_target  # pylint: disable=import-outside-toplevel
+
+    return normalize_target(target)
+
+
+def _backend(target: "tvm.target.Target"):
+    import importlib  # pylint: disable=import-outside-toplevel
+
+    name = {"llvm": "cpu_generic", "cuda": "cuda"}.get(target.kind.name, "gpu_generic")
+    return importlib.import_module(f"tvm.relax.backend.{name}.pipeline")
+
+
+def _fission_pass(fission):
+    @tvm.transform.module_pass(opt_level=0, name="OrchestrateFission")
+    def _fission(mod, _ctx):
+        return fission(mod)
+
+    return _fission
+
+
+def orchestrate_module(mod: "tvm.IRModule", target="llvm", cost: Optional[CostModel] = None,
+                       fission: Optional[Callable[["tvm.IRModule"], "tvm.IRModule"]] = None,
+                       time_limit_s: float = 10.0, max_kernel_size: int = 8,
+                       config: Optional[OrchestrateConfig] = None,
+                       check: Optional[KernelCheck] = None,
+                       ) -> Tuple["tvm.IRModule", OrchestrationReport]:
+    """Orchestrate a Relax module of standard operators; return it fused and the report.
+
+    Runs ``fission`` (when given), TVM's ``LegalizeOps, AnnotateTIROpPattern, FoldConstant``,
+    :class:`Orchestrate` and ``FuseTIR`` under ``target``: the result holds one PrimFunc per
+    chosen kernel. Finish it with :func:`orchestrate_pipeline`'s remaining passes, e.g.
+    ``tvm.compile(mod, target, relax_pipeline=orchestrate_pipeline(target))`` on the original
+    module does everything at once.
+    """
+    tgt = _normalize(target)
+    if config is None:
+        config = OrchestrateConfig(max_kernel_size=max_kernel_size, time_limit_s=time_limit_s)
+    cost = _cost_for(cost, tgt)
+    with tgt:
+        if fission is not None:
+            mod = fission(mod)
+        mod = tvm.transform.Sequential([relax.transform.LegalizeOps(),
+                                        relax.transform.AnnotateTIROpPattern(),
+                                        relax.transform.FoldConstant()])(mod)
+        report = OrchestrationReport(target=target_kind(tgt), cost_model=cost.name)
+        mod, report = orchestrate_legalized(mod, cost, config,
+                                            check if check is not None else default_check(tgt),
+                                            report)
+        mod = relax.transform.FuseTIR()(mod)
+    return mod, report
+
+
+def orchestrate_pipeline(target="llvm", cost: Optional[CostModel] = None,
+                         fission: Optional[Callable[["tvm.IRModule"], "tvm.IRModule"]] = None,
+                         config: OrchestrateConfig = OrchestrateConfig(),
+                         check: Optional[KernelCheck] = None,
+                         reports: Optional[list] = None) -> "tvm.transform.Pass":
+    """TVM's default Relax pipeline for ``target`` with :class:`Orchestrate` instead of
+    ``FuseOps`` (see the module docstring); each run's report is appended to ``reports``."""
+    tgt = _normalize(target)
+    backend = _backend(tgt)
+    orch = Orchestrate(tgt, cost, config, check)
+    legalize = [orch if p.info.name == "FuseOps" else p for p in backend.legalize_passes(tgt)]
+    pre = [_fission_pass(fission)] if fission is not None else []
+
+    @tvm.transform.module_pass(opt_level=0, name="OrchestratePipeline")
+    def _pipeline(mod: "tvm.IRModule", _ctx) -> "tvm.IRModule":
+        with tgt:
+            seq = tvm.transform.Sequential(
+                backend.library_dispatch_passes(tgt) + pre + legalize
+                + backend.dataflow_lower_passes(tgt) + backend.finalize_passes(tgt))
+            out = seq(mod)
+        if reports is not None:
+            reports.append(getattr(orch, "last_report", None))
+        return out
+
+    return _pipeline
