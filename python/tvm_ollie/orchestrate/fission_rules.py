@@ -25,6 +25,7 @@ import math
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..compat import relax, tvm
+from .primitives import OP_KIND
 
 # --------------------------------------------------------------------------------------------
 # Primitive kinds
@@ -35,46 +36,20 @@ REDUCE = "reduce"
 LAYOUT = "layout"
 LINEAR = "linear"
 
-_ELEMENTWISE_OPS = (
-    # arithmetic and comparisons (binary ops broadcast)
-    "add", "subtract", "multiply", "divide", "floor_divide", "floor_mod", "mod", "power",
-    "maximum", "minimum", "equal", "not_equal", "less", "less_equal", "greater",
-    "greater_equal", "logical_and", "logical_or", "logical_xor", "logical_not",
-    "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "where",
-    # unary math
-    "abs", "negative", "exp", "log", "sqrt", "rsqrt", "square", "tanh", "sigmoid", "erf",
-    "sin", "cos", "tan", "floor", "ceil", "round", "trunc", "sign", "clip", "astype",
-    "isfinite", "isinf", "isnan", "nn.relu", "nn.relu6", "nn.leakyrelu", "nn.prelu",
-    # value creation (no input element dependence at all)
-    "zeros", "ones", "full", "zeros_like", "ones_like", "full_like", "arange",
-)
-_REDUCE_OPS = (
-    "sum", "max", "min", "mean", "prod", "variance", "std", "argmax", "argmin", "cumsum",
-    "cumprod",
-    # windowed pooling with overlapping windows has no clean fission: one reduce primitive
-    "nn.max_pool1d", "nn.max_pool2d", "nn.max_pool3d", "nn.avg_pool1d", "nn.avg_pool2d",
-    "nn.avg_pool3d", "nn.adaptive_avg_pool1d", "nn.adaptive_avg_pool2d",
-    "nn.adaptive_avg_pool3d",
-)
-_LAYOUT_OPS = (
-    "permute_dims", "reshape", "strided_slice", "dynamic_strided_slice", "concat", "split",
-    "nn.pad", "take", "broadcast_to", "expand_dims", "squeeze", "flatten", "tile", "repeat",
-    "flip", "layout_transform", "collapse_sum_to", "collapse_sum_like", "gather_elements",
-    "gather_nd", "scatter_elements", "one_hot",
-    # a gather with fixed interpolation weights; Korch keeps Resize as one memory-bound node
-    "image.resize2d",
-)
-_LINEAR_OPS = (
-    "matmul", "linear", "nn.conv1d", "nn.conv2d", "nn.conv3d", "nn.conv1d_transpose",
-    "nn.conv2d_transpose", "nn.conv3d_transpose", "einsum",
-)
+#: Operators that :data:`.primitives.OP_KIND` counts as one primitive (so orchestration can
+#: still place them when fission is off) but that fission splits: composites of primitives.
+COMPOSITE_OPS = frozenset(f"relax.{n}" for n in (
+    "nn.softmax", "nn.log_softmax", "nn.layer_norm", "nn.rms_norm", "nn.batch_norm",
+    "nn.instance_norm", "nn.group_norm", "nn.gelu", "nn.gelu_tanh", "nn.silu", "nn.selu",
+    "nn.softplus", "nn.dropout", "nn.cross_entropy_with_logits", "nn.nll_loss", "nn.attention",
+    "nn.attention_bias",
+))
 
-#: Relax op name (``relax.`` prefix) -> primitive kind. Anything else is composite or unknown.
+#: Relax op name (``relax.`` prefix) -> primitive kind: the one kind table of
+#: :mod:`.primitives` without the composites. Windowed pooling stays a reduce primitive (a
+#: rule splits it only when its windows tile the input). Anything else is not a primitive.
 PRIMITIVE_KINDS: Dict[str, str] = {
-    **{f"relax.{n}": ELEMENTWISE for n in _ELEMENTWISE_OPS},
-    **{f"relax.{n}": REDUCE for n in _REDUCE_OPS},
-    **{f"relax.{n}": LAYOUT for n in _LAYOUT_OPS},
-    **{f"relax.{n}": LINEAR for n in _LINEAR_OPS},
+    name: kind for name, kind in OP_KIND.items() if name not in COMPOSITE_OPS
 }
 
 

@@ -42,7 +42,7 @@ _ELEMENTWISE_UNARY = (
     "abs", "acos", "acosh", "asin", "asinh", "atan", "atanh", "ceil", "cos", "cosh", "erf",
     "exp", "floor", "isfinite", "isinf", "isnan", "log", "logical_not", "negative", "round",
     "rsqrt", "sigmoid", "sign", "sin", "sinh", "sqrt", "square", "tan", "tanh", "trunc",
-    "bitwise_not", "clip", "astype", "nn.relu", "nn.gelu", "nn.gelu_tanh", "nn.silu",
+    "bitwise_not", "clip", "astype", "nn.relu", "nn.relu6", "nn.gelu", "nn.gelu_tanh", "nn.silu",
     "nn.leakyrelu", "nn.prelu", "nn.selu", "nn.softplus", "nn.dropout", "zeros_like",
     "ones_like", "full_like", "wrap_param")
 _ELEMENTWISE_BINARY = (
