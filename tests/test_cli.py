@@ -106,6 +106,12 @@ def test_compile_json_module(work):
     _load_and_compare(path, "tiny_json.so", expected)
 
 
+def test_compile_with_orchestration(work):
+    path, expected = work
+    ok(cli("compile", "tiny.json", "-o", "tiny_orch.so", "--orchestrate", *FAST, cwd=path))
+    _load_and_compare(path, "tiny_orch.so", expected)
+
+
 def test_compile_python_function_binds_params(work):
     path, expected = work
     ok(cli("compile", "tiny_model.py:make", "-o", "tiny_py.so", *FAST, cwd=path))

@@ -63,7 +63,7 @@ def _compile(args: argparse.Namespace) -> int:
     from .frontend.targets import is_gpu
 
     target = _target(args.target)
-    options = _search_options(args)
+    options = dict(_search_options(args), orchestrate=args.orchestrate)
     out = args.output or os.path.splitext(os.path.basename(args.model.split(":")[0]))[0] + ".so"
     with _Output(out) as tmp_out, Stages(["loading model", "optimizing and building",
                                           "exporting"]) as stages:  # fmt: skip
@@ -426,6 +426,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_rpc_options(cmd)
     cmd.add_argument("-o", "--output", metavar="OUT.so",
                      help="library to write (default: MODEL's name with .so, here)")
+    cmd.add_argument("--orchestrate", action="store_true",
+                     help="fission composite operators and choose the kernels by binary linear "
+                          "programming instead of TVM's greedy fusion (untuned builds)")
     cmd.set_defaults(func=_compile)
 
     cmd = sub.add_parser("run", parents=[common], help="run a compiled library")

@@ -252,6 +252,13 @@ def prepare_ollie_derive(spec, ctx: BenchContext) -> Prepared:
     return _prepare_ollie(spec, ctx, "ollie-derive", library=False)
 
 
+@register_system("ollie-orch", tvm_based=True)
+def prepare_ollie_orch(spec, ctx: BenchContext) -> Prepared:
+    """tvm-ollie with kernel orchestration: derivation + library kernels, then fission and
+    BLP-chosen kernels in place of TVM's greedy fusion (untuned: analytic kernel costs)."""
+    return _prepare_ollie(spec, ctx, "ollie-orch", orchestrate=True)
+
+
 def _torch_device(ctx: BenchContext):
     try:
         import torch  # pylint: disable=import-outside-toplevel

@@ -401,3 +401,33 @@ def orchestrate_pipeline(target="llvm", cost: Optional[CostModel] = None,
         return out
 
     return _pipeline
+
+
+def _split_composites(mod: "tvm.IRModule") -> "tvm.IRModule":
+    from .fission import fission  # pylint: disable=import-outside-toplevel
+
+    return fission(mod)[0]
+
+
+def ollie_orchestration(target="llvm", cost: Optional[CostModel] = None,
+                        config: OrchestrateConfig = OrchestrateConfig(),
+                        reports: Optional[list] = None) -> "tvm.transform.Pass":
+    """The build pipeline of ``orchestrate=True``: fission, then orchestration in place of
+    ``FuseOps``; on llvm inside the project's CPU pipeline (default CPU schedules after
+    FuseTIR), elsewhere inside :func:`orchestrate_pipeline`."""
+    tgt = _normalize(target)
+    if tgt.kind.name != "llvm":
+        return orchestrate_pipeline(tgt, cost, _split_composites, config, reports=reports)
+    from ..tune.cpu_schedule import cpu_pipeline  # pylint: disable=import-outside-toplevel
+
+    orch = Orchestrate(tgt, cost, config)
+    inner = cpu_pipeline(tgt, fuse=orch, pre=[_fission_pass(_split_composites)])
+
+    @tvm.transform.module_pass(opt_level=0, name="OllieOrchestration")
+    def _pipeline(mod: "tvm.IRModule", _ctx) -> "tvm.IRModule":
+        out = inner(mod)
+        if reports is not None:
+            reports.append(orch.last_report)
+        return out
+
+    return _pipeline

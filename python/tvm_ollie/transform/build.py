@@ -33,7 +33,7 @@ PIPELINE_NAME = "ollie"
 
 
 def build(mod: "tvm.IRModule", target="llvm", trials: int = 0, work_dir: Optional[str] = None,
-          rpc: Optional[RPCConfig] = None, **opts
+          rpc: Optional[RPCConfig] = None, orchestrate: bool = False, **opts
           ) -> Tuple["tvm.runtime.Executable", OptimizeReport]:
     """Rewrite ``mod`` with the pass, then compile it to a Relax executable.
 
@@ -51,6 +51,9 @@ def build(mod: "tvm.IRModule", target="llvm", trials: int = 0, work_dir: Optiona
         ``trials=0``, and nothing already recorded is tuned again. Files cut short by a crash
         are repaired (with a warning), and the directory is locked for the whole build, so
         that processes sharing it take turns.
+    orchestrate : bool
+        Fission composite operators and choose the kernels by binary linear programming
+        (:mod:`tvm_ollie.orchestrate`) instead of TVM's greedy fusion (untuned builds only).
     rpc : RPCConfig, optional
         Measure on the devices behind this RPC tracker: the pass's timings and every tuning
         trial (GPU targets are then tuned without a GPU here); builds stay local.
@@ -72,11 +75,11 @@ def build(mod: "tvm.IRModule", target="llvm", trials: int = 0, work_dir: Optiona
     # by line number, so two processes appending to it at once would mix their records up.
     with work_dir_lock(work_dir):
         prepare_work_dir(work_dir)
-        return _build(mod, tgt, trials, work_dir, rpc, opts)
+        return _build(mod, tgt, trials, work_dir, rpc, orchestrate, opts)
 
 
 def _build(mod: "tvm.IRModule", tgt, trials: int, work_dir: Optional[str],
-           rpc: Optional[RPCConfig], opts: dict
+           rpc: Optional[RPCConfig], orchestrate: bool, opts: dict
            ) -> Tuple["tvm.runtime.Executable", OptimizeReport]:
     remote = rpc is not None
     new_mod, report = optimize_module(mod, tgt, trials=trials, work_dir=work_dir, rpc=rpc,
@@ -86,7 +89,7 @@ def _build(mod: "tvm.IRModule", tgt, trials: int, work_dir: Optional[str],
         f.endswith(".json") and "workload" in f for f in os.listdir(work_dir))
     tuner = Tuner(tgt, work_dir, rpc=rpc) if (tunable or has_db) else None
     try:
-        ex = compile_module(new_mod, tgt, tuner, trials if tunable else 0)
+        ex = compile_module(new_mod, tgt, tuner, trials if tunable else 0, orchestrate)
     except Exception as err:  # pylint: disable=broad-except
         if not report.rewritten:
             raise
@@ -96,7 +99,7 @@ def _build(mod: "tvm.IRModule", tgt, trials: int, work_dir: Optional[str],
         LOG.warning("ollie: %s; building the original module", why)
         for d in report.rewritten:
             d.chosen, d.after_s, d.explain, d.reason = "original", d.before_s, "", why
-        ex = compile_module(mod, tgt, tuner, trials if tunable else 0)
+        ex = compile_module(mod, tgt, tuner, trials if tunable else 0, orchestrate)
     return ex, report
 
 
@@ -111,8 +114,9 @@ def cuda_source(ex: "tvm.runtime.Executable") -> str:
     return "\n".join(found)
 
 
-def ollie_pipeline(target=None, **opts) -> "tvm.transform.Pass":
-    """:class:`OllieOptimize` followed by TVM's default pipeline for the target.
+def ollie_pipeline(target=None, orchestrate: bool = False, **opts) -> "tvm.transform.Pass":
+    """:class:`OllieOptimize` followed by TVM's default pipeline for the target (with
+    ``orchestrate``: fission and kernel orchestration in place of TVM's greedy fusion).
 
     The target is read from ``Target.current()`` when the pipeline runs (``tvm.compile`` runs
     its pipeline under ``with target``) unless given.
@@ -124,7 +128,7 @@ def ollie_pipeline(target=None, **opts) -> "tvm.transform.Pass":
         tgt = normalize_target(tgt or "llvm")
         mod = OllieOptimize(target=tgt, **opts)(mod)
         with tgt:
-            return default_pipeline(tgt)(mod)
+            return default_pipeline(tgt, orchestrate=orchestrate)(mod)
 
     return _pipeline
 

@@ -654,12 +654,16 @@ def cpu_schedule_enabled(enabled: Optional[bool] = None) -> bool:
 
 def cpu_pipeline(target: "tvm.target.Target",
                  rules: Optional[Sequence["dlight.ScheduleRule"]] = None,
-                 enabled: Optional[bool] = None) -> "tvm.transform.Pass":
+                 enabled: Optional[bool] = None,
+                 fuse: Optional["tvm.transform.Pass"] = None,
+                 pre: Sequence["tvm.transform.Pass"] = ()) -> "tvm.transform.Pass":
     """TVM's ``cpu_generic`` default Relax pipeline with :func:`cpu_schedule_pass` after FuseTIR.
 
     The pass lists are TVM's own functions (``relax.backend.cpu_generic.pipeline``), so this
     stays TVM's pipeline plus one pass. ``enabled=False`` (or ``TVM_OLLIE_CPU_SCHEDULE=0``)
-    leaves the schedule pass out, for ablation.
+    leaves the schedule pass out, for ablation. ``fuse`` replaces TVM's greedy ``FuseOps``
+    (kernel orchestration: :class:`tvm_ollie.orchestrate.Orchestrate`) and ``pre`` runs before
+    legalization (operator fission).
     """
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic  # pylint: disable=C0415
 
@@ -669,9 +673,13 @@ def cpu_pipeline(target: "tvm.target.Target",
     @tvm.transform.module_pass(opt_level=0, name="OllieCPUPipeline")
     def _pipeline(mod: "tvm.IRModule", _ctx) -> "tvm.IRModule":
         with target:
+            legalize = cpu_generic.legalize_passes(target)
+            if fuse is not None:
+                legalize = [fuse if p.info.name == "FuseOps" else p for p in legalize]
             seq = tvm.transform.Sequential(
                 cpu_generic.library_dispatch_passes(target)
-                + cpu_generic.legalize_passes(target)
+                + list(pre)
+                + legalize
                 + schedule
                 + cpu_generic.dataflow_lower_passes(target)
                 + cpu_generic.finalize_passes(target)

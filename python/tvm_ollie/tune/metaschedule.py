@@ -314,11 +314,16 @@ class Tuner:
         return len(self.database)
 
 
-def default_pipeline(target) -> "tvm.transform.Pass":
+def default_pipeline(target, orchestrate: bool = False) -> "tvm.transform.Pass":
     """TVM's full default Relax pipeline for ``target`` (fusion, dlight on GPUs); for llvm the
     same plus default CPU schedules (``cpu_schedule.cpu_pipeline``, ``TVM_OLLIE_CPU_SCHEDULE=0``
-    turns them off)."""
+    turns them off). ``orchestrate=True`` fissions composite operators and replaces TVM's
+    greedy ``FuseOps`` by kernel orchestration (:mod:`tvm_ollie.orchestrate`)."""
     target = normalize_target(target)
+    if orchestrate:
+        from ..orchestrate.pipeline import ollie_orchestration  # pylint: disable=C0415
+
+        return ollie_orchestration(target)
     if target.kind.name == "llvm":
         from .cpu_schedule import cpu_pipeline  # pylint: disable=import-outside-toplevel
 
