@@ -81,6 +81,7 @@ def prepare_onnx(model, shapes: Optional[Mapping[str, Sequence[int]]] = None,
     prepared.CopyFrom(model)
     before = len(prepared.graph.node)
     fix_input_shapes(prepared, shapes or {})
+    _complete_output_types(prepared)
     order = _simplifier_order(simplifier)
     notes: List[str] = []
     used = "none"
@@ -144,6 +145,26 @@ def fix_input_shapes(model, shapes: Mapping[str, Sequence[int]]) -> None:
         for dim in output.type.tensor_type.shape.dim:
             if dim.HasField("dim_param"):
                 dim.ClearField("dim_param")
+
+
+def _complete_output_types(model) -> None:
+    """Give graph outputs declared without a shape the inferred one (in place).
+
+    The onnx checker, which the simplifiers run, rejects an output type without a shape.
+    """
+    import onnx  # pylint: disable=import-outside-toplevel
+
+    missing = [o for o in model.graph.output if not o.type.tensor_type.HasField("shape")]
+    if not missing:
+        return
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # pylint: disable=broad-except  # inference fails: the tools will say why
+        return
+    types = {o.name: o.type for o in inferred.graph.output}
+    for output in missing:
+        if output.name in types and types[output.name].tensor_type.HasField("shape"):
+            output.type.CopyFrom(types[output.name])
 
 
 def _simplifier_order(simplifier: str) -> Tuple[str, ...]:
