@@ -128,7 +128,12 @@ def register() -> bool:
         from torch._dynamo.backends import registry
     except ImportError:
         return False
-    if BACKEND_NAME in registry._COMPILER_FNS:  # pylint: disable=protected-access
+    # pylint: disable=protected-access
+    if BACKEND_NAME in registry._COMPILER_FNS:
+        return True
+    if registry._BACKENDS.get(BACKEND_NAME) is not None:
+        # Found through the entry point: torch registers it when it loads it (perhaps right
+        # now, importing this module); registering here too would be a duplicate name.
         return True
     registry.register_backend(tvm_ollie_backend, name=BACKEND_NAME)
     return True
