@@ -145,9 +145,21 @@ def test_cli_shape_and_one_line_errors(tmp_path, capsys):
     assert code != 0 and "--shape" in errors[-1]
 
 
-def _export_and_compare(module, x, path, opset, dynamo):
+def test_fold_keeps_graph_outputs_produced_by_nodes():
+    graph = helper.make_graph(
+        [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Relu", ["x"], ["r"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "n"])],
+        [helper.make_tensor_value_info("s", TensorProto.INT64, [2]),
+         helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, "n"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    prepared, _ = prepare_onnx(model, {"x": [1, 5]}, simplifier="builtin")
+    assert [n.op_type for n in prepared.graph.node] == ["Shape", "Relu"]
+    onnx.checker.check_model(prepared)
+
+
+def _export_and_compare(module, x, path, opset, dynamo, simplifier="auto"):
     tm.export_onnx(module, (x,), path, opset, dynamo)
-    mod = load_module(path, shapes=[f"input0={','.join(map(str, x.shape))}"])
+    mod = load_onnx(path, shapes={"input0": list(x.shape)}, simplifier=simplifier)
     with torch.no_grad():
         expected = module(x).numpy()
     np.testing.assert_allclose(run_relax(mod, x.numpy()), expected, rtol=1e-5, atol=1e-5)
@@ -157,6 +169,13 @@ def _export_and_compare(module, x, path, opset, dynamo):
 def test_torchscript_export_dynamic_axes(tmp_path, opset):
     module, x = tm.seeded(tm.ShapeChainNet)
     _export_and_compare(module, x, str(tmp_path / "m.onnx"), opset, dynamo=False)
+
+
+def test_builtin_folding_of_a_torch_export(tmp_path):
+    # What runs without onnxsim/onnxslim installed: our folding with onnx's reference evaluator.
+    module, x = tm.seeded(tm.ShapeChainNet)
+    _export_and_compare(module, x, str(tmp_path / "m.onnx"), 11, dynamo=False,
+                        simplifier="builtin")
 
 
 @pytest.mark.slow

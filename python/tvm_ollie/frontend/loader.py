@@ -130,6 +130,7 @@ def load_onnx(model, shapes: ShapeSpecs = None, simplifier: str = "auto") -> "tv
             raise ModelLoadError(f"cannot read ONNX file {path}: {first_line(err)}") from err
     shapes = parse_shapes(shapes)
     _check_shapes(path, model, shapes)
+    original = model
     if shapes or not _dynamic_inputs(model):
         from .onnx_prep import prepare_onnx  # pylint: disable=import-outside-toplevel
 
@@ -140,6 +141,11 @@ def load_onnx(model, shapes: ShapeSpecs = None, simplifier: str = "auto") -> "tv
     # unfinished warns on stderr when freed: both are replaced by the one-line error.
     with _quiet_stderr():
         mod, failure = _import_onnx(path, model, shapes)
+        if failure and model is not original:
+            # What the simplifier wrote does not import: the model as given may (the error
+            # reported stays the first one when neither does).
+            mod, _ = _import_onnx(path, original, shapes)
+            failure = None if mod is not None else failure
         gc.collect()
     if failure:
         dynamic = [name for name in _dynamic_inputs(model) if name not in shapes]

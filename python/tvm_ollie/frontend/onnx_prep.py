@@ -229,9 +229,12 @@ def _fold_once(model) -> bool:
     consts: Dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
     static = _static_shapes(graph)
     opsets = {o.domain or "": o.version for o in model.opset_import}
+    graph_outputs = {o.name for o in graph.output}
     kept, folded = [], False
     for node in graph.node:
-        values = _evaluate_node(node, consts, static, opsets)
+        # A graph output stays the output of a node (an importer needs one to return).
+        values = None if graph_outputs.intersection(node.output) else _evaluate_node(
+            node, consts, static, opsets)
         if values is None:
             kept.append(node)
             continue
@@ -242,10 +245,6 @@ def _fold_once(model) -> bool:
     if folded:
         del graph.node[:]
         graph.node.extend(kept)
-        graph_outputs = {o.name for o in graph.output}
-        # A graph output must stay the output of a node: re-emit folded outputs as Identity.
-        for name in graph_outputs & {t.name for t in graph.initializer}:
-            _output_as_identity(graph, name)
     return folded
 
 
@@ -324,17 +323,6 @@ def _static_shapes(graph) -> Dict[str, List[int]]:
         if all(d.HasField("dim_value") for d in dims):
             shapes[info.name] = [d.dim_value for d in dims]
     return shapes
-
-
-def _output_as_identity(graph, name: str) -> None:
-    """Keep graph output ``name`` produced by a node after its value became an initializer."""
-    from onnx import helper  # pylint: disable=import-outside-toplevel
-
-    const_name = f"{name}__folded"
-    for tensor in graph.initializer:
-        if tensor.name == name:
-            tensor.name = const_name
-    graph.node.append(helper.make_node("Identity", [const_name], [name]))
 
 
 def _remove_dead_nodes(model) -> None:
