@@ -34,7 +34,10 @@ __version__ = "0.1.0"
 # warning and the package works without them (native.available() is then False).
 native.load()
 
-if "torch" in sys.modules:  # torch stays optional: register the backend only if it is loaded
+# torch.compile finds the "tvm_ollie" backend through the package's entry point. A checkout
+# whose installed metadata predates the entry point still gets it when TorchDynamo is already
+# loaded (importing it here would add seconds to every import: TVM itself imports torch).
+if "torch._dynamo" in sys.modules:
     from .frontend.torch_backend import register as _register_torch_backend
 
     _register_torch_backend()

@@ -11,9 +11,9 @@ Options (``torch.compile(..., options={...})``): ``target`` (``"llvm"``), ``tria
 ``work_dir`` and any keyword of :func:`tvm_ollie.transform.build` (``max_depth``,
 ``time_budget_s``, ``library``, ``derive``, ``calibration``...).
 
-The backend is found by name through the ``torch_dynamo_backends`` entry point of the package,
-and :func:`register` (called by ``import tvm_ollie`` when torch is already imported, and by
-``tvm_ollie.from_torch``) registers it directly for checkouts whose metadata lacks the entry.
+The backend is found by name through the ``torch_dynamo_backends`` entry point of the package;
+:func:`register` (called by ``import tvm_ollie`` when TorchDynamo is already imported, and by
+``tvm_ollie.from_torch``) registers it directly for installs whose metadata lacks the entry.
 """
 
 from __future__ import annotations
