@@ -1,7 +1,8 @@
 """The ``torch.compile`` backend: ``torch.compile(model, backend="tvm_ollie")``.
 
 TorchDynamo hands the backend each captured FX graph (graph breaks split a model into several);
-the backend imports it with TVM's ``from_fx``, builds it with the ollie pipeline (``trials=0``
+the backend imports it with TVM's ``from_fx`` (or, for graphs ``from_fx`` cannot convert, with
+``torch.export`` and ``from_exported_program``), builds it with the ollie pipeline (``trials=0``
 unless ``options`` say otherwise) and returns a function that runs it on the Relax VM, with
 inputs and outputs exchanged through DLPack (zero-copy on CPU). A graph that cannot be
 converted or built (an operator TVM lacks, symbolic shapes, autograd) runs in eager PyTorch
@@ -72,8 +73,6 @@ def tvm_ollie_backend(gm, example_inputs: Sequence[Any], options: Optional[Dict]
 
 def _compile_graph(gm, example_inputs: List[Any], options: Dict) -> Callable:
     import torch  # pylint: disable=import-outside-toplevel
-    from tvm.relax.frontend.torch import from_fx  # pylint: disable=import-outside-toplevel
-
     from ..transform import build  # pylint: disable=import-outside-toplevel
     from ..compat import relax, tvm  # pylint: disable=import-outside-toplevel
 
@@ -91,7 +90,7 @@ def _compile_graph(gm, example_inputs: List[Any], options: Dict) -> Callable:
         input_info.append((tuple(value.shape), str(value.dtype).replace("torch.", "")))
     single = _returns_single_tensor(gm)
     gm.graph.eliminate_dead_code()
-    mod = from_fx(gm, input_info, unwrap_unit_return_tuple=single)
+    mod = _import_graph(gm, example_inputs, input_info, single)
     target = options.pop("target", "llvm")
     executable, _ = build(mod, target=target, trials=options.pop("trials", 0), **options)
     vm = relax.VirtualMachine(executable, tvm.cpu(0))
@@ -102,6 +101,31 @@ def _compile_graph(gm, example_inputs: List[Any], options: Dict) -> Callable:
         return outputs if single or isinstance(outputs, tuple) else (outputs,)
 
     return run
+
+
+def _import_graph(gm, example_inputs: List[Any], input_info: List, single: bool):
+    """The graph as a Relax module: TVM's ``from_fx``, else ``torch.export`` of the graph and
+    ``from_exported_program``.
+
+    Dynamo's graphs call ``torch.nn.functional`` (e.g. ``batch_norm``), some of which
+    ``from_fx`` lacks; ``torch.export`` decomposes them into ATen operators TVM converts. Every
+    graph input (dynamo lifts the weights to inputs) stays a parameter of ``main``, in order.
+    """
+    # pylint: disable=import-outside-toplevel
+    import torch
+    from tvm.relax.frontend.torch import from_exported_program, from_fx
+
+    try:
+        return from_fx(gm, input_info, unwrap_unit_return_tuple=single)
+    except Exception as fx_err:  # pylint: disable=broad-except  # an op from_fx lacks
+        fx_reason = first_line(fx_err)
+    try:
+        with torch.no_grad():
+            program = torch.export.export(gm, tuple(example_inputs))
+        return from_exported_program(program, unwrap_unit_return_tuple=single)
+    except Exception as err:  # pylint: disable=broad-except
+        raise EagerFallback(f"from_fx: {fx_reason}; torch.export + from_exported_program: "
+                            f"{first_line(err)}") from err
 
 
 def _returns_single_tensor(gm) -> bool:
