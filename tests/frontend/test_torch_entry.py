@@ -41,7 +41,7 @@ def test_from_torch_binds_weights_and_matches_eager():
     module, x = tm.seeded(tm.TinyConvNet)
     mod = tvm_ollie.from_torch(module, (x,))
     assert len(mod["main"].params) == 1  # the weights are constants, not parameters
-    ex = tvm.compile(mod, "llvm", relax_pipeline=relax.get_pipeline("ollie", **OPTS))
+    ex = tvm.compile(mod, "llvm")  # the ollie pipeline runs in the compile_torch test
     out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()))
     np.testing.assert_allclose(out.numpy(), eager(module, x).numpy(), rtol=RTOL, atol=ATOL)
 

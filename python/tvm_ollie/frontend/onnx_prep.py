@@ -13,9 +13,9 @@ chain is a constant, so :func:`prepare_onnx` folds it before the importer runs:
    propagation), ``Shape`` of a statically shaped tensor -> constant, then every node whose
    inputs are all constants evaluated with onnx's reference evaluator, repeated to a fixpoint.
 
-Measured on nine zoo models exported by both torch exporters at opsets 11-18: onnxsim 0.8.1,
-onnxslim 0.1.98 and our own folding import the same models (all of them), and onnxsim takes
-3-6x less time than onnxslim, so it comes first.
+Measured on nine zoo models exported by both torch exporters at opsets 11-18 (31 files; TVM
+alone imports 20): onnxsim 0.8.1, onnxslim 0.1.98 and our own folding each import all 31, and
+onnxsim takes about 6x less time than onnxslim (20 s against 132 s in all), so it comes first.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def prepare_onnx(model, shapes: Optional[Mapping[str, Sequence[int]]] = None,
 
 
 #: Optional inputs that exporters fill with an empty tensor to mean "absent": op -> positions.
-_OPTIONAL_INPUTS = {"Resize": (1, 2), "Upsample": ()}
+_OPTIONAL_INPUTS = {"Resize": (1, 2)}
 
 
 def drop_empty_optional_inputs(model) -> int:
