@@ -1,4 +1,4 @@
-"""PyTorch entry points: ``from_torch``/``compile_torch`` and ``torch.compile(backend="tvm_ollie")``.
+"""PyTorch entry points: ``from_torch``, ``compile_torch`` and the ``torch.compile`` backend.
 
 Every path is checked against eager PyTorch at a tight tolerance. The ollie pass runs with the
 tests' fixed calibration and a small search budget; zoo models are ``slow``.
