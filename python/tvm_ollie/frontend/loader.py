@@ -136,7 +136,7 @@ def load_onnx(model, shapes: ShapeSpecs = None, simplifier: str = "auto") -> "tv
 
         with _quiet_stderr():
             model, _ = prepare_onnx(model, shapes, simplifier=simplifier)
-    _check_supported_ops(path, model)
+    _check_supported_ops(path, model, original)
     # The importer prints the failing operator on stdout, and the C++ BlockBuilder it leaves
     # unfinished warns on stderr when freed: both are replaced by the one-line error.
     with _quiet_stderr():
@@ -215,18 +215,30 @@ def _declared_rank(value_info) -> Optional[int]:
     return len(tensor_type.shape.dim)
 
 
-def _check_supported_ops(path: str, model) -> None:
-    """Name the first operator (and its node) that TVM's ONNX importer has no converter for."""
+def _unsupported_nodes(model) -> List[Tuple[int, Any]]:
+    """``(index, node)`` of every node TVM's ONNX importer has no converter for."""
     try:
         # pylint: disable=import-outside-toplevel
         from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
         known = set(_get_convert_map()) | {"Constant", "If"}
     except (ImportError, AttributeError, TypeError):  # a TVM without that table: let it check
-        return
-    missing = [(i, n) for i, n in enumerate(model.graph.node) if n.op_type not in known]
+        return []
+    return [(i, n) for i, n in enumerate(model.graph.node) if n.op_type not in known]
+
+
+def _check_supported_ops(path: str, model, original=None) -> None:
+    """Name the first operator (and its node) that TVM's ONNX importer has no converter for.
+
+    ``model`` is what will be imported; nodes are named as in ``original`` (the user's file:
+    simplifiers rename unnamed nodes), whose unsupported nodes folding did not remove.
+    """
+    missing = _unsupported_nodes(model)
     if not missing:
         return
+    if original is not None and original is not model:
+        left = {node.op_type for _, node in missing}
+        missing = [(i, n) for i, n in _unsupported_nodes(original) if n.op_type in left] or missing
     index, node = missing[0]
     name = f"node '{node.name}'" if node.name else f"node #{index}"
     more = f" (and {len(missing) - 1} more unsupported node(s))" if len(missing) > 1 else ""
