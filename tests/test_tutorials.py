@@ -1,6 +1,6 @@
 """The notebooks in ``tutorials/``: each is valid and its code compiles (fast), and each runs top
 to bottom in a fresh kernel with nbclient (``slow``: kernel start plus TVM and torch imports
-and one or two ollie builds each, about 20-60 s per notebook on 2 busy cores)."""
+and one to three ollie builds each: 34-94 s per notebook measured on 2 cores at load 4-7)."""
 
 import json
 import os
