@@ -11,11 +11,16 @@ The public entry points (see the README):
   registers the ``"ollie"`` Relax pipeline, so ``tvm.compile(mod, target,
   relax_pipeline="ollie")`` works.
 
+* :func:`from_torch` imports a PyTorch module (``torch.export``) into Relax, and
+  ``torch.compile(model, backend="tvm_ollie")`` compiles its graphs with the ollie pipeline;
+  :func:`from_onnx` imports an ONNX model, folding its shape computations first.
+
 ``tvm_ollie.lift`` and ``tvm_ollie.derive`` are subpackages that can be called like functions.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Mapping
 
 from . import native
@@ -28,6 +33,14 @@ __version__ = "0.1.0"
 # Register the native kernels (tvm_ollie.cpu.*) as tvm-ffi globals; on failure this logs one
 # warning and the package works without them (native.available() is then False).
 native.load()
+
+# torch.compile finds the "tvm_ollie" backend through the package's entry point. A checkout
+# whose installed metadata predates the entry point still gets it when TorchDynamo is already
+# loaded (importing it here would add seconds to every import: TVM itself imports torch).
+if "torch._dynamo" in sys.modules:
+    from .frontend.torch_backend import register as _register_torch_backend
+
+    _register_torch_backend()
 
 
 def evaluate(expr: "ir.Node", inputs: Mapping[str, Any], **kwargs: Any):
@@ -42,3 +55,28 @@ def lower(expr: "ir.Scope", name: str = "main", **kwargs: Any):
     from .codegen.lower import lower as _lower  # pylint: disable=import-outside-toplevel
 
     return _lower(expr, name=name, **kwargs)
+
+
+def from_torch(module, example_inputs, **kwargs: Any):
+    """Import a PyTorch module into a Relax IRModule through ``torch.export``.
+
+    See :func:`tvm_ollie.frontend.torch_entry.from_torch`; compile the result with
+    ``tvm.compile(mod, target, relax_pipeline="ollie")``, or use
+    :func:`tvm_ollie.frontend.torch_entry.compile_torch` for a torch-callable model.
+    """
+    # pylint: disable=import-outside-toplevel
+    from .frontend.torch_backend import register
+    from .frontend.torch_entry import from_torch as _from_torch
+
+    register()  # importing torch here makes torch.compile(backend="tvm_ollie") available
+    return _from_torch(module, example_inputs, **kwargs)
+
+
+def from_onnx(model, shapes=None, **kwargs: Any):
+    """Import an ONNX model (path or ModelProto), fixing ``shapes`` and folding shape arithmetic.
+
+    See :func:`tvm_ollie.frontend.loader.load_onnx`.
+    """
+    from .frontend.loader import load_onnx  # pylint: disable=import-outside-toplevel
+
+    return load_onnx(model, shapes, **kwargs)

@@ -374,7 +374,8 @@ def _add_model_options(parser: argparse.ArgumentParser, target: bool = True) -> 
     parser.add_argument("model", help="an ONNX file, a saved Relax module (.json) or file.py:func")
     parser.add_argument(
         "--shape", action="append", default=[], metavar="NAME=D1,D2,...",
-        help="input shape for ONNX models with dynamic dimensions (repeatable)",
+        help="input shape for ONNX models with dynamic dimensions (repeatable); shape "
+        "computations are then folded to constants before import",
     )
     if target:
         parser.add_argument(

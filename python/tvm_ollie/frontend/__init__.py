@@ -1,6 +1,9 @@
 """What the command line reads from the user: models, targets, inputs and compiled libraries.
 
 * :mod:`.loader`: ONNX files, saved Relax modules and Python functions -> Relax ``IRModule``;
+* :mod:`.onnx_prep`: fixed input shapes and folded shape computations for exported ONNX models;
+* :mod:`.torch_entry`: ``from_torch`` (``torch.export``) and ``compile_torch``;
+* :mod:`.torch_backend`: the ``torch.compile`` backend ``"tvm_ollie"``;
 * :mod:`.targets`: ``llvm`` / ``cuda`` / tags / JSON dicts -> ``tvm.target.Target``;
 * :mod:`.inputs`: a model's input signature, ``NAME=FILE.npy`` inputs, seeded random inputs;
 * :mod:`.runner`: load a compiled library and run (and time) its ``main`` with the Relax VM;

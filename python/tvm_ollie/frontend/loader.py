@@ -7,7 +7,8 @@ Accepted forms:
 * ``module.json``: a Relax module saved with ``tvm.ir.save_json``;
 * ``path/to/file.py:function``: a Python function returning an ``IRModule``, or a
   ``(IRModule, params)`` pair whose params are bound into ``main`` as constants (params: a dict
-  from parameter name to array, or ``relax.frontend.detach_params``'s ``{"main": [arrays]}``).
+  from parameter name to array, or ``relax.frontend.detach_params``'s ``{"main": [arrays]}``),
+  or an ``(nn.Module, example_inputs)`` pair, imported through ``torch.export``.
 
 Every problem with the model itself raises :class:`ModelLoadError` with a one-line message.
 """
@@ -23,7 +24,7 @@ import os
 import re
 import sys
 import warnings
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -35,10 +36,13 @@ class ModelLoadError(FrontendError):
     """The model cannot be loaded: missing or corrupt file, unsupported format or operator."""
 
 
-def parse_shapes(specs: Sequence[str]) -> Dict[str, List[int]]:
-    """``["x=1,3,224,224"]`` -> ``{"x": [1, 3, 224, 224]}``."""
+def parse_shapes(specs: Union[Sequence[str], Mapping[str, Sequence[int]], None]
+                 ) -> Dict[str, List[int]]:  # fmt: skip
+    """``["x=1,3,224,224"]`` (or ``{"x": (1, 3, 224, 224)}``) -> ``{"x": [1, 3, 224, 224]}``."""
+    if isinstance(specs, Mapping):
+        specs = [f"{name}={','.join(str(d) for d in dims)}" for name, dims in specs.items()]
     shapes = {}
-    for spec in specs:
+    for spec in specs or ():
         name, sep, dims = spec.partition("=")
         if not sep or not name:
             raise ModelLoadError(f"bad --shape {spec!r}: expected NAME=D1,D2,...")
@@ -51,15 +55,19 @@ def parse_shapes(specs: Sequence[str]) -> Dict[str, List[int]]:
     return shapes
 
 
-def load_module(model: str, shapes: Sequence[str] = ()) -> "tvm.IRModule":
+ShapeSpecs = Union[Sequence[str], Mapping[str, Sequence[int]], None]
+
+
+def load_module(model: str, shapes: ShapeSpecs = ()) -> "tvm.IRModule":
     """Load ``model`` (see the module docstring) as a Relax IRModule.
 
     Parameters
     ----------
     model : str
         ``file.onnx``, ``file.json`` or ``file.py:function``.
-    shapes : sequence of str
-        ``NAME=D1,D2,...`` input shapes; only ONNX models use them (to fix dynamic dimensions).
+    shapes : sequence of str, or mapping from input name to dimensions
+        ``NAME=D1,D2,...`` input shapes (or ``{"x": (1, 3, 48, 192)}``); only ONNX models use
+        them (to fix dynamic dimensions, so that shape computations fold to constants).
 
     Returns
     -------
@@ -74,7 +82,7 @@ def load_module(model: str, shapes: Sequence[str] = ()) -> "tvm.IRModule":
     if os.path.isdir(model):
         raise ModelLoadError(f"{model} is a directory, not a model file")
     if model.endswith(".onnx"):
-        return _load_onnx(model, parse_shapes(shapes))
+        return load_onnx(model, shapes)
     if model.endswith(".json"):
         return _load_json(model)
     raise ModelLoadError(
@@ -82,15 +90,74 @@ def load_module(model: str, shapes: Sequence[str] = ()) -> "tvm.IRModule":
     )
 
 
-def _load_onnx(path: str, shapes: Dict[str, List[int]]) -> "tvm.IRModule":
+def load_onnx(model, shapes: ShapeSpecs = None, simplifier: str = "auto") -> "tvm.IRModule":
+    """Import an ONNX model as exporters write it (dynamic axes, shape arithmetic) into Relax.
+
+    The named inputs get the given shapes, then shape computations and constant subgraphs are
+    folded to constants (:func:`~tvm_ollie.frontend.onnx_prep.prepare_onnx`) before TVM's
+    importer runs: ``Shape -> Cast/Gather/Concat -> Reshape`` chains, which the importer cannot
+    follow, become constant reshape targets. A model whose inputs are all static is folded too.
+
+    Parameters
+    ----------
+    model : str or onnx.ModelProto
+        An ``.onnx`` path or a loaded model.
+    shapes : mapping from input name to dimensions, or ``NAME=D1,D2,...`` strings, optional
+        Shapes of inputs with dynamic dimensions.
+    simplifier : str
+        ``"auto"``, ``"onnxslim"``, ``"onnxsim"``, ``"builtin"`` or ``"none"`` (see
+        :func:`~tvm_ollie.frontend.onnx_prep.prepare_onnx`).
+
+    Returns
+    -------
+    mod : tvm.IRModule
+        The Relax module, weights as constants.
+
+    Raises
+    ------
+    ModelLoadError
+        One line: an unreadable file, a bad shape, or the operator (and node) TVM cannot import.
+    """
     try:
         import onnx  # pylint: disable=import-outside-toplevel
     except ImportError as err:
         raise ModelLoadError("loading ONNX models needs the 'onnx' package") from err
-    try:
-        model = onnx.load(path)
-    except Exception as err:  # onnx raises DecodeError and others for corrupt files
-        raise ModelLoadError(f"cannot read ONNX file {path}: {first_line(err)}") from err
+    path = model if isinstance(model, str) else "<onnx model>"
+    if isinstance(model, str):
+        try:
+            model = onnx.load(model)
+        except Exception as err:  # onnx raises DecodeError and others for corrupt files
+            raise ModelLoadError(f"cannot read ONNX file {path}: {first_line(err)}") from err
+    shapes = parse_shapes(shapes)
+    _check_shapes(path, model, shapes)
+    original = model
+    if shapes or not _dynamic_inputs(model):
+        from .onnx_prep import prepare_onnx  # pylint: disable=import-outside-toplevel
+
+        with _quiet_stderr():
+            model, _ = prepare_onnx(model, shapes, simplifier=simplifier)
+    _check_supported_ops(path, model, original)
+    # The importer prints the failing operator on stdout, and the C++ BlockBuilder it leaves
+    # unfinished warns on stderr when freed: both are replaced by the one-line error.
+    with _quiet_stderr():
+        mod, failure = _import_onnx(path, model, shapes)
+        if failure and model is not original:
+            # What the simplifier wrote does not import: the model as given may (the error
+            # reported stays the first one when neither does).
+            mod, _ = _import_onnx(path, original, shapes)
+            failure = None if mod is not None else failure
+        gc.collect()
+    if failure:
+        dynamic = [name for name in _dynamic_inputs(model) if name not in shapes]
+        if dynamic:
+            failure += f" (inputs {', '.join(dynamic)} have dynamic dimensions: fix them with " \
+                "--shape NAME=D1,D2,...)"
+        raise ModelLoadError(failure)
+    return mod
+
+
+def _check_shapes(path: str, model, shapes: Dict[str, List[int]]) -> None:
+    """Every named input exists and gets as many dimensions as it declares."""
     graph_inputs = {i.name: i for i in model.graph.input}
     unknown = sorted(set(shapes) - set(graph_inputs))
     if unknown:
@@ -105,15 +172,17 @@ def _load_onnx(path: str, shapes: Dict[str, List[int]]) -> "tvm.IRModule":
                 f"--shape {name}={','.join(map(str, dims))} has {len(dims)} dimensions, but "
                 f"input {name} of {path} has {declared}"
             )
-    _check_supported_ops(path, model)
-    # The importer prints the failing operator on stdout, and the C++ BlockBuilder it leaves
-    # unfinished warns on stderr when freed: both are replaced by the one-line error.
-    with _quiet_stderr():
-        mod, failure = _import_onnx(path, model, shapes)
-        gc.collect()
-    if failure:
-        raise ModelLoadError(failure)
-    return mod
+
+
+def _dynamic_inputs(model) -> List[str]:
+    """Graph inputs (not initializers) with a dimension that is not a fixed number."""
+    weights = {t.name for t in model.graph.initializer}
+    names = []
+    for value in model.graph.input:
+        dims = value.type.tensor_type.shape.dim
+        if value.name not in weights and any(not d.HasField("dim_value") for d in dims):
+            names.append(value.name)
+    return names
 
 
 def _import_onnx(path: str, model, shapes: Dict[str, List[int]]):
@@ -146,18 +215,30 @@ def _declared_rank(value_info) -> Optional[int]:
     return len(tensor_type.shape.dim)
 
 
-def _check_supported_ops(path: str, model) -> None:
-    """Name the first operator (and its node) that TVM's ONNX importer has no converter for."""
+def _unsupported_nodes(model) -> List[Tuple[int, Any]]:
+    """``(index, node)`` of every node TVM's ONNX importer has no converter for."""
     try:
         # pylint: disable=import-outside-toplevel
         from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
         known = set(_get_convert_map()) | {"Constant", "If"}
     except (ImportError, AttributeError, TypeError):  # a TVM without that table: let it check
-        return
-    missing = [(i, n) for i, n in enumerate(model.graph.node) if n.op_type not in known]
+        return []
+    return [(i, n) for i, n in enumerate(model.graph.node) if n.op_type not in known]
+
+
+def _check_supported_ops(path: str, model, original=None) -> None:
+    """Name the first operator (and its node) that TVM's ONNX importer has no converter for.
+
+    ``model`` is what will be imported; nodes are named as in ``original`` (the user's file:
+    simplifiers rename unnamed nodes), whose unsupported nodes folding did not remove.
+    """
+    missing = _unsupported_nodes(model)
     if not missing:
         return
+    if original is not None and original is not model:
+        left = {node.op_type for _, node in missing}
+        missing = [(i, n) for i, n in _unsupported_nodes(original) if n.op_type in left] or missing
     index, node = missing[0]
     name = f"node '{node.name}'" if node.name else f"node #{index}"
     more = f" (and {len(missing) - 1} more unsupported node(s))" if len(missing) > 1 else ""
@@ -225,12 +306,31 @@ def _load_python(path: str, func_name: str) -> "tvm.IRModule":
     params = None
     if isinstance(result, tuple) and len(result) == 2:
         result, params = result
+    if _is_torch_module(result):
+        return _load_torch(f"{path}:{func_name}", result, params)
     if not isinstance(result, tvm.IRModule):
         raise ModelLoadError(
-            f"{path}:{func_name} returned {type(result).__name__}, not an IRModule "
-            "or an (IRModule, params) pair"
+            f"{path}:{func_name} returned {type(result).__name__}, not an IRModule, "
+            "an (IRModule, params) pair or an (nn.Module, example_inputs) pair"
         )
     return bind_params(result, params) if params else result
+
+
+def _is_torch_module(value) -> bool:
+    torch = sys.modules.get("torch")  # a file returning an nn.Module has imported torch
+    return torch is not None and isinstance(value, torch.nn.Module)
+
+
+def _load_torch(where: str, module, example_inputs) -> "tvm.IRModule":
+    """An ``(nn.Module, example_inputs)`` pair, imported through ``torch.export``."""
+    from .torch_entry import from_torch  # pylint: disable=import-outside-toplevel
+
+    if example_inputs is None:
+        raise ModelLoadError(f"{where} returned an nn.Module without example inputs")
+    try:
+        return from_torch(module, example_inputs)
+    except FrontendError as err:
+        raise ModelLoadError(f"{where}: {err}") from err
 
 
 def bind_params(mod: "tvm.IRModule", params: Mapping[str, Any]) -> "tvm.IRModule":

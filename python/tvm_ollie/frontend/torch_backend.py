@@ -1,0 +1,163 @@
+"""The ``torch.compile`` backend: ``torch.compile(model, backend="tvm_ollie")``.
+
+TorchDynamo hands the backend each captured FX graph (graph breaks split a model into several);
+the backend imports it with TVM's ``from_fx`` (or, for graphs ``from_fx`` cannot convert, with
+``torch.export`` and ``from_exported_program``), builds it with the ollie pipeline (``trials=0``
+unless ``options`` say otherwise) and returns a function that runs it on the Relax VM, with
+inputs and outputs exchanged through DLPack (zero-copy on CPU). A graph that cannot be
+converted or built (an operator TVM lacks, symbolic shapes, autograd) runs in eager PyTorch
+instead, with one warning naming the reason; the other graphs of the model still use TVM.
+
+Options (``torch.compile(..., options={...})``): ``target`` (``"llvm"``), ``trials`` (0),
+``work_dir`` and any keyword of :func:`tvm_ollie.transform.build` (``max_depth``,
+``time_budget_s``, ``library``, ``derive``, ``calibration``...).
+
+The backend is found by name through the ``torch_dynamo_backends`` entry point of the package;
+:func:`register` (called by ``import tvm_ollie`` when TorchDynamo is already imported, and by
+``tvm_ollie.from_torch``) registers it directly for installs whose metadata lacks the entry.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from .errors import first_line
+from .torch_entry import from_tvm, to_tvm
+
+#: The name ``torch.compile(backend=...)`` knows the backend by.
+BACKEND_NAME = "tvm_ollie"
+
+#: Reasons already warned about (one warning per distinct reason and process).
+_WARNED: set = set()
+
+#: Graphs handled in this process: ``compiled`` by TVM, or left to ``eager`` PyTorch.
+STATS: Dict[str, int] = {"compiled": 0, "eager": 0}
+
+
+class EagerFallback(Exception):
+    """A graph the backend leaves to eager PyTorch; the message says why."""
+
+
+def tvm_ollie_backend(gm, example_inputs: Sequence[Any], options: Optional[Dict] = None
+                      ) -> Callable:  # fmt: skip
+    """Compile one captured FX graph with tvm-ollie, or return it unchanged (eager) on failure.
+
+    Parameters
+    ----------
+    gm : torch.fx.GraphModule
+        The graph TorchDynamo captured.
+    example_inputs : sequence of torch.Tensor
+        Its inputs (weights included, as dynamo lifts them to graph inputs).
+    options : dict, optional
+        ``torch.compile``'s ``options``: ``target``, ``trials``, ``work_dir`` and the keywords
+        of :func:`tvm_ollie.transform.build`.
+
+    Returns
+    -------
+    callable
+        Runs the graph: the TVM-compiled function, or ``gm.forward`` when it fell back.
+    """
+    try:
+        compiled = _compile_graph(gm, list(example_inputs), dict(options or {}))
+        STATS["compiled"] += 1
+        return compiled
+    except Exception as err:  # pylint: disable=broad-except  # any failure: eager, one warning
+        reason = first_line(err) if isinstance(err, EagerFallback) else (
+            f"{type(err).__name__}: {first_line(err)}")
+        _warn_once(f"tvm_ollie: a graph of {len(gm.graph.nodes)} nodes runs in eager PyTorch "
+                   f"({reason})")  # fmt: skip
+        STATS["eager"] += 1
+        return gm.forward
+
+
+def _compile_graph(gm, example_inputs: List[Any], options: Dict) -> Callable:
+    import torch  # pylint: disable=import-outside-toplevel
+    from ..transform import build  # pylint: disable=import-outside-toplevel
+    from ..compat import relax, tvm  # pylint: disable=import-outside-toplevel
+
+    input_info = []
+    for value in example_inputs:
+        if not isinstance(value, torch.Tensor):
+            raise EagerFallback(f"a non-tensor graph input ({type(value).__name__}): symbolic "
+                                "shapes are not supported; torch.compile(..., dynamic=False)")
+        if any(not isinstance(d, int) for d in value.shape):
+            raise EagerFallback("symbolic shapes are not supported; use dynamic=False")
+        if torch.is_grad_enabled() and value.requires_grad:
+            raise EagerFallback("autograd is not supported (run under torch.no_grad())")
+        if value.device.type != "cpu":
+            raise EagerFallback(f"inputs on {value.device.type}: the backend runs on the CPU")
+        input_info.append((tuple(value.shape), str(value.dtype).replace("torch.", "")))
+    single = _returns_single_tensor(gm)
+    gm.graph.eliminate_dead_code()
+    mod = _import_graph(gm, example_inputs, input_info, single)
+    target = options.pop("target", "llvm")
+    executable, _ = build(mod, target=target, trials=options.pop("trials", 0), **options)
+    vm = relax.VirtualMachine(executable, tvm.cpu(0))
+    main = vm["main"]
+
+    def run(*inputs):
+        outputs = from_tvm(main(*[to_tvm(x) for x in inputs]))
+        return outputs if single or isinstance(outputs, tuple) else (outputs,)
+
+    return run
+
+
+def _import_graph(gm, example_inputs: List[Any], input_info: List, single: bool):
+    """The graph as a Relax module: TVM's ``from_fx``, else ``torch.export`` of the graph and
+    ``from_exported_program``.
+
+    Dynamo's graphs call ``torch.nn.functional`` (e.g. ``batch_norm``), some of which
+    ``from_fx`` lacks; ``torch.export`` decomposes them into ATen operators TVM converts. Every
+    graph input (dynamo lifts the weights to inputs) stays a parameter of ``main``, in order.
+    """
+    # pylint: disable=import-outside-toplevel
+    import torch
+    from tvm.relax.frontend.torch import from_exported_program, from_fx
+
+    try:
+        return from_fx(gm, input_info, unwrap_unit_return_tuple=single)
+    except Exception as fx_err:  # pylint: disable=broad-except  # an op from_fx lacks
+        fx_reason = first_line(fx_err)
+    try:
+        with torch.no_grad():
+            program = torch.export.export(gm, tuple(example_inputs))
+        return from_exported_program(program, unwrap_unit_return_tuple=single)
+    except Exception as err:  # pylint: disable=broad-except
+        raise EagerFallback(f"from_fx: {fx_reason}; torch.export + from_exported_program: "
+                            f"{first_line(err)}") from err
+
+
+def _returns_single_tensor(gm) -> bool:
+    """Whether the graph's output is one value rather than a tuple/list (dynamo: usually not)."""
+    for node in gm.graph.nodes:
+        if node.op == "output":
+            return not isinstance(node.args[0], (tuple, list))
+    return False
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def register() -> bool:
+    """Register the backend with TorchDynamo under :data:`BACKEND_NAME` (idempotent).
+
+    Returns True when it is known to dynamo afterwards (by this call or the entry point).
+    """
+    try:
+        # pylint: disable=import-outside-toplevel
+        from torch._dynamo.backends import registry
+    except ImportError:
+        return False
+    # pylint: disable=protected-access
+    if BACKEND_NAME in registry._COMPILER_FNS:
+        return True
+    if registry._BACKENDS.get(BACKEND_NAME) is not None:
+        # Found through the entry point: torch registers it when it loads it (perhaps right
+        # now, importing this module); registering here too would be a duplicate name.
+        return True
+    registry.register_backend(tvm_ollie_backend, name=BACKEND_NAME)
+    return True
