@@ -155,14 +155,7 @@ def emit_program(bb: "relax.BlockBuilder", program: Program, inputs: Mapping[str
     values: Dict[str, object] = dict(inputs)
     result = None
     for k, stage in enumerate(program.stages):
-        missing = [t for t in stage.reads if t not in values]
-        if missing:
-            raise EmitError(f"stage {stage.name} reads unknown tensors {missing}")
-        mode = stage_mode(stage, impl)
-        if mode == "tir":
-            expr = _emit_tir(bb, stage, values, f"{name}_{stage.kind}_{k}")
-        else:
-            expr = _emit_library(bb, stage, mode, values)
+        expr = _emit_stage(bb, stage, k, values, impl, name)
         if stage.name == program.output:
             result = expr
             break
@@ -182,14 +175,17 @@ def _emit_multi(bb, program: Program, inputs: Mapping[str, object], out_shapes, 
         raise EmitError(f"{len(program.outputs)} outputs but {len(shapes)} result shapes")
     values: Dict[str, object] = dict(inputs)
     for k, stage in enumerate(program.stages):
-        missing = [t for t in stage.reads if t not in values]
-        if missing:
-            raise EmitError(f"stage {stage.name} reads unknown tensors {missing}")
-        mode = stage_mode(stage, impl)
-        if mode == "tir":
-            expr = _emit_tir(bb, stage, values, f"{name}_{stage.kind}_{k}")
-        else:
-            expr = _emit_library(bb, stage, mode, values)
-        values[stage.name] = bb.emit(expr)
+        values[stage.name] = bb.emit(_emit_stage(bb, stage, k, values, impl, name))
     outs = [_view(bb, values[o], shape) for o, shape in zip(program.outputs, shapes)]
     return relax.Tuple(outs)
+
+
+def _emit_stage(bb, stage, k: int, values: Mapping[str, object], impl: str, name: str):
+    """Stage ``k`` of a program as a Relax expression over the already bound ``values``."""
+    missing = [t for t in stage.reads if t not in values]
+    if missing:
+        raise EmitError(f"stage {stage.name} reads unknown tensors {missing}")
+    mode = stage_mode(stage, impl)
+    if mode == "tir":
+        return _emit_tir(bb, stage, values, f"{name}_{stage.kind}_{k}")
+    return _emit_library(bb, stage, mode, values)

@@ -23,7 +23,7 @@ from ..tune.rpc import RPCConfig
 from .decide import DERIVABLE_OPS, Checker, Decider, Timer, call_signature, original_form
 from .emit import emit_program
 from .epilogue import fuse_epilogues
-from .regions import MAX_CALLS, Region, find_regions
+from .regions import MAX_CALLS, Region, find_regions, static_tensor
 from .report import OpDecision, OptimizeReport, RegionDecision
 
 __all__ = ["OllieOptimize", "optimize_module"]
@@ -54,15 +54,7 @@ def _derivable_calls(mod: "tvm.IRModule") -> List[Tuple[str, str, "relax.Call"]]
 
 
 def _static(call) -> bool:
-    for e in [call] + list(call.args):
-        ty = e.ty
-        if not isinstance(ty, relax.TensorType) or ty.shape is None:
-            return False
-        try:
-            [int(s) for s in ty.shape]
-        except (TypeError, ValueError):
-            return False
-    return True
+    return all(static_tensor(e) for e in [call] + list(call.args))
 
 
 @relax.expr_functor.mutator

@@ -64,7 +64,8 @@ def _name(var) -> str:
     return str(getattr(var, "name", None) or getattr(var, "name_hint", ""))
 
 
-def _static(expr) -> bool:
+def static_tensor(expr) -> bool:
+    """Whether ``expr`` is a tensor of a fully known (integer) shape."""
     ty = expr.ty
     if not isinstance(ty, relax.TensorType) or ty.shape is None:
         return False
@@ -413,9 +414,9 @@ def _kind(binding, mod=None) -> Optional[str]:
     that lifts) or None (does not lift)."""
     value = getattr(binding, "value", None)
     if not (isinstance(binding, relax.VarBinding) and isinstance(value, relax.Call) and
-            isinstance(value.op, tvm.ir.Op) and _static(value)):
+            isinstance(value.op, tvm.ir.Op) and static_tensor(value)):
         return None
-    if not all(_static(a) for a in _leaves(value.args) if isinstance(a.ty, relax.TensorType)):
+    if not all(static_tensor(a) for a in _leaves(value.args) if isinstance(a.ty, relax.TensorType)):
         return None
     try:
         expr = lift_relax_call(value, mod)

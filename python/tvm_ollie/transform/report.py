@@ -8,8 +8,25 @@ from typing import Dict, List
 __all__ = ["OpDecision", "OptimizeReport", "RegionDecision"]
 
 
+class _Outcome:
+    """``rewritten`` and ``speedup`` of a decision (fields ``chosen``, ``before_s``,
+    ``after_s``)."""
+
+    @property
+    def rewritten(self) -> bool:
+        """Whether the call or region was replaced."""
+        return self.chosen != "original"
+
+    @property
+    def speedup(self) -> float:
+        """``before_s / after_s`` (1.0 when kept or unknown)."""
+        if self.after_s <= 0 or not self.rewritten:
+            return 1.0
+        return self.before_s / self.after_s
+
+
 @dataclass
-class OpDecision:
+class OpDecision(_Outcome):
     """The decision for one call of a derivable operator.
 
     Attributes
@@ -50,21 +67,9 @@ class OpDecision:
     measured: bool = False
     candidates: int = 0
 
-    @property
-    def rewritten(self) -> bool:
-        """Whether the call was replaced."""
-        return self.chosen != "original"
-
-    @property
-    def speedup(self) -> float:
-        """``before_s / after_s`` (1.0 when kept or unknown)."""
-        if self.after_s <= 0 or not self.rewritten:
-            return 1.0
-        return self.before_s / self.after_s
-
 
 @dataclass
-class RegionDecision:
+class RegionDecision(_Outcome):
     """The decision for one region (several calls lifted, derived and replaced as a whole).
 
     Attributes
@@ -91,18 +96,6 @@ class RegionDecision:
     after_s: float = 0.0
     measured: bool = False
     candidates: int = 0
-
-    @property
-    def rewritten(self) -> bool:
-        """Whether the region was replaced."""
-        return self.chosen != "original"
-
-    @property
-    def speedup(self) -> float:
-        """``before_s / after_s`` (1.0 when kept or unknown)."""
-        if self.after_s <= 0 or not self.rewritten:
-            return 1.0
-        return self.before_s / self.after_s
 
     def to_text(self) -> str:
         """Two or three lines: what the region contained and what it became."""
