@@ -20,7 +20,8 @@ from ..compat import relax, tvm
 from ..tune.calibrate import Calibration
 from ..tune.metaschedule import STATS, normalize_target
 from ..tune.rpc import RPCConfig
-from .decide import DERIVABLE_OPS, Checker, Decider, Timer, call_signature, original_form
+from .decide import DERIVABLE_OPS, Checker, Chooser, Decider, Timer, call_signature, \
+    original_form
 from .emit import emit_program
 from .epilogue import fuse_epilogues
 from .report import OpDecision, OptimizeReport
@@ -100,6 +101,7 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: int = 0,
                     check_untuned: Optional[bool] = None, library: Optional[bool] = None,
                     derive: bool = True, timer: Optional[Timer] = None,
                     checker: Optional[Checker] = None, rpc: Optional[RPCConfig] = None,
+                    chooser: Optional[Chooser] = None,
                     ) -> Tuple["tvm.IRModule", OptimizeReport]:
     """Run the derivation rewrite on ``mod``; return the new module and the report.
 
@@ -143,6 +145,9 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: int = 0,
     rpc : RPCConfig, optional
         Measure on the devices behind this RPC tracker instead of this machine (tuning trials,
         untuned and tuned timings); builds stay local, records go to ``work_dir``.
+    chooser : Chooser, optional
+        Forces the choice per signature, still verified (differential tests; see
+        :mod:`.decide`).
     """
     t_start = time.perf_counter()
     tgt = normalize_target(target)
@@ -153,7 +158,7 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: int = 0,
     decider = Decider(tgt, trials=trials, work_dir=work_dir, max_depth=max_depth,
                       calibration=calibration, max_measured=max_measured,
                       check_untuned=check_untuned, library=library, derive=derive,
-                      timer=timer, checker=checker, rpc=rpc)
+                      timer=timer, checker=checker, rpc=rpc, chooser=chooser)
     report = OptimizeReport(target=str(tgt.kind.name if tgt.kind.name != "llvm" else "llvm"))
     tuning0, calls0 = STATS.seconds, STATS.calls
     sigs = list(dict.fromkeys(call_signature(c) for _, _, c in calls))
@@ -207,8 +212,9 @@ class OllieOptimize:
                  max_measured: int = 3, check_untuned: Optional[bool] = None,
                  library: Optional[bool] = None, derive: bool = True,
                  timer: Optional[Timer] = None, checker: Optional[Checker] = None,
-                 rpc: Optional[RPCConfig] = None):
+                 rpc: Optional[RPCConfig] = None, chooser: Optional[Chooser] = None):
         self.target = target
+        self.chooser = chooser
         self.library = library
         self.derive = derive
         self.timer = timer
@@ -234,6 +240,6 @@ class OllieOptimize:
             time_budget_s=self.time_budget_s, targets=self.targets, verbose=self.verbose,
             calibration=self.calibration, max_measured=self.max_measured,
             check_untuned=self.check_untuned, library=self.library, derive=self.derive,
-            timer=self.timer, checker=self.checker, rpc=self.rpc)
+            timer=self.timer, checker=self.checker, rpc=self.rpc, chooser=self.chooser)
         self.last_report = report
         return new_mod
