@@ -18,7 +18,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ..compat import relax, tvm
 from ..tune.calibrate import Calibration
-from ..tune.metaschedule import STATS, normalize_target
+from ..tune.metaschedule import STATS, Tuner, normalize_target
 from ..tune.rpc import RPCConfig
 from .decide import DERIVABLE_OPS, Checker, Chooser, Decider, Timer, call_signature, \
     original_form
@@ -101,7 +101,7 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: int = 0,
                     check_untuned: Optional[bool] = None, library: Optional[bool] = None,
                     derive: bool = True, timer: Optional[Timer] = None,
                     checker: Optional[Checker] = None, rpc: Optional[RPCConfig] = None,
-                    chooser: Optional[Chooser] = None,
+                    chooser: Optional[Chooser] = None, tuner: Optional[Tuner] = None,
                     ) -> Tuple["tvm.IRModule", OptimizeReport]:
     """Run the derivation rewrite on ``mod``; return the new module and the report.
 
@@ -148,6 +148,8 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: int = 0,
     chooser : Chooser, optional
         Forces the choice per signature, still verified (differential tests; see
         :mod:`.decide`).
+    tuner : Tuner, optional
+        Replaces the pass's MetaSchedule tuner (``trials > 0``; fault-injection tests).
     """
     t_start = time.perf_counter()
     tgt = normalize_target(target)
@@ -158,7 +160,7 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: int = 0,
     decider = Decider(tgt, trials=trials, work_dir=work_dir, max_depth=max_depth,
                       calibration=calibration, max_measured=max_measured,
                       check_untuned=check_untuned, library=library, derive=derive,
-                      timer=timer, checker=checker, rpc=rpc, chooser=chooser)
+                      timer=timer, checker=checker, rpc=rpc, chooser=chooser, tuner=tuner)
     report = OptimizeReport(target=str(tgt.kind.name if tgt.kind.name != "llvm" else "llvm"))
     tuning0, calls0 = STATS.seconds, STATS.calls
     sigs = list(dict.fromkeys(call_signature(c) for _, _, c in calls))
