@@ -203,3 +203,14 @@ def random_inputs(mod, seed: int = 0) -> List[np.ndarray]:
     rng = np.random.default_rng(seed)
     return [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32")
             for p in mod["main"].params]
+
+
+def fixed_case(op: str, data: Tuple[int, ...], weight: Tuple[int, ...], **attrs) -> Case:
+    """A hand-written case (explicit examples): ``op`` on a ``data`` parameter and a ``weight``
+    parameter with ``attrs``; the reduction length is the weight's size per output."""
+    fn = getattr(relax.op.nn, op) if op != "matmul" else relax.op.matmul
+    mod = single_function_module([tensor_var("x", data), tensor_var("w", weight)],
+                                 lambda bb, x, w: fn(x, w, **attrs))
+    reduction = weight[-2] if op == "matmul" else int(np.prod(weight)) // weight[
+        1 if "transpose" in op else 0]
+    return Case(mod, reduction, f"{op} x{data} w{weight} {attrs}", op)

@@ -13,14 +13,14 @@ import os
 from collections import Counter
 
 import pytest
-from hypothesis import HealthCheck, Phase, event, given, settings
+from hypothesis import HealthCheck, Phase, event, example, given, settings
 
 import differential as D
 import strategies as S
 
 logging.getLogger("tvm_ollie").setLevel(logging.CRITICAL)
 
-BOUNDED = settings(max_examples=4, deadline=None, phases=[Phase.explicit, Phase.generate],
+BOUNDED = settings(max_examples=2, deadline=None, phases=[Phase.explicit, Phase.generate],
                    suppress_health_check=list(HealthCheck))
 
 
@@ -35,19 +35,30 @@ def _record(stats: Counter, res) -> None:
         event(f"outcome: {kind}")
 
 
+#: one hand-written case per family (known to have alternatives), then generated ones
+EXPLICIT = {
+    "conv": S.fixed_case("conv2d", (1, 4, 6, 6), (8, 4, 3, 3), padding=(1, 0, 1, 2)),
+    "conv_transpose": S.fixed_case("conv2d_transpose", (1, 4, 3, 3), (4, 2, 3, 3), strides=2,
+                                   padding=1, output_padding=1),
+    "matmul": S.fixed_case("matmul", (2, 6, 8), (8, 5)),
+}
+
+
 def _bounded(strategy, family: str) -> None:
-    stats = Counter()
+    stats, texts = Counter(), []
 
     @BOUNDED
     @given(case=S.substantial(strategy))
+    @example(case=EXPLICIT[family])
     def run(case):
         res = D.check_case(case, max_alts=2)
+        texts.append(f"{case.text}: {res.alternatives} alternatives")
         _record(stats, res)
         assert not res.failures, f"{case.text}: {res.failures}"
 
     run()
     # not vacuous: some forced alternative was really built and compared
-    assert stats["applied"] >= 1, f"{family}: nothing applied: {dict(stats)}"
+    assert stats["applied"] >= 1, f"{family}: nothing applied: {dict(stats)}; " + "; ".join(texts)
 
 
 def test_fuzz_conv():
@@ -72,7 +83,7 @@ def test_fuzz_long():
 
     @settings(max_examples=examples, deadline=None, derandomize=False, database=None,
               phases=[Phase.generate], suppress_health_check=list(HealthCheck))
-    @given(case=S.any_case())
+    @given(case=S.substantial(S.any_case()))
     def run(case):
         res = D.check_case(case, max_alts=max_alts)
         _record(stats, res)
