@@ -75,3 +75,16 @@ def _accesses(scope):
     from tvm_ollie.derive.rules.base import body_accesses
 
     return body_accesses(scope.body)
+
+
+def test_decision_core_rejects_a_program_wrong_over_z_p():
+    from tvm_ollie.transform.decide import check_exact
+
+    conv = conv2d_nhwc(h=5, r=3, c=2, f=2, pad=1)
+    vn, vh, vw, vf, vc, vr, vs = (iv.var for iv in conv.loops + conv.reduce)
+    a, k = sorted({n.source for n in _accesses(conv)}, key=lambda t: t.name)
+    flipped = conv.replace(body=a[vn, vh + vr - 1, vw + vs - 1, vc] * k[2 - vr, vs, vf, vc])
+    ok, why = check_exact(Program([Stage("T0", "eop", flipped, label="elementwise")], conv, "T0"))
+    assert not ok and why.startswith("differs over Z_")
+    assert check_exact(Program([Stage("T0", "eop", conv, label="elementwise")], conv, "T0")) == \
+        (True, "")

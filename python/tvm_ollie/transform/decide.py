@@ -13,7 +13,8 @@ call and re-bound positionally for the others.
 
 Never worse: an alternative is accepted only when it is cheaper than the original under the
 chosen cost by :data:`MARGIN`, built, (tuned,) and matched the original numerically on random
-inputs (relative error :data:`RTOL` of the output's largest magnitude, float32 on llvm).
+inputs (relative error :data:`RTOL` of the output's largest magnitude, float32 on llvm) and, for
+small polynomial programs, exactly over a finite field (:func:`check_exact`).
 Anything else keeps the original call and records why.
 
 Injection points for tests and tools: ``timer`` (module, label) -> seconds and ``checker``
@@ -48,7 +49,7 @@ from ..tune.rpc import RPCConfig
 from .emit import EmitError, emit_program
 
 __all__ = ["DERIVABLE_OPS", "MARGIN", "RTOL", "Alternative", "Checker", "Choice", "Chooser",
-           "Decider", "Timer", "call_signature", "isolated_module"]
+           "Decider", "Timer", "call_signature", "check_exact", "isolated_module"]
 
 LOG = logging.getLogger("tvm_ollie.transform")
 
@@ -506,17 +507,40 @@ class Decider:
         return seconds
 
     def _verify(self, call, alt: Alternative, names) -> Tuple[bool, str]:
-        """The checker on the original and the alternative, each alone."""
+        """The checker on the original and the alternative, each alone (then
+        :func:`check_exact` on a derived program)."""
         t0 = time.perf_counter()
         try:
-            return self.checker(isolated_module(call),
-                                isolated_module(call, alt.program, names, alt.impl))
+            ok, why = self.checker(isolated_module(call),
+                                   isolated_module(call, alt.program, names, alt.impl))
+            if ok and alt.program is not None:
+                ok, why = check_exact(alt.program)
+            return ok, why
         except EmitError as err:
             return False, f"no Relax form: {err}"
         except Exception as err:  # pylint: disable=broad-except
             return False, f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         finally:
             self.verify_s += time.perf_counter() - t0
+
+
+#: multiply-adds up to which a polynomial candidate is also checked exactly over Z_p
+EXACT_CHECK_MAX_WORK = 1 << 22
+
+
+def check_exact(prog: Program) -> Tuple[bool, str]:
+    """The finite-field check of a small polynomial program (``(True, "")`` when it does not
+    apply): exact where floats compare with a tolerance (:mod:`tvm_ollie.verify.finite_field`)."""
+    from ..verify.finite_field import check_program_mod_p  # pylint: disable=import-outside-toplevel
+
+    orig = prog.original
+    if int(np.prod([iv.extent for iv in orig.loops + orig.reduce], dtype=np.int64)) > \
+            EXACT_CHECK_MAX_WORK:
+        return True, ""
+    res = check_program_mod_p(prog, trials=2)
+    if res.applicable and not res.ok:
+        return False, f"differs over Z_{res.p}: {res.reason}"
+    return True, ""
 
 
 def _library_enabled(library: Optional[bool], gpu: bool) -> bool:
