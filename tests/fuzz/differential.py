@@ -10,8 +10,8 @@ Outcomes per forced alternative (:class:`Outcome`): ``applied`` (verified, built
 ``rejected`` (the decision core's numeric check refused it: the derivation produced a wrong
 program, caught by the safety net), ``fallback`` (the rewritten module failed to build and
 :func:`build` built the original), ``lost`` (the alternative was not derived again: the search
-is not deterministic), ``unchanged`` (nothing to force: no alternative), and the failures: ``mismatch`` (a wrong output) and ``error`` (the ollie
-build raised).
+is not deterministic), ``unchanged`` (nothing to force: no alternative), and the failures:
+``mismatch`` (a wrong output) and ``error`` (the ollie build raised).
 """
 
 from __future__ import annotations
