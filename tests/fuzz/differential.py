@@ -1,6 +1,6 @@
 """Differential check of the pass: TVM's build against the ollie build, every alternative forced.
 
-For one generated :class:`~strategies.Case` the module is built by plain ``tvm.compile(mod,
+For one generated :class:`~op_strategies.Case` the module is built by plain ``tvm.compile(mod,
 "llvm")`` (the reference) and by :func:`tvm_ollie.transform.build` once per alternative the
 decision core derives, each forced through the public ``chooser`` option (derived programs on
 TVM kernels and on native library kernels, and the original on its native kernel). Every

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, event, example, given, settings
 
 import differential as D
-import strategies as S
+import op_strategies as S
 
 logging.getLogger("tvm_ollie").setLevel(logging.CRITICAL)
 
