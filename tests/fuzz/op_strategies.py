@@ -68,9 +68,9 @@ def _epilogue(bb, y, bias_shape, bias, relu, rng):
 
 
 @st.composite
-def conv_cases(draw, transpose: bool = False) -> Case:
+def conv_cases(draw, transpose: bool = False, ranks: Tuple[int, ...] = (1, 2, 3)) -> Case:
     """A convolution (or transposed convolution) of rank 1, 2 or 3 with an optional epilogue."""
-    nd = draw(st.sampled_from([1, 2, 3]))
+    nd = draw(st.sampled_from(list(ranks)))
     spatial = "DHW"[3 - nd:] if nd > 1 else "W"
     groups = draw(st.sampled_from([1, 1, 1, 2, 3]))
     cg = draw(st.integers(1, 4))
@@ -188,8 +188,19 @@ def matmul_cases(draw) -> Case:
     return Case(mod, k, text, "matmul")
 
 
-def any_case() -> st.SearchStrategy:
-    """Any of the operator families, equally often."""
+#: operator families by name (``OLLIE_FUZZ_FAMILY`` of the long run)
+FAMILIES = {
+    "conv": lambda: conv_cases(False),
+    "conv2d": lambda: conv_cases(False, (2,)),
+    "conv_transpose": lambda: conv_cases(True),
+    "matmul": matmul_cases,
+}
+
+
+def any_case(family: str = "all") -> st.SearchStrategy:
+    """Cases of one family, or of any family equally often (``"all"``)."""
+    if family != "all":
+        return FAMILIES[family]()
     return st.one_of(conv_cases(False), conv_cases(True), matmul_cases())
 
 
