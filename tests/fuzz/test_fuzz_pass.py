@@ -2,11 +2,10 @@
 every alternative forced in turn (:mod:`differential`), outputs compared.
 
 The default run is bounded (one hand-written and two generated examples per operator family,
-two forced alternatives each);
-``-m slow`` runs ``OLLIE_FUZZ_EXAMPLES`` examples (default 2000) forcing ``OLLIE_FUZZ_ALTS``
-alternatives each (default: all) of the ``OLLIE_FUZZ_FAMILY`` operators (``conv``, ``conv2d``,
-``conv_transpose``, ``matmul``; default all), logs one JSON line per case to ``OLLIE_FUZZ_LOG`` and fails
-at the end with every failure found.
+two forced alternatives each); ``-m slow`` runs ``OLLIE_FUZZ_EXAMPLES`` examples (default 2000)
+forcing ``OLLIE_FUZZ_ALTS`` alternatives each (default: all) of the ``OLLIE_FUZZ_FAMILY``
+operators (``conv``, ``conv2d``, ``conv_transpose``, ``matmul``; default all), logs one JSON
+line per case to ``OLLIE_FUZZ_LOG`` and fails at the end with every failure found.
 """
 
 import json
