@@ -10,7 +10,7 @@ import pytest
 import tvm
 
 import small_models as sm
-from tvm_ollie.transform import build, optimize_module
+from tvm_ollie.transform import OllieOptimize, build, optimize_module
 from tvm_ollie.tune.metaschedule import Tuner
 
 OPTS = dict(max_depth=1, time_budget_s=2.0, calibration=sm.LLVM_CALIB)
@@ -111,6 +111,11 @@ def test_forced_candidates_verified_and_correct():
     assert all(d.chosen == seen[d.signature][-1] and d.reason == "forced by the chooser"
                for d in report.decisions), report.to_text()
     _assert_correct(new, mod)
+    # the same keyword through the pass object
+    ollie = OllieOptimize(chooser=chooser, **OPTS)
+    tvm.ir.assert_structural_equal(ollie(mod), new)
+    assert [d.chosen for d in ollie.last_report.decisions] == \
+        [d.chosen for d in report.decisions]
 
 
 def test_native_library_missing():
