@@ -13,6 +13,7 @@ import logging
 import os
 from collections import Counter
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, event, example, given, settings
 
@@ -104,3 +105,15 @@ def test_fuzz_long():
     print(dict(stats))
     assert not failures, "\n".join(map(str, failures))
     assert stats["applied"] >= 1
+
+
+def test_comparison_is_tight_enough_to_catch_a_dropped_term():
+    """The tolerance grows with the reduction length, but a single dropped product of a
+    reduction (about 1/R of the output's scale) still fails it."""
+    rng = np.random.default_rng(0)
+    for reduction in (1, 9, 72, 576):
+        terms = rng.standard_normal((64, reduction))
+        ref = terms.sum(axis=1)
+        assert D._compare(ref.astype("float32"), ref, reduction) is None
+        dropped = ref - terms[:, 0]
+        assert D._compare(dropped, ref, reduction) is not None, reduction
