@@ -118,7 +118,8 @@ def _run(args: argparse.Namespace) -> int:
 
 def _explain(args: argparse.Namespace) -> int:
     # pylint: disable=import-outside-toplevel
-    from .frontend.explain import decision_details, decision_table, other_operators, summary_line
+    from .frontend.explain import (decision_details, decision_table, other_operators,
+                                   region_lines, summary_line)
     from .frontend.progress import Stages
     from .tune.workdir import prepare_work_dir, work_dir_lock
 
@@ -142,6 +143,11 @@ def _explain(args: argparse.Namespace) -> int:
     if decisions:
         print()
         print(decision_details(decisions))
+    regions = list(getattr(report, "regions", []))
+    if regions:
+        done = sum(1 for r in regions if r.rewritten)
+        print(f"\nregions: {len(regions)}, {done} rewritten")
+        print(region_lines(regions))
     return 0
 
 

@@ -2,15 +2,17 @@
 
 For one generated :class:`~op_strategies.Case` the module is built by plain ``tvm.compile(mod,
 "llvm")`` (the reference) and by :func:`tvm_ollie.transform.build` once per alternative the
-decision core derives, each forced through the public ``chooser`` option (derived programs on
-TVM kernels and on native library kernels, and the original on its native kernel). Every
+decision core derives for the operator or for a region around it (the operator with its bias
+and activation), each forced through the public ``chooser`` option (derived programs on TVM
+kernels and on native library kernels, and the original on its native kernel). Every
 output must match the reference within a tolerance scaled by the reduction length.
 
 Outcomes per forced alternative (:class:`Outcome`): ``applied`` (verified, built, matched),
 ``rejected`` (the decision core's numeric check refused it: the derivation produced a wrong
 program, caught by the safety net), ``fallback`` (the rewritten module failed to build and
 :func:`build` built the original), ``lost`` (the alternative was not derived again: the search
-is not deterministic), ``unchanged`` (nothing to force: no alternative), and the failures:
+is not deterministic), ``shadowed`` (a rewritten region of several calls took the call whose
+alternative was forced), ``unchanged`` (nothing to force: no alternative), and the failures:
 ``mismatch`` (a wrong output) and ``error`` (the ollie build raised).
 """
 
@@ -20,7 +22,7 @@ import os
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 import tvm
@@ -82,20 +84,25 @@ def _compare(got: np.ndarray, ref: np.ndarray, reduction: int) -> Optional[str]:
 
 
 class _Force:
-    """A chooser that records the alternatives and forces the one labelled ``label`` (or the
-    first, when ``label`` is None)."""
+    """A chooser that records the alternatives of every unit (call or region) and forces the
+    one labelled ``label`` wherever it is offered (the first of each unit when ``label`` is
+    None)."""
 
     def __init__(self, label: Optional[str] = None):
         self.label = label
-        self.seen: List[str] = []
+        self.seen: Dict[str, List[str]] = {}
 
     def __call__(self, sig, alts):
-        self.seen = [a.label for a in alts]
+        self.seen[sig] = [a.label for a in alts]
         if not alts:
             return None
         if self.label is None:
             return alts[0]
         return next((a for a in alts if a.label == self.label), None)
+
+    def labels(self) -> List[str]:
+        """Every alternative offered, each once (units in decision order, cheapest first)."""
+        return list(dict.fromkeys(lab for labs in self.seen.values() for lab in labs))
 
 
 def _one(case, args, ref, force: _Force, **opts) -> Outcome:
@@ -104,25 +111,30 @@ def _one(case, args, ref, force: _Force, **opts) -> Outcome:
     except Exception as err:  # pylint: disable=broad-except
         tb = traceback.format_exc(limit=-3)
         return Outcome(force.label or "?", "error", f"{type(err).__name__}: {err}\n{tb}")
-    label = force.label or (force.seen[0] if force.seen else "")
-    d = report.decisions[0] if report.decisions else None
-    if d is None:
-        return Outcome(label, "error", "no decision for the operator")
-    kind = "applied"
-    if not force.seen:
+    label = force.label or "(cheapest of each unit)"
+    decisions = list(report.regions) + list(report.decisions)
+    reasons = " | ".join(d.reason for d in decisions)
+    offered = force.labels()
+    if not offered:
         kind = "unchanged"
-    elif label not in force.seen:
+    elif force.label is not None and force.label not in offered:
         kind = "lost"
-    elif d.reason.startswith("forced") and "rejected" in d.reason:
+    elif force.label is not None and f"forced {force.label} rejected" in reasons or \
+            force.label is None and "rejected" in reasons:
         kind = "rejected"
-    elif "failed to build" in d.reason:
+    elif "failed to build" in reasons:
         kind = "fallback"
-    elif d.chosen != label:
-        return Outcome(label, "error", f"chose {d.chosen!r}: {d.reason}")
+    elif force.label is None or any(d.chosen == force.label for d in decisions):
+        kind = "applied"
+    elif any(r.rewritten for r in report.regions):
+        kind = "shadowed"  # a rewritten region took the call the label belongs to
+    else:
+        return Outcome(label, "error", f"not chosen: {reasons}")
     bad = _compare(_run(ex, args), ref, case.reduction)
     if bad:
-        return Outcome(label, "mismatch", f"{bad}; decision: {d.chosen}: {d.reason}")
-    return Outcome(label, kind, d.reason if kind != "applied" else "")
+        return Outcome(label, "mismatch", f"{bad}; decisions: "
+                       + "; ".join(f"{d.chosen}: {d.reason}" for d in decisions))
+    return Outcome(label, kind, reasons if kind != "applied" else "")
 
 
 def check_case(case, max_alts: Optional[int] = None, **opts) -> CaseResult:
@@ -140,7 +152,7 @@ def check_case(case, max_alts: Optional[int] = None, **opts) -> CaseResult:
         return res
     first = _Force()
     res.outcomes.append(_one(case, args, ref, first, **opts))
-    labels = first.seen
+    labels = first.labels()
     res.alternatives = len(labels)
     rest = labels[1:]
     if max_alts is not None and len(rest) > max_alts - 1:

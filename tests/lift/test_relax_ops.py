@@ -243,6 +243,25 @@ case("concat-same-twice", {"a": (2, 3)}, lambda a: R.concat([a, a], axis=0),
 case("pad-zero", {"a": (1, 2, 3, 3)},
      lambda a: R.nn.pad(a, pad_width=[0, 0, 0, 1, 1, 1, 2, 0]),
      numpy_ref=lambda a: np.pad(a, ((0, 0), (0, 1), (1, 1), (2, 0))))
+# take with constant affine indices (an exported window), see lift/gather.py
+_I64 = "int64"
+
+
+def _take(idx, axis):
+    arr = np.asarray(idx, dtype=_I64)
+    return lambda a: R.take(a, relax.const(arr, _I64), axis=axis)
+
+
+case("take-slice", {"a": (3, 8, 2)}, _take(np.arange(2, 7), 1))
+case("take-strided", {"a": (9, 4)}, _take(np.arange(1, 9, 3), 0))
+case("take-band-dilated", {"a": (2, 14, 3)},
+     _take(np.arange(6)[:, None] + 2 * np.arange(5)[None, :], 1))
+case("take-broadcast", {"a": (5, 3)}, _take(np.tile(np.arange(3)[None, :], (4, 1)), 1))
+case("gather_nd-band", {"a": (14, 2, 3)}, lambda a: R.gather_nd(a, relax.const(
+    (np.arange(6)[:, None] + 2 * np.arange(5)[None, :])[..., None].astype(_I64), _I64)))
+case("gather_nd-2d", {"a": (5, 6, 2)}, lambda a: R.gather_nd(a, relax.const(
+    np.stack([np.arange(4), 5 - np.arange(4)], axis=-1).astype(_I64), _I64)))
+case("take-scalar", {"a": (4, 5)}, _take(3, 1))
 case("pad-value", {"a": (2, 3)}, lambda a: R.nn.pad(a, pad_width=[1, 0, 0, 2], pad_value=1.5),
      numpy_ref=lambda a: np.pad(a, ((1, 0), (0, 2)), constant_values=1.5))
 
@@ -403,6 +422,13 @@ def _t(shape, dtype=F32):
      "orders the spatial axes"),
     (lambda x: R.nn.max_pool2d(x, 2, layout="NCHW4c"), [_t((1, 2, 4, 4, 4))],
      "unsupported layout"),
+    (lambda x: R.take(x, relax.const(np.array([[3, 0, 4], [1, 1, 2]], "int64")), axis=0),
+     [_t((5, 3))], "not an affine"),
+    (lambda x: R.take(x, relax.const(np.array([-1, 0, 1], "int64")), axis=0),
+     [_t((5, 3))], "outside"),
+    (lambda x, i: R.take(x, i, axis=0), [_t((5, 3)), _t((2,), "int64")], "not a constant"),
+    (lambda x: R.gather_nd(x, relax.const(np.array([[3], [0], [4]]), "int64")), [_t((5, 3))],
+     "not an affine"),
 ])
 def test_unsupported_raises(make, types, match):
     call, mod = _single_call(make, *types)

@@ -195,7 +195,10 @@ def _prepare_ollie(spec, ctx: BenchContext, system: str, **opts) -> Prepared:
     info = {"trials_per_impl": ctx.trials, "import_s": import_s, "search_s": report.search_s,
             "rewritten": [d.var_name for d in report.decisions if d.chosen != "original"],
             "decisions": [f"{d.op_name} {d.var_name}: {d.chosen}" for d in report.decisions],
-            "epilogues": dict(report.epilogues)}
+            "epilogues": dict(report.epilogues),
+            "regions": [f"{r.var_name} [{r.contents}]: {r.chosen}"
+                        for r in getattr(report, "regions", [])]}
+    info["rewritten"] += [r.var_name for r in getattr(report, "regions", []) if r.rewritten]
     return prepare_tvm_executable(ex, params, spec, ctx, total_s - (tune_s or 0.0), tune_s, info)
 
 

@@ -95,6 +95,29 @@ def decision_details(decisions: Sequence[Any]) -> str:
     return "\n\n".join(blocks)
 
 
+def region_lines(regions: Sequence[Any]) -> str:
+    """Per region (several calls decided as a whole): what it contained, the expression it
+    lifted into, and what it became (fields of ``tvm_ollie.transform.RegionDecision``)."""
+    blocks: List[str] = []
+    for index, reg in enumerate(regions, 1):
+        chosen = str(getattr(reg, "chosen", "original"))
+        kept = chosen == "original"
+        before, after = getattr(reg, "before_s", None), getattr(reg, "after_s", None)
+        how = "measured" if getattr(reg, "measured", False) else "estimated"
+        lines = [
+            f"[R{index}] {getattr(reg, 'function', '?')}/{getattr(reg, 'var_name', '?')}: "
+            f"{getattr(reg, 'contents', '')}",
+            f"    lifted:     {getattr(reg, 'expression', '')}",
+            f"    became:     {'original (kept)' if kept else chosen}",
+            f"    time:       {format_time(before)} -> {format_time(after)} ({how})",
+        ]
+        reason = getattr(reg, "reason", "")
+        if reason:
+            lines.append(f"    reason:     {reason}")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
 def summary_line(decisions: Sequence[Any]) -> str:
     """``"3 derivable operators, 2 rewritten"``."""
     rewritten = sum(1 for d in decisions if str(getattr(d, "chosen", "original")) != "original")

@@ -49,7 +49,8 @@ from ..tune.rpc import RPCConfig
 from .emit import EmitError, emit_program
 
 __all__ = ["DERIVABLE_OPS", "MARGIN", "RTOL", "Alternative", "Checker", "Choice", "Chooser",
-           "Decider", "Timer", "call_signature", "check_exact", "isolated_module"]
+           "Decider", "Timer", "call_signature", "check_exact", "isolated_module", "unit_module",
+           "unit_operands", "unit_signature"]
 
 LOG = logging.getLogger("tvm_ollie.transform")
 
@@ -343,8 +344,13 @@ class Decider:
     # -- public ----------------------------------------------------------------------------
 
     def decide(self, call, budget_s: Optional[float] = None) -> Choice:
-        """The choice for ``call`` (computed on the first call of its signature)."""
-        sig = call_signature(call)
+        """The choice for ``call`` (computed on the first call of its signature).
+
+        ``call`` is a unit of decision: a Relax call, or a region
+        (:class:`~tvm_ollie.transform.regions.Region`: several calls lifted as one expression,
+        with inputs and one output) decided and replaced as a whole.
+        """
+        sig = unit_signature(call)
         hit = self.cache.get(sig)
         if hit is None:
             try:
@@ -358,7 +364,7 @@ class Decider:
     # -- stages: alternatives -> cost -> check -> choose --------------------------------------
 
     def _decide(self, call, sig: str, budget_s: float) -> Choice:
-        names, _ = _operand_values(call)
+        names, _ = unit_operands(call)
         alts, n_cand, note = self.alternatives(call, budget_s)
         base = alts[0]
         others = sorted(alts[1:], key=lambda a: (a.estimate, a.label))
@@ -371,11 +377,18 @@ class Decider:
         # are common where both sides are memory-bound, e.g. a small matmul on TVM or a library).
         bound = base.estimate * ((1 + MARGIN) if self.measures else (1 - MARGIN))
         better = [a for a in others if a.estimate < bound]
+        if _is_region(call) and self.measures:
+            # the analytic cost of a region's original (several kernels) is rough: the cheapest
+            # program of every operator kind is measured whatever its estimate
+            firsts = _kind_leaders(others)
+            better = firsts + [a for a in better if a not in firsts]
         if not better:
             best = _t(others[0].estimate) if others else "none"
             return Choice(None, names, f"no candidate beats the original by the analytic cost "
                           f"({_t(base.estimate)} vs best {best}; {n_cand} candidates{note})",
                           base.estimate, base.estimate, False, n_cand)
+        if _is_region(call):
+            better = _kind_leaders(better) + [a for a in better if a not in _kind_leaders(better)]
         if self.measures:
             return self._choose_measured(call, sig, names, base, better, n_cand)
         return self._choose_analytic(call, names, base, better, n_cand)
@@ -383,16 +396,20 @@ class Decider:
     def alternatives(self, call, budget_s: float) -> Tuple[List[Alternative], int, str]:
         """The baseline first, then every other alternative with its analytic estimate;
         the number of derived candidates and a note on the search."""
+        region = _is_region(call)
         try:
-            expr = lift_relax_call(call)
+            expr = call.lift() if region else lift_relax_call(call)
         except LiftError as err:
             expr, note = None, f"; not liftable: {err}"
-        op = call.op.name
-        base_est = analytic.original_seconds(expr, op, self.calib) if expr is not None else 0.0
+        if region:
+            base_est = _region_seconds(call, self.calib) if expr is not None else 0.0
+        else:
+            base_est = analytic.original_seconds(expr, call.op.name, self.calib) \
+                if expr is not None else 0.0
         alts = [Alternative(None, "tvm", base_est)]
-        if self.library and lib.call_form(call) is not None and expr is not None:
-            alts.append(Alternative(None, "native",
-                                    analytic.original_seconds(expr, op, self.calib, "native")))
+        if not region and self.library and lib.call_form(call) is not None and expr is not None:
+            alts.append(Alternative(None, "native", analytic.original_seconds(
+                expr, call.op.name, self.calib, "native")))
         if expr is None or not self.derive:
             return alts, 0, "" if expr is not None else note
         from ..derive.search import derive  # pylint: disable=import-outside-toplevel
@@ -469,7 +486,7 @@ class Decider:
 
     def _timed(self, call, sig: str, alt: Alternative, names) -> Optional[float]:
         try:
-            mod = isolated_module(call, alt.program, names, alt.impl)
+            mod = unit_module(call, alt.program, names, alt.impl)
         except EmitError as err:
             LOG.warning("ollie: %s has no Relax form: %s", alt.label, err)
             return None
@@ -511,8 +528,8 @@ class Decider:
         :func:`check_exact` on a derived program)."""
         t0 = time.perf_counter()
         try:
-            ok, why = self.checker(isolated_module(call),
-                                   isolated_module(call, alt.program, names, alt.impl))
+            ok, why = self.checker(unit_module(call),
+                                   unit_module(call, alt.program, names, alt.impl))
             if ok and alt.program is not None:
                 ok, why = check_exact(alt.program)
             return ok, why
@@ -541,6 +558,58 @@ def check_exact(prog: Program) -> Tuple[bool, str]:
     if res.applicable and not res.ok:
         return False, f"differs over Z_{res.p}: {res.reason}"
     return True, ""
+
+
+def _is_region(unit) -> bool:
+    return bool(getattr(unit, "is_region", False))
+
+
+def unit_signature(unit) -> str:
+    """:func:`call_signature` of a call; a region's own signature."""
+    return unit.signature() if _is_region(unit) else call_signature(unit)
+
+
+def unit_operands(unit) -> Tuple[List[str], List[object]]:
+    """Names and Relax values of a unit's inputs (the names its lifted expression uses)."""
+    if _is_region(unit):
+        ins = unit.inputs()
+        return [n for n, _ in ins], [v for _, v in ins]
+    return _operand_values(unit)
+
+
+def unit_module(unit, program: Optional[Program] = None, names=None,
+                impl: str = "tvm") -> "tvm.IRModule":
+    """:func:`isolated_module` of a call or of a region."""
+    if _is_region(unit):
+        from .regions import isolated_region_module  # pylint: disable=import-outside-toplevel
+
+        return isolated_region_module(unit, program, names, impl)
+    return isolated_module(unit, program, names, impl)
+
+
+def _kind_leaders(alts: List[Alternative]) -> List[Alternative]:
+    """The cheapest alternative of each operator kind (g2bmm, gbmm, matmul, ...) among ``alts``
+    (cheapest first): a region's few measured slots then try every kind of rewrite."""
+    leaders, kinds = [], set()
+    for alt in alts:
+        new = set() if alt.program is None else \
+            {s.kind for s in alt.program.stages if s.is_operator} - kinds
+        if new:
+            kinds |= new
+            leaders.append(alt)
+    return leaders
+
+
+def _region_seconds(region, calib: Calibration) -> float:
+    """Analytic estimate of a region as TVM builds it: one kernel per call."""
+    total = 0.0
+    for call in region.calls:
+        try:
+            expr = lift_relax_call(call)
+        except LiftError:
+            continue
+        total += analytic.original_seconds(expr, call.op.name, calib)
+    return total
 
 
 def _library_enabled(library: Optional[bool], gpu: bool) -> bool:

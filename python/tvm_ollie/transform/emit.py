@@ -135,7 +135,8 @@ def emit_program(bb: "relax.BlockBuilder", program: Program, inputs: Mapping[str
     inputs : Mapping[str, relax.Expr]
         The Relax value of each input tensor of the program, by the names the lift gave them.
     out_shape : tuple of int
-        The shape of the call being replaced (the output stage may be a view of it).
+        The shape of the call being replaced (the output stage may be a view of it); for a
+        program of several expressions (``program.multi``), one shape per output.
     impl : str
         How matched operators are emitted: ``"tvm"`` (Relax operators where possible),
         ``"native"`` (library kernels where possible) or ``"tir"`` (see :func:`stage_mode`).
@@ -145,10 +146,12 @@ def emit_program(bb: "relax.BlockBuilder", program: Program, inputs: Mapping[str
     Returns
     -------
     relax.Expr
-        The (not yet bound) expression of the result, shaped ``out_shape``.
+        The (not yet bound) expression of the result, shaped ``out_shape``; for a program of
+        several expressions, a ``relax.Tuple`` of the bound outputs, in ``program.outputs``
+        order.
     """
     if program.multi:
-        raise EmitError("multi-output programs are not emitted by the pass")
+        return _emit_multi(bb, program, inputs, out_shape, impl, name)
     values: Dict[str, object] = dict(inputs)
     result = None
     for k, stage in enumerate(program.stages):
@@ -169,3 +172,24 @@ def emit_program(bb: "relax.BlockBuilder", program: Program, inputs: Mapping[str
     if _shape_of(bb.normalize(result)) != tuple(out_shape):
         result = relax.op.reshape(bb.emit(result), tuple(out_shape))
     return result
+
+
+def _emit_multi(bb, program: Program, inputs: Mapping[str, object], out_shapes, impl: str,
+                name: str):
+    """Every stage as one binding; the outputs (each viewed in its shape) as one tuple."""
+    shapes = [tuple(int(d) for d in s) for s in out_shapes]
+    if len(shapes) != len(program.outputs):
+        raise EmitError(f"{len(program.outputs)} outputs but {len(shapes)} result shapes")
+    values: Dict[str, object] = dict(inputs)
+    for k, stage in enumerate(program.stages):
+        missing = [t for t in stage.reads if t not in values]
+        if missing:
+            raise EmitError(f"stage {stage.name} reads unknown tensors {missing}")
+        mode = stage_mode(stage, impl)
+        if mode == "tir":
+            expr = _emit_tir(bb, stage, values, f"{name}_{stage.kind}_{k}")
+        else:
+            expr = _emit_library(bb, stage, mode, values)
+        values[stage.name] = bb.emit(expr)
+    outs = [_view(bb, values[o], shape) for o, shape in zip(program.outputs, shapes)]
+    return relax.Tuple(outs)

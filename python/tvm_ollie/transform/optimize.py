@@ -24,7 +24,8 @@ from .decide import DERIVABLE_OPS, Checker, Chooser, Decider, Timer, call_signat
     original_form
 from .emit import emit_program
 from .epilogue import fuse_epilogues
-from .report import OpDecision, OptimizeReport
+from .regions import MAX_CALLS, Region, find_regions
+from .report import OpDecision, OptimizeReport, RegionDecision
 
 __all__ = ["OllieOptimize", "optimize_module"]
 
@@ -66,6 +67,38 @@ def _static(call) -> bool:
 
 
 @relax.expr_functor.mutator
+class _RegionRewriter(relax.PyExprMutator):
+    """Replaces each rewritten region: its output binding becomes the program, its other
+    bindings go away (nothing outside the region uses them)."""
+
+    def __init__(self, mod, regions: List[Tuple[Region, object]]):
+        super().__init__(mod)
+        self.outputs = {hash(r.output): (r, ch) for r, ch in regions}
+        self.drop = {hash(b.var) for r, _ in regions for b in r.bindings[:-1]
+                     if hash(b.var) not in r.keep}
+
+    def visit_var_binding_(self, binding):  # pylint: disable=arguments-renamed
+        key = hash(binding.var)
+        if key in self.drop:
+            return
+        hit = self.outputs.get(key)
+        if hit is None:
+            super().visit_var_binding_(binding)
+            return
+        region, choice = hit
+        values = {n: self.visit_expr(v) for n, v in region.inputs()}
+        in_names = [n for n, _ in region.inputs()]
+        mapping = {pn: values[cn] for pn, cn in zip(choice.names, in_names)}
+        out = emit_program(self.builder_, choice.program, mapping, region.out_shape,
+                           impl=choice.impl, name="ollie_region")
+        if isinstance(binding.var, relax.DataflowVar):
+            new_var = self.builder_.emit(out)
+        else:
+            new_var = self.builder_.emit_output(out)
+        self.set_var_remap(binding.var, new_var)
+
+
+@relax.expr_functor.mutator
 class _Rewriter(relax.PyExprMutator):
     """Replaces each decided call by its program (bindings emitted in place)."""
 
@@ -102,6 +135,7 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: int = 0,
                     derive: bool = True, timer: Optional[Timer] = None,
                     checker: Optional[Checker] = None, rpc: Optional[RPCConfig] = None,
                     chooser: Optional[Chooser] = None, tuner: Optional[Tuner] = None,
+                    region_calls: int = MAX_CALLS,
                     ) -> Tuple["tvm.IRModule", OptimizeReport]:
     """Run the derivation rewrite on ``mod``; return the new module and the report.
 
@@ -150,6 +184,10 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: int = 0,
         :mod:`.decide`).
     tuner : Tuner, optional
         Replaces the pass's MetaSchedule tuner (``trials > 0``; fault-injection tests).
+    region_calls : int
+        Most calls in one region (:mod:`.regions`); 1 decides every call alone. A region of
+        several calls is lifted, derived, verified and replaced as a whole; when it is kept,
+        its heavy call is still decided alone.
     """
     t_start = time.perf_counter()
     tgt = normalize_target(target)
@@ -163,8 +201,32 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: int = 0,
                       timer=timer, checker=checker, rpc=rpc, chooser=chooser, tuner=tuner)
     report = OptimizeReport(target=str(tgt.kind.name if tgt.kind.name != "llvm" else "llvm"))
     tuning0, calls0 = STATS.seconds, STATS.calls
-    sigs = list(dict.fromkeys(call_signature(c) for _, _, c in calls))
+    regions = [r for r in (find_regions(mod, region_calls) if region_calls > 1 and derive
+                           else []) if r.size > 1]
+    if targets:
+        regions = [r for r in regions if r.heavy_call.op.name in wanted]
+    sigs = list(dict.fromkeys([call_signature(c) for _, _, c in calls] +
+                              [r.signature() for r in regions]))
     choices: Dict[str, object] = {}
+    rewritten_regions, region_decisions, inside = [], [], set()
+    for region in regions:
+        sig = region.signature()
+        if sig not in choices:
+            pending = len(sigs) - len(choices)
+            budget = max(0.5, (time_budget_s - decider.search_s) / max(pending, 1))
+            choices[sig] = decider.decide(region, budget)
+        ch = choices[sig]
+        region_decisions.append(RegionDecision(
+            region.function, _var_name(region.output), region.describe(), str(region.lift()),
+            chosen=ch.label, reason=ch.reason, explain=ch.explain, before_s=ch.before_s,
+            after_s=ch.after_s, measured=ch.measured, candidates=ch.candidates))
+        log = LOG.info if (verbose or ch.rewritten) else LOG.debug
+        log("ollie: region %s.%s [%s] -> %s (%s)", region.function, _var_name(region.output),
+            region.describe(), ch.label, ch.reason)
+        if ch.rewritten:
+            rewritten_regions.append((region, ch))
+            inside.update(hash(b.value) for b in region.bindings)
+    calls = [c for c in calls if hash(c[2]) not in inside]
     decisions = []
     for fname, vname, call in calls:
         sig = call_signature(call)
@@ -182,13 +244,21 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: int = 0,
         log = LOG.info if (verbose or d.rewritten) else LOG.debug
         log("ollie: %s.%s %s -> %s (%s)", fname, vname, sig, d.chosen, d.reason)
     new_mod = mod
-    if any(ch.rewritten for ch in choices.values()):
-        rewriter = _Rewriter(mod, choices)
+    if rewritten_regions:
+        region_rewriter = _RegionRewriter(mod, rewritten_regions)
+        for gv, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                region_rewriter.builder_.update_func(gv, region_rewriter.visit_expr(func))
+        mod = new_mod = region_rewriter.builder_.get()
+    call_choices = {call_signature(c): choices[call_signature(c)] for _, _, c in calls}
+    if any(ch.rewritten for ch in call_choices.values()):
+        rewriter = _Rewriter(mod, call_choices)
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function):
                 rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
         new_mod, report.epilogues = fuse_epilogues(rewriter.builder_.get())
     report.decisions = decisions
+    report.regions = region_decisions
     report.search_s = decider.search_s
     report.verify_s = decider.verify_s
     report.tuning_s = STATS.seconds - tuning0
@@ -214,9 +284,11 @@ class OllieOptimize:
                  max_measured: int = 3, check_untuned: Optional[bool] = None,
                  library: Optional[bool] = None, derive: bool = True,
                  timer: Optional[Timer] = None, checker: Optional[Checker] = None,
-                 rpc: Optional[RPCConfig] = None, chooser: Optional[Chooser] = None):
+                 rpc: Optional[RPCConfig] = None, chooser: Optional[Chooser] = None,
+                 region_calls: int = MAX_CALLS):
         self.target = target
         self.chooser = chooser
+        self.region_calls = region_calls
         self.library = library
         self.derive = derive
         self.timer = timer
@@ -242,6 +314,7 @@ class OllieOptimize:
             time_budget_s=self.time_budget_s, targets=self.targets, verbose=self.verbose,
             calibration=self.calibration, max_measured=self.max_measured,
             check_untuned=self.check_untuned, library=self.library, derive=self.derive,
-            timer=self.timer, checker=self.checker, rpc=self.rpc, chooser=self.chooser)
+            timer=self.timer, checker=self.checker, rpc=self.rpc, chooser=self.chooser,
+            region_calls=self.region_calls)
         self.last_report = report
         return new_mod

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List
 
-__all__ = ["OpDecision", "OptimizeReport"]
+__all__ = ["OpDecision", "OptimizeReport", "RegionDecision"]
 
 
 @dataclass
@@ -64,11 +64,63 @@ class OpDecision:
 
 
 @dataclass
+class RegionDecision:
+    """The decision for one region (several calls lifted, derived and replaced as a whole).
+
+    Attributes
+    ----------
+    function, var_name : str
+        The Relax function and the variable of the region's result.
+    contents : str
+        The region's calls in order (``var=op, ...``).
+    expression : str
+        The region lifted as one expression.
+    chosen, reason, explain, before_s, after_s, measured, candidates
+        As in :class:`OpDecision`. When a region is kept, its heavy call is decided alone
+        (and has its own :class:`OpDecision`).
+    """
+
+    function: str
+    var_name: str
+    contents: str
+    expression: str
+    chosen: str = "original"
+    reason: str = ""
+    explain: str = ""
+    before_s: float = 0.0
+    after_s: float = 0.0
+    measured: bool = False
+    candidates: int = 0
+
+    @property
+    def rewritten(self) -> bool:
+        """Whether the region was replaced."""
+        return self.chosen != "original"
+
+    @property
+    def speedup(self) -> float:
+        """``before_s / after_s`` (1.0 when kept or unknown)."""
+        if self.after_s <= 0 or not self.rewritten:
+            return 1.0
+        return self.before_s / self.after_s
+
+    def to_text(self) -> str:
+        """Two or three lines: what the region contained and what it became."""
+        became = self.chosen if self.rewritten else f"original ({self.reason})"
+        return (f"region {self.function}.{self.var_name} [{self.contents}]\n"
+                f"    lifted: {self.expression}\n"
+                f"    -> {became}  ({_us(self.before_s)} -> {_us(self.after_s)}, "
+                f"{'measured' if self.measured else 'analytic'})")
+
+
+@dataclass
 class OptimizeReport:
     """Decisions of one run of the pass plus where its time went."""
 
     target: str = ""
     decisions: List[OpDecision] = field(default_factory=list)
+    #: one per region of several calls (:mod:`.regions`)
+    regions: List[RegionDecision] = field(default_factory=list)
     search_s: float = 0.0
     tuning_s: float = 0.0
     verify_s: float = 0.0
@@ -100,6 +152,10 @@ class OptimizeReport:
                     f"{self.search_s:.2f}s, tuning {self.tuning_s:.2f}s ({self.tuning_calls} "
                     f"calls), verify {self.verify_s:.2f}s, total {self.total_s:.2f}s "
                     "(times: M measured, A analytic)")
+        if self.regions:
+            done = sum(1 for r in self.regions if r.rewritten)
+            rows.append(f"{done}/{len(self.regions)} regions rewritten:")
+            rows.extend(r.to_text() for r in self.regions)
         if self.epilogues:
             folded = ", ".join(f"{k} {v}" for k, v in sorted(self.epilogues.items()))
             rows.append(f"epilogues folded into native kernels: {folded}")
