@@ -27,8 +27,9 @@ def cheapest(sig, alts):
 
 
 def check_model(name: str, budget_s: float = 10.0) -> Tuple[int, int, float, dict]:
-    """``(rewritten, decisions, relative error, report summary)``; raises on a mismatch or
-    when the build fell back to the original module."""
+    """``(rewritten, decisions, relative error, report summary)`` (regions of several calls
+    counted with the calls); raises on a mismatch or when the build fell back to the original
+    module."""
     import torch  # pylint: disable=import-outside-toplevel
 
     spec = get_model(name, quick=True)
@@ -39,7 +40,8 @@ def check_model(name: str, budget_s: float = 10.0) -> Tuple[int, int, float, dic
     ex, report = build(mod, "llvm", trials=0, max_depth=2, time_budget_s=budget_s,
                        calibration=CALIB, check_untuned=False, chooser=cheapest)
     build_s = time.perf_counter() - t0
-    fell_back = [d for d in report.decisions if "failed to build" in d.reason]
+    units = list(report.regions) + list(report.decisions)
+    fell_back = [d for d in units if "failed to build" in d.reason]
     assert not fell_back, f"{name}: the rewritten module failed to build: {fell_back[0].reason}"
     vm = relax.VirtualMachine(ex, tvm.cpu())
     args = [tvm.runtime.tensor(x.numpy()) for x in spec.example_inputs] + list(params)
@@ -48,6 +50,7 @@ def check_model(name: str, budget_s: float = 10.0) -> Tuple[int, int, float, dic
     scale = max(float(np.max(np.abs(ref))), 1e-6)
     err = float(np.max(np.abs(got - ref))) / scale
     assert err <= RTOL, f"{name}: relative error {err:.3g} > {RTOL} ({report.to_text()})"
-    rejected = [d.reason for d in report.decisions if "rejected" in d.reason]
-    return len(report.rewritten), len(report.decisions), err, {
+    rejected = [d.reason for d in units if "rejected" in d.reason]
+    rewritten = len(report.rewritten) + sum(1 for r in report.regions if r.rewritten)
+    return rewritten, len(units), err, {
         "build_s": round(build_s, 1), "rejected": rejected[:3]}
