@@ -151,8 +151,9 @@ def matmul_cases(draw) -> Case:
     m, k, n = draw(st.integers(1, 12)), draw(st.integers(1, 16)), draw(st.integers(1, 12))
     rank_a, rank_b = draw(st.integers(1, 4)), draw(st.integers(1, 4))
     batch = draw(st.lists(st.integers(1, 3), min_size=2, max_size=2))
-    bat_a = [draw(st.sampled_from([b, 1])) for b in batch][:max(rank_a - 2, 0)]
-    bat_b = [draw(st.sampled_from([b, 1])) for b in batch][:max(rank_b - 2, 0)]
+    # batch axes align from the right (numpy broadcasting): each operand takes a suffix
+    bat_a = [draw(st.sampled_from([b, 1])) for b in batch][len(batch) - max(rank_a - 2, 0):]
+    bat_b = [draw(st.sampled_from([b, 1])) for b in batch][len(batch) - max(rank_b - 2, 0):]
     a_shape: Tuple[int, ...] = (k,) if rank_a == 1 else (*bat_a, m, k)
     b_shape: Tuple[int, ...] = (k,) if rank_b == 1 else (*bat_b, k, n)
     trans_a = rank_a >= 2 and draw(st.booleans())
