@@ -1,6 +1,9 @@
 """Shared checks of the derivation-rule tests: a rewrite must keep the interpreter's result."""
 
+from collections import Counter
 from typing import List, Optional
+
+from hypothesis import event
 
 from tvm_ollie.derive.canon import canonicalize
 from tvm_ollie.derive.focus import apply_eager, apply_rules
@@ -54,3 +57,34 @@ def conv2d_nhwc(n=1, h=4, c=3, f=2, r=3, stride=1, dil=1, pad=None) -> Scope:
         [IterVar(vc, 0, c), IterVar(vr, 0, r), IterVar(vs, 0, r)],
         a[vn, stride * vh + dil * vr - p, stride * vw + dil * vs - p, vc] * k[vr, vs, vf, vc],
     )
+
+
+class Applied:
+    """How many generated cases each rule rewrote, so a property test cannot pass vacuously.
+
+    A hypothesis test records every rule it tried (:meth:`note`, also a ``hypothesis.event``
+    shown by ``--hypothesis-show-statistics``); after the run, :meth:`require` fails unless each
+    named rule applied to at least one generated case.
+    """
+
+    def __init__(self):
+        self.counts: Counter = Counter()
+        self.cases = 0
+
+    def note(self, rule: Rule, n: int) -> None:
+        """``rule`` produced ``n`` rewrites on the current case."""
+        if n:
+            self.counts[rule.name] += 1
+            event(f"{rule.name} applied")
+        else:
+            event(f"{rule.name} did not apply")
+
+    def require(self, *rules: Rule) -> None:
+        """Each of ``rules`` applied to at least one case."""
+        missing = [r.name for r in rules if not self.counts[r.name]]
+        assert not missing, f"never applied in {self.cases} cases: {missing} ({dict(self.counts)})"
+
+    def require_any(self, *rules: Rule) -> None:
+        """At least one of ``rules`` applied to some case (a family on unshaped random cases)."""
+        assert any(self.counts[r.name] for r in rules), \
+            f"none of {[r.name for r in rules]} applied in {self.cases} cases"

@@ -3,7 +3,7 @@
 from hypothesis import given, settings
 from strategies import conv_like_scopes, scopes
 
-from rulecheck import assert_equivalent, check_rule, check_rule_everywhere, conv2d_nhwc
+from rulecheck import Applied, assert_equivalent, check_rule, check_rule_everywhere, conv2d_nhwc
 from tvm_ollie.derive.rules import MERGE_STAGE, MERGE_STAGE_SUM, SPLIT_STAGE, TIGHTEN
 from tvm_ollie.derive.rules.stage import plain_contractions
 from tvm_ollie.ir.nodes import Access, IterVar, Scope, Tensor, Var
@@ -91,15 +91,31 @@ def test_merge_stage_through_zero_margins():
     assert rws and rws[0].scope.body.source is tight
 
 
-@given(conv_like_scopes())
-@settings(max_examples=30)
-def test_stage_rules_on_conv_like(scope):
-    for rw in check_rule(SPLIT_STAGE, scope, limit=3):
-        check_rule(MERGE_STAGE_SUM, rw.scope)
+def test_stage_rules_on_conv_like():
+    applied = Applied()
+
+    @given(conv_like_scopes())
+    @settings(max_examples=30)
+    def run(scope):
+        applied.cases += 1
+        rws = check_rule(SPLIT_STAGE, scope, limit=3)
+        applied.note(SPLIT_STAGE, len(rws))
+        for rw in rws[:3]:
+            applied.note(MERGE_STAGE_SUM, len(check_rule(MERGE_STAGE_SUM, rw.scope)))
+
+    run()
+    applied.require(SPLIT_STAGE, MERGE_STAGE_SUM)
 
 
-@given(scopes(max_depth=2))
-@settings(max_examples=40)
-def test_stage_rules_on_random_scopes(scope):
-    for rule in (SPLIT_STAGE, MERGE_STAGE, MERGE_STAGE_SUM):
-        check_rule_everywhere(rule, scope, limit=3)
+def test_stage_rules_on_random_scopes():
+    applied = Applied()
+
+    @given(scopes(max_depth=2))
+    @settings(max_examples=40)
+    def run(scope):
+        applied.cases += 1
+        for rule in (SPLIT_STAGE, MERGE_STAGE, MERGE_STAGE_SUM):
+            applied.note(rule, check_rule_everywhere(rule, scope, limit=3))
+
+    run()
+    applied.require_any(SPLIT_STAGE, MERGE_STAGE, MERGE_STAGE_SUM)

@@ -58,7 +58,8 @@ def build(mod: "tvm.IRModule", target="llvm", trials: int = 0, work_dir: Optiona
         Measure on the devices behind this RPC tracker: the pass's timings and every tuning
         trial (GPU targets are then tuned without a GPU here); builds stay local.
     **opts
-        Passed to :func:`optimize_module` (``max_depth``, ``time_budget_s``, ``calibration``...).
+        Passed to :func:`optimize_module` (``max_depth``, ``time_budget_s``, ``calibration``...;
+        ``chooser`` forces a verified alternative per operator, for differential tests).
 
     Returns
     -------

@@ -13,11 +13,14 @@ call and re-bound positionally for the others.
 
 Never worse: an alternative is accepted only when it is cheaper than the original under the
 chosen cost by :data:`MARGIN`, built, (tuned,) and matched the original numerically on random
-inputs (relative error :data:`RTOL` of the output's largest magnitude, float32 on llvm).
+inputs (relative error :data:`RTOL` of the output's largest magnitude, float32 on llvm) and, for
+small polynomial programs, exactly over a finite field (:func:`check_exact`).
 Anything else keeps the original call and records why.
 
 Injection points for tests and tools: ``timer`` (module, label) -> seconds and ``checker``
-(reference module, candidate module) -> (ok, why) replace the measurement and the numeric check.
+(reference module, candidate module) -> (ok, why) replace the measurement and the numeric check;
+``tuner`` replaces the MetaSchedule tuner; ``chooser`` (signature, alternatives) -> alternative
+forces the choice (differential testing: every verified alternative can be built in turn).
 """
 
 from __future__ import annotations
@@ -45,9 +48,9 @@ from ..tune.metaschedule import STATS, Tuner, gpu_available, is_gpu_target, norm
 from ..tune.rpc import RPCConfig
 from .emit import EmitError, emit_program
 
-__all__ = ["DERIVABLE_OPS", "MARGIN", "RTOL", "Alternative", "Checker", "Choice", "Decider",
-           "Timer", "call_signature", "isolated_module", "unit_module", "unit_operands",
-           "unit_signature"]
+__all__ = ["DERIVABLE_OPS", "MARGIN", "RTOL", "Alternative", "Checker", "Choice", "Chooser",
+           "Decider", "Timer", "call_signature", "check_exact", "isolated_module", "unit_module",
+           "unit_operands", "unit_signature"]
 
 LOG = logging.getLogger("tvm_ollie.transform")
 
@@ -72,6 +75,11 @@ MAX_VERIFY = 3
 Timer = Callable[["tvm.IRModule", str], Optional[float]]
 #: ``checker(reference, candidate) -> (ok, why)``: both modules compute the call alone.
 Checker = Callable[["tvm.IRModule", "tvm.IRModule"], Tuple[bool, str]]
+#: ``chooser(signature, alternatives) -> alternative or None``: forces the choice for a call
+#: signature among its non-baseline alternatives (cheapest estimate first, then by label); the
+#: forced one is still verified (a failure keeps the original), but neither pruned by cost nor
+#: timed. ``None`` leaves the decision to the cost model.
+Chooser = Callable[[str, List["Alternative"]], Optional["Alternative"]]
 
 
 def _shape(expr) -> Tuple[int, ...]:
@@ -283,6 +291,10 @@ class Decider:
     rpc : RPCConfig, optional
         Run every measurement (tuning trials, untuned and tuned timings) on the devices behind
         this RPC tracker; checked once here so an unreachable tracker fails before any work.
+    chooser : Chooser, optional
+        Forces the choice per signature (for differential tests; see :data:`Chooser`).
+    tuner : Tuner, optional
+        Replaces the MetaSchedule tuner of the default timer (used when ``trials > 0``).
     """
 
     def __init__(self, target, trials: int = 0, work_dir: Optional[str] = None,
@@ -291,7 +303,8 @@ class Decider:
                  max_states: Optional[int] = 2000, check_untuned: Optional[bool] = None,
                  library: Optional[bool] = None, derive: bool = True,
                  timer: Optional[Timer] = None, checker: Optional[Checker] = None,
-                 rpc: Optional[RPCConfig] = None):
+                 rpc: Optional[RPCConfig] = None, chooser: Optional[Chooser] = None,
+                 tuner: Optional[Tuner] = None):
         self.target = normalize_target(target)
         gpu = is_gpu_target(self.target)
         if check_untuned is None:
@@ -316,7 +329,9 @@ class Decider:
             import tempfile  # pylint: disable=import-outside-toplevel
 
             self.work_dir = tempfile.mkdtemp(prefix="ollie_tune_")
-        self.tuner = Tuner(self.target, self.work_dir, rpc=rpc) if self.can_measure else None
+        self.tuner = tuner or (Tuner(self.target, self.work_dir, rpc=rpc)
+                               if self.can_measure else None)
+        self.chooser = chooser
         self.measure_cache = _MeasureCache(self.work_dir)
         self.timer: Timer = timer or self._time
         self.checker: Checker = checker or check_numerics
@@ -353,6 +368,10 @@ class Decider:
         alts, n_cand, note = self.alternatives(call, budget_s)
         base = alts[0]
         others = sorted(alts[1:], key=lambda a: (a.estimate, a.label))
+        if self.chooser is not None:
+            forced = self.chooser(sig, others)
+            if forced is not None:
+                return self._choose_forced(call, names, base, forced, n_cand)
         # The analytic cost prunes: to choose by it, an alternative must beat the original by
         # MARGIN; to be measured, it must be no worse than the original within MARGIN (ties
         # are common where both sides are memory-bound, e.g. a small matmul on TVM or a library).
@@ -425,6 +444,18 @@ class Decider:
         return Choice(None, names, "no cheaper candidate held up: " + "; ".join(failures),
                       base.estimate, base.estimate, False, n_cand)
 
+    def _choose_forced(self, call, names, base, alt: Alternative, n_cand) -> Choice:
+        """The chooser's alternative if it verifies (the original otherwise)."""
+        if alt.is_baseline:
+            return Choice(None, names, "forced: original", base.estimate, base.estimate,
+                          False, n_cand)
+        ok, why = self._verify(call, alt, names)
+        if not ok:
+            return Choice(None, names, f"forced {alt.label} rejected: {why}", base.estimate,
+                          base.estimate, False, n_cand)
+        return _chosen(alt, names, "forced by the chooser", base.estimate, alt.estimate, False,
+                       n_cand)
+
     def _choose_measured(self, call, sig, names, base, better, n_cand) -> Choice:
         t_base = self._timed(call, sig, base, names)
         if t_base is None:
@@ -493,17 +524,40 @@ class Decider:
         return seconds
 
     def _verify(self, call, alt: Alternative, names) -> Tuple[bool, str]:
-        """The checker on the original and the alternative, each alone."""
+        """The checker on the original and the alternative, each alone (then
+        :func:`check_exact` on a derived program)."""
         t0 = time.perf_counter()
         try:
-            return self.checker(unit_module(call),
-                                unit_module(call, alt.program, names, alt.impl))
+            ok, why = self.checker(unit_module(call),
+                                   unit_module(call, alt.program, names, alt.impl))
+            if ok and alt.program is not None:
+                ok, why = check_exact(alt.program)
+            return ok, why
         except EmitError as err:
             return False, f"no Relax form: {err}"
         except Exception as err:  # pylint: disable=broad-except
             return False, f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         finally:
             self.verify_s += time.perf_counter() - t0
+
+
+#: multiply-adds up to which a polynomial candidate is also checked exactly over Z_p
+EXACT_CHECK_MAX_WORK = 1 << 22
+
+
+def check_exact(prog: Program) -> Tuple[bool, str]:
+    """The finite-field check of a small polynomial program (``(True, "")`` when it does not
+    apply): exact where floats compare with a tolerance (:mod:`tvm_ollie.verify.finite_field`)."""
+    from ..verify.finite_field import check_program_mod_p  # pylint: disable=import-outside-toplevel
+
+    orig = prog.original
+    if int(np.prod([iv.extent for iv in orig.loops + orig.reduce], dtype=np.int64)) > \
+            EXACT_CHECK_MAX_WORK:
+        return True, ""
+    res = check_program_mod_p(prog, trials=2)
+    if res.applicable and not res.ok:
+        return False, f"differs over Z_{res.p}: {res.reason}"
+    return True, ""
 
 
 def _is_region(unit) -> bool:

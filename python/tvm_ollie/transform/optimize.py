@@ -18,9 +18,10 @@ from typing import Dict, List, Optional, Tuple
 
 from ..compat import relax, tvm
 from ..tune.calibrate import Calibration
-from ..tune.metaschedule import STATS, normalize_target
+from ..tune.metaschedule import STATS, Tuner, normalize_target
 from ..tune.rpc import RPCConfig
-from .decide import DERIVABLE_OPS, Checker, Decider, Timer, call_signature, original_form
+from .decide import DERIVABLE_OPS, Checker, Chooser, Decider, Timer, call_signature, \
+    original_form
 from .emit import emit_program
 from .epilogue import fuse_epilogues
 from .regions import MAX_CALLS, Region, find_regions, static_tensor
@@ -125,6 +126,7 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: int = 0,
                     check_untuned: Optional[bool] = None, library: Optional[bool] = None,
                     derive: bool = True, timer: Optional[Timer] = None,
                     checker: Optional[Checker] = None, rpc: Optional[RPCConfig] = None,
+                    chooser: Optional[Chooser] = None, tuner: Optional[Tuner] = None,
                     region_calls: int = MAX_CALLS,
                     ) -> Tuple["tvm.IRModule", OptimizeReport]:
     """Run the derivation rewrite on ``mod``; return the new module and the report.
@@ -169,6 +171,11 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: int = 0,
     rpc : RPCConfig, optional
         Measure on the devices behind this RPC tracker instead of this machine (tuning trials,
         untuned and tuned timings); builds stay local, records go to ``work_dir``.
+    chooser : Chooser, optional
+        Forces the choice per signature, still verified (differential tests; see
+        :mod:`.decide`).
+    tuner : Tuner, optional
+        Replaces the pass's MetaSchedule tuner (``trials > 0``; fault-injection tests).
     region_calls : int
         Most calls in one region (:mod:`.regions`); 1 decides every call alone. A region of
         several calls is lifted, derived, verified and replaced as a whole; when it is kept,
@@ -183,7 +190,7 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: int = 0,
     decider = Decider(tgt, trials=trials, work_dir=work_dir, max_depth=max_depth,
                       calibration=calibration, max_measured=max_measured,
                       check_untuned=check_untuned, library=library, derive=derive,
-                      timer=timer, checker=checker, rpc=rpc)
+                      timer=timer, checker=checker, rpc=rpc, chooser=chooser, tuner=tuner)
     report = OptimizeReport(target=str(tgt.kind.name if tgt.kind.name != "llvm" else "llvm"))
     tuning0, calls0 = STATS.seconds, STATS.calls
     regions = [r for r in (find_regions(mod, region_calls) if region_calls > 1 and derive
@@ -269,8 +276,10 @@ class OllieOptimize:
                  max_measured: int = 3, check_untuned: Optional[bool] = None,
                  library: Optional[bool] = None, derive: bool = True,
                  timer: Optional[Timer] = None, checker: Optional[Checker] = None,
-                 rpc: Optional[RPCConfig] = None, region_calls: int = MAX_CALLS):
+                 rpc: Optional[RPCConfig] = None, chooser: Optional[Chooser] = None,
+                 region_calls: int = MAX_CALLS):
         self.target = target
+        self.chooser = chooser
         self.region_calls = region_calls
         self.library = library
         self.derive = derive
@@ -297,7 +306,7 @@ class OllieOptimize:
             time_budget_s=self.time_budget_s, targets=self.targets, verbose=self.verbose,
             calibration=self.calibration, max_measured=self.max_measured,
             check_untuned=self.check_untuned, library=self.library, derive=self.derive,
-            timer=self.timer, checker=self.checker, rpc=self.rpc,
+            timer=self.timer, checker=self.checker, rpc=self.rpc, chooser=self.chooser,
             region_calls=self.region_calls)
         self.last_report = report
         return new_mod
