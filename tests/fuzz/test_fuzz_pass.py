@@ -23,7 +23,7 @@ import op_strategies as S
 logging.getLogger("tvm_ollie").setLevel(logging.CRITICAL)
 
 #: alternatives forced per case in the default run (the cheapest first, then spread out)
-BOUNDED_ALTS = 2
+BOUNDED_ALTS = 1
 BOUNDED = settings(max_examples=2, deadline=None, phases=[Phase.explicit, Phase.generate],
                    suppress_health_check=list(HealthCheck))
 

@@ -64,7 +64,8 @@ def lift_take(call, names: Operands) -> Scope:
     """``take(x, idx, axis)`` with a constant affine ``idx`` as an affine read of ``x``."""
     data, index = call.args[0], call.args[1]
     if not isinstance(index, _CONST):
-        raise LiftError(f"{names.op}: the indices are not a constant tensor")
+        raise LiftError(f"{names.op}: the indices are not a constant tensor "
+                        "(a data-dependent read)")
     x = names.tensor(data, "data")
     idx = index.value.numpy()
     if call.attrs.axis is None:
@@ -99,7 +100,8 @@ def lift_gather_nd(call, names: Operands) -> Scope:
     """
     data, index = call.args[0], call.args[1]
     if not isinstance(index, _CONST):
-        raise LiftError(f"{names.op}: the indices are not a constant tensor")
+        raise LiftError(f"{names.op}: the indices are not a constant tensor "
+                        "(a data-dependent read)")
     if int(call.attrs.batch_dims) != 0:
         raise LiftError(f"{names.op}: batch_dims {call.attrs.batch_dims} is unsupported")
     x = names.tensor(data, "data")
