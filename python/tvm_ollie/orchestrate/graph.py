@@ -217,23 +217,22 @@ def build_graph(block: "relax.DataflowBlock", mod: Optional["tvm.IRModule"] = No
     extra = list(used_after)
     graph_outputs = [v for node in nodes for v in node.outputs
                      if not isinstance(v, relax.DataflowVar) or any(v.same_as(e) for e in extra)]
-    desc = [0] * n
-    for i in reversed(range(n)):
-        mask, s = succ[i], succ[i]
-        while s:
-            low = s & -s
-            j = low.bit_length() - 1
-            mask |= desc[j]
-            s ^= low
-        desc[i] = mask
-    anc = [0] * n
-    for i in range(n):
-        mask, p = pred[i], pred[i]
-        while p:
-            low = p & -p
-            j = low.bit_length() - 1
-            mask |= anc[j]
-            p ^= low
-        anc[i] = mask
+    desc = _closure(succ, reversed(range(n)))
+    anc = _closure(pred, range(n))
     return PrimitiveGraph(nodes, producer, consumers, graph_inputs, graph_outputs, succ, pred,
                           desc, anc, mod)
+
+
+def _closure(adj: List[int], order) -> List[int]:
+    """Transitive closure of the bitset relation ``adj`` (``adj[i]``: direct neighbours of
+    ``i``), visiting ``order`` so that every neighbour's closure is complete before it is read
+    (reverse topological order for successors, topological for predecessors)."""
+    out = [0] * len(adj)
+    for i in order:
+        mask, rest = adj[i], adj[i]
+        while rest:
+            low = rest & -rest
+            mask |= out[low.bit_length() - 1]
+            rest ^= low
+        out[i] = mask
+    return out
