@@ -119,6 +119,19 @@ def _operand_values(call) -> Tuple[List[str], List[object]]:
     return out_names, values
 
 
+def bind_operands(operands) -> Tuple[List["relax.Var"], Dict[str, object]]:
+    """Parameters for the variable operands of ``(name, value)`` pairs (in order) and the value
+    every name stands for in an isolated module: its parameter, or the constant itself."""
+    params, inputs = [], {}
+    for n, v in operands:
+        if isinstance(v, _CONST):
+            inputs[n] = v
+        else:
+            inputs[n] = relax.Var(n, v.ty)
+            params.append(inputs[n])
+    return params, inputs
+
+
 def isolated_module(call, program: Optional[Program] = None, names=None,
                     impl: str = "tvm") -> "tvm.IRModule":
     """A module whose ``main`` computes the call alone (or ``program`` in its place).
@@ -128,14 +141,7 @@ def isolated_module(call, program: Optional[Program] = None, names=None,
     """
     op_names, values = _operand_values(call)
     bb = relax.BlockBuilder()
-    params, inputs = [], {}
-    for n, v in zip(op_names, values):
-        if isinstance(v, _CONST):
-            inputs[n] = v
-        else:
-            p = relax.Var(n, v.ty)
-            params.append(p)
-            inputs[n] = p
+    params, inputs = bind_operands(zip(op_names, values))
     with bb.function("main", params):
         with bb.dataflow():
             new_args = [inputs[Operands(call).name(a)] if isinstance(

@@ -614,14 +614,9 @@ def isolated_region_module(region: Region, program=None, names=None,
     from .emit import emit_program  # pylint: disable=import-outside-toplevel
 
     bb = relax.BlockBuilder()
-    params, values = [], {}
-    for n, v in region.inputs():
-        if isinstance(v, _CONST):
-            values[n] = v
-        else:
-            p = relax.Var(n, v.ty)
-            params.append(p)
-            values[n] = p
+    from .decide import bind_operands  # pylint: disable=import-outside-toplevel
+
+    params, values = bind_operands(region.inputs())
     funcs = {}
     for call in region.calls:
         if call.op.name == "relax.call_tir" and region.mod is not None:
