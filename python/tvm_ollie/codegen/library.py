@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
 
 from ..compat import relax, tvm
+from ..derive.targets import target_op
 
 __all__ = ["CONV2D", "MATMUL", "LibCall", "call_form", "emit_call", "parse_attrs",
            "stage_form"]
@@ -127,9 +128,10 @@ def call_form(call: "relax.Call") -> Optional[LibCall]:
 def stage_form(stage) -> Optional[LibCall]:
     """The native kernel of a matched program stage (:class:`~tvm_ollie.derive.program.Stage`)."""
     at = stage.attrs
-    if stage.kind in ("matmul", "batch_matmul"):
+    family = target_op(stage.kind).library
+    if family == "matmul":
         return matmul_call(bool(at.get("transpose_a")), bool(at.get("transpose_b")))
-    if stage.kind == "conv2d":
+    if family == "conv2d":
         layout, klayout = at.get("data_layout"), at.get("kernel_layout")
         if (layout, klayout) not in CONV_LAYOUTS or at.get("out_layout", layout) != layout:
             return None

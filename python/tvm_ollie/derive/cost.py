@@ -21,11 +21,12 @@ Counting rules:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Mapping, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 
 from ..ir.nodes import Access, BinOp, Call, Node, Scope, Tensor, is_index
+from .targets import operator_flops
 
 __all__ = ["TARGET_DEFAULTS", "StageCost", "ProgramCost", "stage_cost", "program_cost",
            "expr_cost"]
@@ -166,24 +167,11 @@ def expr_cost(expr: Scope) -> Tuple[float, float]:
     return flops, float(moved)
 
 
-def _operator_flops(kind: str, at: Mapping[str, object]) -> float:
-    if kind in ("matmul", "batch_matmul"):
-        return 2.0 * at.get("batch", 1) * at["M"] * at["N"] * at["K"]
-    if kind == "conv2d":
-        c_per_group = at["C"] // at.get("groups", 1)
-        return 2.0 * at["N"] * at["F"] * at["OH"] * at["OW"] * c_per_group * at["R"] * at["S"]
-    if kind == "g2bmm":
-        return 2.0 * at["batch"] * at["length"] * (2 * at["width"] + 1) * at["K"]
-    if kind == "gbmm":
-        return 2.0 * at["batch"] * at["length"] * (2 * at["width"] + 1) * at["N"]
-    raise ValueError(f"unknown operator kind {kind!r}")
-
-
 def stage_cost(stage, peak_flops: float, bandwidth: float) -> StageCost:
     """Cost of one :class:`~tvm_ollie.derive.program.Stage`."""
     expr = stage.expr
     if stage.is_operator:
-        flops = _operator_flops(stage.kind, stage.attrs)
+        flops = operator_flops(stage.kind, stage.attrs)
         moved = _size(expr.shape) * _itemsize(expr.dtype)
         for t in expr.inputs:
             moved += _size(t.shape) * _itemsize(t.dtype)

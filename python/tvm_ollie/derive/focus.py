@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
+from ..ir.index import factors
 from ..ir.nodes import Access, BinOp, Call, Node, Scope
-from .rules.base import Rule, RuleContext
+from .rule import Rule, RuleContext
 
 
 class Step(NamedTuple):
@@ -107,8 +108,6 @@ def is_compute(scope: Scope) -> bool:
     cache = scope._cache  # pylint: disable=protected-access
     hit = cache.get("is_compute")
     if hit is None:
-        from .rules.base import factors  # pylint: disable=import-outside-toplevel
-
         hit = sum(isinstance(f, Access) for f in factors(scope.body)) >= 2
         cache["is_compute"] = hit
     return hit

@@ -37,11 +37,10 @@ from functools import cached_property
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..ir.nodes import Access, BinOp, IterVar, Node, Scope, Tensor, Var, free_vars, substitute
-from .rules.base import build_linear
-from .rules.base import linear_form as _base_linear_form
+from ..ir.index import build_linear
+from ..ir.index import linear_form as _base_linear_form
 
 __all__ = [
-    "TARGETS",
     "Match",
     "Operand",
     "Read",
@@ -53,9 +52,6 @@ __all__ = [
     "gemm_signature",
     "match_scope",
 ]
-
-#: Operators this module can instantiate, in the order :func:`match_scope` tries them.
-TARGETS = ("matmul", "batch_matmul", "conv2d", "g2bmm", "gbmm")
 
 #: ``({var: coeff}, const)``: an integer-affine index.
 Form = Tuple[Dict[Var, int], int]
@@ -404,7 +400,7 @@ class Match:
     Attributes
     ----------
     kind : str
-        One of :data:`TARGETS`.
+        One of :data:`tvm_ollie.derive.targets.TARGET_NAMES`.
     scope : Scope
         The matched scope.
     attrs : dict
@@ -447,11 +443,11 @@ class Match:
 
         ``a``/``b`` must have the operand shapes; the result has shape :attr:`out_shape`.
         """
-        return _OPERATOR_EXPR[self.kind](self, a, b)
+        return _target_op(self.kind).expression(self, a, b)
 
     def signature(self) -> str:
         """Short text like ``matmul[49x512 @ 512x4608]`` (logical operand shapes)."""
-        return _SIGNATURE[self.kind](self.attrs)
+        return _target_op(self.kind).signature(self.attrs)
 
     def describe(self) -> str:
         """Kind, attributes and operand preparation, one line."""
@@ -461,7 +457,7 @@ class Match:
         return f"{self.signature()} ({attrs}; {ops})"
 
 
-def match_scope(scope: Scope, targets: Sequence[str] = TARGETS) -> List[Match]:
+def match_scope(scope: Scope, targets: Optional[Sequence[str]] = None) -> List[Match]:
     """The ways to instantiate ``scope`` as a target operator, in target order.
 
     At most one match per kind, except matmul / batch_matmul, which also offer the other
@@ -472,7 +468,8 @@ def match_scope(scope: Scope, targets: Sequence[str] = TARGETS) -> List[Match]:
     scope : Scope
         Any scope; nested scopes in its body are treated as tensors (their data box).
     targets : sequence of str
-        Operator kinds to try (names from :data:`TARGETS`; unknown names are ignored).
+        Operator kinds to try (names of :data:`tvm_ollie.derive.targets.TARGET_OPS`; unknown
+        names are ignored); None: all of them.
 
     Returns
     -------
@@ -482,11 +479,14 @@ def match_scope(scope: Scope, targets: Sequence[str] = TARGETS) -> List[Match]:
     table = iterator_table(scope)
     if table is None:
         return []
+    from .targets import TARGET_OPS  # pylint: disable=import-outside-toplevel (the table
+    # imports this module's matchers)
+
     out = []
-    for kind in TARGETS:
-        if kind not in targets:
+    for kind, op in TARGET_OPS.items():
+        if targets is not None and kind not in targets:
             continue
-        found = _MATCHERS[kind](table)
+        found = op.matcher(table)
         if isinstance(found, Match):
             out.append(found)
         elif found:
@@ -1102,18 +1102,7 @@ def _band_signature(at: Mapping[str, object]) -> str:
             f"{at['batch']}x{at['length']}x{at['N']}, d={at['dilation']}]")
 
 
-_MATCHERS = {
-    "matmul": lambda t: _match_gemm(t, batched=False),
-    "batch_matmul": lambda t: _match_gemm(t, batched=True),
-    "conv2d": _match_conv,
-    "g2bmm": lambda t: _match_band(t, "g2bmm"),
-    "gbmm": lambda t: _match_band(t, "gbmm"),
-}
-_OPERATOR_EXPR = {
-    "matmul": _gemm_expr, "batch_matmul": _gemm_expr, "conv2d": _conv_expr,
-    "g2bmm": _band_expr, "gbmm": _band_expr,
-}
-_SIGNATURE = {
-    "matmul": gemm_signature, "batch_matmul": gemm_signature, "conv2d": _conv_signature,
-    "g2bmm": _band_signature, "gbmm": _band_signature,
-}
+def _target_op(kind: str):
+    from .targets import target_op  # pylint: disable=import-outside-toplevel
+
+    return target_op(kind)

@@ -44,8 +44,6 @@ from .match import Match, form_to_node, linear_form
 __all__ = ["Stage", "Program", "Step", "instantiate", "instantiate_all", "fuse_memory_bound",
            "map_accesses", "stage_merge"]
 
-OPERATOR_KINDS = ("matmul", "batch_matmul", "conv2d", "g2bmm", "gbmm")
-
 
 @dataclass(frozen=True)
 class Step:
@@ -65,7 +63,7 @@ class Stage:
     name : str
         Name of the stage's output tensor (``T0``, ``T1``...).
     kind : str
-        ``"matmul" | "batch_matmul" | "conv2d" | "g2bmm" | "gbmm" | "eop"``.
+        A target operator's name (:data:`tvm_ollie.derive.targets.TARGET_NAMES`) or ``"eop"``.
     expr : Scope
         The stage's semantics, over input tensors and earlier outputs.
     attrs : dict

@@ -49,14 +49,16 @@ from .canon import canonicalize
 from .focus import apply_eager, apply_rules, compute_scopes, scope_ids, scopes_of
 from .focus import is_compute, replace_node, rewrites
 from .rules import EAGER_RULES, GUIDED_RULES, SEARCH_RULES
-from .rules.base import Rule, RuleContext
+from .rule import Rule, RuleContext
+from .targets import TARGET_NAMES
 
 __all__ = ["derive", "DeriveResult", "SearchStats", "StopReason", "DEFAULT_TARGETS",
            "VERIFY_SHARE", "best_of_each_kind_first", "verify_candidate"]
 
 LOG = logging.getLogger(__name__)
 
-DEFAULT_TARGETS = ("matmul", "batch_matmul", "conv2d", "g2bmm", "gbmm")
+#: Every target operator (:data:`tvm_ollie.derive.targets.TARGET_OPS`), in matching order.
+DEFAULT_TARGETS = TARGET_NAMES
 
 #: Share of a time budget reserved for verification when ``derive`` verifies.
 VERIFY_SHARE = 0.25

@@ -26,6 +26,7 @@ from ..codegen import library as lib
 from ..codegen.lower import to_te
 from ..compat import relax
 from ..derive.program import Program, Stage
+from ..derive.targets import target_op
 from ..ir.nodes import Tensor, input_tensors
 
 __all__ = ["IMPLS", "EmitError", "emit_program", "stage_mode"]
@@ -66,16 +67,17 @@ def stage_mode(stage: Stage, impl: str = "tvm") -> str:
         return "tir"
     if impl == "native" and lib.stage_form(stage) is not None:
         return "native"
-    at = stage.attrs
-    if stage.kind in ("matmul", "batch_matmul"):
-        if not at.get("transpose_a") and not at.get("transpose_b"):
-            return "matmul"
-        return "tir"
-    if stage.kind == "conv2d":
-        if (at.get("data_layout"), at.get("kernel_layout"), at.get("out_layout")) == (
-                "NCHW", "OIHW", "NCHW"):
-            return "conv2d"
-    return "tir"
+    guard = _RELAX_FORM_GUARDS.get(target_op(stage.kind).relax_op)
+    return target_op(stage.kind).relax_op if guard is not None and guard(stage.attrs) else "tir"
+
+
+#: When a target operator's Relax family expresses a stage with these attributes (the Relax
+#: ``matmul`` takes no transposed operand; ``conv2d`` is emitted in NCHW/OIHW only).
+_RELAX_FORM_GUARDS = {
+    "matmul": lambda at: not at.get("transpose_a") and not at.get("transpose_b"),
+    "conv2d": lambda at: (at.get("data_layout"), at.get("kernel_layout"),
+                          at.get("out_layout")) == ("NCHW", "OIHW", "NCHW"),
+}
 
 
 def _reads(stage: Stage) -> List[Tensor]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from ..codegen import library as lib
 from ..derive.cost import expr_cost, stage_cost
 from ..derive.program import Program
+from ..derive.targets import target_op
 from ..ir.nodes import Scope
 from .calibrate import Calibration
 
@@ -47,7 +48,7 @@ def stage_seconds(stage, calib: Calibration, impl: str = "tvm") -> float:
     sc = stage_cost(stage, calib.peak_flops, calib.bandwidth)
     kind = stage.kind
     if impl == "native" and lib.stage_form(stage) is not None:
-        kind = "native_conv2d" if kind == "conv2d" else "native_matmul"
+        kind = f"native_{target_op(kind).library}"
     elif kind == "batch_matmul" and stage.attrs.get("batch", 1) == 1:
         kind = "matmul"
     return _roof(sc.flops, sc.bytes, calib, kind)

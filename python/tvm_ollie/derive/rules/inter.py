@@ -22,8 +22,9 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ...ir.nodes import Access, IterVar, Scope, Tensor, Var, iter_nodes
-from ..match import TARGETS, Match, gemm_expr, gemm_signature, match_scope
+from ..match import Match, gemm_expr, gemm_signature, match_scope
 from ..program import Program, Stage, Step, fuse_memory_bound, instantiate, instantiate_all
+from ..targets import TARGET_NAMES
 
 __all__ = ["InterRule", "SPLIT_OPERATORS", "FUSE_MEMORY_BOUND", "MERGE_SHARED_INPUT",
            "INTER_RULES", "split_operators", "merge_shared_input", "merge_gemm_stages",
@@ -67,7 +68,7 @@ def _first_match(scope: Scope, targets: Sequence[str]) -> Optional[Match]:
     return found[0] if found else None
 
 
-def split_operators(program: Program, targets: Sequence[str] = TARGETS) -> Optional[Program]:
+def split_operators(program: Program, targets: Sequence[str] = TARGET_NAMES) -> Optional[Program]:
     """``eop{ ... (L Σ {X*Y})[idx] ... } -> op(X, Y) ; eop{ ... T[idx'] ... }``.
 
     Every eOperator stage whose expression (or a nested scope of it) matches a target is
