@@ -129,7 +129,7 @@ class OllieConfig:
                 raise ConfigError(f"OllieConfig.{name} must be True or False, not "
                                   f"{getattr(self, name)!r}")
         for name in ("library", "check_untuned"):
-            if getattr(self, name) not in (None, True, False):
+            if not any(getattr(self, name) is v for v in (None, True, False)):
                 raise ConfigError(f"OllieConfig.{name} must be None, True or False, not "
                                   f"{getattr(self, name)!r}")
         if self.work_dir is not None and not isinstance(self.work_dir, str):
