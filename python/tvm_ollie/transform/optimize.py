@@ -192,6 +192,9 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: Optional[int] = No
                               [r.signature() for r in regions]))
     if decider.can_measure:
         _plan_budget(budget, decider, regions, calls, cfg.max_measured)
+    elif cfg.trials > 0 and not budget.notes:
+        budget.notes.append(f"no {tgt.kind.name} device here to measure on: the pass decided "
+                            "by the analytic cost")
     search = _SearchShare(cfg.search_time_s, len(sigs))
     choices: Dict[str, object] = {}
     rewritten_regions, region_decisions, inside = [], [], set()
