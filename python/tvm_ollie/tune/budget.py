@@ -188,9 +188,8 @@ class TrialBudget:
         final_w = total_w * self.final_share / (1.0 - self.final_share)
         pending = [t for t in decisions if not t.opened and t.name not in self._done]
         pending_w = sum(t.weight for t in pending) + final_w
-        if pending_w <= 0:
-            return self.pool if not pending or pending == [task] else \
-                self.pool // max(len(pending), 1)
+        if pending_w <= 0:  # no estimates (nothing liftable): an even share
+            return self.pool // max(len(pending), 1)
         return int(self.pool * task.weight / pending_w)
 
 
