@@ -109,3 +109,41 @@ def test_build_spends_the_module_budget_once(tmp_path, monkeypatch):
     assert runs == [3, 3, 6], runs
     assert budget.spent == report.trials_spent == 12 == report.trials_budget
     assert "trials: 12 spent / 12 budget" in report.to_text()
+
+
+def test_tuner_never_runs_more_trials_than_granted(tmp_path, monkeypatch):
+    """Fewer trials than tasks: the heaviest tasks get one each (MetaSchedule is faked)."""
+    from tvm import relax  # pylint: disable=import-outside-toplevel
+
+    from tvm_ollie.compat import meta_schedule  # pylint: disable=C0415
+    from tvm_ollie.frontend.builder import single_function_module  # pylint: disable=C0415
+    from tvm_ollie.frontend.builder import tensor_var  # pylint: disable=C0415
+    from tvm_ollie.tune.metaschedule import Tuner, legalize_and_fuse  # pylint: disable=C0415
+
+    ms = meta_schedule()
+    seen = {}
+
+    def fake_contexts(extracted_tasks, **_kw):
+        seen["tasks"] = [t.task_name for t in extracted_tasks]
+        return extracted_tasks, [1.0] * len(extracted_tasks)
+
+    def fake_tune(**kw):
+        seen["global"], seen["per_task"] = kw["max_trials_global"], kw["max_trials_per_task"]
+
+    monkeypatch.setattr(ms.relax_integration, "extracted_tasks_to_tune_contexts", fake_contexts)
+    monkeypatch.setattr(ms.tune, "tune_tasks", fake_tune)
+    # no builder worker processes, no cost model: nothing runs
+    monkeypatch.setattr(ms.builder, "LocalBuilder", lambda **_kw: None)
+    monkeypatch.setattr(ms.cost_model, "XGBModel", lambda **_kw: None)
+    monkeypatch.setattr(ms.feature_extractor, "PerStoreFeature", lambda **_kw: None)
+    def body(bb, a, b, c):
+        return relax.Tuple([bb.emit(relax.op.matmul(a, b)), bb.emit(relax.op.add(c, c))])
+
+    mod = single_function_module(
+        [tensor_var("a", (64, 64)), tensor_var("b", (64, 64)), tensor_var("c", (4, 4))], body)
+    tuner = Tuner("llvm", str(tmp_path))
+    fused = legalize_and_fuse(mod, tuner.target)
+    assert len(tuner.untuned(fused)) == 2
+    assert tuner.tune(fused, 1) == 1
+    assert seen["global"] == 1 and seen["per_task"] == 1
+    assert len(seen["tasks"]) == 1 and "matmul" in seen["tasks"][0]

@@ -17,8 +17,10 @@ up to ``max_measured`` candidates, so that they are compared at equal tuning eff
 trial each, the first parts get one: the original first, which only biases towards keeping it).
 What a task does not spend (nothing to tune, records already in the work dir, fewer candidates
 than parts) goes back to the pool for the next ones; the final task gets everything left. Each
-task is allotted once (MetaSchedule's tuner skips workloads that already have records, so a
-second round on the same kernels would tune nothing).
+decision task is allotted once; the final task also tops up the kernels first tuned by this
+compile's decisions (a kernel that the rewritten module shares with a decision's measurement,
+e.g. a kept original, would otherwise leave the rest of the budget unspent), never those
+recorded by an earlier compile (a second compile of the same model tunes nothing).
 
 The ledger (:meth:`TrialBudget.to_text`, in the pass's report and ``tvm-ollie explain``) says
 how the budget was spent: trials spent / budget, and per task.
@@ -78,6 +80,9 @@ class TrialBudget:
         self.notes: List[str] = []
         self._current: Optional[TaskSpend] = None
         self._done: set = set()
+        #: structural hashes of the workloads tuned during this compile (the final task may
+        #: tune them again: records from earlier compiles are never tuned twice)
+        self.fresh: set = set()
 
     # -- planning ---------------------------------------------------------------------------
 
@@ -157,6 +162,10 @@ class TrialBudget:
         self._current = task
         return task.allotted
 
+    def in_final(self) -> bool:
+        """Whether the final task is running."""
+        return self._current is not None and self._current.name == FINAL_TASK
+
     def metered(self, tuner):
         """``tuner`` whose ``tune`` records the trials it ran against the current task."""
         return None if tuner is None else _MeteredTuner(tuner, self)
@@ -200,8 +209,16 @@ class _MeteredTuner:
         self._tuner, self._budget = tuner, budget
 
     def tune(self, fused_mod, trials: int) -> int:
+        budget, final = self._budget, self._budget.in_final()
+        if final and hasattr(self._tuner, "retune"):
+            self._tuner.retune = set(budget.fresh)
         ran = self._tuner.tune(fused_mod, trials)
-        self._budget.spend(ran if isinstance(ran, int) else trials)
+        budget.spend(ran if isinstance(ran, int) else trials)
+        if ran and not final:
+            from ..compat import tvm  # pylint: disable=import-outside-toplevel
+
+            budget.fresh.update(tvm.ir.structural_hash(m)
+                                for m in getattr(self._tuner, "last_tuned", []))
         return ran
 
     def __getattr__(self, name):

@@ -201,6 +201,11 @@ class Tuner:
         self.rpc = rpc
         self._db = None
         self._runner = None
+        #: structural hashes of workloads tuned again even though they have records (those
+        #: first tuned in this compile, topped up with what is left of its budget)
+        self.retune: set = set()
+        #: the workloads (IRModules) the last :meth:`tune` tuned
+        self.last_tuned: list = []
 
     @property
     def database(self):
@@ -228,7 +233,9 @@ class Tuner:
                 continue
             if _is_view(task):
                 continue
-            if not self.has_valid_record(task.dispatched[0]):
+            mod = task.dispatched[0]
+            if not self.has_valid_record(mod) or (
+                    self.retune and tvm.ir.structural_hash(mod) in self.retune):
                 out.append(task)
         return out
 
@@ -278,6 +285,7 @@ class Tuner:
                     extractor=ms.feature_extractor.PerStoreFeature(), adaptive_training=True,
                     num_tuning_cores=max(1, cores)),
                 task_scheduler="gradient")
+        self.last_tuned = [t.dispatched[0] for t in todo]
         STATS.calls += 1
         STATS.tasks += len(todo)
         STATS.trials += per_task * len(todo)
