@@ -147,3 +147,34 @@ def test_tuner_never_runs_more_trials_than_granted(tmp_path, monkeypatch):
     assert tuner.tune(fused, 1) == 1
     assert seen["global"] == 1 and seen["per_task"] == 1
     assert len(seen["tasks"]) == 1 and "matmul" in seen["tasks"][0]
+
+
+def test_final_task_tops_up_only_this_compiles_kernels():
+    """Kernels a decision tuned in this compile may be tuned again by the final task; the
+    tuner is told which (records of earlier compiles are never tuned twice)."""
+    from tvm import relax  # pylint: disable=import-outside-toplevel
+
+    from tvm_ollie.frontend.builder import single_function_module  # pylint: disable=C0415
+    from tvm_ollie.frontend.builder import tensor_var  # pylint: disable=C0415
+    from tvm_ollie.tune.metaschedule import workload_hash  # pylint: disable=C0415
+
+    kernel = single_function_module([tensor_var("x", (2, 2))], lambda bb, x: relax.op.add(x, x))
+
+    class RecordingTuner(CountingTuner):
+        def __init__(self):
+            super().__init__()
+            self.retune, self.last_tuned, self.retune_seen = set(), [], []
+
+        def tune(self, mod, trials):
+            self.retune_seen.append(set(self.retune))
+            self.last_tuned = [kernel] if trials else []
+            return super().tune(mod, trials)
+
+    budget = TrialBudget(8, final_share=0.5)
+    budget.add_task("sig", 1.0)
+    tuner = RecordingTuner()
+    _run_task(budget, "sig", tuner, 1)
+    assert budget.fresh == {workload_hash(kernel)}
+    final = RecordingTuner()
+    budget.metered(final).tune(None, budget.final())
+    assert final.retune_seen == [{workload_hash(kernel)}] and budget.spent == 8

@@ -215,10 +215,9 @@ class _MeteredTuner:
         ran = self._tuner.tune(fused_mod, trials)
         budget.spend(ran if isinstance(ran, int) else trials)
         if ran and not final:
-            from ..compat import tvm  # pylint: disable=import-outside-toplevel
+            from .metaschedule import workload_hash  # pylint: disable=import-outside-toplevel
 
-            budget.fresh.update(tvm.ir.structural_hash(m)
-                                for m in getattr(self._tuner, "last_tuned", []))
+            budget.fresh.update(workload_hash(m) for m in getattr(self._tuner, "last_tuned", []))
         return ran
 
     def __getattr__(self, name):

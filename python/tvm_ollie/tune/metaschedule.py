@@ -160,6 +160,13 @@ def _is_view(task) -> bool:
         return False
 
 
+def workload_hash(mod: "tvm.IRModule") -> int:
+    """Structural hash of a task's workload (how the database tells workloads apart)."""
+    import tvm_ffi  # pylint: disable=import-outside-toplevel
+
+    return int(tvm_ffi.structural_hash(mod))
+
+
 def _task_gain(task) -> float:
     """Expected gain of tuning a task: its estimated FLOPs times its occurrences."""
     try:
@@ -235,7 +242,7 @@ class Tuner:
                 continue
             mod = task.dispatched[0]
             if not self.has_valid_record(mod) or (
-                    self.retune and tvm.ir.structural_hash(mod) in self.retune):
+                    self.retune and workload_hash(mod) in self.retune):
                 out.append(task)
         return out
 
