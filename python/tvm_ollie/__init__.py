@@ -11,6 +11,9 @@ The public entry points (see the README):
   registers the ``"ollie"`` Relax pipeline, so ``tvm.compile(mod, target,
   relax_pipeline="ollie")`` works.
 
+* :class:`OllieConfig` holds every option (one default each); every entry point takes
+  ``config=``, and :func:`config_scope` sets it for the passes run inside a block.
+
 * :func:`from_torch` imports a PyTorch module (``torch.export``) into Relax, and
   ``torch.compile(model, backend="tvm_ollie")`` compiles its graphs with the ollie pipeline;
   :func:`from_onnx` imports an ONNX model, folding its shape computations first.
@@ -25,6 +28,7 @@ from typing import Any, Mapping
 
 from . import native
 from . import ir  # noqa: F401
+from .config import OllieConfig, config_scope  # noqa: F401  (the options of every entry point)
 from . import derive, lift  # noqa: F401  (callable subpackages: ollie.lift(x), ollie.derive(e))
 from . import transform  # noqa: F401  (registers the "ollie" pipeline)
 

@@ -63,20 +63,21 @@ def _compile(args: argparse.Namespace) -> int:
     from .frontend.targets import is_gpu
 
     target = _target(args.target)
-    options = dict(_search_options(args), orchestrate=args.orchestrate)
+    config = _config(args, target, orchestrate=args.orchestrate)
     out = args.output or os.path.splitext(os.path.basename(args.model.split(":")[0]))[0] + ".so"
     with _Output(out) as tmp_out, Stages(["loading model", "optimizing and building",
                                           "exporting"]) as stages:  # fmt: skip
         mod = _load(args)
         stages.next()
-        ex, report = _transform().build(mod, target=target, **options)
+        ex, report = _transform().build(mod, config=config)
         stages.next()
         ex.export_library(tmp_out.path)
         tmp_out.commit(save_signature(tmp_out.path, module_signature(mod)))
     size_kb = os.path.getsize(out) / 1024
     print(f"wrote {out} ({size_kb:.0f} KB) for {target.kind.name}: "
           f"{summary_line(list(report.decisions))}; search {_secs(report, 'search_s')}, "
-          f"tuning {_secs(report, 'tuning_s')} (details: tvm-ollie explain)")  # fmt: skip
+          f"tuning {_secs(report, 'tuning_s')}{_trials(report)} "
+          "(details: tvm-ollie explain)")  # fmt: skip
     if is_gpu(target) and not tvm.cuda(0).exist:
         print("note: no GPU here; the library holds CUDA source, compiled when it is loaded on a "
               "machine with a GPU")  # fmt: skip
@@ -124,16 +125,20 @@ def _explain(args: argparse.Namespace) -> int:
     from .tune.workdir import prepare_work_dir, work_dir_lock
 
     target = _target(args.target)
-    options = _search_options(args)
+    config = _config(args, target)
     with Stages(["loading model", "optimizing"]) as stages:
         mod = _load(args)
         stages.next()
         with work_dir_lock(args.work_dir):
             prepare_work_dir(args.work_dir)
-            _, report = _transform().optimize_module(mod, target=target, **options)
+            _, report = _transform().optimize_module(mod, config=config)
     decisions = list(report.decisions)
     print(f"{args.model} for {target.kind.name}: {summary_line(decisions)}; search "
-          f"{_secs(report, 'search_s')}, tuning {_secs(report, 'tuning_s')}")  # fmt: skip
+          f"{_secs(report, 'search_s')}, tuning {_secs(report, 'tuning_s')}"
+          f"{_trials(report)}")  # fmt: skip
+    budget = getattr(report, "budget", None)
+    if budget is not None and budget.total:
+        print(budget.to_text())
     if decisions:
         print()
         print(decision_table(decisions))
@@ -160,10 +165,9 @@ def _demo(args: argparse.Namespace) -> int:
     if args.channels < 1 or args.size < 2:
         raise UserError("--channels must be >= 1 and --size >= 2")
     ok = run_demo(
-        channels=args.channels, size=args.size, target=args.target, trials=args.trials,
-        work_dir=args.work_dir, max_depth=args.max_depth, time_budget_s=args.time_budget,
+        channels=args.channels, size=args.size, target=args.target,
         repeat=max(1, args.repeat), explain=args.explain, out=sys.stdout,
-        library=False if args.no_library else None, derive=not args.no_derive,
+        config=_config(args, None),
     )
     return 0 if ok else EXIT_FAILURE
 
@@ -271,17 +275,31 @@ def _transform():
     return transform
 
 
-def _search_options(args: argparse.Namespace) -> dict:
+def _config(args: argparse.Namespace, target, **fields):
+    """The one :class:`~tvm_ollie.config.OllieConfig` of the command's flags."""
+    from .config import DEFAULTS, ConfigError, OllieConfig  # pylint: disable=C0415
+
     if args.trials < 0 or args.max_depth < 0 or args.time_budget <= 0:
         raise UserError("--trials and --max-depth must be >= 0 and --time-budget > 0")
-    options = {"trials": args.trials, "work_dir": args.work_dir, "max_depth": args.max_depth,
-               "time_budget_s": args.time_budget,
-               "library": False if args.no_library else None,
-               "derive": not args.no_derive}  # fmt: skip
-    rpc = _rpc_config(args)
-    if rpc is not None:
-        options["rpc"] = rpc
-    return options
+    if args.max_states is not None and args.max_states < 1:
+        raise UserError("--max-states must be >= 1")
+    try:
+        return OllieConfig(
+            target=target, trials=args.trials, work_dir=args.work_dir,
+            max_depth=args.max_depth, search_time_s=args.time_budget,
+            max_states=args.max_states if args.max_states is not None else
+            DEFAULTS.max_states, library=False if args.no_library else None,
+            derive=not args.no_derive, rpc=_rpc_config(args), **fields)
+    except ConfigError as err:
+        raise UserError(str(err)) from None
+
+
+def _trials(report) -> str:
+    """``, trials S/N`` when the command had a trial budget."""
+    budget = getattr(report, "budget", None)
+    if budget is None or not budget.total:
+        return ""
+    return f", trials {budget.spent}/{budget.total}"
 
 
 def _rpc_config(args: argparse.Namespace):
@@ -386,12 +404,21 @@ def _add_model_options(parser: argparse.ArgumentParser, target: bool = True) -> 
 
 
 def _add_search_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trials", type=int, default=0,
-                        help="MetaSchedule trials (0: no tuning, the cost model decides)")
+    from .config import DEFAULTS  # pylint: disable=import-outside-toplevel
+
+    parser.add_argument("--trials", type=int, default=DEFAULTS.trials,
+                        help="MetaSchedule trials for the whole model, shared by its kernels "
+                        "by expected gain (0: no tuning, the cost model decides)")
     parser.add_argument("--work-dir", help="tuning database directory (reused across runs)")
-    parser.add_argument("--max-depth", type=int, default=7, help="derivation search depth")
-    parser.add_argument("--time-budget", type=float, default=20.0, metavar="SECONDS",
-                        help="derivation search time for the whole model, shared by its operators")
+    parser.add_argument("--max-depth", type=int, default=DEFAULTS.max_depth,
+                        help=f"derivation search depth (default: {DEFAULTS.max_depth})")
+    parser.add_argument("--time-budget", type=float, default=DEFAULTS.search_time_s,
+                        metavar="SECONDS",
+                        help="derivation search time for the whole model, shared by its "
+                        f"operators (default: {DEFAULTS.search_time_s:g})")
+    parser.add_argument("--max-states", type=int, metavar="N",
+                        help="derivation states visited per operator signature (default: "
+                        f"{DEFAULTS.max_states})")
     parser.add_argument("--no-library", action="store_true",
                         help="TVM-built kernels only (no native library kernels)")
     parser.add_argument("--no-derive", action="store_true",

@@ -18,6 +18,7 @@ from typing import Optional, TextIO, Tuple
 import numpy as np
 
 from .compat import relax, tvm
+from .config import OllieConfig, resolve_config
 from .frontend.builder import single_function_module, tensor_var
 
 
@@ -57,23 +58,26 @@ def demo_model(channels: int = 16, size: int = 32, seed: int = 0) -> "tvm.IRModu
 def run_demo(
     channels: int = 16,
     size: int = 32,
-    target: str = "llvm",
-    trials: int = 0,
+    target: Optional[str] = None,
+    trials: Optional[int] = None,
     work_dir: Optional[str] = None,
-    max_depth: int = 7,
-    time_budget_s: float = 20.0,
+    max_depth: Optional[int] = None,
+    time_budget_s: Optional[float] = None,
     repeat: int = 20,
     explain: bool = False,
     out: TextIO = sys.stdout,
     progress: bool = True,
     library: Optional[bool] = None,
-    derive: bool = True,
+    derive: Optional[bool] = None,
+    config: Optional[OllieConfig] = None,
 ) -> bool:
     """Build the demo model with TVM and with tvm-ollie, compare, and report.
 
     Returns whether the optimized build's output matches TVM's (relative error below 1e-4).
-    With ``explain`` the rule path of every decision is printed too. ``library``/``derive``
-    switch native kernels and derivation (as in :func:`tvm_ollie.transform.optimize_module`).
+    With ``explain`` the rule path of every decision is printed too. The ollie build's options
+    are ``config`` (:class:`~tvm_ollie.config.OllieConfig`; default target llvm), overridden
+    by ``target``, ``trials``, ``work_dir``, ``max_depth``, ``time_budget_s``, ``library`` and
+    ``derive`` when given.
     """
     # pylint: disable=import-outside-toplevel
     from .frontend.explain import chosen_lines, decision_details, decision_table, summary_line
@@ -81,7 +85,11 @@ def run_demo(
     from .frontend.targets import parse_target
     from .transform import build
 
-    tgt, note = parse_target(target)
+    cfg = resolve_config(config, target=target, trials=trials, work_dir=work_dir,
+                         max_depth=max_depth, time_budget_s=time_budget_s, library=library,
+                         derive=derive)
+    raw = cfg.target if cfg.target is not None else "llvm"
+    tgt, note = parse_target(raw) if isinstance(raw, str) else (tvm.target.Target(raw), "")
     if note:
         print(f"note: {note}", file=out)
     dev = _device(tgt)
@@ -96,9 +104,7 @@ def run_demo(
         base_build_s = time.perf_counter() - start
         stages.next()
         start = time.perf_counter()
-        ollie_ex, report = build(mod, target=tgt, trials=trials, work_dir=work_dir,
-                                 max_depth=max_depth, time_budget_s=time_budget_s,
-                                 library=library, derive=derive)
+        ollie_ex, report = build(mod, config=cfg.replace(target=tgt))
         ollie_build_s = time.perf_counter() - start
         stages.next()
         ref, got, base_ms, ollie_ms = _compare_runs(base_ex, ollie_ex, dev, x, repeat)
@@ -106,6 +112,8 @@ def run_demo(
     decisions = list(report.decisions)
     print(f"\n{summary_line(decisions)} (search {getattr(report, 'search_s', 0.0):.1f} s, "
           f"tuning {getattr(report, 'tuning_s', 0.0):.1f} s)", file=out)
+    if report.budget is not None and report.budget.total:
+        print(report.budget.to_text(), file=out)
     if decisions:
         print(decision_table(decisions), file=out)
         print("", file=out)

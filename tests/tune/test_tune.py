@@ -103,6 +103,8 @@ def test_build_with_trials_reuses_database(tmp_path):
     (d,) = report.decisions
     assert d.measured and d.before_s > 0
     assert report.tuning_calls >= 1
+    # one budget for the module: the pass's measurements and the final kernels share 4 trials
+    assert report.trials_budget == 4 and 0 < report.trials_spent <= 4, report.budget
     args = sm.random_inputs(mod)
     ref = sm.run(tvm.compile(mod, target="llvm"), args)
     sm.assert_close(sm.run(ex, args), ref)

@@ -8,9 +8,10 @@ inputs and outputs exchanged through DLPack (zero-copy on CPU). A graph that can
 converted or built (an operator TVM lacks, symbolic shapes, autograd) runs in eager PyTorch
 instead, with one warning naming the reason; the other graphs of the model still use TVM.
 
-Options (``torch.compile(..., options={...})``): ``target`` (``"llvm"``), ``trials`` (0),
-``work_dir`` and any keyword of :func:`tvm_ollie.transform.build` (``max_depth``,
-``time_budget_s``, ``library``, ``derive``, ``calibration``...).
+Options (``torch.compile(..., options={...})``): ``config`` (an
+:class:`~tvm_ollie.config.OllieConfig`) and any keyword of :func:`tvm_ollie.transform.build`
+overriding its fields (``target``, default llvm; ``trials``, default 0; ``work_dir``,
+``max_depth``, ``time_budget_s``, ``library``, ``derive``, ``calibration``...).
 
 The backend is found by name through the ``torch_dynamo_backends`` entry point of the package;
 :func:`register` (called by ``import tvm_ollie`` when TorchDynamo is already imported, and by
@@ -91,8 +92,8 @@ def _compile_graph(gm, example_inputs: List[Any], options: Dict) -> Callable:
     single = _returns_single_tensor(gm)
     gm.graph.eliminate_dead_code()
     mod = _import_graph(gm, example_inputs, input_info, single)
-    target = options.pop("target", "llvm")
-    executable, _ = build(mod, target=target, trials=options.pop("trials", 0), **options)
+    # options: ``config`` (an OllieConfig) and overrides of its fields (target, trials...)
+    executable, _ = build(mod, **options)
     vm = relax.VirtualMachine(executable, tvm.cpu(0))
     main = vm["main"]
 

@@ -96,19 +96,24 @@ class TorchCompiled:
         return from_tvm(self._vm["main"](*[to_tvm(x) for x in inputs]))
 
 
-def compile_torch(module, example_inputs: Sequence[Any], target="llvm", trials: int = 0,
-                  work_dir: Optional[str] = None, **options) -> TorchCompiled:  # fmt: skip
+def compile_torch(module, example_inputs: Sequence[Any], target=None,
+                  trials: Optional[int] = None, work_dir: Optional[str] = None,
+                  **options) -> TorchCompiled:  # fmt: skip
     """:func:`from_torch`, then the ollie pass and TVM's build; returns a torch-callable model.
 
-    ``options`` go to :func:`tvm_ollie.transform.build` (``max_depth``, ``time_budget_s``,
-    ``library``, ``derive``...).
+    ``options`` go to :func:`tvm_ollie.transform.build` (``config``, an
+    :class:`~tvm_ollie.config.OllieConfig`, and overrides of its fields: ``max_depth``,
+    ``time_budget_s``, ``library``, ``derive``...); the target defaults to llvm.
     """
-    from ..transform import build  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel
+    from ..config import resolve_config
+    from ..transform import build
+    from ..tune.metaschedule import normalize_target
 
     mod = from_torch(module, example_inputs)
+    target = resolve_config(options.get("config"), target=target).target or "llvm"
     executable, report = build(mod, target=target, trials=trials, work_dir=work_dir, **options)
-    tgt = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
-    kind = tgt.kind.name
+    kind = normalize_target(target).kind.name
     device = tvm.cuda(0) if kind == "cuda" else tvm.cpu(0)
     return TorchCompiled(mod, executable, report, device)
 

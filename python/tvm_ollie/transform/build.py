@@ -6,8 +6,9 @@ GPU schedules on CUDA): ``tvm.compile(mod, target, relax_pipeline="ollie")``.
 
 :func:`build` additionally applies tuning: with ``trials > 0`` (or a ``work_dir`` holding a
 MetaSchedule database from an earlier compile) the rewritten module is legalized and fused,
-its kernels without records are tuned, and ``MetaScheduleApplyDatabase`` puts the best
-schedules in before TVM's default pipeline builds it.
+its kernels without records are tuned with what the pass left of the module's trial budget
+(:mod:`tvm_ollie.tune.budget`), and ``MetaScheduleApplyDatabase`` puts the best schedules in
+before TVM's default pipeline builds it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import os
 from typing import Optional, Tuple
 
 from ..compat import relax, tvm
+from ..config import OllieConfig, resolve_config
+from ..tune.budget import TrialBudget
 from ..tune.measure import compile_module
 from ..tune.metaschedule import Tuner, default_pipeline, gpu_available, is_gpu_target, \
     normalize_target
@@ -32,65 +35,89 @@ LOG = logging.getLogger("tvm_ollie.transform")
 PIPELINE_NAME = "ollie"
 
 
-def build(mod: "tvm.IRModule", target="llvm", trials: int = 0, work_dir: Optional[str] = None,
-          rpc: Optional[RPCConfig] = None, orchestrate: bool = False, **opts
+def build(mod: "tvm.IRModule", target=None, trials: Optional[int] = None,
+          work_dir: Optional[str] = None, rpc: Optional[RPCConfig] = None,
+          orchestrate: Optional[bool] = None, config: Optional[OllieConfig] = None, **opts
           ) -> Tuple["tvm.runtime.Executable", OptimizeReport]:
     """Rewrite ``mod`` with the pass, then compile it to a Relax executable.
+
+    The options are one :class:`~tvm_ollie.config.OllieConfig` (``config``, default: the
+    :func:`~tvm_ollie.config.config_scope`'s, else the defaults); the keywords that are not
+    None override its fields.
 
     Parameters
     ----------
     mod : IRModule
         The Relax module.
-    target : str | dict | Target
-        ``"llvm"``, ``"cuda"`` (sm_90, llvm host; builds without a GPU), a tag or a Target.
-    trials : int
-        MetaSchedule trials per tuned implementation in the pass, and per remaining kernel of
-        the rewritten module here (0: no tuning; GPU targets are never tuned without a GPU).
+    target : str | dict | Target, optional
+        ``"llvm"``, ``"cuda"`` (sm_90, llvm host; builds without a GPU), a tag or a Target
+        (default: the config's, else ``Target.current()``, else llvm).
+    trials : int, optional
+        MetaSchedule trials for the whole module (0: no tuning; GPU targets are never tuned
+        without a GPU): the pass's tuned measurements and the rewritten module's kernels share
+        them by expected gain (:mod:`tvm_ollie.tune.budget`); ``report.budget`` says how they
+        were spent.
     work_dir : str, optional
         MetaSchedule database directory; records found there are applied even with
         ``trials=0``, and nothing already recorded is tuned again. Files cut short by a crash
         are repaired (with a warning), and the directory is locked for the whole build, so
         that processes sharing it take turns.
-    orchestrate : bool
-        Fission composite operators and choose the kernels by binary linear programming
-        (:mod:`tvm_ollie.orchestrate`) instead of TVM's greedy fusion (untuned builds only).
     rpc : RPCConfig, optional
         Measure on the devices behind this RPC tracker: the pass's timings and every tuning
         trial (GPU targets are then tuned without a GPU here); builds stay local.
+    orchestrate : bool, optional
+        Fission composite operators and choose the kernels by binary linear programming
+        (:mod:`tvm_ollie.orchestrate`) instead of TVM's greedy fusion (untuned builds only).
+    config : OllieConfig, optional
+        The options.
     **opts
-        Passed to :func:`optimize_module` (``max_depth``, ``time_budget_s``, ``calibration``...;
-        ``chooser`` forces a verified alternative per operator, for differential tests).
+        Other config fields (``max_depth``, ``time_budget_s``, ``calibration``...) and the
+        test hooks of :func:`optimize_module` (``timer``, ``checker``, ``chooser``, ``tuner``).
 
     Returns
     -------
     (Executable, OptimizeReport)
     """
-    tgt = normalize_target(target)
-    remote = rpc is not None
-    if trials > 0 and work_dir is None and (remote or not (is_gpu_target(tgt) and
-                                                            not gpu_available(tgt))):
+    hooks = {k: opts.pop(k) for k in list(opts) if k in _HOOKS}
+    cfg = resolve_config(config, target=target, trials=trials, work_dir=work_dir, rpc=rpc,
+                         orchestrate=orchestrate, **opts)
+    tgt = normalize_target(cfg.target)
+    cfg = cfg.replace(target=tgt)
+    remote = cfg.rpc is not None
+    if cfg.trials > 0 and cfg.work_dir is None and (
+            remote or not (is_gpu_target(tgt) and not gpu_available(tgt))):
         import tempfile  # pylint: disable=import-outside-toplevel
 
-        work_dir = tempfile.mkdtemp(prefix="ollie_tune_")
+        cfg = cfg.replace(work_dir=tempfile.mkdtemp(prefix="ollie_tune_"))
     # One process at a time tunes in a work dir: MetaSchedule's database refers to workloads
     # by line number, so two processes appending to it at once would mix their records up.
-    with work_dir_lock(work_dir):
-        prepare_work_dir(work_dir)
-        return _build(mod, tgt, trials, work_dir, rpc, orchestrate, opts)
+    with work_dir_lock(cfg.work_dir):
+        prepare_work_dir(cfg.work_dir)
+        return _build(mod, cfg, hooks)
 
 
-def _build(mod: "tvm.IRModule", tgt, trials: int, work_dir: Optional[str],
-           rpc: Optional[RPCConfig], orchestrate: bool, opts: dict
+#: Keywords of :func:`build` that go to :func:`optimize_module` as they are (not options).
+_HOOKS = ("timer", "checker", "chooser", "tuner")
+
+#: Share of the trial budget kept for the rewritten module's kernels (the final task).
+FINAL_SHARE = 0.5
+
+
+def _build(mod: "tvm.IRModule", cfg: OllieConfig, hooks: dict
            ) -> Tuple["tvm.runtime.Executable", OptimizeReport]:
-    remote = rpc is not None
-    new_mod, report = optimize_module(mod, tgt, trials=trials, work_dir=work_dir, rpc=rpc,
-                                      **opts)
-    tunable = trials > 0 and (remote or not is_gpu_target(tgt) or gpu_available(tgt))
+    tgt, trials, work_dir = cfg.target, cfg.trials, cfg.work_dir
+    tunable = trials > 0 and (cfg.rpc is not None or not is_gpu_target(tgt)
+                              or gpu_available(tgt))
+    budget = TrialBudget(trials, final_share=FINAL_SHARE if tunable else 0.0)
+    if trials > 0 and not tunable:
+        budget.notes.append(f"no {tgt.kind.name} device here to measure on: nothing tuned")
+    new_mod, report = optimize_module(mod, config=cfg, budget=budget, **hooks)
     has_db = bool(work_dir) and os.path.isdir(work_dir) and any(
         f.endswith(".json") and "workload" in f for f in os.listdir(work_dir))
-    tuner = Tuner(tgt, work_dir, rpc=rpc) if (tunable or has_db) else None
+    tuner = Tuner(tgt, work_dir, rpc=cfg.rpc) if (tunable or has_db) else None
+    orch = cfg.orchestrate_config() if cfg.orchestrate else None
     try:
-        ex = compile_module(new_mod, tgt, tuner, trials if tunable else 0, orchestrate)
+        ex = _compile_final(new_mod, cfg, tuner, budget, tunable, orch)
     except Exception as err:  # pylint: disable=broad-except
         if not report.rewritten:
             raise
@@ -100,8 +127,16 @@ def _build(mod: "tvm.IRModule", tgt, trials: int, work_dir: Optional[str],
         LOG.warning("ollie: %s; building the original module", why)
         for d in report.rewritten:
             d.chosen, d.after_s, d.explain, d.reason = "original", d.before_s, "", why
-        ex = compile_module(mod, tgt, tuner, trials if tunable else 0, orchestrate)
+        ex = _compile_final(mod, cfg, tuner, budget, tunable, orch)
+    report.budget = budget
     return ex, report
+
+
+def _compile_final(mod, cfg: OllieConfig, tuner, budget: TrialBudget, tunable: bool, orch):
+    """The module's kernels tuned with everything left of the budget (the final task)."""
+    trials = budget.final() if tunable else 0
+    return compile_module(mod, cfg.target, budget.metered(tuner), trials, cfg.orchestrate,
+                          orchestrate_config=orch)
 
 
 def cuda_source(ex: "tvm.runtime.Executable") -> str:
@@ -115,21 +150,33 @@ def cuda_source(ex: "tvm.runtime.Executable") -> str:
     return "\n".join(found)
 
 
-def ollie_pipeline(target=None, orchestrate: bool = False, **opts) -> "tvm.transform.Pass":
+def ollie_pipeline(target=None, orchestrate: Optional[bool] = None,
+                   config: Optional[OllieConfig] = None, **opts) -> "tvm.transform.Pass":
     """:class:`OllieOptimize` followed by TVM's default pipeline for the target (with
     ``orchestrate``: fission and kernel orchestration in place of TVM's greedy fusion).
 
-    The target is read from ``Target.current()`` when the pipeline runs (``tvm.compile`` runs
-    its pipeline under ``with target``) unless given.
+    ``relax.get_pipeline("ollie", config=cfg)`` or ``relax_pipeline="ollie"`` (then the config
+    of :func:`~tvm_ollie.config.config_scope`, read when the pipeline runs). ``opts`` are config
+    fields and :class:`OllieOptimize`'s hooks. The target is read from ``Target.current()``
+    when the pipeline runs (``tvm.compile`` runs its pipeline under ``with target``) unless the
+    config or ``target`` gives one.
     """
+    hooks = {k: opts.pop(k) for k in list(opts) if k in _HOOKS}
+    overrides = dict(target=target, orchestrate=orchestrate, **opts)
+    resolve_config(config, **overrides)  # invalid options fail here, not inside tvm.compile
 
     @tvm.transform.module_pass(opt_level=0, name="OlliePipeline")
     def _pipeline(mod: "tvm.IRModule", _ctx) -> "tvm.IRModule":
-        tgt = target if target is not None else tvm.target.Target.current(allow_none=True)
+        cfg = resolve_config(config, **overrides)
+        tgt = cfg.target if cfg.target is not None else \
+            tvm.target.Target.current(allow_none=True)
         tgt = normalize_target(tgt or "llvm")
-        mod = OllieOptimize(target=tgt, **opts)(mod)
+        cfg = cfg.replace(target=tgt)
+        mod = OllieOptimize(config=cfg, **hooks)(mod)
+        orch = cfg.orchestrate_config() if cfg.orchestrate else None
         with tgt:
-            return default_pipeline(tgt, orchestrate=orchestrate)(mod)
+            return default_pipeline(tgt, orchestrate=cfg.orchestrate,
+                                    orchestrate_config=orch)(mod)
 
     return _pipeline
 

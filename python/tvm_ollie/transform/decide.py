@@ -38,10 +38,12 @@ import numpy as np
 from .. import native
 from ..codegen import library as lib
 from ..compat import relax, tvm
+from ..config import DEFAULTS
 from ..derive.program import Program
 from ..lift import LiftError, lift_relax_call
 from ..lift.registry import Operands
 from ..tune import analytic
+from ..tune.budget import TrialBudget
 from ..tune.calibrate import Calibration, calibrate
 from ..tune.measure import compile_module, random_args, time_main
 from ..tune.metaschedule import STATS, Tuner, gpu_available, is_gpu_target, normalize_target
@@ -268,14 +270,14 @@ class Decider:
     target : Target
         The compilation target.
     trials : int
-        MetaSchedule trials per measured implementation (0: analytic cost, plus the untuned
-        check on CPUs).
+        MetaSchedule trials for everything this decider tunes (0: analytic cost, plus the
+        untuned check on CPUs), drawn from ``budget``.
     work_dir : str, optional
         Tuning database and measurement cache directory (a temporary one when tuning without).
     max_depth : int
         Derivation depth.
     search_budget_s : float
-        Derivation time per signature.
+        Derivation time of a signature when :meth:`decide` is given none.
     calibration : Calibration, optional
         Analytic cost calibration (measured for the target when None).
     max_measured : int
@@ -301,16 +303,27 @@ class Decider:
         Forces the choice per signature (for differential tests; see :data:`Chooser`).
     tuner : Tuner, optional
         Replaces the MetaSchedule tuner of the default timer (used when ``trials > 0``).
+    max_candidates : int, optional
+        Derived programs kept per signature (None: all).
+    budget : TrialBudget, optional
+        The module's trial budget; each tuned measurement is granted a part of the current
+        task's allotment (default: a budget of ``trials`` for this decider alone).
+
+    The defaults are :data:`tvm_ollie.config.DEFAULTS`.
     """
 
-    def __init__(self, target, trials: int = 0, work_dir: Optional[str] = None,
-                 max_depth: int = 7, search_budget_s: float = 5.0,
-                 calibration: Optional[Calibration] = None, max_measured: int = 3,
-                 max_states: Optional[int] = 2000, check_untuned: Optional[bool] = None,
-                 library: Optional[bool] = None, derive: bool = True,
-                 timer: Optional[Timer] = None, checker: Optional[Checker] = None,
-                 rpc: Optional[RPCConfig] = None, chooser: Optional[Chooser] = None,
-                 tuner: Optional[Tuner] = None):
+    def __init__(self, target, trials: int = DEFAULTS.trials, work_dir: Optional[str] = None,
+                 max_depth: int = DEFAULTS.max_depth,
+                 search_budget_s: float = DEFAULTS.search_time_s,
+                 calibration: Optional[Calibration] = None,
+                 max_measured: int = DEFAULTS.max_measured,
+                 max_states: Optional[int] = DEFAULTS.max_states,
+                 check_untuned: Optional[bool] = None, library: Optional[bool] = None,
+                 derive: bool = DEFAULTS.derive, timer: Optional[Timer] = None,
+                 checker: Optional[Checker] = None, rpc: Optional[RPCConfig] = None,
+                 chooser: Optional[Chooser] = None, tuner: Optional[Tuner] = None,
+                 max_candidates: Optional[int] = DEFAULTS.max_candidates,
+                 budget: Optional[TrialBudget] = None):
         self.target = normalize_target(target)
         gpu = is_gpu_target(self.target)
         if check_untuned is None:
@@ -323,6 +336,8 @@ class Decider:
         self.search_budget_s = search_budget_s
         self.max_measured = max_measured
         self.max_states = max_states
+        self.max_candidates = max_candidates
+        self.budget = budget if budget is not None else TrialBudget(self.trials)
         self.derive = bool(derive)
         self.can_measure = self.trials > 0 and (not gpu or gpu_available(self.target))
         self.rpc = rpc
@@ -422,7 +437,8 @@ class Decider:
 
         t0 = time.perf_counter()
         res = derive(expr, max_depth=self.max_depth, time_budget_s=budget_s,
-                     max_states=self.max_states, verify=False, max_candidates=None,
+                     max_states=self.max_states, verify=False,
+                     max_candidates=self.max_candidates,
                      cost_target=self.calib.kind)
         self.search_s += time.perf_counter() - t0
         seen = set()
@@ -515,7 +531,9 @@ class Decider:
         t0 = time.perf_counter()
         calls = STATS.calls
         try:
-            ex = compile_module(mod, self.target, self.tuner, self.trials)
+            tuner = self.budget.metered(self.tuner)
+            trials = self.budget.grant(label) if tuner is not None else 0
+            ex = compile_module(mod, self.target, tuner, trials)
             # the fastest of several short runs: ranks implementations robustly on a machine
             # that other processes share (a descheduled OpenMP thread inflates a median)
             seconds = time_main(ex, random_args(mod["main"]), number=2, repeat=8,

@@ -17,14 +17,18 @@ import time
 from typing import Dict, List, Optional, Tuple
 
 from ..compat import relax, tvm
+from ..config import MIN_SEARCH_S, OllieConfig, resolve_config
+from ..lift import LiftError, lift_relax_call
+from ..tune import analytic
+from ..tune.budget import TrialBudget
 from ..tune.calibrate import Calibration
 from ..tune.metaschedule import STATS, Tuner, normalize_target
 from ..tune.rpc import RPCConfig
-from .decide import DERIVABLE_OPS, Checker, Chooser, Decider, Timer, call_signature, \
-    original_form
+from .decide import DERIVABLE_OPS, Checker, Chooser, Decider, Timer, _region_seconds, \
+    call_signature, original_form
 from .emit import emit_program
 from .epilogue import fuse_epilogues
-from .regions import MAX_CALLS, Region, find_regions, static_tensor
+from .regions import Region, find_regions, static_tensor
 from .report import OpDecision, OptimizeReport, RegionDecision
 
 __all__ = ["OllieOptimize", "optimize_module"]
@@ -119,100 +123,91 @@ class _Rewriter(relax.PyExprMutator):
                             name=f"ollie_{short}")
 
 
-def optimize_module(mod: "tvm.IRModule", target=None, trials: int = 0,
-                    work_dir: Optional[str] = None, max_depth: int = 7,
-                    time_budget_s: float = 20.0, targets=None, verbose: bool = False,
-                    calibration: Optional[Calibration] = None, max_measured: int = 3,
-                    check_untuned: Optional[bool] = None, library: Optional[bool] = None,
-                    derive: bool = True, timer: Optional[Timer] = None,
-                    checker: Optional[Checker] = None, rpc: Optional[RPCConfig] = None,
-                    chooser: Optional[Chooser] = None, tuner: Optional[Tuner] = None,
-                    region_calls: int = MAX_CALLS,
+def optimize_module(mod: "tvm.IRModule", target=None, trials: Optional[int] = None,
+                    work_dir: Optional[str] = None, max_depth: Optional[int] = None,
+                    time_budget_s: Optional[float] = None, targets=None,
+                    verbose: Optional[bool] = None, calibration: Optional[Calibration] = None,
+                    max_measured: Optional[int] = None, check_untuned: Optional[bool] = None,
+                    library: Optional[bool] = None, derive: Optional[bool] = None,
+                    timer: Optional[Timer] = None, checker: Optional[Checker] = None,
+                    rpc: Optional[RPCConfig] = None, chooser: Optional[Chooser] = None,
+                    tuner: Optional[Tuner] = None, region_calls: Optional[int] = None,
+                    config: Optional[OllieConfig] = None, budget: Optional[TrialBudget] = None,
                     ) -> Tuple["tvm.IRModule", OptimizeReport]:
     """Run the derivation rewrite on ``mod``; return the new module and the report.
+
+    The options are one :class:`~tvm_ollie.config.OllieConfig` (``config``, default: the
+    :func:`~tvm_ollie.config.config_scope`'s, else the defaults); every other keyword that is
+    not None overrides the field of the same name (``time_budget_s`` is ``search_time_s``).
 
     Parameters
     ----------
     mod : IRModule
         A Relax module with static shapes (dynamic-shape calls are left alone).
-    target : str | dict | Target, optional
-        The target (``Target.current()`` or llvm when None).
-    trials : int
-        0: decide by the calibrated analytic cost. >0: tune (MetaSchedule, XGBoost) the
-        original and the ``max_measured`` cheapest candidates with ``trials`` trials each
-        and decide by measured time (GPU targets without a GPU here fall back to analytic).
-    work_dir : str, optional
-        MetaSchedule JSON database and measurement cache (reused by later compiles).
-    max_depth : int
-        Derivation depth.
-    time_budget_s : float
-        Derivation time for the whole module, shared by the distinct operator signatures.
-    targets : sequence of str, optional
-        Only consider these Relax operators (e.g. ``["relax.nn.conv2d"]``); default all.
-    verbose : bool
-        Log the report at INFO level (and each decision's rule path at DEBUG).
-    calibration : Calibration, optional
-        Override the analytic cost calibration (reproducible decisions).
-    max_measured : int
-        Alternatives (cheapest first) verified and measured per signature when measuring.
-    check_untuned : bool, optional
-        With ``trials=0``, also time the original and each accepted candidate untuned and keep
-        the candidate only if it is faster (default: on for CPU targets, whose untuned kernels
-        the analytic cost ranks poorly, unless ``calibration`` is given for reproducible
-        decisions; off for GPU targets, which may have no device here).
-    library : bool, optional
-        Native library kernels as alternatives (default: on CPU targets when the native
-        library is loaded; ``False``: TVM kernels only).
-    derive : bool
-        Derived programs as alternatives (``False``: only the original's implementations,
-        the ``ollie-lib`` ablation).
+    target, trials, work_dir, max_depth, time_budget_s, targets, verbose, calibration,
+    max_measured, check_untuned, library, derive, rpc, region_calls
+        Overrides of the config's fields (see :class:`~tvm_ollie.config.OllieConfig`).
+        ``trials`` is the budget of the whole module: the tuned measurements of the decisions
+        share it by expected gain (:mod:`tvm_ollie.tune.budget`).
     timer, checker : callable, optional
         Replace the measurement and the numeric check (see :mod:`.decide`).
-    rpc : RPCConfig, optional
-        Measure on the devices behind this RPC tracker instead of this machine (tuning trials,
-        untuned and tuned timings); builds stay local, records go to ``work_dir``.
     chooser : Chooser, optional
         Forces the choice per signature, still verified (differential tests; see
         :mod:`.decide`).
     tuner : Tuner, optional
         Replaces the pass's MetaSchedule tuner (``trials > 0``; fault-injection tests).
-    region_calls : int
-        Most calls in one region (:mod:`.regions`); 1 decides every call alone. A region of
-        several calls is lifted, derived, verified and replaced as a whole; when it is kept,
-        its heavy call is still decided alone.
+    config : OllieConfig, optional
+        The options.
+    budget : TrialBudget, optional
+        The module's trial budget when a caller spends part of it after the pass (``build``
+        keeps a share for the rewritten module's kernels); default: one of ``trials``.
     """
+    cfg = resolve_config(config, target=target, trials=trials, work_dir=work_dir,
+                         max_depth=max_depth, time_budget_s=time_budget_s, targets=targets,
+                         verbose=verbose, calibration=calibration, max_measured=max_measured,
+                         check_untuned=check_untuned, library=library, derive=derive, rpc=rpc,
+                         region_calls=region_calls)
     t_start = time.perf_counter()
-    tgt = normalize_target(target)
+    tgt = normalize_target(cfg.target)
     calls = _derivable_calls(mod)
-    if targets:
-        wanted = {t if t.startswith("relax.") else f"relax.{t}" for t in targets}
+    if cfg.targets:
+        wanted = {t if t.startswith("relax.") else f"relax.{t}" for t in cfg.targets}
         calls = [c for c in calls if c[2].op.name in wanted]
-    decider = Decider(tgt, trials=trials, work_dir=work_dir, max_depth=max_depth,
-                      calibration=calibration, max_measured=max_measured,
-                      check_untuned=check_untuned, library=library, derive=derive,
-                      timer=timer, checker=checker, rpc=rpc, chooser=chooser, tuner=tuner)
-    report = OptimizeReport(target=str(tgt.kind.name if tgt.kind.name != "llvm" else "llvm"))
+    if budget is None:
+        budget = TrialBudget(cfg.trials)
+    decider = Decider(tgt, trials=cfg.trials, work_dir=cfg.work_dir, max_depth=cfg.max_depth,
+                      calibration=cfg.calibration, max_measured=cfg.max_measured,
+                      max_states=cfg.max_states, max_candidates=cfg.max_candidates,
+                      check_untuned=cfg.check_untuned, library=cfg.library, derive=cfg.derive,
+                      timer=timer, checker=checker, rpc=cfg.rpc, chooser=chooser, tuner=tuner,
+                      budget=budget)
+    report = OptimizeReport(target=str(tgt.kind.name if tgt.kind.name != "llvm" else "llvm"),
+                            budget=budget)
     tuning0, calls0 = STATS.seconds, STATS.calls
-    regions = [r for r in (find_regions(mod, region_calls) if region_calls > 1 and derive
-                           else []) if r.size > 1]
-    if targets:
+    regions = [r for r in (find_regions(mod, cfg.region_calls)
+                           if cfg.region_calls > 1 and cfg.derive else []) if r.size > 1]
+    if cfg.targets:
         regions = [r for r in regions if r.heavy_call.op.name in wanted]
     sigs = list(dict.fromkeys([call_signature(c) for _, _, c in calls] +
                               [r.signature() for r in regions]))
+    if decider.can_measure:
+        _plan_budget(budget, decider, regions, calls, cfg.max_measured)
+    elif cfg.trials > 0 and not budget.notes:
+        budget.notes.append(f"no {tgt.kind.name} device here to measure on: the pass decided "
+                            "by the analytic cost")
+    search = _SearchShare(cfg.search_time_s, len(sigs))
     choices: Dict[str, object] = {}
     rewritten_regions, region_decisions, inside = [], [], set()
     for region in regions:
         sig = region.signature()
         if sig not in choices:
-            pending = len(sigs) - len(choices)
-            budget = max(0.5, (time_budget_s - decider.search_s) / max(pending, 1))
-            choices[sig] = decider.decide(region, budget)
+            choices[sig] = _decide(decider, region, sig, search, budget)
         ch = choices[sig]
         region_decisions.append(RegionDecision(
             region.function, _var_name(region.output), region.describe(), str(region.lift()),
             chosen=ch.label, reason=ch.reason, explain=ch.explain, before_s=ch.before_s,
             after_s=ch.after_s, measured=ch.measured, candidates=ch.candidates))
-        log = LOG.info if (verbose or ch.rewritten) else LOG.debug
+        log = LOG.info if (cfg.verbose or ch.rewritten) else LOG.debug
         log("ollie: region %s.%s [%s] -> %s (%s)", region.function, _var_name(region.output),
             region.describe(), ch.label, ch.reason)
         if ch.rewritten:
@@ -223,17 +218,14 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: int = 0,
     for fname, vname, call in calls:
         sig = call_signature(call)
         if sig not in choices:
-            pending = len(sigs) - len(choices)
-            spent = decider.search_s
-            budget = max(0.5, (time_budget_s - spent) / max(pending, 1))
-            choices[sig] = decider.decide(call, budget)
+            choices[sig] = _decide(decider, call, sig, search, budget)
         ch = choices[sig]
         d = OpDecision(fname, vname, call.op.name, sig,
                        chosen=ch.label,
                        reason=ch.reason, explain=ch.explain, before_s=ch.before_s,
                        after_s=ch.after_s, measured=ch.measured, candidates=ch.candidates)
         decisions.append(d)
-        log = LOG.info if (verbose or d.rewritten) else LOG.debug
+        log = LOG.info if (cfg.verbose or d.rewritten) else LOG.debug
         log("ollie: %s.%s %s -> %s (%s)", fname, vname, sig, d.chosen, d.reason)
     new_mod = mod
     if rewritten_regions:
@@ -256,57 +248,86 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: int = 0,
     report.tuning_s = STATS.seconds - tuning0
     report.tuning_calls = STATS.calls - calls0
     report.total_s = time.perf_counter() - t_start
-    if verbose:
+    if cfg.verbose:
         LOG.info("%s", report.to_text())
     return new_mod, report
+
+
+class _SearchShare:
+    """The module's derivation time shared by the signatures still to decide (each at least
+    :data:`~tvm_ollie.config.MIN_SEARCH_S`)."""
+
+    def __init__(self, total_s: float, signatures: int):
+        self.total_s, self.pending = total_s, max(signatures, 1)
+
+    def next(self, spent_s: float) -> float:
+        share = max(MIN_SEARCH_S, (self.total_s - spent_s) / max(self.pending, 1))
+        self.pending -= 1
+        return share
+
+
+def _decide(decider: Decider, unit, sig: str, search: _SearchShare, budget: TrialBudget):
+    """The decider's choice for a unit, its trials drawn from the unit's task of ``budget``."""
+    with budget.task(sig):
+        return decider.decide(unit, search.next(decider.search_s))
+
+
+def _unit_seconds(unit, calib: Calibration) -> float:
+    """Analytic seconds of a call or region as TVM builds it (its share of the module)."""
+    if getattr(unit, "is_region", False):
+        return _region_seconds(unit, calib)
+    try:
+        return analytic.original_seconds(lift_relax_call(unit), unit.op.name, calib)
+    except LiftError:
+        return 0.0
+
+
+def _plan_budget(budget: TrialBudget, decider: Decider, regions, calls,
+                 max_measured: int) -> None:
+    """One task per signature, weighted by its calls' estimated time (the time at stake in its
+    choice), split among the original and up to ``max_measured`` measured alternatives."""
+    weights: Dict[str, float] = {}
+    for unit in list(regions) + [c for _, _, c in calls]:
+        sig = unit.signature() if getattr(unit, "is_region", False) else call_signature(unit)
+        weights[sig] = weights.get(sig, 0.0) + _unit_seconds(unit, decider.calib)
+    for sig, weight in weights.items():
+        budget.add_task(sig, weight, parts=1 + max_measured)
 
 
 @tvm.transform.module_pass(opt_level=0, name="OllieOptimize")
 class OllieOptimize:
     """The derivation rewrite as a module pass (see :func:`optimize_module`).
 
-    ``OllieOptimize(target=None, trials=0, work_dir=None, max_depth=7, time_budget_s=20.0)``;
-    the target defaults to ``tvm.target.Target.current()`` when the pass runs (llvm if none).
-    The report of the last run is ``.last_report``.
+    ``OllieOptimize(config=OllieConfig(...))``, or the config's fields as keywords
+    (``OllieOptimize(target="llvm", trials=0)``); without ``config`` the pass reads
+    :func:`~tvm_ollie.config.current_config` when it runs, so ``with config_scope(cfg):``
+    configures it inside ``tvm.compile``. The target defaults to ``Target.current()`` when the
+    pass runs (llvm if none). The report of the last run is ``.last_report``.
     """
 
-    def __init__(self, target=None, trials: int = 0, work_dir: Optional[str] = None,
-                 max_depth: int = 7, time_budget_s: float = 20.0, targets=None,
-                 verbose: bool = False, calibration: Optional[Calibration] = None,
-                 max_measured: int = 3, check_untuned: Optional[bool] = None,
-                 library: Optional[bool] = None, derive: bool = True,
+    def __init__(self, target=None, trials: Optional[int] = None,
+                 work_dir: Optional[str] = None, max_depth: Optional[int] = None,
+                 time_budget_s: Optional[float] = None, targets=None,
+                 verbose: Optional[bool] = None, calibration: Optional[Calibration] = None,
+                 max_measured: Optional[int] = None, check_untuned: Optional[bool] = None,
+                 library: Optional[bool] = None, derive: Optional[bool] = None,
                  timer: Optional[Timer] = None, checker: Optional[Checker] = None,
                  rpc: Optional[RPCConfig] = None, chooser: Optional[Chooser] = None,
-                 region_calls: int = MAX_CALLS):
-        self.target = target
-        self.chooser = chooser
-        self.region_calls = region_calls
-        self.library = library
-        self.derive = derive
-        self.timer = timer
-        self.checker = checker
-        self.rpc = rpc
-        self.check_untuned = check_untuned
-        self.trials = trials
-        self.work_dir = work_dir
-        self.max_depth = max_depth
-        self.time_budget_s = time_budget_s
-        self.targets = targets
-        self.verbose = verbose
-        self.calibration = calibration
-        self.max_measured = max_measured
+                 region_calls: Optional[int] = None, config: Optional[OllieConfig] = None):
+        self.config = config
+        self.overrides = dict(
+            target=target, trials=trials, work_dir=work_dir, max_depth=max_depth,
+            time_budget_s=time_budget_s, targets=targets, verbose=verbose,
+            calibration=calibration, max_measured=max_measured, check_untuned=check_untuned,
+            library=library, derive=derive, rpc=rpc, region_calls=region_calls)
+        resolve_config(config, **self.overrides)  # invalid options fail here, not mid-compile
+        self.hooks = dict(timer=timer, checker=checker, chooser=chooser)
         self.last_report: Optional[OptimizeReport] = None
 
     def transform_module(self, mod: "tvm.IRModule", ctx) -> "tvm.IRModule":  # noqa: ARG002
-        target = self.target
-        if target is None:
-            target = tvm.target.Target.current(allow_none=True) or "llvm"
-        new_mod, report = optimize_module(
-            mod, target, trials=self.trials, work_dir=self.work_dir, max_depth=self.max_depth,
-            time_budget_s=self.time_budget_s, targets=self.targets, verbose=self.verbose,
-            calibration=self.calibration, max_measured=self.max_measured,
-            check_untuned=self.check_untuned, library=self.library, derive=self.derive,
-            timer=self.timer, checker=self.checker, rpc=self.rpc, chooser=self.chooser,
-            region_calls=self.region_calls)
+        cfg = resolve_config(self.config, **self.overrides)
+        if cfg.target is None:
+            cfg = cfg.replace(target=tvm.target.Target.current(allow_none=True) or "llvm")
+        new_mod, report = optimize_module(mod, config=cfg, **self.hooks)
         self.last_report = report
         return new_mod

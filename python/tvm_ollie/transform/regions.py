@@ -30,6 +30,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..compat import relax, tvm
+from ..config import DEFAULTS
 from ..derive.program import map_accesses, stage_merge
 from ..ir.nodes import (Access, BinOp, Const, IterVar, Scope, Tensor, free_vars, fresh_var,
                         iter_nodes, scope_var_names, substitute)
@@ -54,8 +55,8 @@ MOVE_OPS = (
 )
 #: Ops whose second operand is a constant index tensor (consumed by the lift, not an input).
 _GATHERS = ("relax.take", "relax.gather_nd")
-#: Default bound on the calls of one region.
-MAX_CALLS = 16
+#: Default bound on the calls of one region (:attr:`OllieConfig.region_calls`).
+MAX_CALLS = DEFAULTS.region_calls
 
 _CONST = tvm.ir.expr.Constant
 

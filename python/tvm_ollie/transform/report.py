@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Any, Dict, List
 
 __all__ = ["OpDecision", "OptimizeReport", "RegionDecision"]
 
@@ -121,6 +121,19 @@ class OptimizeReport:
     tuning_calls: int = 0
     #: consumers (bias, residual, activation) folded into native kernels, per kernel kind
     epilogues: Dict[str, int] = field(default_factory=dict)
+    #: the module's trial budget and how it was spent (:class:`tvm_ollie.tune.budget.TrialBudget`;
+    #: ``build`` adds its final task after the pass)
+    budget: Any = None
+
+    @property
+    def trials_spent(self) -> int:
+        """MetaSchedule trials spent on the module (0 without tuning)."""
+        return self.budget.spent if self.budget is not None else 0
+
+    @property
+    def trials_budget(self) -> int:
+        """The module's trial budget (``trials``)."""
+        return self.budget.total if self.budget is not None else 0
 
     @property
     def rewritten(self) -> List[OpDecision]:
@@ -149,6 +162,8 @@ class OptimizeReport:
             done = sum(1 for r in self.regions if r.rewritten)
             rows.append(f"{done}/{len(self.regions)} regions rewritten:")
             rows.extend(r.to_text() for r in self.regions)
+        if self.budget is not None and (self.budget.total or self.budget.spent):
+            rows.append(self.budget.to_text())
         if self.epilogues:
             folded = ", ".join(f"{k} {v}" for k, v in sorted(self.epilogues.items()))
             rows.append(f"epilogues folded into native kernels: {folded}")

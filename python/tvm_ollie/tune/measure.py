@@ -19,18 +19,22 @@ __all__ = ["compile_module", "device_kind", "random_args", "time_main"]
 
 
 def compile_module(mod: "tvm.IRModule", target, tuner: Optional[Tuner] = None,
-                   trials: int = 0, orchestrate: bool = False) -> "tvm.runtime.Executable":
+                   trials: int = 0, orchestrate: bool = False,
+                   orchestrate_config=None) -> "tvm.runtime.Executable":
     """Legalize and fuse ``mod``, tune its untuned tasks (``trials``), apply the records, build.
 
     Without a tuner this is ``tvm.compile(mod, target)`` with :func:`default_pipeline` (TVM's
     default pipeline; on llvm plus default CPU schedules for the kernels nothing scheduled;
-    with ``orchestrate``, kernel orchestration instead of TVM's greedy fusion). Tuned builds
+    with ``orchestrate``, kernel orchestration instead of TVM's greedy fusion, limited by
+    ``orchestrate_config``). ``trials`` is the tuner's budget for all of ``mod``. Tuned builds
     fuse with TVM's ``FuseOps`` (orchestration is not combined with tuning yet).
     """
     target = normalize_target(target)
     if tuner is None:
         return tvm.compile(mod, target=target,
-                           relax_pipeline=default_pipeline(target, orchestrate=orchestrate))
+                           relax_pipeline=default_pipeline(
+                               target, orchestrate=orchestrate,
+                               orchestrate_config=orchestrate_config))
     fused = legalize_and_fuse(mod, target)
     if trials > 0:
         tuner.tune(fused, trials)

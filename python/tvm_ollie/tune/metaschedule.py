@@ -160,6 +160,23 @@ def _is_view(task) -> bool:
         return False
 
 
+def workload_hash(mod: "tvm.IRModule") -> int:
+    """Structural hash of a task's workload (how the database tells workloads apart)."""
+    import tvm_ffi  # pylint: disable=import-outside-toplevel
+
+    return int(tvm_ffi.structural_hash(mod))
+
+
+def _task_gain(task) -> float:
+    """Expected gain of tuning a task: its estimated FLOPs times its occurrences."""
+    try:
+        from tvm.s_tir.analysis import estimate_tir_flops  # pylint: disable=C0415
+
+        return float(estimate_tir_flops(task.dispatched[0])) * float(task.weight)
+    except Exception:  # pylint: disable=broad-except
+        return float(task.weight)
+
+
 def legalize_and_fuse(mod: "tvm.IRModule", target) -> "tvm.IRModule":
     """TVM's ``zero`` pipeline (legalize, fold constants, fuse) under ``target``."""
     with normalize_target(target):
@@ -191,6 +208,11 @@ class Tuner:
         self.rpc = rpc
         self._db = None
         self._runner = None
+        #: structural hashes of workloads tuned again even though they have records (those
+        #: first tuned in this compile, topped up with what is left of its budget)
+        self.retune: set = set()
+        #: the workloads (IRModules) the last :meth:`tune` tuned
+        self.last_tuned: list = []
 
     @property
     def database(self):
@@ -218,7 +240,9 @@ class Tuner:
                 continue
             if _is_view(task):
                 continue
-            if not self.has_valid_record(task.dispatched[0]):
+            mod = task.dispatched[0]
+            if not self.has_valid_record(mod) or (
+                    self.retune and workload_hash(mod) in self.retune):
                 out.append(task)
         return out
 
@@ -232,12 +256,18 @@ class Tuner:
     def tune(self, fused_mod: "tvm.IRModule", trials: int) -> int:
         """Tune the untuned tasks of ``fused_mod`` with up to ``trials`` trials in all.
 
-        Returns the number of trials granted (0 when every task already had records).
+        The trials are split evenly among the tasks (MetaSchedule's gradient task scheduler
+        orders them); with fewer trials than tasks, the heaviest ``trials`` tasks (estimated
+        FLOPs times occurrences) get one each and the others keep TVM's default schedules.
+        Returns the number of trials handed to MetaSchedule (0 when every task already had
+        records); never more than ``trials``.
         """
         todo = self.untuned(fused_mod)
         STATS.skipped_tasks += len(self.tasks(fused_mod)) - len(todo)
         if not todo or trials <= 0:
             return 0
+        if trials < len(todo):
+            todo = sorted(todo, key=_task_gain, reverse=True)[:trials]
         ms = meta_schedule()
         if self.rpc is not None:
             self.rpc.check()  # one clear line now rather than every trial failing later
@@ -262,6 +292,7 @@ class Tuner:
                     extractor=ms.feature_extractor.PerStoreFeature(), adaptive_training=True,
                     num_tuning_cores=max(1, cores)),
                 task_scheduler="gradient")
+        self.last_tuned = [t.dispatched[0] for t in todo]
         STATS.calls += 1
         STATS.tasks += len(todo)
         STATS.trials += per_task * len(todo)
@@ -314,16 +345,20 @@ class Tuner:
         return len(self.database)
 
 
-def default_pipeline(target, orchestrate: bool = False) -> "tvm.transform.Pass":
+def default_pipeline(target, orchestrate: bool = False,
+                     orchestrate_config=None) -> "tvm.transform.Pass":
     """TVM's full default Relax pipeline for ``target`` (fusion, dlight on GPUs); for llvm the
     same plus default CPU schedules (``cpu_schedule.cpu_pipeline``, ``TVM_OLLIE_CPU_SCHEDULE=0``
     turns them off). ``orchestrate=True`` fissions composite operators and replaces TVM's
-    greedy ``FuseOps`` by kernel orchestration (:mod:`tvm_ollie.orchestrate`)."""
+    greedy ``FuseOps`` by kernel orchestration (:mod:`tvm_ollie.orchestrate`), limited by
+    ``orchestrate_config`` (an ``OrchestrateConfig``; None: its defaults)."""
     target = normalize_target(target)
     if orchestrate:
         from ..orchestrate.pipeline import ollie_orchestration  # pylint: disable=C0415
 
-        return ollie_orchestration(target)
+        if orchestrate_config is None:
+            return ollie_orchestration(target)
+        return ollie_orchestration(target, config=orchestrate_config)
     if target.kind.name == "llvm":
         from .cpu_schedule import cpu_pipeline  # pylint: disable=import-outside-toplevel
 

@@ -1,0 +1,243 @@
+"""One frozen configuration for every entry point: :class:`OllieConfig`.
+
+The options of a run (target, derivation limits, trial budget, work dir, which implementations
+compete, orchestration) used to be keyword arguments repeated, with drifting defaults, by the
+CLI, :func:`~tvm_ollie.transform.build`, :func:`~tvm_ollie.transform.optimize_module`, the
+``"ollie"`` pipeline, :class:`~tvm_ollie.transform.OllieOptimize`, the demo and the tuner. They
+now live here, once; every entry point takes ``config=`` and keeps its old keywords as
+overrides of it::
+
+    cfg = OllieConfig(trials=64, work_dir="db", max_depth=5)
+    ex, report = build(mod, "llvm", config=cfg)
+    ex = tvm.compile(mod, "llvm", relax_pipeline=relax.get_pipeline("ollie", config=cfg))
+    with config_scope(cfg):                    # what PassContext(config=...) would have done
+        ex = tvm.compile(mod, "llvm", relax_pipeline="ollie")
+
+TVM 0.27 rejects ``PassContext(config={...})`` keys that C++ did not register, and Python
+cannot register any (``transform.ListConfigs`` is fixed when ``libtvm`` loads), so a
+``PassContext`` cannot carry these options: :func:`config_scope` is the scoped equivalent that
+the pass reads when it is given no explicit config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import numbers
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Optional, Tuple
+
+__all__ = ["ConfigError", "OllieConfig", "DEFAULTS", "config_scope", "current_config",
+           "resolve_config"]
+
+
+class ConfigError(ValueError):
+    """An invalid option (the message is one line naming the option)."""
+
+
+@dataclass(frozen=True)
+class OllieConfig:
+    """Every option of a tvm-ollie run, with its one default.
+
+    Attributes
+    ----------
+    target : str | dict | Target, optional
+        Compilation target; None: ``Target.current()`` when the pass runs, else llvm.
+    trials : int
+        MetaSchedule trials for the whole module (0: no tuning, the calibrated cost model
+        decides). One budget, shared by the decisions' tuned measurements and the final build
+        by expected gain (:mod:`tvm_ollie.tune.budget`); the report says how it was spent.
+    work_dir : str, optional
+        MetaSchedule database and measurement cache (reused by later compiles).
+    max_depth : int
+        Derivation depth (explorative rule steps on a path).
+    search_time_s : float
+        Derivation time for the whole module, shared by its distinct operator signatures
+        (each gets at least :data:`MIN_SEARCH_S`).
+    max_states : int, optional
+        Derivation states visited per signature (None: only the time limits).
+    max_candidates : int, optional
+        Derived programs kept per signature (cheapest of each operator kind first; None: all).
+    max_measured : int
+        Alternatives (cheapest first) verified and measured per signature when measuring.
+    targets : tuple of str, optional
+        Relax operators the pass considers (``("relax.nn.conv2d",)``); None: all derivable.
+    library : bool, optional
+        Native library kernels as alternatives (None: on CPU targets when the library is
+        loaded; False: TVM kernels only).
+    derive : bool
+        Derived programs as alternatives (False: the ``ollie-lib`` ablation).
+    check_untuned : bool, optional
+        With ``trials=0``, also time the original and accepted candidates untuned (None: on
+        for CPU targets unless ``calibration`` is given).
+    region_calls : int
+        Most calls in one region decided as a whole (1: every call alone).
+    orchestrate : bool
+        Fission and kernel orchestration instead of TVM's greedy fusion (untuned builds).
+    orchestration : OrchestrateConfig, optional
+        Limits of orchestration (:class:`tvm_ollie.orchestrate.OrchestrateConfig`; None: its
+        defaults).
+    calibration : Calibration, optional
+        Analytic cost calibration (None: measured for the target; give one for reproducible
+        decisions).
+    rpc : RPCConfig, optional
+        Measure on the devices behind this RPC tracker (builds stay local).
+    verbose : bool
+        Log the report at INFO level.
+    """
+
+    target: Any = None
+    trials: int = 0
+    work_dir: Optional[str] = None
+    max_depth: int = 7
+    search_time_s: float = 20.0
+    max_states: Optional[int] = 2000
+    max_candidates: Optional[int] = None
+    max_measured: int = 3
+    targets: Optional[Tuple[str, ...]] = None
+    library: Optional[bool] = None
+    derive: bool = True
+    check_untuned: Optional[bool] = None
+    region_calls: int = 16
+    orchestrate: bool = False
+    orchestration: Any = None
+    calibration: Any = None
+    rpc: Any = None
+    verbose: bool = False
+
+    def __post_init__(self):
+        if self.targets is not None and not isinstance(self.targets, tuple):
+            targets = (self.targets,) if isinstance(self.targets, str) else self.targets
+            object.__setattr__(self, "targets", tuple(targets))
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` (one line) on the first invalid option."""
+        _int(self, "trials", 0)
+        _int(self, "max_depth", 0)
+        _int(self, "max_measured", 0)
+        _int(self, "region_calls", 1)
+        _int(self, "max_states", 1, optional=True)
+        _int(self, "max_candidates", 1, optional=True)
+        if isinstance(self.search_time_s, bool) or not isinstance(
+                self.search_time_s, numbers.Real) or not self.search_time_s > 0:
+            raise ConfigError(f"OllieConfig.search_time_s must be a number > 0, not "
+                              f"{self.search_time_s!r}")
+        for name in ("derive", "orchestrate", "verbose"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"OllieConfig.{name} must be True or False, not "
+                                  f"{getattr(self, name)!r}")
+        for name in ("library", "check_untuned"):
+            if not any(getattr(self, name) is v for v in (None, True, False)):
+                raise ConfigError(f"OllieConfig.{name} must be None, True or False, not "
+                                  f"{getattr(self, name)!r}")
+        if self.work_dir is not None and not isinstance(self.work_dir, str):
+            object.__setattr__(self, "work_dir", str(self.work_dir))  # a pathlib.Path
+        if self.targets is not None and not all(isinstance(t, str) for t in self.targets):
+            raise ConfigError(f"OllieConfig.targets must be operator names, not "
+                              f"{self.targets!r}")
+
+    def replace(self, **changes: Any) -> "OllieConfig":
+        """A copy with ``changes`` applied (validated; an unknown name is a
+        :class:`ConfigError`)."""
+        _check_names(changes)
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, options: Mapping[str, Any]) -> "OllieConfig":
+        """A config from ``{name: value}``; names may carry an ``ollie.`` prefix (the form a
+        ``PassContext`` key would have), ``orchestration`` may be a dict of its fields."""
+        opts = {(k[len("ollie."):] if k.startswith("ollie.") else k): v
+                for k, v in options.items()}
+        _check_names(opts)
+        orch = opts.get("orchestration")
+        if isinstance(orch, Mapping):
+            from .orchestrate.pipeline import OrchestrateConfig  # pylint: disable=C0415
+
+            try:
+                opts["orchestration"] = OrchestrateConfig(**orch)
+            except TypeError as err:
+                raise ConfigError(f"OllieConfig.orchestration: {err}") from None
+        return cls(**opts)
+
+    def to_dict(self) -> dict:
+        """The options as a flat dict (objects such as ``rpc`` kept as they are)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def orchestrate_config(self):
+        """:attr:`orchestration`, or the orchestration defaults."""
+        if self.orchestration is not None:
+            return self.orchestration
+        from .orchestrate.pipeline import OrchestrateConfig  # pylint: disable=C0415
+
+        return OrchestrateConfig()
+
+
+#: Least derivation time per signature, however small the module's share is.
+MIN_SEARCH_S = 0.5
+
+#: Keyword arguments of the entry points that are spelled differently from the field.
+KEYWORD_ALIASES = {"time_budget_s": "search_time_s"}
+
+_SCOPE: contextvars.ContextVar = contextvars.ContextVar("tvm_ollie_config", default=None)
+
+
+def current_config() -> OllieConfig:
+    """The config of the innermost :func:`config_scope`, else :data:`DEFAULTS`."""
+    return _SCOPE.get() or DEFAULTS
+
+
+@contextlib.contextmanager
+def config_scope(config: Optional[OllieConfig] = None, **changes: Any) -> Iterator[OllieConfig]:
+    """Within the block, entry points given no ``config=`` use ``config`` (with ``changes``;
+    default: the enclosing scope's config with ``changes``). Nested scopes stack."""
+    cfg = (config if config is not None else current_config())
+    cfg = cfg.replace(**changes) if changes else cfg
+    if not isinstance(cfg, OllieConfig):
+        raise ConfigError(f"config_scope needs an OllieConfig, not {type(cfg).__name__}")
+    token = _SCOPE.set(cfg)
+    try:
+        yield cfg
+    finally:
+        _SCOPE.reset(token)
+
+
+def resolve_config(config: Optional[OllieConfig] = None, **overrides: Any) -> OllieConfig:
+    """``config`` (or :func:`current_config`) with every override that is not None applied.
+
+    This is how the entry points keep their old keywords: ``build(mod, trials=8)`` is
+    ``build(mod, config=current_config().replace(trials=8))``. None means "from the config"
+    (for ``library``/``check_untuned``/``work_dir``, whose None is also a value, set the
+    config field instead).
+    """
+    if config is None:
+        config = current_config()
+    elif isinstance(config, Mapping):
+        config = OllieConfig.from_dict(config)
+    elif not isinstance(config, OllieConfig):
+        raise ConfigError(f"config must be an OllieConfig or a dict, not "
+                          f"{type(config).__name__}")
+    changes = {KEYWORD_ALIASES.get(k, k): v for k, v in overrides.items() if v is not None}
+    return config.replace(**changes) if changes else config
+
+
+def _check_names(changes: Mapping[str, Any]) -> None:
+    names = {f.name for f in dataclasses.fields(OllieConfig)}
+    unknown = sorted(set(changes) - names)
+    if unknown:
+        raise ConfigError(f"unknown OllieConfig option {unknown[0]!r} (options: "
+                          f"{', '.join(sorted(names))})")
+
+
+def _int(cfg: OllieConfig, name: str, least: int, optional: bool = False) -> None:
+    value = getattr(cfg, name)
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+        what = f"an int >= {least}" + (" or None" if optional else "")
+        raise ConfigError(f"OllieConfig.{name} must be {what}, not {value!r}")
+
+
+#: The defaults (``OllieConfig()``): the one place every entry point takes them from.
+DEFAULTS = OllieConfig()

@@ -1,0 +1,176 @@
+"""OllieConfig: defaults in one place, overrides, validation, and every entry point passing it."""
+
+import importlib
+import inspect
+import types
+
+import pytest
+import tvm
+from tvm import relax
+
+from tvm_ollie import cli, demo
+from tvm_ollie.config import DEFAULTS, ConfigError, OllieConfig, config_scope, current_config, \
+    resolve_config
+from tvm_ollie.frontend.builder import single_function_module, tensor_var
+from tvm_ollie.orchestrate import OrchestrateConfig
+from tvm_ollie.transform import decide, optimize
+from tvm_ollie.transform.report import OptimizeReport
+
+build_mod = importlib.import_module("tvm_ollie.transform.build")
+
+
+def _tiny():
+    return single_function_module([tensor_var("x", (2, 3))],
+                                  lambda bb, x: relax.op.add(x, x))
+
+
+def test_defaults_live_in_one_place():
+    """The decider and the command line take their defaults from DEFAULTS."""
+    assert DEFAULTS == OllieConfig() and current_config() is DEFAULTS
+    params = inspect.signature(decide.Decider).parameters
+    for name, field in [("max_depth", "max_depth"), ("search_budget_s", "search_time_s"),
+                        ("max_states", "max_states"), ("max_measured", "max_measured"),
+                        ("max_candidates", "max_candidates"), ("derive", "derive")]:
+        assert params[name].default == getattr(DEFAULTS, field), name
+    args = cli.build_parser().parse_args(["explain", "m.onnx"])
+    assert (args.trials, args.max_depth, args.time_budget) == \
+        (DEFAULTS.trials, DEFAULTS.max_depth, DEFAULTS.search_time_s)
+    # the entry points' own keywords default to "from the config"
+    for func in (optimize.optimize_module, build_mod.build, optimize.OllieOptimize,
+                 build_mod.ollie_pipeline, demo.run_demo):
+        params = inspect.signature(func).parameters
+        for name in ("trials", "max_depth", "time_budget_s", "derive"):
+            if name in params:
+                assert params[name].default is None, (func, name)
+
+
+def test_replace_from_dict_and_overrides():
+    cfg = OllieConfig(trials=8, max_depth=3)
+    assert cfg.replace(max_depth=5) == OllieConfig(trials=8, max_depth=5)
+    assert cfg.max_depth == 3  # frozen: replace returns a copy
+    with pytest.raises(Exception):
+        cfg.trials = 1  # pylint: disable=assigning-non-slot
+    got = OllieConfig.from_dict({"ollie.max_depth": 2, "targets": ["relax.matmul"],
+                                 "orchestration": {"max_kernel_size": 4}})
+    assert got.max_depth == 2 and got.targets == ("relax.matmul",)
+    assert got.orchestration == OrchestrateConfig(max_kernel_size=4)
+    assert got.orchestrate_config().max_kernel_size == 4
+    assert DEFAULTS.orchestrate_config() == OrchestrateConfig()
+    # keywords override the config when given; None means "from the config"
+    merged = resolve_config(cfg, max_depth=None, time_budget_s=2.5, library=False)
+    assert (merged.max_depth, merged.search_time_s, merged.library) == (3, 2.5, False)
+    assert resolve_config({"trials": 2}).trials == 2
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(trials=-1), "OllieConfig.trials must be an int >= 0, not -1"),
+    (dict(max_depth=1.5), "OllieConfig.max_depth must be an int >= 0"),
+    (dict(search_time_s=0), "OllieConfig.search_time_s must be a number > 0"),
+    (dict(max_states=0), "OllieConfig.max_states must be an int >= 1 or None"),
+    (dict(region_calls=0), "OllieConfig.region_calls must be an int >= 1"),
+    (dict(derive="yes"), "OllieConfig.derive must be True or False"),
+    (dict(library=1.0), "OllieConfig.library must be None, True or False"),
+    (dict(depth=3), "unknown OllieConfig option 'depth'"),
+])
+def test_validation_errors_are_one_line(changes, message):
+    with pytest.raises(ConfigError) as err:
+        DEFAULTS.replace(**changes)
+    assert message in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(ConfigError):
+        OllieConfig.from_dict(changes)
+
+
+def test_pass_context_rejects_ollie_keys():
+    """Why config_scope exists: TVM 0.27 rejects unregistered PassContext keys, and Python
+    cannot register one (if this starts passing, PassContext can carry the config)."""
+    with pytest.raises(AttributeError, match="Invalid config option 'ollie.max_depth'"):
+        with tvm.transform.PassContext(config={"ollie.max_depth": 3}):
+            pass
+
+
+def test_config_scope_nests():
+    with config_scope(OllieConfig(max_depth=2)) as outer:
+        assert current_config() is outer
+        with config_scope(trials=4) as inner:
+            assert (inner.max_depth, inner.trials) == (2, 4)
+            assert resolve_config(max_depth=1).max_depth == 1
+        assert current_config() is outer
+    assert current_config() is DEFAULTS
+
+
+@pytest.fixture
+def fake_pass(monkeypatch):
+    """optimize_module inside the pass records its config and changes nothing."""
+    seen = []
+
+    def fake(mod, config=None, **hooks):
+        seen.append((config, hooks))
+        return mod, OptimizeReport()
+
+    monkeypatch.setattr(optimize, "optimize_module", fake)
+    return seen
+
+
+def test_pipeline_and_pass_read_the_config(fake_pass):
+    mod = _tiny()
+    cfg = OllieConfig(max_depth=2, trials=0, library=False)
+    tvm.compile(mod, "llvm", relax_pipeline=relax.get_pipeline("ollie", config=cfg,
+                                                                 time_budget_s=3.0))
+    got, _ = fake_pass[-1]
+    assert (got.max_depth, got.search_time_s, got.library) == (2, 3.0, False)
+    assert got.target.kind.name == "llvm"
+    with config_scope(OllieConfig(max_depth=4, max_states=50)):
+        tvm.compile(mod, "llvm", relax_pipeline="ollie")
+        optimize.OllieOptimize(max_depth=1)(mod)
+    assert (fake_pass[-2][0].max_depth, fake_pass[-2][0].max_states) == (4, 50)
+    assert (fake_pass[-1][0].max_depth, fake_pass[-1][0].max_states) == (1, 50)
+    with pytest.raises(ConfigError, match="max_depth"):
+        optimize.OllieOptimize(max_depth=-2)
+    with pytest.raises(ConfigError, match="trials"):
+        relax.get_pipeline("ollie", trials=-1)
+
+
+def test_build_passes_config_and_one_budget(monkeypatch):
+    seen = {}
+
+    def fake_optimize(mod, config=None, budget=None, **hooks):
+        seen.update(config=config, budget=budget, hooks=hooks)
+        return mod, OptimizeReport()
+
+    def fake_compile(mod, target, tuner, trials, orchestrate, orchestrate_config=None):
+        seen.update(trials=trials, orchestrate=orchestrate, orch=orchestrate_config)
+        return "EX"
+
+    monkeypatch.setattr(build_mod, "optimize_module", fake_optimize)
+    monkeypatch.setattr(build_mod, "compile_module", fake_compile)
+    orch = OrchestrateConfig(max_kernel_size=3)
+    cfg = OllieConfig(max_depth=2, orchestrate=True, orchestration=orch)
+    chooser = lambda sig, alts: None  # noqa: E731
+    ex, report = build_mod.build(_tiny(), "llvm", config=cfg, max_states=10, chooser=chooser)
+    assert ex == "EX" and seen["hooks"] == {"chooser": chooser}
+    got = seen["config"]
+    assert (got.max_depth, got.max_states, got.orchestrate) == (2, 10, True)
+    assert got.target.kind.name == "llvm"
+    assert seen["orch"] is orch and seen["orchestrate"] is True
+    assert report.budget is seen["budget"] and report.trials_budget == 0 and seen["trials"] == 0
+
+
+def test_cli_flags_build_one_config(monkeypatch, capsys):
+    seen = {}
+
+    def fake_optimize(mod, config=None):
+        seen["config"] = config
+        return mod, OptimizeReport()
+
+    monkeypatch.setattr(cli, "_load", lambda args: _tiny())
+    monkeypatch.setattr(cli, "_transform",
+                        lambda: types.SimpleNamespace(optimize_module=fake_optimize))
+    assert cli.main(["explain", "m.onnx", "--trials", "3", "--max-depth", "2",
+                     "--time-budget", "1.5", "--max-states", "40", "--no-library"]) == 0
+    cfg = seen["config"]
+    assert isinstance(cfg, OllieConfig)
+    assert (cfg.trials, cfg.max_depth, cfg.search_time_s, cfg.max_states, cfg.library) == \
+        (3, 2, 1.5, 40, False)
+    assert cfg.target.kind.name == "llvm"
+    assert cli.main(["explain", "m.onnx", "--max-states", "0"]) == cli.EXIT_USER_ERROR
+    assert "--max-states must be >= 1" in capsys.readouterr().err
