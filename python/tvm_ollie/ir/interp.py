@@ -29,6 +29,7 @@ import numpy as np
 import scipy.special
 
 from .nodes import (
+    CAST_DTYPES,
     Access,
     BinOp,
     Call,
@@ -38,8 +39,11 @@ from .nodes import (
     Scope,
     Tensor,
     Var,
+    dtype_bits,
     free_vars,
+    is_float_dtype,
     iter_nodes,
+    numpy_dtype,
 )
 from .printer import to_text
 
@@ -174,6 +178,8 @@ def _prepare_inputs(
         if name not in inputs:
             raise ValueError(f"missing input tensor {name!r} (declared {t.dtype}{list(t.shape)})")
         arr = np.asarray(inputs[name])
+        if arr.dtype.kind == "V":  # bfloat16 (ml_dtypes): numpy computes it as float32
+            arr = arr.astype(np.float32)
         if arr.shape != t.shape:
             raise ValueError(
                 f"input tensor {name!r} has shape {arr.shape}, but the expression declares "
@@ -188,8 +194,19 @@ def _prepare_inputs(
         floats = [a.dtype for a in raw.values() if a.dtype.kind == "f"]
         if not floats:
             floats = [np.dtype(t.dtype) for t in tensors.values() if t.dtype.startswith("float")]
+        floats += _cast_compute_types(expr)
         cdtype = np.result_type(*floats) if floats else np.dtype(np.float32)
     return {name: a.astype(cdtype, copy=False) for name, a in raw.items()}, cdtype
+
+
+def _cast_compute_types(expr: Node) -> List[np.dtype]:
+    """Types that float casts in ``expr`` compute in (a cast to float32 of float16 reads makes
+    the evaluation float32; bfloat16, which numpy lacks, computes as float32 and is rounded)."""
+    out = set()
+    for node in iter_nodes(expr):
+        if isinstance(node, Call) and node.func in CAST_DTYPES and is_float_dtype(node.func):
+            out.add(np.dtype(np.float32) if node.func == "bfloat16" else np.dtype(node.func))
+    return sorted(out, key=lambda d: d.itemsize)
 
 
 def _owned(arr: np.ndarray, cdtype: np.dtype) -> np.ndarray:
@@ -239,6 +256,25 @@ class _Run:
     def float(self, x: np.ndarray) -> np.ndarray:
         return x if x.dtype == self.cdtype else x.astype(self.cdtype)
 
+    def round_to(self, x: np.ndarray, dtype: str) -> np.ndarray:
+        """``x`` (in the compute type) rounded to the 16-bit float ``dtype``, as a stage of that
+        type stores it; wider types are left to the compute type."""
+        if dtype not in ("float16", "bfloat16") or self.cdtype == numpy_dtype(dtype):
+            return x
+        return np.asarray(x).astype(numpy_dtype(dtype)).astype(self.cdtype)
+
+    def cast(self, x: np.ndarray, dtype: str) -> np.ndarray:
+        """``dtype(x)``: floats round to the type (computed on in the compute type), integers
+        truncate towards zero."""
+        if not is_float_dtype(dtype):
+            if self._integral(x):
+                return self._int(x)
+            return np.trunc(x).astype(np.int64)
+        x = self.float(x)
+        if dtype_bits(dtype) < 8 * self.cdtype.itemsize or dtype == "bfloat16":
+            return x.astype(numpy_dtype(dtype)).astype(self.cdtype)
+        return x
+
     @staticmethod
     def _integral(x: np.ndarray) -> bool:
         return x.dtype.kind in "iub"
@@ -262,7 +298,7 @@ class _Run:
             val = self._sum(s)
         else:
             val = self._max(s)
-        val = np.broadcast_to(val, loop_shape)
+        val = np.broadcast_to(self.round_to(val, s.dtype), loop_shape)
         if any(lo or hi for lo, hi in s.pad):
             out = np.zeros(s.shape, dtype=self.cdtype)
             out[tuple(slice(lo, lo + n) for (lo, _), n in zip(s.pad, loop_shape))] = val
@@ -430,6 +466,8 @@ class _Run:
                 a, b = self._int(a), self._int(b)
             return np.where(cond, a, b)
         args = [self.eval(x, dom, live) for x in node.args]
+        if f in CAST_DTYPES:
+            return self.cast(args[0], f)
         if f in ("max", "min", "abs", "neg") and all(self._integral(x) for x in args):
             args = [self._int(x) for x in args]
         else:
