@@ -73,7 +73,8 @@ class OutOfBoundsError(IndexError):
 
 
 def evaluate(
-    expr: Node, inputs: Mapping[str, np.ndarray], dtype: Optional[np.dtype] = None
+    expr: Node, inputs: Mapping[str, np.ndarray], dtype: Optional[np.dtype] = None,
+    rounding: bool = True,
 ) -> np.ndarray:
     """Evaluate an expression on numpy inputs.
 
@@ -87,6 +88,10 @@ def evaluate(
     dtype : numpy dtype, optional
         Floating type to compute in. By default the float type of the inputs (float32 inputs give
         a float32 result); pass ``np.float64`` for precise comparisons.
+    rounding : bool
+        By default float casts round to their type and 16-bit stages are stored rounded, as TVM
+        computes them. ``False`` evaluates in exact arithmetic of the compute type instead (float
+        casts are the identity): the semantics of the finite-field check.
 
     Returns
     -------
@@ -107,7 +112,7 @@ def evaluate(
         When a subscript is not an integer expression.
     """
     arrays, cdtype = _prepare_inputs(expr, inputs, dtype)
-    run = _Run(arrays, cdtype)
+    run = _Run(arrays, cdtype, rounding)
     with np.errstate(all="ignore"):
         if isinstance(expr, Scope):
             return _owned(run.scope(expr), cdtype)
@@ -244,8 +249,9 @@ class _Domain:
 class _Run:
     """One call of :func:`evaluate`: inputs, compute type, and each nested scope's value."""
 
-    def __init__(self, arrays: Dict[str, np.ndarray], cdtype: np.dtype):
+    def __init__(self, arrays: Dict[str, np.ndarray], cdtype: np.dtype, rounding: bool = True):
         self.arrays = arrays
+        self.rounding = rounding
         self.cdtype = cdtype
         self.scopes: Dict[Scope, np.ndarray] = {}
         self.padded: Dict[Tensor, np.ndarray] = {}
@@ -259,7 +265,8 @@ class _Run:
     def round_to(self, x: np.ndarray, dtype: str) -> np.ndarray:
         """``x`` (in the compute type) rounded to the 16-bit float ``dtype``, as a stage of that
         type stores it; wider types are left to the compute type."""
-        if dtype not in ("float16", "bfloat16") or self.cdtype == numpy_dtype(dtype):
+        if (not self.rounding or dtype not in ("float16", "bfloat16")
+                or self.cdtype == numpy_dtype(dtype)):
             return x
         return np.asarray(x).astype(numpy_dtype(dtype)).astype(self.cdtype)
 
@@ -271,7 +278,8 @@ class _Run:
                 return self._int(x)
             return np.trunc(x).astype(np.int64)
         x = self.float(x)
-        if dtype_bits(dtype) < 8 * self.cdtype.itemsize or dtype == "bfloat16":
+        if self.rounding and (dtype_bits(dtype) < 8 * self.cdtype.itemsize
+                              or dtype == "bfloat16"):
             return x.astype(numpy_dtype(dtype)).astype(self.cdtype)
         return x
 
