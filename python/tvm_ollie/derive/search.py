@@ -46,6 +46,7 @@ import numpy as np
 
 from ..ir.nodes import Scope
 from .canon import canonicalize
+from .casts import restore_program, widen_reads
 from .focus import apply_eager, apply_rules, compute_scopes, scope_ids, scopes_of
 from .focus import is_compute, replace_node, rewrites
 from .rules import EAGER_RULES, GUIDED_RULES, SEARCH_RULES
@@ -418,6 +419,13 @@ def derive(
     """
     if not isinstance(expr, Scope):
         raise TypeError(f"derive needs a Scope, got {type(expr).__name__}")
+    widened, retyped = widen_reads(expr)
+    if retyped:  # inputs read under widening casts: derive over their widened copies
+        res = derive(widened, targets, max_depth, time_budget_s, max_states, seed, rules, ctx,
+                     verify, max_candidates, stop_on_first, guided, cost_target,
+                     instantiate_all_scopes)
+        progs = [restore_program(p, expr, retyped) for p in res.candidates]
+        return DeriveResult(progs, res.stats, expr)
     ctx = ctx or RuleContext(targets=tuple(targets))
     explore_s = time_budget_s
     if verify and time_budget_s is not None:

@@ -64,7 +64,7 @@ def stage_mode(stage: Stage, impl: str = "tvm") -> str:
         raise ValueError(f"impl must be one of {IMPLS}, not {impl!r}")
     if impl == "tir" or not stage.is_operator:
         return "tir"
-    if impl == "native" and lib.stage_form(stage) is not None:
+    if impl == "native" and lib.stage_form(stage) is not None and _all_float32(stage):
         return "native"
     at = stage.attrs
     if stage.kind in ("matmul", "batch_matmul"):
@@ -76,6 +76,12 @@ def stage_mode(stage: Stage, impl: str = "tvm") -> str:
                 "NCHW", "OIHW", "NCHW"):
             return "conv2d"
     return "tir"
+
+
+def _all_float32(stage: Stage) -> bool:
+    """The native kernels compute float32 from float32 operands."""
+    return stage.expr.dtype == "float32" and all(t.dtype == "float32"
+                                                 for t in input_tensors(stage.expr))
 
 
 def _reads(stage: Stage) -> List[Tensor]:
@@ -95,14 +101,17 @@ def _emit_library(bb, stage: Stage, mode: str, values: Mapping[str, object]):
     a, b = (_view(bb, values[t.name], t.shape) for t in reads)
     if mode == "native":
         return lib.emit_call(lib.stage_form(stage), [a, b], stage.shape)
+    # A stage summing float16 reads in float32 (casts in its body) is the op's out_dtype.
+    out_dtype = stage.expr.dtype if stage.expr.dtype != reads[0].dtype else None
     if mode == "matmul":
-        call = relax.op.matmul(a, b)
+        call = relax.op.matmul(a, b, out_dtype=out_dtype)
     else:
         at = stage.attrs
         pl_h, pl_w, ph_h, ph_w = at["padding"]
         call = relax.op.nn.conv2d(a, b, strides=tuple(at["stride"]),
                                   padding=(pl_h, pl_w, ph_h, ph_w),
-                                  dilation=tuple(at["dilation"]), groups=int(at.get("groups", 1)))
+                                  dilation=tuple(at["dilation"]), groups=int(at.get("groups", 1)),
+                                  out_dtype=out_dtype)
     out = bb.normalize(call)
     if _shape_of(out) != tuple(stage.shape):
         raise EmitError(f"stage {stage.name}: the Relax {mode} gives {list(_shape_of(out))}, "
