@@ -23,6 +23,7 @@ from ..tune.metaschedule import Tuner, default_pipeline, gpu_available, is_gpu_t
 from ..tune.rpc import RPCConfig
 from ..tune.workdir import prepare_work_dir, work_dir_lock
 from .optimize import OllieOptimize, optimize_module
+from .precision import to_precision
 from .report import OptimizeReport
 
 __all__ = ["build", "cuda_source", "ollie_pipeline", "PIPELINE_NAME"]
@@ -33,7 +34,8 @@ PIPELINE_NAME = "ollie"
 
 
 def build(mod: "tvm.IRModule", target="llvm", trials: int = 0, work_dir: Optional[str] = None,
-          rpc: Optional[RPCConfig] = None, orchestrate: bool = False, **opts
+          rpc: Optional[RPCConfig] = None, orchestrate: bool = False,
+          dtype: Optional[str] = None, **opts
           ) -> Tuple["tvm.runtime.Executable", OptimizeReport]:
     """Rewrite ``mod`` with the pass, then compile it to a Relax executable.
 
@@ -57,6 +59,11 @@ def build(mod: "tvm.IRModule", target="llvm", trials: int = 0, work_dir: Optiona
     rpc : RPCConfig, optional
         Measure on the devices behind this RPC tracker: the pass's timings and every tuning
         trial (GPU targets are then tuned without a GPU here); builds stay local.
+    dtype : str, optional
+        ``"float16"``: convert the model with TVM's ``ToMixedPrecision`` (float16 operators,
+        convolutions and matmuls accumulating in float32) before the pass; its inputs and
+        outputs keep their types (:func:`~tvm_ollie.transform.precision.to_precision`). Default
+        (or ``"float32"``): the model as given.
     **opts
         Passed to :func:`optimize_module` (``max_depth``, ``time_budget_s``, ``calibration``...;
         ``chooser`` forces a verified alternative per operator, for differential tests).
@@ -66,6 +73,7 @@ def build(mod: "tvm.IRModule", target="llvm", trials: int = 0, work_dir: Optiona
     (Executable, OptimizeReport)
     """
     tgt = normalize_target(target)
+    mod = to_precision(mod, dtype)
     remote = rpc is not None
     if trials > 0 and work_dir is None and (remote or not (is_gpu_target(tgt) and
                                                             not gpu_available(tgt))):
