@@ -1,6 +1,6 @@
 """Float16 against float32 builds of zoo models: error and latency.
 
-``python -m tvm_ollie.bench.precision --models resnet csrnet fsrcnn`` builds each model (quick
+``python -m tvm_ollie.bench.precision --models resnet18 csrnet fsrcnn`` builds each model (quick
 size) with the ollie pass in float32 and in float16 (``build(..., dtype="float16")``: TVM's
 ``ToMixedPrecision``, then the pass) and, as the baseline of the float16 numbers, plain TVM on
 the same float16 module. Every build runs on the model's example inputs; errors are against the
@@ -22,7 +22,7 @@ import numpy as np
 __all__ = ["PrecisionRow", "compare_precision", "main"]
 
 #: Conv models of the zoo measured by default.
-DEFAULT_MODELS = ("resnet", "csrnet", "fsrcnn")
+DEFAULT_MODELS = ("resnet18", "csrnet", "fsrcnn")
 
 
 @dataclasses.dataclass
