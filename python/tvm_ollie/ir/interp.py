@@ -17,6 +17,11 @@ Semantics follow :mod:`tvm_ollie.ir.nodes`: tensor margins read ``pad_value``, s
 0, reads beyond the padded range raise :class:`OutOfBoundsError`, ``//`` and ``%`` are floor
 division and modulo, and ``select(c, a, b)`` only requires the reads of the branch it takes to be
 in bounds (the other branch may read anywhere, as a guarded read in TVM may).
+
+Types: everything is computed in one float type, the widest of the inputs and of the float casts
+(float16 reads summed under ``float32(...)`` casts compute in float32). A cast to a narrower float
+type rounds to it (bfloat16 through ``ml_dtypes``), a cast to an integer truncates, and a
+float16/bfloat16 stage is stored rounded, as TVM stores it.
 """
 
 from __future__ import annotations

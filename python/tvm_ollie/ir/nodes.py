@@ -2,8 +2,9 @@
 
 An operator body is a :class:`Scope`: traversal iterators ``L`` (one per output dimension), optional
 reduction iterators (``Σ`` for sum, ``Max`` for max), one scalar body and per-output zero padding.
-Bodies are built from iterator variables, constants, arithmetic, scalar function calls and
-subscripts (:class:`Access`) of input tensors or of nested scopes.
+Bodies are built from iterator variables, constants, arithmetic, scalar function calls (casts
+included: ``float32(x)``, see :data:`CAST_DTYPES`) and subscripts (:class:`Access`) of input
+tensors or of nested scopes. A stage's element type is that of its body (:func:`value_dtype`).
 
 Every node is interned: constructing a node equal to one that already exists returns that very
 object, so structural equality is ``is`` and equal subtrees are shared. Nodes are never mutated;
