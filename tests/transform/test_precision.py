@@ -5,7 +5,10 @@ import pytest
 import tvm
 
 import small_models as sm
-from tvm_ollie.transform import build
+from tvm import relax
+from tvm_ollie.derive.program import Program, Stage
+from tvm_ollie.ir.nodes import Call, IterVar, Scope, Tensor, Var
+from tvm_ollie.transform import build, emit_program
 from tvm_ollie.transform.precision import to_precision
 from tvm_ollie.verify.tolerance import tolerance
 
@@ -33,3 +36,40 @@ def test_to_precision_keeps_the_signature_and_refuses_what_tvm_cannot_convert():
     assert "float16" in half.script()
     with pytest.raises(ValueError, match="float16 only"):
         to_precision(mod, "bfloat16")
+
+
+def _emit(prog, dtype, shapes, out_shape):
+    bb = relax.BlockBuilder()
+    params = [relax.Var(n, relax.TensorType(s, dtype)) for n, s in shapes.items()]
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(emit_program(bb, prog, dict(zip(shapes, params)), out_shape))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_emitted_matmul_accumulates_in_float32_with_mixed_operands():
+    """``Σ float32(A[m, k]) * float32(B[k, n])`` is R.matmul(out_dtype=float32); with one operand
+    an earlier float32 stage, the float16 one is widened first."""
+
+    m, k, n = Var("m"), Var("k"), Var("n")
+    a, b = Tensor("A", (4, 8), "float16"), Tensor("B", (8, 3), "float16")
+    body = Call("float32", (a[m, k],)) * Call("float32", (b[k, n],))
+    mm = Scope([IterVar(m, 0, 4), IterVar(n, 0, 3)], [IterVar(k, 0, 8)], body)
+    rng = np.random.default_rng(0)
+    args = [rng.uniform(-1, 1, (4, 8)).astype("float16"), rng.uniform(-1, 1, (8, 3))
+            .astype("float16")]
+    want = args[0].astype(np.float32) @ args[1].astype(np.float32)
+    shapes = {"A": (4, 8), "B": (8, 3)}
+    direct = Program([Stage("T0", "matmul", mm)], mm, "T0")
+    widen = Scope([IterVar(m, 0, 4), IterVar(k, 0, 8)], [], Call("float32", (a[m, k],)))
+    t0 = Tensor("T0", (4, 8), "float32")
+    mixed_mm = Scope(mm.loops, mm.reduce, t0[m, k] * Call("float32", (b[k, n],)))
+    mixed = Program([Stage("T0", "eop", widen, label="elementwise"),
+                     Stage("T1", "matmul", mixed_mm)], mm, "T1")
+    for prog in (direct, mixed):
+        mod = _emit(prog, "float16", shapes, (4, 3))
+        assert "relax.matmul" in sm.ops_in(mod)
+        got = sm.run(tvm.compile(mod, target="llvm"), args)
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -101,8 +101,15 @@ def _emit_library(bb, stage: Stage, mode: str, values: Mapping[str, object]):
     a, b = (_view(bb, values[t.name], t.shape) for t in reads)
     if mode == "native":
         return lib.emit_call(lib.stage_form(stage), [a, b], stage.shape)
-    # A stage summing float16 reads in float32 (casts in its body) is the op's out_dtype.
-    out_dtype = stage.expr.dtype if stage.expr.dtype != reads[0].dtype else None
+    # A stage summing float16 reads in float32 (casts in its body) is the op's out_dtype; when
+    # its operands differ in type (one an earlier float32 stage), the narrower one is widened.
+    acc = stage.expr.dtype
+    out_dtype = None
+    if reads[0].dtype != reads[1].dtype:
+        a, b = (v if t.dtype == acc else bb.emit(relax.op.astype(v, acc))
+                for v, t in zip((a, b), reads))
+    elif reads[0].dtype != acc:
+        out_dtype = acc
     if mode == "matmul":
         call = relax.op.matmul(a, b, out_dtype=out_dtype)
     else:
