@@ -19,7 +19,8 @@ def _conv3x3(dtype: str, acc: str, n=1, h=4, c=8, f=8) -> Scope:
     k = Tensor("K", (3, 3, f, c), dtype)
     return Scope([IterVar(vn, 0, n), IterVar(vh, 0, h), IterVar(vw, 0, h), IterVar(vf, 0, f)],
                  [IterVar(vc, 0, c), IterVar(vr, 0, 3), IterVar(vs, 0, 3)],
-                 Call(acc, (a[vn, vh + vr - 1, vw + vs - 1, vc],)) * Call(acc, (k[vr, vs, vf, vc],)))
+                 Call(acc, (a[vn, vh + vr - 1, vw + vs - 1, vc],))
+                 * Call(acc, (k[vr, vs, vf, vc],)))
 
 
 def test_widen_reads_retypes_only_consistently_cast_inputs():
