@@ -306,3 +306,28 @@ def test_interrupt_exits_130(work):
             proc.kill()
     assert proc.returncode == 130, err
     assert "tvm-ollie: interrupted" in err and "Traceback" not in err
+
+
+def test_dtype_option_reaches_build():
+    from tvm_ollie.cli import build_parser  # pylint: disable=import-outside-toplevel
+
+    parser = build_parser()
+    assert parser.parse_args(["compile", "m.json"]).dtype == "float32"
+    assert parser.parse_args(["compile", "m.json", "--dtype", "float16"]).dtype == "float16"
+    with pytest.raises(SystemExit):  # TVM's ToMixedPrecision makes float16 only
+        parser.parse_args(["compile", "m.json", "--dtype", "bfloat16"])
+
+
+@pytest.mark.slow
+def test_compile_float16_takes_the_same_inputs(work, capsys):
+    """--dtype float16 converts the model inside; the library keeps its float32 signature."""
+    import tvm  # pylint: disable=import-outside-toplevel
+    from tvm import relax  # pylint: disable=import-outside-toplevel
+
+    path, expected = work
+    ok(in_process(capsys, ["compile", "tiny.json", "-o", "tiny16.so", "--dtype", "float16",
+                           *FAST], path))
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(path / "tiny16.so")), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(np.load(path / "x.npy"))).numpy()
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, expected, rtol=1e-2, atol=1e-2 * np.abs(expected).max())

@@ -63,7 +63,7 @@ def _compile(args: argparse.Namespace) -> int:
     from .frontend.targets import is_gpu
 
     target = _target(args.target)
-    config = _config(args, target, orchestrate=args.orchestrate)
+    config = _config(args, target, orchestrate=args.orchestrate, dtype=args.dtype)
     out = args.output or os.path.splitext(os.path.basename(args.model.split(":")[0]))[0] + ".so"
     with _Output(out) as tmp_out, Stages(["loading model", "optimizing and building",
                                           "exporting"]) as stages:  # fmt: skip
@@ -457,6 +457,11 @@ def build_parser() -> argparse.ArgumentParser:
     cmd.add_argument("--orchestrate", action="store_true",
                      help="fission composite operators and choose the kernels by binary linear "
                           "programming instead of TVM's greedy fusion (untuned builds)")
+    cmd.add_argument("--dtype", choices=("float32", "float16"), default="float32",
+                     help="float16: convert the model with TVM's ToMixedPrecision (float16 "
+                          "operators, convolutions and matmuls accumulating in float32) before "
+                          "optimizing; the library still takes and returns the model's own "
+                          "types, so `run` is called with the same inputs (default: float32)")
     cmd.set_defaults(func=_compile)
 
     cmd = sub.add_parser("run", parents=[common], help="run a compiled library")

@@ -85,6 +85,9 @@ class OllieConfig:
         Measure on the devices behind this RPC tracker (builds stay local).
     verbose : bool
         Log the report at INFO level.
+    dtype : str, optional
+        ``"float16"``: the model is converted by TVM's ``ToMixedPrecision`` before the pass
+        (:func:`tvm_ollie.transform.precision.to_precision`); None or ``"float32"``: as given.
     """
 
     target: Any = None
@@ -105,6 +108,7 @@ class OllieConfig:
     calibration: Any = None
     rpc: Any = None
     verbose: bool = False
+    dtype: Optional[str] = None
 
     def __post_init__(self):
         if self.targets is not None and not isinstance(self.targets, tuple):
@@ -134,6 +138,9 @@ class OllieConfig:
                                   f"{getattr(self, name)!r}")
         if self.work_dir is not None and not isinstance(self.work_dir, str):
             object.__setattr__(self, "work_dir", str(self.work_dir))  # a pathlib.Path
+        if self.dtype not in (None, "float32", "float16"):
+            raise ConfigError(f"OllieConfig.dtype must be None, 'float32' or 'float16', not "
+                              f"{self.dtype!r}")
         if self.targets is not None and not all(isinstance(t, str) for t in self.targets):
             raise ConfigError(f"OllieConfig.targets must be operator names, not "
                               f"{self.targets!r}")

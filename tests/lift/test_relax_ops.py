@@ -55,6 +55,8 @@ def case(cid, inputs, make, positive=False, numpy_ref=None, fallback=False):
 # ---- convolutions ---------------------------------------------------------------------------
 X = {"x": (1, 3, 6, 6), "w": (4, 3, 3, 3)}
 case("conv2d-basic", X, lambda x, w: R.nn.conv2d(x, w, padding=1))
+case("conv2d-out-dtype-f64", X, lambda x, w: R.nn.conv2d(x, w, padding=1, out_dtype="float64"))
+case("astype-f16", {"x": (2, 5)}, lambda x: R.astype(x, "float16"))
 case("conv2d-stride2-asym-dil2", {"x": (2, 3, 9, 8), "w": (4, 3, 3, 3)},
      lambda x, w: R.nn.conv2d(x, w, strides=2, padding=(1, 0, 2, 1), dilation=2))
 case("conv2d-stride-hw", {"x": (1, 2, 7, 9), "w": (3, 2, 2, 3)},
@@ -411,8 +413,8 @@ def _t(shape, dtype=F32):
     (lambda x: R.nn.pad(x, [1, 1, 1, 1], pad_mode="reflect"), [_t((3, 3))], "pad_mode"),
     (lambda x, w: R.nn.conv2d(x, w, out_layout="NHWC"), [_t((1, 2, 4, 4)), _t((2, 2, 1, 1))],
      "out_layout"),
-    (lambda x, w: R.nn.conv2d(x, w, out_dtype="float64"), [_t((1, 2, 4, 4)),
-                                                           _t((2, 2, 1, 1))], "out_dtype"),
+    (lambda x, w: R.nn.conv2d(x, w, out_dtype="int32"), [_t((1, 2, 4, 4)),
+                                                         _t((2, 2, 1, 1))], "floating"),
     (lambda x, w: R.nn.conv2d_transpose(x, w, data_layout="NHWC"),
      [_t((1, 4, 4, 2)), _t((2, 2, 3, 3))], "NCHW"),
     (R.add, [_t((2, 3), "int32"), _t((2, 3), "int32")], "floating"),

@@ -27,7 +27,8 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ..compat import te, tirx, tvm
-from ..ir.nodes import Access, BinOp, Call, Const, Node, Scope, Tensor, Var
+from ..ir.nodes import (CAST_DTYPES, Access, BinOp, Call, Const, Node, Scope, Tensor, Var,
+                        numpy_dtype)
 
 #: dtype of every index expression and te axis.
 INDEX_DTYPE = "int32"
@@ -96,11 +97,11 @@ def run(expr: Scope, inputs: Mapping[str, np.ndarray], target: object = "llvm") 
     for tensor in expr.inputs:
         if tensor.name not in inputs:
             raise KeyError(f"missing input {tensor.name!r}")
-        array = np.ascontiguousarray(inputs[tensor.name], dtype=tensor.dtype)
+        array = np.ascontiguousarray(inputs[tensor.name], dtype=numpy_dtype(tensor.dtype))
         if array.shape != tensor.shape:
             raise ValueError(f"input {tensor.name}: shape {array.shape}, expected {tensor.shape}")
         args.append(tvm.runtime.tensor(array, device))
-    out = tvm.runtime.tensor(np.zeros(expr.shape, dtype=expr.dtype), device)
+    out = tvm.runtime.tensor(np.zeros(expr.shape, dtype=numpy_dtype(expr.dtype)), device)
     ex["main"](*args, out)
     return out.numpy()
 
@@ -427,6 +428,8 @@ class _ExprLowering:
         if func == "select":
             t, f = _unify(args[1], args[2])
             return tirx.if_then_else(_as_bool(args[0]), t, f)
+        if func in CAST_DTYPES:
+            return _cast(args[0], func)
         raise LoweringError(f"no lowering for scalar function {func!r}")
 
     def _index(self, node: Node) -> "tirx.PrimExpr":

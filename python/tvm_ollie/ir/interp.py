@@ -17,6 +17,11 @@ Semantics follow :mod:`tvm_ollie.ir.nodes`: tensor margins read ``pad_value``, s
 0, reads beyond the padded range raise :class:`OutOfBoundsError`, ``//`` and ``%`` are floor
 division and modulo, and ``select(c, a, b)`` only requires the reads of the branch it takes to be
 in bounds (the other branch may read anywhere, as a guarded read in TVM may).
+
+Types: everything is computed in one float type, the widest of the inputs and of the float casts
+(float16 reads summed under ``float32(...)`` casts compute in float32). A cast to a narrower float
+type rounds to it (bfloat16 through ``ml_dtypes``), a cast to an integer truncates, and a
+float16/bfloat16 stage is stored rounded, as TVM stores it.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import numpy as np
 import scipy.special
 
 from .nodes import (
+    CAST_DTYPES,
     Access,
     BinOp,
     Call,
@@ -38,8 +44,11 @@ from .nodes import (
     Scope,
     Tensor,
     Var,
+    dtype_bits,
     free_vars,
+    is_float_dtype,
     iter_nodes,
+    numpy_dtype,
 )
 from .printer import to_text
 
@@ -69,7 +78,8 @@ class OutOfBoundsError(IndexError):
 
 
 def evaluate(
-    expr: Node, inputs: Mapping[str, np.ndarray], dtype: Optional[np.dtype] = None
+    expr: Node, inputs: Mapping[str, np.ndarray], dtype: Optional[np.dtype] = None,
+    rounding: bool = True,
 ) -> np.ndarray:
     """Evaluate an expression on numpy inputs.
 
@@ -83,6 +93,10 @@ def evaluate(
     dtype : numpy dtype, optional
         Floating type to compute in. By default the float type of the inputs (float32 inputs give
         a float32 result); pass ``np.float64`` for precise comparisons.
+    rounding : bool
+        By default float casts round to their type and 16-bit stages are stored rounded, as TVM
+        computes them. ``False`` evaluates in exact arithmetic of the compute type instead (float
+        casts are the identity): the semantics of the finite-field check.
 
     Returns
     -------
@@ -103,7 +117,7 @@ def evaluate(
         When a subscript is not an integer expression.
     """
     arrays, cdtype = _prepare_inputs(expr, inputs, dtype)
-    run = _Run(arrays, cdtype)
+    run = _Run(arrays, cdtype, rounding)
     with np.errstate(all="ignore"):
         if isinstance(expr, Scope):
             return _owned(run.scope(expr), cdtype)
@@ -174,6 +188,8 @@ def _prepare_inputs(
         if name not in inputs:
             raise ValueError(f"missing input tensor {name!r} (declared {t.dtype}{list(t.shape)})")
         arr = np.asarray(inputs[name])
+        if arr.dtype.kind == "V":  # bfloat16 (ml_dtypes): numpy computes it as float32
+            arr = arr.astype(np.float32)
         if arr.shape != t.shape:
             raise ValueError(
                 f"input tensor {name!r} has shape {arr.shape}, but the expression declares "
@@ -188,8 +204,19 @@ def _prepare_inputs(
         floats = [a.dtype for a in raw.values() if a.dtype.kind == "f"]
         if not floats:
             floats = [np.dtype(t.dtype) for t in tensors.values() if t.dtype.startswith("float")]
+        floats += _cast_compute_types(expr)
         cdtype = np.result_type(*floats) if floats else np.dtype(np.float32)
     return {name: a.astype(cdtype, copy=False) for name, a in raw.items()}, cdtype
+
+
+def _cast_compute_types(expr: Node) -> List[np.dtype]:
+    """Types that float casts in ``expr`` compute in (a cast to float32 of float16 reads makes
+    the evaluation float32; bfloat16, which numpy lacks, computes as float32 and is rounded)."""
+    out = set()
+    for node in iter_nodes(expr):
+        if isinstance(node, Call) and node.func in CAST_DTYPES and is_float_dtype(node.func):
+            out.add(np.dtype(np.float32) if node.func == "bfloat16" else np.dtype(node.func))
+    return sorted(out, key=lambda d: d.itemsize)
 
 
 def _owned(arr: np.ndarray, cdtype: np.dtype) -> np.ndarray:
@@ -227,8 +254,9 @@ class _Domain:
 class _Run:
     """One call of :func:`evaluate`: inputs, compute type, and each nested scope's value."""
 
-    def __init__(self, arrays: Dict[str, np.ndarray], cdtype: np.dtype):
+    def __init__(self, arrays: Dict[str, np.ndarray], cdtype: np.dtype, rounding: bool = True):
         self.arrays = arrays
+        self.rounding = rounding
         self.cdtype = cdtype
         self.scopes: Dict[Scope, np.ndarray] = {}
         self.padded: Dict[Tensor, np.ndarray] = {}
@@ -238,6 +266,27 @@ class _Run:
 
     def float(self, x: np.ndarray) -> np.ndarray:
         return x if x.dtype == self.cdtype else x.astype(self.cdtype)
+
+    def round_to(self, x: np.ndarray, dtype: str) -> np.ndarray:
+        """``x`` (in the compute type) rounded to the 16-bit float ``dtype``, as a stage of that
+        type stores it; wider types are left to the compute type."""
+        if (not self.rounding or dtype not in ("float16", "bfloat16")
+                or self.cdtype == numpy_dtype(dtype)):
+            return x
+        return np.asarray(x).astype(numpy_dtype(dtype)).astype(self.cdtype)
+
+    def cast(self, x: np.ndarray, dtype: str) -> np.ndarray:
+        """``dtype(x)``: floats round to the type (computed on in the compute type), integers
+        truncate towards zero."""
+        if not is_float_dtype(dtype):
+            if self._integral(x):
+                return self._int(x)
+            return np.trunc(x).astype(np.int64)
+        x = self.float(x)
+        if self.rounding and (dtype_bits(dtype) < 8 * self.cdtype.itemsize
+                              or dtype == "bfloat16"):
+            return x.astype(numpy_dtype(dtype)).astype(self.cdtype)
+        return x
 
     @staticmethod
     def _integral(x: np.ndarray) -> bool:
@@ -262,7 +311,7 @@ class _Run:
             val = self._sum(s)
         else:
             val = self._max(s)
-        val = np.broadcast_to(val, loop_shape)
+        val = np.broadcast_to(self.round_to(val, s.dtype), loop_shape)
         if any(lo or hi for lo, hi in s.pad):
             out = np.zeros(s.shape, dtype=self.cdtype)
             out[tuple(slice(lo, lo + n) for (lo, _), n in zip(s.pad, loop_shape))] = val
@@ -430,6 +479,8 @@ class _Run:
                 a, b = self._int(a), self._int(b)
             return np.where(cond, a, b)
         args = [self.eval(x, dom, live) for x in node.args]
+        if f in CAST_DTYPES:
+            return self.cast(args[0], f)
         if f in ("max", "min", "abs", "neg") and all(self._integral(x) for x in args):
             args = [self._int(x) for x in args]
         else:

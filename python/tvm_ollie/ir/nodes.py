@@ -2,8 +2,9 @@
 
 An operator body is a :class:`Scope`: traversal iterators ``L`` (one per output dimension), optional
 reduction iterators (``Σ`` for sum, ``Max`` for max), one scalar body and per-output zero padding.
-Bodies are built from iterator variables, constants, arithmetic, scalar function calls and
-subscripts (:class:`Access`) of input tensors or of nested scopes.
+Bodies are built from iterator variables, constants, arithmetic, scalar function calls (casts
+included: ``float32(x)``, see :data:`CAST_DTYPES`) and subscripts (:class:`Access`) of input
+tensors or of nested scopes. A stage's element type is that of its body (:func:`value_dtype`).
 
 Every node is interned: constructing a node equal to one that already exists returns that very
 object, so structural equality is ``is`` and equal subtrees are shared. Nodes are never mutated;
@@ -24,8 +25,11 @@ Semantics that every pass relies on (the reference interpreter in ``interp.py`` 
 
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Any, Iterable, Iterator, Sequence, Tuple, Union
+
+import numpy as np
 
 Pad = Tuple[Tuple[int, int], ...]
 
@@ -38,6 +42,15 @@ SCALAR_FUNCS = {
     "relu": 1, "tanh": 1, "sigmoid": 1, "exp": 1, "log": 1, "erf": 1, "sqrt": 1, "rsqrt": 1,
     "abs": 1, "neg": 1, "max": 2, "min": 2, "pow": 2, "select": 3,
 }
+#: Element types a value can be cast to. A cast is the one-argument scalar function named by its
+#: target type (``float16(x)``), so every pass that treats calls generically handles it. Float
+#: targets round to the nearest value of the type; integer targets truncate towards zero (TIR's
+#: ``Cast``). A cast of a constant is folded into a constant of that type when it is built, which
+#: is also how a typed constant prints (``float16(0.5)``).
+CAST_DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64")
+SCALAR_FUNCS.update({dtype: 1 for dtype in CAST_DTYPES})
+#: Default types of literals: constants of other types print as a cast of a literal.
+DEFAULT_DTYPES = ("int32", "float32")
 
 
 #: The interning table: (class, fields) -> weak reference to the one node with those fields. A
@@ -193,6 +206,8 @@ class Const(Node):
         if dtype is None:
             dtype = "int32" if isinstance(value, int) else "float32"
         value = int(value) if dtype.startswith("int") else float(value)
+        if dtype in ("float16", "bfloat16") and math.isfinite(value):
+            value = _round_to(value, dtype)  # a literal holds a value of its type
         return cls._make((value, dtype))
 
     @property
@@ -242,6 +257,8 @@ class Call(Node):
         args = tuple(as_node(a) for a in args)
         if len(args) != arity:
             raise ValueError(f"{func} takes {arity} arguments, got {len(args)}")
+        if func in CAST_DTYPES and isinstance(args[0], Const):
+            return cast_const(args[0], func)
         return cls._make((func, args))
 
     @property
@@ -395,9 +412,17 @@ class Scope(Node):
 
     @property
     def dtype(self) -> str:
-        """Element type of the stage: that of its first input tensor, float32 without any."""
-        ins = self.inputs
-        return ins[0].dtype if ins else "float32"
+        """Element type of the stage: the float type of its body (casts decide it), else that of
+        its first input tensor, float32 without any."""
+
+        def compute() -> str:
+            dtype, weak = _dtype_info(self.body)
+            if is_float_dtype(dtype) and not weak:
+                return dtype
+            ins = self.inputs
+            return ins[0].dtype if ins else "float32"
+
+        return _cached(self, "dtype", compute)
 
     def iter_range(self, var: Var) -> IterVar:
         """The binding of ``var`` in this scope."""
@@ -592,3 +617,121 @@ def scope_var_names(node: Node) -> set:
         if isinstance(cur, Var):
             names.add(cur.name)
     return names
+
+
+# --------------------------------------------------------------------------------------------
+# Element types
+
+
+def is_float_dtype(dtype: str) -> bool:
+    """Floating element types (``bfloat16`` included)."""
+    return dtype.startswith(("float", "bfloat"))
+
+
+def is_cast(node: Node) -> bool:
+    """Whether ``node`` is a cast (a :class:`Call` of a :data:`CAST_DTYPES` name)."""
+    return isinstance(node, Call) and node.func in CAST_DTYPES
+
+
+def dtype_bits(dtype: str) -> int:
+    """Width of an element type in bits (``bool`` counts 1)."""
+    if dtype == "bool":
+        return 1
+    digits = "".join(ch for ch in dtype if ch.isdigit())
+    return int(digits) if digits else 32
+
+
+def cast_const(const: Const, dtype: str) -> Const:
+    """The constant ``dtype(const)``: rounded to a narrower float type, truncated to an int."""
+    if dtype.startswith("int"):
+        value = const.value if const.dtype.startswith("int") else int(math.trunc(const.value))
+        return Const(int(value), dtype)
+    value = float(const.value)
+    if dtype == "float32" and math.isfinite(value):
+        value = _round_to(value, dtype)
+    return Const(value, dtype)
+
+
+def _round_to(value: float, dtype: str) -> float:
+    """``value`` rounded to the nearest value of the float type ``dtype``."""
+    return float(np.asarray(value, dtype=np.float64).astype(numpy_dtype(dtype)))
+
+
+def numpy_dtype(dtype: str) -> np.dtype:
+    """The numpy type of an element type (``bfloat16`` from ``ml_dtypes``, a TVM dependency)."""
+    if dtype == "bfloat16":
+        import ml_dtypes  # pylint: disable=import-outside-toplevel
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
+
+
+def value_dtype(node: Node) -> str:
+    """The element type of a value expression.
+
+    Tensors, scopes, accesses and casts carry theirs; arithmetic meets at the wider operand type
+    (float over int over bool), where a literal adapts to the other operand (``x * 0.5`` keeps the
+    type of ``x``); comparisons are ``bool``; ``/`` is float.
+    """
+    return _dtype_info(node)[0]
+
+
+def has_weak_dtype(node: Node) -> bool:
+    """Whether ``node``'s type is that of a literal or index arithmetic, which yields to the other
+    operand's type in arithmetic."""
+    return _dtype_info(node)[1]
+
+
+def _dtype_info(node: Node) -> Tuple[str, bool]:
+    """``(dtype, weak)``; weak types (of literals and index arithmetic) yield to the other
+    operand's type in arithmetic."""
+    cache = node._cache
+    hit = cache.get("dtype_info")
+    if hit is not None:
+        return hit
+    if isinstance(node, (Tensor, Scope)):
+        out = (node.dtype, False)
+    elif isinstance(node, Access):
+        out = (node.source.dtype, False)
+    elif isinstance(node, Const):
+        out = (node.dtype, True)
+    elif isinstance(node, Var):
+        out = ("int32", True)
+    elif isinstance(node, BinOp):
+        if node.op in COMPARE_OPS:
+            out = ("bool", True)
+        else:
+            out = _meet(_dtype_info(node.a), _dtype_info(node.b))
+            if node.op == "/" and not is_float_dtype(out[0]):
+                out = ("float32", out[1])
+    elif isinstance(node, Call):
+        if node.func in CAST_DTYPES:
+            out = (node.func, False)
+        else:
+            args = node.args[1:] if node.func == "select" else node.args
+            out = _dtype_info(args[0])
+            for arg in args[1:]:
+                out = _meet(out, _dtype_info(arg))
+            if node.func not in ("relu", "abs", "neg", "max", "min", "select") \
+                    and not is_float_dtype(out[0]):
+                out = ("float32", out[1])
+    else:
+        out = ("float32", True)
+    cache["dtype_info"] = out
+    return out
+
+
+def _meet(x: Tuple[str, bool], y: Tuple[str, bool]) -> Tuple[str, bool]:
+    """The type two operands meet at (see :func:`value_dtype`)."""
+    (dx, wx), (dy, wy) = x, y
+    if dx == dy:
+        return dx, wx and wy
+    kx = 0 if dx == "bool" else (2 if is_float_dtype(dx) else 1)
+    ky = 0 if dy == "bool" else (2 if is_float_dtype(dy) else 1)
+    if kx != ky:
+        return x if kx > ky else y
+    if wx != wy:
+        return y if wx else x
+    if {dx, dy} == {"float16", "bfloat16"}:
+        return "float32", wx
+    return x if dtype_bits(dx) >= dtype_bits(dy) else y

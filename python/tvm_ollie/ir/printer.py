@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 from typing import List
 
-from .nodes import Access, BinOp, Call, Const, IterVar, Node, Scope, Tensor, Var, input_tensors
+from .nodes import (DEFAULT_DTYPES, Access, BinOp, Call, Const, IterVar, Node, Scope, Tensor, Var,
+                    input_tensors)
 
 # Binding strength of binary operators (higher binds tighter).
 PRECEDENCE = {
@@ -81,6 +82,8 @@ def _expr(node: Node):
         return node.name, ATOM
     if isinstance(node, Const):
         text = format_const(node.value, node.dtype)
+        if node.dtype not in DEFAULT_DTYPES:  # a typed literal reads as a cast of a literal
+            return f"{node.dtype}({text})", ATOM
         return text, (ATOM if not text.startswith("-") else 6)
     if isinstance(node, BinOp):
         prec = PRECEDENCE[node.op]

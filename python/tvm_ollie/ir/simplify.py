@@ -19,8 +19,9 @@ from __future__ import annotations
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from .affine import Affine, affine_bounds, to_affine
-from .nodes import (COMPARE_OPS, Access, BinOp, Call, Const, Node, Scope, Var, free_vars, is_index,
-                    live_nodes)
+from .nodes import (CAST_DTYPES, COMPARE_OPS, Access, BinOp, Call, Const, Node, Scope, Var,
+                    dtype_bits, free_vars, has_weak_dtype, is_cast, is_float_dtype, is_index,
+                    live_nodes, value_dtype)
 
 #: Half-open ranges ``Var -> (begin, end)`` as the public functions take them.
 Ranges = Mapping[Var, Tuple[int, int]]
@@ -236,9 +237,37 @@ def _simplify_call(node: Call, bounds: Bounds, memo: dict) -> Node:
             return then if cond.value != 0 else other
         if then is other:
             return then
+    if node.func in CAST_DTYPES:
+        folded = fold_cast(node.func, args[0])
+        if folded is not None:
+            return folded
     if all(x is y for x, y in zip(args, node.args)):
         return node
     return Call(node.func, args)
+
+
+def fold_cast(dtype: str, arg: Node) -> Optional[Node]:
+    """``dtype(arg)`` without the cast when that changes no value, else None.
+
+    Rules: ``t(x) = x`` when ``x`` already has type ``t``; ``t(u(x)) = x`` when ``x`` has type
+    ``t`` and ``u`` is a float type that holds every value of ``t`` (widening, then back).
+    """
+    if value_dtype(arg) == dtype and not (is_float_dtype(dtype) and has_weak_dtype(arg)):
+        return arg  # a literal-typed float keeps its cast: without it, it would adapt
+    if is_cast(arg) and value_dtype(arg.args[0]) == dtype and _widens(dtype, arg.func):
+        return arg.args[0]
+    return None
+
+
+def _widens(src: str, dst: str) -> bool:
+    """Every value of float type ``src`` is a value of float type ``dst``."""
+    if not (is_float_dtype(src) and is_float_dtype(dst)):
+        return False
+    if src == dst:
+        return True
+    if "bfloat16" in (src, dst) and "float16" in (src, dst):
+        return False
+    return dtype_bits(dst) > dtype_bits(src)
 
 
 def _sorted_free(node: Node) -> tuple:

@@ -6,11 +6,11 @@ import keyword
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 from ..compat import relax, tirx
-from ..ir.nodes import BinOp, Const, IterVar, Node, Var
+from ..ir.nodes import BinOp, Call, Const, IterVar, Node, Var, value_dtype
 from .errors import LiftError
 
-#: Element types the arithmetic lifts accept. The IR has no cast node and the interpreter
-#: computes in floating point, so integer arithmetic (truncating division, overflow) is left out.
+#: Element types the arithmetic lifts accept. The interpreter computes in floating point, so
+#: integer arithmetic (truncating division, overflow) is left out.
 FLOAT_DTYPES = ("float16", "float32", "float64", "bfloat16")
 
 
@@ -73,14 +73,34 @@ def require_float(dtype: str, what: str) -> None:
 
 
 def require_out_dtype(out_dtype, in_dtype: str, what: str) -> None:
-    """The IR has no cast: an ``out_dtype`` attribute must be unset or equal the input type."""
+    """An ``out_dtype`` attribute must be unset or equal the input type (for lifts that do not
+    model an accumulation type; :func:`accumulation_dtype` for those that do)."""
+    text = _dtype_attr(out_dtype)
+    if text is None or text == in_dtype:
+        return
+    raise LiftError(f"{what}: out_dtype {text} differs from the input dtype {in_dtype}")
+
+
+def accumulation_dtype(out_dtype, in_dtype: str, what: str) -> str:
+    """The type a contraction multiplies and sums in: its float ``out_dtype`` attribute (TOPI
+    casts both operands to it, e.g. float16 inputs summed in float32), else the input type."""
+    text = _dtype_attr(out_dtype)
+    if text is None:
+        return in_dtype
+    require_float(text, what)
+    return text
+
+
+def cast_to(node: Node, dtype: str) -> Node:
+    """``dtype(node)``, or ``node`` when it already has that type."""
+    return node if value_dtype(node) == dtype else Call(dtype, (node,))
+
+
+def _dtype_attr(out_dtype) -> Optional[str]:
     if out_dtype is None:
-        return
+        return None
     text = str(out_dtype)
-    if text in ("", "void") or text == in_dtype:
-        return
-    raise LiftError(f"{what}: out_dtype {text} differs from the input dtype {in_dtype} "
-                    "(the IR has no cast)")
+    return None if text in ("", "void") else text
 
 
 def normalize_axis(axis: int, ndim: int, what: str) -> int:

@@ -11,7 +11,8 @@ channel index is just ``c``, and for depthwise convolutions (one input channel p
 ``c`` reduction disappears. Reduction iterators of extent 1 (1x1 kernels) are dropped. Other
 data layouts (``NHWC``, ...) and kernel layouts (``HWIO``, ...) only permute the subscripts.
 The tensor is padded exactly as far as the reads reach, which may be less than the attribute
-asks for on the high side when the stride skips the last rows.
+asks for on the high side when the stride skips the last rows. An ``out_dtype`` other than the
+input type (float16 data summed in float32) casts both reads to it, as TOPI does.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from typing import Dict, List
 from ..ir.nodes import Access, BinOp, IterVar, Node, Scope, Var
 from .common import (
     IterNames,
+    accumulation_dtype,
     affine,
+    cast_to,
     int_list,
     read_padding,
     require_float,
-    require_out_dtype,
 )
 from .errors import LiftError
 from .layouts import SPATIAL, parse_layout
@@ -65,7 +67,7 @@ def _lift_conv(call, names: Operands, nd: int) -> Scope:
     if x.dtype != k.dtype:
         raise LiftError(f"{op}: data and kernel dtypes differ ({x.dtype}, {k.dtype})")
     require_float(x.dtype, op)
-    require_out_dtype(attrs.out_dtype, x.dtype, op)
+    acc = accumulation_dtype(attrs.out_dtype, x.dtype, op)
     strides, dilation, pad_lo, pad_hi = spatial_params(attrs, nd, op)
     groups = int(attrs.groups)
     spatial = SPATIAL[nd]
@@ -126,7 +128,8 @@ def _lift_conv(call, names: Operands, nd: int) -> Scope:
     k_idx[kl["I"]] = c_var if c_var is not None else 0
     for d, c in enumerate(spatial):
         k_idx[kl[c]] = tap_vars[d] if tap_vars[d] is not None else 0
-    body = BinOp("*", Access(x.with_pad(pads), x_idx), Access(k, k_idx))
+    body = BinOp("*", cast_to(Access(x.with_pad(pads), x_idx), acc),
+                 cast_to(Access(k, k_idx), acc))
     return Scope(loops, reduce, body)
 
 

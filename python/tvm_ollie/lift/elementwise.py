@@ -13,7 +13,7 @@ import math
 from typing import Callable, Dict, List, Sequence
 
 from ..ir.nodes import Access, BinOp, Call, Const, IterVar, Node, Scope, Tensor
-from .common import IterNames, float_const, op_name, require_float
+from .common import IterNames, cast_to, float_const, op_name, require_float
 from .errors import LiftError
 from .registry import Operands, register_lift
 
@@ -168,6 +168,19 @@ def _lift_leakyrelu(call, names: Operands) -> Scope:
                                BinOp("*", x, float_const(alpha, dtype))))
 
     return _elementwise(call, names, body)
+
+
+@register_lift("relax.astype")
+def _lift_astype(call, names: Operands) -> Scope:
+    """``dtype(x)``: a float-to-float conversion (TOPI's ``astype``)."""
+    dtype = names.out_dtype()
+    require_float(dtype, names.op)
+    x = names.tensor(call.args[0])
+    require_float(x.dtype, names.op)
+    loops = _loops(names, names.out_shape())
+    if tuple(iv.extent for iv in loops) != x.shape:
+        raise LiftError(f"{names.op}: result shape differs from the operand's")
+    return Scope(loops, (), cast_to(Access(x, [iv.var for iv in loops]), dtype))
 
 
 @register_lift("relax.square")

@@ -6,13 +6,14 @@ missing leading batch dimensions are simply not read. A 1-D ``A`` has no ``i`` (
 and then drops a unit row), a 1-D ``B`` has no ``j``.
 
 There is no ``relax.nn.linear`` op in TVM 0.27: ``relax.op.linear`` is a Python helper that emits
-``permute_dims`` + ``matmul`` (+ ``add``), so each of those lifts on its own.
+``permute_dims`` + ``matmul`` (+ ``add``), so each of those lifts on its own. An ``out_dtype``
+other than the operands' type casts both reads to it (TVM's legalization does the same).
 """
 
 from __future__ import annotations
 
 from ..ir.nodes import Access, BinOp, Scope
-from .common import IterNames, require_float, require_out_dtype
+from .common import IterNames, accumulation_dtype, cast_to, require_float
 from .errors import LiftError
 from .registry import Operands, register_lift
 
@@ -25,7 +26,7 @@ def lift_matmul(call, names: Operands) -> Scope:
     if a.dtype != b.dtype:
         raise LiftError(f"{names.op}: operand dtypes differ ({a.dtype}, {b.dtype})")
     require_float(a.dtype, names.op)
-    require_out_dtype(call.attrs.out_dtype, a.dtype, names.op)
+    acc = accumulation_dtype(call.attrs.out_dtype, a.dtype, names.op)
     if a.ndim == 0 or b.ndim == 0:
         raise LiftError(f"{names.op}: 0-d operands are not matrices")
     out_shape = names.out_shape()
@@ -66,5 +67,5 @@ def lift_matmul(call, names: Operands) -> Scope:
     if not reduce:
         a_idx = [0 if x is k.var else x for x in a_idx]
         b_idx = [0 if x is k.var else x for x in b_idx]
-    body = BinOp("*", Access(a, a_idx), Access(b, b_idx))
+    body = BinOp("*", cast_to(Access(a, a_idx), acc), cast_to(Access(b, b_idx), acc))
     return Scope(loops, reduce, body)

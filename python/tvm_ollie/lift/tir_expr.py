@@ -7,8 +7,8 @@ Only what the IR expresses exactly is converted; anything else raises :class:`Li
 * comparisons, ``and``/``or``; ``not`` is pushed into comparisons (De Morgan);
 * ``Min``/``Max``, ``Select``/``if_then_else`` (→ ``select``), ``likely(x)`` (→ ``x``);
 * the intrinsics ``exp tanh sigmoid log sqrt rsqrt erf fabs pow``;
-* ``Cast`` between integer types (index arithmetic) and to the same type; a cast of a constant;
-  other casts (the IR has no cast node) are rejected;
+* ``Cast`` between integer types (index arithmetic) and to the same type vanish; a cast of a
+  constant folds; a cast to or from a float type is an IR cast (``float32(x)``);
 * ``Let`` (substituted), constants, the iterators bound by the enclosing stage;
 * tensor reads (``te.tensor_load`` calls in TE, ``TensorLoad`` in PrimFuncs), resolved by a
   callback so that TE and PrimFunc lifts share this converter; an index that itself reads a
@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Callable, Dict, List
 
 from ..compat import TENSOR_LOAD, BufferLoadNode, tirx, tvm
-from ..ir.nodes import Access, BinOp, Call, Const, Node, iter_nodes
+from ..ir.nodes import CAST_DTYPES, Access, BinOp, Call, Const, Node, is_float_dtype, iter_nodes
 from .errors import LiftError
 
 #: Class of calls in TIR (intrinsics, ``te.tensor_load``): the same class as ``relax.Call``.
@@ -162,7 +162,8 @@ class ExprConverter:
         return Call(func, tuple(self.convert(a) for a in expr.args))
 
     def cast(self, expr) -> Node:
-        """Casts that change no value: integer to integer, same type, or of a constant."""
+        """Integer-to-integer casts (index arithmetic) and casts to the same type change no value
+        and vanish; a cast of a constant folds; casts to or from a float type become IR casts."""
         src, dst = dtype_of(expr.value), dtype_of(expr)
         value = expr.value
         if src == dst or (is_int_type(src) and is_int_type(dst) and dst != "bool"):
@@ -171,7 +172,9 @@ class ExprConverter:
             if is_int_type(dst):
                 return Const(int(value.value))
             return Const(float(value.value), dst)
-        raise self.fail(expr, f"cast from {src} to {dst} (the IR has no cast)")
+        if dst in CAST_DTYPES and (is_float_dtype(dst) or is_float_dtype(src)):
+            return Call(dst, (self.convert(value),))
+        raise self.fail(expr, f"cast from {src} to {dst} (not an IR cast type)")
 
     def negate(self, expr) -> Node:
         """``not expr`` pushed into comparisons."""

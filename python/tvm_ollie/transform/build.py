@@ -26,6 +26,7 @@ from ..tune.metaschedule import Tuner, default_pipeline, gpu_available, is_gpu_t
 from ..tune.rpc import RPCConfig
 from ..tune.workdir import prepare_work_dir, work_dir_lock
 from .optimize import OllieOptimize, optimize_module
+from .precision import to_precision
 from .report import OptimizeReport
 
 __all__ = ["build", "cuda_source", "ollie_pipeline", "PIPELINE_NAME"]
@@ -37,7 +38,8 @@ PIPELINE_NAME = "ollie"
 
 def build(mod: "tvm.IRModule", target=None, trials: Optional[int] = None,
           work_dir: Optional[str] = None, rpc: Optional[RPCConfig] = None,
-          orchestrate: Optional[bool] = None, config: Optional[OllieConfig] = None, **opts
+          orchestrate: Optional[bool] = None, config: Optional[OllieConfig] = None,
+          dtype: Optional[str] = None, **opts
           ) -> Tuple["tvm.runtime.Executable", OptimizeReport]:
     """Rewrite ``mod`` with the pass, then compile it to a Relax executable.
 
@@ -70,6 +72,11 @@ def build(mod: "tvm.IRModule", target=None, trials: Optional[int] = None,
         (:mod:`tvm_ollie.orchestrate`) instead of TVM's greedy fusion (untuned builds only).
     config : OllieConfig, optional
         The options.
+    dtype : str, optional
+        ``"float16"``: convert the model with TVM's ``ToMixedPrecision`` (float16 operators,
+        convolutions and matmuls accumulating in float32) before the pass; its inputs and
+        outputs keep their types (:func:`~tvm_ollie.transform.precision.to_precision`). Default
+        (or ``"float32"``): the model as given. Overrides ``config.dtype``.
     **opts
         Other config fields (``max_depth``, ``time_budget_s``, ``calibration``...) and the
         test hooks of :func:`optimize_module` (``timer``, ``checker``, ``chooser``, ``tuner``).
@@ -80,9 +87,10 @@ def build(mod: "tvm.IRModule", target=None, trials: Optional[int] = None,
     """
     hooks = {k: opts.pop(k) for k in list(opts) if k in _HOOKS}
     cfg = resolve_config(config, target=target, trials=trials, work_dir=work_dir, rpc=rpc,
-                         orchestrate=orchestrate, **opts)
+                         orchestrate=orchestrate, dtype=dtype, **opts)
     tgt = normalize_target(cfg.target)
     cfg = cfg.replace(target=tgt)
+    mod = to_precision(mod, cfg.dtype)
     remote = cfg.rpc is not None
     if cfg.trials > 0 and cfg.work_dir is None and (
             remote or not (is_gpu_target(tgt) and not gpu_available(tgt))):

@@ -13,7 +13,8 @@ call and re-bound positionally for the others.
 
 Never worse: an alternative is accepted only when it is cheaper than the original under the
 chosen cost by :data:`MARGIN`, built, (tuned,) and matched the original numerically on random
-inputs (relative error :data:`RTOL` of the output's largest magnitude, float32 on llvm) and, for
+inputs (relative error :data:`RTOL` of the output's largest magnitude for float32, scaled with
+the dtype by :func:`~tvm_ollie.verify.tolerance.tolerance`, on llvm) and, for
 small polynomial programs, exactly over a finite field (:func:`check_exact`).
 Anything else keeps the original call and records why.
 
@@ -48,6 +49,7 @@ from ..tune.calibrate import Calibration, calibrate
 from ..tune.measure import compile_module, random_args, time_main
 from ..tune.metaschedule import STATS, Tuner, gpu_available, is_gpu_target, normalize_target
 from ..tune.rpc import RPCConfig
+from ..verify.tolerance import narrowest_float, tolerance
 from .emit import EmitError, emit_program
 
 __all__ = ["DERIVABLE_OPS", "MARGIN", "RTOL", "Alternative", "Checker", "Choice", "Chooser",
@@ -68,7 +70,7 @@ DERIVABLE_OPS = (
 #: A candidate must be at least this much cheaper than the original (relative).
 MARGIN = 0.03
 #: Numerical tolerance of the acceptance check (relative to the largest output magnitude).
-RTOL = 1e-4
+RTOL = tolerance("float32")
 #: Candidates verified before giving up (cheapest first).
 MAX_VERIFY = 3
 
@@ -248,16 +250,18 @@ class _MeasureCache:
 
 
 def check_numerics(ref_mod: "tvm.IRModule", cand_mod: "tvm.IRModule") -> Tuple[bool, str]:
-    """The default :data:`Checker`: both built on llvm, compared on random inputs (:data:`RTOL`
-    of the reference's largest magnitude)."""
+    """The default :data:`Checker`: both built on llvm, compared on random inputs (the
+    :func:`~tvm_ollie.verify.tolerance.tolerance` of the narrowest float type of the inputs and
+    output, :data:`RTOL` for float32, of the reference's largest magnitude)."""
     args = random_args(ref_mod["main"], seed=1)
-    ref = _run_llvm(ref_mod, args)
-    got = _run_llvm(cand_mod, args)
+    ref, dtype = _run_llvm(ref_mod, args)
+    got, _ = _run_llvm(cand_mod, args)
     if got.shape != ref.shape:
         return False, f"shape {got.shape} != {ref.shape}"
-    err = float(np.max(np.abs(got.astype(np.float64) - ref))) if ref.size else 0.0
+    err = float(np.max(np.abs(got - ref))) if ref.size else 0.0
     scale = float(np.max(np.abs(ref))) if ref.size else 0.0
-    if not np.isfinite(err) or err > RTOL * max(scale, 1e-6):
+    rtol = tolerance(narrowest_float([dtype] + [str(a.dtype) for a in args]))
+    if not np.isfinite(err) or err > rtol * max(scale, 1e-6):
         return False, f"numerics differ: max abs err {err:.3g} (scale {scale:.3g})"
     return True, ""
 
@@ -654,11 +658,12 @@ def _chosen(alt: Alternative, names, reason: str, before: float, after: float, m
     return Choice(alt.program, names, reason, before, after, measured, n_cand, explain, alt.impl)
 
 
-def _run_llvm(mod, args) -> np.ndarray:
+def _run_llvm(mod, args) -> Tuple[np.ndarray, str]:
+    """The output of ``mod`` on llvm as float64, and its element type."""
     ex = tvm.compile(mod, target="llvm")
     vm = relax.VirtualMachine(ex, tvm.cpu())
     out = vm["main"](*[tvm.runtime.tensor(a) for a in args])
-    return out.numpy().astype(np.float64)
+    return out.numpy().astype(np.float64), str(out.dtype)
 
 
 def _explain(prog: Program) -> str:

@@ -65,7 +65,7 @@ def stage_mode(stage: Stage, impl: str = "tvm") -> str:
         raise ValueError(f"impl must be one of {IMPLS}, not {impl!r}")
     if impl == "tir" or not stage.is_operator:
         return "tir"
-    if impl == "native" and lib.stage_form(stage) is not None:
+    if impl == "native" and lib.stage_form(stage) is not None and _all_float32(stage):
         return "native"
     guard = _RELAX_FORM_GUARDS.get(target_op(stage.kind).relax_op)
     return target_op(stage.kind).relax_op if guard is not None and guard(stage.attrs) else "tir"
@@ -78,6 +78,12 @@ _RELAX_FORM_GUARDS = {
     "conv2d": lambda at: (at.get("data_layout"), at.get("kernel_layout"),
                           at.get("out_layout")) == ("NCHW", "OIHW", "NCHW"),
 }
+
+
+def _all_float32(stage: Stage) -> bool:
+    """The native kernels compute float32 from float32 operands."""
+    return stage.expr.dtype == "float32" and all(t.dtype == "float32"
+                                                 for t in input_tensors(stage.expr))
 
 
 def _reads(stage: Stage) -> List[Tensor]:
@@ -97,14 +103,24 @@ def _emit_library(bb, stage: Stage, mode: str, values: Mapping[str, object]):
     a, b = (_view(bb, values[t.name], t.shape) for t in reads)
     if mode == "native":
         return lib.emit_call(lib.stage_form(stage), [a, b], stage.shape)
+    # A stage summing float16 reads in float32 (casts in its body) is the op's out_dtype; when
+    # its operands differ in type (one an earlier float32 stage), the narrower one is widened.
+    acc = stage.expr.dtype
+    out_dtype = None
+    if reads[0].dtype != reads[1].dtype:
+        a, b = (v if t.dtype == acc else bb.emit(relax.op.astype(v, acc))
+                for v, t in zip((a, b), reads))
+    elif reads[0].dtype != acc:
+        out_dtype = acc
     if mode == "matmul":
-        call = relax.op.matmul(a, b)
+        call = relax.op.matmul(a, b, out_dtype=out_dtype)
     else:
         at = stage.attrs
         pl_h, pl_w, ph_h, ph_w = at["padding"]
         call = relax.op.nn.conv2d(a, b, strides=tuple(at["stride"]),
                                   padding=(pl_h, pl_w, ph_h, ph_w),
-                                  dilation=tuple(at["dilation"]), groups=int(at.get("groups", 1)))
+                                  dilation=tuple(at["dilation"]), groups=int(at.get("groups", 1)),
+                                  out_dtype=out_dtype)
     out = bb.normalize(call)
     if _shape_of(out) != tuple(stage.shape):
         raise EmitError(f"stage {stage.name}: the Relax {mode} gives {list(_shape_of(out))}, "

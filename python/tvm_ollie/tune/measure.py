@@ -12,6 +12,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..compat import relax, tvm
+from ..ir.nodes import numpy_dtype
 from .metaschedule import Tuner, default_pipeline, legalize_and_fuse, normalize_target
 from .rpc import RPCConfig, time_remote
 
@@ -48,7 +49,7 @@ def random_args(func: "relax.Function", seed: int = 0) -> list:
     out = []
     for p in func.params:
         shape = tuple(int(s) for s in p.ty.shape)
-        out.append(rng.standard_normal(shape).astype(str(p.ty.dtype)))
+        out.append(rng.standard_normal(shape).astype(numpy_dtype(str(p.ty.dtype))))
     return out
 
 

@@ -12,7 +12,10 @@ The reference interpreter computes in float64, exact for integers below ``2**53`
 the largest of :data:`PRIMES` whose worst-case intermediate magnitude stays below that bound
 (:func:`magnitude_bound`); an expression too large for any of them is not checked here (the
 float check still is). Anything outside the fragment (activations, division, ``max``, reads of
-values inside guards) is reported as not applicable.
+values inside guards) is reported as not applicable. Both sides are evaluated in exact
+arithmetic: a widening float cast (``float32`` of a ``float16`` value) changes no value and is
+the identity; a narrowing or integer cast rounds and is not applicable; 16-bit stages are checked
+in the exact arithmetic that float32 stages are (their rounding is the float check's concern).
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from typing import Dict
 import numpy as np
 
 from ..ir.interp import OutOfBoundsError, evaluate
-from ..ir.nodes import Access, BinOp, Call, Const, Node, Scope, Tensor, Var, iter_nodes
+from ..ir.nodes import (Access, BinOp, Call, Const, Node, Scope, Tensor, Var, dtype_bits, is_cast,
+                        is_float_dtype, iter_nodes, value_dtype)
 
 __all__ = ["FieldResult", "NotPolynomial", "PRIMES", "check_program_mod_p", "magnitude_bound",
            "polynomial_degree"]
@@ -84,6 +88,9 @@ def _degree(node: Node) -> int:
         if node.op == "*":
             return _degree(node.a) + _degree(node.b)
         raise NotPolynomial(f"operator {node.op}")
+    if is_cast(node):
+        _check_widening(node)
+        return _degree(node.args[0])
     if isinstance(node, Call) and node.func == "select":
         cond, a, b = node.args
         if any(isinstance(n, Access) for n in iter_nodes(cond)):
@@ -92,6 +99,17 @@ def _degree(node: Node) -> int:
     if isinstance(node, Call):
         raise NotPolynomial(f"function {node.func}")
     raise NotPolynomial(f"{type(node).__name__} node")
+
+
+def _check_widening(cast: Call) -> None:
+    """A float cast to a type that holds every value of its operand's float type changes no
+    value, so it is the identity on the polynomial; any other cast (narrowing, to or from an
+    integer) rounds, which no polynomial over a field models."""
+    src = value_dtype(cast.args[0])
+    if not (is_float_dtype(src) and is_float_dtype(cast.func)
+            and (src == cast.func or (dtype_bits(cast.func) > dtype_bits(src)
+                                      and {src, cast.func} != {"float16", "bfloat16"}))):
+        raise NotPolynomial(f"cast from {src} to {cast.func} is not value-preserving")
 
 
 def _check_pad(t: Tensor) -> None:
@@ -112,6 +130,8 @@ def magnitude_bound(node: Node, p: int) -> float:
     if isinstance(node, BinOp):
         a, b = magnitude_bound(node.a, p), magnitude_bound(node.b, p)
         return a * b if node.op == "*" else a + b
+    if is_cast(node):  # widening (checked by _degree)
+        return magnitude_bound(node.args[0], p)
     if isinstance(node, Call):  # select (checked by _degree)
         return max(magnitude_bound(x, p) for x in node.args[1:])
     return 0.0
@@ -138,7 +158,7 @@ def check_program_mod_p(program, trials: int = 3, seed: int = 0) -> FieldResult:
         inputs = {n: rng.integers(0, p, size=t.shape).astype(np.float64)
                   for n, t in tensors.items()}
         try:
-            want = np.mod(evaluate(original, inputs, np.float64), p)
+            want = np.mod(evaluate(original, inputs, np.float64, rounding=False), p)
             got = _evaluate_mod(program, inputs, p)
         except (OutOfBoundsError, ValueError) as err:
             return FieldResult(True, False, p, degree, k, 1.0, f"evaluation failed: {err}")
@@ -159,5 +179,5 @@ def _evaluate_mod(program, inputs, p: int) -> np.ndarray:
         for node in iter_nodes(stage.expr):
             if isinstance(node, Tensor) and node.name not in feed:
                 feed[node.name] = np.asarray(env[node.name]).reshape(node.shape)
-        env[stage.name] = np.mod(evaluate(stage.expr, feed, np.float64), p)
+        env[stage.name] = np.mod(evaluate(stage.expr, feed, np.float64, rounding=False), p)
     return np.mod(env[program.output].reshape(program.original.shape), p)

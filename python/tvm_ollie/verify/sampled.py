@@ -20,7 +20,8 @@ import numpy as np
 import scipy.special
 
 from ..ir.interp import OutOfBoundsError
-from ..ir.nodes import Access, BinOp, Call, Const, Node, Scope, Tensor, Var, iter_nodes
+from ..ir.nodes import (CAST_DTYPES, Access, BinOp, Call, Const, Node, Scope, Tensor, Var,
+                        is_float_dtype, iter_nodes, numpy_dtype)
 
 __all__ = [
     "SampledResult", "check_sampled", "check_program_sampled", "evaluate_points",
@@ -43,6 +44,17 @@ _CALL = {
     "max": np.maximum, "min": np.minimum, "pow": np.power,
     "select": lambda c, a, b: np.where(c, a, b),
 }
+_CALL.update({dtype: (lambda d: lambda x: _cast(x, d))(dtype) for dtype in CAST_DTYPES})
+
+
+def _cast(x, dtype: str) -> np.ndarray:
+    """``dtype(x)`` in float64 evaluation: round to a narrower float type, truncate to an int."""
+    x = np.asarray(x)
+    if not is_float_dtype(dtype):
+        return np.trunc(x).astype(np.int64) if x.dtype.kind == "f" else x
+    if dtype == "float64":
+        return x.astype(np.float64)
+    return x.astype(np.float64).astype(numpy_dtype(dtype)).astype(np.float64)
 
 
 def work(expr: Node) -> float:
