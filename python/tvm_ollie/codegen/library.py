@@ -127,6 +127,8 @@ def call_form(call: "relax.Call") -> Optional[LibCall]:
 
 def stage_form(stage) -> Optional[LibCall]:
     """The native kernel of a matched program stage (:class:`~tvm_ollie.derive.program.Stage`)."""
+    if not stage.is_operator:
+        return None  # an eOperator: no library kernel
     at = stage.attrs
     family = target_op(stage.kind).library
     if family == "matmul":
