@@ -53,7 +53,9 @@ def build(mod: "tvm.IRModule", target="llvm", trials: int = 0, work_dir: Optiona
         that processes sharing it take turns.
     orchestrate : bool
         Fission composite operators and choose the kernels by binary linear programming
-        (:mod:`tvm_ollie.orchestrate`) instead of TVM's greedy fusion (untuned builds only).
+        (:mod:`tvm_ollie.orchestrate`) instead of TVM's greedy fusion (untuned builds only);
+        with ``joint=True`` in ``opts``, the derivation alternatives and the kernel boundaries
+        are chosen by one selection (:mod:`tvm_ollie.orchestrate.joint`).
     rpc : RPCConfig, optional
         Measure on the devices behind this RPC tracker: the pass's timings and every tuning
         trial (GPU targets are then tuned without a GPU here); builds stay local.
@@ -83,6 +85,14 @@ def _build(mod: "tvm.IRModule", tgt, trials: int, work_dir: Optional[str],
            rpc: Optional[RPCConfig], orchestrate: bool, opts: dict
            ) -> Tuple["tvm.runtime.Executable", OptimizeReport]:
     remote = rpc is not None
+    if opts.pop("joint", False) and orchestrate and trials == 0 and not remote:
+        from ..orchestrate.joint import joint_build  # pylint: disable=import-outside-toplevel
+
+        try:  # derivation and kernel boundaries chosen together (docs/orchestration.md)
+            return joint_build(mod, tgt, work_dir, **opts)[:2]
+        except Exception as err:  # pylint: disable=broad-except
+            LOG.warning("ollie: joint selection failed (%s: %s); sequential build",
+                        type(err).__name__, str(err).splitlines()[0][:200] if str(err) else "")
     new_mod, report = optimize_module(mod, tgt, trials=trials, work_dir=work_dir, rpc=rpc,
                                       **opts)
     tunable = trials > 0 and (remote or not is_gpu_target(tgt) or gpu_available(tgt))
