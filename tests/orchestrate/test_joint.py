@@ -149,6 +149,7 @@ def test_never_worse_guard_keeps_the_sequential_plan(monkeypatch):
     np.testing.assert_allclose(_run(ex, args), _reference(args), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_joint_build_matches_tvm_with_real_alternatives():
     """The Decider's alternatives (derived programs, library kernel when loaded) offered for a
     conv with an epilogue: the joint build computes what TVM computes."""
