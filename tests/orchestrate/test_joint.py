@@ -159,3 +159,29 @@ def test_joint_build_matches_tvm_with_real_alternatives():
     assert orch is not None and orch.partitions
     args = _args(2)
     np.testing.assert_allclose(_run(ex, args), _reference(args), rtol=1e-4, atol=1e-4)
+
+
+class _Const(CostModel):
+    name = "const"
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def kernel_seconds(self, graph, cand):
+        return self.seconds
+
+
+def test_linear_measured_cost_routes_linear_candidates():
+    from tvm_ollie.orchestrate.candidates import enumerate_candidates
+    from tvm_ollie.orchestrate.cost import LinearMeasuredCost
+    from tvm_ollie.orchestrate.graph import build_graph
+
+    mod = tvm.transform.Sequential([relax.transform.LegalizeOps(),
+                                    relax.transform.AnnotateTIROpPattern()])(_conv_module())
+    graph = build_graph(mod["main"].body.blocks[0], mod)
+    cost = LinearMeasuredCost(_Const(1.0), _Const(2.0))
+    cands = enumerate_candidates(graph).candidates
+    assert len(cands) > 3
+    for cand in cands:
+        linear = any(graph.nodes[i].kind == "linear" for i in cand.nodes)
+        assert cost.kernel_seconds(graph, cand) == (1.0 if linear else 2.0)

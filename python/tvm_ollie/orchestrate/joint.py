@@ -33,7 +33,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ..compat import relax, tvm
 from .candidates import Candidate, make_candidate
-from .cost import CostModel
+from .cost import AnalyticCost, CostModel, LinearMeasuredCost, MeasuredCost
 from .graph import PrimitiveGraph
 
 __all__ = ["AltInfo", "Group", "JointCost", "JointTable", "find_groups", "offer_alternatives",
@@ -369,8 +369,10 @@ def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
 
     The Decider of ``opts`` (``time_budget_s`` shared by the call signatures, as in
     :func:`~tvm_ollie.transform.optimize.optimize_module`) offers the alternatives, the
-    orchestration chooses among them and the kernel boundaries at once. Regions of several
-    calls are not offered (each heavy call is decided alone).
+    orchestration chooses among them and the kernel boundaries at once. With a ``work_dir``
+    the candidates holding a linear primitive are timed (:class:`~.cost.LinearMeasuredCost`,
+    cached there), the others costed analytically. Regions of several calls are not offered
+    (each heavy call is decided alone).
     """
     # pylint: disable=import-outside-toplevel
     import time
@@ -395,9 +397,12 @@ def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
                 and e.op.name in DERIVABLE_OPS and _static(e)) else None)
     budget = max(0.5, float(opts.get("time_budget_s", 20.0)) / max(len(sigs), 1))
     offered, table, decided = offer_alternatives(mod, decider, max_alternatives, budget)
+    cost = None
+    if work_dir:  # measured linear kernels, cached by structural hash in work_dir
+        cost = LinearMeasuredCost(MeasuredCost(tgt, work_dir), AnalyticCost(tgt))
     reports: list = []
-    ex = tvm.compile(offered, target=tgt,
-                     relax_pipeline=ollie_orchestration(tgt, reports=reports, joint=table))
+    ex = tvm.compile(offered, target=tgt, relax_pipeline=ollie_orchestration(
+        tgt, cost=cost, reports=reports, joint=table))
     report = OptimizeReport(target=tgt.kind.name)
     for name, sig, choice in decided:
         infos = {a.label: a for a in table.alts.get(name, [])}
