@@ -362,6 +362,21 @@ _DECIDER_OPTS = ("max_depth", "calibration", "max_measured", "max_states", "chec
                  "library", "derive", "timer", "checker", "chooser")
 
 
+def _rewrite_regions(mod, tgt, work_dir, opts):
+    """The sequential pass with every single call held to the original: regions of several
+    calls (:mod:`tvm_ollie.transform.regions`) are decided and rewritten as in the sequential
+    build; the heavy calls are left for the joint selection."""
+    # pylint: disable=import-outside-toplevel
+    from ..transform.decide import Alternative
+    from ..transform.optimize import optimize_module
+
+    def regions_only(sig: str, _alts):
+        return None if sig.startswith("region[") else Alternative(None, "tvm", 0.0)
+
+    ropts = {k: v for k, v in opts.items() if k != "chooser"}
+    return optimize_module(mod, tgt, work_dir=work_dir, chooser=regions_only, **ropts)
+
+
 def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
                 max_alternatives: int = 2, **opts):
     """Build ``mod`` untuned with joint selection; return ``(executable, OptimizeReport,
@@ -369,10 +384,11 @@ def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
 
     The Decider of ``opts`` (``time_budget_s`` shared by the call signatures, as in
     :func:`~tvm_ollie.transform.optimize.optimize_module`) offers the alternatives, the
-    orchestration chooses among them and the kernel boundaries at once. With a ``work_dir``
+    orchestration chooses among them and the kernel boundaries at once. Regions of several
+    calls are decided first, as in the sequential build (:func:`_rewrite_regions`). With a
+    ``work_dir``
     the candidates holding a linear primitive are timed (:class:`~.cost.LinearMeasuredCost`,
-    cached there), the others costed analytically. Regions of several calls are not offered
-    (each heavy call is decided alone).
+    cached there), the others costed analytically.
     """
     # pylint: disable=import-outside-toplevel
     import time
@@ -385,6 +401,7 @@ def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
 
     start = time.perf_counter()
     tgt = normalize_target(target)
+    mod, regions = _rewrite_regions(mod, tgt, work_dir, opts)
     with tgt:
         mod = fission(mod)[0]
     dopts = {k: opts[k] for k in _DECIDER_OPTS if k in opts}
@@ -404,6 +421,7 @@ def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
     ex = tvm.compile(offered, target=tgt, relax_pipeline=ollie_orchestration(
         tgt, cost=cost, reports=reports, joint=table))
     report = OptimizeReport(target=tgt.kind.name)
+    report.regions = regions.regions
     for name, sig, choice in decided:
         infos = {a.label: a for a in table.alts.get(name, [])}
         label = table.chosen.get(name, "original")
@@ -417,6 +435,7 @@ def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
             explain=choice.explain if label == choice.label else "", before_s=before,
             after_s=after, measured=bool(got and got.measured_s is not None),
             candidates=choice.candidates))
-    report.search_s, report.verify_s = decider.search_s, decider.verify_s
+    report.search_s = decider.search_s + regions.search_s
+    report.verify_s = decider.verify_s + regions.verify_s
     report.total_s = time.perf_counter() - start
     return ex, report, (reports[-1] if reports else None)
