@@ -429,7 +429,7 @@ def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
         before = (base.measured_s or base.estimate_s) if base else choice.before_s
         after = (got.measured_s or got.estimate_s) if got else before
         report.decisions.append(OpDecision(
-            "main", name, sig.split("(", 1)[0], sig, chosen=label,
+            "main", name, sig.split(" ", 1)[0], sig, chosen=label,
             reason=f"joint selection among {len(infos) or 1} alternatives "
                    f"(sequential: {choice.label}; {choice.reason})",
             explain=choice.explain if label == choice.label else "", before_s=before,
