@@ -75,6 +75,10 @@ class OllieConfig:
         Most calls in one region decided as a whole (1: every call alone).
     orchestrate : bool
         Fission and kernel orchestration instead of TVM's greedy fusion (untuned builds).
+    joint : bool
+        With ``orchestrate`` (untuned, local): the derivation alternatives of every heavy call
+        and the kernel boundaries are chosen by one selection
+        (:mod:`tvm_ollie.orchestrate.joint`).
     orchestration : OrchestrateConfig, optional
         Limits of orchestration (:class:`tvm_ollie.orchestrate.OrchestrateConfig`; None: its
         defaults).
@@ -104,6 +108,7 @@ class OllieConfig:
     check_untuned: Optional[bool] = None
     region_calls: int = 16
     orchestrate: bool = False
+    joint: bool = False
     orchestration: Any = None
     calibration: Any = None
     rpc: Any = None
@@ -128,7 +133,7 @@ class OllieConfig:
                 self.search_time_s, numbers.Real) or not self.search_time_s > 0:
             raise ConfigError(f"OllieConfig.search_time_s must be a number > 0, not "
                               f"{self.search_time_s!r}")
-        for name in ("derive", "orchestrate", "verbose"):
+        for name in ("derive", "orchestrate", "joint", "verbose"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"OllieConfig.{name} must be True or False, not "
                                   f"{getattr(self, name)!r}")

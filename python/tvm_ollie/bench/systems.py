@@ -259,6 +259,14 @@ def prepare_ollie_orch(spec, ctx: BenchContext) -> Prepared:
     return _prepare_ollie(spec, ctx, "ollie-orch", orchestrate=True)
 
 
+@register_system("ollie-joint", tvm_based=True)
+def prepare_ollie_joint(spec, ctx: BenchContext) -> Prepared:
+    """tvm-ollie with joint selection: every verified alternative of a heavy call (original,
+    library kernel, derived programs) enters the orchestration's binary program, which picks
+    the alternative and the kernel boundaries together (untuned builds)."""
+    return _prepare_ollie(spec, ctx, "ollie-joint", orchestrate=True, joint=True)
+
+
 def _torch_device(ctx: BenchContext):
     try:
         import torch  # pylint: disable=import-outside-toplevel

@@ -22,7 +22,8 @@ from ..tune.calibrate import Calibration, calibrate, target_kind
 from .candidates import Candidate
 from .graph import PrimitiveGraph
 
-__all__ = ["AnalyticCost", "CostModel", "MeasuredCost", "LAUNCH_S", "kernel_traffic"]
+__all__ = ["AnalyticCost", "CostModel", "LinearMeasuredCost", "MeasuredCost", "LAUNCH_S",
+           "kernel_traffic"]
 
 #: Per-kernel launch overhead (seconds) by target kind: a CUDA kernel launch, a CPU parallel
 #: region's fork/join.
@@ -193,3 +194,24 @@ class MeasuredCost(CostModel):
         if self.fallback is None:
             self.fallback = AnalyticCost(self.target)
         return self.fallback.kernel_seconds(graph, cand)
+
+
+class LinearMeasuredCost(CostModel):
+    """``measured`` for candidates with a linear primitive (where the analytic roofline of an
+    untuned TVM kernel is least reliable and a fused epilogue changes the loop nest), ``rest``
+    for the others (memory-bound kernels, which the roofline ranks well and which are many).
+
+    Parameters
+    ----------
+    measured, rest : CostModel
+        Typically :class:`MeasuredCost` with a ``work_dir`` and :class:`AnalyticCost`.
+    """
+
+    def __init__(self, measured: CostModel, rest: CostModel):
+        self.measured, self.rest = measured, rest
+        self.name = f"{measured.name} linear+{rest.name}"
+
+    def kernel_seconds(self, graph: PrimitiveGraph, cand: Candidate) -> float:
+        if any(graph.nodes[i].kind == "linear" and graph.nodes[i].fusable for i in cand.nodes):
+            return self.measured.kernel_seconds(graph, cand)
+        return self.rest.kernel_seconds(graph, cand)

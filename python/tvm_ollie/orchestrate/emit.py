@@ -15,8 +15,8 @@ between kernels raises :class:`KernelCycle`; the selection adds a cut and solves
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..compat import relax, tvm
 from .candidates import Candidate
@@ -42,6 +42,9 @@ class PlannedKernel:
     position: int  # index in the chosen list
     cand: Candidate
     exports: List[object]
+    #: ``(value, alternative result)``: the value is bound to the alternative's result after
+    #: the kernel (joint selection, :mod:`.joint`)
+    aliases: List[Tuple[object, object]] = field(default_factory=list)
 
 
 def _unique_constants(cand: Candidate) -> List[object]:
@@ -53,7 +56,8 @@ def _unique_constants(cand: Candidate) -> List[object]:
 
 
 def plan_kernels(graph: PrimitiveGraph, chosen: Sequence[Candidate], required: Sequence[object],
-                 produced_here) -> List[PlannedKernel]:
+                 produced_here, canon: Optional[Dict[object, object]] = None
+                 ) -> List[PlannedKernel]:
     """Designate a producer for every needed value and order the needed kernels.
 
     Parameters
@@ -65,13 +69,18 @@ def plan_kernels(graph: PrimitiveGraph, chosen: Sequence[Candidate], required: S
     produced_here : callable
         ``produced_here(var)``: whether the value is produced inside this partition (others
         are available).
+    canon : dict, optional
+        Alternative result -> the value it stands for (:func:`.joint.canon_map`): a kernel
+        outputting the alternative's result produces the value.
     """
+    canon = canon or {}
     exporters: Dict[object, List[int]] = {}
     for k, cand in enumerate(chosen):
         for var in cand.outputs:
-            exporters.setdefault(var, []).append(k)
+            exporters.setdefault(canon.get(var, var), []).append(k)
     designated: Dict[object, int] = {}
     exports: Dict[int, List[object]] = {}
+    aliases: Dict[int, List[Tuple[object, object]]] = {}
     stack = list(required)
     while stack:
         var = stack.pop()
@@ -85,7 +94,12 @@ def plan_kernels(graph: PrimitiveGraph, chosen: Sequence[Candidate], required: S
         if k not in exports:
             exports[k] = []
             stack.extend(chosen[k].inputs)
-        exports[k].append(var)
+        actual = var if var in chosen[k].outputs else next(
+            o for o in chosen[k].outputs if canon.get(o) is not None and canon[o].same_as(var))
+        if actual is not var:
+            aliases.setdefault(k, []).append((var, actual))
+        if actual not in exports[k]:
+            exports[k].append(actual)
     deps = {k: {designated[v] for v in chosen[k].inputs if v in designated} - {k}
             for k in exports}
     order: List[int] = []
@@ -103,7 +117,8 @@ def plan_kernels(graph: PrimitiveGraph, chosen: Sequence[Candidate], required: S
     for k in order:
         rank = {v: r for r, v in enumerate(v for i in chosen[k].nodes
                                                 for v in graph.nodes[i].outputs)}
-        out.append(PlannedKernel(k, chosen[k], sorted(exports[k], key=lambda v: rank[v])))
+        out.append(PlannedKernel(k, chosen[k], sorted(exports[k], key=lambda v: rank[v]),
+                                 aliases.get(k, [])))
     return out
 
 
@@ -183,23 +198,26 @@ def emit_bindings(graph: PrimitiveGraph, plan: Sequence[PlannedKernel],
     ``builder``'s module as ``Primitive`` functions."""
     out: List[object] = []
     for item in plan:
-        cand = item.cand
-        wanted = set(item.exports)
-        if cand.size == 1:
-            node = graph.nodes[cand.nodes[0]]
-            if node.projections or node.var in wanted:
-                out.append(node.binding)
-            out.extend(p for p in node.projections if p.var in wanted)
-            continue
-        gvar = builder.add_func(kernel_function(graph, cand, item.exports),
-                                kernel_name(graph, cand))
-        args = list(cand.inputs) + _unique_constants(cand)
-        call = builder.normalize(relax.Call(gvar, args))
-        if len(item.exports) == 1:
-            out.append(relax.VarBinding(item.exports[0], call))
-            continue
-        res = relax.DataflowVar(f"{item.exports[0].name}_k", call.ty)
-        out.append(relax.VarBinding(res, call))
-        for j, var in enumerate(item.exports):
-            out.append(relax.VarBinding(var, builder.normalize(relax.TupleGetItem(res, j))))
+        out.extend(_kernel_bindings(graph, item, builder))
+        out.extend(relax.VarBinding(value, alt) for value, alt in item.aliases)
     return out
+
+
+def _kernel_bindings(graph: PrimitiveGraph, item: PlannedKernel,
+                     builder: "relax.BlockBuilder") -> List[object]:
+    cand = item.cand
+    if cand.size == 1:
+        node = graph.nodes[cand.nodes[0]]
+        wanted = set(item.exports)
+        out = [node.binding] if node.projections or node.var in wanted else []
+        return out + [p for p in node.projections if p.var in wanted]
+    gvar = builder.add_func(kernel_function(graph, cand, item.exports),
+                            kernel_name(graph, cand))
+    args = list(cand.inputs) + _unique_constants(cand)
+    call = builder.normalize(relax.Call(gvar, args))
+    if len(item.exports) == 1:
+        return [relax.VarBinding(item.exports[0], call)]
+    res = relax.DataflowVar(f"{item.exports[0].name}_k", call.ty)
+    return [relax.VarBinding(res, call)] + [
+        relax.VarBinding(var, builder.normalize(relax.TupleGetItem(res, j)))
+        for j, var in enumerate(item.exports)]

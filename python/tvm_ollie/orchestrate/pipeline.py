@@ -28,6 +28,8 @@ from .candidates import Candidate, enumerate_candidates, make_candidate
 from .cost import AnalyticCost, CostModel
 from .emit import KernelCycle, emit_bindings, kernel_module, plan_kernels
 from .graph import PrimitiveGraph, build_graph
+from .joint import (Group, JointCost, JointTable, alt_nodes, banned_for, canon_map,
+                    chosen_alternative, find_groups, keep_alternatives)
 from .partition import partition, split_in_two
 from .report import KernelReport, OrchestrationReport, PartitionReport
 
@@ -83,7 +85,7 @@ def schedule_check(target) -> KernelCheck:
         for gvar, func in fused.functions_items():
             if isinstance(func, tvm.tirx.PrimFunc) and not (
                     func.attrs is not None and "tirx.is_scheduled" in func.attrs):
-                raise ValueError(f"{gvar.name_hint} is not scheduled for {tgt.kind.name}")
+                raise ValueError(f"{gvar.name} is not scheduled for {tgt.kind.name}")
 
     return _check
 
@@ -154,11 +156,68 @@ class _Selector:
     """Selection of one partition, with the fallback loop of the module docstring."""
 
     def __init__(self, graph, nodes, cost: CostModel, config: OrchestrateConfig,
-                 check: Optional[KernelCheck], rep: PartitionReport):
+                 check: Optional[KernelCheck], rep: PartitionReport,
+                 groups: Optional[List[Group]] = None):
         self.graph, self.nodes, self.cost, self.config = graph, nodes, cost, config
         self.check, self.rep = check, rep
-        self.required = _required(graph, nodes)
+        inside = set(nodes)
+        self.groups = [g for g in groups or [] if g.lasts[0] in inside]
+        self.canon = canon_map(self.groups, graph)
+        # an alternative's result is a block output only to survive FoldConstant
+        self.required = [v for v in _required(graph, nodes) if v not in self.canon]
         self.produced_here = _produced_in(graph, nodes)
+        self.chosen: List[Candidate] = []
+
+    def _problem(self, cands, costs) -> BLPProblem:
+        """Korch's program; with alternatives (:mod:`.joint`) an alternative's result counts
+        as the value it stands for, and one cover row per group replaces the original's."""
+        canon = self.canon
+
+        def c(var):
+            return canon.get(var, var)
+
+        problem = BLPProblem(
+            costs, [frozenset(c(v) for v in k.outputs) for k in cands],
+            [frozenset(c(v) for v in k.inputs if self.produced_here(v)) for k in cands],
+            set(self.required), set())
+        containing: dict = {}
+        for k, cand in enumerate(cands):
+            for i in cand.nodes:
+                containing.setdefault(i, []).append(k)
+        live = _live(self.graph, self.nodes, self.required)
+        grouped = {g.lasts[0] for g in self.groups}
+        problem.covers = [frozenset(containing[i]) for i in live if i not in grouped]
+        for g in self.groups:
+            if g.lasts[0] in live:
+                problem.covers.append(frozenset(k for last in g.lasts
+                                                for k in containing.get(last, [])))
+        return problem
+
+    def _guard(self, problem: BLPProblem, cands) -> None:
+        """Never worse: solve again with every group held to the Decider's choice (the
+        sequential plan) and to the original (TVM's operators); keep the joint program only
+        when neither is predicted cheaper, else add that plan's bans (reason in the report)."""
+        plans = {"joint": []}
+        plans["sequential"] = banned_for(self.groups, cands, lambda g: g.sequential)
+        plans["original"] = banned_for(self.groups, cands, lambda g: 0)
+        found = {}
+        for name, bans in plans.items():
+            trial = BLPProblem(problem.costs, problem.produces, problem.needs, problem.required,
+                               problem.available, list(problem.extra_cuts)
+                               + [frozenset([j]) for j in bans], problem.covers)
+            res = solve_blp(trial, self.config.time_limit_s)
+            self.rep.solve_s += res.solve_s
+            if res.ok:
+                found[name] = res.objective
+        text = ", ".join(f"{n} {v * 1e3:.3f}ms" for n, v in found.items())
+        self.rep.joint = f"predicted: {text}"
+        if not found:
+            return
+        best = min(found, key=lambda n: (found[n] * (1 - 1e-9) if n == "joint" else found[n]))
+        if best != "joint":
+            problem.extra_cuts.extend(frozenset([j]) for j in plans[best])
+            self.rep.fallbacks.append(f"joint selection predicted worse than the {best} plan "
+                                      f"({text}); {best} plan kept")
 
     def run(self, enum=None, can_split: bool = False):
         """The plan and its kernels' costs; None when the solver found nothing in time and
@@ -170,17 +229,12 @@ class _Selector:
         cands = enum.candidates
         rep.candidates, rep.enumeration = len(cands), enum.stop_reason
         costs = self.cost.costs(graph, cands)
-        rep.singleton_cost_s = sum(c for c, k in zip(costs, cands) if k.size == 1)
-        problem = BLPProblem(
-            costs, [frozenset(c.outputs) for c in cands],
-            [frozenset(v for v in c.inputs if self.produced_here(v)) for c in cands],
-            set(self.required), set())
-        containing: dict = {}
-        for k, cand in enumerate(cands):
-            for i in cand.nodes:
-                containing.setdefault(i, []).append(k)
-        problem.covers = [frozenset(containing[i]) for i in _live(graph, self.nodes,
-                                                                 self.required)]
+        skip = alt_nodes(self.groups)
+        rep.singleton_cost_s = sum(c for c, k in zip(costs, cands)
+                                   if k.size == 1 and k.nodes[0] not in skip)
+        problem = self._problem(cands, costs)
+        if self.groups:
+            self._guard(problem, cands)
         for _ in range(config.max_rounds):
             rep.rounds += 1
             res = solve_blp(problem, config.time_limit_s)
@@ -194,20 +248,23 @@ class _Selector:
                 break
             chosen = [cands[i] for i in res.chosen]
             try:
-                plan = plan_kernels(graph, chosen, self.required, self.produced_here)
+                plan = plan_kernels(graph, chosen, self.required, self.produced_here,
+                                    self.canon)
             except KernelCycle as cyc:
                 rep.fallbacks.append(f"round {rep.rounds}: {cyc}; cut added")
                 problem.extra_cuts.append(frozenset(res.chosen[m] for m in cyc.members))
                 continue
             failed = self._failures(plan)
             if not failed:
+                self.chosen = [p.cand for p in plan]
                 return plan, [costs[res.chosen[p.position]] for p in plan]
             for p in failed:
                 problem.extra_cuts.append(frozenset([res.chosen[p.position]]))
         else:
             rep.fallbacks.append(f"no buildable plan after {config.max_rounds} rounds")
         rep.status += "+singletons"
-        single = _singletons(graph, self.nodes)
+        single = _singletons(graph, [i for i in self.nodes if i not in skip])
+        self.chosen = single
         plan = plan_kernels(graph, single, self.required, self.produced_here)
         return plan, [self.cost.kernel_seconds(graph, p.cand) for p in plan]
 
@@ -227,22 +284,44 @@ class _Selector:
         return failed
 
 
+def _keep_groups(parts: List[List[int]], groups: List[Group]) -> List[List[int]]:
+    """Move every alternative's nodes into the partition of its original call (they read
+    only the call's operands, produced there or earlier)."""
+    if not groups:
+        return parts
+    where = {i: pi for pi, part in enumerate(parts) for i in part}
+    move = {i: where[g.lasts[0]] for g in groups if g.lasts[0] in where
+            for nodes in g.nodes[1:] for i in nodes}
+    out: List[List[int]] = [[] for _ in parts]
+    for pi, part in enumerate(parts):
+        for i in part:
+            out[move.get(i, pi)].append(i)
+    return [sorted(p) for p in out if p]
+
+
 def _orchestrate_block(block, mod, builder, fname: str, bi: int, cost: CostModel,
-                       config: OrchestrateConfig, check, report: OrchestrationReport):
+                       config: OrchestrateConfig, check, report: OrchestrationReport,
+                       joint: Optional[JointTable] = None):
     graph = build_graph(block, mod)
+    groups = find_groups(graph, joint)
+    if groups:
+        cost = JointCost(cost, groups, graph)
     bindings = []
-    todo = partition(graph, config.max_partition_nodes, config.min_partition_nodes)
+    todo = _keep_groups(partition(graph, config.max_partition_nodes, config.min_partition_nodes),
+                        groups)
     pi = 0
     while todo:
         nodes = todo.pop(0)
         enum = enumerate_candidates(graph, config.max_kernel_size, config.max_candidates,
                                     nodes=nodes)
-        halves = split_in_two(graph, nodes) if len(nodes) > 4 else [nodes]
+        halves = _keep_groups(split_in_two(graph, nodes), groups) if len(nodes) > 4 \
+            else [nodes]
         if len(enum.candidates) > config.max_partition_candidates and len(halves) == 2:
             todo[:0] = halves
             continue
         rep = PartitionReport(fname, bi, pi, len(nodes), 0, "")
-        found = _Selector(graph, nodes, cost, config, check, rep).run(enum, len(halves) == 2)
+        selector = _Selector(graph, nodes, cost, config, check, rep, groups)
+        found = selector.run(enum, len(halves) == 2)
         if found is None:  # no solution within the time limit: solve the halves instead
             report.notes.append(f"{fname} block {bi}: {len(nodes)} primitives, "
                                 f"{rep.candidates} candidates: no solution in "
@@ -251,6 +330,12 @@ def _orchestrate_block(block, mod, builder, fname: str, bi: int, cost: CostModel
             continue
         pi += 1
         plan, plan_costs = found
+        for g in selector.groups:
+            k = chosen_alternative(g, selector.chosen)
+            joint.chosen[g.var.name] = g.infos[k].label
+            rep.choices.append(f"{g.var.name}: {g.infos[k].label}"
+                               + (" (sequential)" if k == g.sequential else
+                                  f" (sequential: {g.infos[g.sequential].label})"))
         bindings.extend(emit_bindings(graph, plan, builder))
         for p, c in zip(plan, plan_costs):
             rep.kernels.append(KernelReport([graph.nodes[i].name for i in p.cand.nodes],
@@ -264,9 +349,11 @@ def orchestrate_legalized(mod: "tvm.IRModule", cost: CostModel,
                           config: OrchestrateConfig = OrchestrateConfig(),
                           check: Optional[KernelCheck] = fuse_check,
                           report: Optional[OrchestrationReport] = None,
+                          joint: Optional[JointTable] = None,
                           ) -> Tuple["tvm.IRModule", OrchestrationReport]:
     """Orchestrate every dataflow block of every (non-primitive) Relax function of a
-    legalized module; the result has ``Primitive`` functions for ``FuseTIR``."""
+    legalized module; the result has ``Primitive`` functions for ``FuseTIR``. ``joint``: the
+    alternatives offered before legalization (:func:`.joint.offer_alternatives`)."""
     start = time.perf_counter()
     report = report or OrchestrationReport(cost_model=getattr(cost, "name", "custom"))
     builder = relax.BlockBuilder(mod)
@@ -282,7 +369,7 @@ def orchestrate_legalized(mod: "tvm.IRModule", cost: CostModel,
         for bi, block in enumerate(blocks):
             if isinstance(block, relax.DataflowBlock) and block.bindings:
                 blocks[bi] = _orchestrate_block(block, mod, builder, gv.name_hint, bi, cost,
-                                                config, check, report)
+                                                config, check, report, joint)
                 changed = True
         if changed:
             updates[gv] = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body),
@@ -309,8 +396,9 @@ class Orchestrate:
 
     def __init__(self, target=None, cost: Optional[CostModel] = None,
                  config: OrchestrateConfig = OrchestrateConfig(),
-                 check: Optional[KernelCheck] = None):
+                 check: Optional[KernelCheck] = None, joint: Optional[JointTable] = None):
         self.target, self.cost, self.config, self.check = target, cost, config, check
+        self.joint = joint
         self.last_report: Optional[OrchestrationReport] = None
 
     def transform_module(self, mod: "tvm.IRModule", ctx) -> "tvm.IRModule":  # noqa: ARG002
@@ -319,7 +407,7 @@ class Orchestrate:
         report = OrchestrationReport(target=target_kind(target), cost_model=self.cost.name)
         check = self.check if self.check is not None else default_check(target)
         new_mod, self.last_report = orchestrate_legalized(mod, self.cost, self.config,
-                                                          check, report)
+                                                          check, report, self.joint)
         return new_mod
 
 
@@ -411,17 +499,22 @@ def _split_composites(mod: "tvm.IRModule") -> "tvm.IRModule":
 
 def ollie_orchestration(target="llvm", cost: Optional[CostModel] = None,
                         config: OrchestrateConfig = OrchestrateConfig(),
-                        reports: Optional[list] = None) -> "tvm.transform.Pass":
+                        reports: Optional[list] = None,
+                        joint: Optional[JointTable] = None) -> "tvm.transform.Pass":
     """The build pipeline of ``orchestrate=True``: fission, then orchestration in place of
     ``FuseOps``; on llvm inside the project's CPU pipeline (default CPU schedules after
-    FuseTIR), elsewhere inside :func:`orchestrate_pipeline`."""
+    FuseTIR), elsewhere inside :func:`orchestrate_pipeline` (``joint`` is llvm only)."""
     tgt = _normalize(target)
     if tgt.kind.name != "llvm":
         return orchestrate_pipeline(tgt, cost, _split_composites, config, reports=reports)
     from ..tune.cpu_schedule import cpu_pipeline  # pylint: disable=import-outside-toplevel
 
-    orch = Orchestrate(tgt, cost, config)
-    inner = cpu_pipeline(tgt, fuse=orch, pre=[_fission_pass(_split_composites)])
+    orch = Orchestrate(tgt, cost, config, joint=joint)
+    # with alternatives the caller fissions first: fission drops unused bindings, which the
+    # offered alternatives are until the selection
+    pre = [] if joint else [_fission_pass(_split_composites)]
+    wrap = {"FoldConstant": keep_alternatives} if joint else None
+    inner = cpu_pipeline(tgt, fuse=orch, pre=pre, wrap=wrap)
 
     @tvm.transform.module_pass(opt_level=0, name="OllieOrchestration")
     def _pipeline(mod: "tvm.IRModule", _ctx) -> "tvm.IRModule":

@@ -38,6 +38,8 @@ class PartitionReport:
     rounds: int = 0
     fallbacks: List[str] = field(default_factory=list)
     kernels: List[KernelReport] = field(default_factory=list)
+    joint: str = ""  # predicted totals of the joint, sequential and original plans
+    choices: List[str] = field(default_factory=list)  # the alternative chosen per group
 
 
 @dataclass
@@ -74,6 +76,8 @@ class OrchestrationReport:
                 f"status={p.status} cost={p.objective_s * 1e6:.1f}us "
                 f"(singletons {p.singleton_cost_s * 1e6:.1f}us) rounds={p.rounds}")
             lines += [f"    fallback: {r}" for r in p.fallbacks]
+            lines += [f"    joint {p.joint}"] if p.joint else []
+            lines += [f"    chose {c}" for c in p.choices]
             if kernels:
                 for k in p.kernels:
                     if len(k.primitives) > 1:

@@ -114,6 +114,10 @@ FINAL_SHARE = 0.5
 def _build(mod: "tvm.IRModule", cfg: OllieConfig, hooks: dict
            ) -> Tuple["tvm.runtime.Executable", OptimizeReport]:
     tgt, trials, work_dir = cfg.target, cfg.trials, cfg.work_dir
+    if cfg.joint and cfg.orchestrate and trials == 0 and cfg.rpc is None:
+        joint = _joint(mod, cfg, hooks)
+        if joint is not None:
+            return joint
     tunable = trials > 0 and (cfg.rpc is not None or not is_gpu_target(tgt)
                               or gpu_available(tgt))
     budget = TrialBudget(trials, final_share=FINAL_SHARE if tunable else 0.0)
@@ -145,6 +149,23 @@ def _compile_final(mod, cfg: OllieConfig, tuner, budget: TrialBudget, tunable: b
     trials = budget.final() if tunable else 0
     return compile_module(mod, cfg.target, budget.metered(tuner), trials, cfg.orchestrate,
                           orchestrate_config=orch)
+
+
+def _joint(mod: "tvm.IRModule", cfg: OllieConfig, hooks: dict):
+    """The joint build (derivation alternatives and kernel boundaries chosen by one selection,
+    :mod:`tvm_ollie.orchestrate.joint`), or None when it fails (the sequential build follows)."""
+    from ..orchestrate.joint import joint_build  # pylint: disable=import-outside-toplevel
+
+    opts = dict(max_depth=cfg.max_depth, time_budget_s=cfg.search_time_s,
+                calibration=cfg.calibration,
+                max_measured=cfg.max_measured, check_untuned=cfg.check_untuned,
+                library=cfg.library, derive=cfg.derive, **hooks)
+    try:  # derivation and kernel boundaries chosen together (docs/orchestration.md)
+        return tuple(joint_build(mod, cfg.target, cfg.work_dir, **opts)[:2])
+    except Exception as err:  # pylint: disable=broad-except
+        LOG.warning("ollie: joint selection failed (%s: %s); sequential build",
+                    type(err).__name__, str(err).splitlines()[0][:200] if str(err) else "")
+        return None
 
 
 def cuda_source(ex: "tvm.runtime.Executable") -> str:

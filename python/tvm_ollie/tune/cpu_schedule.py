@@ -656,14 +656,17 @@ def cpu_pipeline(target: "tvm.target.Target",
                  rules: Optional[Sequence["dlight.ScheduleRule"]] = None,
                  enabled: Optional[bool] = None,
                  fuse: Optional["tvm.transform.Pass"] = None,
-                 pre: Sequence["tvm.transform.Pass"] = ()) -> "tvm.transform.Pass":
+                 pre: Sequence["tvm.transform.Pass"] = (),
+                 wrap: Optional[dict] = None) -> "tvm.transform.Pass":
     """TVM's ``cpu_generic`` default Relax pipeline with :func:`cpu_schedule_pass` after FuseTIR.
 
     The pass lists are TVM's own functions (``relax.backend.cpu_generic.pipeline``), so this
     stays TVM's pipeline plus one pass. ``enabled=False`` (or ``TVM_OLLIE_CPU_SCHEDULE=0``)
     leaves the schedule pass out, for ablation. ``fuse`` replaces TVM's greedy ``FuseOps``
     (kernel orchestration: :class:`tvm_ollie.orchestrate.Orchestrate`) and ``pre`` runs before
-    legalization (operator fission).
+    legalization (operator fission); ``wrap`` maps a legalization pass's name to a function
+    of that pass returning its replacement (joint selection keeps its alternatives alive
+    through ``FoldConstant``).
     """
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic  # pylint: disable=C0415
 
@@ -676,6 +679,9 @@ def cpu_pipeline(target: "tvm.target.Target",
             legalize = cpu_generic.legalize_passes(target)
             if fuse is not None:
                 legalize = [fuse if p.info.name == "FuseOps" else p for p in legalize]
+            if wrap:
+                legalize = [wrap[p.info.name](p) if p.info.name in wrap else p
+                            for p in legalize]
             seq = tvm.transform.Sequential(
                 cpu_generic.library_dispatch_passes(target)
                 + list(pre)
