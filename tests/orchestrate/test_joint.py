@@ -185,3 +185,16 @@ def test_linear_measured_cost_routes_linear_candidates():
     for cand in cands:
         linear = any(graph.nodes[i].kind == "linear" for i in cand.nodes)
         assert cost.kernel_seconds(graph, cand) == (1.0 if linear else 2.0)
+
+
+def test_build_joint_option_reaches_the_joint_selection(caplog):
+    """``build(..., orchestrate=True, joint=True)`` (the config's ``joint``) builds through the
+    joint selection: its report lists the conv's decision and the output is TVM's."""
+    from tvm_ollie.transform import build
+
+    ex, report = build(_conv_module(), "llvm", orchestrate=True, joint=True, calibration=CALIB,
+                       check_untuned=False, time_budget_s=0.5, max_depth=1, derive=False)
+    assert [d.var_name for d in report.decisions] == ["y"]
+    assert "joint selection failed" not in caplog.text  # not the sequential fallback
+    args = _args(3)
+    np.testing.assert_allclose(_run(ex, args), _reference(args), rtol=1e-4, atol=1e-4)
