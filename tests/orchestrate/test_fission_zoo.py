@@ -17,6 +17,7 @@ def _assert_fully_split(res):
         assert _kept_as_primitive(res.report, op_name), res.line()
 
 
+@pytest.mark.slow  # the whole BERT layer through fission and numerics (about 20 s)
 def test_bert_quick_fully_split():
     res = fission_model("bert", quick=True)
     assert res.composite_before  # the layer has softmax, layer_norm and gelu

@@ -35,6 +35,7 @@ RUNNER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a derivation, an export and a second interpreter (about a minute)
 def test_exported_native_model_runs_in_a_fresh_process(tmp_path):
     mod = sm.conv_stack()
     timer = FakeTimer({"original [native]": 1e-3}, default=8e-3)
