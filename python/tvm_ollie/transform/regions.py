@@ -791,6 +791,30 @@ def _independent(block: _Block, members: List[int]) -> bool:
     return True
 
 
+#: Operators whose results are equal when their operand and attributes are (pure views).
+_VIEW_OPS = ("relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze",
+             "relax.flatten")
+
+
+def _canonical(block: _Block, expr, depth: int = 0):
+    """A key equal for values that are the same tensor: the same variable, or the same view
+    (:data:`_VIEW_OPS`, same attributes and result type) of the same tensor. Importers often
+    emit one ``reshape`` of an input per reader; those readers share that input."""
+    if isinstance(expr, relax.Var):
+        k = block.index.get(hash(expr))
+        if k is not None and depth < 8:
+            b = block.bindings[k]
+            v = getattr(b, "value", None)
+            if isinstance(b, relax.VarBinding) and isinstance(v, relax.Call) and \
+                    isinstance(v.op, tvm.ir.Op) and v.op.name in _VIEW_OPS:
+                args = tuple(_canonical(block, a, depth + 1) for a in v.args)
+                return (v.op.name, str(v.attrs), args, str(v.ty))
+        return ("var", hash(expr))
+    if isinstance(expr, relax.ShapeExpr):
+        return ("shape", tuple(int(d) for d in expr.values))
+    return ("expr", hash(expr))
+
+
 def _group_key(block: _Block, k: int, position: int):
     call = block.bindings[k].value
     if len(call.args) < 2:
@@ -798,7 +822,19 @@ def _group_key(block: _Block, k: int, position: int):
     arg = call.args[position]
     if not isinstance(arg.ty, relax.TensorType):
         return None
-    return hash(arg), str(call.ty.dtype), str(call.attrs)
+    return _canonical(block, arg), str(call.ty.dtype), str(call.attrs)
+
+
+def _reading(binding, position: int, operand):
+    """``binding`` with its call's operand ``position`` replaced by ``operand`` (the same
+    tensor under the group's one name)."""
+    call = binding.value
+    if call.args[position].same_as(operand):
+        return binding
+    args = list(call.args)
+    args[position] = operand
+    new = relax.Call(call.op, args, call.attrs, call.ty_args)
+    return relax.VarBinding(binding.var, relax.BlockBuilder().normalize(new))
 
 
 def _block_groups(block: _Block, seeds: List[int], max_ops: int) -> List[Tuple[List[int], int]]:
@@ -857,9 +893,10 @@ def find_shared_input_groups(mod: "tvm.IRModule", max_ops: int = MAX_GROUP,
             seeds = [k for k, b in enumerate(blk.bindings) if blk.kind(k) == "heavy" and
                      b.value.op.name in ops and hash(b.var) not in blk.shape_read]
             for members, position in _block_groups(blk, seeds, max_ops):
-                first = blk.bindings[members[0]].value
-                out.append(SharedInputGroup(gv.name_hint, [blk.bindings[m] for m in members],
-                                            first.args[position], position, mod))
+                shared = blk.bindings[members[0]].value.args[position]
+                out.append(SharedInputGroup(
+                    gv.name_hint, [_reading(blk.bindings[m], position, shared)
+                                   for m in members], shared, position, mod))
     return out
 
 
