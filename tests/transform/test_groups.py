@@ -146,3 +146,46 @@ def test_group_bound_and_disabled():
     sizes = [g.size for g in find_shared_input_groups(mod, max_ops=4)]
     assert sizes == [4]  # the fifth alone is no group
     assert find_shared_input_groups(mod, max_ops=1) == []
+
+
+def _branches(kernel=1):
+    """Inception-like: 1x1 (or ``kernel``) convolutions of one input, concatenated."""
+    rng = np.random.default_rng(0)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16, 6, 6), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            ys = [bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(
+                x, relax.const(rng.standard_normal((o, 16, kernel, kernel)).astype("float32")),
+                padding=kernel // 2))) for o in (8, 12)]
+            out = bb.emit_output(relax.op.concat(ys, axis=1))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_conv1x1_branches_merge_into_one_gemm():
+    mod = _branches()
+    (g,) = find_shared_input_groups(mod)
+    (prog,) = g.programs()
+    assert [s.kind for s in prog.operators] == ["matmul"]
+    assert prog.operators[0].attrs["M"] == 20  # 8 + 12 filters
+    rng = np.random.default_rng(1)
+    feed = {n: rng.standard_normal([int(d) for d in v.ty.shape]) for n, v in g.inputs()}
+    for expr, out in zip(g.lifts(), prog.evaluate(feed)):
+        np.testing.assert_allclose(out.reshape(expr.shape), evaluate(expr, feed), rtol=1e-10)
+
+
+def test_conv3x3_branches_do_not_merge():
+    (g,) = find_shared_input_groups(_branches(kernel=3))
+    assert g.programs() == []
+
+
+@pytest.mark.slow
+def test_conv1x1_branches_through_optimize_match_tvm():
+    mod = _branches()
+    new, rep = optimize_module(mod, "llvm", calibration=LLVM_CALIB, library=False,
+                               region_calls=1, chooser=_merged, time_budget_s=2.0)
+    assert any(r.rewritten for r in rep.regions)
+    assert "conv2d" not in new["main"].script()
+    x = np.random.default_rng(4).standard_normal((1, 16, 6, 6)).astype("float32")
+    np.testing.assert_allclose(_run(new, x), _run(mod, x), rtol=1e-4, atol=1e-4)

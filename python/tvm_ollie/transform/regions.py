@@ -640,13 +640,16 @@ def isolated_region_module(region: Region, program=None, names=None,
 # --------------------------------------------------------------------------------------------
 # Groups: independent heavy operators that read the same input
 #
-# ``q = x @ Wq; k = x @ Wk; v = x @ Wv`` are three thin GEMMs over one operand. As one unit of
+# ``q = x @ Wq; k = x @ Wk; v = x @ Wv`` (or the 1x1 convolutions of an Inception-like block's
+# branches) are thin GEMMs over one operand. As one unit of
 # decision they can become one GEMM over concatenated weights plus slices
 # (:func:`~tvm_ollie.derive.rules.inter.merge_shared_inputs`); the Decider verifies and costs
 # that program against the three calls like any other candidate.
 
-#: Operators grouped by a shared operand (the inter-expression merge handles GEMMs).
-GROUP_OPS = ("relax.matmul",)
+#: Operators grouped by a shared operand. The inter-expression merge handles what lifts to a
+#: GEMM (matmuls; 1x1 convolutions, whose filters then concatenate along the output channels);
+#: a group that does not merge keeps its calls.
+GROUP_OPS = ("relax.matmul", "relax.nn.conv2d")
 #: Default bound on the heavy calls of one group.
 MAX_GROUP = 4
 
