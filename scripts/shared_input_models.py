@@ -2,7 +2,8 @@
 
 ``bert_separate_qkv``: one BERT encoder layer written as HuggingFace writes it (separate
 ``query``/``key``/``value`` linears; the zoo's ``bert`` already fuses them into one linear).
-``bert``, ``segformer``: the zoo models at quick sizes.
+``bert``, ``segformer``: the zoo models at quick sizes. Each returns ``(mod, {"main": params})``:
+the CLI binds the weights as constants, so a concatenation of weights folds at compile time.
 
     tvm-ollie explain scripts/shared_input_models.py:bert_separate_qkv
 """
@@ -14,7 +15,8 @@ def _zoo(name: str, quick: bool = True):
     from tvm_ollie.models.export import to_relax  # pylint: disable=import-outside-toplevel
     from tvm_ollie.models.registry import get_model  # pylint: disable=import-outside-toplevel
 
-    return to_relax(get_model(name, quick=quick))
+    mod, params = to_relax(get_model(name, quick=quick))
+    return mod, {"main": params}
 
 
 def bert():
@@ -59,4 +61,5 @@ def bert_separate_qkv(seq: int = 32, hidden: int = 128, heads: int = 2, ffn: int
     torch.manual_seed(0)
     spec = ModelSpec("bert_separate_qkv", Layer().eval(), (torch.randn(1, seq, hidden),), True,
                      1, "extra", "BERT layer with separate Q/K/V linears")
-    return to_relax(spec)
+    mod, params = to_relax(spec)
+    return mod, {"main": params}
