@@ -113,6 +113,12 @@ def test_views_of_one_input_are_one_shared_input():
     mod = _linears(n_proj=2, widths=[16, 32], shared_reshape=True, attention=False)
     (g,) = find_shared_input_groups(mod)
     assert len({n for n, _ in g.inputs()}) == 3  # the shared view and two weights
+    assert len(g.programs()) == 1
+
+
+@pytest.mark.slow
+def test_views_of_one_input_merged_through_optimize_match_tvm():
+    mod = _linears(n_proj=2, widths=[16, 32], shared_reshape=True, attention=False)
     new, rep = optimize_module(mod, "llvm", calibration=LLVM_CALIB, library=False,
                                region_calls=1, chooser=_merged, time_budget_s=2.0)
     assert any(r.rewritten for r in rep.regions)
