@@ -460,6 +460,11 @@ class Decider:
         except LiftError as err:
             return [Alternative(None, "tvm", 0.0)], 0, f"; not liftable: {err}"
         alts = [Alternative(None, "tvm", _region_seconds(group, self.calib))]
+        if self.library and all(lib.call_form(c) is not None for c in group.calls):
+            # the calls apart on their native kernels: what the merge must beat where the
+            # library would take each call anyway
+            alts.append(Alternative(None, "native", sum(analytic.original_seconds(
+                lift_relax_call(c), c.op.name, self.calib, "native") for c in group.calls)))
         for prog in progs:
             impls = ["tvm"]
             if self.library and any(lib.stage_form(s) is not None for s in prog.stages):

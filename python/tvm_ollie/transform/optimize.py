@@ -262,17 +262,21 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: int = 0,
         if sig not in choices:
             choices[sig] = decider.decide(group, max(0.5, time_budget_s / max(len(sigs), 1)))
         ch = choices[sig]
+        apart = ch.program is None and ch.rewritten
         region_decisions.append(RegionDecision(
             group.function, ", ".join(_var_name(v) for v in group.outputs), group.describe(),
-            " ; ".join(str(e) for e in group.lifts()), chosen=ch.label, reason=ch.reason,
+            " ; ".join(str(e) for e in group.lifts()),
+            chosen="original" if apart else ch.label,
+            reason=("the calls apart on native kernels win, each decided alone; " if apart
+                    else "") + ch.reason,
             explain=ch.explain, before_s=ch.before_s, after_s=ch.after_s, measured=ch.measured,
             candidates=ch.candidates))
         log = LOG.info if (verbose or ch.rewritten) else LOG.debug
         log("ollie: group %s.%s [%s] -> %s (%s)", group.function, _var_name(group.output),
-            group.describe(), ch.label, ch.reason)
-        if ch.rewritten:
+            group.describe(), region_decisions[-1].chosen, region_decisions[-1].reason)
+        if ch.program is not None:  # (the calls apart on native kernels: decided alone)
             rewritten_groups.append((group, ch))
-            inside.update(hash(b.value) for b in group.bindings)
+            inside.update(hash(c) for c in group.original_calls)
     regions = [r for r in regions if not any(hash(c) in inside for c in r.calls)]
     for region in regions:
         sig = region.signature()

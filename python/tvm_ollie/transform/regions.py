@@ -675,6 +675,8 @@ class SharedInputGroup:
     shared: object
     position: int
     mod: Optional[object] = field(default=None, repr=False)
+    #: the calls as the module binds them (``bindings`` read the shared operand under one name)
+    original_calls: List[object] = field(default_factory=list, repr=False)
     _region: Optional[Region] = field(default=None, repr=False)
 
     is_region = True
@@ -752,15 +754,17 @@ class SharedInputGroup:
         return f"group[{len(self.bindings)} x {self.op_names[0].replace('relax.', '')}] " \
                f"{ins} {exprs}"
 
-    def replay(self, bb: "relax.BlockBuilder", values: Dict[str, object], funcs=None):
-        """Emit the original calls on ``values``; return the tuple of their results."""
+    def replay(self, bb: "relax.BlockBuilder", values: Dict[str, object], impl: str = "tvm"):
+        """Emit the original calls on ``values`` (each on its native kernel with
+        ``impl="native"``); return the tuple of their results."""
+        from .decide import original_form  # pylint: disable=import-outside-toplevel
+
         env = {hash(v): values[n] for n, v in self.inputs()}
-        env.update(funcs or {})
         outs = []
         for b in self.bindings:
             call = b.value
             args = [_rebind_arg(a, env) for a in call.args]
-            outs.append(bb.emit(relax.Call(call.op, args, call.attrs, call.ty_args)))
+            outs.append(bb.emit(original_form(call, args, impl)))
         return relax.Tuple(outs)
 
 
@@ -899,7 +903,8 @@ def find_shared_input_groups(mod: "tvm.IRModule", max_ops: int = MAX_GROUP,
                 shared = blk.bindings[members[0]].value.args[position]
                 out.append(SharedInputGroup(
                     gv.name_hint, [_reading(blk.bindings[m], position, shared)
-                                   for m in members], shared, position, mod))
+                                   for m in members], shared, position, mod,
+                    [blk.bindings[m].value for m in members]))
     return out
 
 
@@ -915,7 +920,7 @@ def isolated_group_module(group: SharedInputGroup, program=None, names=None,
     with bb.function("main", params):
         with bb.dataflow():
             if program is None:
-                out = bb.emit_output(group.replay(bb, values))
+                out = bb.emit_output(group.replay(bb, values, impl))
             else:
                 in_names = [n for n, _ in group.inputs()]
                 mapping = values if names is None else {
