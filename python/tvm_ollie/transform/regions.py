@@ -832,14 +832,47 @@ def _group_key(block: _Block, k: int, position: int):
     return _canonical(block, arg), str(call.ty.dtype), str(call.attrs)
 
 
-def _reading(binding, position: int, operand):
+def _folded_view(block: _Block, expr, depth: int = 0):
+    """The constant that ``expr`` is when it is a ``permute_dims`` or ``reshape`` of a constant
+    (what TVM's FoldConstant makes of it in the built module), else None. Folded here so that
+    the group's isolated module, measured alone, sees the same constant."""
+    if not isinstance(expr, relax.Var) or depth > 4:
+        return None
+    k = block.index.get(hash(expr))
+    b = block.bindings[k] if k is not None else None
+    v = getattr(b, "value", None)
+    if not (isinstance(b, relax.VarBinding) and isinstance(v, relax.Call) and
+            isinstance(v.op, tvm.ir.Op) and v.op.name in ("relax.permute_dims", "relax.reshape")):
+        return None
+    src = v.args[0]
+    arr = src.value.numpy() if isinstance(src, _CONST) else None
+    if arr is None:
+        inner = _folded_view(block, src, depth + 1)
+        arr = None if inner is None else inner.value.numpy()
+    if arr is None or not static_tensor(v):
+        return None
+    if v.op.name == "relax.permute_dims":
+        axes = None if v.attrs.axes is None else [int(a) for a in v.attrs.axes]
+        arr = np.transpose(arr, axes)
+    else:
+        arr = arr.reshape([int(d) for d in v.ty.shape])
+    return relax.const(np.ascontiguousarray(arr), str(v.ty.dtype))
+
+
+def _reading(binding, position: int, operand, block: Optional[_Block] = None):
     """``binding`` with its call's operand ``position`` replaced by ``operand`` (the same
-    tensor under the group's one name)."""
+    tensor under the group's one name), and other operands that are views of constants by the
+    folded constants."""
     call = binding.value
-    if call.args[position].same_as(operand):
-        return binding
     args = list(call.args)
     args[position] = operand
+    if block is not None:
+        for k, a in enumerate(args):
+            folded = _folded_view(block, a) if k != position else None
+            if folded is not None:
+                args[k] = folded
+    if all(a.same_as(b) for a, b in zip(args, call.args)):
+        return binding
     new = relax.Call(call.op, args, call.attrs, call.ty_args)
     return relax.VarBinding(binding.var, relax.BlockBuilder().normalize(new))
 
@@ -902,7 +935,7 @@ def find_shared_input_groups(mod: "tvm.IRModule", max_ops: int = MAX_GROUP,
             for members, position in _block_groups(blk, seeds, max_ops):
                 shared = blk.bindings[members[0]].value.args[position]
                 out.append(SharedInputGroup(
-                    gv.name_hint, [_reading(blk.bindings[m], position, shared)
+                    gv.name_hint, [_reading(blk.bindings[m], position, shared, blk)
                                    for m in members], shared, position, mod,
                     [blk.bindings[m].value for m in members]))
     return out
