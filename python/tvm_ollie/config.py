@@ -73,6 +73,9 @@ class OllieConfig:
         for CPU targets unless ``calibration`` is given).
     region_calls : int
         Most calls in one region decided as a whole (1: every call alone).
+    merge_group : int
+        Most independent matmuls / convs reading one input decided as one group (a merged
+        GEMM over concatenated weights competes with them; below 2: no groups).
     orchestrate : bool
         Fission and kernel orchestration instead of TVM's greedy fusion (untuned builds).
     joint : bool
@@ -107,6 +110,7 @@ class OllieConfig:
     derive: bool = True
     check_untuned: Optional[bool] = None
     region_calls: int = 16
+    merge_group: int = 4
     orchestrate: bool = False
     joint: bool = False
     orchestration: Any = None
@@ -127,6 +131,7 @@ class OllieConfig:
         _int(self, "max_depth", 0)
         _int(self, "max_measured", 0)
         _int(self, "region_calls", 1)
+        _int(self, "merge_group", 0)
         _int(self, "max_states", 1, optional=True)
         _int(self, "max_candidates", 1, optional=True)
         if isinstance(self.search_time_s, bool) or not isinstance(

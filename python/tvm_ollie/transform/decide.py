@@ -32,7 +32,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -252,15 +252,28 @@ class _MeasureCache:
 def check_numerics(ref_mod: "tvm.IRModule", cand_mod: "tvm.IRModule") -> Tuple[bool, str]:
     """The default :data:`Checker`: both built on llvm, compared on random inputs (the
     :func:`~tvm_ollie.verify.tolerance.tolerance` of the narrowest float type of the inputs and
-    output, :data:`RTOL` for float32, of the reference's largest magnitude)."""
+    outputs, :data:`RTOL` for float32, of the reference's largest magnitude); every result of a
+    tuple-valued ``main``."""
     args = random_args(ref_mod["main"], seed=1)
-    ref, dtype = _run_llvm(ref_mod, args)
-    got, _ = _run_llvm(cand_mod, args)
+    refs, dtypes = _run_llvm(ref_mod, args)
+    gots, _ = _run_llvm(cand_mod, args)
+    rtol = tolerance(narrowest_float(dtypes + [str(a.dtype) for a in args]))
+    if isinstance(refs, list) or isinstance(gots, list):
+        if not (isinstance(refs, list) and isinstance(gots, list)) or len(refs) != len(gots):
+            return False, "the candidate returns another number of results"
+        for k, (ref, got) in enumerate(zip(refs, gots)):
+            ok, why = _compare(ref, got, rtol)
+            if not ok:
+                return False, f"result {k}: {why}"
+        return True, ""
+    return _compare(refs, gots, rtol)
+
+
+def _compare(ref: np.ndarray, got: np.ndarray, rtol: float) -> Tuple[bool, str]:
     if got.shape != ref.shape:
         return False, f"shape {got.shape} != {ref.shape}"
     err = float(np.max(np.abs(got - ref))) if ref.size else 0.0
     scale = float(np.max(np.abs(ref))) if ref.size else 0.0
-    rtol = tolerance(narrowest_float([dtype] + [str(a.dtype) for a in args]))
     if not np.isfinite(err) or err > rtol * max(scale, 1e-6):
         return False, f"numerics differ: max abs err {err:.3g} (scale {scale:.3g})"
     return True, ""
@@ -422,6 +435,8 @@ class Decider:
         """The baseline first, then every other alternative with its analytic estimate;
         the number of derived candidates and a note on the search."""
         region = _is_region(call)
+        if _is_group(call):
+            return self._group_alternatives(call)
         try:
             expr = call.lift() if region else lift_relax_call(call)
         except LiftError as err:
@@ -457,6 +472,29 @@ class Decider:
                 alts.append(Alternative(prog, impl,
                                         analytic.program_seconds(prog, self.calib, impl)))
         return alts, len(seen), f", search stop={res.stats.stop_reason.value}"
+
+    def _group_alternatives(self, group) -> Tuple[List[Alternative], int, str]:
+        """A group of calls sharing an operand: the calls as they are, and the merged programs
+        of the inter-expression rules (no search: the merge is the rewrite being decided)."""
+        try:
+            progs = group.programs() if self.derive else []
+        except LiftError as err:
+            return [Alternative(None, "tvm", 0.0)], 0, f"; not liftable: {err}"
+        alts = [Alternative(None, "tvm", _region_seconds(group, self.calib))]
+        if self.library and all(lib.call_form(c) is not None for c in group.calls):
+            # the calls apart on their native kernels: what the merge must beat where the
+            # library would take each call anyway
+            alts.append(Alternative(None, "native", sum(analytic.original_seconds(
+                lift_relax_call(c), c.op.name, self.calib, "native") for c in group.calls)))
+        for prog in progs:
+            impls = ["tvm"]
+            if self.library and any(lib.stage_form(s) is not None for s in prog.stages):
+                impls.append("native")
+            for impl in impls:
+                alts.append(Alternative(prog, impl,
+                                        analytic.program_seconds(prog, self.calib, impl)))
+        note = "" if progs else "; the calls do not merge into one GEMM"
+        return alts, len(progs), note
 
     def _choose_analytic(self, call, names, base, better, n_cand) -> Choice:
         failures = []
@@ -558,7 +596,8 @@ class Decider:
         try:
             ok, why = self.checker(unit_module(call),
                                    unit_module(call, alt.program, names, alt.impl))
-            if ok and alt.program is not None:
+            if ok and alt.program is not None and not alt.program.multi:
+                # (a multi-output program: the numeric check above compared every result)
                 ok, why = check_exact(alt.program)
             return ok, why
         except EmitError as err:
@@ -592,6 +631,10 @@ def _is_region(unit) -> bool:
     return bool(getattr(unit, "is_region", False))
 
 
+def _is_group(unit) -> bool:
+    return bool(getattr(unit, "is_group", False))
+
+
 def unit_signature(unit) -> str:
     """:func:`call_signature` of a call; a region's own signature."""
     return unit.signature() if _is_region(unit) else call_signature(unit)
@@ -608,6 +651,10 @@ def unit_operands(unit) -> Tuple[List[str], List[object]]:
 def unit_module(unit, program: Optional[Program] = None, names=None,
                 impl: str = "tvm") -> "tvm.IRModule":
     """:func:`isolated_module` of a call or of a region."""
+    if _is_group(unit):
+        from .regions import isolated_group_module  # pylint: disable=import-outside-toplevel
+
+        return isolated_group_module(unit, program, names, impl)
     if _is_region(unit):
         from .regions import isolated_region_module  # pylint: disable=import-outside-toplevel
 
@@ -658,12 +705,14 @@ def _chosen(alt: Alternative, names, reason: str, before: float, after: float, m
     return Choice(alt.program, names, reason, before, after, measured, n_cand, explain, alt.impl)
 
 
-def _run_llvm(mod, args) -> Tuple[np.ndarray, str]:
-    """The output of ``mod`` on llvm as float64, and its element type."""
+def _run_llvm(mod, args) -> Tuple[Union[np.ndarray, List[np.ndarray]], List[str]]:
+    """The output of ``mod`` on llvm as float64 (a list for a tuple), and its element types."""
     ex = tvm.compile(mod, target="llvm")
     vm = relax.VirtualMachine(ex, tvm.cpu())
     out = vm["main"](*[tvm.runtime.tensor(a) for a in args])
-    return out.numpy().astype(np.float64), str(out.dtype)
+    if not hasattr(out, "numpy"):  # a tuple of results
+        return [o.numpy().astype(np.float64) for o in out], [str(o.dtype) for o in out]
+    return out.numpy().astype(np.float64), [str(out.dtype)]
 
 
 def _explain(prog: Program) -> str:

@@ -28,7 +28,7 @@ from .decide import DERIVABLE_OPS, Checker, Chooser, Decider, Timer, _region_sec
     call_signature, original_form
 from .emit import emit_program
 from .epilogue import fuse_epilogues
-from .regions import Region, find_regions, static_tensor
+from .regions import Region, _used_vars, find_regions, find_shared_input_groups, static_tensor
 from .report import OpDecision, OptimizeReport, RegionDecision
 
 __all__ = ["OllieOptimize", "optimize_module"]
@@ -65,16 +65,51 @@ def _static(call) -> bool:
 @relax.expr_functor.mutator
 class _RegionRewriter(relax.PyExprMutator):
     """Replaces each rewritten region: its output binding becomes the program, its other
-    bindings go away (nothing outside the region uses them)."""
+    bindings go away (nothing outside the region uses them).
 
-    def __init__(self, mod, regions: List[Tuple[Region, object]]):
+    A rewritten group (:class:`~.regions.SharedInputGroup`) is emitted at its last call; the
+    bindings between its first and last call that read a group result (directly or not) move
+    after it, in their order (the group's calls are independent, so nothing they read moves).
+    """
+
+    def __init__(self, mod, regions: List[Tuple[Region, object]], groups=()):
         super().__init__(mod)
         self.outputs = {hash(r.output): (r, ch) for r, ch in regions}
         self.drop = {hash(b.var) for r, _ in regions for b in r.bindings[:-1]
                      if hash(b.var) not in r.keep}
+        self.groups = {hash(g.output): (g, ch) for g, ch in groups}
+        self.members = {hash(b.var): g for g, _ in groups for b in g.bindings}
+        self.waiting: Dict[int, List[object]] = {}  # open group -> deferred bindings
+        self.moved: Dict[int, int] = {}  # deferred variable -> its group
+
+    def _open_group(self, binding) -> Optional[int]:
+        """The open group a binding must wait for (it reads one of its results), or None."""
+        for v in _used_vars(binding.value):
+            g = self.members.get(hash(v))
+            if g is not None and hash(g.output) in self.waiting:
+                return hash(g.output)
+            if hash(v) in self.moved:
+                return self.moved[hash(v)]
+        return None
 
     def visit_var_binding_(self, binding):  # pylint: disable=arguments-renamed
         key = hash(binding.var)
+        group = self.members.get(key)
+        if group is not None:
+            gkey = hash(group.output)
+            if key != gkey:
+                self.waiting.setdefault(gkey, [])
+                return
+            self._emit_group(*self.groups[gkey])
+            for b in self.waiting.pop(gkey, []):
+                self.moved.pop(hash(b.var), None)
+                self.visit_var_binding_(b)
+            return
+        wait = self._open_group(binding)
+        if wait is not None:
+            self.waiting[wait].append(binding)
+            self.moved[key] = wait
+            return
         if key in self.drop:
             return
         hit = self.outputs.get(key)
@@ -92,6 +127,17 @@ class _RegionRewriter(relax.PyExprMutator):
         else:
             new_var = self.builder_.emit_output(out)
         self.set_var_remap(binding.var, new_var)
+
+    def _emit_group(self, group, choice):
+        values = {n: self.visit_expr(v) for n, v in group.inputs()}
+        in_names = [n for n, _ in group.inputs()]
+        mapping = {pn: values[cn] for pn, cn in zip(choice.names, in_names)}
+        out = emit_program(self.builder_, choice.program, mapping, group.out_shape,
+                           impl=choice.impl, name="ollie_merge")
+        for var, field in zip(group.outputs, out.fields):
+            new_var = field if isinstance(var, relax.DataflowVar) else \
+                self.builder_.emit_output(field)
+            self.set_var_remap(var, new_var)
 
 
 @relax.expr_functor.mutator
@@ -132,6 +178,7 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: Optional[int] = No
                     timer: Optional[Timer] = None, checker: Optional[Checker] = None,
                     rpc: Optional[RPCConfig] = None, chooser: Optional[Chooser] = None,
                     tuner: Optional[Tuner] = None, region_calls: Optional[int] = None,
+                    merge_group: Optional[int] = None,
                     config: Optional[OllieConfig] = None, budget: Optional[TrialBudget] = None,
                     ) -> Tuple["tvm.IRModule", OptimizeReport]:
     """Run the derivation rewrite on ``mod``; return the new module and the report.
@@ -156,6 +203,15 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: Optional[int] = No
         :mod:`.decide`).
     tuner : Tuner, optional
         Replaces the pass's MetaSchedule tuner (``trials > 0``; fault-injection tests).
+    region_calls : int, optional
+        Most calls in one region (:mod:`.regions`); 1 decides every call alone. A region of
+        several calls is lifted, derived, verified and replaced as a whole; when it is kept,
+        its heavy call is still decided alone.
+    merge_group : int, optional
+        Most independent matmuls that read the same operand decided as one group
+        (:func:`~.regions.find_shared_input_groups`): the merged program (one GEMM over
+        concatenated operands, then slices) competes with the calls as they are; when the
+        group is kept, its calls are decided as usual. Below 2: no groups.
     config : OllieConfig, optional
         The options.
     budget : TrialBudget, optional
@@ -166,7 +222,7 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: Optional[int] = No
                          max_depth=max_depth, time_budget_s=time_budget_s, targets=targets,
                          verbose=verbose, calibration=calibration, max_measured=max_measured,
                          check_untuned=check_untuned, library=library, derive=derive, rpc=rpc,
-                         region_calls=region_calls)
+                         region_calls=region_calls, merge_group=merge_group)
     t_start = time.perf_counter()
     tgt = normalize_target(cfg.target)
     calls = _derivable_calls(mod)
@@ -186,10 +242,13 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: Optional[int] = No
     tuning0, calls0 = STATS.seconds, STATS.calls
     regions = [r for r in (find_regions(mod, cfg.region_calls)
                            if cfg.region_calls > 1 and cfg.derive else []) if r.size > 1]
+    groups = find_shared_input_groups(mod, cfg.merge_group) if cfg.derive else []
     if cfg.targets:
         regions = [r for r in regions if r.heavy_call.op.name in wanted]
+        groups = [g for g in groups if g.calls[0].op.name in wanted]
     sigs = list(dict.fromkeys([call_signature(c) for _, _, c in calls] +
-                              [r.signature() for r in regions]))
+                              [r.signature() for r in regions] +
+                              [g.signature() for g in groups]))
     if decider.can_measure:
         _plan_budget(budget, decider, regions, calls, cfg.max_measured)
     elif cfg.trials > 0 and not budget.notes:
@@ -198,6 +257,28 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: Optional[int] = No
     search = _SearchShare(cfg.search_time_s, len(sigs))
     choices: Dict[str, object] = {}
     rewritten_regions, region_decisions, inside = [], [], set()
+    rewritten_groups = []
+    for group in groups:
+        sig = group.signature()
+        if sig not in choices:
+            choices[sig] = _decide(decider, group, sig, search, budget)
+        ch = choices[sig]
+        apart = ch.program is None and ch.rewritten
+        region_decisions.append(RegionDecision(
+            group.function, ", ".join(_var_name(v) for v in group.outputs), group.describe(),
+            " ; ".join(str(e) for e in group.lifts()),
+            chosen="original" if apart else ch.label,
+            reason=("the calls apart on native kernels win, each decided alone; " if apart
+                    else "") + ch.reason,
+            explain=ch.explain, before_s=ch.before_s, after_s=ch.after_s, measured=ch.measured,
+            candidates=ch.candidates))
+        log = LOG.info if (cfg.verbose or ch.rewritten) else LOG.debug
+        log("ollie: group %s.%s [%s] -> %s (%s)", group.function, _var_name(group.output),
+            group.describe(), region_decisions[-1].chosen, region_decisions[-1].reason)
+        if ch.program is not None:  # (the calls apart on native kernels: decided alone)
+            rewritten_groups.append((group, ch))
+            inside.update(hash(c) for c in group.original_calls)
+    regions = [r for r in regions if not any(hash(c) in inside for c in r.calls)]
     for region in regions:
         sig = region.signature()
         if sig not in choices:
@@ -228,8 +309,8 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: Optional[int] = No
         log = LOG.info if (cfg.verbose or d.rewritten) else LOG.debug
         log("ollie: %s.%s %s -> %s (%s)", fname, vname, sig, d.chosen, d.reason)
     new_mod = mod
-    if rewritten_regions:
-        region_rewriter = _RegionRewriter(mod, rewritten_regions)
+    if rewritten_regions or rewritten_groups:
+        region_rewriter = _RegionRewriter(mod, rewritten_regions, rewritten_groups)
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function):
                 region_rewriter.builder_.update_func(gv, region_rewriter.visit_expr(func))
@@ -313,13 +394,15 @@ class OllieOptimize:
                  library: Optional[bool] = None, derive: Optional[bool] = None,
                  timer: Optional[Timer] = None, checker: Optional[Checker] = None,
                  rpc: Optional[RPCConfig] = None, chooser: Optional[Chooser] = None,
-                 region_calls: Optional[int] = None, config: Optional[OllieConfig] = None):
+                 region_calls: Optional[int] = None, merge_group: Optional[int] = None,
+                 config: Optional[OllieConfig] = None):
         self.config = config
         self.overrides = dict(
             target=target, trials=trials, work_dir=work_dir, max_depth=max_depth,
             time_budget_s=time_budget_s, targets=targets, verbose=verbose,
             calibration=calibration, max_measured=max_measured, check_untuned=check_untuned,
-            library=library, derive=derive, rpc=rpc, region_calls=region_calls)
+            library=library, derive=derive, rpc=rpc, region_calls=region_calls,
+            merge_group=merge_group)
         resolve_config(config, **self.overrides)  # invalid options fail here, not mid-compile
         self.hooks = dict(timer=timer, checker=checker, chooser=chooser)
         self.last_report: Optional[OptimizeReport] = None

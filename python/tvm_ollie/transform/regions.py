@@ -38,7 +38,8 @@ from ..ir.simplify import simplify
 from ..lift import LiftError, Operands, lift_relax_call
 from ..lift.common import is_identifier
 
-__all__ = ["HEAVY_OPS", "MAX_CALLS", "MOVE_OPS", "Region", "find_regions"]
+__all__ = ["GROUP_OPS", "HEAVY_OPS", "MAX_CALLS", "MAX_GROUP", "MOVE_OPS", "Region",
+           "SharedInputGroup", "find_regions", "find_shared_input_groups"]
 
 #: Operators a region is built around.
 HEAVY_OPS = (
@@ -633,5 +634,332 @@ def isolated_region_module(region: Region, program=None, names=None,
                     pn: values[cn] for pn, cn in zip(names, in_names)}
                 out = bb.emit_output(emit_program(bb, program, mapping, region.out_shape,
                                                   impl=impl, name="ollie_region"))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+# --------------------------------------------------------------------------------------------
+# Groups: independent heavy operators that read the same input
+#
+# ``q = x @ Wq; k = x @ Wk; v = x @ Wv`` (or the 1x1 convolutions of an Inception-like block's
+# branches) are thin GEMMs over one operand. As one unit of
+# decision they can become one GEMM over concatenated weights plus slices
+# (:func:`~tvm_ollie.derive.rules.inter.merge_shared_inputs`); the Decider verifies and costs
+# that program against the three calls like any other candidate.
+
+#: Operators grouped by a shared operand. The inter-expression merge handles what lifts to a
+#: GEMM (matmuls; 1x1 convolutions, whose filters then concatenate along the output channels);
+#: a group that does not merge keeps its calls.
+GROUP_OPS = ("relax.matmul", "relax.nn.conv2d")
+#: Default bound on the heavy calls of one group.
+MAX_GROUP = DEFAULTS.merge_group
+
+
+@dataclass
+class SharedInputGroup:
+    """Independent heavy calls of one dataflow block that read the same operand.
+
+    Attributes
+    ----------
+    function : str
+        The Relax function.
+    bindings : list of relax.VarBinding
+        The grouped calls, in block order (each one call; their outputs are the group's).
+    shared : relax.Expr
+        The operand every call reads at the same position.
+    position : int
+        0 when the calls share their left operand, 1 their right one.
+    """
+
+    function: str
+    bindings: List[object]
+    shared: object
+    position: int
+    mod: Optional[object] = field(default=None, repr=False)
+    #: the calls as the module binds them (``bindings`` read the shared operand under one name)
+    original_calls: List[object] = field(default_factory=list, repr=False)
+    _region: Optional[Region] = field(default=None, repr=False)
+
+    is_region = True
+    is_group = True
+
+    @property
+    def region(self) -> Region:
+        """The group's calls as one :class:`Region` (input naming, replay)."""
+        if self._region is None:
+            self._region = Region(self.function, list(self.bindings), self.bindings[-1].var,
+                                  self.mod)
+        return self._region
+
+    @property
+    def outputs(self) -> List[object]:
+        """The variables of the grouped calls (the group's results, in block order)."""
+        return [b.var for b in self.bindings]
+
+    @property
+    def output(self):
+        """The last grouped call's variable (where the merged program is emitted)."""
+        return self.bindings[-1].var
+
+    @property
+    def out_shape(self) -> List[Tuple[int, ...]]:
+        """Static shape of each result."""
+        return [tuple(int(s) for s in v.ty.shape) for v in self.outputs]
+
+    @property
+    def size(self) -> int:
+        return len(self.bindings)
+
+    @property
+    def calls(self) -> List[object]:
+        return [b.value for b in self.bindings]
+
+    @property
+    def op_names(self) -> List[str]:
+        return [_op_label(c) for c in self.calls]
+
+    def describe(self) -> str:
+        """``q=matmul, k=matmul, v=matmul share x``."""
+        shared = _name(self.shared) if isinstance(self.shared, relax.Var) else "a constant"
+        return self.region.describe() + f" share {shared}"
+
+    def inputs(self) -> List[Tuple[str, object]]:
+        """``(name, value)`` of every tensor the calls read (one name for the shared one)."""
+        return self.region.inputs()
+
+    def lifts(self) -> List[Scope]:
+        """Each call's expression over the group's input names."""
+        out = []
+        for b in self.bindings:
+            sub = Region(self.function, [b], b.var, self.mod)
+            sub._inputs = self.inputs()  # pylint: disable=protected-access
+            out.append(sub.lift())
+        return out
+
+    def lift(self) -> Scope:
+        """The first call's expression (the group as a whole is :meth:`lifts`)."""
+        return self.lifts()[0]
+
+    def programs(self) -> list:
+        """The merged programs (one GEMM for all calls), from the inter-expression rules."""
+        from ..derive.rules.inter import merge_shared_inputs  # pylint: disable=C0415
+
+        merged = merge_shared_inputs(self.lifts())
+        return [] if merged is None else [merged]
+
+    def signature(self) -> str:
+        """Equal for groups that compute the same expressions on the same input shapes."""
+        ins = " ".join(f"{'x'.join(str(int(s)) for s in v.ty.shape)}:{v.ty.dtype}"
+                       for _, v in self.inputs())
+        exprs = " ; ".join(str(e) for e in self.lifts())
+        return f"group[{len(self.bindings)} x {self.op_names[0].replace('relax.', '')}] " \
+               f"{ins} {exprs}"
+
+    def replay(self, bb: "relax.BlockBuilder", values: Dict[str, object], impl: str = "tvm"):
+        """Emit the original calls on ``values`` (each on its native kernel with
+        ``impl="native"``); return the tuple of their results."""
+        from .decide import original_form  # pylint: disable=import-outside-toplevel
+
+        env = {hash(v): values[n] for n, v in self.inputs()}
+        outs = []
+        for b in self.bindings:
+            call = b.value
+            args = [_rebind_arg(a, env) for a in call.args]
+            outs.append(bb.emit(original_form(call, args, impl)))
+        return relax.Tuple(outs)
+
+
+def _descendants(block: _Block, start: int, stop: int) -> set:
+    """Bindings up to index ``stop`` that read binding ``start``, directly or not."""
+    out, frontier = set(), [start]
+    while frontier:
+        k = frontier.pop()
+        for u in block.users.get(hash(block.bindings[k].var), []):
+            if u <= stop and u not in out:
+                out.add(u)
+                frontier.append(u)
+    return out
+
+
+def _independent(block: _Block, members: List[int]) -> bool:
+    """No member reaches another, and no input of a member is computed from one: the calls can
+    run as one unit emitted at the last member (their readers before it move after it)."""
+    last = max(members)
+    reach = set()
+    for m in members:
+        reach |= _descendants(block, m, last)
+    if reach & set(members):
+        return False
+    if any(not isinstance(block.bindings[k], relax.VarBinding) for k in reach):
+        return False  # the readers that move after the group must be plain bindings
+    for m in members:
+        for v in _used_vars(block.bindings[m].value):
+            if block.index.get(hash(v)) in reach:
+                return False
+    return True
+
+
+#: Operators whose results are equal when their operand and attributes are (pure views).
+_VIEW_OPS = ("relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze",
+             "relax.flatten")
+
+
+def _canonical(block: _Block, expr, depth: int = 0):
+    """A key equal for values that are the same tensor: the same variable, or the same view
+    (:data:`_VIEW_OPS`, same attributes and result type) of the same tensor. Importers often
+    emit one ``reshape`` of an input per reader; those readers share that input."""
+    if isinstance(expr, relax.Var):
+        k = block.index.get(hash(expr))
+        if k is not None and depth < 8:
+            b = block.bindings[k]
+            v = getattr(b, "value", None)
+            if isinstance(b, relax.VarBinding) and isinstance(v, relax.Call) and \
+                    isinstance(v.op, tvm.ir.Op) and v.op.name in _VIEW_OPS:
+                args = tuple(_canonical(block, a, depth + 1) for a in v.args)
+                return (v.op.name, str(v.attrs), args, str(v.ty))
+        return ("var", hash(expr))
+    if isinstance(expr, relax.ShapeExpr):
+        return ("shape", tuple(int(d) for d in expr.values))
+    return ("expr", hash(expr))
+
+
+def _group_key(block: _Block, k: int, position: int):
+    call = block.bindings[k].value
+    if len(call.args) < 2:
+        return None
+    arg = call.args[position]
+    if not isinstance(arg.ty, relax.TensorType):
+        return None
+    return _canonical(block, arg), str(call.ty.dtype), str(call.attrs)
+
+
+def _folded_view(block: _Block, expr, depth: int = 0):
+    """The constant that ``expr`` is when it is a ``permute_dims`` or ``reshape`` of a constant
+    (what TVM's FoldConstant makes of it in the built module), else None. Folded here so that
+    the group's isolated module, measured alone, sees the same constant."""
+    if not isinstance(expr, relax.Var) or depth > 4:
+        return None
+    k = block.index.get(hash(expr))
+    b = block.bindings[k] if k is not None else None
+    v = getattr(b, "value", None)
+    if not (isinstance(b, relax.VarBinding) and isinstance(v, relax.Call) and
+            isinstance(v.op, tvm.ir.Op) and v.op.name in ("relax.permute_dims", "relax.reshape")):
+        return None
+    src = v.args[0]
+    arr = src.value.numpy() if isinstance(src, _CONST) else None
+    if arr is None:
+        inner = _folded_view(block, src, depth + 1)
+        arr = None if inner is None else inner.value.numpy()
+    if arr is None or not static_tensor(v):
+        return None
+    if v.op.name == "relax.permute_dims":
+        axes = None if v.attrs.axes is None else [int(a) for a in v.attrs.axes]
+        arr = np.transpose(arr, axes)
+    else:
+        arr = arr.reshape([int(d) for d in v.ty.shape])
+    return relax.const(np.ascontiguousarray(arr), str(v.ty.dtype))
+
+
+def _reading(binding, position: int, operand, block: Optional[_Block] = None):
+    """``binding`` with its call's operand ``position`` replaced by ``operand`` (the same
+    tensor under the group's one name), and other operands that are views of constants by the
+    folded constants."""
+    call = binding.value
+    args = list(call.args)
+    args[position] = operand
+    if block is not None:
+        for k, a in enumerate(args):
+            folded = _folded_view(block, a) if k != position else None
+            if folded is not None:
+                args[k] = folded
+    if all(a.same_as(b) for a, b in zip(args, call.args)):
+        return binding
+    new = relax.Call(call.op, args, call.attrs, call.ty_args)
+    return relax.VarBinding(binding.var, relax.BlockBuilder().normalize(new))
+
+
+def _block_groups(block: _Block, seeds: List[int], max_ops: int) -> List[Tuple[List[int], int]]:
+    """``(members, position)`` of each group of ``seeds`` sharing an operand (left operand
+    first), at most ``max_ops`` members each, independent of each other."""
+    out, used = [], set()
+    for position in (0, 1):
+        by_key: Dict[object, List[int]] = {}
+        for k in seeds:
+            key = _group_key(block, k, position)
+            if k not in used and key is not None:
+                by_key.setdefault(key, []).append(k)
+        for members in by_key.values():
+            members = [m for m in members if m not in used]
+            while len(members) >= 2:
+                chunk = members[:max_ops]
+                while len(chunk) >= 2 and not _independent(block, chunk):
+                    chunk = chunk[:-1]
+                if len(chunk) < 2:
+                    members = members[1:]
+                    continue
+                out.append((chunk, position))
+                used.update(chunk)
+                members = [m for m in members if m not in used]
+    return sorted(out)
+
+
+def find_shared_input_groups(mod: "tvm.IRModule", max_ops: int = MAX_GROUP,
+                             ops: Sequence[str] = GROUP_OPS) -> List[SharedInputGroup]:
+    """Groups of independent calls of ``ops`` that read the same operand, per dataflow block.
+
+    Parameters
+    ----------
+    mod : IRModule
+        The module.
+    max_ops : int
+        Most calls in one group (a larger set is split into several groups).
+    ops : sequence of str
+        Operators grouped.
+
+    The calls of a group have the same attributes and result dtype, static shapes, results
+    that are not read by ``shape_of``, and are independent: no call reads another's result,
+    directly or through other bindings (the rewrite emits them as one unit at the last call).
+    """
+    out: List[SharedInputGroup] = []
+    if max_ops < 2:
+        return out
+    for gv, func in mod.functions_items():
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            continue
+        outside = _outside_uses(func)
+        for block in func.body.blocks:
+            if not isinstance(block, relax.DataflowBlock):
+                continue
+            blk = _Block(block, outside, mod)
+            seeds = [k for k, b in enumerate(blk.bindings) if blk.kind(k) == "heavy" and
+                     b.value.op.name in ops and hash(b.var) not in blk.shape_read]
+            for members, position in _block_groups(blk, seeds, max_ops):
+                shared = blk.bindings[members[0]].value.args[position]
+                out.append(SharedInputGroup(
+                    gv.name_hint, [_reading(blk.bindings[m], position, shared, blk)
+                                   for m in members], shared, position, mod,
+                    [blk.bindings[m].value for m in members]))
+    return out
+
+
+def isolated_group_module(group: SharedInputGroup, program=None, names=None,
+                          impl: str = "tvm") -> "tvm.IRModule":
+    """A module whose ``main`` returns the tuple of the group's results, computed by its calls
+    (or by ``program``, a multi-output program, in their place)."""
+    from .decide import bind_operands  # pylint: disable=import-outside-toplevel
+    from .emit import emit_program  # pylint: disable=import-outside-toplevel
+
+    bb = relax.BlockBuilder()
+    params, values = bind_operands(group.inputs())
+    with bb.function("main", params):
+        with bb.dataflow():
+            if program is None:
+                out = bb.emit_output(group.replay(bb, values, impl))
+            else:
+                in_names = [n for n, _ in group.inputs()]
+                mapping = values if names is None else {
+                    pn: values[cn] for pn, cn in zip(names, in_names)}
+                out = bb.emit_output(emit_program(bb, program, mapping, group.out_shape,
+                                                  impl=impl, name="ollie_merge"))
         bb.emit_func_output(out)
     return bb.get()

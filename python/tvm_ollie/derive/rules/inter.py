@@ -28,7 +28,7 @@ from ..targets import TARGET_NAMES
 
 __all__ = ["InterRule", "SPLIT_OPERATORS", "FUSE_MEMORY_BOUND", "MERGE_SHARED_INPUT",
            "INTER_RULES", "split_operators", "merge_shared_input", "merge_gemm_stages",
-           "combine_programs"]
+           "merge_shared_inputs", "inline_views", "combine_programs"]
 
 
 @dataclass(frozen=True)
@@ -308,6 +308,61 @@ def merge_shared_input(a: Union[Scope, Program], b: Union[Scope, Program, None] 
             if merged is not None:
                 return merged
     return None
+
+
+def merge_shared_inputs(exprs: Sequence[Scope], max_pairs: int = 8) -> Optional[Program]:
+    """``X @ W1 ; ... ; X @ Wn  =  Y := X @ [W1 | ... | Wn] ; Y[:, :N1] ; ...``: all of
+    ``exprs`` as one multi-output program with a single GEMM, or None.
+
+    Each expression must instantiate as a (batch) matmul at its root; the first operand order
+    of each that merges with the GEMM built so far is taken (:func:`merge_shared_input` pair by
+    pair, at most ``max_pairs`` merges). None when some expression does not merge: a partial
+    merge would leave two GEMMs, which is not what the caller asked for.
+    """
+    if len(exprs) < 2 or len(exprs) - 1 > max_pairs:
+        return None
+    merged = merge_shared_input(exprs[0], exprs[1])
+    for expr in exprs[2:]:
+        if merged is None:
+            return None
+        nxt = None
+        for prog in _gemm_programs(expr):
+            nxt = merge_gemm_stages(combine_programs(merged, prog))
+            if nxt is not None:
+                break
+        merged = nxt
+    if merged is None or len(merged.operators) != 1:
+        return None
+    return inline_views(merged)
+
+
+def inline_views(program: Program) -> Program:
+    """``S := Y[f(x)]; T := S[g(x)]  =  T := Y[f(g(x))]``: an eOperator that is one read (a
+    slice or another view) and is no output is inlined into every eOperator reading it, so
+    slices of slices read the merged product once."""
+    from ..program import _inline  # pylint: disable=import-outside-toplevel
+
+    stages = list(program.stages)
+    changed = True
+    while changed:
+        changed = False
+        for k, prod in enumerate(stages):
+            body = prod.expr.body
+            if prod.is_operator or prod.name in program.outputs or prod.expr.reduce or \
+                    not isinstance(body, Access) or not isinstance(body.source, Tensor):
+                continue
+            users = [s for s in stages if prod.name in s.reads]
+            if not users or any(u.is_operator for u in users):
+                continue
+            fused = [_inline(u, prod) for u in users]
+            if any(f is None or prod.name in f.reads for f in fused):
+                continue
+            for u, f in zip(users, fused):
+                stages[stages.index(u)] = f
+            del stages[k]
+            changed = True
+            break
+    return program.with_stages(stages)
 
 
 def _fresh(taken, prefix: str) -> str:
