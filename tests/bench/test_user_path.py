@@ -42,3 +42,9 @@ def test_render_orders_rows_and_table_round_trips(tmp_path):
     assert len(lines) == 4 and lines[2].startswith("| m | onnx-13 | no |")
     assert "X / Y" in lines[2]  # a '|' in a reason does not break the table
     assert "| yes (1.0e-06) | 2.00 | 1.00 | 2.00x | 3 |" in lines[3]
+
+
+def test_paired_ms_alternates():
+    calls = []
+    a, b = up.paired_ms(lambda: calls.append("a"), lambda: calls.append("b"), runs=2)
+    assert calls == ["a", "b"] * 3 and a >= 0 and b >= 0
