@@ -207,3 +207,22 @@ def test_orchestration_solver_finds_nothing(caplog):
             assert all(len(k.primitives) == 1 for k in part.kernels)
         assert why in report.to_text()
         assert any(why in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.slow
+def test_orchestration_real_solver_with_zero_time_limit():
+    """HiGHS itself given no time (``time_limit_s=0``): a partition it cannot solve in
+    presolve is split, then kept as single kernels; the build is correct and says why."""
+    mod = sm.conv_stack()
+    reports = []
+    pipeline = ollie_orchestration("llvm", config=OrchestrateConfig(time_limit_s=0.0),
+                                   reports=reports)
+    args = sm.random_inputs(mod)
+    sm.assert_close(sm.run(tvm.compile(mod, "llvm", relax_pipeline=pipeline), args),
+                    sm.run(tvm.compile(mod, target="llvm"), args))
+    (report,) = reports
+    text = report.to_text()
+    assert "no solution" in text, text
+    for part in report.partitions:
+        # solved (in presolve, or an incumbent in time), or kept as singletons with the reason
+        assert part.status in ("optimal", "time_limit") or part.fallbacks, text
