@@ -172,6 +172,8 @@ def onnx_row(spec, opset: int, ref, eager: Callable[[], object], opts: dict, run
              dynamo: bool = False) -> Row:
     """Export ``spec`` at ``opset``, load it as the CLI does, build with ollie, compare, time."""
     # pylint: disable=import-outside-toplevel
+    import tvm_ffi
+
     from ..compat import relax, tvm
     from ..frontend.loader import load_module
     from ..frontend.torch_entry import from_tvm, to_tvm
@@ -193,7 +195,7 @@ def onnx_row(spec, opset: int, ref, eager: Callable[[], object], opts: dict, run
             row.note = f"import failed: {one_line(err)}"
             return row
     row.imported = "yes"
-    key = tvm.ir.structural_hash(mod)
+    key = tvm_ffi.structural_hash(mod)
     if key in _BUILT:
         ex, row.build_s = _BUILT[key]
         row.note = "imports the same module as the other opset (one build)"
@@ -242,12 +244,12 @@ def compile_row(spec, ref, eager: Callable[[], object], opts: dict, runs: int) -
             return row
     row.build_s = time.perf_counter() - start
     done = torch_backend.STATS["compiled"] - before["compiled"]
-    eager = torch_backend.STATS["eager"] - before["eager"]
+    fell = torch_backend.STATS["eager"] - before["eager"]
     reasons = [str(w.message) for w in caught if "tvm_ollie" in str(w.message)]
-    row.imported = "yes" if done and not eager else (f"partial ({done}/{done + eager} graphs)"
-                                                     if done else "no")
-    if eager:
-        row.note = reasons[0][:160] if reasons else f"{eager} graphs ran in eager PyTorch"
+    row.imported = "yes" if done and not fell else (f"partial ({done}/{done + fell} graphs)"
+                                                    if done else "no")
+    if fell:
+        row.note = reasons[0][:160] if reasons else f"{fell} graphs ran in eager PyTorch"
     ok, row.max_err, why = compare(flatten(out), ref)
     row.equal = "yes" if ok else "no"
     row.note = "; ".join(x for x in (row.note, why) if x)
