@@ -85,19 +85,23 @@ def _compare(got: np.ndarray, ref: np.ndarray, reduction: int) -> Optional[str]:
 
 class _Force:
     """A chooser that records the alternatives of every unit (call or region) and forces the
-    one labelled ``label`` wherever it is offered (the first of each unit when ``label`` is
-    None)."""
+    one labelled ``label`` wherever it is offered (when ``label`` is None: the first of each
+    unit, or a random one drawn by ``rng`` when given, so that one build per case still
+    reaches every alternative over many cases)."""
 
-    def __init__(self, label: Optional[str] = None):
-        self.label = label
+    def __init__(self, label: Optional[str] = None, rng: Optional[np.random.Generator] = None):
+        self.label, self.rng = label, rng
         self.seen: Dict[str, List[str]] = {}
+        self.picked: List[str] = []
 
     def __call__(self, sig, alts):
         self.seen[sig] = [a.label for a in alts]
         if not alts:
             return None
         if self.label is None:
-            return alts[0]
+            alt = alts[int(self.rng.integers(len(alts)))] if self.rng is not None else alts[0]
+            self.picked.append(alt.label)
+            return alt
         return next((a for a in alts if a.label == self.label), None)
 
     def labels(self) -> List[str]:
@@ -111,7 +115,8 @@ def _one(case, args, ref, force: _Force, **opts) -> Outcome:
     except Exception as err:  # pylint: disable=broad-except
         tb = traceback.format_exc(limit=-3)
         return Outcome(force.label or "?", "error", f"{type(err).__name__}: {err}\n{tb}")
-    label = force.label or "(cheapest of each unit)"
+    label = force.label or ("random: " + ", ".join(force.picked) if force.rng is not None
+                            else "(cheapest of each unit)")
     decisions = list(report.regions) + list(report.decisions)
     reasons = " | ".join(d.reason for d in decisions)
     offered = force.labels()
@@ -137,10 +142,13 @@ def _one(case, args, ref, force: _Force, **opts) -> Outcome:
     return Outcome(label, kind, reasons if kind != "applied" else "")
 
 
-def check_case(case, max_alts: Optional[int] = None, **opts) -> CaseResult:
+def check_case(case, max_alts: Optional[int] = None, pick_seed: Optional[int] = None,
+               **opts) -> CaseResult:
     """Build ``case`` with TVM and with every alternative forced; compare the outputs.
 
     ``max_alts`` bounds the alternatives forced (spread evenly over the cheapest-first list).
+    With ``pick_seed`` the first build forces a random alternative of each unit instead of the
+    cheapest (with ``max_alts=1``, the cheap mode of the long run: one ollie build per case).
     """
     res = CaseResult(case.text)
     args = [np.random.default_rng(7).standard_normal([int(s) for s in p.ty.shape])
@@ -150,7 +158,7 @@ def check_case(case, max_alts: Optional[int] = None, **opts) -> CaseResult:
     except Exception as err:  # pylint: disable=broad-except
         res.skipped = f"TVM cannot build it: {type(err).__name__}: {str(err)[:200]}"
         return res
-    first = _Force()
+    first = _Force(rng=None if pick_seed is None else np.random.default_rng(pick_seed))
     res.outcomes.append(_one(case, args, ref, first, **opts))
     labels = first.labels()
     res.alternatives = len(labels)

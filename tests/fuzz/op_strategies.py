@@ -6,7 +6,8 @@ and a short description. Covered: conv1d/2d/3d (strides, asymmetric padding, dil
 groups, the layouts Relax legalizes), conv1d/2d/3d_transpose (output padding, groups), matmul
 (1-D operands, batch broadcasting, transposed operands through ``permute_dims``), each with a
 bias and/or relu epilogue sometimes (what :mod:`tvm_ollie.transform.epilogue` folds), weights
-as parameters or as constants.
+as parameters or as constants, and a zero ``pad`` of the convolution's input sometimes (the
+region units the pass lifts: pad + conv, conv + bias + relu, matmul + add).
 """
 
 from __future__ import annotations
@@ -119,6 +120,12 @@ def conv_cases(draw, transpose: bool = False, ranks: Tuple[int, ...] = (1, 2, 3)
         kshape = _permute_shape((cout, cg, *ks), kernel_layout, "OI" + spatial)
     bias, relu = draw(st.booleans()), draw(st.booleans())
     const_w = draw(st.booleans())
+    # a zero pad before a convolution (a region unit): the parameter is that much smaller
+    pre_pad = [(0, 0)] * nd
+    if not transpose and draw(st.booleans()):
+        pre_pad = [(draw(st.integers(0, 1)), draw(st.integers(0, 1))) for _ in range(nd)]
+        pre_pad = [(lo, hi) if size - lo - hi >= 1 else (0, 0)
+                   for (lo, hi), size in zip(pre_pad, sizes)]
     seed = draw(st.integers(0, 2**16))
     rng = np.random.default_rng(seed)
     c_axis = data_layout.index("C")
@@ -129,19 +136,24 @@ def conv_cases(draw, transpose: bool = False, ranks: Tuple[int, ...] = (1, 2, 3)
                  data_layout=data_layout, kernel_layout=kernel_layout)
     if transpose:
         attrs["output_padding"] = out_pads
-    params = [tensor_var("x", dshape)]
+    pads_by_axis = {c: p for c, p in zip(spatial, pre_pad)}
+    xshape = tuple(n - sum(pads_by_axis.get(c, (0, 0))) for n, c in zip(dshape, data_layout))
+    pad_width = [w for c in data_layout for w in pads_by_axis.get(c, (0, 0))]
+    params = [tensor_var("x", xshape)]
     if not const_w:
         params.append(tensor_var("w", kshape))
     wconst = relax.const(rng.standard_normal(kshape).astype("float32")) if const_w else None
 
     def body(bb, x, w=None):
+        if any(pad_width):
+            x = bb.emit(relax.op.nn.pad(x, pad_width))
         y = op(x, w if w is not None else wconst, **attrs)
         return _epilogue(bb, y, bias_shape, bias, relu, rng)
 
     mod = single_function_module(params, body)
     reduction = cg * int(np.prod(ks))
     text = (f"{name} x{dshape} w{kshape}{' const' if const_w else ''} {attrs} "
-            f"bias={bias} relu={relu}")
+            f"bias={bias} relu={relu}" + (f" pad{pad_width}" if any(pad_width) else ""))
     return Case(mod, reduction, text, name)
 
 

@@ -6,16 +6,21 @@ two forced alternatives each); ``-m slow`` runs ``OLLIE_FUZZ_EXAMPLES`` examples
 forcing ``OLLIE_FUZZ_ALTS`` alternatives each (default: all) of the ``OLLIE_FUZZ_FAMILY``
 operators (``conv``, ``conv2d``, ``conv_transpose``, ``matmul``; default all), logs one JSON
 line per case to ``OLLIE_FUZZ_LOG`` and fails at the end with every failure found.
+``OLLIE_FUZZ_SEED`` seeds hypothesis (parallel runs draw different cases);
+``OLLIE_FUZZ_PICK=random`` makes the first build of a case force a random alternative of each
+unit instead of the cheapest: with ``OLLIE_FUZZ_ALTS=1`` that is one ollie build per case
+(thousands of cases in an hour or two), every alternative still reached over many cases.
 """
 
 import json
 import logging
 import os
+import zlib
 from collections import Counter
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, Phase, event, example, given, settings
+from hypothesis import HealthCheck, Phase, event, example, given, seed, settings
 
 import differential as D
 import op_strategies as S
@@ -83,20 +88,25 @@ def test_fuzz_long():
     alts = os.environ.get("OLLIE_FUZZ_ALTS")
     max_alts = int(alts) if alts else None
     log_path = os.environ.get("OLLIE_FUZZ_LOG")
+    random_pick = os.environ.get("OLLIE_FUZZ_PICK") == "random"
     stats, failures = Counter(), []
 
+    @seed(int(os.environ.get("OLLIE_FUZZ_SEED", "0")))
     @settings(max_examples=examples, deadline=None, derandomize=False, database=None,
               phases=[Phase.generate], suppress_health_check=list(HealthCheck))
     @given(case=S.substantial(S.any_case(os.environ.get("OLLIE_FUZZ_FAMILY", "all"))))
     def run(case):
-        res = D.check_case(case, max_alts=max_alts)
+        pick = zlib.crc32(case.text.encode()) if random_pick else None
+        res = D.check_case(case, max_alts=max_alts, pick_seed=pick)
         _record(stats, res)
         stats[f"op:{case.op}"] += 1
+        stats["forced_builds"] += len(res.outcomes)
         failures.extend((case.text, o.label, o.kind, o.detail) for o in res.failures)
         if log_path:
             with open(log_path, "a", encoding="utf-8") as f:
                 f.write(json.dumps({"case": case.text, "alternatives": res.alternatives,
                                     "skipped": res.skipped, "counts": dict(res.counts()),
+                                    "forced": [o.label for o in res.outcomes],
                                     "failures": [o.__dict__ for o in res.failures],
                                     "rejected": [o.__dict__ for o in res.outcomes
                                                  if o.kind != "applied"]}) + "\n")

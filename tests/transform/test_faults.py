@@ -10,6 +10,8 @@ import pytest
 import tvm
 
 import small_models as sm
+from tvm_ollie.orchestrate import BLPResult, OrchestrateConfig
+from tvm_ollie.orchestrate.pipeline import ollie_orchestration
 from tvm_ollie.transform import OllieOptimize, build, optimize_module
 from tvm_ollie.tune.metaschedule import Tuner
 
@@ -162,3 +164,65 @@ def test_corrupt_tuning_records_and_measurements(tmp_path, caplog):
     sm.assert_close(sm.run(ex, args), sm.run(tvm.compile(mod, target="llvm"), args))
     assert any("database" in r.getMessage() or "corrupt" in r.getMessage()
                for r in caplog.records), [r.getMessage() for r in caplog.records]
+
+
+def _no_solution(kind, calls):
+    """A BLP solver that finds nothing: it times out with no incumbent, or raises."""
+
+    def solver(problem, time_limit_s):
+        calls.append(len(problem.costs))
+        if kind == "raises":
+            raise RuntimeError("injected: solver crashed")
+        return BLPResult([], float("nan"), "time_limit_no_incumbent", float("nan"),
+                         time_limit_s, len(problem.costs), 0, "injected: no solution in time")
+
+    return solver
+
+
+def test_orchestration_solver_finds_nothing(caplog):
+    """The orchestration's binary program times out with no solution (or the solver raises)
+    in an ``orchestrate=True`` build: the build completes with TVM's kernels one primitive
+    each, outputs equal TVM's, and the report and the log say why."""
+    mod = sm.mlp()
+    new, _ = optimize_module(mod, "llvm", **OPTS)  # what build(orchestrate=True) does first
+    args = sm.random_inputs(mod)
+    ref = sm.run(tvm.compile(mod, target="llvm"), args)
+    normal = []
+    tvm.compile(new, "llvm", relax_pipeline=ollie_orchestration("llvm", reports=normal))
+    assert any(len(k.primitives) > 1 for p in normal[0].partitions for k in p.kernels)
+    for kind, why in [("times_out", "injected: no solution in time"),
+                      ("raises", "injected: solver crashed")]:
+        calls, reports = [], []
+        pipeline = ollie_orchestration("llvm", config=OrchestrateConfig(
+            solver=_no_solution(kind, calls)), reports=reports)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="tvm_ollie"):
+            ex = tvm.compile(new, "llvm", relax_pipeline=pipeline)
+        sm.assert_close(sm.run(ex, args), ref)
+        (report,) = reports
+        assert calls and report.partitions
+        for part in report.partitions:
+            assert part.status.endswith("+singletons"), report.to_text()
+            assert any(why in f for f in part.fallbacks), report.to_text()
+            assert all(len(k.primitives) == 1 for k in part.kernels)
+        assert why in report.to_text()
+        assert any(why in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.slow
+def test_orchestration_real_solver_with_zero_time_limit():
+    """HiGHS itself given no time (``time_limit_s=0``): a partition it cannot solve in
+    presolve is split, then kept as single kernels; the build is correct and says why."""
+    mod = sm.conv_stack()
+    reports = []
+    pipeline = ollie_orchestration("llvm", config=OrchestrateConfig(time_limit_s=0.0),
+                                   reports=reports)
+    args = sm.random_inputs(mod)
+    sm.assert_close(sm.run(tvm.compile(mod, "llvm", relax_pipeline=pipeline), args),
+                    sm.run(tvm.compile(mod, target="llvm"), args))
+    (report,) = reports
+    text = report.to_text()
+    assert "no solution" in text, text
+    for part in report.partitions:
+        # solved (in presolve, or an incumbent in time), or kept as singletons with the reason
+        assert part.status in ("optimal", "time_limit") or part.fallbacks, text

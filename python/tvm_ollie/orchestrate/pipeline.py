@@ -17,13 +17,14 @@ partition keeps its primitives as single kernels, and the report says why.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
 from ..compat import relax, tvm
 from ..tune.calibrate import target_kind
-from .blp import BLPProblem, solve_blp
+from .blp import BLPProblem, BLPResult, solve_blp
 from .candidates import Candidate, enumerate_candidates, make_candidate
 from .cost import AnalyticCost, CostModel
 from .emit import KernelCycle, emit_bindings, kernel_module, plan_kernels
@@ -37,6 +38,8 @@ __all__ = ["Orchestrate", "OrchestrateConfig", "orchestrate_legalized", "orchest
            "orchestrate_pipeline", "fuse_check", "build_check", "default_check",
            "schedule_check"]
 
+LOG = logging.getLogger("tvm_ollie.orchestrate")
+
 #: ``check(kernel_module) -> None``; raises when the kernel cannot be built as one PrimFunc.
 KernelCheck = Callable[["tvm.IRModule"], None]
 
@@ -49,7 +52,10 @@ class OrchestrateConfig:
     ``time_limit_s`` per binary program; partitions of ``min_partition_nodes`` to
     ``max_partition_nodes`` primitives (:func:`.partition.partition`), split in two while
     they have more than ``max_partition_candidates`` candidates; ``max_rounds`` solves per
-    partition when chosen kernels fail their check or form a cycle.
+    partition when chosen kernels fail their check or form a cycle. ``solver(problem,
+    time_limit_s) -> BLPResult`` replaces :func:`.blp.solve_blp` (None: HiGHS), so that a
+    solver that times out or finds nothing can be given through the public pipeline (the
+    fault tests do; the build then keeps the primitives as single kernels and says why).
     """
 
     max_kernel_size: int = 8
@@ -59,6 +65,7 @@ class OrchestrateConfig:
     min_partition_nodes: int = 48
     max_partition_candidates: int = 1000
     max_rounds: int = 4
+    solver: Optional[Callable[[BLPProblem, float], "BLPResult"]] = None
 
 
 def fuse_check(mod: "tvm.IRModule") -> None:
@@ -152,6 +159,17 @@ def _singletons(graph: PrimitiveGraph, nodes: List[int]) -> List[Candidate]:
     return [make_candidate(graph, 1 << i) for i in nodes]
 
 
+def _solve(config: OrchestrateConfig, problem: BLPProblem) -> BLPResult:
+    """The configured solver's result; a solver that raises is a result with no solution
+    (status ``error``), which the selection falls back from like any other."""
+    start = time.perf_counter()
+    try:
+        return (config.solver or solve_blp)(problem, config.time_limit_s)
+    except Exception as err:  # pylint: disable=broad-except
+        return BLPResult([], float("nan"), "error", float("nan"), time.perf_counter() - start,
+                         len(problem.costs), 0, f"solver raised {type(err).__name__}: {err}")
+
+
 class _Selector:
     """Selection of one partition, with the fallback loop of the module docstring."""
 
@@ -237,7 +255,7 @@ class _Selector:
             self._guard(problem, cands)
         for _ in range(config.max_rounds):
             rep.rounds += 1
-            res = solve_blp(problem, config.time_limit_s)
+            res = _solve(config, problem)
             rep.variables, rep.constraints = res.n_vars, res.n_constraints
             rep.solve_s += res.solve_s
             rep.gap, rep.status, rep.objective_s = res.gap, res.status, res.objective
@@ -245,6 +263,9 @@ class _Selector:
                 if can_split and res.status == "time_limit_no_incumbent":
                     return None
                 rep.fallbacks.append(f"solver: {res.status} {res.message}".strip())
+                LOG.warning("orchestration: %s block %d, %d primitives: %s; kept as single "
+                            "kernels", rep.function, rep.block, rep.primitives,
+                            rep.fallbacks[-1])
                 break
             chosen = [cands[i] for i in res.chosen]
             try:
