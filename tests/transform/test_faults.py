@@ -120,6 +120,7 @@ def test_forced_candidates_verified_and_correct():
         [d.chosen for d in report.decisions]
 
 
+@pytest.mark.slow  # a second interpreter with its own derivation (about 40 s quiet)
 def test_native_library_missing():
     """``TVM_OLLIE_DISABLE_NATIVE=1``: native kernels asked for, none available; the build
     completes on TVM kernels, correct, with the reason logged."""

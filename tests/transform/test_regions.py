@@ -190,6 +190,7 @@ def _onnx_banded_module():
     return from_onnx(model, keep_params_in_input=False)
 
 
+@pytest.mark.slow  # the model's own form stays in the default run (test_banded_attention_...)
 def test_onnx_form_becomes_g2bmm():
     mod = _onnx_banded_module()
     (region,) = [r for r in find_regions(mod) if r.size > 1]
