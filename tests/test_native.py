@@ -86,3 +86,27 @@ def test_disabled_by_environment():
     assert res.returncode == 0, res.stderr
     assert "False disabled by TVM_OLLIE_DISABLE_NATIVE" in res.stdout
     assert "unavailable" not in res.stderr
+
+
+def test_kernels_leave_the_callers_openmp_thread_count_alone():
+    """The kernels run with the library's thread count and restore the calling thread's OpenMP
+    count: PyTorch reads that count as its own (torch.compile asserts it unchanged while the
+    backend builds and times kernels)."""
+    _require()
+    torch = pytest.importorskip("torch")
+    import numpy as np
+    import tvm_ffi
+
+    before_torch, before_native = torch.get_num_threads(), native.get_num_threads()
+    a = np.ones((64, 64), "float32")
+    out = np.zeros((64, 64), "float32")
+    try:
+        torch.set_num_threads(2)
+        native.set_num_threads(1)
+        matmul = tvm_ffi.get_global_func(native.MATMUL)
+        matmul("ta=0;tb=0", *[tvm_ffi.from_dlpack(x) for x in (a, a, out)])
+        assert torch.get_num_threads() == 2
+        assert out[0, 0] == 64.0
+    finally:
+        native.set_num_threads(before_native)
+        torch.set_num_threads(before_torch)

@@ -360,8 +360,7 @@ static int DefaultThreads() {
 
 void SetNumThreads(int n) {
   if (n <= 0) TVM_FFI_THROW(ValueError) << "set_num_threads: expected n >= 1, got " << n;
-  g_num_threads = n;
-  omp_set_num_threads(n);
+  g_num_threads = n;  // OpenMP's count is applied per kernel call (ThreadScope)
   BlasSetNumThreads(n);
 }
 
@@ -369,9 +368,14 @@ void InitThreadsOnce() {
   std::call_once(g_threads_once, []() { SetNumThreads(DefaultThreads()); });
 }
 
-void EnsureThreads() {
+ThreadScope::ThreadScope() {
   InitThreadsOnce();
-  if (omp_get_max_threads() != g_num_threads) omp_set_num_threads(g_num_threads);
+  previous_ = omp_get_max_threads();
+  if (previous_ != g_num_threads) omp_set_num_threads(g_num_threads);
+}
+
+ThreadScope::~ThreadScope() {
+  if (omp_get_max_threads() != previous_) omp_set_num_threads(previous_);
 }
 
 int GetNumThreads() {

@@ -107,9 +107,20 @@ std::shared_ptr<T> CachedGet(const std::string& key, const std::function<std::sh
 void SetNumThreads(int n);
 int GetNumThreads();
 void InitThreadsOnce();
-// Called at every kernel entry: OpenMP's thread count is per calling thread, so a thread that
-// has not seen SetNumThreads gets it here.
-void EnsureThreads();
+// Held for the duration of every kernel call: sets the calling thread's OpenMP thread count to
+// the library's and restores the caller's own on exit. OpenMP's count is per calling thread and
+// shared with everything else in the process that uses OpenMP (PyTorch reads it as its
+// intra-op thread count), so a kernel must not leave it changed.
+class ThreadScope {
+ public:
+  ThreadScope();
+  ~ThreadScope();
+  ThreadScope(const ThreadScope&) = delete;
+  ThreadScope& operator=(const ThreadScope&) = delete;
+
+ private:
+  int previous_;
+};
 
 // OpenBLAS entry points (prefixed names of scipy-openblas32).
 void BlasSetNumThreads(int n);

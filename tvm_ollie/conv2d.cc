@@ -345,7 +345,7 @@ ffi::TensorView TensorArg(ffi::PackedArgs args, int i, const char* fname, const 
 }
 
 void Conv2d(ffi::PackedArgs args, ffi::Any* rv) {
-  EnsureThreads();
+  ThreadScope threads;
   ConvParams p = ParseArgsAttrs(args, kName);
   const int want = 4 + (p.has_bias ? 1 : 0) + (p.has_res ? 1 : 0);
   if (args.size() != want) {
@@ -466,7 +466,7 @@ std::shared_ptr<OneDNNConv> PackedEntry(const char* fname, const ConvParams& p,
 // conv2d_packed_size(attrs, data_shape, weight_shape) -> number of float32 elements.
 int64_t PackedSize(const std::string& attrs, const ffi::Array<int64_t>& x,
                    const ffi::Array<int64_t>& w) {
-  EnsureThreads();
+  ThreadScope threads;
   ConvParams p = ParseConvAttrs(attrs);
   std::string key;
   auto e = PackedEntry(kPackSizeName, p, std::vector<int64_t>(x.begin(), x.end()),
@@ -476,7 +476,7 @@ int64_t PackedSize(const std::string& attrs, const ffi::Array<int64_t>& x,
 
 // conv2d_pack_weight(attrs, data, weight, Packed): data only gives its shape.
 void PackWeight(ffi::PackedArgs args, ffi::Any* rv) {
-  EnsureThreads();
+  ThreadScope threads;
   ConvParams p = ParseArgsAttrs(args, kPackName);
   if (args.size() != 4) {
     TVM_FFI_THROW(TypeError) << kPackName << ": expected 4 arguments (attrs, data, weight, "

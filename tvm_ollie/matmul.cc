@@ -309,7 +309,7 @@ Lib ChooseLib(const Problem& pr) {
 }
 
 void Matmul(ffi::PackedArgs args, ffi::Any* rv) {
-  EnsureThreads();
+  ThreadScope threads;
   if (args.size() < 1) TVM_FFI_THROW(TypeError) << kName << ": missing attrs";
   auto attrs_opt = args[0].try_cast<ffi::String>();
   if (!attrs_opt.has_value()) {

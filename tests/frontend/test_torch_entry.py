@@ -144,6 +144,58 @@ def test_torch_compile_unsupported_op_falls_back_to_eager():
     torch.testing.assert_close(out, eager(module, x), rtol=0, atol=0)
 
 
+def _wrong_importer(monkeypatch, name):
+    """TVM's importer ``name`` returning a module that adds 1 to the right answer (a
+    mistranslated operator, as TVM's ``from_fx`` did on the Longformer zoo model)."""
+    import tvm.relax.frontend.torch as frontend
+
+    real = getattr(frontend, name)
+    made = []
+
+    def wrong(*args, **kwargs):
+        orig = real(*args, **kwargs)["main"]
+        bb = relax.BlockBuilder()
+        inner = bb.add_func(orig.without_attr("global_symbol"), "imported")
+        params = [relax.Var(p.name, p.ty) for p in orig.params]
+        one = relax.const(1.0, "float32")
+        with bb.function("main", params):
+            res = bb.emit(relax.Call(inner, params))
+            if isinstance(res.ty, relax.TupleType):
+                out = relax.Tuple([bb.emit(relax.op.add(relax.TupleGetItem(res, i), one))
+                                   for i in range(len(res.ty.fields))])
+            else:
+                out = relax.op.add(res, one)
+            bb.emit_func_output(out)
+        made.append(name)
+        return bb.get()
+
+    monkeypatch.setattr(frontend, name, wrong)
+    return made
+
+
+def test_torch_compile_skips_an_importer_that_computes_something_else(monkeypatch):
+    module, x = tm.seeded(tm.TinyConvNet)
+    made = _wrong_importer(monkeypatch, "from_fx")
+    out, counts = _compile_backend(module, x)
+    assert made == ["from_fx"]  # the wrong module was made, built, and not used
+    assert counts == {"compiled": 1, "eager": 0}  # through torch.export instead
+    torch.testing.assert_close(out, eager(module, x), rtol=RTOL, atol=ATOL)
+
+
+def test_torch_compile_never_returns_a_wrong_graph(monkeypatch):
+    module, x = tm.seeded(tm.TinyConvNet)
+    _wrong_importer(monkeypatch, "from_fx")
+    _wrong_importer(monkeypatch, "from_exported_program")
+    torch_backend._WARNED.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out, counts = _compile_backend(module, x)
+    assert counts == {"compiled": 0, "eager": 1}
+    messages = [str(w.message) for w in caught if "tvm_ollie" in str(w.message)]
+    assert len(messages) == 1 and "differs from eager" in messages[0], messages
+    torch.testing.assert_close(out, eager(module, x), rtol=0, atol=0)
+
+
 def test_python_factory_returning_module_and_inputs(tmp_path):
     (tmp_path / "model.py").write_text(textwrap.dedent(f"""
         import sys

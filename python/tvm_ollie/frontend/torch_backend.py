@@ -4,9 +4,12 @@ TorchDynamo hands the backend each captured FX graph (graph breaks split a model
 the backend imports it with TVM's ``from_fx`` (or, for graphs ``from_fx`` cannot convert, with
 ``torch.export`` and ``from_exported_program``), builds it with the ollie pipeline (``trials=0``
 unless ``options`` say otherwise) and returns a function that runs it on the Relax VM, with
-inputs and outputs exchanged through DLPack (zero-copy on CPU). A graph that cannot be
-converted or built (an operator TVM lacks, symbolic shapes, autograd) runs in eager PyTorch
-instead, with one warning naming the reason; the other graphs of the model still use TVM.
+inputs and outputs exchanged through DLPack (zero-copy on CPU). Each compiled graph is run
+once on the example inputs dynamo hands over and compared with eager PyTorch (the tolerance
+of the output's dtype): an importer whose module computes something else is not used (the next
+importer is tried). A graph that cannot be converted, built or matched (an operator TVM lacks,
+symbolic shapes, autograd) runs in eager PyTorch instead, with one warning naming the reason;
+the other graphs of the model still use TVM.
 
 Options (``torch.compile(..., options={...})``): ``config`` (an
 :class:`~tvm_ollie.config.OllieConfig`) and any keyword of :func:`tvm_ollie.transform.build`
@@ -91,22 +94,31 @@ def _compile_graph(gm, example_inputs: List[Any], options: Dict) -> Callable:
         input_info.append((tuple(value.shape), str(value.dtype).replace("torch.", "")))
     single = _returns_single_tensor(gm)
     gm.graph.eliminate_dead_code()
-    mod = _import_graph(gm, example_inputs, input_info, single)
-    # options: ``config`` (an OllieConfig) and overrides of its fields (target, trials...)
-    executable, _ = build(mod, **options)
-    vm = relax.VirtualMachine(executable, tvm.cpu(0))
-    main = vm["main"]
+    with torch.no_grad():
+        expected = _flat(gm(*[x.clone() for x in example_inputs]))
+    failures = []
+    for importer, mod in _imported_graphs(gm, example_inputs, input_info, single, failures):
+        # options: ``config`` (an OllieConfig) and overrides of its fields (target, trials...)
+        executable, _ = build(mod, **options)
+        main = relax.VirtualMachine(executable, tvm.cpu(0))["main"]
 
-    def run(*inputs):
-        outputs = from_tvm(main(*[to_tvm(x) for x in inputs]))
-        return outputs if single or isinstance(outputs, tuple) else (outputs,)
+        def run(*inputs, main=main):
+            outputs = from_tvm(main(*[to_tvm(x) for x in inputs]))
+            return outputs if single or isinstance(outputs, tuple) else (outputs,)
 
-    return run
+        why = _differs(expected, _flat(run(*example_inputs)))
+        if why is None:
+            return run
+        failures.append(f"{importer}: the compiled graph {why}")
+    raise EagerFallback("; ".join(failures))
 
 
-def _import_graph(gm, example_inputs: List[Any], input_info: List, single: bool):
-    """The graph as a Relax module: TVM's ``from_fx``, else ``torch.export`` of the graph and
-    ``from_exported_program``.
+def _imported_graphs(gm, example_inputs: List[Any], input_info: List, single: bool,
+                     failures: List[str]):
+    """The graph as Relax modules, one per importer that converts it: TVM's ``from_fx``, then
+    ``torch.export`` of the graph and ``from_exported_program`` (the next importer is tried when
+    a module's outputs differ from eager PyTorch on the example inputs; ``failures`` collects
+    why each one was not used).
 
     Dynamo's graphs call ``torch.nn.functional`` (e.g. ``batch_norm``), some of which
     ``from_fx`` lacks; ``torch.export`` decomposes them into ATen operators TVM converts. Every
@@ -117,16 +129,51 @@ def _import_graph(gm, example_inputs: List[Any], input_info: List, single: bool)
     from tvm.relax.frontend.torch import from_exported_program, from_fx
 
     try:
-        return from_fx(gm, input_info, unwrap_unit_return_tuple=single)
-    except Exception as fx_err:  # pylint: disable=broad-except  # an op from_fx lacks
-        fx_reason = first_line(fx_err)
+        yield "from_fx", from_fx(gm, input_info, unwrap_unit_return_tuple=single)
+    except Exception as err:  # pylint: disable=broad-except  # an op from_fx lacks
+        failures.append(f"from_fx: {first_line(err)}")
     try:
         with torch.no_grad():
             program = torch.export.export(gm, tuple(example_inputs))
-        return from_exported_program(program, unwrap_unit_return_tuple=single)
+        mod = from_exported_program(program, unwrap_unit_return_tuple=single)
     except Exception as err:  # pylint: disable=broad-except
-        raise EagerFallback(f"from_fx: {fx_reason}; torch.export + from_exported_program: "
-                            f"{first_line(err)}") from err
+        failures.append(f"torch.export + from_exported_program: {first_line(err)}")
+        return
+    yield "torch.export + from_exported_program", mod
+
+
+def _flat(outputs) -> list:
+    """The tensors of a graph's outputs, in order (nested tuples and lists flattened)."""
+    if isinstance(outputs, (tuple, list)):
+        return [t for o in outputs for t in _flat(o)]
+    return [outputs]
+
+
+def _differs(expected: list, got: list) -> Optional[str]:
+    """Why ``got`` is not ``expected`` (None when every tensor agrees within the tolerance of its
+    dtype, relative to its largest magnitude): the backend never returns a wrong graph."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
+    from ..verify.tolerance import tolerance  # pylint: disable=import-outside-toplevel
+
+    if len(expected) != len(got):
+        return f"returns {len(got)} outputs, eager {len(expected)}"
+    for k, (ref_t, out_t) in enumerate(zip(expected, got)):
+        if tuple(ref_t.shape) != tuple(out_t.shape):
+            return f"output {k} has shape {list(out_t.shape)}, eager {list(ref_t.shape)}"
+        if not ref_t.is_floating_point():
+            if not np.array_equal(ref_t.detach().numpy(), out_t.detach().numpy()):
+                return f"output {k} differs from eager"
+            continue
+        dtype = str(ref_t.dtype).replace("torch.", "")
+        ref = ref_t.detach().double().numpy()
+        out = out_t.detach().double().numpy()
+        err = float(np.max(np.abs(out - ref))) if ref.size else 0.0
+        scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+        if not np.isfinite(err) or err > tolerance(dtype) * max(scale, 1e-6):
+            return f"differs from eager on the example inputs (output {k}: max abs err " \
+                   f"{err:.3g}, scale {scale:.3g})"
+    return None
 
 
 def _returns_single_tensor(gm) -> bool:
