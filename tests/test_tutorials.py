@@ -14,8 +14,8 @@ NOTEBOOKS = sorted(name for name in os.listdir(TUTORIALS) if name.endswith(".ipy
 
 
 def test_tutorials_exist():
-    assert NOTEBOOKS == ["01_quick_start.ipynb", "02_pytorch.ipynb", "03_onnx.ipynb",
-                         "04_orchestration.ipynb"]
+    assert NOTEBOOKS == ["00_derivation_by_hand.ipynb", "01_quick_start.ipynb",
+                         "02_pytorch.ipynb", "03_onnx.ipynb", "04_orchestration.ipynb"]
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
