@@ -19,9 +19,10 @@ Because nodes are hash-consed, equal canonical states are the same object, and t
 
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from ..ir.nodes import Access, BinOp, Call, Const, IterVar, Node, Scope, Var, substitute
+from ..ir.rewrite import rewrite
 from ..ir.simplify import simplify
 
 __all__ = ["canonicalize", "normalize_indices", "rename_iterators"]
@@ -45,7 +46,7 @@ def _canon(s: Scope, root: bool) -> Tuple[Scope, Tuple[int, ...]]:
     hit = cache.get(key)
     if hit is not None:
         return hit
-    body = _rebuild(s.body, {})
+    body = rewrite(s.body, post=_canonical_read, enter_scopes=False)
     simple = simplify(s.replace(body=body) if body is not s.body else s)
     out = _rename(simple, root)
     cache[key] = out
@@ -57,30 +58,13 @@ def _canon(s: Scope, root: bool) -> Tuple[Scope, Tuple[int, ...]]:
     return out
 
 
-def _rebuild(cur: Node, memo: Dict[int, Node]) -> Node:
-    """``cur`` with every nested scope replaced by its canonical form (subscripts permuted)."""
-    hit = memo.get(id(cur))
-    if hit is not None:
-        return hit
-    if isinstance(cur, Access):
-        idx = tuple(_rebuild(i, memo) for i in cur.indices)
-        if isinstance(cur.source, Scope):
-            src, perm = _canon(cur.source, False)
-            out = Access(src, tuple(idx[k] for k in perm))
-        elif all(a is b for a, b in zip(idx, cur.indices)):
-            out = cur
-        else:
-            out = Access(cur.source, idx)
-    elif isinstance(cur, BinOp):
-        a, b = _rebuild(cur.a, memo), _rebuild(cur.b, memo)
-        out = cur if (a is cur.a and b is cur.b) else BinOp(cur.op, a, b)
-    elif isinstance(cur, Call):
-        args = tuple(_rebuild(a, memo) for a in cur.args)
-        out = cur if all(a is b for a, b in zip(args, cur.args)) else Call(cur.func, args)
-    else:
-        out = cur
-    memo[id(cur)] = out
-    return out
+def _canonical_read(cur: Node) -> Optional[Node]:
+    """A read of a nested scope as a read of its canonical form (subscripts permuted); the
+    rewrite driver does not enter nested scopes, :func:`_canon` canonicalizes them (cached)."""
+    if not (isinstance(cur, Access) and isinstance(cur.source, Scope)):
+        return None
+    src, perm = _canon(cur.source, False)
+    return Access(src, tuple(cur.indices[k] for k in perm))
 
 
 def _rename(s: Scope, root: bool, reorder_nested: bool = True) -> Tuple[Scope, Tuple[int, ...]]:

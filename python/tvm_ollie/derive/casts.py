@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from typing import Dict, Optional, Tuple
 
-from ..ir.nodes import (Access, BinOp, Call, Node, Scope, Tensor, dtype_bits, is_cast,
+from ..ir.nodes import (Access, Call, Node, Scope, Tensor, dtype_bits, is_cast,
                         is_float_dtype, iter_nodes)
+from ..ir.rewrite import rewrite
 from .program import Program, Stage, map_accesses
 
 __all__ = ["widen_reads", "restore_program", "widens"]
@@ -60,34 +61,17 @@ def widen_reads(expr: Scope) -> Tuple[Scope, Retyped]:
             retyped[name] = ("", next(iter(hows)))
     if not retyped:
         return expr, {}
-    memo: Dict[Node, Node] = {}
 
-    def go(cur: Node) -> Node:
-        done = memo.get(cur)
-        if done is not None:
-            return done
-        if is_cast(cur) and isinstance(cur.args[0], Access) and \
-                isinstance(cur.args[0].source, Tensor) and cur.args[0].source.name in retyped:
-            acc = cur.args[0]
-            t = acc.source
-            retyped[t.name] = (t.dtype, cur.func)
-            out: Node = Access(Tensor(t.name, t.shape, cur.func, t.pad, t.pad_value),
-                               acc.indices)
-        elif isinstance(cur, Access):
-            src = go(cur.source) if isinstance(cur.source, Scope) else cur.source
-            out = cur if src is cur.source else Access(src, cur.indices)
-        elif isinstance(cur, Scope):
-            out = cur.replace(body=go(cur.body))
-        elif isinstance(cur, BinOp):
-            out = BinOp(cur.op, go(cur.a), go(cur.b))
-        elif isinstance(cur, Call):
-            out = Call(cur.func, tuple(go(a) for a in cur.args))
-        else:
-            out = cur
-        memo[cur] = out
-        return out
+    def retype(cur: Node) -> Optional[Node]:
+        if not (is_cast(cur) and isinstance(cur.args[0], Access) and
+                isinstance(cur.args[0].source, Tensor) and cur.args[0].source.name in retyped):
+            return None
+        acc = cur.args[0]
+        t = acc.source
+        retyped[t.name] = (t.dtype, cur.func)
+        return Access(Tensor(t.name, t.shape, cur.func, t.pad, t.pad_value), acc.indices)
 
-    return go(expr), retyped
+    return rewrite(expr, pre=retype), retyped
 
 
 def restore_reads(node: Node, retyped: Retyped) -> Node:

@@ -39,6 +39,7 @@ from ..ir.nodes import (
     iter_nodes,
     substitute,
 )
+from ..ir.rewrite import rewrite
 from .match import Match, form_to_node, linear_form
 
 __all__ = ["Stage", "Program", "Step", "instantiate", "instantiate_all", "fuse_memory_bound",
@@ -228,31 +229,7 @@ def map_accesses(node: Node, fn: Callable[[Access], Optional[Node]]) -> Node:
     ``fn`` sees each access with its indices already rebuilt; returning None keeps it (with its
     source scope rebuilt recursively).
     """
-    memo: Dict[Node, Node] = {}
-
-    def go(cur: Node) -> Node:
-        done = memo.get(cur)
-        if done is not None:
-            return done
-        if isinstance(cur, Access):
-            src = cur.source
-            if isinstance(src, Scope):
-                src = go(src)
-            acc = Access(src, tuple(go(i) for i in cur.indices))
-            hit = fn(acc)
-            out = acc if hit is None else hit
-        elif isinstance(cur, Scope):
-            out = cur.replace(body=go(cur.body))
-        elif isinstance(cur, BinOp):
-            out = BinOp(cur.op, go(cur.a), go(cur.b))
-        elif isinstance(cur, Call):
-            out = Call(cur.func, tuple(go(a) for a in cur.args))
-        else:
-            out = cur
-        memo[cur] = out
-        return out
-
-    return go(node)
+    return rewrite(node, post=lambda cur: fn(cur) if isinstance(cur, Access) else None)
 
 
 def stage_merge(access: Access) -> Optional[Node]:
