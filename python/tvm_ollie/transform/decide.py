@@ -465,12 +465,7 @@ class Decider:
             if prog.multi or repr(prog) in seen:
                 continue
             seen.add(repr(prog))
-            impls = ["tvm"]
-            if self.library and any(lib.stage_form(s) is not None for s in prog.stages):
-                impls.append("native")
-            for impl in impls:
-                alts.append(Alternative(prog, impl,
-                                        analytic.program_seconds(prog, self.calib, impl)))
+            alts.extend(self._program_alternatives(prog))
         return alts, len(seen), f", search stop={res.stats.stop_reason.value}"
 
     def _group_alternatives(self, group) -> Tuple[List[Alternative], int, str]:
@@ -487,14 +482,18 @@ class Decider:
             alts.append(Alternative(None, "native", sum(analytic.original_seconds(
                 lift_relax_call(c), c.op.name, self.calib, "native") for c in group.calls)))
         for prog in progs:
-            impls = ["tvm"]
-            if self.library and any(lib.stage_form(s) is not None for s in prog.stages):
-                impls.append("native")
-            for impl in impls:
-                alts.append(Alternative(prog, impl,
-                                        analytic.program_seconds(prog, self.calib, impl)))
+            alts.extend(self._program_alternatives(prog))
         note = "" if progs else "; the calls do not merge into one GEMM"
         return alts, len(progs), note
+
+    def _program_alternatives(self, prog: Program) -> List[Alternative]:
+        """A derived program on TVM kernels, and on the native library when it implements one
+        of its stages, each with its analytic estimate."""
+        impls = ["tvm"]
+        if self.library and any(lib.stage_form(s) is not None for s in prog.stages):
+            impls.append("native")
+        return [Alternative(prog, impl, analytic.program_seconds(prog, self.calib, impl))
+                for impl in impls]
 
     def _choose_analytic(self, call, names, base, better, n_cand) -> Choice:
         failures = []

@@ -708,15 +708,15 @@ class SharedInputGroup:
 
     @property
     def size(self) -> int:
-        return len(self.bindings)
+        return self.region.size
 
     @property
     def calls(self) -> List[object]:
-        return [b.value for b in self.bindings]
+        return self.region.calls
 
     @property
     def op_names(self) -> List[str]:
-        return [_op_label(c) for c in self.calls]
+        return self.region.op_names
 
     def describe(self) -> str:
         """``q=matmul, k=matmul, v=matmul share x``."""
