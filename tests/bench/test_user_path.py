@@ -44,7 +44,8 @@ def test_render_orders_rows_and_table_round_trips(tmp_path):
     assert "| yes (1.0e-06) | 2.00 | 1.00 | 2.00x | 3 |" in lines[3]
 
 
-def test_paired_ms_alternates():
+def test_paired_ms_alternates_in_blocks():
     calls = []
-    a, b = up.paired_ms(lambda: calls.append("a"), lambda: calls.append("b"), runs=2)
-    assert calls == ["a", "b"] * 3 and a >= 0 and b >= 0
+    a, b = up.paired_ms(lambda: calls.append("a"), lambda: calls.append("b"), runs=4, block=2)
+    # per block: one untimed switch-over call, then two timed calls; two blocks of each
+    assert calls == (["a"] * 3 + ["b"] * 3) * 2 and a >= 0 and b >= 0

@@ -12,10 +12,10 @@ For each zoo model at its quick size, three paths:
 Each row says whether the model was imported (every graph compiled, for ``torch.compile``),
 whether its outputs equal eager PyTorch's (max abs error within a tolerance scaled by the
 output's magnitude), and the median latency of eager PyTorch and of the compiled model (called
-alternately; eager PyTorch on ``TVM_NUM_THREADS`` threads when set). A step
-that fails ends its row with the reason, in one line. Rows are appended to ``--jsonl`` as they
-are made (one process per model survives a crash or a time-out of another); ``--render FILE``
-prints the markdown table of such a file.
+in alternating blocks, see :func:`paired_ms`; eager PyTorch on ``TVM_NUM_THREADS`` threads
+when set). A step that fails ends its row with the reason, in one line. Rows are appended to
+``--jsonl`` as they are made (one process per model survives a crash or a time-out of
+another); ``--render FILE`` prints the markdown table of such a file.
 """
 
 from __future__ import annotations
@@ -108,17 +108,26 @@ def median_ms(fn: Callable[[], object], runs: int = 5, warmup: int = 1) -> float
     return statistics.median(times) * 1e3
 
 
-def paired_ms(first: Callable[[], object], second: Callable[[], object], runs: int = 5
-              ) -> Tuple[float, float]:
-    """Median milliseconds of ``first()`` and ``second()`` called alternately (one warm-up
-    each), so that a change of the machine's load hits both alike."""
-    first(), second()
+def paired_ms(first: Callable[[], object], second: Callable[[], object], runs: int = 5,
+              block: int = 3) -> Tuple[float, float]:
+    """Median milliseconds of ``first()`` and ``second()``, measured in alternating blocks.
+
+    Each block starts with one untimed call and then times ``block`` calls: the two runtimes
+    (PyTorch's OpenMP and TVM's thread pool) leave their worker threads spinning for a while
+    after a call, so on a machine with few cores the first call after a switch can pay for the
+    other runtime's spinning threads. Blocks still alternate, so that a change of the machine's
+    load hits both alike; ``runs`` timed calls of each are taken in all (rounded up to whole
+    blocks).
+    """
+    block = max(int(block), 1)
     a, b = [], []
-    for _ in range(max(runs, 1)):
+    for _ in range(-(-max(runs, 1) // block)):
         for fn, times in ((first, a), (second, b)):
-            start = time.perf_counter()
             fn()
-            times.append(time.perf_counter() - start)
+            for _ in range(block):
+                start = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - start)
     return statistics.median(a) * 1e3, statistics.median(b) * 1e3
 
 
