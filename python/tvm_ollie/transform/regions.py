@@ -616,7 +616,7 @@ def isolated_region_module(region: Region, program=None, names=None,
     from .emit import emit_program  # pylint: disable=import-outside-toplevel
 
     bb = relax.BlockBuilder()
-    from .decide import bind_operands  # pylint: disable=import-outside-toplevel
+    from .units import bind_operands  # pylint: disable=import-outside-toplevel
 
     params, values = bind_operands(region.inputs())
     funcs = {}
@@ -758,7 +758,7 @@ class SharedInputGroup:
     def replay(self, bb: "relax.BlockBuilder", values: Dict[str, object], impl: str = "tvm"):
         """Emit the original calls on ``values`` (each on its native kernel with
         ``impl="native"``); return the tuple of their results."""
-        from .decide import original_form  # pylint: disable=import-outside-toplevel
+        from .units import original_form  # pylint: disable=import-outside-toplevel
 
         env = {hash(v): values[n] for n, v in self.inputs()}
         outs = []
@@ -946,7 +946,7 @@ def isolated_group_module(group: SharedInputGroup, program=None, names=None,
                           impl: str = "tvm") -> "tvm.IRModule":
     """A module whose ``main`` returns the tuple of the group's results, computed by its calls
     (or by ``program``, a multi-output program, in their place)."""
-    from .decide import bind_operands  # pylint: disable=import-outside-toplevel
+    from .units import bind_operands  # pylint: disable=import-outside-toplevel
     from .emit import emit_program  # pylint: disable=import-outside-toplevel
 
     bb = relax.BlockBuilder()
