@@ -300,7 +300,7 @@ def _offers_of(decider, call, max_alternatives: int, budget_s: float):
     measured = decider.measures
 
     def info(alt, sequential):
-        seconds = decider.measure(call, alt) if measured else None
+        seconds = decider.cost(call, alt) if measured else None
         return AltInfo(alt.label, alt.estimate, seconds, sequential, alt.impl != "tvm")
 
     out = [(base, info(base, not choice.rewritten))]

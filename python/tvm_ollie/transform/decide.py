@@ -103,7 +103,8 @@ class Decider:
         Run every measurement (tuning trials, untuned and tuned timings) on the devices behind
         this RPC tracker; checked once here so an unreachable tracker fails before any work.
     chooser : Chooser, optional
-        Forces the choice per signature (for differential tests; see :data:`Chooser`).
+        Forces the choice per signature (for differential tests; see
+        :data:`~.choosing.Chooser`).
     tuner : Tuner, optional
         Replaces the MetaSchedule tuner of the default timing (used when ``trials > 0``).
     max_candidates : int, optional
@@ -234,7 +235,7 @@ class Decider:
         finally:
             self.verify_s += time.perf_counter() - t0
 
-    def measure(self, unit, alt: Alternative) -> Optional[float]:
+    def cost(self, unit, alt: Alternative) -> Optional[float]:
         """The deciding cost of ``alt`` (None: failed, or the decider does not measure)."""
         return None if self.cost_model is None else self.cost_model.seconds(unit, alt)
 
@@ -257,7 +258,7 @@ class Decider:
             return choose_analytic(base, better, names, n_cand, check)
         mode = "measured" if self.can_measure else "untuned, measured"
         return choose_measured(base, better, names, n_cand, check,  # check -> cost -> choose
-                               lambda alt: self.measure(unit, alt), self.max_measured, mode)
+                               functools.partial(self.cost, unit), self.max_measured, mode)
 
 
 def _library_enabled(library: Optional[bool], gpu: bool) -> bool:
