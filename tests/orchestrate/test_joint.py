@@ -64,7 +64,7 @@ class _FakeDecider:
     def alternatives(self, call, budget_s):  # noqa: ARG002
         return [Alternative(None, "tvm", 2.0), _Copy()], 1, ""
 
-    def _verify(self, call, alt, names):  # noqa: ARG002
+    def check(self, call, alt):  # noqa: ARG002
         return True, ""
 
 
@@ -100,15 +100,15 @@ class _NamedCost(CostModel):
 
 
 def _joint_compile(decider, cost):
-    from tvm_ollie.transform import decide as dec  # pylint: disable=import-outside-toplevel
+    from tvm_ollie.transform import units  # pylint: disable=import-outside-toplevel
 
-    orig_form = dec.original_form
+    orig_form = units.original_form
     # the fake "copy" implementation is the Relax operator itself
-    dec.original_form = lambda call, args, impl="tvm": orig_form(call, args, "tvm")
+    units.original_form = lambda call, args, impl="tvm": orig_form(call, args, "tvm")
     try:
         mod, table, _ = offer_alternatives(_conv_module(), decider)
     finally:
-        dec.original_form = orig_form
+        units.original_form = orig_form
     reports: list = []
     ex = tvm.compile(mod, "llvm", relax_pipeline=ollie_orchestration(
         "llvm", cost=cost, reports=reports, joint=table))

@@ -9,7 +9,7 @@ from tvm import relax
 
 import small_models as sm
 from tvm_ollie.transform import OllieOptimize, OptimizeReport, optimize_module
-from tvm_ollie.transform import decide as decide_mod
+from tvm_ollie.transform import checking
 from tvm_ollie.tune.calibrate import Calibration
 
 OPTS = dict(max_depth=2, time_budget_s=4.0, calibration=sm.LLVM_CALIB)
@@ -80,7 +80,7 @@ def test_identical_calls_are_derived_once():
 
     def counting(ref, cand):
         checked.append(ref.script())
-        return decide_mod.check_numerics(ref, cand)
+        return checking.check_numerics(ref, cand)
 
     mod = sm.conv_stack()  # w2 and w3 convolutions share one signature
     new, report = optimize_module(mod, "llvm", checker=counting, library=False, **OPTS)

@@ -150,17 +150,17 @@ def test_failed_remote_timing_is_never_cached(cluster, tmp_path):
     decider = Decider("llvm", trials=0, work_dir=str(tmp_path), rpc=cluster.config(),
                       check_untuned=True)
     gone = dataclasses.replace(cluster.config(), key="no-such-device")
-    decider.rpc = gone  # the devices went away after the start-up check
+    decider.cost_model.rpc = gone  # the devices went away after the start-up check
     t0 = time.perf_counter()
-    assert decider.timer(isolated_module(call), "sig|original") is None
+    assert decider.cost_model.measure(isolated_module(call), "sig|original") is None
     assert time.perf_counter() - t0 < 30  # no wait for a device that cannot come
     # the measured path (trials > 0) with its own cache
     decider = Decider("llvm", trials=2, work_dir=str(tmp_path), rpc=cluster.config())
-    decider.rpc = decider.tuner.rpc = gone
+    decider.cost_model.rpc = decider.cost_model.tuner.rpc = gone
     calls = STATS.calls
-    assert decider.timer(isolated_module(call), "sig|original") is None
+    assert decider.cost_model.measure(isolated_module(call), "sig|original") is None
     assert STATS.calls == calls  # stopped before tuning: no trial was spent
-    assert decider.measure_cache.data == {}
+    assert decider.cost_model.cache.data == {}
     assert not os.path.exists(os.path.join(str(tmp_path), "ollie_measurements.json"))
 
 

@@ -223,16 +223,16 @@ def offer_alternatives(mod: "tvm.IRModule", decider, max_alternatives: int = 2,
                 return
             sig = call_signature(call)
             if sig not in offers:
-                offers[sig] = _offers_of(decider, call, sig, max_alternatives, budget_s)
+                offers[sig] = _offers_of(decider, call, max_alternatives, budget_s)
             choice, alts = offers[sig]
             name = binding.var.name
             decided.append((name, sig, choice))
             if len(alts) < 2 or _ALT_RE.match(name) or name in table.alts:
                 return
-            from ..transform.decide import _operand_values, original_form
             from ..transform.emit import emit_program
+            from ..transform.units import operand_values, original_form
 
-            names, values = _operand_values(call)
+            names, values = operand_values(call)
             values = [self.visit_expr(v) for v in values]
             infos = [alts[0][1]]
             k, emitted = 0, []
@@ -291,17 +291,16 @@ def _static(call) -> bool:
     return all(static_tensor(e) for e in [call] + list(call.args))
 
 
-def _offers_of(decider, call, sig: str, max_alternatives: int, budget_s: float):
+def _offers_of(decider, call, max_alternatives: int, budget_s: float):
     """``(choice, [(alternative, AltInfo)...])``: the original first, then the sequential
     choice, then the cheapest verified others."""
     choice = decider.decide(call, budget_s)
     alts, _, _ = decider.alternatives(call, budget_s)
-    names = choice.names
     base = alts[0]
     measured = decider.measures
 
     def info(alt, sequential):
-        seconds = decider._timed(call, sig, alt, names) if measured else None  # noqa: SLF001
+        seconds = decider.cost(call, alt) if measured else None
         return AltInfo(alt.label, alt.estimate, seconds, sequential, alt.impl != "tvm")
 
     out = [(base, info(base, not choice.rewritten))]
@@ -316,7 +315,7 @@ def _offers_of(decider, call, sig: str, max_alternatives: int, budget_s: float):
         sequential = choice.rewritten and alt.label == choice.label
         if not sequential:
             tries += 1
-            ok, _ = decider._verify(call, alt, names)  # noqa: SLF001
+            ok, _ = decider.check(call, alt)
             if not ok:
                 continue
         item = info(alt, sequential)
@@ -359,7 +358,7 @@ def keep_alternatives(inner: "tvm.transform.Pass") -> "tvm.transform.Pass":
 
 #: :class:`~tvm_ollie.transform.decide.Decider` options that :func:`joint_build` passes on.
 _DECIDER_OPTS = ("max_depth", "calibration", "max_measured", "max_states", "check_untuned",
-                 "library", "derive", "timer", "checker", "chooser")
+                 "library", "derive", "timer", "checker", "chooser", "cost_model")
 
 
 def _rewrite_regions(mod, tgt, work_dir, opts):

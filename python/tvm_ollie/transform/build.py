@@ -79,7 +79,8 @@ def build(mod: "tvm.IRModule", target=None, trials: Optional[int] = None,
         (or ``"float32"``): the model as given. Overrides ``config.dtype``.
     **opts
         Other config fields (``max_depth``, ``time_budget_s``, ``calibration``...) and the
-        test hooks of :func:`optimize_module` (``timer``, ``checker``, ``chooser``, ``tuner``).
+        test hooks of :func:`optimize_module` (``timer``, ``checker``, ``chooser``, ``tuner``,
+        ``cost_model``).
 
     Returns
     -------
@@ -105,7 +106,7 @@ def build(mod: "tvm.IRModule", target=None, trials: Optional[int] = None,
 
 
 #: Keywords of :func:`build` that go to :func:`optimize_module` as they are (not options).
-_HOOKS = ("timer", "checker", "chooser", "tuner")
+_HOOKS = ("timer", "checker", "chooser", "tuner", "cost_model")
 
 #: Share of the trial budget kept for the rewritten module's kernels (the final task).
 FINAL_SHARE = 0.5

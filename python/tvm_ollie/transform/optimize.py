@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple, Union
 
 from ..compat import relax, tvm
 from ..config import MIN_SEARCH_S, OllieConfig, resolve_config
@@ -24,12 +24,15 @@ from ..tune.budget import TrialBudget
 from ..tune.calibrate import Calibration
 from ..tune.metaschedule import STATS, Tuner, normalize_target
 from ..tune.rpc import RPCConfig
-from .decide import DERIVABLE_OPS, Checker, Chooser, Decider, Timer, _region_seconds, \
-    call_signature, original_form
+from .checking import Checker, CheckFn
+from .choosing import Chooser
+from .costing import Timer, UnitCostModel, region_seconds
+from .decide import DERIVABLE_OPS, Decider
 from .emit import emit_program
 from .epilogue import fuse_epilogues
 from .regions import Region, _used_vars, find_regions, find_shared_input_groups, static_tensor
 from .report import OpDecision, OptimizeReport, RegionDecision
+from .units import call_signature, operand_values, original_form
 
 __all__ = ["OllieOptimize", "optimize_module"]
 
@@ -159,9 +162,7 @@ class _Rewriter(relax.PyExprMutator):
             return call
         if choice.program is None:
             return original_form(call, list(call.args), choice.impl)
-        from .decide import _operand_values  # pylint: disable=import-outside-toplevel
-
-        names, values = _operand_values(call)
+        names, values = operand_values(call)
         mapping = {pn: v for pn, v in zip(choice.names, values)}
         short = call.op.name.rsplit(".", 1)[-1]
         return emit_program(self.builder_, choice.program, mapping,
@@ -175,11 +176,13 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: Optional[int] = No
                     verbose: Optional[bool] = None, calibration: Optional[Calibration] = None,
                     max_measured: Optional[int] = None, check_untuned: Optional[bool] = None,
                     library: Optional[bool] = None, derive: Optional[bool] = None,
-                    timer: Optional[Timer] = None, checker: Optional[Checker] = None,
+                    timer: Optional[Timer] = None,
+                    checker: Union[Checker, CheckFn, None] = None,
                     rpc: Optional[RPCConfig] = None, chooser: Optional[Chooser] = None,
                     tuner: Optional[Tuner] = None, region_calls: Optional[int] = None,
                     merge_group: Optional[int] = None,
                     config: Optional[OllieConfig] = None, budget: Optional[TrialBudget] = None,
+                    cost_model: Optional[UnitCostModel] = None,
                     ) -> Tuple["tvm.IRModule", OptimizeReport]:
     """Run the derivation rewrite on ``mod``; return the new module and the report.
 
@@ -196,8 +199,10 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: Optional[int] = No
         Overrides of the config's fields (see :class:`~tvm_ollie.config.OllieConfig`).
         ``trials`` is the budget of the whole module: the tuned measurements of the decisions
         share it by expected gain (:mod:`tvm_ollie.tune.budget`).
-    timer, checker : callable, optional
-        Replace the measurement and the numeric check (see :mod:`.decide`).
+    timer, checker, cost_model : optional
+        Replace the measurement (a ``timer(module, label) -> seconds`` or a
+        :class:`~.costing.UnitCostModel`) and the check (a :class:`~.checking.Checker`, or a
+        ``(reference, candidate) -> (ok, why)`` numeric comparison); see :mod:`.decide`.
     chooser : Chooser, optional
         Forces the choice per signature, still verified (differential tests; see
         :mod:`.decide`).
@@ -236,7 +241,7 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: Optional[int] = No
                       max_states=cfg.max_states, max_candidates=cfg.max_candidates,
                       check_untuned=cfg.check_untuned, library=cfg.library, derive=cfg.derive,
                       timer=timer, checker=checker, rpc=cfg.rpc, chooser=chooser, tuner=tuner,
-                      budget=budget)
+                      budget=budget, cost_model=cost_model)
     report = OptimizeReport(target=str(tgt.kind.name if tgt.kind.name != "llvm" else "llvm"),
                             budget=budget)
     tuning0, calls0 = STATS.seconds, STATS.calls
@@ -356,7 +361,7 @@ def _decide(decider: Decider, unit, sig: str, search: _SearchShare, budget: Tria
 def _unit_seconds(unit, calib: Calibration) -> float:
     """Analytic seconds of a call or region as TVM builds it (its share of the module)."""
     if getattr(unit, "is_region", False):
-        return _region_seconds(unit, calib)
+        return region_seconds(unit, calib)
     try:
         return analytic.original_seconds(lift_relax_call(unit), unit.op.name, calib)
     except LiftError:
@@ -392,10 +397,11 @@ class OllieOptimize:
                  verbose: Optional[bool] = None, calibration: Optional[Calibration] = None,
                  max_measured: Optional[int] = None, check_untuned: Optional[bool] = None,
                  library: Optional[bool] = None, derive: Optional[bool] = None,
-                 timer: Optional[Timer] = None, checker: Optional[Checker] = None,
+                 timer: Optional[Timer] = None, checker: Union[Checker, CheckFn, None] = None,
                  rpc: Optional[RPCConfig] = None, chooser: Optional[Chooser] = None,
                  region_calls: Optional[int] = None, merge_group: Optional[int] = None,
-                 config: Optional[OllieConfig] = None):
+                 config: Optional[OllieConfig] = None,
+                 cost_model: Optional[UnitCostModel] = None):
         self.config = config
         self.overrides = dict(
             target=target, trials=trials, work_dir=work_dir, max_depth=max_depth,
@@ -404,7 +410,7 @@ class OllieOptimize:
             library=library, derive=derive, rpc=rpc, region_calls=region_calls,
             merge_group=merge_group)
         resolve_config(config, **self.overrides)  # invalid options fail here, not mid-compile
-        self.hooks = dict(timer=timer, checker=checker, chooser=chooser)
+        self.hooks = dict(timer=timer, checker=checker, chooser=chooser, cost_model=cost_model)
         self.last_report: Optional[OptimizeReport] = None
 
     def transform_module(self, mod: "tvm.IRModule", ctx) -> "tvm.IRModule":  # noqa: ARG002

@@ -37,6 +37,7 @@ from ..ir.nodes import (Access, BinOp, Const, IterVar, Scope, Tensor, free_vars,
 from ..ir.simplify import simplify
 from ..lift import LiftError, Operands, lift_relax_call
 from ..lift.common import is_identifier
+from .units import bind_operands, original_form
 
 __all__ = ["GROUP_OPS", "HEAVY_OPS", "MAX_CALLS", "MAX_GROUP", "MOVE_OPS", "Region",
            "SharedInputGroup", "find_regions", "find_shared_input_groups"]
@@ -616,8 +617,6 @@ def isolated_region_module(region: Region, program=None, names=None,
     from .emit import emit_program  # pylint: disable=import-outside-toplevel
 
     bb = relax.BlockBuilder()
-    from .decide import bind_operands  # pylint: disable=import-outside-toplevel
-
     params, values = bind_operands(region.inputs())
     funcs = {}
     for call in region.calls:
@@ -758,8 +757,6 @@ class SharedInputGroup:
     def replay(self, bb: "relax.BlockBuilder", values: Dict[str, object], impl: str = "tvm"):
         """Emit the original calls on ``values`` (each on its native kernel with
         ``impl="native"``); return the tuple of their results."""
-        from .decide import original_form  # pylint: disable=import-outside-toplevel
-
         env = {hash(v): values[n] for n, v in self.inputs()}
         outs = []
         for b in self.bindings:
@@ -946,7 +943,6 @@ def isolated_group_module(group: SharedInputGroup, program=None, names=None,
                           impl: str = "tvm") -> "tvm.IRModule":
     """A module whose ``main`` returns the tuple of the group's results, computed by its calls
     (or by ``program``, a multi-output program, in their place)."""
-    from .decide import bind_operands  # pylint: disable=import-outside-toplevel
     from .emit import emit_program  # pylint: disable=import-outside-toplevel
 
     bb = relax.BlockBuilder()

@@ -1,0 +1,138 @@
+"""The candidates stage of a decision: every way to compute a unit (a call, a region, a group).
+
+A unit's alternatives are the baseline (the original as TVM builds it), the original on its
+native library kernel (:mod:`tvm_ollie.codegen.library`, when it has one), and each derived
+program with its matched operators either built by TVM or run as library kernels. This stage
+only enumerates them; their cost is the next stage's (:mod:`.costing`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from ..codegen import library as lib
+from ..derive.program import Program
+from ..lift import LiftError, lift_relax_call
+from .units import is_group, is_region
+
+__all__ = ["Alternative", "Candidates", "UnitAlternatives"]
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """One way to compute a unit: the original or a derived program (``program=None``: the
+    original), implemented with TVM-built kernels (``impl="tvm"``) or with native library
+    kernels (``impl="native"``); ``estimate`` is its analytic seconds once costed."""
+
+    program: Optional[Program]
+    impl: str
+    estimate: float = 0.0
+
+    @property
+    def label(self) -> str:
+        """``original``, ``original [native]``, ``<program>`` or ``<program> [native]``."""
+        text = "original" if self.program is None else repr(self.program)
+        return text if self.impl == "tvm" else f"{text} [{self.impl}]"
+
+    @property
+    def is_baseline(self) -> bool:
+        """The original as TVM builds it."""
+        return self.program is None and self.impl == "tvm"
+
+
+@dataclass
+class UnitAlternatives:
+    """The candidates of one unit: the baseline first; ``candidates`` derived programs;
+    ``note`` on the search (or why the unit does not lift); ``liftable`` whether it lifted
+    (an unliftable unit has only its baseline, and nothing to estimate)."""
+
+    alternatives: List[Alternative] = field(default_factory=list)
+    candidates: int = 0
+    note: str = ""
+    liftable: bool = True
+
+
+class Candidates:
+    """The alternatives of a unit (the candidates stage).
+
+    Parameters
+    ----------
+    library : bool
+        Offer native library kernels (the original's, and a program's matched stages).
+    derive : bool
+        Offer derived programs (``False``: only the original's implementations).
+    max_depth, max_states, max_candidates :
+        Derivation depth, states and programs kept per unit
+        (:func:`~tvm_ollie.derive.search.derive`).
+    cost_target : str
+        Target kind the derivation ranks its programs for (``"llvm"``, ``"cuda"``).
+    """
+
+    def __init__(self, library: bool, derive: bool, max_depth: int, max_states=None,
+                 max_candidates=None, cost_target: str = "llvm"):
+        self.library = bool(library)
+        self.derive = bool(derive)
+        self.max_depth = max_depth
+        self.max_states = max_states
+        self.max_candidates = max_candidates
+        self.cost_target = cost_target
+        #: seconds spent in derivation search
+        self.search_s = 0.0
+
+    def __call__(self, unit, budget_s: float) -> UnitAlternatives:
+        """The alternatives of ``unit`` (derivation limited to ``budget_s`` seconds)."""
+        if is_group(unit):
+            return self._group(unit)
+        region = is_region(unit)
+        try:
+            expr = unit.lift() if region else lift_relax_call(unit)
+        except LiftError as err:
+            return UnitAlternatives([Alternative(None, "tvm")], 0, f"; not liftable: {err}",
+                                    False)
+        alts = [Alternative(None, "tvm")]
+        if not region and self.library and lib.call_form(unit) is not None:
+            alts.append(Alternative(None, "native"))
+        if not self.derive:
+            return UnitAlternatives(alts)
+        from ..derive.search import derive  # pylint: disable=import-outside-toplevel
+
+        t0 = time.perf_counter()
+        res = derive(expr, max_depth=self.max_depth, time_budget_s=budget_s,
+                     max_states=self.max_states, verify=False,
+                     max_candidates=self.max_candidates, cost_target=self.cost_target)
+        self.search_s += time.perf_counter() - t0
+        seen = set()
+        for prog in res.candidates:
+            if prog.multi or repr(prog) in seen:
+                continue
+            seen.add(repr(prog))
+            alts.extend(self.program_alternatives(prog))
+        return UnitAlternatives(alts, len(seen), f", search stop={res.stats.stop_reason.value}")
+
+    def _group(self, group) -> UnitAlternatives:
+        """A group of calls sharing an operand: the calls as they are, and the merged programs
+        of the inter-expression rules (no search: the merge is the rewrite being decided)."""
+        try:
+            progs = group.programs() if self.derive else []
+        except LiftError as err:
+            return UnitAlternatives([Alternative(None, "tvm")], 0, f"; not liftable: {err}",
+                                    False)
+        alts = [Alternative(None, "tvm")]
+        if self.library and all(lib.call_form(c) is not None for c in group.calls):
+            # the calls apart on their native kernels: what the merge must beat where the
+            # library would take each call anyway
+            alts.append(Alternative(None, "native"))
+        for prog in progs:
+            alts.extend(self.program_alternatives(prog))
+        note = "" if progs else "; the calls do not merge into one GEMM"
+        return UnitAlternatives(alts, len(progs), note)
+
+    def program_alternatives(self, prog: Program) -> List[Alternative]:
+        """A derived program on TVM kernels, and on the native library when it implements one
+        of its stages."""
+        impls = ["tvm"]
+        if self.library and any(lib.stage_form(s) is not None for s in prog.stages):
+            impls.append("native")
+        return [Alternative(prog, impl) for impl in impls]

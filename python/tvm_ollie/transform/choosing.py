@@ -1,0 +1,193 @@
+"""The choose stage of a decision: which costed, checked alternative replaces a unit.
+
+Never worse: an alternative is chosen only when it is cheaper than the original by
+:data:`MARGIN` under the deciding cost (``t_alt < t_original * (1 - MARGIN)``) and held up under
+the check; anything else keeps the original and says why (the :class:`Choice`'s ``reason``).
+
+The analytic estimate shortlists (:func:`shortlist`); :func:`choose_analytic` takes the first
+shortlisted alternative that holds up, :func:`choose_measured` times the checked ones and
+takes the fastest, :func:`choose_forced` takes a :data:`Chooser`'s pick if it holds up. The
+check and the measurement are passed in (``check(alt) -> (ok, why)``,
+``measure(alt) -> seconds or None``): this stage only orders and compares.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Tuple
+
+from ..derive.program import Program
+from .alternatives import Alternative
+
+__all__ = ["MARGIN", "MAX_VERIFY", "Choice", "Chooser", "choose_analytic", "choose_forced",
+           "choose_measured", "chosen", "format_seconds", "kept_by_estimate", "kind_leaders",
+           "shortlist"]
+
+LOG = logging.getLogger("tvm_ollie.transform")
+
+#: A candidate must be at least this much cheaper than the original (relative).
+MARGIN = 0.03
+#: Candidates verified before giving up (cheapest first) when choosing by the analytic cost.
+MAX_VERIFY = 3
+
+#: ``chooser(signature, alternatives) -> alternative or None``: forces the choice for a unit
+#: signature among its non-baseline alternatives (cheapest estimate first, then by label); the
+#: forced one is still checked (a failure keeps the original), but neither pruned by cost nor
+#: timed. ``None`` leaves the decision to the cost model.
+Chooser = Callable[[str, List[Alternative]], Optional[Alternative]]
+CheckStep = Callable[[Alternative], Tuple[bool, str]]
+MeasureStep = Callable[[Alternative], Optional[float]]
+
+
+@dataclass
+class Choice:
+    """The decision for one signature (shared by every unit with it)."""
+
+    program: Optional[Program]
+    names: List[str]
+    reason: str
+    before_s: float = 0.0
+    after_s: float = 0.0
+    measured: bool = False
+    candidates: int = 0
+    explain: str = ""
+    impl: str = "tvm"
+
+    @property
+    def rewritten(self) -> bool:
+        """Whether the unit is replaced (by a program, or by its native kernel)."""
+        return self.program is not None or self.impl != "tvm"
+
+    @property
+    def label(self) -> str:
+        """What runs in place of the unit (``"original"`` when it is kept)."""
+        return Alternative(self.program, self.impl).label
+
+
+def kind_leaders(alts: List[Alternative]) -> List[Alternative]:
+    """The cheapest alternative of each operator kind (g2bmm, gbmm, matmul, ...) among ``alts``
+    (cheapest first): a region's few measured slots then try every kind of rewrite."""
+    leaders, kinds = [], set()
+    for alt in alts:
+        new = set() if alt.program is None else \
+            {s.kind for s in alt.program.stages if s.is_operator} - kinds
+        if new:
+            kinds |= new
+            leaders.append(alt)
+    return leaders
+
+
+def shortlist(base: Alternative, others: List[Alternative], region: bool,
+              measures: bool) -> List[Alternative]:
+    """The alternatives worth checking, in order (``others`` sorted by estimate).
+
+    To be chosen by the analytic cost an alternative must beat the original by :data:`MARGIN`;
+    to be measured it must be no worse than the original within :data:`MARGIN` (ties are
+    common where both sides are memory-bound, e.g. a small matmul on TVM or a library). The
+    analytic cost of a region's original (several kernels) is rough: measured, the cheapest
+    program of every operator kind is tried whatever its estimate; a region's shortlist leads
+    with one alternative of each kind.
+    """
+    bound = base.estimate * ((1 + MARGIN) if measures else (1 - MARGIN))
+    better = [a for a in others if a.estimate < bound]
+    if region and measures:
+        firsts = kind_leaders(others)
+        better = firsts + [a for a in better if a not in firsts]
+    if region and better:
+        leaders = kind_leaders(better)
+        better = leaders + [a for a in better if a not in leaders]
+    return better
+
+
+def kept_by_estimate(base: Alternative, others: List[Alternative], names, n_cand: int,
+                     note: str) -> Choice:
+    """The original kept: nothing on the shortlist."""
+    best = format_seconds(others[0].estimate) if others else "none"
+    return Choice(None, names, f"no candidate beats the original by the analytic cost "
+                  f"({format_seconds(base.estimate)} vs best {best}; {n_cand} candidates{note})",
+                  base.estimate, base.estimate, False, n_cand)
+
+
+def choose_analytic(base: Alternative, better: List[Alternative], names, n_cand: int,
+                    check: CheckStep) -> Choice:
+    """The first of the :data:`MAX_VERIFY` cheapest shortlisted alternatives that holds up."""
+    failures = []
+    for alt in better[:MAX_VERIFY]:
+        ok, why = check(alt)
+        if ok:
+            return chosen(alt, names, f"analytic {format_seconds(base.estimate)} -> "
+                          f"{format_seconds(alt.estimate)}", base.estimate, alt.estimate,
+                          False, n_cand)
+        failures.append(f"{alt.label}: {why}")
+        LOG.warning("ollie: candidate rejected: %s: %s", alt.label, why)
+    return Choice(None, names, "no cheaper candidate held up: " + "; ".join(failures),
+                  base.estimate, base.estimate, False, n_cand)
+
+
+def choose_measured(base: Alternative, better: List[Alternative], names, n_cand: int,
+                    check: CheckStep, measure: MeasureStep, max_measured: int,
+                    mode: str) -> Choice:
+    """The fastest of the first ``max_measured`` shortlisted alternatives that hold up and
+    build, if it beats the original's time by :data:`MARGIN` (``mode`` heads the reason)."""
+    t_base = measure(base)
+    if t_base is None:
+        return Choice(None, names, "the original operator failed to build or run",
+                      base.estimate, base.estimate, False, n_cand)
+    times, failures, best = [f"original {format_seconds(t_base)}"], [], None
+    for alt in better[:max_measured]:
+        ok, why = check(alt)
+        if not ok:
+            failures.append(f"{alt.label}: {why}")
+            LOG.warning("ollie: candidate rejected: %s: %s", alt.label, why)
+            continue
+        t = measure(alt)
+        if t is None:
+            failures.append(f"{alt.label}: failed to build, tune or run")
+            continue
+        times.append(f"{alt.label} {format_seconds(t)}")
+        if best is None or t < best[0]:
+            best = (t, alt)
+    tail = ("; rejected: " + "; ".join(failures)) if failures else ""
+    summary = f"{mode}: " + ", ".join(times) + tail
+    if best is None or best[0] >= t_base * (1 - MARGIN):
+        return Choice(None, names, summary, t_base, t_base, True, n_cand)
+    return chosen(best[1], names, summary, t_base, best[0], True, n_cand)
+
+
+def choose_forced(base: Alternative, alt: Alternative, names, n_cand: int,
+                  check: CheckStep) -> Choice:
+    """The chooser's alternative if it holds up (the original otherwise)."""
+    if alt.is_baseline:
+        return Choice(None, names, "forced: original", base.estimate, base.estimate,
+                      False, n_cand)
+    ok, why = check(alt)
+    if not ok:
+        return Choice(None, names, f"forced {alt.label} rejected: {why}", base.estimate,
+                      base.estimate, False, n_cand)
+    return chosen(alt, names, "forced by the chooser", base.estimate, alt.estimate, False,
+                  n_cand)
+
+
+def chosen(alt: Alternative, names, reason: str, before: float, after: float, measured: bool,
+           n_cand: int) -> Choice:
+    """The :class:`Choice` replacing a unit by ``alt`` (with its explanation)."""
+    explain = _explain(alt.program) if alt.program is not None else \
+        f"original operator on the native {alt.impl} kernel"
+    return Choice(alt.program, names, reason, before, after, measured, n_cand, explain, alt.impl)
+
+
+def _explain(prog: Program) -> str:
+    try:
+        return prog.explain()
+    except Exception:  # pylint: disable=broad-except
+        return repr(prog)
+
+
+def format_seconds(seconds: float) -> str:
+    """Seconds as a short human string (ns/us/ms)."""
+    if seconds < 1e-6:
+        return f"{seconds * 1e9:.1f}ns"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f}us"
+    return f"{seconds * 1e3:.2f}ms"
