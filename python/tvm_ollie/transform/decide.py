@@ -32,7 +32,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple, Union
+from typing import Callable, Dict, FrozenSet, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -53,8 +53,8 @@ from ..verify.tolerance import narrowest_float, tolerance
 from .emit import EmitError, emit_program
 
 __all__ = ["DERIVABLE_OPS", "MARGIN", "RTOL", "Alternative", "Checker", "Choice", "Chooser",
-           "Decider", "Timer", "call_signature", "check_exact", "isolated_module", "unit_module",
-           "unit_operands", "unit_signature"]
+           "Decider", "Timer", "call_signature", "check_exact", "constant_inputs",
+           "isolated_module", "unit_module", "unit_operands", "unit_signature"]
 
 LOG = logging.getLogger("tvm_ollie.transform")
 
@@ -460,12 +460,12 @@ class Decider:
                      max_candidates=self.max_candidates,
                      cost_target=self.calib.kind)
         self.search_s += time.perf_counter() - t0
-        seen = set()
+        seen, constants = set(), constant_inputs(call)
         for prog in res.candidates:
             if prog.multi or repr(prog) in seen:
                 continue
             seen.add(repr(prog))
-            alts.extend(self._program_alternatives(prog))
+            alts.extend(self._program_alternatives(prog, constants))
         return alts, len(seen), f", search stop={res.stats.stop_reason.value}"
 
     def _group_alternatives(self, group) -> Tuple[List[Alternative], int, str]:
@@ -476,23 +476,28 @@ class Decider:
         except LiftError as err:
             return [Alternative(None, "tvm", 0.0)], 0, f"; not liftable: {err}"
         alts = [Alternative(None, "tvm", _region_seconds(group, self.calib))]
-        if self.library and all(lib.call_form(c) is not None for c in group.calls):
+        if self.library and all(lib.call_form(c) is not None for c in group.heavy_calls):
             # the calls apart on their native kernels: what the merge must beat where the
-            # library would take each call anyway
+            # library would take each call anyway (with its bias add as the kernel's epilogue)
             alts.append(Alternative(None, "native", sum(analytic.original_seconds(
-                lift_relax_call(c), c.op.name, self.calib, "native") for c in group.calls)))
+                lift_relax_call(c), c.op.name, self.calib, "native")
+                for c in group.heavy_calls)))
+        constants = constant_inputs(group)
         for prog in progs:
-            alts.extend(self._program_alternatives(prog))
+            alts.extend(self._program_alternatives(prog, constants))
         note = "" if progs else "; the calls do not merge into one GEMM"
         return alts, len(progs), note
 
-    def _program_alternatives(self, prog: Program) -> List[Alternative]:
+    def _program_alternatives(self, prog: Program,
+                              constants: FrozenSet[str] = frozenset()) -> List[Alternative]:
         """A derived program on TVM kernels, and on the native library when it implements one
-        of its stages, each with its analytic estimate."""
+        of its stages, each with its analytic estimate (its stages over the unit's
+        ``constants`` alone folded at compile time: they cost nothing)."""
         impls = ["tvm"]
         if self.library and any(lib.stage_form(s) is not None for s in prog.stages):
             impls.append("native")
-        return [Alternative(prog, impl, analytic.program_seconds(prog, self.calib, impl))
+        return [Alternative(prog, impl, analytic.program_seconds(prog, self.calib, impl,
+                                                                 constants))
                 for impl in impls]
 
     def _choose_analytic(self, call, names, base, better, n_cand) -> Choice:
@@ -645,6 +650,13 @@ def unit_operands(unit) -> Tuple[List[str], List[object]]:
         ins = unit.inputs()
         return [n for n, _ in ins], [v for _, v in ins]
     return _operand_values(unit)
+
+
+def constant_inputs(unit) -> FrozenSet[str]:
+    """Names of a unit's inputs that are constants (weights bound into the module): what a
+    program computes from them alone is folded when the module is built."""
+    names, values = unit_operands(unit)
+    return frozenset(n for n, v in zip(names, values) if isinstance(v, _CONST))
 
 
 def unit_module(unit, program: Optional[Program] = None, names=None,
