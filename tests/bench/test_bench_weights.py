@@ -10,6 +10,7 @@ from tvm import relax  # noqa: E402
 
 from tvm_ollie.bench import __main__ as cli  # noqa: E402
 from tvm_ollie.bench.harness import run_bench  # noqa: E402
+from tvm_ollie.bench.roofline import count_module  # noqa: E402
 from tvm_ollie.bench.systems import BenchContext  # noqa: E402
 from tvm_ollie.models import get_model, to_relax  # noqa: E402
 
@@ -37,6 +38,9 @@ def test_weights_bound_as_constants_or_parameters(tmp_path):
     assert len(mod_c["main"].params) == n_in
     weights = sum(p.numpy().size for p in params)
     assert _constant_elements(mod_c) >= weights + _constant_elements(mod_p)
+    # the roofline's compulsory bytes count bound weights as they count weight parameters
+    cp, cc = count_module(mod_p), count_module(mod_c)
+    assert cc.bytes_min == pytest.approx(cp.bytes_min, rel=1e-3) and cc.flops == cp.flops
     # tuning records of the two modules stay apart
     assert ctx.model_dir(spec, "tvm") != BenchContext(work_dir=str(tmp_path)).model_dir(
         spec, "tvm")
@@ -64,3 +68,4 @@ def test_cli_weights_option():
     assert parser.parse_args(["--weights", "constants"]).weights == "constants"
     with pytest.raises(SystemExit):
         parser.parse_args(["--weights", "bogus"])
+
