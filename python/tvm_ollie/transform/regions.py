@@ -653,7 +653,11 @@ def isolated_region_module(region: Region, program=None, names=None,
 # branches) are thin GEMMs over one operand. As one unit of
 # decision they can become one GEMM over concatenated weights plus slices
 # (:func:`~tvm_ollie.derive.rules.inter.merge_shared_inputs`); the Decider verifies and costs
-# that program against the three calls like any other candidate.
+# that program against the three calls like any other candidate. Projections as importers emit
+# them add a bias to each product (``add(b_i, x @ W_i)``): when every call has one, the adds
+# join the group and the merge adds one concatenated bias to the merged product
+# (:func:`~tvm_ollie.derive.rules.inter.merge_shared_inputs_bias`). On constant weights the
+# concatenations are folded when the module is built, and costed as such.
 
 #: Operators grouped by a shared operand. The inter-expression merge handles what lifts to a
 #: GEMM (matmuls; 1x1 convolutions, whose filters then concatenate along the output channels);
