@@ -75,7 +75,7 @@ def test_qkv_group_found_and_merged_program_is_exact():
 
 
 def test_merge_of_three_reads_the_product_once_per_output():
-    g = find_shared_input_groups(_linears(widths=[16, 8, 24], attention=False))[0]
+    g = find_shared_input_groups(_linears(widths=[16, 8, 24], attention=False, bias=False))[0]
     prog = merge_shared_inputs(g.lifts())
     slices = [s for s in prog.stages if s.name in prog.outputs]
     mm = prog.operators[0].name
@@ -117,7 +117,7 @@ def test_qkv_merged_in_attention_block_matches_tvm():
 def test_views_of_one_input_are_one_shared_input():
     """Importers emit one ``reshape`` of the input per linear: still one shared input."""
     mod = _linears(n_proj=2, widths=[16, 32], shared_reshape=True, attention=False)
-    (g,) = find_shared_input_groups(mod)
+    (g,) = find_shared_input_groups(mod, bias=False)
     assert len({n for n, _ in g.inputs()}) == 3  # the shared view and two weights
     assert len(g.programs()) == 1
 

@@ -24,6 +24,10 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
     parser.add_argument("--systems", nargs="+", help="systems to compare (default: all baselines)")
     parser.add_argument("--reference", default="ollie", help="system the ratios are relative to")
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--weights", choices=("params", "constants"), default="params",
+                        help="TVM-based systems: weights as runtime parameters of main "
+                             "(default) or bound as constants, as a TVM user importing a "
+                             "model gets them (transformations of them fold at compile time)")
     parser.add_argument("--threads", type=int, help="threads per system (default: all cores)")
     parser.add_argument("--budget", type=float, help="timing budget per model in seconds")
     parser.add_argument("--no-plot", action="store_true")
@@ -89,7 +93,7 @@ def run_from_args(args: argparse.Namespace, restart_argv: Optional[List[str]] = 
         models=args.models, quick=args.quick, trials=args.trials, target=args.target,
         out_dir=args.out, systems=args.systems, reference=args.reference, batch=args.batch,
         work_dir=args.work_dir, threads=args.threads, time_budget_s=args.budget,
-        plot=not args.no_plot,
+        plot=not args.no_plot, weights=getattr(args, "weights", "params"),
     )  # fmt: skip
     print(f"\nwrote {args.out}/results.json, results.md")
     failed = [(m, s) for m, e in results["models"].items() for s, r in e["systems"].items()

@@ -43,6 +43,7 @@ def run_bench(
     time_budget_s: Optional[float] = None,
     plot: bool = True,
     log: Callable[[str], None] = print,
+    weights: str = "params",
 ) -> dict:
     """Run the benchmark and write ``results.json``, ``results.md`` (and ``speedups.png``).
 
@@ -76,6 +77,10 @@ def run_bench(
         Write the matplotlib plot (skipped with a note if matplotlib is missing).
     log : callable
         Progress messages.
+    weights : str
+        How the TVM-based systems get the weights: ``"params"`` (runtime parameters of
+        ``main``, fed on every call) or ``"constants"`` (bound into the module, as a TVM user
+        importing a model normally gets them; the compiler folds what is computed from them).
 
     Returns
     -------
@@ -92,13 +97,15 @@ def run_bench(
     thread_env = configure_threads(threads)
     budget = time_budget_s if time_budget_s is not None else (2.0 if quick else 10.0)
     os.makedirs(out_dir, exist_ok=True)
-    ctx = BenchContext(target, threads, trials, work_dir or os.path.join(out_dir, "work"))
+    ctx = BenchContext(target, threads, trials, work_dir or os.path.join(out_dir, "work"),
+                       weights=weights)
 
     peaks = measure_cuda_peaks() if target == "cuda" else measure_cpu_peaks()
     results = {
         "config": {
             "models": models, "systems": systems, "reference": reference, "quick": quick,
             "trials": trials, "target": target, "batch": batch, "threads": threads,
+            "weights": weights,
             "thread_env": thread_env,
             "time_budget_s": budget, "machine": platform.machine(),
             "processor": platform.processor(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -49,7 +49,8 @@ def markdown(results: dict) -> str:
         "",
         f"target `{cfg['target']}`, {'quick' if cfg['quick'] else 'paper'} sizes, batch "
         f"{cfg['batch']}, {cfg['threads']} threads, MetaSchedule trials per model "
-        f"{cfg['trials']}; started {cfg['started']}.",
+        f"{cfg['trials']}, weights as {cfg.get('weights', 'params')}; started "
+        f"{cfg['started']}.",
         f"Peaks: {describe_peaks(_Peaks.of(results.get('peaks')))}.",
         "",
         "## Median latency (ms)",

@@ -17,7 +17,8 @@ Counting rules (walk of the high-level Relax ``main`` as imported, one entry per
   and writes its result to memory. View ops (reshape, expand_dims, squeeze, flatten) move
   nothing and count 0.
 * ``bytes_min``: the compulsory traffic, i.e. the bytes of ``main``'s parameters (inputs and
-  weights) and of its outputs, each once: no execution can move less.
+  weights), of its non-scalar constants (weights bound into the module) and of its outputs,
+  each once: no execution can move less.
 
 The roofline bound is ``max(flops / peak_flops, bytes / peak_bandwidth)``; a system's fraction of
 the roofline is ``bound / measured time`` (``bytes`` makes this the unfused bound, so a system
@@ -173,6 +174,23 @@ def op_bytes(name: str, call, out_ty) -> float:
     return total
 
 
+def _constant_bytes(func) -> float:
+    """Bytes of the distinct non-scalar tensor constants ``func`` reads (bound weights)."""
+    # pylint: disable=import-outside-toplevel
+    import tvm
+    from tvm import relax
+
+    found: Dict[int, float] = {}
+
+    def visit(expr):
+        if isinstance(expr, tvm.ir.expr.Constant) and isinstance(expr.ty, relax.TensorType) \
+                and expr.ty.shape is not None and len(expr.ty.shape) > 0:
+            found[hash(expr)] = _tensor_bytes(expr.ty)
+
+    relax.analysis.post_order_visit(func, visit)
+    return float(sum(found.values()))
+
+
 def count_module(mod, func_name: str = "main") -> ModelCounts:
     """Count FLOPs and bytes of ``mod[func_name]`` (a high-level Relax function).
 
@@ -199,6 +217,7 @@ def count_module(mod, func_name: str = "main") -> ModelCounts:
             entry.flops += flops
             entry.bytes += op_bytes(name, value, out_ty)
     bytes_min = sum(_tensor_bytes(p.ty) for p in func.params) + _tensor_bytes(func.body.body.ty)
+    bytes_min += _constant_bytes(func)
     return ModelCounts(
         flops=sum(e.flops for e in per_op.values()),
         bytes=sum(e.bytes for e in per_op.values()),

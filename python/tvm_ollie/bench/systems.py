@@ -106,10 +106,19 @@ class BenchContext:
         MetaSchedule trials per model for TVM-based systems (0: untuned default pipeline).
     work_dir : str
         Where tuning databases and ONNX files are kept between runs.
+    weights : str
+        How every TVM-based system imports the weights (:func:`~tvm_ollie.models.to_relax`):
+        ``"params"`` (runtime parameters of ``main``) or ``"constants"`` (bound into the
+        module, as a TVM user importing a model normally gets them).
     """
 
     def __init__(self, target: str = "llvm", threads: Optional[int] = None, trials: int = 0,
-                 work_dir: str = "bench_work"):  # fmt: skip
+                 work_dir: str = "bench_work", weights: str = "params"):  # fmt: skip
+        from ..models.export import WEIGHTS  # pylint: disable=import-outside-toplevel
+
+        if weights not in WEIGHTS:
+            raise ValueError(f"weights must be one of {WEIGHTS}, not {weights!r}")
+        self.weights = weights
         self.target_kind = target
         self.threads = int(threads or os.cpu_count() or 1)
         self.trials = int(trials)
@@ -136,13 +145,15 @@ class BenchContext:
             from ..models import to_relax  # pylint: disable=import-outside-toplevel
 
             start = time.perf_counter()
-            mod, params = to_relax(spec)
+            mod, params = to_relax(spec, weights=self.weights)
             self._relax_cache[spec.key] = (mod, params, time.perf_counter() - start)
         return self._relax_cache[spec.key]
 
     def model_dir(self, spec, system: str) -> str:
-        """Per model, target and system directory under ``work_dir`` (tuning DBs, files)."""
-        return os.path.join(self.work_dir, self.target_kind, system, spec.key)
+        """Per model, target and system directory under ``work_dir`` (tuning DBs, files);
+        builds with constant weights keep theirs apart (another module, other records)."""
+        key = spec.key if self.weights == "params" else f"{spec.key}-{self.weights}"
+        return os.path.join(self.work_dir, self.target_kind, system, key)
 
 
 def prepare_tvm_executable(

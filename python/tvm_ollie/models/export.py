@@ -19,23 +19,43 @@ def export_program(spec: ModelSpec):
         return torch.export.export(spec.module, spec.example_inputs)
 
 
-def to_relax(spec: ModelSpec) -> Tuple[object, List[object]]:
-    """Import the model into Relax with its weights as trailing ``main`` parameters.
+#: How :func:`to_relax` imports the weights: ``"params"`` (trailing ``main`` parameters, fed at
+#: run time) or ``"constants"`` (bound into the module, what ``from_exported_program`` and
+#: ``from_onnx`` give a TVM user by default: the compiler may fold transformations of them).
+WEIGHTS = ("params", "constants")
+
+
+def to_relax(spec: ModelSpec, weights: str = "params") -> Tuple[object, List[object]]:
+    """Import the model into Relax.
+
+    Parameters
+    ----------
+    spec : ModelSpec
+        The model.
+    weights : str
+        ``"params"``: the weights are trailing ``main`` parameters (tuning and the roofline
+        walk see them as tensors read by the ops; nothing computed from them folds at compile
+        time). ``"constants"``: the weights are constants of the module, as a TVM user
+        importing the model normally gets them; ``params`` is then empty.
 
     Returns
     -------
     mod : tvm.IRModule
-        ``main(*inputs, *params)``; weights are parameters (not constants) so tuning and the
-        roofline walk see them as tensors read by the ops.
+        ``main(*inputs, *params)``.
     params : list of tvm.runtime.Tensor
-        The weights, in ``main``'s parameter order after the inputs.
+        The weights, in ``main``'s parameter order after the inputs (empty for constants).
     """
     # pylint: disable=import-outside-toplevel
     from tvm import relax
     from tvm.relax.frontend.torch import from_exported_program
 
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights must be one of {WEIGHTS}, not {weights!r}")
     program = export_program(spec)
-    mod = from_exported_program(program, keep_params_as_input=True, unwrap_unit_return_tuple=True)
+    keep = weights == "params"
+    mod = from_exported_program(program, keep_params_as_input=keep, unwrap_unit_return_tuple=True)
+    if not keep:
+        return mod, []
     mod, params = relax.frontend.detach_params(mod)
     return mod, list(params.get("main", []))
 

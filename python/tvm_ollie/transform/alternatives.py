@@ -120,9 +120,9 @@ class Candidates:
             return UnitAlternatives([Alternative(None, "tvm")], 0, f"; not liftable: {err}",
                                     False)
         alts = [Alternative(None, "tvm")]
-        if self.library and all(lib.call_form(c) is not None for c in group.calls):
+        if self.library and all(lib.call_form(c) is not None for c in group.heavy_calls):
             # the calls apart on their native kernels: what the merge must beat where the
-            # library would take each call anyway
+            # library would take each call anyway (with its bias add as the kernel's epilogue)
             alts.append(Alternative(None, "native"))
         for prog in progs:
             alts.extend(self.program_alternatives(prog))

@@ -40,7 +40,7 @@ from ..tune.metaschedule import STATS, Tuner, normalize_target
 from ..tune.rpc import RPCConfig
 from .alternatives import Alternative
 from .emit import EmitError
-from .units import is_group, is_region, unit_module, unit_signature
+from .units import constant_inputs, is_group, is_region, unit_module, unit_signature
 
 __all__ = ["AnalyticUnitCost", "CallableTiming", "MeasureCache", "ModuleTiming", "Timer",
            "TunedTiming", "UnitCostModel", "UntunedTiming", "region_seconds"]
@@ -90,10 +90,12 @@ class AnalyticUnitCost(UnitCostModel):
 
     def seconds(self, unit, alt: Alternative) -> float:
         if alt.program is not None:
-            return analytic.program_seconds(alt.program, self.calib, alt.impl)
+            # stages over the unit's constants alone are folded at compile time: free
+            return analytic.program_seconds(alt.program, self.calib, alt.impl,
+                                            constant_inputs(unit))
         if is_group(unit) and alt.impl != "tvm":
             return sum(analytic.original_seconds(lift_relax_call(c), c.op.name, self.calib,
-                                                 alt.impl) for c in unit.calls)
+                                                 alt.impl) for c in unit.heavy_calls)
         if is_region(unit):
             return region_seconds(unit, self.calib)
         return analytic.original_seconds(lift_relax_call(unit), unit.op.name, self.calib,

@@ -47,12 +47,12 @@ from .choosing import (MARGIN, Choice, Chooser, choose_analytic, choose_forced,
                        choose_measured, kept_by_estimate, shortlist)
 from .costing import (AnalyticUnitCost, CallableTiming, Timer, TunedTiming, UnitCostModel,
                       UntunedTiming)
-from .units import (call_signature, is_region, isolated_module, unit_module, unit_operands,
-                    unit_signature)
+from .units import (call_signature, constant_inputs, is_region, isolated_module, unit_module,
+                    unit_operands, unit_signature)
 
 __all__ = ["DERIVABLE_OPS", "MARGIN", "RTOL", "Alternative", "Checker", "Choice", "Chooser",
-           "Decider", "Timer", "call_signature", "check_exact", "isolated_module", "unit_module",
-           "unit_operands", "unit_signature"]
+           "Decider", "Timer", "call_signature", "check_exact", "constant_inputs",
+           "isolated_module", "unit_module", "unit_operands", "unit_signature"]
 
 LOG = logging.getLogger("tvm_ollie.transform")
 

@@ -27,7 +27,7 @@ from ..codegen.lower import to_te
 from ..compat import relax
 from ..derive.program import Program, Stage
 from ..derive.targets import target_op
-from ..ir.nodes import Tensor, input_tensors
+from ..ir.nodes import Access, BinOp, Tensor, input_tensors
 
 __all__ = ["IMPLS", "EmitError", "emit_program", "stage_mode"]
 
@@ -204,6 +204,30 @@ def _emit_stage(bb, stage, k: int, values: Mapping[str, object], impl: str, name
     if missing:
         raise EmitError(f"stage {stage.name} reads unknown tensors {missing}")
     mode = stage_mode(stage, impl)
+    if mode == "tir" and impl != "tir":
+        operands = _bias_add_operands(stage)
+        if operands is not None:
+            return relax.op.add(*(_view(bb, values[t.name], t.shape) for t in operands))
     if mode == "tir":
         return _emit_tir(bb, stage, values, f"{name}_{stage.kind}_{k}")
     return _emit_library(bb, stage, mode, values)
+
+
+def _bias_add_operands(stage: Stage):
+    """``(Y, B)`` when ``stage`` is a bias add of the inter-expression merge
+    (``L<x> { Y[x] + B[x_last] }``, same dtype): emitted as ``R.add``, whose broadcasting is
+    exactly that, so that TVM's ``FuseOps`` and the epilogue fusion of library kernels
+    (:mod:`.epilogue`) see a bias add. None for any other eOperator."""
+    expr, body = stage.expr, stage.expr.body
+    if stage.label != "bias-add" or expr.reduce or not isinstance(body, BinOp) or \
+            body.op != "+" or not isinstance(body.a, Access) or not isinstance(body.b, Access):
+        return None
+    y, b = body.a, body.b
+    loops = tuple(iv.var for iv in expr.loops)
+    if not (isinstance(y.source, Tensor) and isinstance(b.source, Tensor)) or \
+            tuple(y.indices) != loops or tuple(b.indices) != loops[-1:] or \
+            any(lo or hi for t in (y.source, b.source) for lo, hi in t.pad) or \
+            any(iv.begin for iv in expr.loops) or \
+            {y.source.dtype, b.source.dtype} != {expr.dtype}:
+        return None
+    return y.source, b.source

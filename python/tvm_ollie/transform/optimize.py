@@ -81,7 +81,7 @@ class _RegionRewriter(relax.PyExprMutator):
         self.drop = {hash(b.var) for r, _ in regions for b in r.bindings[:-1]
                      if hash(b.var) not in r.keep}
         self.groups = {hash(g.output): (g, ch) for g, ch in groups}
-        self.members = {hash(b.var): g for g, _ in groups for b in g.bindings}
+        self.members = {hash(b.var): g for g, _ in groups for b in g.members}
         self.waiting: Dict[int, List[object]] = {}  # open group -> deferred bindings
         self.moved: Dict[int, int] = {}  # deferred variable -> its group
 
@@ -326,7 +326,11 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: Optional[int] = No
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function):
                 rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-        new_mod, report.epilogues = fuse_epilogues(rewriter.builder_.get())
+        new_mod = rewriter.builder_.get()
+    if any(ch.rewritten for ch in call_choices.values()) or \
+            any(ch.impl == "native" for _, ch in rewritten_groups):
+        # (a merged group on a library GEMM takes its one bias add as the kernel's epilogue)
+        new_mod, report.epilogues = fuse_epilogues(new_mod)
     report.decisions = decisions
     report.regions = region_decisions
     report.search_s = decider.search_s

@@ -239,8 +239,7 @@ class Region:
 
     def signature(self) -> str:
         """Equal for regions that compute the same expression on the same input shapes."""
-        ins = " ".join(f"{'x'.join(str(int(s)) for s in v.ty.shape)}:{v.ty.dtype}"
-                       for _, v in self.inputs())
+        ins = inputs_text(self.inputs())
         return f"region[{' '.join(o.replace('relax.', '') for o in self.op_names)}] {ins} " \
                f"{self.lift()}"
 
@@ -259,6 +258,15 @@ class Region:
             else:
                 env[hash(b.var)] = bb.emit(new)
         return out
+
+
+def inputs_text(inputs: Sequence[Tuple[str, object]]) -> str:
+    """``4x128:float32:c 128:float32:v``: shape, dtype and constness of each input, for
+    signatures. Constness is part of a decision: what a program computes from constants alone
+    is folded at compile time (:func:`~tvm_ollie.tune.analytic.folded_stages`), so the same
+    rewrite can win on constant weights and lose on weights fed at run time."""
+    return " ".join(f"{'x'.join(str(int(s)) for s in v.ty.shape)}:{v.ty.dtype}:"
+                    f"{'c' if isinstance(v, _CONST) else 'v'}" for _, v in inputs)
 
 
 def flatten(scope: Scope) -> Scope:
@@ -644,7 +652,11 @@ def isolated_region_module(region: Region, program=None, names=None,
 # branches) are thin GEMMs over one operand. As one unit of
 # decision they can become one GEMM over concatenated weights plus slices
 # (:func:`~tvm_ollie.derive.rules.inter.merge_shared_inputs`); the Decider verifies and costs
-# that program against the three calls like any other candidate.
+# that program against the three calls like any other candidate. Projections as importers emit
+# them add a bias to each product (``add(b_i, x @ W_i)``): when every call has one, the adds
+# join the group and the merge adds one concatenated bias to the merged product
+# (:func:`~tvm_ollie.derive.rules.inter.merge_shared_inputs_bias`). On constant weights the
+# concatenations are folded when the module is built, and costed as such.
 
 #: Operators grouped by a shared operand. The inter-expression merge handles what lifts to a
 #: GEMM (matmuls; 1x1 convolutions, whose filters then concatenate along the output channels);
@@ -677,28 +689,47 @@ class SharedInputGroup:
     mod: Optional[object] = field(default=None, repr=False)
     #: the calls as the module binds them (``bindings`` read the shared operand under one name)
     original_calls: List[object] = field(default_factory=list, repr=False)
+    #: the bias add reading each call's result (one per call, in the same order), or none: the
+    #: adds are then part of the group and their results are the group's
+    epilogues: List[object] = field(default_factory=list, repr=False)
+    #: the variable of the group's last binding in block order (where the group is emitted)
+    last: Optional[object] = field(default=None, repr=False)
     _region: Optional[Region] = field(default=None, repr=False)
 
     is_region = True
     is_group = True
 
     @property
+    def members(self) -> List[object]:
+        """Every binding the group replaces: each call, then its bias add (if any)."""
+        if not self.epilogues:
+            return list(self.bindings)
+        return [b for pair in zip(self.bindings, self.epilogues) for b in pair]
+
+    @property
     def region(self) -> Region:
-        """The group's calls as one :class:`Region` (input naming, replay)."""
+        """The group's bindings as one :class:`Region` (input naming, replay)."""
         if self._region is None:
-            self._region = Region(self.function, list(self.bindings), self.bindings[-1].var,
-                                  self.mod)
+            members = self.members
+            self._region = Region(self.function, members, members[-1].var, self.mod)
         return self._region
 
     @property
+    def heavy_calls(self) -> List[object]:
+        """The grouped (compute-heavy) calls, without their bias adds."""
+        return [b.value for b in self.bindings]
+
+    @property
     def outputs(self) -> List[object]:
-        """The variables of the grouped calls (the group's results, in block order)."""
-        return [b.var for b in self.bindings]
+        """The group's results, in the calls' order: the bias adds' variables when the group
+        has them, else the calls' variables."""
+        return [b.var for b in (self.epilogues or self.bindings)]
 
     @property
     def output(self):
-        """The last grouped call's variable (where the merged program is emitted)."""
-        return self.bindings[-1].var
+        """The variable of the group's last binding in block order (where the merged program
+        is emitted)."""
+        return self.last if self.last is not None else self.bindings[-1].var
 
     @property
     def out_shape(self) -> List[Tuple[int, ...]]:
@@ -707,10 +738,12 @@ class SharedInputGroup:
 
     @property
     def size(self) -> int:
-        return self.region.size
+        """The number of grouped calls."""
+        return len(self.bindings)
 
     @property
     def calls(self) -> List[object]:
+        """Every call the group replaces (the grouped calls and their bias adds)."""
         return self.region.calls
 
     @property
@@ -727,10 +760,12 @@ class SharedInputGroup:
         return self.region.inputs()
 
     def lifts(self) -> List[Scope]:
-        """Each call's expression over the group's input names."""
+        """Each call's expression (with its bias add, if any) over the group's input names."""
         out = []
-        for b in self.bindings:
-            sub = Region(self.function, [b], b.var, self.mod)
+        adds = self.epilogues or [None] * len(self.bindings)
+        for b, add in zip(self.bindings, adds):
+            part = [b] if add is None else [b, add]
+            sub = Region(self.function, part, b.var, self.mod)
             sub._inputs = self.inputs()  # pylint: disable=protected-access
             out.append(sub.lift())
         return out
@@ -740,30 +775,35 @@ class SharedInputGroup:
         return self.lifts()[0]
 
     def programs(self) -> list:
-        """The merged programs (one GEMM for all calls), from the inter-expression rules."""
-        from ..derive.rules.inter import merge_shared_inputs  # pylint: disable=C0415
+        """The merged programs (one GEMM for all calls, with one bias add when the calls have
+        bias adds), from the inter-expression rules."""
+        # pylint: disable=import-outside-toplevel
+        from ..derive.rules.inter import merge_shared_inputs, merge_shared_inputs_bias
 
-        merged = merge_shared_inputs(self.lifts())
+        merge = merge_shared_inputs_bias if self.epilogues else merge_shared_inputs
+        merged = merge(self.lifts())
         return [] if merged is None else [merged]
 
     def signature(self) -> str:
         """Equal for groups that compute the same expressions on the same input shapes."""
-        ins = " ".join(f"{'x'.join(str(int(s)) for s in v.ty.shape)}:{v.ty.dtype}"
-                       for _, v in self.inputs())
+        ins = inputs_text(self.inputs())
         exprs = " ; ".join(str(e) for e in self.lifts())
-        return f"group[{len(self.bindings)} x {self.op_names[0].replace('relax.', '')}] " \
+        bias = " + bias" if self.epilogues else ""
+        return f"group[{len(self.bindings)} x {self.op_names[0].replace('relax.', '')}{bias}] " \
                f"{ins} {exprs}"
 
     def replay(self, bb: "relax.BlockBuilder", values: Dict[str, object], impl: str = "tvm"):
         """Emit the original calls on ``values`` (each on its native kernel with
         ``impl="native"``); return the tuple of their results."""
         env = {hash(v): values[n] for n, v in self.inputs()}
-        outs = []
-        for b in self.bindings:
+        heavy = {hash(b.var) for b in self.bindings}
+        for b in self.members:
             call = b.value
             args = [_rebind_arg(a, env) for a in call.args]
-            outs.append(bb.emit(original_form(call, args, impl)))
-        return relax.Tuple(outs)
+            new = original_form(call, args, impl) if hash(b.var) in heavy else \
+                relax.Call(call.op, args, call.attrs, call.ty_args)
+            env[hash(b.var)] = bb.emit(new)
+        return relax.Tuple([env[hash(v)] for v in self.outputs])
 
 
 def _descendants(block: _Block, start: int, stop: int) -> set:
@@ -778,22 +818,77 @@ def _descendants(block: _Block, start: int, stop: int) -> set:
     return out
 
 
-def _independent(block: _Block, members: List[int]) -> bool:
+def _independent(block: _Block, members: List[int],
+                 units: Optional[List[List[int]]] = None) -> bool:
     """No member reaches another, and no input of a member is computed from one: the calls can
-    run as one unit emitted at the last member (their readers before it move after it)."""
-    last = max(members)
+    run as one unit emitted at the last member (their readers before it move after it).
+
+    ``units`` (default: each member alone) lists the members that belong together (a call and
+    its bias add): a unit may read itself, not another unit."""
+    units = units or [[m] for m in members]
+    everyone = {k for u in units for k in u}
+    last = max(everyone)
     reach = set()
-    for m in members:
-        reach |= _descendants(block, m, last)
-    if reach & set(members):
-        return False
+    for unit in units:
+        mine = set()
+        for m in unit:
+            mine |= _descendants(block, m, last)
+        mine -= set(unit)
+        if mine & everyone:
+            return False
+        reach |= mine
     if any(not isinstance(block.bindings[k], relax.VarBinding) for k in reach):
         return False  # the readers that move after the group must be plain bindings
-    for m in members:
+    for m in everyone:
         for v in _used_vars(block.bindings[m].value):
             if block.index.get(hash(v)) in reach:
                 return False
     return True
+
+
+def _bias_add(block: _Block, k: int) -> Optional[int]:
+    """The binding that adds a bias to call ``k``'s result, when it is that result's only use.
+
+    Guards: ``k``'s result is read once, in the block, not by ``shape_of``, not after the
+    block; the reader is ``add(y, b)`` or ``add(b, y)`` of ``y``'s shape and dtype; ``b`` is a
+    static tensor of that dtype that varies along the last axis only (shape ``[N]`` or
+    ``[1, .., 1, N]``, ``N`` the result's last dimension)."""
+    var = block.bindings[k].var
+    users = block.users.get(hash(var), [])
+    if len(users) != 1 or block.used_outside(var) or hash(var) in block.shape_read:
+        return None
+    j = users[0]
+    b = block.bindings[j]
+    add = getattr(b, "value", None)
+    if not (isinstance(b, relax.VarBinding) and isinstance(add, relax.Call) and
+            isinstance(add.op, tvm.ir.Op) and add.op.name == "relax.add" and
+            static_tensor(add)):
+        return None
+    others = [a for a in add.args if not a.same_as(var)]
+    if len(others) != 1 or len(add.args) != 2:
+        return None
+    bias, out_ty = others[0], var.ty
+    if not static_tensor(bias) or str(bias.ty.dtype) != str(out_ty.dtype) or \
+            str(add.ty.dtype) != str(out_ty.dtype):
+        return None
+    shape = [int(d) for d in bias.ty.shape]
+    out = [int(d) for d in out_ty.shape]
+    if [int(d) for d in add.ty.shape] != out or not shape or len(shape) > len(out) or \
+            shape[-1] != out[-1] or any(d != 1 for d in shape[:-1]):
+        return None
+    return j
+
+
+def _with_bias(block: _Block, members: List[int], position: int) -> Optional[List[int]]:
+    """The bias add of each member (:func:`_bias_add`) when every member of a group sharing
+    its left operand has one and the group stays independent with them, else None."""
+    if position != 0:
+        return None
+    adds = [_bias_add(block, m) for m in members]
+    if any(a is None for a in adds) or \
+            not _independent(block, members, [[m, a] for m, a in zip(members, adds)]):
+        return None
+    return adds
 
 
 #: Operators whose results are equal when their operand and attributes are (pure views).
@@ -901,7 +996,8 @@ def _block_groups(block: _Block, seeds: List[int], max_ops: int) -> List[Tuple[L
 
 
 def find_shared_input_groups(mod: "tvm.IRModule", max_ops: int = MAX_GROUP,
-                             ops: Sequence[str] = GROUP_OPS) -> List[SharedInputGroup]:
+                             ops: Sequence[str] = GROUP_OPS,
+                             bias: bool = True) -> List[SharedInputGroup]:
     """Groups of independent calls of ``ops`` that read the same operand, per dataflow block.
 
     Parameters
@@ -912,6 +1008,10 @@ def find_shared_input_groups(mod: "tvm.IRModule", max_ops: int = MAX_GROUP,
         Most calls in one group (a larger set is split into several groups).
     ops : sequence of str
         Operators grouped.
+    bias : bool
+        Take each call's bias add into the group when every call of a group sharing its left
+        operand has one (:func:`_bias_add`): the group's results are then the adds', and the
+        merge adds one concatenated bias to the merged product.
 
     The calls of a group have the same attributes and result dtype, static shapes, results
     that are not read by ``shape_of``, and are independent: no call reads another's result,
@@ -931,18 +1031,40 @@ def find_shared_input_groups(mod: "tvm.IRModule", max_ops: int = MAX_GROUP,
             seeds = [k for k, b in enumerate(blk.bindings) if blk.kind(k) == "heavy" and
                      b.value.op.name in ops and hash(b.var) not in blk.shape_read]
             for members, position in _block_groups(blk, seeds, max_ops):
-                shared = blk.bindings[members[0]].value.args[position]
-                out.append(SharedInputGroup(
-                    gv.name_hint, [_reading(blk.bindings[m], position, shared, blk)
-                                   for m in members], shared, position, mod,
-                    [blk.bindings[m].value for m in members]))
+                out.append(_group(gv.name_hint, blk, members, position, mod, bias))
     return out
+
+
+def _group(function: str, blk: _Block, members: List[int], position: int, mod,
+           bias: bool) -> SharedInputGroup:
+    """The group of ``members`` (with their bias adds when ``bias`` and they all have one)."""
+    shared = blk.bindings[members[0]].value.args[position]
+    adds = (_with_bias(blk, members, position) if bias else None) or []
+    last = blk.bindings[max(members + adds)].var
+    return SharedInputGroup(
+        function, [_reading(blk.bindings[m], position, shared, blk) for m in members], shared,
+        position, mod, [blk.bindings[k].value for k in members + adds],
+        [_folded_views(blk.bindings[a], blk) for a in adds], last)
+
+
+def _folded_views(binding, block: _Block):
+    """``binding`` with operands that are views of constants replaced by the folded constants
+    (as :func:`_reading` does for the calls' operands)."""
+    call = binding.value
+    args = [_folded_view(block, a) or a for a in call.args]
+    if all(a.same_as(b) for a, b in zip(args, call.args)):
+        return binding
+    new = relax.Call(call.op, args, call.attrs, call.ty_args)
+    return relax.VarBinding(binding.var, relax.BlockBuilder().normalize(new))
 
 
 def isolated_group_module(group: SharedInputGroup, program=None, names=None,
                           impl: str = "tvm") -> "tvm.IRModule":
     """A module whose ``main`` returns the tuple of the group's results, computed by its calls
-    (or by ``program``, a multi-output program, in their place)."""
+    (or by ``program``, a multi-output program, in their place). Constant operands stay
+    constants (what the program computes from them alone is folded when it is built, as in
+    the model); with ``impl="native"`` the library kernels take their bias adds
+    (:func:`~.epilogue.fuse_epilogues`)."""
     from .emit import emit_program  # pylint: disable=import-outside-toplevel
 
     bb = relax.BlockBuilder()
@@ -958,4 +1080,10 @@ def isolated_group_module(group: SharedInputGroup, program=None, names=None,
                 out = bb.emit_output(emit_program(bb, program, mapping, group.out_shape,
                                                   impl=impl, name="ollie_merge"))
         bb.emit_func_output(out)
-    return bb.get()
+    if impl != "native":
+        return bb.get()
+    from .epilogue import fuse_epilogues  # pylint: disable=import-outside-toplevel
+
+    # library kernels take their bias adds as epilogues in the model (the pass folds them
+    # after rewriting): measured alone, they must too
+    return fuse_epilogues(bb.get())[0]

@@ -9,7 +9,7 @@ the checker compares.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, FrozenSet, List, Optional, Tuple
 
 import numpy as np
 
@@ -19,8 +19,9 @@ from ..derive.program import Program
 from ..lift.registry import Operands
 from .emit import EmitError, emit_program
 
-__all__ = ["bind_operands", "call_signature", "is_group", "is_region", "isolated_module",
-           "operand_values", "original_form", "unit_module", "unit_operands", "unit_signature"]
+__all__ = ["bind_operands", "call_signature", "constant_inputs", "is_group", "is_region",
+           "isolated_module", "operand_values", "original_form", "unit_module", "unit_operands",
+           "unit_signature"]
 
 _CONST = tvm.ir.expr.Constant
 
@@ -131,6 +132,13 @@ def unit_operands(unit) -> Tuple[List[str], List[object]]:
         ins = unit.inputs()
         return [n for n, _ in ins], [v for _, v in ins]
     return operand_values(unit)
+
+
+def constant_inputs(unit) -> FrozenSet[str]:
+    """Names of a unit's inputs that are constants (weights bound into the module): what a
+    program computes from them alone is folded when the module is built."""
+    names, values = unit_operands(unit)
+    return frozenset(n for n, v in zip(names, values) if isinstance(v, _CONST))
 
 
 def unit_module(unit, program: Optional[Program] = None, names=None,

@@ -8,9 +8,15 @@ its kind and an eOperator at the bandwidth roof (see :mod:`.calibrate`).
 ``impl="native"`` costs the operators the native library runs (original matmul/conv2d calls,
 matched matmul/conv2d stages) at the library's *measured* efficiency (``native_matmul``,
 ``native_conv2d`` in the calibration); everything else is costed as TVM builds it.
+
+Stages computed from constants only (a concatenation or a transposition of constant weights)
+cost nothing: TVM's ``FoldConstant`` evaluates them once, at compile time
+(:func:`folded_stages`), so a program is costed as it runs.
 """
 
 from __future__ import annotations
+
+from typing import AbstractSet, FrozenSet
 
 from ..codegen import library as lib
 from ..derive.cost import expr_cost, stage_cost
@@ -19,7 +25,8 @@ from ..derive.targets import target_op
 from ..ir.nodes import Scope
 from .calibrate import Calibration
 
-__all__ = ["NATIVE_KIND", "ORIGINAL_KIND", "original_seconds", "program_seconds", "stage_seconds"]
+__all__ = ["NATIVE_KIND", "ORIGINAL_KIND", "folded_stages", "original_seconds", "program_seconds",
+           "stage_seconds"]
 
 #: Kernel kind of an original Relax operator (keys of :data:`.calibrate.EFFICIENCY`).
 ORIGINAL_KIND = {
@@ -54,10 +61,30 @@ def stage_seconds(stage, calib: Calibration, impl: str = "tvm") -> float:
     return _roof(sc.flops, sc.bytes, calib, kind)
 
 
-def program_seconds(program: Program, calib: Calibration, impl: str = "tvm") -> float:
+def program_seconds(program: Program, calib: Calibration, impl: str = "tvm",
+                    constants: AbstractSet[str] = frozenset()) -> float:
     """Estimated seconds of a derived program (sum over its stages); with ``impl="native"``
-    the matched stages the library implements run on it."""
-    return sum(stage_seconds(s, calib, impl) for s in program.stages)
+    the matched stages the library implements run on it. ``constants`` names the program's
+    inputs that are constants: the stages computed from them alone are folded at compile time
+    (:func:`folded_stages`) and cost nothing."""
+    folded = folded_stages(program, constants, impl)
+    return sum(stage_seconds(s, calib, impl) for s in program.stages if s.name not in folded)
+
+
+def folded_stages(program: Program, constants: AbstractSet[str],
+                  impl: str = "tvm") -> FrozenSet[str]:
+    """Names of the stages that read only constants: inputs named in ``constants`` and other
+    such stages. Emitted as ``call_tir`` (or a Relax operator) over constants, each is
+    evaluated once by TVM's ``FoldConstant`` when the module is built; a stage that runs on a
+    native library kernel (``call_dps_packed``, ``impl="native"``) is not folded."""
+    known = set(constants)
+    folded = set()
+    for stage in program.stages:
+        on_library = impl == "native" and lib.stage_form(stage) is not None
+        if stage.reads and not on_library and all(r in known for r in stage.reads):
+            known.add(stage.name)
+            folded.add(stage.name)
+    return frozenset(folded)
 
 
 def original_seconds(expr: Scope, op_name: str, calib: Calibration, impl: str = "tvm") -> float:

@@ -10,7 +10,10 @@ same name / family / equation-doc shape as :class:`.base.Rule` but an ``apply`` 
 * **merging of independent expressions that read the same input** -- ``X @ W1`` and ``X @ W2``
   become one ``X @ [W1 | W2]`` plus slicing eOperators (the paper's "merging"; EinNet left it
   disabled). One larger GEMM uses the hardware better than two thin ones, at the price of a
-  concatenation that is often a one-time weight transformation.
+  concatenation that is often a one-time weight transformation;
+* **merging with bias adds** -- ``X @ W1 + b1`` and ``X @ W2 + b2`` (projections as importers
+  emit them) become ``Z := X @ [W1 | W2] + [b1 | b2]`` plus slices: one add on the merged
+  product, which a GEMM kernel takes as its epilogue.
 
 Each rule returns a new :class:`~tvm_ollie.derive.program.Program` or None when it does not
 apply; the result computes the same outputs, which the tests check with the interpreter.
@@ -21,14 +24,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from ...ir.nodes import Access, IterVar, Scope, Tensor, Var, iter_nodes
+from ...ir.nodes import Access, BinOp, Const, IterVar, Scope, Tensor, Var, iter_nodes
 from ..match import Match, gemm_expr, gemm_signature, match_scope
 from ..program import Program, Stage, Step, fuse_memory_bound, instantiate, instantiate_all
 from ..targets import TARGET_NAMES
 
 __all__ = ["InterRule", "SPLIT_OPERATORS", "FUSE_MEMORY_BOUND", "MERGE_SHARED_INPUT",
-           "INTER_RULES", "split_operators", "merge_shared_input", "merge_gemm_stages",
-           "merge_shared_inputs", "inline_views", "combine_programs"]
+           "MERGE_SHARED_INPUT_BIAS", "INTER_RULES", "split_operators", "merge_shared_input",
+           "merge_gemm_stages", "merge_shared_inputs", "merge_shared_inputs_bias",
+           "inline_views", "combine_programs"]
 
 
 @dataclass(frozen=True)
@@ -429,5 +433,198 @@ MERGE_SHARED_INPUT = InterRule(
     merge_shared_input,
 )
 
+
+# --------------------------------------------------------------------------------------------
+# Merging with bias adds
+#
+# Projections are ``X @ W_i + b_i``. Merged without their adds, each bias add would read its
+# slice of the product again; merged with them, one add runs on the merged product (a GEMM
+# kernel's epilogue) and the slices follow. The biases concatenate like the weights: a
+# one-time transformation when they are constants.
+
+
+@dataclass(frozen=True)
+class _Biased:
+    """``L<x> { G[x] + B[f(x)] }``: the GEMM scope ``G``, read at the loop variables (and 0 on
+    unit dimensions), the bias read ``B[f(x)]`` and the loop variable of ``G``'s last axis."""
+
+    gemm: Scope
+    bias: Access
+    last: Var
+
+
+def guard_bias_add(expr: Scope) -> Optional[_Biased]:
+    """Guard ``bias-add``: ``expr`` is ``L<x> { G[x] + B[f(x)] }`` (either order) with ``G`` an
+    unpadded reduction read at ``expr``'s loop variables in order, each over its whole extent
+    (0 on the unit dimensions ``expr`` dropped) and the last one on ``G``'s last axis; ``B`` an
+    unpadded input tensor of ``expr``'s dtype; no reduction or padding outside; loops from 0."""
+    body = expr.body
+    if expr.reduce or any(lo or hi for lo, hi in expr.pad) or not isinstance(body, BinOp) or \
+            body.op != "+" or any(iv.begin for iv in expr.loops):
+        return None
+    for g, b in ((body.a, body.b), (body.b, body.a)):
+        if isinstance(g, Access) and isinstance(g.source, Scope) and \
+                isinstance(b, Access) and isinstance(b.source, Tensor) and \
+                g.source.reduce and _identity_read(g, expr.loops) and \
+                b.source.dtype == expr.dtype and \
+                not any(lo or hi for lo, hi in b.source.pad):
+            return _Biased(g.source, b, g.indices[-1])
+    return None
+
+
+def _identity_read(acc: Access, loops: Sequence[IterVar]) -> bool:
+    """``acc`` reads its (unpadded, loops from 0) scope at ``loops``' variables in order, each
+    over the whole extent of its axis, and at 0 on the other axes, which have extent 1; the
+    last axis is read by a loop variable."""
+    src = acc.source
+    if any(lo or hi for lo, hi in src.pad) or any(iv.begin for iv in src.loops):
+        return False
+    rest = list(loops)
+    for idx, extent in zip(acc.indices, src.shape):
+        if rest and idx is rest[0].var and rest[0].extent == extent:
+            rest.pop(0)
+        elif not (isinstance(idx, Const) and int(idx.value) == 0 and extent == 1):
+            return False
+    return not rest and isinstance(acc.indices[-1], Var)
+
+
+def guard_bias_along_last(biased: _Biased, size: int) -> bool:
+    """Guard ``bias-along-last-axis``: the bias varies along the GEMM's last axis (the merged
+    product's concatenation axis) only: its indices are that axis's loop variable once, over
+    a bias dimension of the output's ``size`` there, and constant 0 elsewhere."""
+    hits = 0
+    for idx, extent in zip(biased.bias.indices, biased.bias.source.shape):
+        if idx is biased.last:
+            hits += 1
+            if extent != size:
+                return False
+        elif not (isinstance(idx, Const) and int(idx.value) == 0):
+            return False
+    return hits == 1 and biased.gemm.shape[-1] == size
+
+
+def _slice_offset(stage: Stage, product: str, shape: Tuple[int, ...]
+                  ) -> Optional[Tuple[int, int]]:
+    """``(axis, start)`` when ``stage`` is ``S[d] = P[d + start e_axis]`` over ``product``
+    (of ``shape``), the slice along one axis (axis 0 when it spans all of ``P``)."""
+    body = stage.expr.body
+    if stage.is_operator or stage.expr.reduce or not isinstance(body, Access) or \
+            not isinstance(body.source, Tensor) or body.source.name != product or \
+            tuple(body.source.shape) != tuple(shape) or \
+            any(lo or hi for lo, hi in body.source.pad):
+        return None
+    if len(stage.expr.loops) != len(shape) or any(iv.begin for iv in stage.expr.loops):
+        return None
+    cut = None
+    for k, (iv, idx) in enumerate(zip(stage.expr.loops, body.indices)):
+        off = _offset_of(idx, iv.var)
+        if off is None:
+            return None
+        if off or stage.shape[k] != shape[k]:
+            if cut is not None:
+                return None
+            cut = (k, off)
+    return cut or (0, 0)
+
+
+def _offset_of(idx, var) -> Optional[int]:
+    """``c`` when ``idx`` is ``var + c`` (or ``var``), else None."""
+    if idx is var:
+        return 0
+    if isinstance(idx, BinOp) and idx.op == "+":
+        for v, c in ((idx.a, idx.b), (idx.b, idx.a)):
+            if v is var and isinstance(c, Const):
+                return int(c.value)
+    return None
+
+
+def _bias_concat_stage(name: str, parts: Sequence[Tuple[Access, int, int]], total: int,
+                       dtype: str) -> Stage:
+    """``C[n] = Σ_i B_i<pad off_i : total - off_i - N_i>[.., n - off_i, ..]`` (the other bias
+    indices 0): the biases side by side, each at its slice's offset."""
+    n = Var("n")
+    body = None
+    for acc, start, size in parts:
+        src = acc.source
+        pad, idx = [], []
+        for i, extent in zip(acc.indices, src.shape):
+            if isinstance(i, Const):
+                pad.append((0, 0))
+                idx.append(i)
+            else:
+                pad.append((start, total - start - size))
+                idx.append(n - start if start else n)
+        read = Access(src.with_pad(pad), idx)
+        body = read if body is None else body + read
+    return Stage(name, "eop", Scope([IterVar(n, 0, total)], [], body), {}, "concat")
+
+
+def merge_shared_inputs_bias(exprs: Sequence[Scope], max_pairs: int = 8) -> Optional[Program]:
+    """``X @ W1 + b1 ; ... ; X @ Wn + bn  =  Z := X @ [W1 | ... | Wn] + [b1 | ... | bn] ;
+    Z[:, :N1] ; ...``: all of ``exprs`` as one multi-output program with a single GEMM and one
+    bias add, or None.
+
+    Guards (named): ``bias-add`` (:func:`guard_bias_add`) on every expression; the GEMMs merge
+    (:func:`merge_shared_inputs`, whose own guards apply) into one product every output is a
+    slice of, along its last axis (``slices-along-last-axis``: a shared left operand, the
+    weights concatenated along N); the slices tile that axis (``slices-tile-axis``), so the
+    biases tile it too; ``bias-along-last-axis`` (:func:`guard_bias_along_last`) for every
+    bias.
+    """
+    parts = [guard_bias_add(e) for e in exprs]
+    if len(exprs) < 2 or any(p is None for p in parts):
+        return None
+    merged = merge_shared_inputs([p.gemm for p in parts], max_pairs)
+    if merged is None:
+        return None
+    (mm,) = merged.operators
+    slices = [merged.stage(o) for o in merged.outputs]
+    cuts = [_slice_offset(s, mm.name, mm.shape) for s in slices]
+    if any(c is None for c in cuts) or len({c[0] for c in cuts}) != 1:
+        return None
+    axis = cuts[0][0]
+    if axis != len(mm.shape) - 1:
+        return None  # the merge concatenated along M (a shared right operand): no bias axis
+    spans = sorted((start, start + s.shape[axis]) for (_, start), s in zip(cuts, slices))
+    if spans[0][0] != 0 or spans[-1][1] != mm.shape[axis] or \
+            any(a[1] != b[0] for a, b in zip(spans, spans[1:])):
+        return None
+    if not all(guard_bias_along_last(p, s.shape[axis]) for p, s in zip(parts, slices)):
+        return None
+    taken = {s.name for s in merged.stages} | _input_names(merged) | \
+        {t.name for p in parts for t in [p.bias.source]}
+    cat_name = _fresh(taken, "T")
+    add_name = _fresh(taken | {cat_name}, "T")
+    dtype = exprs[0].dtype
+    cat = _bias_concat_stage(cat_name, [(p.bias, start, s.shape[axis])
+                                        for p, (_, start), s in zip(parts, cuts, slices)],
+                             mm.shape[axis], dtype)
+    dims = [Var(f"d{k}") for k in range(len(mm.shape))]
+    y = Tensor(mm.name, mm.shape, mm.expr.dtype)
+    body = Access(y, dims) + Access(Tensor(cat_name, cat.shape, dtype), [dims[axis]])
+    add = Stage(add_name, "eop", Scope([IterVar(v, 0, n) for v, n in zip(dims, mm.shape)], [],
+                                       body), {"axis": axis}, "bias-add")
+    stages = []
+    for st in merged.stages:
+        if st.name in merged.outputs:
+            st = _rename_reads(st, mm.name, add_name)
+        stages.append(st)
+        if st is mm:
+            stages += [cat, add]
+    stages = _toposort(stages)
+    if stages is None:
+        return None
+    note = f"bias adds of {', '.join(merged.outputs)} as one add along axis {axis}"
+    return Program(stages, tuple(exprs), merged.outputs,
+                   merged.steps + (Step(MERGE_SHARED_INPUT_BIAS.name, note),))
+
+
+MERGE_SHARED_INPUT_BIAS = InterRule(
+    "merge-shared-input-bias",
+    "L_{m,n1} (X·W1)[m,n1] + b1[n1] ; L_{m,n2} (X·W2)[m,n2] + b2[n2]  =  "
+    "Z := L_{m,n} (X·(W1 ⊕_n W2))[m,n] + (b1 ⊕ b2)[n] ; Z[m, n1] ; Z[m, N1 + n2]",
+    merge_shared_inputs_bias,
+)
+
 #: Program-level rules, in the order a pipeline applies them.
-INTER_RULES = (SPLIT_OPERATORS, FUSE_MEMORY_BOUND, MERGE_SHARED_INPUT)
+INTER_RULES = (SPLIT_OPERATORS, FUSE_MEMORY_BOUND, MERGE_SHARED_INPUT, MERGE_SHARED_INPUT_BIAS)
