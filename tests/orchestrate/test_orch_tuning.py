@@ -5,7 +5,7 @@ import importlib
 import numpy as np
 import pytest
 
-from tvm_ollie.compat import relax, tvm
+from tvm_ollie.compat import cuda_target, relax, tvm
 from tvm_ollie.frontend.builder import single_function_module, tensor_var
 from tvm_ollie.orchestrate import OrchestrateConfig
 from tvm_ollie.orchestrate.pipeline import _split_composites
@@ -76,6 +76,16 @@ def test_no_trials_applies_records_without_tuning():
     tuner = FakeTuner()
     tuned_orchestrate_build(conv_softmax_norm(), "llvm", tuner, 0)
     assert tuner.tuned == [] and tuner.applied == 1
+
+
+def test_cuda_build_schedules_the_orchestrated_kernels():
+    """On a GPU target (built without a GPU) the kernels without records get dlight's
+    schedules after FuseTIR, as in the untuned build: the executable builds."""
+    mod, tgt, tuner = conv_softmax_norm(), cuda_target(), FakeTuner()
+    ex = tuned_orchestrate_build(mod, tgt, tuner, 2)
+    assert kernels(tuner.tuned[0]) == kernels(orchestrated_kernels(mod, tgt))
+    assert any(g.name_hint.startswith("orch_") for g, _ in tuner.tuned[0].functions_items())
+    assert "main" in ex.as_text()
 
 
 def _no_solution(problem, _time_limit_s):
