@@ -456,7 +456,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="library to write (default: MODEL's name with .so, here)")
     cmd.add_argument("--orchestrate", action="store_true",
                      help="fission composite operators and choose the kernels by binary linear "
-                          "programming instead of TVM's greedy fusion (untuned builds)")
+                          "programming instead of TVM's greedy fusion (with --trials, the "
+                          "chosen kernels are tuned)")
     cmd.add_argument("--dtype", choices=("float32", "float16"), default="float32",
                      help="float16: convert the model with TVM's ToMixedPrecision (float16 "
                           "operators, convolutions and matmuls accumulating in float32) before "

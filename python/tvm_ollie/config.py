@@ -77,7 +77,8 @@ class OllieConfig:
         Most independent matmuls / convs reading one input decided as one group (a merged
         GEMM over concatenated weights competes with them; below 2: no groups).
     orchestrate : bool
-        Fission and kernel orchestration instead of TVM's greedy fusion (untuned builds).
+        Fission and kernel orchestration instead of TVM's greedy fusion (with ``trials``, the
+        chosen kernels are tuned).
     joint : bool
         With ``orchestrate`` (untuned, local): the derivation alternatives of every heavy call
         and the kernel boundaries are chosen by one selection

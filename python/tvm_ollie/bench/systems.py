@@ -194,7 +194,8 @@ def prepare_tvm(spec, ctx: BenchContext) -> Prepared:
 
 @register_system("tvm-orch", tvm_based=True)
 def prepare_tvm_orch(spec, ctx: BenchContext) -> Prepared:
-    """TVM's default pipeline with kernel orchestration (BLP, analytic cost) for FuseOps."""
+    """TVM's default pipeline with kernel orchestration (BLP, analytic cost) for FuseOps; with
+    trials, the chosen kernels tuned by MetaSchedule with the same total budget as ``tvm``."""
     # pylint: disable=import-outside-toplevel
     import tvm
 
@@ -203,10 +204,15 @@ def prepare_tvm_orch(spec, ctx: BenchContext) -> Prepared:
     mod, params, import_s = ctx.relax_module(spec)
     reports: list = []
     start = time.perf_counter()
-    ex = tvm.compile(mod, target=ctx.target,
-                     relax_pipeline=orchestrate_pipeline(ctx.target, reports=reports))
-    compile_s = time.perf_counter() - start
+    tune_s = None
     info = {"import_s": import_s}
+    if ctx.trials > 0:
+        ex, tune_s, info["trials_spent"] = _tuned_orchestrated(spec, ctx, mod, reports)
+        info["trials"] = ctx.trials
+    else:
+        ex = tvm.compile(mod, target=ctx.target,
+                         relax_pipeline=orchestrate_pipeline(ctx.target, reports=reports))
+    compile_s = time.perf_counter() - start - (tune_s or 0.0)
     rep = reports[-1] if reports else None
     if rep is not None:
         parts = rep.partitions
@@ -221,7 +227,22 @@ def prepare_tvm_orch(spec, ctx: BenchContext) -> Prepared:
             "enumeration": sorted({p.enumeration for p in parts}),
             "fallbacks": sum(len(p.fallbacks) for p in parts),
             "orchestrate_s": rep.total_s})
-    return prepare_tvm_executable(ex, params, spec, ctx, compile_s, None, info)
+    return prepare_tvm_executable(ex, params, spec, ctx, compile_s, tune_s, info)
+
+
+def _tuned_orchestrated(spec, ctx: BenchContext, mod, reports: list) -> tuple:
+    """``(executable, tune_s, trials spent)``: TVM's pipeline with orchestration, the chosen
+    kernels tuned with ``ctx.trials`` by the project's tuner (records kept in the model's
+    work dir: a rerun tunes only what has no record)."""
+    # pylint: disable=import-outside-toplevel
+    from ..orchestrate.tuned import tuned_orchestrate_build
+    from ..tune.metaschedule import STATS, Tuner
+
+    trials0, seconds0 = STATS.trials, STATS.seconds
+    tuner = Tuner(ctx.target, ctx.model_dir(spec, "tvm-orch"))
+    ex = tuned_orchestrate_build(mod, ctx.target, tuner, ctx.trials, cpu_schedules=False,
+                                 reports=reports)
+    return ex, STATS.seconds - seconds0, STATS.trials - trials0
 
 
 def _prepare_ollie(spec, ctx: BenchContext, system: str, **opts) -> Prepared:
@@ -266,7 +287,8 @@ def prepare_ollie_derive(spec, ctx: BenchContext) -> Prepared:
 @register_system("ollie-orch", tvm_based=True)
 def prepare_ollie_orch(spec, ctx: BenchContext) -> Prepared:
     """tvm-ollie with kernel orchestration: derivation + library kernels, then fission and
-    BLP-chosen kernels in place of TVM's greedy fusion (untuned: analytic kernel costs)."""
+    BLP-chosen kernels (analytic kernel costs) in place of TVM's greedy fusion, tuned with the
+    final task's share of the trials."""
     return _prepare_ollie(spec, ctx, "ollie-orch", orchestrate=True)
 
 

@@ -5,8 +5,9 @@
 GPU schedules on CUDA): ``tvm.compile(mod, target, relax_pipeline="ollie")``.
 
 :func:`build` additionally applies tuning: with ``trials > 0`` (or a ``work_dir`` holding a
-MetaSchedule database from an earlier compile) the rewritten module is legalized and fused,
-its kernels without records are tuned with what the pass left of the module's trial budget
+MetaSchedule database from an earlier compile) the rewritten module is legalized and fused
+(by TVM's ``FuseOps``, or by kernel orchestration with ``orchestrate``), its kernels without
+records are tuned with what the pass left of the module's trial budget
 (:mod:`tvm_ollie.tune.budget`), and ``MetaScheduleApplyDatabase`` puts the best schedules in
 before TVM's default pipeline builds it.
 """
@@ -69,7 +70,9 @@ def build(mod: "tvm.IRModule", target=None, trials: Optional[int] = None,
         trial (GPU targets are then tuned without a GPU here); builds stay local.
     orchestrate : bool, optional
         Fission composite operators and choose the kernels by binary linear programming
-        (:mod:`tvm_ollie.orchestrate`) instead of TVM's greedy fusion (untuned builds only).
+        (:mod:`tvm_ollie.orchestrate`) instead of TVM's greedy fusion; with ``trials``, the
+        chosen kernels are the ones tuned with the final task's share of the budget
+        (:mod:`tvm_ollie.orchestrate.tuned`).
     config : OllieConfig, optional
         The options.
     dtype : str, optional

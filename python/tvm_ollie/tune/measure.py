@@ -27,8 +27,10 @@ def compile_module(mod: "tvm.IRModule", target, tuner: Optional[Tuner] = None,
     Without a tuner this is ``tvm.compile(mod, target)`` with :func:`default_pipeline` (TVM's
     default pipeline; on llvm plus default CPU schedules for the kernels nothing scheduled;
     with ``orchestrate``, kernel orchestration instead of TVM's greedy fusion, limited by
-    ``orchestrate_config``). ``trials`` is the tuner's budget for all of ``mod``. Tuned builds
-    fuse with TVM's ``FuseOps`` (orchestration is not combined with tuning yet).
+    ``orchestrate_config``). ``trials`` is the tuner's budget for all of ``mod``. With a tuner
+    and ``orchestrate``, the kernels tuned and built are the ones orchestration chose
+    (:func:`tvm_ollie.orchestrate.tuned.ollie_tuned_build`: the same fission and CPU
+    schedules as the untuned build).
     """
     target = normalize_target(target)
     if tuner is None:
@@ -36,6 +38,10 @@ def compile_module(mod: "tvm.IRModule", target, tuner: Optional[Tuner] = None,
                            relax_pipeline=default_pipeline(
                                target, orchestrate=orchestrate,
                                orchestrate_config=orchestrate_config))
+    if orchestrate:
+        from ..orchestrate.tuned import ollie_tuned_build  # pylint: disable=C0415
+
+        return ollie_tuned_build(mod, target, tuner, trials, config=orchestrate_config)
     fused = legalize_and_fuse(mod, target)
     if trials > 0:
         tuner.tune(fused, trials)
