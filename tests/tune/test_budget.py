@@ -111,17 +111,11 @@ def test_build_spends_the_module_budget_once(tmp_path, monkeypatch):
     assert "trials: 12 spent / 12 budget" in report.to_text()
 
 
-def test_tuner_never_runs_more_trials_than_granted(tmp_path, monkeypatch):
-    """Fewer trials than tasks: the heaviest tasks get one each (MetaSchedule is faked)."""
-    from tvm import relax  # pylint: disable=import-outside-toplevel
-
+def _fake_tuning(monkeypatch, seen):
+    """MetaSchedule faked: ``seen`` records the tasks and the trial caps it was given."""
     from tvm_ollie.compat import meta_schedule  # pylint: disable=C0415
-    from tvm_ollie.frontend.builder import single_function_module  # pylint: disable=C0415
-    from tvm_ollie.frontend.builder import tensor_var  # pylint: disable=C0415
-    from tvm_ollie.tune.metaschedule import Tuner, legalize_and_fuse  # pylint: disable=C0415
 
     ms = meta_schedule()
-    seen = {}
 
     def fake_contexts(extracted_tasks, **_kw):
         seen["tasks"] = [t.task_name for t in extracted_tasks]
@@ -136,17 +130,45 @@ def test_tuner_never_runs_more_trials_than_granted(tmp_path, monkeypatch):
     monkeypatch.setattr(ms.builder, "LocalBuilder", lambda **_kw: None)
     monkeypatch.setattr(ms.cost_model, "XGBModel", lambda **_kw: None)
     monkeypatch.setattr(ms.feature_extractor, "PerStoreFeature", lambda **_kw: None)
+
+
+def _two_task_module():
+    from tvm import relax  # pylint: disable=import-outside-toplevel
+
+    from tvm_ollie.frontend.builder import single_function_module  # pylint: disable=C0415
+    from tvm_ollie.frontend.builder import tensor_var  # pylint: disable=C0415
+
     def body(bb, a, b, c):
         return relax.Tuple([bb.emit(relax.op.matmul(a, b)), bb.emit(relax.op.add(c, c))])
 
-    mod = single_function_module(
+    return single_function_module(
         [tensor_var("a", (64, 64)), tensor_var("b", (64, 64)), tensor_var("c", (4, 4))], body)
+
+
+def test_tuner_never_runs_more_trials_than_granted(tmp_path, monkeypatch):
+    """Fewer trials than tasks: the heaviest tasks get one each (MetaSchedule is faked)."""
+    from tvm_ollie.tune.metaschedule import Tuner, legalize_and_fuse  # pylint: disable=C0415
+
+    seen = {}
+    _fake_tuning(monkeypatch, seen)
     tuner = Tuner("llvm", str(tmp_path))
-    fused = legalize_and_fuse(mod, tuner.target)
+    fused = legalize_and_fuse(_two_task_module(), tuner.target)
     assert len(tuner.untuned(fused)) == 2
     assert tuner.tune(fused, 1) == 1
     assert seen["global"] == 1 and seen["per_task"] == 1
     assert len(seen["tasks"]) == 1 and "matmul" in seen["tasks"][0]
+
+
+def test_tuner_spends_a_budget_that_tasks_do_not_divide(tmp_path, monkeypatch):
+    """5 trials over 2 tasks: 5 in all (at most 3 each), not 2 x 2 = 4."""
+    from tvm_ollie.tune.metaschedule import Tuner, legalize_and_fuse  # pylint: disable=C0415
+
+    seen = {}
+    _fake_tuning(monkeypatch, seen)
+    tuner = Tuner("llvm", str(tmp_path))
+    fused = legalize_and_fuse(_two_task_module(), tuner.target)
+    assert tuner.tune(fused, 5) == 5
+    assert seen["global"] == 5 and seen["per_task"] == 3 and len(seen["tasks"]) == 2
 
 
 def test_final_task_tops_up_only_this_compiles_kernels():

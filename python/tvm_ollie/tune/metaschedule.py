@@ -256,11 +256,13 @@ class Tuner:
     def tune(self, fused_mod: "tvm.IRModule", trials: int) -> int:
         """Tune the untuned tasks of ``fused_mod`` with up to ``trials`` trials in all.
 
-        The trials are split evenly among the tasks (MetaSchedule's gradient task scheduler
-        orders them); with fewer trials than tasks, the heaviest ``trials`` tasks (estimated
-        FLOPs times occurrences) get one each and the others keep TVM's default schedules.
-        Returns the number of trials handed to MetaSchedule (0 when every task already had
-        records); never more than ``trials``.
+        MetaSchedule's gradient task scheduler spends ``trials`` in all, each task getting at
+        most ``ceil(trials / tasks)`` (an even split rounded up, so that no part of the budget
+        is lost to the rounding: 16 trials over 10 tasks are 16 trials, not 10); with fewer
+        trials than tasks, the heaviest ``trials`` tasks (estimated FLOPs times occurrences) get
+        one each and the others keep TVM's default schedules. Returns the number of trials
+        handed to MetaSchedule (0 when every task already had records); never more than
+        ``trials``.
         """
         todo = self.untuned(fused_mod)
         STATS.skipped_tasks += len(self.tasks(fused_mod)) - len(todo)
@@ -271,7 +273,8 @@ class Tuner:
         ms = meta_schedule()
         if self.rpc is not None:
             self.rpc.check()  # one clear line now rather than every trial failing later
-        per_task = max(1, trials // len(todo))
+        per_task = -(-trials // len(todo))
+        total = min(trials, per_task * len(todo))
         t0 = time.perf_counter()
         cores = int(self.target.attrs.get("num-cores", 1)) if self.target.kind.name == "llvm" \
             else os.cpu_count() or 1
@@ -284,7 +287,7 @@ class Tuner:
                 max_workers=max(1, min(cores, 2)), timeout_sec=60)
             ms.tune.tune_tasks(
                 tasks=contexts, task_weights=weights, work_dir=self.work_dir,
-                max_trials_global=per_task * len(todo), max_trials_per_task=per_task,
+                max_trials_global=total, max_trials_per_task=per_task,
                 num_trials_per_iter=min(per_task, 16), builder=builder,
                 runner=self._measurer(),
                 database=self.database,
@@ -295,13 +298,13 @@ class Tuner:
         self.last_tuned = [t.dispatched[0] for t in todo]
         STATS.calls += 1
         STATS.tasks += len(todo)
-        STATS.trials += per_task * len(todo)
+        STATS.trials += total
         STATS.seconds += time.perf_counter() - t0
-        LOG.info("tuned %d task(s), %d trial(s) each, in %.1fs", len(todo), per_task,
-                 time.perf_counter() - t0)
+        LOG.info("tuned %d task(s), %d trial(s) in all (at most %d each), in %.1fs", len(todo),
+                 total, per_task, time.perf_counter() - t0)
         if self.rpc is not None:
             self._check_remote_results(todo)
-        return per_task * len(todo)
+        return total
 
     def _measurer(self):
         """MetaSchedule's runner: local, or one RPCRunner kept for every tuning call.
