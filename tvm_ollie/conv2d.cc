@@ -173,31 +173,6 @@ dnnl::memory::desc WeightDesc(const ConvParams& p, const ConvShape& s) {
                             dims{og * so, so, si, sh, sw});
 }
 
-// A reorder with a user scratchpad (thread-safe execution of a cached primitive).
-struct Reorder {
-  bool needed = false;
-  dnnl::reorder prim;
-  dnnl::memory::desc scratch_md;
-  void Init(const dnnl::memory::desc& from, const dnnl::memory::desc& to) {
-    needed = from != to;
-    if (!needed) return;
-    dnnl::primitive_attr attr;
-    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    dnnl::reorder::primitive_desc pd(Engine(), from, Engine(), to, attr);
-    scratch_md = pd.scratchpad_desc();
-    prim = dnnl::reorder(pd);
-  }
-  void Run(const dnnl::memory& from, const dnnl::memory& to, int scratch_slot) const {
-    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
-    size_t n = scratch_md.get_size();
-    if (n > 0) {
-      args[DNNL_ARG_SCRATCHPAD] =
-          dnnl::memory(scratch_md, Engine(), ScratchBuffer(scratch_slot, n));
-    }
-    prim.execute(Stream(), args);
-  }
-};
-
 struct OneDNNConv {
   dnnl::convolution_forward prim;
   dnnl::memory::desc user_src, user_wei, user_dst, bias_md;
