@@ -2,9 +2,10 @@
 
 GEMM: oneDNN vs OpenBLAS (``lib=``) on the benchmark shapes, GFLOP/s, best and median of
 repeated back-to-back calls. conv2d: plain / blocked / prepacked weights on the benchmark
-workloads in NCHW and NHWC, ms. Set TVM_NUM_THREADS to choose the thread count.
+workloads in NCHW and NHWC, ms. conv2d_transpose: plain / blocked on transposed convolutions
+of the zoo's kinds (GCN, DCGAN, FSRCNN), ms. Set TVM_NUM_THREADS to choose the thread count.
 
-    TVM_NUM_THREADS=2 python scripts/native_impl_choice.py [gemm|conv]
+    TVM_NUM_THREADS=2 python scripts/native_impl_choice.py [gemm|conv|deconv]
 """
 
 import sys
@@ -70,6 +71,34 @@ def conv():
             print(f"{label} {layout}: " + ", ".join(cells) + " (ms, best)", flush=True)
 
 
+#: (label, data NCHW, out channels, kernel, stride, pad, output padding, groups)
+DECONV_SHAPES = [
+    ("GCN 1x21x32x32 -> 21 k4 s2 p1", (1, 21, 32, 32), 21, 4, 2, 1, 0, 1),
+    ("1x64x16x16 -> 32 k4 s2 p1", (1, 64, 16, 16), 32, 4, 2, 1, 0, 1),
+    ("DCGAN 1x512x4x4 -> 256 k4 s2 p1", (1, 512, 4, 4), 256, 4, 2, 1, 0, 1),
+    ("DCGAN 1x128x16x16 -> 3 k4 s2 p1", (1, 128, 16, 16), 3, 4, 2, 1, 0, 1),
+    ("FSRCNN 1x56x32x32 -> 1 k9 s3 p4 op2", (1, 56, 32, 32), 1, 9, 3, 4, 2, 1),
+    ("grouped 1x64x28x28 -> 64 k4 s2 p1 g=64", (1, 64, 28, 28), 64, 4, 2, 1, 0, 64),
+]
+
+
+def deconv():
+    f = tvm_ffi.get_global_func(native.CONV2D_TRANSPOSE)
+    for label, (n, c, h, w), o, k, s, p, op, g in DECONV_SHAPES:
+        x = np.random.rand(n, c, h, w).astype("float32")
+        wt = np.random.rand(c, o // g, k, k).astype("float32")
+        oh, ow = ((d - 1) * s - 2 * p + k + op for d in (h, w))
+        out = np.empty((n, o, oh, ow), "float32")
+        tx, tw, to = map(tvm_ffi.from_dlpack, (x, wt, out))
+        attrs = f"stride={s},{s};pad={p},{p},{p},{p};opad={op},{op};groups={g}"
+        cells = []
+        for fmt in ("default", "plain", "blocked"):
+            text = attrs if fmt == "default" else attrs + f";fmt={fmt}"
+            best, med = _times(lambda text=text: f(text, tx, tw, to))
+            cells.append(f"{fmt} {best * 1e3:.3f} (median {med * 1e3:.3f})")
+        print(f"{label}: " + ", ".join(cells) + " ms", flush=True)
+
+
 if __name__ == "__main__":
     assert native.available(), native.unavailable_reason()
     what = sys.argv[1] if len(sys.argv) > 1 else "both"
@@ -77,3 +106,5 @@ if __name__ == "__main__":
         gemm()
     if what in ("conv", "both"):
         conv()
+    if what == "deconv":
+        deconv()

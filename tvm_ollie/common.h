@@ -78,6 +78,31 @@ dnnl::stream& Stream();
 // independent buffers so that one call can hold several at once.
 void* ScratchBuffer(int slot, size_t bytes);
 
+// A reorder with a user scratchpad (thread-safe execution of a cached primitive).
+struct Reorder {
+  bool needed = false;
+  dnnl::reorder prim;
+  dnnl::memory::desc scratch_md;
+  void Init(const dnnl::memory::desc& from, const dnnl::memory::desc& to) {
+    needed = from != to;
+    if (!needed) return;
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    dnnl::reorder::primitive_desc pd(Engine(), from, Engine(), to, attr);
+    scratch_md = pd.scratchpad_desc();
+    prim = dnnl::reorder(pd);
+  }
+  void Run(const dnnl::memory& from, const dnnl::memory& to, int scratch_slot) const {
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
+    size_t n = scratch_md.get_size();
+    if (n > 0) {
+      args[DNNL_ARG_SCRATCHPAD] =
+          dnnl::memory(scratch_md, Engine(), ScratchBuffer(scratch_slot, n));
+    }
+    prim.execute(Stream(), args);
+  }
+};
+
 // Process-wide cache of prepared kernels (primitives, descriptors), keyed by a string built from
 // the kernel name, attributes and shapes. Never keyed by data pointers.
 class PrimitiveCache {

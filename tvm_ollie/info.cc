@@ -25,6 +25,7 @@ std::string Info() {
      << ")\n"
      << MatmulInfo() << "\n"
      << Conv2dInfo() << "\n"
+     << Conv2dTransposeInfo() << "\n"
      << "cached primitives: " << PrimitiveCache::Global().size() << "\n";
   return os.str();
 }

@@ -9,6 +9,7 @@ namespace tvm_ollie {
 // One line each: the implementation choices of the kernel family.
 std::string MatmulInfo();
 std::string Conv2dInfo();
+std::string Conv2dTransposeInfo();
 
 }  // namespace tvm_ollie
 

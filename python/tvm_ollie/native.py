@@ -31,6 +31,7 @@ from typing import List, Optional
 __all__ = [
     "MATMUL",
     "CONV2D",
+    "CONV2D_TRANSPOSE",
     "INFO",
     "SET_NUM_THREADS",
     "GET_NUM_THREADS",
@@ -46,11 +47,13 @@ __all__ = [
     "get_num_threads",
     "info",
     "conv2d_packed_size",
+    "provides",
 ]
 
 #: Global function names (tvm-ffi) registered by the library.
 MATMUL = "tvm_ollie.cpu.matmul"
 CONV2D = "tvm_ollie.cpu.conv2d"
+CONV2D_TRANSPOSE = "tvm_ollie.cpu.conv2d_transpose"
 INFO = "tvm_ollie.cpu.info"
 SET_NUM_THREADS = "tvm_ollie.cpu.set_num_threads"
 GET_NUM_THREADS = "tvm_ollie.cpu.get_num_threads"
@@ -217,6 +220,19 @@ def _func(name: str):
     import tvm_ffi  # pylint: disable=import-outside-toplevel
 
     return tvm_ffi.get_global_func(name)
+
+
+def provides(name: str) -> bool:
+    """Whether the loaded library registers the global function ``name``.
+
+    A library built from an older checkout lacks the newer kernels (e.g. ``CONV2D_TRANSPOSE``);
+    the pass asks before it offers one, so that a stale build degrades to TVM's kernels.
+    """
+    if not load():
+        return False
+    import tvm_ffi  # pylint: disable=import-outside-toplevel
+
+    return tvm_ffi.get_global_func(name, allow_missing=True) is not None
 
 
 def set_num_threads(n: int) -> None:

@@ -5,9 +5,11 @@ in destination-passing style. Their first argument is a ``key=value;...`` attrib
 the operands, then (appended by the Relax VM) the output:
 
 * ``tvm_ollie.cpu.matmul(attrs, A, B, [bias], [residual], Out)`` with ``ta``/``tb`` transposes;
-* ``tvm_ollie.cpu.conv2d(attrs, data, weight, [bias], [residual], Out)``.
+* ``tvm_ollie.cpu.conv2d(attrs, data, weight, [bias], [residual], Out)``;
+* ``tvm_ollie.cpu.conv2d_transpose(attrs, data, weight, [bias], [residual], Out)`` (NCHW data,
+  IOHW weight, Relax's ``nn.conv2d_transpose`` with ``opad`` its output padding).
 
-Both compute ``Out = act(op + bias + residual)``; the epilogue keys (``bias``, ``res``, ``act``)
+All compute ``Out = act(op + bias + residual)``; the epilogue keys (``bias``, ``res``, ``act``)
 are added by :mod:`tvm_ollie.transform.epilogue` when it folds consumers into the call.
 
 A :class:`LibCall` is a kernel name plus its attributes; :func:`call_form` gives the one that
@@ -24,11 +26,14 @@ from typing import Dict, Optional, Sequence, Tuple
 from ..compat import relax, tvm
 from ..derive.targets import target_op
 
-__all__ = ["CONV2D", "MATMUL", "LibCall", "call_form", "emit_call", "parse_attrs",
-           "stage_form"]
+__all__ = ["CONV2D", "CONV2D_TRANSPOSE", "KERNELS", "MATMUL", "LibCall", "call_form",
+           "conv2d_transpose_call", "emit_call", "parse_attrs", "stage_form"]
 
 MATMUL = "tvm_ollie.cpu.matmul"
 CONV2D = "tvm_ollie.cpu.conv2d"
+CONV2D_TRANSPOSE = "tvm_ollie.cpu.conv2d_transpose"
+#: Every kernel :func:`emit_call` emits (what :func:`lib_call_of` recognizes).
+KERNELS = (MATMUL, CONV2D, CONV2D_TRANSPOSE)
 
 #: Data/kernel layout pairs the conv2d kernel takes (the output is in the data layout).
 CONV_LAYOUTS = (("NCHW", "OIHW"), ("NHWC", "HWIO"), ("NHWC", "OHWI"))
@@ -43,7 +48,7 @@ class LibCall:
 
     @property
     def kind(self) -> str:
-        """``"matmul"`` or ``"conv2d"``."""
+        """``"matmul"``, ``"conv2d"`` or ``"conv2d_transpose"``."""
         return self.func.rsplit(".", 1)[-1]
 
     def text(self) -> str:
@@ -86,6 +91,15 @@ def conv2d_call(stride, padding, dilation, groups: int, layout: str, klayout: st
                             ("groups", str(int(groups)))))
 
 
+def conv2d_transpose_call(stride, padding, output_padding, dilation, groups: int) -> LibCall:
+    """The conv2d_transpose kernel, NCHW data and IOHW weight (``padding`` as top, left, bottom,
+    right; ``output_padding`` the extra rows/columns at the bottom/right)."""
+    return LibCall(CONV2D_TRANSPOSE, (("layout", "NCHW"), ("klayout", "IOHW"),
+                                      ("stride", _ints(stride)), ("pad", _ints(padding)),
+                                      ("opad", _ints(output_padding)), ("dil", _ints(dilation)),
+                                      ("groups", str(int(groups)))))
+
+
 def _f32(expr) -> bool:
     ty = expr.ty
     return isinstance(ty, relax.TensorType) and str(ty.dtype) == "float32" and ty.shape is not None
@@ -122,7 +136,30 @@ def call_form(call: "relax.Call") -> Optional[LibCall]:
             return None
         return conv2d_call([int(s) for s in at.strides], [int(p) for p in at.padding],
                            [int(d) for d in at.dilation], int(at.groups), layout, klayout)
+    if name == "relax.nn.conv2d_transpose":
+        return _conv2d_transpose_form(call.attrs)
     return None
+
+
+def _conv2d_transpose_form(at) -> Optional[LibCall]:
+    """The kernel of a Relax ``nn.conv2d_transpose`` with attributes ``at``: NCHW/IOHW, output in
+    the data layout, output padding below the stride (Relax checks it too; the kernel needs it),
+    and a library that has the kernel (an older build lacks it)."""
+    from .. import native  # pylint: disable=import-outside-toplevel
+
+    layout = str(at.data_layout)
+    if (layout, str(at.kernel_layout)) != ("NCHW", "IOHW") or not _out_dtype_ok(at):
+        return None
+    if (str(at.out_layout) or layout) != layout:
+        return None
+    strides = [int(s) for s in at.strides]
+    opad = [int(p) for p in at.output_padding]
+    if any(not 0 <= p < s for p, s in zip(opad, strides)):
+        return None
+    if not native.provides(CONV2D_TRANSPOSE):
+        return None
+    return conv2d_transpose_call(strides, [int(p) for p in at.padding], opad,
+                                 [int(d) for d in at.dilation], int(at.groups))
 
 
 def stage_form(stage) -> Optional[LibCall]:
@@ -158,7 +195,7 @@ def lib_call_of(expr) -> Optional[Tuple[LibCall, list]]:
         return None
     func, args = expr.args[0], expr.args[1]
     name = str(getattr(func, "global_symbol", "") or "")
-    if name not in (MATMUL, CONV2D) or not isinstance(args, relax.Tuple) or not args.fields:
+    if name not in KERNELS or not isinstance(args, relax.Tuple) or not args.fields:
         return None
     head = args.fields[0]
     if not isinstance(head, tvm.ir.StringImm):

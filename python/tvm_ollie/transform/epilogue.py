@@ -70,7 +70,7 @@ def _is_f32(expr) -> bool:
 
 def _channel_axis(call: lib.LibCall, rank: int) -> int:
     """The output axis a bias runs along (NCHW convolutions: 1; otherwise the last)."""
-    if call.kind == "conv2d" and call.get("layout") == "NCHW":
+    if call.kind in ("conv2d", "conv2d_transpose") and call.get("layout") == "NCHW":
         return 1
     return rank - 1
 

@@ -5,9 +5,10 @@ is one kernel of its kind (a convolution, a matmul...) that does the work of its
 expression; a derived program is the sum of its stages, an operator stage at the efficiency of
 its kind and an eOperator at the bandwidth roof (see :mod:`.calibrate`).
 
-``impl="native"`` costs the operators the native library runs (original matmul/conv2d calls,
-matched matmul/conv2d stages) at the library's *measured* efficiency (``native_matmul``,
-``native_conv2d`` in the calibration); everything else is costed as TVM builds it.
+``impl="native"`` costs the operators the native library runs (original matmul/conv2d/
+conv2d_transpose calls, matched matmul/conv2d stages) at the library's *measured* efficiency
+(``native_matmul``, ``native_conv2d``, ``native_conv_transpose`` in the calibration);
+everything else is costed as TVM builds it.
 
 Stages computed from constants only (a concatenation or a transposition of constant weights)
 cost nothing: TVM's ``FoldConstant`` evaluates them once, at compile time
@@ -16,7 +17,9 @@ cost nothing: TVM's ``FoldConstant`` evaluates them once, at compile time
 
 from __future__ import annotations
 
-from typing import AbstractSet, FrozenSet
+from typing import AbstractSet, FrozenSet, Optional
+
+import numpy as np
 
 from ..codegen import library as lib
 from ..derive.cost import expr_cost, stage_cost
@@ -25,8 +28,8 @@ from ..derive.targets import target_op
 from ..ir.nodes import Scope
 from .calibrate import Calibration
 
-__all__ = ["NATIVE_KIND", "ORIGINAL_KIND", "folded_stages", "original_seconds", "program_seconds",
-           "stage_seconds"]
+__all__ = ["NATIVE_KIND", "ORIGINAL_KIND", "folded_stages", "original_seconds",
+           "program_seconds", "stage_seconds", "useful_flops"]
 
 #: Kernel kind of an original Relax operator (keys of :data:`.calibrate.EFFICIENCY`).
 ORIGINAL_KIND = {
@@ -47,7 +50,8 @@ def _roof(flops: float, moved: float, calib: Calibration, kind: str) -> float:
 
 
 #: Kernel kind of an original Relax operator on the native library.
-NATIVE_KIND = {"relax.nn.conv2d": "native_conv2d", "relax.matmul": "native_matmul"}
+NATIVE_KIND = {"relax.nn.conv2d": "native_conv2d", "relax.matmul": "native_matmul",
+               "relax.nn.conv2d_transpose": "native_conv_transpose"}
 
 
 def stage_seconds(stage, calib: Calibration, impl: str = "tvm") -> float:
@@ -87,11 +91,30 @@ def folded_stages(program: Program, constants: AbstractSet[str],
     return frozenset(folded)
 
 
+def useful_flops(expr: Scope, op_name: str) -> Optional[float]:
+    """The FLOPs a library kernel does for an operator whose lifted expression counts more, else
+    None. A transposed convolution lifts to a dense reduction over every output point and kernel
+    tap, guarded by a ``select`` on the stride (4x the work at stride 2, plus the index tests);
+    the library scatters each input point through its kernel slice instead:
+    ``2 * |data| * |weight| / weight.shape[0]`` (data ``[N, C, H, W]``, IOHW weight
+    ``[C, O/G, KH, KW]``: each input point times ``O/G * KH * KW`` weights). The calibration's
+    ``native_conv_transpose`` is measured in the same units."""
+    if op_name not in ("relax.nn.conv2d_transpose",):
+        return None
+    inputs = expr.inputs
+    if len(inputs) != 2 or len(inputs[1].shape) != 4 or not inputs[1].shape[0]:
+        return None
+    data, weight = inputs
+    return 2.0 * float(np.prod(data.shape)) * float(np.prod(weight.shape)) / weight.shape[0]
+
+
 def original_seconds(expr: Scope, op_name: str, calib: Calibration, impl: str = "tvm") -> float:
     """Estimated seconds of the original operator: one kernel doing its lifted expression
-    (TVM's, or the native library's with ``impl="native"``)."""
+    (TVM's, or the native library's with ``impl="native"``, which does the operator's
+    :func:`useful_flops` where they differ)."""
     flops, moved = expr_cost(expr)
     kind = ORIGINAL_KIND.get(op_name, "tir")
-    if impl == "native":
-        kind = NATIVE_KIND.get(op_name, kind)
+    if impl == "native" and op_name in NATIVE_KIND:
+        kind = NATIVE_KIND[op_name]
+        flops = useful_flops(expr, op_name) or flops
     return _roof(flops, moved, calib, kind)

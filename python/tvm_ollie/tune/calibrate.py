@@ -16,8 +16,9 @@ The derivation engine's cost (:mod:`tvm_ollie.derive.cost`) is a roofline: each 
   vectorizes better than a seven-deep convolution nest. The numbers are the order of
   magnitude measured with TVM 0.27 on the development machines (see the pass benchmark,
   ``python -m tvm_ollie.bench.pass_bench``); the decision only needs them to rank kernels;
-* how close the native library's kernels get (``native_matmul``, ``native_conv2d``): measured
-  here, once per process, by timing the library itself on a GEMM and a convolution
+* how close the native library's kernels get (``native_matmul``, ``native_conv2d``,
+  ``native_conv_transpose``): measured here, once per process, by timing the library itself on a
+  GEMM, a convolution and a transposed convolution
   (:func:`measure_native_efficiency`), so that ``trials=0`` ranks what the library does.
 """
 
@@ -138,7 +139,8 @@ def _time_native(func_name: str, attrs: str, arrays, out_shape, repeat: int) -> 
 def measure_native_efficiency(repeat: int = 5) -> Dict[str, float]:
     """Fraction of this CPU's compute roof the native kernels reach: ``native_matmul`` on a
     384-cube GEMM, ``native_conv2d`` on a 3x3 convolution 1x64x56x56 -> 64 (ResNet's first
-    stage). Empty when the native library is not loaded. Cached per process."""
+    stage), ``native_conv_transpose`` on a stride-2 4x4 transposed convolution (when the library
+    has the kernel). Empty when the native library is not loaded. Cached per process."""
     from .. import native  # pylint: disable=import-outside-toplevel
     from ..codegen import library as lib  # pylint: disable=import-outside-toplevel
 
@@ -154,8 +156,23 @@ def measure_native_efficiency(repeat: int = 5) -> Dict[str, float]:
     conv = lib.conv2d_call((1, 1), (1, 1, 1, 1), (1, 1), 1, "NCHW", "OIHW")
     t_conv = _time_native(lib.CONV2D, conv.text(), (x, w), (1, 64, 56, 56), repeat)
     conv_flops = 2.0 * 64 * 64 * 9 * 56 * 56
-    return {"native_matmul": min(1.0, 2.0 * n ** 3 / t_mm / peak),
-            "native_conv2d": min(1.0, conv_flops / t_conv / peak)}
+    eff = {"native_matmul": min(1.0, 2.0 * n ** 3 / t_mm / peak),
+           "native_conv2d": min(1.0, conv_flops / t_conv / peak)}
+    if native.provides(lib.CONV2D_TRANSPOSE):  # an older build of the library lacks it
+        eff["native_conv_transpose"] = _native_conv_transpose_efficiency(rng, peak, repeat)
+    return eff
+
+
+def _native_conv_transpose_efficiency(rng, peak: float, repeat: int) -> float:
+    """``native_conv_transpose``: the stride-2 4x4 transposed convolution 1x32x14x14 -> 32 that
+    :func:`measure_tvm_efficiency` times TVM on, counted in the same useful FLOPs."""
+    from ..codegen import library as lib  # pylint: disable=import-outside-toplevel
+
+    x = rng.standard_normal((1, 32, 14, 14), dtype=np.float32)
+    w = rng.standard_normal((32, 32, 4, 4), dtype=np.float32)
+    call = lib.conv2d_transpose_call((2, 2), (1, 1, 1, 1), (0, 0), (1, 1), 1)
+    t = _time_native(lib.CONV2D_TRANSPOSE, call.text(), (x, w), (1, 32, 28, 28), repeat)
+    return min(1.0, 2.0 * 32 * 32 * 16 * 14 * 14 / t / peak)
 
 
 def _tvm_seconds(build_body, shapes, target, repeat: int) -> float:
