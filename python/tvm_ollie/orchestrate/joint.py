@@ -15,14 +15,24 @@ with one binary program in which
   last node of any alternative (some alternative computes ``v``); an unchosen alternative's
   nodes are not emitted;
 * an alternative's nodes read only the call's operands, so they fuse with the operands'
-  producers but not with ``v``'s readers: an alternative's epilogue stays its own kernel
-  (the original call keeps its usual epilogue fusion). A library call is an opaque kernel.
+  producers but not with ``v``'s readers (the original call keeps its usual epilogue fusion).
+  A library call is an opaque kernel, so a library alternative is also offered with its
+  *epilogue folded*: when ``v``'s consumers (``z = add(v, bias)``, ``add(z, residual)``, an
+  activation) are what :func:`~tvm_ollie.transform.epilogue.fuse_epilogues` folds in the
+  sequential build (same guards: :func:`~tvm_ollie.transform.epilogue.fold_chain`), the folded
+  call ``K(attrs + bias/res/act, ...)`` is emitted after the last consumer ``c`` as one more
+  alternative (:func:`offer_folded`). Its result stands for ``c``, not ``v``: it covers ``v``
+  and every node on the paths from ``v`` to ``c`` (:attr:`Group.absorbed`), whose cover rows
+  accept it, and it shares the nodes before the library call with the alternative it extends.
 
-Costs: a library node costs its calibrated analytic estimate (``Alternative.estimate``). When
-the Decider timed the alternatives (untuned check on CPUs, or tuned), each alternative's
-candidates holding its last node pay a constant *correction* so that the alternatives' costs
-alone (sum of their singleton kernels) differ as the measured times do; fusion gains stay
-analytic (:class:`JointCost`).
+Costs: a library node costs its calibrated analytic estimate (``Alternative.estimate``), folded
+epilogue or not (the kernel applies it in its output pass). When the Decider timed the
+alternatives (untuned check on CPUs, or tuned), each alternative's candidates holding its last
+node pay a constant *correction* so that the alternatives' costs alone (sum of their singleton
+kernels) differ as the measured times do, plus the Decider's acceptance margin on every
+alternative but the original (the Decider takes an alternative only when it is ``MARGIN``
+faster); fusion gains stay analytic (:class:`JointCost`). A folded alternative is timed as the
+alternative it extends.
 """
 
 from __future__ import annotations
@@ -37,7 +47,7 @@ from .cost import AnalyticCost, CostModel, LinearMeasuredCost, MeasuredCost
 from .graph import PrimitiveGraph
 
 __all__ = ["AltInfo", "Group", "JointCost", "JointTable", "find_groups", "offer_alternatives",
-           "ALT_TAG"]
+           "offer_folded", "ALT_TAG"]
 
 #: Suffix of an alternative's result variable: ``<original>__alt<k>``.
 ALT_TAG = "__alt"
@@ -53,6 +63,8 @@ class AltInfo:
     measured_s: Optional[float] = None
     sequential: bool = False  # the Decider's own choice
     native: bool = False  # runs library kernels (costed by the estimate, see JointCost)
+    base: Optional[int] = None  # a folded epilogue: the alternative whose library call it extends
+    stands_for: str = ""  # a folded epilogue: the last folded consumer (its result's value)
 
 
 @dataclass
@@ -82,26 +94,70 @@ class Group:
         The node producing each alternative's result.
     infos : list of AltInfo
         What each alternative is.
+    values : list of relax.Var
+        The value each alternative's result stands for (``var``, or for a folded epilogue the
+        last folded consumer's result).
+    absorbed : list of list of int
+        Nodes besides the original call that each alternative makes unnecessary (a folded
+        epilogue: the nodes from ``var`` to its value; otherwise none).
+    extends : list of int or None
+        For a folded epilogue, the index of the alternative it extends.
     """
 
     var: object
     nodes: List[List[int]]
     lasts: List[int]
     infos: List[AltInfo]
+    values: List[object] = field(default_factory=list)
+    absorbed: List[List[int]] = field(default_factory=list)
+    extends: List[Optional[int]] = field(default_factory=list)
+
+    def add(self, nodes: List[int], info: AltInfo, value, absorbed: List[int],
+            extends: Optional[int] = None) -> None:
+        """Append an alternative (its last node is ``nodes[-1]``)."""
+        self.nodes.append(nodes)
+        self.lasts.append(nodes[-1])
+        self.infos.append(info)
+        self.values.append(value)
+        self.absorbed.append(absorbed)
+        self.extends.append(extends)
+
+    def drop(self, k: int) -> List[int]:
+        """Remove alternative ``k`` (a folded epilogue: nothing extends it); return its nodes
+        that no other alternative holds."""
+        nodes = self.nodes[k]
+        for items in (self.nodes, self.lasts, self.infos, self.values, self.absorbed,
+                      self.extends):
+            del items[k]
+        self.extends = [None if e is None else e - (e > k) for e in self.extends]
+        held = {i for other in self.nodes for i in other}
+        return [i for i in nodes if i not in held]
 
     @property
     def sequential(self) -> int:
-        """Index of the Decider's choice (0 when it kept the original)."""
-        return next((k for k, a in enumerate(self.infos) if a.sequential), 0)
+        """Index of the Decider's choice (0 when it kept the original); the choice with its
+        epilogue folded when offered, as the sequential build folds it."""
+        return max((k for k, a in enumerate(self.infos) if a.sequential), default=0)
+
+    def covering(self, node: int) -> List[int]:
+        """Alternatives whose chosen last node makes ``node`` unnecessary (for the original
+        call: every alternative)."""
+        if node == self.lasts[0]:
+            return list(range(len(self.lasts)))
+        return [k for k, extra in enumerate(self.absorbed) if node in extra]
 
 
-def find_groups(graph: PrimitiveGraph, table: Optional[JointTable]) -> List[Group]:
+def find_groups(graph: PrimitiveGraph, table: Optional[JointTable],
+                dead: Optional[List[int]] = None) -> List[Group]:
     """The groups of ``table`` present in ``graph``; adds each alternative's result to
-    ``graph.graph_outputs`` (so that its candidates output it)."""
+    ``graph.graph_outputs`` (so that its candidates output it). Nodes of an alternative that
+    cannot be placed (a folded epilogue whose consumers are not found as offered) are added to
+    ``dead``: nothing needs them and they are not emitted."""
     if not table:
         return []
     by_name: Dict[str, int] = {}
     groups: Dict[int, Group] = {}
+    where: Dict[Tuple[int, int], int] = {}  # (original node, table index) -> group index
     for node in graph.nodes:
         name = node.var.name
         hit = _ALT_RE.match(name)
@@ -113,16 +169,64 @@ def find_groups(graph: PrimitiveGraph, table: Optional[JointTable]) -> List[Grou
         orig = by_name.get(base)
         if infos is None or orig is None or k >= len(infos) or node.kind == "opaque" and \
                 not isinstance(node.binding.value, relax.Call):
+            if dead is not None and infos is not None:
+                dead.extend(_own_nodes(graph, -1 if orig is None else orig, node.index))
             continue
         group = groups.setdefault(orig, Group(graph.nodes[orig].var, [[orig]], [orig],
-                                              [infos[0]]))
-        start = group.lasts[-1]
-        members = [i for i in graph.members(graph.anc[node.index]) if i > start]
-        group.nodes.append(members + [node.index])
-        group.lasts.append(node.index)
-        group.infos.append(infos[k])
+                                              [infos[0]], [graph.nodes[orig].var], [[]],
+                                              [None]))
+        info = infos[k]
+        if info.base is None:
+            start = group.lasts[-1]
+            members = [i for i in graph.members(graph.anc[node.index]) if i > start]
+            group.add(members + [node.index], info, group.var, [])
+        else:
+            base_k = where.get((orig, info.base))
+            placed = _folded_nodes(graph, group, base_k, node.index,
+                                   by_name.get(info.stands_for))
+            if placed is None:
+                if dead is not None:
+                    dead.extend(_own_nodes(graph, orig, node.index))
+                continue
+            nodes, value, absorbed = placed
+            group.add(nodes, info, value, absorbed, base_k)
+        where[(orig, k)] = len(group.nodes) - 1
         graph.graph_outputs.append(node.var)
     return [g for g in groups.values() if len(g.nodes) > 1]
+
+
+def _own_nodes(graph: PrimitiveGraph, orig: int, last: int) -> List[int]:
+    """Node ``last`` and the nodes after ``orig`` that only it reads (a folded call and the
+    views of its bias), ascending."""
+    own = {last}
+    for i in reversed(graph.members(graph.anc[last])):
+        readers = {r for v in graph.nodes[i].outputs for r in graph.consumers.get(v, ())}
+        if i > orig and readers and readers <= own and not any(
+                graph.is_output(v) for v in graph.nodes[i].outputs):
+            own.add(i)
+    return sorted(own)
+
+
+def _folded_nodes(graph: PrimitiveGraph, group: Group, base: Optional[int], last: int,
+                  stop: Optional[int]):
+    """``(nodes, value, absorbed)`` of a folded-epilogue alternative whose library call is
+    node ``last`` and extends alternative ``base`` of ``group``, folding the consumers up to
+    node ``stop``; None when the offered chain is not there as offered (every node from the
+    call's result to ``stop`` read only inside it, nothing visible after the block but
+    ``stop``'s result)."""
+    orig = group.lasts[0]
+    if base is None or stop is None or not graph.desc[orig] >> stop & 1:
+        return None
+    absorbed = graph.members(graph.desc[orig] & graph.anc[stop]) + [stop]
+    inside = set(absorbed) | {orig}
+    for i in [orig] + absorbed[:-1]:
+        for var in graph.nodes[i].outputs:
+            if graph.is_output(var) or any(r not in inside
+                                           for r in graph.consumers.get(var, ())):
+                return None
+    own = _own_nodes(graph, orig, last)
+    prefix = [i for i in group.nodes[base][:-1] if i not in own]
+    return prefix + own, graph.nodes[stop].var, absorbed
 
 
 def _is_library(node) -> bool:
@@ -131,8 +235,9 @@ def _is_library(node) -> bool:
 
 
 def canon_map(groups: List[Group], graph: PrimitiveGraph) -> Dict[object, object]:
-    """Alternative result -> the original value it stands for."""
-    return {graph.nodes[last].var: g.var for g in groups for last in g.lasts[1:]}
+    """Alternative result -> the value it stands for."""
+    return {graph.nodes[last].var: value for g in groups
+            for last, value in zip(g.lasts[1:], g.values[1:])}
 
 
 def alt_nodes(groups: List[Group]) -> set:
@@ -141,13 +246,16 @@ def alt_nodes(groups: List[Group]) -> set:
 
 
 def banned_for(groups: List[Group], cands: List[Candidate], keep) -> List[int]:
-    """Candidates holding a node of an alternative other than ``keep(group)``'s."""
+    """Candidates holding a node of an alternative other than ``keep(group)``'s (nodes it
+    shares with ``keep(group)`` are not banned)."""
     banned_nodes = 0
     for g in groups:
+        kept = set(g.nodes[keep(g)])
         for k, nodes in enumerate(g.nodes):
             if k != keep(g):
                 for i in nodes:
-                    banned_nodes |= 1 << i
+                    if i not in kept:
+                        banned_nodes |= 1 << i
     return [j for j, c in enumerate(cands) if c.mask & banned_nodes]
 
 
@@ -161,9 +269,18 @@ def chosen_alternative(group: Group, chosen: List[Candidate]) -> int:
 
 class JointCost(CostModel):
     """An inner cost model plus the library estimates and measured corrections of the
-    module docstring."""
+    module docstring.
+
+    With measured times ``t_k`` (``t_0``: the original) and analytic singleton sums ``a_k`` of
+    each alternative's nodes, the candidates holding alternative ``k``'s last node pay
+    ``r_k - min_j r_j`` with ``r_k = (t_k - t_0) + [k > 0] MARGIN t_0 - (a_k - a_0)``: alone,
+    alternative ``k`` then costs ``t_k + [k > 0] MARGIN t_0`` up to a constant, which is what
+    the Decider compares (an alternative is taken when ``t_k < (1 - MARGIN) t_0``).
+    """
 
     def __init__(self, inner: CostModel, groups: List[Group], graph: PrimitiveGraph):
+        from ..transform.decide import MARGIN  # pylint: disable=import-outside-toplevel
+
         self.inner, self.name = inner, f"{inner.name}+joint"
         self.fixed: Dict[int, float] = {}
         for g in groups:
@@ -177,8 +294,11 @@ class JointCost(CostModel):
                 continue
             alone = [sum(self._seconds(graph, make_candidate(graph, 1 << i)) for i in nodes)
                      for nodes in g.nodes]
-            raw = [(info.measured_s - g.infos[0].measured_s) - (a - alone[0])
-                   for info, a in zip(g.infos, alone)]
+            base = g.infos[0].measured_s
+            raw = [(info.measured_s - base) + (MARGIN * base if k else 0.0) - (a - alone[0])
+                   for k, (info, a) in enumerate(zip(g.infos, alone))]
+            # a folded epilogue runs the library call it extends: the same correction
+            raw = [r if e is None else raw[e] for r, e in zip(raw, g.extends)]
             low = min(raw)
             for last, r in zip(g.lasts, raw):
                 self.correction[last] = r - low
@@ -264,6 +384,76 @@ def offer_alternatives(mod: "tvm.IRModule", decider, max_alternatives: int = 2,
         if isinstance(func, relax.Function):
             offer.builder_.update_func(gv, offer.visit_expr(func))
     return offer.builder_.get(), table, decided
+
+
+def offer_folded(mod: "tvm.IRModule", table: JointTable) -> "tvm.IRModule":
+    """Each library alternative of ``table`` again with its epilogue folded (module docstring):
+    ``v__alt<j> = K(attrs + bias/res/act, ...)`` after the last consumer that
+    :func:`~tvm_ollie.transform.epilogue.fold_chain` folds, added to ``table`` as
+    alternative ``j`` (``base``: the alternative it extends; ``stands_for``: that consumer)."""
+    # pylint: disable=import-outside-toplevel
+    from ..codegen import library as lib
+    from ..transform.epilogue import fold_chain, use_counts
+
+    if not table:
+        return mod
+    updates = {}
+    for gv, func in mod.functions_items():
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            continue
+        uses = use_counts(func)
+        blocks = list(func.body.blocks)
+        for bi, block in enumerate(blocks):
+            if isinstance(block, relax.DataflowBlock):
+                bindings = _folded_bindings(list(block.bindings), table, uses, lib, fold_chain)
+                if bindings is not None:
+                    blocks[bi] = relax.DataflowBlock(bindings)
+                    updates[gv] = relax.Function(func.params, relax.SeqExpr(blocks,
+                                                                            func.body.body),
+                                                 func.ret_ty, func.is_pure, func.attrs)
+    if not updates:
+        return mod
+    out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
+    for gv, func in updates.items():
+        out[gv] = func
+    return relax.transform.Normalize()(out)
+
+
+def _folded_bindings(bindings: list, table: JointTable, uses, lib, fold_chain) -> Optional[list]:
+    """The block with the folded alternatives of its library alternatives (None: none)."""
+    after: Dict[int, list] = {}
+    latest: Dict[str, object] = {}
+    bb = relax.BlockBuilder()
+    for binding in bindings:
+        hit = _ALT_RE.match(binding.var.name)
+        if hit is None:
+            latest[binding.var.name] = binding.var
+            continue
+        name, k = hit.group(1), int(hit.group(2))
+        infos, found, var = table.alts.get(name), lib.lib_call_of(binding.value), latest.get(name)
+        if infos is None or found is None or var is None or k >= len(infos) \
+                or infos[k].base is not None:
+            continue
+        chain = fold_chain(found[0], found[1], var, bindings, uses)
+        if chain is None:
+            continue
+        stop = bindings[chain.consumers[-1]].var
+        shape = [int(d) for d in binding.var.ty.shape]
+        call = bb.normalize(lib.emit_call(chain.kernel, chain.operands, shape))
+        folded = relax.Var(f"{name}{ALT_TAG}{len(infos)}", call.ty)
+        after.setdefault(chain.consumers[-1], []).extend(
+            chain.pre + [relax.VarBinding(folded, call)])
+        base = infos[k]
+        infos.append(AltInfo(f"{base.label} + {'+'.join(chain.steps)}", base.estimate_s,
+                             base.measured_s, base.sequential, True, base=k,
+                             stands_for=stop.name))
+    if not after:
+        return None
+    out = []
+    for j, binding in enumerate(bindings):
+        out.append(binding)
+        out.extend(after.get(j, []))
+    return out
 
 
 def make_decider(target, **opts):
@@ -401,8 +591,6 @@ def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
     start = time.perf_counter()
     tgt = normalize_target(target)
     mod, regions = _rewrite_regions(mod, tgt, work_dir, opts)
-    with tgt:
-        mod = fission(mod)[0]
     dopts = {k: opts[k] for k in _DECIDER_OPTS if k in opts}
     decider = make_decider(tgt, work_dir=work_dir, **dopts)
     sigs = set()
@@ -413,6 +601,11 @@ def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
                 and e.op.name in DERIVABLE_OPS and _static(e)) else None)
     budget = max(0.5, float(opts.get("time_budget_s", 20.0)) / max(len(sigs), 1))
     offered, table, decided = offer_alternatives(mod, decider, max_alternatives, budget)
+    # epilogues fold before fission splits activations (as in the sequential build); fission
+    # drops unused bindings, which the alternatives are until the selection
+    offered = offer_folded(offered, table)
+    with tgt:
+        offered = keep_alternatives(lambda m: fission(m)[0])(offered)
     cost = None
     if work_dir:  # measured linear kernels, cached by structural hash in work_dir
         cost = LinearMeasuredCost(MeasuredCost(tgt, work_dir), AnalyticCost(tgt))

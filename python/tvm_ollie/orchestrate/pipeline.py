@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from ..compat import relax, tvm
 from ..tune.calibrate import target_kind
@@ -188,7 +188,9 @@ class _Selector:
 
     def _problem(self, cands, costs) -> BLPProblem:
         """Korch's program; with alternatives (:mod:`.joint`) an alternative's result counts
-        as the value it stands for, and one cover row per group replaces the original's."""
+        as the value it stands for, and the cover row of a node that an alternative makes
+        unnecessary (the original call; a folded epilogue's consumers) also accepts the
+        candidates holding that alternative's last node."""
         canon = self.canon
 
         def c(var):
@@ -202,13 +204,9 @@ class _Selector:
         for k, cand in enumerate(cands):
             for i in cand.nodes:
                 containing.setdefault(i, []).append(k)
-        live = _live(self.graph, self.nodes, self.required)
-        grouped = {g.lasts[0] for g in self.groups}
-        problem.covers = [frozenset(containing[i]) for i in live if i not in grouped]
-        for g in self.groups:
-            if g.lasts[0] in live:
-                problem.covers.append(frozenset(k for last in g.lasts
-                                                for k in containing.get(last, [])))
+        problem.covers = [frozenset(containing.get(i, [])).union(*(
+            containing.get(g.lasts[a], []) for g in self.groups for a in g.covering(i)))
+            for i in _live(self.graph, self.nodes, self.required)]
         return problem
 
     def _guard(self, problem: BLPProblem, cands) -> None:
@@ -305,31 +303,53 @@ class _Selector:
         return failed
 
 
-def _keep_groups(parts: List[List[int]], groups: List[Group]) -> List[List[int]]:
+def _keep_groups(parts: List[List[int]], groups: List[Group],
+                 dead: Sequence[int] = ()) -> List[List[int]]:
     """Move every alternative's nodes into the partition of its original call (they read
-    only the call's operands, produced there or earlier)."""
-    if not groups:
+    only the call's operands, produced there or earlier, and for a folded epilogue values its
+    consumers read); leave the ``dead`` nodes out."""
+    if not groups and not dead:
         return parts
+    gone = set(dead)
     where = {i: pi for pi, part in enumerate(parts) for i in part}
     move = {i: where[g.lasts[0]] for g in groups if g.lasts[0] in where
             for nodes in g.nodes[1:] for i in nodes}
     out: List[List[int]] = [[] for _ in parts]
     for pi, part in enumerate(parts):
         for i in part:
-            out[move.get(i, pi)].append(i)
+            if i not in gone:
+                out[move.get(i, pi)].append(i)
     return [sorted(p) for p in out if p]
+
+
+def _drop_crossing(parts: List[List[int]], groups: List[Group],
+                   dead: List[int]) -> List[List[int]]:
+    """Drop every folded epilogue whose consumers are not all in its original call's
+    partition (a kernel never crosses partitions); its own nodes join ``dead`` and leave
+    ``parts`` (the original's partition keeps the original call, so none empties)."""
+    where = {i: pi for pi, part in enumerate(parts) for i in part}
+    gone: set = set()
+    for g in groups:
+        home = where.get(g.lasts[0])
+        for k in reversed(range(1, len(g.nodes))):
+            if any(where.get(i) != home for i in g.absorbed[k]):
+                gone.update(g.drop(k))
+    dead.extend(sorted(gone))
+    return [[i for i in p if i not in gone] for p in parts] if gone else parts
 
 
 def _orchestrate_block(block, mod, builder, fname: str, bi: int, cost: CostModel,
                        config: OrchestrateConfig, check, report: OrchestrationReport,
                        joint: Optional[JointTable] = None):
     graph = build_graph(block, mod)
-    groups = find_groups(graph, joint)
+    dead: List[int] = []
+    groups = find_groups(graph, joint, dead)
+    bindings = []
+    todo = _drop_crossing(_keep_groups(partition(graph, config.max_partition_nodes,
+                                                 config.min_partition_nodes), groups, dead),
+                          groups, dead)
     if groups:
         cost = JointCost(cost, groups, graph)
-    bindings = []
-    todo = _keep_groups(partition(graph, config.max_partition_nodes, config.min_partition_nodes),
-                        groups)
     pi = 0
     while todo:
         nodes = todo.pop(0)
@@ -338,7 +358,7 @@ def _orchestrate_block(block, mod, builder, fname: str, bi: int, cost: CostModel
         halves = _keep_groups(split_in_two(graph, nodes), groups) if len(nodes) > 4 \
             else [nodes]
         if len(enum.candidates) > config.max_partition_candidates and len(halves) == 2:
-            todo[:0] = halves
+            todo[:0] = _drop_crossing(halves, groups, dead)
             continue
         rep = PartitionReport(fname, bi, pi, len(nodes), 0, "")
         selector = _Selector(graph, nodes, cost, config, check, rep, groups)
@@ -347,7 +367,7 @@ def _orchestrate_block(block, mod, builder, fname: str, bi: int, cost: CostModel
             report.notes.append(f"{fname} block {bi}: {len(nodes)} primitives, "
                                 f"{rep.candidates} candidates: no solution in "
                                 f"{rep.solve_s:.1f} s, split in two")
-            todo[:0] = halves
+            todo[:0] = _drop_crossing(halves, groups, dead)
             continue
         pi += 1
         plan, plan_costs = found

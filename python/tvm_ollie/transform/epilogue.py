@@ -19,6 +19,7 @@ output's shape.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -26,7 +27,7 @@ import numpy as np
 from ..codegen import library as lib
 from ..compat import relax, tvm
 
-__all__ = ["ACTIVATIONS", "fuse_epilogues"]
+__all__ = ["ACTIVATIONS", "FoldedChain", "fold_chain", "fuse_epilogues", "use_counts"]
 
 #: Relax activation -> the kernel's ``act`` value (``clip`` takes its bounds from the call).
 ACTIVATIONS = {
@@ -141,6 +142,63 @@ def _fold(kernel, operands, consumer, y) -> Optional[Tuple[lib.LibCall, list, li
             pre.append(relax.VarBinding(flat, relax.op.reshape(other, (length,))))
             other = flat
     return kernel.with_attrs(bias=1), operands + [other], pre
+
+
+@dataclass
+class FoldedChain:
+    """A library kernel with the consumer chain of a value folded in (:func:`fold_chain`).
+
+    ``kernel`` and ``operands`` form the folded call; ``pre`` are bindings to emit before it
+    (a bias viewed as a vector); ``consumers`` are the positions of the folded consumers in the
+    block (the call's result stands for the last one's variable); ``steps`` names the folded
+    epilogue steps (``bias``, ``res``, the activation) in order.
+    """
+
+    kernel: lib.LibCall
+    operands: list
+    pre: list
+    consumers: List[int]
+    steps: List[str]
+
+
+def fold_chain(kernel: lib.LibCall, operands: list, var, bindings: List,
+               uses: Counter) -> Optional[FoldedChain]:
+    """The kernel ``kernel(operands)``, which computes ``var``, with every consumer of ``var``
+    that :func:`fuse_epilogues` would fold (same guards, same order) folded in; None when the
+    first consumer does not fold. ``bindings``: the dataflow block holding ``var``; ``uses``:
+    reads of every variable in the function (:func:`use_counts`). Lets the joint selection
+    (:mod:`tvm_ollie.orchestrate.joint`) offer a library alternative with its epilogue."""
+    readers = _first_readers(bindings)
+    pre: List = []
+    consumers: List[int] = []
+    steps: List[str] = []
+    while uses[var] == 1 and var in readers:
+        at = readers[var]
+        folded = _fold(kernel, operands, bindings[at], var)
+        if folded is None:
+            break
+        new_kernel, operands, more = folded
+        step = next(k for k in _ORDER if new_kernel.get(k) != kernel.get(k))
+        steps.append(new_kernel.get("act") if step == "act" else step)
+        kernel = new_kernel
+        pre.extend(more)
+        consumers.append(at)
+        var = bindings[at].var
+    if not consumers:
+        return None
+    bb = relax.BlockBuilder()
+    pre = [relax.VarBinding(p.var, bb.normalize(p.value)) for p in pre]
+    return FoldedChain(kernel, operands, pre, consumers, steps)
+
+
+def use_counts(func: "relax.Function") -> Counter:
+    """Reads of every variable in ``func``'s body (its blocks and its result)."""
+    counter = _UseCounter()
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            counter.visit_expr(binding.value)
+    counter.visit_expr(func.body.body)
+    return counter.uses
 
 
 def _first_readers(bindings: List) -> Dict[object, int]:
