@@ -55,10 +55,10 @@ class _NativeDecider:
     def alternatives(self, call, budget_s):  # noqa: ARG002
         return [Alternative(None, "tvm", 2e-5), Alternative(None, "native", self.lib_s)], 1, ""
 
-    def _verify(self, call, alt, names):  # noqa: ARG002
+    def check(self, call, alt):  # noqa: ARG002
         return True, ""
 
-    def _timed(self, call, sig, alt, names):  # noqa: ARG002
+    def cost(self, call, alt):  # noqa: ARG002
         return self.times[alt.label]
 
 
