@@ -34,7 +34,7 @@ from __future__ import annotations
 from math import gcd
 from typing import Dict, FrozenSet, Iterable, Mapping, Optional, Tuple, Union
 
-from .nodes import BinOp, Const, Node, Var, live_nodes
+from .nodes import BinOp, Const, Node, Var, iter_nodes, live_nodes
 
 #: Inclusive integer bounds ``(lo, hi)`` of an iterator or expression.
 Bounds = Tuple[int, int]
@@ -249,9 +249,12 @@ def affine_bounds(aff: Affine, bounds: Mapping[Var, Bounds]) -> Optional[Bounds]
     return lo, hi
 
 
-def clear_cache() -> None:
-    """Forget every cached affine form (for benchmarks of cold behaviour)."""
-    for node in live_nodes():
+def clear_cache(roots: Optional[Iterable[Node]] = None) -> None:
+    """Forget cached affine forms (for tests and benchmarks of cold behaviour): of every live
+    node, or of the nodes reachable from ``roots``."""
+    nodes = live_nodes() if roots is None else {
+        id(n): n for root in roots for n in iter_nodes(root)}.values()
+    for node in nodes:
         node._cache.pop(_CACHE_AFFINE, None)
         node._cache.pop(_CACHE_KEY, None)
 

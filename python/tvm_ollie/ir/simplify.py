@@ -16,12 +16,12 @@ derivation search are dictionary lookups.
 
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 from .affine import Affine, affine_bounds, to_affine
 from .nodes import (CAST_DTYPES, COMPARE_OPS, Access, BinOp, Call, Const, Node, Scope, Var,
                     dtype_bits, free_vars, has_weak_dtype, is_cast, is_float_dtype, is_index,
-                    live_nodes, value_dtype)
+                    iter_nodes, live_nodes, value_dtype)
 
 #: Half-open ranges ``Var -> (begin, end)`` as the public functions take them.
 Ranges = Mapping[Var, Tuple[int, int]]
@@ -73,13 +73,19 @@ def index_range(node: Node, ranges: Ranges) -> Tuple[int, int]:
     return rng
 
 
-def clear_cache() -> None:
-    """Forget every cached simplification result (for benchmarks of cold behaviour)."""
-    for node in live_nodes():
+def clear_cache(roots: Optional[Iterable[Node]] = None) -> None:
+    """Forget cached simplification results (for tests and benchmarks of cold behaviour): of
+    every live node, or of the nodes reachable from ``roots``. (Every live node can be many
+    after a derivation search: hundreds of milliseconds a call.)"""
+    for node in live_nodes() if roots is None else _reachable(roots):
         cache = node._cache
         cache.pop(_CACHE_SCOPE, None)
         cache.pop(_CACHE_INDEX, None)
         cache.pop(_CACHE_FREE, None)
+
+
+def _reachable(roots: Iterable[Node]) -> List[Node]:
+    return list({id(n): n for root in roots for n in iter_nodes(root)}.values())
 
 
 # ---------------------------------------------------------------------------------------------
