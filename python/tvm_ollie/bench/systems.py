@@ -256,7 +256,8 @@ def _prepare_ollie(spec, ctx: BenchContext, system: str, **opts) -> Prepared:
                              work_dir=work_dir if ctx.trials > 0 else None, **opts)
     total_s = time.perf_counter() - start
     tune_s = report.tuning_s if ctx.trials > 0 else None
-    info = {"trials": ctx.trials, "trials_spent": report.trials_spent, "import_s": import_s, "search_s": report.search_s,
+    info = {"trials": ctx.trials, "trials_spent": report.trials_spent, "import_s": import_s,
+            "search_s": report.search_s,
             "rewritten": [d.var_name for d in report.decisions if d.chosen != "original"],
             "decisions": [f"{d.op_name} {d.var_name}: {d.chosen}" for d in report.decisions],
             "epilogues": dict(report.epilogues),
