@@ -177,6 +177,16 @@ Activation ParseActivation(const Attrs& attrs, const std::string& value) {
   return a;
 }
 
+dnnl::primitive_attr ConvEpilogueAttr(bool residual, const Activation& act) {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  dnnl::post_ops ops;
+  if (residual) ops.append_sum(1.f);
+  AppendActivation(act, &ops);
+  attr.set_post_ops(ops);
+  return attr;
+}
+
 void AppendActivation(const Activation& act, dnnl::post_ops* ops) {
   using alg = dnnl::algorithm;
   switch (act.kind) {

@@ -58,6 +58,11 @@ struct Activation {
 Activation ParseActivation(const Attrs& attrs, const std::string& value);
 // Adds the activation as an eltwise post-op (no-op for kNone).
 void AppendActivation(const Activation& act, dnnl::post_ops* ops);
+// The convolution kernels' primitive attributes: a user scratchpad, then the epilogue as
+// post-ops: the residual as a sum (the caller fills the destination with it before the call;
+// a binary_add post-op runs oneDNN's reference code on plain formats, ~100x slower), then the
+// activation.
+dnnl::primitive_attr ConvEpilogueAttr(bool residual, const Activation& act);
 // In-place activation over n contiguous floats (used by the OpenBLAS path).
 void ApplyActivation(const Activation& act, float* data, int64_t n);
 
