@@ -114,6 +114,8 @@ def test_build_spends_the_module_budget_once(tmp_path, monkeypatch):
 def _fake_tuning(monkeypatch, seen):
     """MetaSchedule faked: ``seen`` records the tasks and the trial caps it was given."""
     from tvm_ollie.compat import meta_schedule  # pylint: disable=C0415
+    from tvm_ollie.tune import metaschedule  # pylint: disable=C0415
+    from tvm_ollie.tune.defaults import DefaultsReport  # pylint: disable=C0415
 
     ms = meta_schedule()
 
@@ -130,6 +132,8 @@ def _fake_tuning(monkeypatch, seen):
     monkeypatch.setattr(ms.builder, "LocalBuilder", lambda **_kw: None)
     monkeypatch.setattr(ms.cost_model, "XGBModel", lambda **_kw: None)
     monkeypatch.setattr(ms.feature_extractor, "PerStoreFeature", lambda **_kw: None)
+    # nor the measurement of the default schedules
+    monkeypatch.setattr(metaschedule, "commit_defaults", lambda *_a: DefaultsReport())
 
 
 def _two_task_module():

@@ -62,6 +62,7 @@ __all__ = [
     "num_cores",
     "rule_name",
     "schedule_func",
+    "schedule_of",
     "vector_lanes",
 ]
 
@@ -574,10 +575,11 @@ def _lowers(func: "tirx.PrimFunc", target: "tvm.target.Target") -> None:
         tvm.transform.Sequential(_lowering_passes())(mod)
 
 
-def schedule_func(func: "tirx.PrimFunc", target: "tvm.target.Target",
-                  rules: Sequence["dlight.ScheduleRule"], validate: bool = True,
-                  ) -> Optional["tirx.PrimFunc"]:
-    """The first rule's schedule of ``func``; None if no rule applies or anything raises."""
+def schedule_of(func: "tirx.PrimFunc", target: "tvm.target.Target",
+                rules: Sequence["dlight.ScheduleRule"], validate: bool = True):
+    """``(schedule, rule name)`` of the first rule that schedules ``func``; None if no rule
+    applies or anything raises. The schedule's trace replays the rule (tuning records keep it).
+    """
     for rule in rules:
         try:
             if not rule.is_target_available(target):
@@ -586,16 +588,25 @@ def schedule_func(func: "tirx.PrimFunc", target: "tvm.target.Target",
             if space is None:
                 continue
             sch = space[0] if isinstance(space, (list, tuple)) else space
-            new = sch.mod["main"]
             if validate:
-                _lowers(new, target)
+                _lowers(sch.mod["main"], target)
         except Exception as err:  # pylint: disable=broad-except
             LOG.info("cpu schedule: %s failed (%s: %s); left unscheduled", rule_name(rule),
                      type(err).__name__, str(err).splitlines()[0] if str(err) else "")
             return None
-        return new.with_attr(IS_SCHEDULED_ATTR, True).with_attr(SCHEDULED_BY_ATTR,
-                                                                rule_name(rule))
+        return sch, rule_name(rule)
     return None
+
+
+def schedule_func(func: "tirx.PrimFunc", target: "tvm.target.Target",
+                  rules: Sequence["dlight.ScheduleRule"], validate: bool = True,
+                  ) -> Optional["tirx.PrimFunc"]:
+    """The first rule's schedule of ``func``; None if no rule applies or anything raises."""
+    found = schedule_of(func, target, rules, validate)
+    if found is None:
+        return None
+    sch, name = found
+    return sch.mod["main"].with_attr(IS_SCHEDULED_ATTR, True).with_attr(SCHEDULED_BY_ATTR, name)
 
 
 def _is_scheduled(func) -> bool:

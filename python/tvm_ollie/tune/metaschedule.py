@@ -3,7 +3,9 @@
 A :class:`Tuner` owns a MetaSchedule JSON database in a work directory. ``tune`` legalizes and
 fuses a Relax module exactly as TVM's own pipeline does (so the tasks are the kernels the final
 build will compile), skips every task whose workload already has records, and tunes the rest
-with the XGBoost cost model. A second compile of the same model therefore spends no tuning time:
+with the XGBoost cost model; then each tuned task's untuned build (its default schedule) is
+measured the same way and committed as one more record, so that the database's best record is
+never slower than not tuning (:mod:`.defaults`). A second compile of the same model therefore spends no tuning time:
 :data:`STATS` counts the tuning calls, tasks and trials so tests can check that.
 
 Two practical fixes for TVM 0.27 on a CPU (see ``research/tvm-0.27-notes.md``):
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from ..compat import meta_schedule, relax, tvm
+from .defaults import commit_defaults
 from .rpc import RPCConfig, RPCError
 
 __all__ = ["STATS", "TuningStats", "Tuner", "fast_build", "normalize_target", "is_gpu_target",
@@ -46,9 +49,12 @@ class TuningStats:
     trials: int = 0
     skipped_tasks: int = 0
     seconds: float = 0.0
+    defaults: int = 0  # default schedules measured and committed (:mod:`.defaults`)
+    defaults_faster: int = 0  # ... that beat every tuned record of their task
 
     def reset(self) -> None:
         self.calls = self.tasks = self.trials = self.skipped_tasks = 0
+        self.defaults = self.defaults_faster = 0
         self.seconds = 0.0
 
 
@@ -213,6 +219,8 @@ class Tuner:
         self.retune: set = set()
         #: the workloads (IRModules) the last :meth:`tune` tuned
         self.last_tuned: list = []
+        #: what measuring the default schedules of the last :meth:`tune` found
+        self.last_defaults = None
 
     @property
     def database(self):
@@ -285,23 +293,31 @@ class Tuner:
             builder = ms.builder.LocalBuilder(
                 f_build=fast_build if self.target.kind.name == "llvm" else None,
                 max_workers=max(1, min(cores, 2)), timeout_sec=60)
+            runner = self._measurer()
+            runner = ms.runner.create(runner) if isinstance(runner, str) else runner
             ms.tune.tune_tasks(
                 tasks=contexts, task_weights=weights, work_dir=self.work_dir,
                 max_trials_global=total, max_trials_per_task=per_task,
                 num_trials_per_iter=min(per_task, 16), builder=builder,
-                runner=self._measurer(),
+                runner=runner,
                 database=self.database,
                 cost_model=ms.cost_model.XGBModel(
                     extractor=ms.feature_extractor.PerStoreFeature(), adaptive_training=True,
                     num_tuning_cores=max(1, cores)),
                 task_scheduler="gradient")
-        self.last_tuned = [t.dispatched[0] for t in todo]
+            self.last_tuned = [t.dispatched[0] for t in todo]
+            # never slower than untuned: the default schedules compete with the tuned records
+            self.last_defaults = commit_defaults(self.last_tuned, self.target, self.database,
+                                                 builder, runner)
+        STATS.defaults += self.last_defaults.committed
+        STATS.defaults_faster += len(self.last_defaults.faster)
         STATS.calls += 1
         STATS.tasks += len(todo)
         STATS.trials += total
         STATS.seconds += time.perf_counter() - t0
-        LOG.info("tuned %d task(s), %d trial(s) in all (at most %d each), in %.1fs", len(todo),
-                 total, per_task, time.perf_counter() - t0)
+        LOG.info("tuned %d task(s), %d trial(s) in all (at most %d each), in %.1fs; %s",
+                 len(todo), total, per_task, time.perf_counter() - t0,
+                 self.last_defaults.summary())
         if self.rpc is not None:
             self._check_remote_results(todo)
         return total
