@@ -58,3 +58,16 @@ def test_commit_defaults_beats_a_slow_tuned_record(tmp_path):
 def test_no_defaults_for_gpu_targets():
     report = commit_defaults([_workload("relu")], normalize_target("cuda"), None, None, None)
     assert report.committed == 0 and "cuda" in report.skipped[0]
+
+
+def test_marker_remembers_measured_workloads(tmp_path):
+    from tvm_ollie.tune.defaults import DefaultsMarker
+
+    marker = DefaultsMarker(str(tmp_path))
+    assert 5 not in marker
+    marker.add([5, 7])
+    again = DefaultsMarker(str(tmp_path))
+    assert 5 in again and 7 in again and 6 not in again
+    with open(again.path, "w", encoding="utf-8") as f:
+        f.write("[5, 7")  # cut short: measured again rather than failing
+    assert 5 not in DefaultsMarker(str(tmp_path))

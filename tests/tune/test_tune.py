@@ -86,10 +86,13 @@ def test_tiny_tuning_and_database_reuse(tmp_path):
     assert any(f.startswith("database_") for f in os.listdir(tmp_path))
     args = sm.random_inputs(mod)
     np.testing.assert_allclose(sm.run(ex, args), args[0] @ args[1], rtol=1e-4, atol=1e-5)
-    # a fresh Tuner on the same work dir (a second compile) finds every task recorded
+    # a fresh Tuner on the same work dir (a second compile) finds every task recorded; a work
+    # dir tuned before defaults were recorded (no marker) gets them, without new trials
+    os.remove(os.path.join(tmp_path, "ollie_defaults.json"))
     again = Tuner("llvm", str(tmp_path))
     ex2 = compile_module(mod, "llvm", again, trials=2)
     assert STATS.calls == calls + 1
+    assert STATS.defaults == defaults + 2 and again.last_defaults.committed == 1
     np.testing.assert_allclose(sm.run(ex2, args), args[0] @ args[1], rtol=1e-4, atol=1e-5)
 
 

@@ -20,13 +20,15 @@ records provide.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+from typing import Iterable, List, Optional, Sequence
 
 from ..compat import meta_schedule, tvm
 
-__all__ = ["DefaultsReport", "commit_defaults", "default_schedule"]
+__all__ = ["DefaultsMarker", "DefaultsReport", "commit_defaults", "default_schedule"]
 
 LOG = logging.getLogger(__name__)
 
@@ -43,6 +45,33 @@ class DefaultsReport:
     def summary(self) -> str:
         return (f"default schedules measured for {self.committed} task(s), faster than the "
                 f"tuned records on {len(self.faster)}")
+
+
+class DefaultsMarker:
+    """The workloads of a work dir whose default schedules were measured (``ollie_defaults.json``:
+    their structural hashes), so each is measured once, even where building it failed."""
+
+    FILE = "ollie_defaults.json"
+
+    def __init__(self, work_dir: str):
+        self.path = os.path.join(work_dir, self.FILE)
+        self.hashes: set = set()
+        if os.path.exists(self.path):
+            try:
+                with open(self.path, encoding="utf-8") as f:
+                    self.hashes = set(json.load(f))
+            except (OSError, ValueError):  # a cut-short file: measure again
+                self.hashes = set()
+
+    def __contains__(self, workload_hash: int) -> bool:
+        return workload_hash in self.hashes
+
+    def add(self, hashes: Iterable[int]) -> None:
+        self.hashes.update(int(h) for h in hashes)
+        tmp = self.path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(sorted(self.hashes), f)
+        os.replace(tmp, self.path)
 
 
 def default_schedule(mod: "tvm.IRModule", target: "tvm.target.Target"):

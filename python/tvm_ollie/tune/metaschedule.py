@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from ..compat import meta_schedule, relax, tvm
-from .defaults import commit_defaults
+from .defaults import DefaultsMarker, DefaultsReport, commit_defaults
 from .rpc import RPCConfig, RPCError
 
 __all__ = ["STATS", "TuningStats", "Tuner", "fast_build", "normalize_target", "is_gpu_target",
@@ -220,7 +220,7 @@ class Tuner:
         #: the workloads (IRModules) the last :meth:`tune` tuned
         self.last_tuned: list = []
         #: what measuring the default schedules of the last :meth:`tune` found
-        self.last_defaults = None
+        self.last_defaults = DefaultsReport()
 
     @property
     def database(self):
@@ -274,7 +274,10 @@ class Tuner:
         """
         todo = self.untuned(fused_mod)
         STATS.skipped_tasks += len(self.tasks(fused_mod)) - len(todo)
-        if not todo or trials <= 0:
+        if trials <= 0:
+            return 0
+        if not todo:
+            self._commit_missing_defaults(fused_mod)
             return 0
         if trials < len(todo):
             todo = sorted(todo, key=_task_gain, reverse=True)[:trials]
@@ -284,17 +287,11 @@ class Tuner:
         per_task = -(-trials // len(todo))
         total = min(trials, per_task * len(todo))
         t0 = time.perf_counter()
-        cores = int(self.target.attrs.get("num-cores", 1)) if self.target.kind.name == "llvm" \
-            else os.cpu_count() or 1
         with _without_tensor_intrin(self.target), _unnamed_handlers_detached():
             contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
                 extracted_tasks=todo, work_dir=self.work_dir, seed=self.seed,
                 strategy=search_strategy(per_task))
-            builder = ms.builder.LocalBuilder(
-                f_build=fast_build if self.target.kind.name == "llvm" else None,
-                max_workers=max(1, min(cores, 2)), timeout_sec=60)
-            runner = self._measurer()
-            runner = ms.runner.create(runner) if isinstance(runner, str) else runner
+            builder, runner = self._builder(), self._runner_object()
             ms.tune.tune_tasks(
                 tasks=contexts, task_weights=weights, work_dir=self.work_dir,
                 max_trials_global=total, max_trials_per_task=per_task,
@@ -303,14 +300,11 @@ class Tuner:
                 database=self.database,
                 cost_model=ms.cost_model.XGBModel(
                     extractor=ms.feature_extractor.PerStoreFeature(), adaptive_training=True,
-                    num_tuning_cores=max(1, cores)),
+                    num_tuning_cores=self._cores()),
                 task_scheduler="gradient")
             self.last_tuned = [t.dispatched[0] for t in todo]
             # never slower than untuned: the default schedules compete with the tuned records
-            self.last_defaults = commit_defaults(self.last_tuned, self.target, self.database,
-                                                 builder, runner)
-        STATS.defaults += self.last_defaults.committed
-        STATS.defaults_faster += len(self.last_defaults.faster)
+            self._commit_missing_defaults(fused_mod, builder, runner)
         STATS.calls += 1
         STATS.tasks += len(todo)
         STATS.trials += total
@@ -321,6 +315,42 @@ class Tuner:
         if self.rpc is not None:
             self._check_remote_results(todo)
         return total
+
+    def _commit_missing_defaults(self, fused_mod: "tvm.IRModule", builder=None,
+                                 runner=None) -> None:
+        """Measure and record the default schedule of every task of ``fused_mod`` that has
+        tuning records but no default yet (:mod:`.defaults`; a work dir tuned before defaults
+        were recorded gets them on its next tuned compile, without new trials)."""
+        marker = DefaultsMarker(self.work_dir)
+        todo = [t.dispatched[0] for t in self.tasks(fused_mod)
+                if not (t.mod.attrs and t.mod.attrs.get("tirx.is_scheduled", False))
+                and not _is_view(t)]
+        todo = [m for m in todo if workload_hash(m) not in marker
+                and self.has_valid_record(m)]
+        if not todo:
+            self.last_defaults = DefaultsReport()
+            return
+        builder = builder if builder is not None else self._builder()
+        runner = runner if runner is not None else self._runner_object()
+        self.last_defaults = commit_defaults(todo, self.target, self.database, builder, runner)
+        marker.add(workload_hash(m) for m in todo)
+        STATS.defaults += self.last_defaults.committed
+        STATS.defaults_faster += len(self.last_defaults.faster)
+
+    def _cores(self) -> int:
+        if self.target.kind.name == "llvm":
+            return max(1, int(self.target.attrs.get("num-cores", 1)))
+        return os.cpu_count() or 1
+
+    def _builder(self):
+        """MetaSchedule's LocalBuilder (with :func:`fast_build` on llvm)."""
+        return meta_schedule().builder.LocalBuilder(
+            f_build=fast_build if self.target.kind.name == "llvm" else None,
+            max_workers=max(1, min(self._cores(), 2)), timeout_sec=60)
+
+    def _runner_object(self):
+        runner = self._measurer()
+        return meta_schedule().runner.create(runner) if isinstance(runner, str) else runner
 
     def _measurer(self):
         """MetaSchedule's runner: local, or one RPCRunner kept for every tuning call.
