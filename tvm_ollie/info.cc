@@ -26,6 +26,7 @@ std::string Info() {
      << MatmulInfo() << "\n"
      << Conv2dInfo() << "\n"
      << Conv2dTransposeInfo() << "\n"
+     << BandInfo() << "\n"
      << "cached primitives: " << PrimitiveCache::Global().size() << "\n";
   return os.str();
 }

@@ -10,6 +10,7 @@ namespace tvm_ollie {
 std::string MatmulInfo();
 std::string Conv2dInfo();
 std::string Conv2dTransposeInfo();
+std::string BandInfo();
 
 }  // namespace tvm_ollie
 

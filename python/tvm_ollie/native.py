@@ -32,6 +32,8 @@ __all__ = [
     "MATMUL",
     "CONV2D",
     "CONV2D_TRANSPOSE",
+    "G2BMM",
+    "GBMM",
     "INFO",
     "SET_NUM_THREADS",
     "GET_NUM_THREADS",
@@ -54,6 +56,9 @@ __all__ = [
 MATMUL = "tvm_ollie.cpu.matmul"
 CONV2D = "tvm_ollie.cpu.conv2d"
 CONV2D_TRANSPOSE = "tvm_ollie.cpu.conv2d_transpose"
+#: The banded batched matmuls (dilated sliding-window attention), see NATIVE_NOTES.md.
+G2BMM = "tvm_ollie.cpu.g2bmm"
+GBMM = "tvm_ollie.cpu.gbmm"
 INFO = "tvm_ollie.cpu.info"
 SET_NUM_THREADS = "tvm_ollie.cpu.set_num_threads"
 GET_NUM_THREADS = "tvm_ollie.cpu.get_num_threads"

@@ -60,7 +60,8 @@ def test_row_flops_count_every_multiply_add(name):
 
 def test_implementation_fields_name_known_families():
     assert {op.relax_op for op in TARGET_OPS.values()} <= {None, "matmul", "conv2d"}
-    assert {op.library for op in TARGET_OPS.values()} <= {None, "matmul", "conv2d"}
+    assert {op.library for op in TARGET_OPS.values()} <= {None, "matmul", "conv2d", "g2bmm",
+                                                          "gbmm"}
 
 
 def test_unknown_operator_is_one_line_error():

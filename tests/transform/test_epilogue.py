@@ -125,6 +125,17 @@ def test_non_library_calls_untouched():
     _unchanged(_conv_params(), body)
 
 
+def test_band_kernels_take_no_epilogue():
+    """The banded matmuls (g2bmm/gbmm) have no bias/res/act keys: consumers stay as they are."""
+    params = [relax.Var("a", _f32((2, 8, 4))), relax.Var("b", _f32((2, 8, 4)))]
+
+    def body(bb, a, b):
+        y = bb.emit(lib.emit_call(lib.band_call("g2bmm", 1, 2), [a, b], (2, 8, 3)))
+        return relax.op.nn.relu(bb.emit(relax.op.add(y, relax.const(np.ones(3, "float32")))))
+
+    _unchanged(params, body)
+
+
 @pytest.mark.skipif(not native.load(), reason="native library not loaded")
 def test_folded_epilogue_numerics():
     rng = np.random.default_rng(0)

@@ -7,10 +7,14 @@ the operands, then (appended by the Relax VM) the output:
 * ``tvm_ollie.cpu.matmul(attrs, A, B, [bias], [residual], Out)`` with ``ta``/``tb`` transposes;
 * ``tvm_ollie.cpu.conv2d(attrs, data, weight, [bias], [residual], Out)``;
 * ``tvm_ollie.cpu.conv2d_transpose(attrs, data, weight, [bias], [residual], Out)`` (NCHW data,
-  IOHW weight, Relax's ``nn.conv2d_transpose`` with ``opad`` its output padding).
+  IOHW weight, Relax's ``nn.conv2d_transpose`` with ``opad`` its output padding);
+* ``tvm_ollie.cpu.g2bmm(attrs, A, B, Out)`` and ``tvm_ollie.cpu.gbmm(attrs, A, B, Out)``, the
+  banded matmuls of the ``g2bmm``/``gbmm`` target operators (``width=W;dil=D``), which run
+  matched program stages only.
 
-All compute ``Out = act(op + bias + residual)``; the epilogue keys (``bias``, ``res``, ``act``)
-are added by :mod:`tvm_ollie.transform.epilogue` when it folds consumers into the call.
+The first three compute ``Out = act(op + bias + residual)``; the epilogue keys (``bias``,
+``res``, ``act``) are added by :mod:`tvm_ollie.transform.epilogue` when it folds consumers into
+the call (:data:`EPILOGUE_KERNELS`; the banded kernels have no epilogue).
 
 A :class:`LibCall` is a kernel name plus its attributes; :func:`call_form` gives the one that
 replaces an original Relax call, :func:`stage_form` the one that runs a matched program stage.
@@ -26,14 +30,21 @@ from typing import Dict, Optional, Sequence, Tuple
 from ..compat import relax, tvm
 from ..derive.targets import target_op
 
-__all__ = ["CONV2D", "CONV2D_TRANSPOSE", "KERNELS", "MATMUL", "LibCall", "call_form",
-           "conv2d_transpose_call", "emit_call", "parse_attrs", "stage_form"]
+__all__ = ["BAND_KERNELS", "CONV2D", "CONV2D_TRANSPOSE", "EPILOGUE_KERNELS", "G2BMM", "GBMM",
+           "KERNELS", "MATMUL", "LibCall", "band_call", "call_form", "conv2d_transpose_call",
+           "emit_call", "parse_attrs", "stage_form"]
 
 MATMUL = "tvm_ollie.cpu.matmul"
 CONV2D = "tvm_ollie.cpu.conv2d"
 CONV2D_TRANSPOSE = "tvm_ollie.cpu.conv2d_transpose"
+G2BMM = "tvm_ollie.cpu.g2bmm"
+GBMM = "tvm_ollie.cpu.gbmm"
+#: The kernels that take the ``bias``/``res``/``act`` epilogue keys.
+EPILOGUE_KERNELS = (MATMUL, CONV2D, CONV2D_TRANSPOSE)
+#: The banded matmul kernels, by target operator name.
+BAND_KERNELS = {"g2bmm": G2BMM, "gbmm": GBMM}
 #: Every kernel :func:`emit_call` emits (what :func:`lib_call_of` recognizes).
-KERNELS = (MATMUL, CONV2D, CONV2D_TRANSPOSE)
+KERNELS = EPILOGUE_KERNELS + tuple(BAND_KERNELS.values())
 
 #: Data/kernel layout pairs the conv2d kernel takes (the output is in the data layout).
 CONV_LAYOUTS = (("NCHW", "OIHW"), ("NHWC", "HWIO"), ("NHWC", "OHWI"))
@@ -48,7 +59,7 @@ class LibCall:
 
     @property
     def kind(self) -> str:
-        """``"matmul"``, ``"conv2d"`` or ``"conv2d_transpose"``."""
+        """``"matmul"``, ``"conv2d"``, ``"conv2d_transpose"``, ``"g2bmm"`` or ``"gbmm"``."""
         return self.func.rsplit(".", 1)[-1]
 
     def text(self) -> str:
@@ -98,6 +109,13 @@ def conv2d_transpose_call(stride, padding, output_padding, dilation, groups: int
                                       ("stride", _ints(stride)), ("pad", _ints(padding)),
                                       ("opad", _ints(output_padding)), ("dil", _ints(dilation)),
                                       ("groups", str(int(groups)))))
+
+
+def band_call(kind: str, width: int, dilation: int) -> LibCall:
+    """The banded matmul kernel of target operator ``kind`` (``"g2bmm"`` or ``"gbmm"``):
+    ``g2bmm: out[b, i, j] = Σ_k A[b, i, k] * B[b, i + D*(j - W), k]``,
+    ``gbmm: out[b, i, n] = Σ_j A[b, i, j] * B[b, i + D*(j - W), n]``, ``j`` in ``[0, 2W]``."""
+    return LibCall(BAND_KERNELS[kind], (("width", str(int(width))), ("dil", str(int(dilation)))))
 
 
 def _f32(expr) -> bool:
@@ -176,7 +194,19 @@ def stage_form(stage) -> Optional[LibCall]:
             return None
         return conv2d_call(at["stride"], at["padding"], at["dilation"], at.get("groups", 1),
                            layout, klayout)
+    if family in BAND_KERNELS:
+        return _band_form(family, at)
     return None
+
+
+def _band_form(kind: str, at) -> Optional[LibCall]:
+    """The banded kernel of a g2bmm/gbmm stage, when the loaded library has it (a library built
+    before these kernels degrades to the stage's TE kernel)."""
+    from .. import native  # pylint: disable=import-outside-toplevel
+
+    if not native.provides(BAND_KERNELS[kind]):
+        return None
+    return band_call(kind, at["width"], at["dilation"])
 
 
 def emit_call(lib: LibCall, operands: Sequence["relax.Expr"], out_shape: Sequence[int],

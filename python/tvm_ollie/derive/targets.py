@@ -99,9 +99,11 @@ TARGET_OPS: Dict[str, TargetOp] = {op.name: op for op in (
              "W[f, c, r, s]", _match_conv, _conv_expr, _conv_signature, _conv_flops,
              relax_op="conv2d", library="conv2d"),
     TargetOp("g2bmm", "out[b, i, j] = Σ_k A[b, i, k] * B[b, i + D*(j - W), k]",
-             lambda t: _match_band(t, "g2bmm"), _band_expr, _band_signature, _band_flops("K")),
+             lambda t: _match_band(t, "g2bmm"), _band_expr, _band_signature, _band_flops("K"),
+             library="g2bmm"),
     TargetOp("gbmm", "out[b, i, n] = Σ_j A[b, i, j] * B[b, i + D*(j - W), n]",
-             lambda t: _match_band(t, "gbmm"), _band_expr, _band_signature, _band_flops("N")),
+             lambda t: _match_band(t, "gbmm"), _band_expr, _band_signature, _band_flops("N"),
+             library="gbmm"),
 )}
 
 #: The names of :data:`TARGET_OPS`, in matching order (derivation's default targets).

@@ -110,7 +110,10 @@ def _activation(value) -> Optional[str]:
 
 
 def _fold(kernel, operands, consumer, y) -> Optional[Tuple[lib.LibCall, list, list]]:
-    """The kernel with ``consumer`` folded in: ``(call, operands, bindings to emit first)``."""
+    """The kernel with ``consumer`` folded in: ``(call, operands, bindings to emit first)``;
+    None for a kernel without epilogue keys (the banded matmuls)."""
+    if kernel.func not in lib.EPILOGUE_KERNELS:
+        return None
     value = consumer.value
     if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
         return None

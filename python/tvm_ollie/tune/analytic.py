@@ -6,8 +6,9 @@ expression; a derived program is the sum of its stages, an operator stage at the
 its kind and an eOperator at the bandwidth roof (see :mod:`.calibrate`).
 
 ``impl="native"`` costs the operators the native library runs (original matmul/conv2d/
-conv2d_transpose calls, matched matmul/conv2d stages) at the library's *measured* efficiency
-(``native_matmul``, ``native_conv2d``, ``native_conv_transpose`` in the calibration);
+conv2d_transpose calls, matched matmul/conv2d/g2bmm/gbmm stages) at the library's *measured*
+efficiency (``native_matmul``, ``native_conv2d``, ``native_conv_transpose``, ``native_g2bmm``,
+``native_gbmm`` in the calibration);
 everything else is costed as TVM builds it.
 
 Stages computed from constants only (a concatenation or a transposition of constant weights)

@@ -17,9 +17,10 @@ The derivation engine's cost (:mod:`tvm_ollie.derive.cost`) is a roofline: each 
   magnitude measured with TVM 0.27 on the development machines (see the pass benchmark,
   ``python -m tvm_ollie.bench.pass_bench``); the decision only needs them to rank kernels;
 * how close the native library's kernels get (``native_matmul``, ``native_conv2d``,
-  ``native_conv_transpose``): measured here, once per process, by timing the library itself on a
-  GEMM, a convolution and a transposed convolution
-  (:func:`measure_native_efficiency`), so that ``trials=0`` ranks what the library does.
+  ``native_conv_transpose``, ``native_g2bmm``, ``native_gbmm``): measured here, once per
+  process, by timing the library itself on a GEMM, a convolution, a transposed convolution and
+  the two banded matmuls (:func:`measure_native_efficiency`), so that ``trials=0`` ranks what
+  the library does.
 """
 
 from __future__ import annotations
@@ -139,8 +140,9 @@ def _time_native(func_name: str, attrs: str, arrays, out_shape, repeat: int) -> 
 def measure_native_efficiency(repeat: int = 5) -> Dict[str, float]:
     """Fraction of this CPU's compute roof the native kernels reach: ``native_matmul`` on a
     384-cube GEMM, ``native_conv2d`` on a 3x3 convolution 1x64x56x56 -> 64 (ResNet's first
-    stage), ``native_conv_transpose`` on a stride-2 4x4 transposed convolution (when the library
-    has the kernel). Empty when the native library is not loaded. Cached per process."""
+    stage), ``native_conv_transpose`` on a stride-2 4x4 transposed convolution, ``native_g2bmm``
+    and ``native_gbmm`` on a dilated band (when the library has those kernels). Empty when the
+    native library is not loaded. Cached per process."""
     from .. import native  # pylint: disable=import-outside-toplevel
     from ..codegen import library as lib  # pylint: disable=import-outside-toplevel
 
@@ -160,6 +162,30 @@ def measure_native_efficiency(repeat: int = 5) -> Dict[str, float]:
            "native_conv2d": min(1.0, conv_flops / t_conv / peak)}
     if native.provides(lib.CONV2D_TRANSPOSE):  # an older build of the library lacks it
         eff["native_conv_transpose"] = _native_conv_transpose_efficiency(rng, peak, repeat)
+    eff.update(_native_band_efficiency(rng, peak, repeat))
+    return eff
+
+
+def _native_band_efficiency(rng, peak: float, repeat: int) -> Dict[str, float]:
+    """``native_g2bmm``/``native_gbmm``: the banded kernels on 4 bands of 256 rows, 64 columns,
+    width 16 and dilation 2, in the operators' FLOPs (``2 * batch * L * (2W + 1) * K``; the
+    kernels also compute part of the GEMM blocks outside the band, which this efficiency
+    absorbs). Only the kernels the loaded library has."""
+    from .. import native  # pylint: disable=import-outside-toplevel
+    from ..codegen import library as lib  # pylint: disable=import-outside-toplevel
+
+    batch, length, cols, width, dil = 4, 256, 64, 16, 2
+    window = 2 * width + 1
+    flops = 2.0 * batch * length * window * cols
+    text = lib.band_call("g2bmm", width, dil).text()
+    a, b = (rng.standard_normal((batch, length, cols), dtype=np.float32) for _ in range(2))
+    s = rng.standard_normal((batch, length, window), dtype=np.float32)
+    cases = {"g2bmm": ((a, b), (batch, length, window)), "gbmm": ((s, b), (batch, length, cols))}
+    eff = {}
+    for kind, (arrays, out_shape) in cases.items():
+        if native.provides(lib.BAND_KERNELS[kind]):
+            t = _time_native(lib.BAND_KERNELS[kind], text, arrays, out_shape, repeat)
+            eff[f"native_{kind}"] = min(1.0, flops / t / peak)
     return eff
 
 
