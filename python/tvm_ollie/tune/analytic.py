@@ -45,12 +45,7 @@ ORIGINAL_KIND = {
 
 def _roof(flops: float, moved: float, calib: Calibration, kind: str) -> float:
     if kind == "eop":
-        # An eOperator's arithmetic is TVM-built code like any other (``tir``): at the full
-        # peak, a program whose eOperator still holds convolutions (all but one phase of a
-        # sub-pixel transposed convolution, say) ranked above the one that runs them all as
-        # operators, and was measured in its place.
-        return max(flops / (calib.peak_flops * calib.eff("tir")),
-                   moved / (calib.bandwidth * calib.eff("eop")))
+        return max(flops / calib.peak_flops, moved / (calib.bandwidth * calib.eff("eop")))
     return max(flops / (calib.peak_flops * calib.eff(kind)), moved / calib.bandwidth)
 
 
