@@ -3,9 +3,10 @@
 GEMM: oneDNN vs OpenBLAS (``lib=``) on the benchmark shapes, GFLOP/s, best and median of
 repeated back-to-back calls. conv2d: plain / blocked / prepacked weights on the benchmark
 workloads in NCHW and NHWC, ms. conv2d_transpose: plain / blocked on transposed convolutions
-of the zoo's kinds (GCN, DCGAN, FSRCNN), ms. Set TVM_NUM_THREADS to choose the thread count.
+of the zoo's kinds (GCN, DCGAN, FSRCNN), ms; ``deconv-epilogue``: its cost of a relu or a residual,
+us. Set TVM_NUM_THREADS to choose the thread count.
 
-    TVM_NUM_THREADS=2 python scripts/native_impl_choice.py [gemm|conv|deconv]
+    TVM_NUM_THREADS=2 python scripts/native_impl_choice.py [gemm|conv|deconv|deconv-epilogue]
 """
 
 import sys
@@ -99,6 +100,32 @@ def deconv():
         print(f"{label}: " + ", ".join(cells) + " ms", flush=True)
 
 
+#: DCGAN's quick layers (widths / 8): (label, data shape, output channels), k4 s2 p1.
+EPILOGUE_SHAPES = [("DCGAN quick 1x64x4x4 -> 32", (1, 64, 4, 4), 32),
+                   ("DCGAN quick 1x16x16x16 -> 8", (1, 16, 16, 16), 8),
+                   ("DCGAN quick 1x8x32x32 -> 3", (1, 8, 32, 32), 3)]
+
+
+def deconv_epilogue():
+    """conv2d_transpose (default format) with bias only, bias + relu, bias + residual, us."""
+    f = tvm_ffi.get_global_func(native.CONV2D_TRANSPOSE)
+    for label, (n, c, h, w), o in EPILOGUE_SHAPES:
+        x = np.random.rand(n, c, h, w).astype("float32")
+        wt = np.random.rand(c, o, 4, 4).astype("float32")
+        bias = np.random.rand(o).astype("float32")
+        res = np.random.rand(n, o, 2 * h, 2 * w).astype("float32")
+        out = np.empty_like(res)
+        tx, tw, tb, tr, to = map(tvm_ffi.from_dlpack, (x, wt, bias, res, out))
+        attrs = "stride=2,2;pad=1,1,1,1;bias=1"
+        cells = []
+        for what, extra, args in (("bias", "", (tx, tw, tb, to)),
+                                  ("bias+relu", ";act=relu", (tx, tw, tb, to)),
+                                  ("bias+residual", ";res=1", (tx, tw, tb, tr, to))):
+            best, med = _times(lambda text=attrs + extra, args=args: f(text, *args))
+            cells.append(f"{what} {best * 1e6:.1f} (median {med * 1e6:.1f})")
+        print(f"{label}: " + ", ".join(cells) + " us", flush=True)
+
+
 if __name__ == "__main__":
     assert native.available(), native.unavailable_reason()
     what = sys.argv[1] if len(sys.argv) > 1 else "both"
@@ -108,3 +135,5 @@ if __name__ == "__main__":
         conv()
     if what == "deconv":
         deconv()
+    if what == "deconv-epilogue":
+        deconv_epilogue()

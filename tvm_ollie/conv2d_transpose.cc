@@ -161,8 +161,35 @@ struct OneDNNDeconv {
   dnnl::memory::desc user_src, user_wei, user_dst, bias_md;
   dnnl::memory::desc src_md, wei_md, dst_md, scratch_md;
   Reorder src_in, wei_in, res_in, dst_out;
+  // Epilogue after the deconvolution instead of as post-ops (see SeparateEpilogue): the
+  // residual added by a loop, then the activation by an eltwise primitive in place.
+  bool separate = false, has_act = false;
+  dnnl::eltwise_forward act;
   std::string impl;
 };
+
+// Whether the residual and the activation run after the deconvolution rather than as oneDNN
+// post-ops. On the plain formats oneDNN deconvolves with its GEMM implementation (gemm:jit),
+// whose post-ops are slow. One thread, us, bias + relu post-op / bias only / bias, then a
+// separate relu (`python scripts/native_impl_choice.py deconv` shapes, DCGAN quick layers):
+//   1x64x4x4 -> 32 k4 s2 p1:   147 / 55      1x16x16x16 -> 8:   488 / 94
+//   1x8x32x32 -> 3:            736 / 113     (a residual sum post-op costs the same as relu)
+// The blocked implementations (brgconv) apply post-ops at no measurable cost, so they keep them.
+bool SeparateEpilogue(const DeconvParams& p, Fmt fmt) {
+  return fmt == Fmt::kPlain && (p.has_res || p.act.kind != Act::kNone);
+}
+
+// The activation as a standalone in-place eltwise primitive on the plain output.
+dnnl::eltwise_forward ActivationPrimitive(const Activation& act, const dnnl::memory::desc& md) {
+  dnnl::post_ops ops;
+  AppendActivation(act, &ops);
+  dnnl::algorithm alg;
+  float alpha = 0.f, beta = 0.f;
+  ops.get_params_eltwise(0, alg, alpha, beta);
+  dnnl::eltwise_forward::primitive_desc pd(Engine(), dnnl::prop_kind::forward_inference, alg, md,
+                                           md, alpha, beta);
+  return dnnl::eltwise_forward(pd);
+}
 
 // Default implementation. Measured on the shared 2-core Xeon (oneDNN's ISA there: avx2), one
 // thread, ms, best of repeated calls (`python scripts/native_impl_choice.py deconv`):
@@ -204,8 +231,11 @@ std::shared_ptr<OneDNNDeconv> CreateDeconv(const DeconvParams& p, const DeconvSh
   dims strides{p.sh, p.sw}, dil{p.dh - 1, p.dw - 1}, pad_l{p.pt, p.pl},
       pad_r{p.pb - p.oph, p.pr - p.opw};
   // The residual is a sum post-op (ConvEpilogueAttr). Measured with binary_add instead:
-  // 1x21x4x4 -> 21 k4 s2, 0.54 ms vs 0.05 ms without a residual.
-  const dnnl::primitive_attr attr = ConvEpilogueAttr(p.has_res, p.act);
+  // 1x21x4x4 -> 21 k4 s2, 0.54 ms vs 0.05 ms without a residual. On the plain formats both
+  // follow the deconvolution instead (SeparateEpilogue).
+  e->separate = SeparateEpilogue(p, fmt);
+  const dnnl::primitive_attr attr =
+      e->separate ? ConvEpilogueAttr(false, Activation()) : ConvEpilogueAttr(p.has_res, p.act);
   const auto prop = dnnl::prop_kind::forward_inference;
   const auto alg = dnnl::algorithm::deconvolution_direct;
   dnnl::deconvolution_forward::primitive_desc pd;
@@ -227,8 +257,24 @@ std::shared_ptr<OneDNNDeconv> CreateDeconv(const DeconvParams& p, const DeconvSh
   e->src_in.Init(e->user_src, e->src_md);
   e->wei_in.Init(e->user_wei, e->wei_md);
   e->dst_out.Init(e->dst_md, e->user_dst);
-  if (p.has_res) e->res_in.Init(e->user_dst, e->dst_md);
+  if (p.has_res && !e->separate) e->res_in.Init(e->user_dst, e->dst_md);
+  if (e->separate && p.act.kind != Act::kNone) {
+    e->has_act = true;
+    e->act = ActivationPrimitive(p.act, e->user_dst);
+  }
   return e;
+}
+
+// Out += residual, then Out = act(Out): the epilogue of a SeparateEpilogue deconvolution.
+// ``res`` is the residual (a copy when it was Out itself, which the deconvolution overwrote).
+void RunSeparateEpilogue(const OneDNNDeconv& e, const float* res, const dnnl::memory& out) {
+  Stream().wait();
+  float* o = static_cast<float*>(out.get_data_handle());
+  if (res != nullptr) {
+    const size_t n = e.user_dst.get_size() / sizeof(float);
+    for (size_t i = 0; i < n; ++i) o[i] += res[i];
+  }
+  if (e.has_act) e.act.execute(Stream(), {{DNNL_ARG_SRC, out}, {DNNL_ARG_DST, out}});
 }
 
 std::string DeconvKey(const DeconvParams& p, const DeconvShape& s, Fmt fmt) {
@@ -320,7 +366,13 @@ void Conv2dTranspose(ffi::PackedArgs args, ffi::Any* rv) {
   std::unordered_map<int, dnnl::memory> cargs{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei},
                                               {DNNL_ARG_DST, dst}};
   if (p.has_bias) cargs[DNNL_ARG_BIAS] = dnnl::memory(e->bias_md, eng, a.bias);
-  if (p.has_res) {  // the sum post-op adds what dst holds: the residual
+  const float* res = a.res;
+  if (p.has_res && e->separate && a.res == a.out) {  // the deconvolution overwrites it
+    void* copy = ScratchBuffer(4, e->user_dst.get_size());
+    std::memcpy(copy, a.res, e->user_dst.get_size());
+    res = static_cast<const float*>(copy);
+  }
+  if (p.has_res && !e->separate) {  // the sum post-op adds what dst holds: the residual
     if (e->res_in.needed) {
       e->res_in.Run(dnnl::memory(e->user_dst, eng, a.res), dst, 5);
     } else if (a.res != a.out) {
@@ -333,6 +385,7 @@ void Conv2dTranspose(ffi::PackedArgs args, ffi::Any* rv) {
   }
   e->prim.execute(Stream(), cargs);
   if (e->dst_out.needed) e->dst_out.Run(dst, user_dst, 5);
+  if (e->separate) RunSeparateEpilogue(*e, p.has_res ? res : nullptr, user_dst);
   Stream().wait();
 }
 
@@ -341,7 +394,8 @@ void Conv2dTranspose(ffi::PackedArgs args, ffi::Any* rv) {
 std::string Conv2dTransposeInfo() {
   return "conv2d_transpose default: oneDNN deconvolution on its blocked formats with reorders "
          "inside the call, except without groups when the weights are larger than data + output "
-         "or there are fewer than 16 output channels: oneDNN on plain formats";
+         "or there are fewer than 16 output channels: oneDNN on plain formats, with the residual "
+         "and activation applied after it (not as post-ops)";
 }
 
 TVM_FFI_STATIC_INIT_BLOCK() {

@@ -1,54 +1,14 @@
 """Guard solving (solve stride guard): each rewrite keeps the interpreter's result, and the select
 of a lifted transposed convolution disappears."""
 
-from typing import Sequence
-
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from rulecheck import check_rule
+from rulecheck import check_rule, conv_transpose_gather
 from tvm_ollie.derive.rules import EAGER_RULES, SOLVE_GUARD
 from tvm_ollie.derive.rules.base import in_bounds
 from tvm_ollie.derive.rules.guard import conjuncts, stride_condition
 from tvm_ollie.ir.nodes import BinOp, Call, Const, IterVar, Scope, Tensor, Var, iter_nodes
-
-
-def conv_transpose_gather(n: int, c: int, f: int, size: Sequence[int], taps: Sequence[int],
-                          stride: Sequence[int], pad_lo: Sequence[int], pad_hi: Sequence[int],
-                          out_pad: Sequence[int], dil: Sequence[int] = None) -> Scope:
-    """The lifter's gather form of an NC(H)W transposed convolution (IO(H)W kernel)::
-
-        L<n, o, h..> Σ<c, r..> select(∧ (h + pl - d·r) % s == 0,
-                                      x<pad>[n, c, (h + pl - d·r) // s ..], 0) * K[c, o, r..]
-    """
-    nd = len(size)
-    dil = dil or [1] * nd
-    out = [(i - 1) * s - pl - ph + d * (t - 1) + o + 1
-           for i, s, pl, ph, d, t, o in zip(size, stride, pad_lo, pad_hi, dil, taps, out_pad)]
-    vn, vo, vc = Var("n"), Var("o"), Var("c")
-    hs = [Var(f"h{d}") for d in range(nd)]
-    rs = [Var(f"r{d}") for d in range(nd)]
-    idx, guards, pads = [vn, vc], [], [(0, 0), (0, 0)]
-    for d in range(nd):
-        pos = hs[d] + pad_lo[d] - dil[d] * rs[d]
-        lo, hi = pad_lo[d] - (taps[d] - 1) * dil[d], out[d] - 1 + pad_lo[d]
-        if stride[d] > 1:
-            guards.append(BinOp("==", BinOp("%", pos, Const(stride[d])), Const(0)))
-            pos = BinOp("//", pos, Const(stride[d]))
-            lo, hi = lo // stride[d], hi // stride[d]
-        idx.append(pos)
-        pads.append((max(0, -lo), max(0, hi - size[d] + 1)))
-    x = Tensor("x", (n, c, *size), pad=pads)
-    k = Tensor("K", (c, f, *taps))
-    read = x[tuple(idx)]
-    if guards:
-        cond = guards[0]
-        for g in guards[1:]:
-            cond = BinOp("and", cond, g)
-        read = Call("select", (cond, read, Const(0.0, "float32")))
-    loops = [IterVar(vn, 0, n), IterVar(vo, 0, f)] + [IterVar(h, 0, e) for h, e in zip(hs, out)]
-    reduce = [IterVar(vc, 0, c)] + [IterVar(r, 0, t) for r, t in zip(rs, taps)]
-    return Scope(loops, reduce, read * k[(vc, vo, *rs)])
 
 
 def _has_select(expr) -> bool:

@@ -104,6 +104,23 @@ def test_epilogues(fmt, act):
               act=act, fmt=fmt)
 
 
+@pytest.mark.parametrize("fmt", ["plain", "blocked"])
+def test_residual_may_be_the_output(fmt):
+    # on plain formats the residual is added after the deconvolution, which overwrites Out
+    import tvm_ffi
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, 4, 3, 3)).astype("float32")
+    wt = rng.standard_normal((4, 2, 4, 4)).astype("float32")
+    out = rng.standard_normal((1, 2, 6, 6)).astype("float32")
+    ref = np.maximum(deconv_ref(x, wt, (2, 2), (1, 1, 1, 1)) + out, 0)
+    t_out = tvm_ffi.from_dlpack(out)
+    tvm_ffi.get_global_func(native.CONV2D_TRANSPOSE)(
+        _attrs((2, 2), (1, 1, 1, 1), (0, 0), (1, 1), 1, res=True, act="relu", fmt=fmt),
+        tvm_ffi.from_dlpack(x), tvm_ffi.from_dlpack(wt), t_out, t_out)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
 def test_through_relax_call_dps_packed():
     rng = np.random.default_rng(4)
     _case(rng, 1, 6, 7, 7, 4, 3, stride=(2, 2), pad=(1, 0, 1, 1), opad=(1, 1), bias=True,

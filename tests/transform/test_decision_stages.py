@@ -12,8 +12,9 @@ import small_models as sm
 from tvm_ollie.transform import decide as decide_mod
 from tvm_ollie.transform.alternatives import Alternative, Candidates
 from tvm_ollie.transform.checking import Checker, check_numerics, checked
-from tvm_ollie.transform.choosing import (MARGIN, choose_analytic, choose_forced,
-                                          choose_measured, kind_leaders, shortlist)
+from tvm_ollie.transform.choosing import (MARGIN, NATIVE_MARGIN, choose_analytic,
+                                          choose_forced, choose_measured, kind_leaders,
+                                          shortlist)
 from tvm_ollie.transform.costing import (AnalyticUnitCost, CallableTiming, MeasureCache,
                                          UnitCostModel, UntunedTiming)
 from tvm_ollie.transform.decide import Decider
@@ -222,6 +223,23 @@ def test_choose_measured_takes_the_fastest_beyond_the_margin(conv):
     assert not choice.rewritten
     choice = choose_measured(base, others, [], 5, accept, lambda a: None, 3, "measured")
     assert not choice.rewritten and choice.reason == "the original operator failed to build or run"
+
+
+def test_choose_measured_keeps_the_native_kernel_within_its_margin(conv):
+    _, found = conv
+    base, others = _costed(found, lambda a: 1.0 if a.program is None else 0.5)
+    native = Alternative(None, "native", 0.5)
+    derived = others[0]
+
+    def accept(alt):
+        return True, ""
+
+    for t_derived, winner in ((0.5 * (1 - NATIVE_MARGIN / 2), native.label),
+                              (0.5 * (1 - 2 * NATIVE_MARGIN), derived.label)):
+        times = {"original": 1.0, native.label: 0.5, derived.label: t_derived}
+        choice = choose_measured(base, [native, derived], [], 5, accept,
+                                 lambda a, times=times: times[a.label], 3, "measured")
+        assert choice.label == winner
 
 
 def test_choose_analytic_skips_what_does_not_hold_up(conv):

@@ -13,7 +13,8 @@ Counting rules:
   output, each moved once.
 * An eOperator counts the arithmetic of its body at every point of its iteration space (loops
   times reductions), plus one operation per point for the reduction's accumulate, recursively
-  for nested scopes; index arithmetic is free. Bytes are its output plus, per input tensor, the
+  for nested scopes; index arithmetic is free. It runs at :data:`EOP_COMPUTE_EFFICIENCY` of
+  the compute roof. Bytes are its output plus, per input tensor, the
   smaller of the tensor's size and the number of reads (a gather of a few rows of a big tensor
   does not read all of it).
 """
@@ -28,7 +29,7 @@ import numpy as np
 from ..ir.nodes import Access, BinOp, Call, Node, Scope, Tensor, is_index
 from .targets import operator_flops
 
-__all__ = ["TARGET_DEFAULTS", "StageCost", "ProgramCost", "stage_cost", "program_cost",
+__all__ = ["EOP_COMPUTE_EFFICIENCY", "TARGET_DEFAULTS", "StageCost", "ProgramCost", "stage_cost", "program_cost",
            "expr_cost"]
 
 #: ``target -> (peak FLOP/s, bytes/s)``. "cuda" is H200-like fp32 without tensor cores; "llvm"
@@ -37,6 +38,14 @@ TARGET_DEFAULTS: Dict[str, Tuple[float, float]] = {
     "cuda": (60e12, 4.8e12),
     "llvm": (100e9, 20e9),
 }
+
+
+#: Fraction of the compute roof an eOperator's arithmetic reaches: it is TE code without an
+#: operator's schedule (the order of TVM's untuned efficiency, :mod:`tvm_ollie.tune.calibrate`).
+#: At the full roof a program whose eOperator still computes convolutions (the phases of a
+#: sub-pixel transposed convolution left unmatched) ranked above the one running them as
+#: operators. Memory-bound eOperators (gathers, offset-adds) are unaffected.
+EOP_COMPUTE_EFFICIENCY = 0.1
 
 
 @dataclass(frozen=True)
@@ -179,6 +188,8 @@ def stage_cost(stage, peak_flops: float, bandwidth: float) -> StageCost:
     else:
         flops, moved = expr_cost(expr)
     compute, memory = flops / peak_flops, moved / bandwidth
+    if not stage.is_operator:
+        compute /= EOP_COMPUTE_EFFICIENCY
     return StageCost(stage.name, stage.kind, flops, moved, max(compute, memory),
                      compute >= memory)
 

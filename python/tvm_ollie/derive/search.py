@@ -198,28 +198,40 @@ class _Search:
         """
         t = time.perf_counter()
         old = scope_ids(parent) if parent is not None and not self.instantiate_all_scopes else ()
+        matched = []
         for scope in scopes_of(state):
             if id(scope) in old:
                 continue
-            for m in self._matches(scope):
-                try:
-                    prog = self.program_mod.instantiate(state, scope, m, path)
-                except (ValueError, NotImplementedError) as err:
-                    LOG.debug("instantiate failed for %s: %s", m.kind, err)
-                    continue
-                key = repr(prog) + "|" + _program_key(prog)
-                if key in self.candidates:
-                    continue
-                self.candidates[key] = prog
-                now = time.perf_counter() - self.t0
-                self.stats.candidates_found += 1
-                self.stats.found_log.append((now, depth, repr(prog)))
-                if m.kind not in self.stats.first_found_s:
-                    self.stats.first_found_s[m.kind] = now
-                    self.stats.first_found_depth[m.kind] = depth
-                    self.stats.first_found_states[m.kind] = self.stats.states_visited
+            found = self._matches(scope)
+            if found:
+                matched.append((scope, found))
+            for m in found:
+                self._add(path, depth, m.kind, lambda m=m, scope=scope:
+                          self.program_mod.instantiate(state, scope, m, path))
+        for kind, group in sibling_matches(matched):
+            self._add(path, depth, kind, lambda group=group:
+                      self.program_mod.instantiate_all(state, group, path))
         self.phase["instantiate"] += time.perf_counter() - t
         self._check_first()
+
+    def _add(self, path: Tuple, depth: int, kind: str, build) -> None:
+        """Record the program ``build()`` makes (a candidate of operator ``kind``), once."""
+        try:
+            prog = build()
+        except (ValueError, NotImplementedError) as err:
+            LOG.debug("instantiate failed for %s: %s", kind, err)
+            return
+        key = repr(prog) + "|" + _program_key(prog)
+        if key in self.candidates:
+            return
+        self.candidates[key] = prog
+        now = time.perf_counter() - self.t0
+        self.stats.candidates_found += 1
+        self.stats.found_log.append((now, depth, repr(prog)))
+        if kind not in self.stats.first_found_s:
+            self.stats.first_found_s[kind] = now
+            self.stats.first_found_depth[kind] = depth
+            self.stats.first_found_states[kind] = self.stats.states_visited
 
     def _check_first(self) -> None:
         if self.stop_on_first and all(t in self.stats.first_found_s for t in self._reachable()):
@@ -345,6 +357,32 @@ class _Search:
             stop = lim.reason
         self.stats.stop_reason = stop
         self.stats.search_time_s = time.perf_counter() - self.t0
+
+
+def sibling_matches(matched: Sequence[Tuple[Scope, list]]) -> List[Tuple[str, Dict]]:
+    """Per operator kind, its first match in each of several sibling scopes: ``(kind, {scope:
+    match})`` for every kind that at least two scopes, none inside another, match.
+
+    A state whose body combines several compute scopes (the phases of :mod:`.rules.phase`) is
+    only free of wasted work when every one of them runs as an operator; instantiating one
+    match at a time leaves the others in the enclosing eOperator.
+    """
+    if len(matched) < 2:
+        return []
+    inner = set()
+    for scope, _ in matched:
+        inner.update(id(s) for s in scopes_of(scope) if s is not scope)
+    free = [(scope, found) for scope, found in matched if id(scope) not in inner]
+    out = []
+    for kind in dict.fromkeys(m.kind for _, found in free for m in found):
+        group = {}
+        for scope, found in free:
+            first = next((m for m in found if m.kind == kind), None)
+            if first is not None:
+                group[scope] = first
+        if len(group) >= 2:
+            out.append((kind, group))
+    return out
 
 
 def _program_key(prog) -> str:

@@ -7,7 +7,7 @@ tightened are one state; and guard solving: a summation under a stride guard is 
 over the guard's solutions); ``SEARCH_RULES`` the explorative rules the search tries by default (boundary relaxing enters through ``split_sum_padded``, which relaxes
 exactly as much as a split needs, so the standalone ``relax_sum`` is left out of the default);
 ``GUIDED_RULES`` those the search tries at every newly created scope and keeps only when the
-result instantiates a target (no depth cost).
+result instantiates a target (no depth cost): guided iterator mapping and phase splitting.
 """
 
 from .base import Rewrite, Rule, RuleContext  # noqa: F401
@@ -16,6 +16,7 @@ from .guard import SOLVE_GUARD  # noqa: F401
 from .guided import MAP_TO_TARGET  # noqa: F401
 from .layout import SPLIT_DIM  # noqa: F401
 from .merge import FUSE_ITERS, MAP_ITERS  # noqa: F401
+from .phase import SPLIT_PHASE  # noqa: F401
 from .split import SPLIT_LOOP, SPLIT_SUM, SPLIT_SUM_PADDED  # noqa: F401
 from .stage import MERGE_STAGE, MERGE_STAGE_SUM, SPLIT_STAGE  # noqa: F401
 
@@ -26,6 +27,7 @@ ALL_RULES = (
     TIGHTEN, RELAX_SUM,
     SPLIT_DIM,
     SOLVE_GUARD,
+    SPLIT_PHASE,
     MAP_TO_TARGET,
 )
 EAGER_RULES = tuple(r for r in ALL_RULES if not r.costs_depth and not r.guided)

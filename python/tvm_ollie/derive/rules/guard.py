@@ -95,7 +95,7 @@ def _multiplicative_reads(body: Node, sel: Call) -> List[Access]:
     return out
 
 
-def _vanishes_outside(reads: List[Access], var: Var, begin: int, end: int) -> bool:
+def vanishes_outside(reads: List[Access], var: Var, begin: int, end: int) -> bool:
     """True when some read is zero padding whenever ``var`` leaves ``[begin, end)``.
 
     The read's index on some dimension must be ``k·var + c`` (``var`` alone): it is monotone in
@@ -139,7 +139,7 @@ def _solve_one(scope: Scope) -> Optional[Tuple[Scope, str]]:
             iv = reds.get(r)
             if iv is None or abs(b) != 1:
                 continue
-            if not _vanishes_outside(reads, r, iv.begin, iv.end):
+            if not vanishes_outside(reads, r, iv.begin, iv.end):
                 continue
             bounds = interval(e, ranges)
             if bounds is None:
@@ -173,13 +173,13 @@ def _substitute(scope, sel, conds, pos, r, b, coeffs, const, s, bounds):
     body = substitute(substitute(scope.body, {sel: new_sel}), {r: r_value})
     reduce = tuple(IterVar(q, q_lo, q_hi + 1) if iv.var is r else iv for iv in scope.reduce)
     new = simplify(scope.replace(reduce=reduce, body=body))
-    new = _widened(new)
+    new = widened(new)
     if new is None or not in_bounds(new):
         return None
     return new, f"solve guard on {r.name}: {r.name} = {r_value}, Σ {q.name} in [{q_lo}, {q_hi + 1})"
 
 
-def _widened(scope: Scope) -> Optional[Scope]:
+def widened(scope: Scope) -> Optional[Scope]:
     """Every read's source padded so that it covers the read's index range."""
     ranges = scope_ranges(scope)
     mapping: Dict[Node, Node] = {}
