@@ -49,3 +49,11 @@ def test_paired_ms_alternates_in_blocks():
     a, b = up.paired_ms(lambda: calls.append("a"), lambda: calls.append("b"), runs=4, block=2)
     # per block: one untimed switch-over call, then two timed calls; two blocks of each
     assert calls == (["a"] * 3 + ["b"] * 3) * 2 and a >= 0 and b >= 0
+
+
+def test_latencies_use_the_chosen_clock(monkeypatch):
+    ticks = iter(range(1000))  # a clock that advances one second per reading
+    monkeypatch.setitem(up.CLOCK, "now", lambda: float(next(ticks)))
+    assert up.median_ms(lambda: None, runs=3, warmup=1) == 1000.0
+    assert up.paired_ms(lambda: None, lambda: None, runs=2, block=2) == (1000.0, 1000.0)
+    assert set(up.CLOCKS) == {"wall", "cpu"}

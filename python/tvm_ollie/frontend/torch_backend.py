@@ -1,20 +1,26 @@
 """The ``torch.compile`` backend: ``torch.compile(model, backend="tvm_ollie")``.
 
-TorchDynamo hands the backend each captured FX graph (graph breaks split a model into several);
-the backend imports it with TVM's ``from_fx`` (or, for graphs ``from_fx`` cannot convert, with
+TorchDynamo hands the backend each captured FX graph (graph breaks split a model into several),
+with the module's parameters and buffers lifted to graph inputs. The backend freezes them: they
+become constants of the imported module, as the ONNX path and PyTorch's own freezing have them
+(:mod:`.torch_freeze` says when that is safe, and guards every call against a changed weight),
+and batch norms after convolutions fold into the convolutions' weights (:mod:`.torch_fold`).
+It imports the graph with TVM's ``from_fx`` (or, for graphs ``from_fx`` cannot convert, with
 ``torch.export`` and ``from_exported_program``), builds it with the ollie pipeline (``trials=0``
-unless ``options`` say otherwise) and returns a function that runs it on the Relax VM, with
-inputs and outputs exchanged through DLPack (zero-copy on CPU). Each compiled graph is run
-once on the example inputs dynamo hands over and compared with eager PyTorch (the tolerance
-of the output's dtype): an importer whose module computes something else is not used (the next
-importer is tried). A graph that cannot be converted, built or matched (an operator TVM lacks,
-symbolic shapes, autograd) runs in eager PyTorch instead, with one warning naming the reason;
-the other graphs of the model still use TVM.
+unless ``options`` say otherwise) and returns a function that runs it on the Relax VM, with the
+user's inputs and the outputs exchanged through DLPack (zero-copy on CPU). Each compiled graph
+is run once on the example inputs dynamo hands over and compared with eager PyTorch (the
+tolerance of the output's dtype): an importer whose module computes something else is not used
+(the next importer is tried). A graph that cannot be converted, built or matched (an operator
+TVM lacks, symbolic shapes, autograd) runs in eager PyTorch instead, with one warning naming the
+reason; the other graphs of the model still use TVM.
 
-Options (``torch.compile(..., options={...})``): ``config`` (an
-:class:`~tvm_ollie.config.OllieConfig`) and any keyword of :func:`tvm_ollie.transform.build`
-overriding its fields (``target``, default llvm; ``trials``, default 0; ``work_dir``,
-``max_depth``, ``time_budget_s``, ``library``, ``derive``, ``calibration``...).
+Options (``torch.compile(..., options={...})``): ``freeze`` (default True; False keeps every
+weight an input of the compiled graph, which then follows in-place weight updates without
+falling back), ``config`` (an :class:`~tvm_ollie.config.OllieConfig`) and any keyword of
+:func:`tvm_ollie.transform.build` overriding its fields (``target``, default llvm; ``trials``,
+default 0; ``work_dir``, ``max_depth``, ``time_budget_s``, ``library``, ``derive``,
+``calibration``...).
 
 The backend is found by name through the ``torch_dynamo_backends`` entry point of the package;
 :func:`register` (called by ``import tvm_ollie`` when TorchDynamo is already imported, and by
@@ -28,6 +34,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .errors import first_line
 from .torch_entry import from_tvm, to_tvm
+from .torch_fold import fold_batch_norms
+from .torch_freeze import FrozenInputs, freezable_inputs, freeze_graph, mutated_inputs
 
 #: The name ``torch.compile(backend=...)`` knows the backend by.
 BACKEND_NAME = "tvm_ollie"
@@ -54,8 +62,8 @@ def tvm_ollie_backend(gm, example_inputs: Sequence[Any], options: Optional[Dict]
     example_inputs : sequence of torch.Tensor
         Its inputs (weights included, as dynamo lifts them to graph inputs).
     options : dict, optional
-        ``torch.compile``'s ``options``: ``target``, ``trials``, ``work_dir`` and the keywords
-        of :func:`tvm_ollie.transform.build`.
+        ``torch.compile``'s ``options``: ``freeze``, ``target``, ``trials``, ``work_dir`` and
+        the keywords of :func:`tvm_ollie.transform.build`.
 
     Returns
     -------
@@ -92,25 +100,53 @@ def _compile_graph(gm, example_inputs: List[Any], options: Dict) -> Callable:
         if value.device.type != "cpu":
             raise EagerFallback(f"inputs on {value.device.type}: the backend runs on the CPU")
         input_info.append((tuple(value.shape), str(value.dtype).replace("torch.", "")))
+    freeze = options.pop("freeze", True)
     single = _returns_single_tensor(gm)
     gm.graph.eliminate_dead_code()
-    with torch.no_grad():
-        expected = _flat(gm(*[x.clone() for x in example_inputs]))
+    outputs, mutated = mutated_inputs(gm, example_inputs)
+    expected = _flat(outputs)
+    frozen = FrozenInputs(example_inputs, freezable_inputs(gm, example_inputs, mutated)
+                          if freeze else ())  # fmt: skip
+    graph = gm
+    if frozen.count:
+        graph = freeze_graph(gm, {i: example_inputs[i] for i in frozen.positions})
+        fold_batch_norms(graph)
+    live_inputs = [example_inputs[i] for i in frozen.live]
+    live_info = [input_info[i] for i in frozen.live]
     failures = []
-    for importer, mod in _imported_graphs(gm, example_inputs, input_info, single, failures):
+    for importer, mod in _imported_graphs(graph, live_inputs, live_info, single, failures):
         # options: ``config`` (an OllieConfig) and overrides of its fields (target, trials...)
         executable, _ = build(mod, **options)
         main = relax.VirtualMachine(executable, tvm.cpu(0))["main"]
-
-        def run(*inputs, main=main):
-            outputs = from_tvm(main(*[to_tvm(x) for x in inputs]))
-            return outputs if single or isinstance(outputs, tuple) else (outputs,)
-
+        run = _runner(main, single, frozen, gm.forward)
         why = _differs(expected, _flat(run(*example_inputs)))
         if why is None:
             return run
         failures.append(f"{importer}: the compiled graph {why}")
     raise EagerFallback("; ".join(failures))
+
+
+def _runner(main, single: bool, frozen: FrozenInputs, eager: Callable) -> Callable:
+    """The compiled graph as dynamo calls it: every graph input in, a tuple of tensors out.
+
+    Only the inputs that were not frozen go to the VM; the frozen ones are guarded (same
+    tensors, unmodified), and a call whose weights changed since the build runs ``eager``.
+    """
+    live = frozen.live
+
+    def run(*inputs):
+        if frozen.count and not frozen.holds(inputs):
+            _warn_once("tvm_ollie: a module parameter or buffer changed since the graph was "
+                       "compiled with it as a constant; the graph runs in eager PyTorch "
+                       "(torch._dynamo.reset() and compile again, or options={'freeze': "
+                       "False})")  # fmt: skip
+            return eager(*inputs)
+        outputs = from_tvm(main(*[to_tvm(inputs[i]) for i in live]))
+        return outputs if single or isinstance(outputs, tuple) else (outputs,)
+
+    run.frozen = frozen  # what was frozen, and the guard
+    run.main = main  # the VM function (benchmarks time it alone)
+    return run
 
 
 def _imported_graphs(gm, example_inputs: List[Any], input_info: List, single: bool,
@@ -122,7 +158,8 @@ def _imported_graphs(gm, example_inputs: List[Any], input_info: List, single: bo
 
     Dynamo's graphs call ``torch.nn.functional`` (e.g. ``batch_norm``), some of which
     ``from_fx`` lacks; ``torch.export`` decomposes them into ATen operators TVM converts. Every
-    graph input (dynamo lifts the weights to inputs) stays a parameter of ``main``, in order.
+    graph input (those not frozen) stays a parameter of ``main``, in order; ``get_attr`` tensors
+    (the frozen weights) become constants.
     """
     # pylint: disable=import-outside-toplevel
     import torch
