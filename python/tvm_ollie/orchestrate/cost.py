@@ -23,7 +23,7 @@ from .candidates import Candidate
 from .graph import PrimitiveGraph
 
 __all__ = ["AnalyticCost", "CostModel", "LinearMeasuredCost", "MeasuredCost", "LAUNCH_S",
-           "kernel_traffic"]
+           "kernel_traffic", "sample_args"]
 
 #: Per-kernel launch overhead (seconds) by target kind: a CUDA kernel launch, a CPU parallel
 #: region's fork/join.
@@ -97,8 +97,9 @@ class AnalyticCost(CostModel):
         return self.launch_s + body
 
 
-def _args(func) -> list:
-    """Inputs of a kernel: normal floats, zero integers (valid indices for take/gather)."""
+def sample_args(func) -> list:
+    """Inputs of a kernel or module (static shapes): normal floats, zero integers (valid
+    indices for take/gather)."""
     import numpy as np  # pylint: disable=import-outside-toplevel
 
     rng = np.random.default_rng(0)
@@ -179,7 +180,7 @@ class MeasuredCost(CostModel):
         try:
             tgt = normalize_target(self.target)
             ex = tvm.compile(fused, target=tgt, relax_pipeline=default_pipeline(tgt))
-            seconds = time_main(ex, _args(fused["main"]), number=self.number,
+            seconds = time_main(ex, sample_args(fused["main"]), number=self.number,
                                 repeat=self.repeat, target=tgt)
         except Exception as err:  # pylint: disable=broad-except
             return self._fallback(graph, cand, err)
