@@ -6,7 +6,9 @@
   goes to memory: that is what fusion buys) and ``flops`` all its primitives (a recomputed
   primitive pays again). A kernel with a linear primitive runs at the efficiency TVM reaches
   on that kind (``matmul``/``conv2d`` in :mod:`tvm_ollie.tune.calibrate`), others at the
-  bandwidth roof times the ``eop`` efficiency.
+  bandwidth roof times the ``eop`` efficiency. A *view* alone (a reshape that TVM turns into
+  ``vm.builtin.reshape``, :attr:`~.graph.Node.view`) moves no data: it costs the launch only,
+  ``launch``; inside a fused kernel a reshape is an index remap, already free in the formula.
 * :class:`MeasuredCost`: builds the candidate alone (one PrimFunc after ``FuseTIR``), times it
   with :func:`tvm_ollie.tune.measure.time_main`, and caches the time by the structural hash of
   that PrimFunc in ``work_dir/orchestrate_costs.json``, so repeated blocks are timed once.
@@ -87,6 +89,8 @@ class AnalyticCost(CostModel):
         self.launch_s = LAUNCH_S[target_kind(target)] if launch_s is None else float(launch_s)
 
     def kernel_seconds(self, graph: PrimitiveGraph, cand: Candidate) -> float:
+        if cand.size == 1 and graph.nodes[cand.nodes[0]].view:
+            return self.launch_s  # a view: one VM call, no traffic (module docstring)
         flops, moved = kernel_traffic(graph, cand)
         calib = self.calib
         kind = _linear_kind(graph, cand)
