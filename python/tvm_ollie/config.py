@@ -83,6 +83,12 @@ class OllieConfig:
         With ``orchestrate`` (untuned, local): the derivation alternatives of every heavy call
         and the kernel boundaries are chosen by one selection
         (:mod:`tvm_ollie.orchestrate.joint`).
+    joint_guard : bool
+        With ``joint`` on a target that runs here (local CPU): also build the sequential
+        (derive, then orchestrate) and derivation-only plans from the joint build's decisions,
+        time the three whole on the same inputs and keep the fastest
+        (:mod:`tvm_ollie.orchestrate.guard`; ``report.plans`` says which). False: the joint
+        plan as selected, no extra builds.
     orchestration : OrchestrateConfig, optional
         Limits of orchestration (:class:`tvm_ollie.orchestrate.OrchestrateConfig`; None: its
         defaults).
@@ -114,6 +120,7 @@ class OllieConfig:
     merge_group: int = 4
     orchestrate: bool = False
     joint: bool = False
+    joint_guard: bool = True
     orchestration: Any = None
     calibration: Any = None
     rpc: Any = None
@@ -139,7 +146,7 @@ class OllieConfig:
                 self.search_time_s, numbers.Real) or not self.search_time_s > 0:
             raise ConfigError(f"OllieConfig.search_time_s must be a number > 0, not "
                               f"{self.search_time_s!r}")
-        for name in ("derive", "orchestrate", "joint", "verbose"):
+        for name in ("derive", "orchestrate", "joint", "joint_guard", "verbose"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"OllieConfig.{name} must be True or False, not "
                                   f"{getattr(self, name)!r}")

@@ -49,3 +49,32 @@ def test_measured_cost_is_cached_by_structure(tmp_path):
         assert len(json.load(fh)) == 1
     again = MeasuredCost("llvm", work_dir=str(tmp_path))
     assert again.kernel_seconds(graph, second) == t1 and again.builds == 0
+
+
+def _reshape_chain():
+    """relu -> reshape -> expand_dims -> add, the last a block output."""
+    def body(bb, x):
+        a = bb.emit(relax.op.nn.relu(x))
+        b = bb.emit(relax.op.reshape(a, (32, 128)))
+        c = bb.emit(relax.op.expand_dims(b, 0))
+        return relax.op.add(c, c)
+
+    mod = single_function_module([tensor_var("x", (64, 64))], body)
+    mod = relax.transform.AnnotateTIROpPattern()(relax.transform.LegalizeOps()(mod))
+    return mod, build_graph(mod["main"].body.blocks[0], mod)
+
+
+def test_a_lone_view_costs_the_launch_only():
+    """A reshape alone becomes a view of its input after legalization
+    (``RewriteDataflowReshape``): no traffic is charged, so fusing it gains nothing."""
+    mod, graph = _reshape_chain()
+    assert [n.view for n in graph.nodes] == [False, True, True, False]
+    cost = AnalyticCost("llvm", CALIB, launch_s=1e-6)
+    assert cost.kernel_seconds(graph, make_candidate(graph, 0b0010)) == 1e-6
+    assert cost.kernel_seconds(graph, make_candidate(graph, 0b0100)) == 1e-6
+    relu = cost.kernel_seconds(graph, make_candidate(graph, 0b0001))
+    assert cost.kernel_seconds(graph, make_candidate(graph, 0b0011)) == relu  # same traffic
+    with_pipeline = relax.transform.RewriteDataflowReshape()(
+        relax.transform.FuseTIR()(mod))  # what the default pipeline does with them alone
+    text = with_pipeline["main"].script()
+    assert text.count("R.reshape(") == 2

@@ -264,6 +264,9 @@ def _prepare_ollie(spec, ctx: BenchContext, system: str, **opts) -> Prepared:
             "regions": [f"{r.var_name} [{r.contents}]: {r.chosen}"
                         for r in getattr(report, "regions", [])]}
     info["rewritten"] += [r.var_name for r in getattr(report, "regions", []) if r.rewritten]
+    if getattr(report, "plans", None) is not None:  # the joint build's never-worse guard
+        info["plans"] = {"winner": report.plans.winner, "times_s": report.plans.times(),
+                         "text": report.plans.to_text()}
     return prepare_tvm_executable(ex, params, spec, ctx, total_s - (tune_s or 0.0), tune_s, info)
 
 

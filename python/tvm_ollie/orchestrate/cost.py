@@ -6,7 +6,9 @@
   goes to memory: that is what fusion buys) and ``flops`` all its primitives (a recomputed
   primitive pays again). A kernel with a linear primitive runs at the efficiency TVM reaches
   on that kind (``matmul``/``conv2d`` in :mod:`tvm_ollie.tune.calibrate`), others at the
-  bandwidth roof times the ``eop`` efficiency.
+  bandwidth roof times the ``eop`` efficiency. A *view* alone (a reshape that TVM turns into
+  ``vm.builtin.reshape``, :attr:`~.graph.Node.view`) moves no data: it costs the launch only,
+  ``launch``; inside a fused kernel a reshape is an index remap, already free in the formula.
 * :class:`MeasuredCost`: builds the candidate alone (one PrimFunc after ``FuseTIR``), times it
   with :func:`tvm_ollie.tune.measure.time_main`, and caches the time by the structural hash of
   that PrimFunc in ``work_dir/orchestrate_costs.json``, so repeated blocks are timed once.
@@ -23,7 +25,7 @@ from .candidates import Candidate
 from .graph import PrimitiveGraph
 
 __all__ = ["AnalyticCost", "CostModel", "LinearMeasuredCost", "MeasuredCost", "LAUNCH_S",
-           "kernel_traffic"]
+           "kernel_traffic", "sample_args"]
 
 #: Per-kernel launch overhead (seconds) by target kind: a CUDA kernel launch, a CPU parallel
 #: region's fork/join.
@@ -87,6 +89,8 @@ class AnalyticCost(CostModel):
         self.launch_s = LAUNCH_S[target_kind(target)] if launch_s is None else float(launch_s)
 
     def kernel_seconds(self, graph: PrimitiveGraph, cand: Candidate) -> float:
+        if cand.size == 1 and graph.nodes[cand.nodes[0]].view:
+            return self.launch_s  # a view: one VM call, no traffic (module docstring)
         flops, moved = kernel_traffic(graph, cand)
         calib = self.calib
         kind = _linear_kind(graph, cand)
@@ -97,8 +101,9 @@ class AnalyticCost(CostModel):
         return self.launch_s + body
 
 
-def _args(func) -> list:
-    """Inputs of a kernel: normal floats, zero integers (valid indices for take/gather)."""
+def sample_args(func) -> list:
+    """Inputs of a kernel or module (static shapes): normal floats, zero integers (valid
+    indices for take/gather)."""
     import numpy as np  # pylint: disable=import-outside-toplevel
 
     rng = np.random.default_rng(0)
@@ -179,7 +184,7 @@ class MeasuredCost(CostModel):
         try:
             tgt = normalize_target(self.target)
             ex = tvm.compile(fused, target=tgt, relax_pipeline=default_pipeline(tgt))
-            seconds = time_main(ex, _args(fused["main"]), number=self.number,
+            seconds = time_main(ex, sample_args(fused["main"]), number=self.number,
                                 repeat=self.repeat, target=tgt)
         except Exception as err:  # pylint: disable=broad-except
             return self._fallback(graph, cand, err)

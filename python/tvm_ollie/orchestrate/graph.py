@@ -65,6 +65,11 @@ class Node:
         Whether the node may share a kernel with others.
     flops : float
         Arithmetic operations (0 when unknown).
+    view : bool
+        A reshape of a dataflow value (``relax.reshape``, or a ``call_tir`` of a PrimFunc with
+        TVM's reshape pattern bound to a dataflow variable): as a kernel alone TVM turns it
+        into a view of its input (``RewriteDataflowReshape``, then ``vm.builtin.reshape``), so
+        no data moves.
     """
 
     index: int
@@ -76,6 +81,7 @@ class Node:
     fusable: bool
     flops: float = 0.0
     projections: List[object] = field(default_factory=list)
+    view: bool = False
 
     @property
     def var(self):
@@ -165,7 +171,16 @@ def _node_of(index: int, binding, mod) -> Node:
         flops = primfunc_flops(func)[0]
     fusable = kind != "opaque" and is_fusable_call(value)
     return Node(index, binding, kind, call_name(value), tuple(inputs), tuple(consts), fusable,
-                flops)
+                flops, view=_is_view(binding, value, func))
+
+
+def _is_view(binding, call: "relax.Call", func) -> bool:
+    """Whether the node is a reshape that TVM makes a view when alone (:class:`Node`)."""
+    if not isinstance(binding.var, relax.DataflowVar):
+        return False  # RewriteDataflowReshape leaves block outputs as they are
+    if func is not None:
+        return bool(relax.analysis.has_reshape_pattern(func))
+    return isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.reshape"
 
 
 def build_graph(block: "relax.DataflowBlock", mod: Optional["tvm.IRModule"] = None,

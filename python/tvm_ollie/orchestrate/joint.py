@@ -567,7 +567,7 @@ def _rewrite_regions(mod, tgt, work_dir, opts):
 
 
 def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
-                max_alternatives: int = 2, **opts):
+                max_alternatives: int = 2, guard: bool = False, plan_timer=None, **opts):
     """Build ``mod`` untuned with joint selection; return ``(executable, OptimizeReport,
     OrchestrationReport)``.
 
@@ -575,9 +575,13 @@ def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
     :func:`~tvm_ollie.transform.optimize.optimize_module`) offers the alternatives, the
     orchestration chooses among them and the kernel boundaries at once. Regions of several
     calls are decided first, as in the sequential build (:func:`_rewrite_regions`). With a
-    ``work_dir``
-    the candidates holding a linear primitive are timed (:class:`~.cost.LinearMeasuredCost`,
-    cached there), the others costed analytically.
+    ``work_dir`` the candidates holding a linear primitive are timed
+    (:class:`~.cost.LinearMeasuredCost`, cached there), the others costed analytically.
+
+    With ``guard`` (a target that runs here), the sequential and derivation-only plans are
+    built from the same decisions and the fastest of the three, timed whole, is returned
+    (:mod:`.guard`; ``plan_timer`` replaces the timing); ``OptimizeReport.plans`` says which
+    and why, and the orchestration report is the winner's (None for derivation only).
     """
     # pylint: disable=import-outside-toplevel
     import time
@@ -610,24 +614,73 @@ def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
     if work_dir:  # measured linear kernels, cached by structural hash in work_dir
         cost = LinearMeasuredCost(MeasuredCost(tgt, work_dir), AnalyticCost(tgt))
     reports: list = []
-    ex = tvm.compile(offered, target=tgt, relax_pipeline=ollie_orchestration(
-        tgt, cost=cost, reports=reports, joint=table))
+
+    def build_joint():
+        return tvm.compile(offered, target=tgt, relax_pipeline=ollie_orchestration(
+            tgt, cost=cost, reports=reports, joint=table))
+
     report = OptimizeReport(target=tgt.kind.name)
+    if guard:
+        ex, winner, report.plans, reports, report.epilogues = _guarded(
+            build_joint, reports, mod, tgt, cost, decided, plan_timer)
+    else:
+        ex, winner = build_joint(), "joint"
     report.regions = regions.regions
     for name, sig, choice in decided:
         infos = {a.label: a for a in table.alts.get(name, [])}
-        label = table.chosen.get(name, "original")
+        label = table.chosen.get(name, "original") if winner == "joint" else choice.label
         base, got = infos.get("original"), infos.get(label)
         before = (base.measured_s or base.estimate_s) if base else choice.before_s
         after = (got.measured_s or got.estimate_s) if got else before
+        how = f"joint selection among {len(infos) or 1} alternatives" if winner == "joint" \
+            else f"the {winner} plan, kept by the never-worse guard"
         report.decisions.append(OpDecision(
             "main", name, sig.split(" ", 1)[0], sig, chosen=label,
-            reason=f"joint selection among {len(infos) or 1} alternatives "
-                   f"(sequential: {choice.label}; {choice.reason})",
+            reason=f"{how} (sequential: {choice.label}; {choice.reason})",
             explain=choice.explain if label == choice.label else "", before_s=before,
             after_s=after, measured=bool(got and got.measured_s is not None),
             candidates=choice.candidates))
     report.search_s = decider.search_s + regions.search_s
     report.verify_s = decider.verify_s + regions.verify_s
     report.total_s = time.perf_counter() - start
-    return ex, report, (reports[-1] if reports else None)
+    orch = reports[-1] if reports else None
+    if orch is not None and report.plans is not None:
+        orch.notes.append(report.plans.to_text().splitlines()[0])
+    return ex, report, orch
+
+
+#: The plan whose outputs the others must match in the guard: TVM's own fusion of the
+#: verified rewrite (orchestration is what the guard doubts, not the per-call checks).
+GUARD_REFERENCE = "derivation"
+
+
+def _guarded(build_joint, joint_reports: list, mod, tgt, cost, decided, plan_timer):
+    """``(executable, winner, GuardReport, orchestration reports, epilogues)``: the joint
+    plan (``build_joint()``, its reports appended to ``joint_reports``) and the sequential and
+    derivation-only plans of the same decisions; the fastest is kept (:mod:`.guard`)."""
+    # pylint: disable=import-outside-toplevel
+    from ..transform.optimize import apply_call_choices
+    from ..tune.metaschedule import default_pipeline
+    from .cost import sample_args
+    from .guard import guard_plans
+    from .pipeline import ollie_orchestration
+
+    try:
+        args = sample_args(mod["main"])
+    except Exception as err:  # pylint: disable=broad-except
+        from .guard import GuardReport
+
+        why = f"not timed: no main with static shapes ({type(err).__name__})"
+        return build_joint(), "joint", GuardReport(winner="joint", notes=[why]), \
+            joint_reports, {}
+    seq_mod, epilogues = apply_call_choices(mod, {sig: ch for _, sig, ch in decided})
+    reports = {"joint": joint_reports, "sequential": []}
+    plans = [("joint", build_joint),
+             ("sequential", lambda: tvm.compile(seq_mod, target=tgt, relax_pipeline=(
+                 ollie_orchestration(tgt, cost=cost, reports=reports["sequential"])))),
+             ("derivation", lambda: tvm.compile(seq_mod, target=tgt,
+                                                relax_pipeline=default_pipeline(tgt)))]
+    ex, winner, plan_report = guard_plans(plans, args, reference=GUARD_REFERENCE,
+                                          timer=plan_timer)
+    return ex, winner, plan_report, reports.get(winner, []), \
+        (epilogues if winner != "joint" else {})

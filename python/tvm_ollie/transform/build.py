@@ -83,7 +83,8 @@ def build(mod: "tvm.IRModule", target=None, trials: Optional[int] = None,
     **opts
         Other config fields (``max_depth``, ``time_budget_s``, ``calibration``...) and the
         test hooks of :func:`optimize_module` (``timer``, ``checker``, ``chooser``, ``tuner``,
-        ``cost_model``).
+        ``cost_model``) and of the joint build's never-worse guard (``plan_timer``, a
+        :data:`~tvm_ollie.orchestrate.guard.PlanTimer`).
 
     Returns
     -------
@@ -108,8 +109,9 @@ def build(mod: "tvm.IRModule", target=None, trials: Optional[int] = None,
         return _build(mod, cfg, hooks)
 
 
-#: Keywords of :func:`build` that go to :func:`optimize_module` as they are (not options).
-_HOOKS = ("timer", "checker", "chooser", "tuner", "cost_model")
+#: Keywords of :func:`build` that go to :func:`optimize_module` as they are (not options);
+#: ``plan_timer`` goes to the joint build's never-worse guard only.
+_HOOKS = ("timer", "checker", "chooser", "tuner", "cost_model", "plan_timer")
 
 #: Share of the trial budget kept for the rewritten module's kernels (the final task).
 FINAL_SHARE = 0.5
@@ -122,6 +124,7 @@ def _build(mod: "tvm.IRModule", cfg: OllieConfig, hooks: dict
         joint = _joint(mod, cfg, hooks)
         if joint is not None:
             return joint
+    hooks = {k: v for k, v in hooks.items() if k != "plan_timer"}
     tunable = trials > 0 and (cfg.rpc is not None or not is_gpu_target(tgt)
                               or gpu_available(tgt))
     budget = TrialBudget(trials, final_share=FINAL_SHARE if tunable else 0.0)
@@ -160,10 +163,13 @@ def _joint(mod: "tvm.IRModule", cfg: OllieConfig, hooks: dict):
     :mod:`tvm_ollie.orchestrate.joint`), or None when it fails (the sequential build follows)."""
     from ..orchestrate.joint import joint_build  # pylint: disable=import-outside-toplevel
 
+    # the never-worse guard times whole plans: only where they run (local CPU; joint builds
+    # are local already)
+    guard = cfg.joint_guard and cfg.target.kind.name == "llvm" and cfg.rpc is None
     opts = dict(max_depth=cfg.max_depth, time_budget_s=cfg.search_time_s,
                 calibration=cfg.calibration,
                 max_measured=cfg.max_measured, check_untuned=cfg.check_untuned,
-                library=cfg.library, derive=cfg.derive, **hooks)
+                library=cfg.library, derive=cfg.derive, guard=guard, **hooks)
     try:  # derivation and kernel boundaries chosen together (docs/orchestration.md)
         return tuple(joint_build(mod, cfg.target, cfg.work_dir, **opts)[:2])
     except Exception as err:  # pylint: disable=broad-except
@@ -195,6 +201,7 @@ def ollie_pipeline(target=None, orchestrate: Optional[bool] = None,
     config or ``target`` gives one.
     """
     hooks = {k: opts.pop(k) for k in list(opts) if k in _HOOKS}
+    hooks.pop("plan_timer", None)  # (the pipeline never builds jointly)
     overrides = dict(target=target, orchestrate=orchestrate, **opts)
     resolve_config(config, **overrides)  # invalid options fail here, not inside tvm.compile
 

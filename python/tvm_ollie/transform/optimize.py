@@ -34,7 +34,7 @@ from .regions import Region, _used_vars, find_regions, find_shared_input_groups,
 from .report import OpDecision, OptimizeReport, RegionDecision
 from .units import call_signature, operand_values, original_form
 
-__all__ = ["OllieOptimize", "optimize_module"]
+__all__ = ["OllieOptimize", "apply_call_choices", "optimize_module"]
 
 LOG = logging.getLogger("tvm_ollie.transform")
 
@@ -321,16 +321,9 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: Optional[int] = No
                 region_rewriter.builder_.update_func(gv, region_rewriter.visit_expr(func))
         mod = new_mod = region_rewriter.builder_.get()
     call_choices = {call_signature(c): choices[call_signature(c)] for _, _, c in calls}
-    if any(ch.rewritten for ch in call_choices.values()):
-        rewriter = _Rewriter(mod, call_choices)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-        new_mod = rewriter.builder_.get()
-    if any(ch.rewritten for ch in call_choices.values()) or \
-            any(ch.impl == "native" for _, ch in rewritten_groups):
-        # (a merged group on a library GEMM takes its one bias add as the kernel's epilogue)
-        new_mod, report.epilogues = fuse_epilogues(new_mod)
+    # (a merged group on a library GEMM takes its one bias add as the kernel's epilogue)
+    new_mod, report.epilogues = apply_call_choices(
+        new_mod, call_choices, any(ch.impl == "native" for _, ch in rewritten_groups))
     report.decisions = decisions
     report.regions = region_decisions
     report.search_s = decider.search_s
@@ -341,6 +334,28 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: Optional[int] = No
     if cfg.verbose:
         LOG.info("%s", report.to_text())
     return new_mod, report
+
+
+def apply_call_choices(mod: "tvm.IRModule", choices: Dict[str, object],
+                       fold: bool = False) -> Tuple["tvm.IRModule", Dict[str, int]]:
+    """Replace every static derivable call whose signature has a rewriting choice in
+    ``choices`` (``{call_signature: Choice}``) by its program, then fold the consumers of
+    library kernels into them (:func:`~.epilogue.fuse_epilogues`; also when ``fold``).
+
+    The last step of :func:`optimize_module`, apart so that a caller holding the decisions
+    already (the joint build's never-worse guard) rebuilds the sequential module without
+    deciding again. Returns the module and the epilogues folded per kernel kind.
+    """
+    rewrites = any(ch.rewritten for ch in choices.values())
+    if rewrites:
+        rewriter = _Rewriter(mod, choices)
+        for gv, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
+        mod = rewriter.builder_.get()
+    if rewrites or fold:
+        return fuse_epilogues(mod)
+    return mod, {}
 
 
 class _SearchShare:

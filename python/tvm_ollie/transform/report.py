@@ -124,6 +124,9 @@ class OptimizeReport:
     #: the module's trial budget and how it was spent (:class:`tvm_ollie.tune.budget.TrialBudget`;
     #: ``build`` adds its final task after the pass)
     budget: Any = None
+    #: the joint build's never-worse guard: whole plans timed here and the one kept
+    #: (:class:`tvm_ollie.orchestrate.guard.GuardReport`; None when it did not run)
+    plans: Any = None
 
     @property
     def trials_spent(self) -> int:
@@ -164,6 +167,8 @@ class OptimizeReport:
             rows.extend(r.to_text() for r in self.regions)
         if self.budget is not None and (self.budget.total or self.budget.spent):
             rows.append(self.budget.to_text())
+        if self.plans is not None:
+            rows.append(self.plans.to_text())
         if self.epilogues:
             folded = ", ".join(f"{k} {v}" for k, v in sorted(self.epilogues.items()))
             rows.append(f"epilogues folded into native kernels: {folded}")

@@ -1,0 +1,222 @@
+"""Never worse, measured: the joint plan timed whole against the plans it competes with.
+
+The joint selection (:mod:`.joint`) picks derivation alternatives and kernel boundaries by a
+cost model, and its in-program guard compares plans by that same model, so a modelling error
+(a kernel priced far from what it runs in) can make the joint plan slower than the sequential
+build it should beat. When the build can time on this machine (a local CPU target), the joint
+build also builds, from the decisions it already made (no second derivation search), the plans
+it competes with (:func:`~.joint.joint_build`):
+
+* ``joint``: the joint selection;
+* ``sequential``: every heavy call on the Decider's choice, then fission and orchestration
+  (what ``orchestrate=True`` builds, the ``ollie-orch`` system);
+* ``derivation``: the same module with TVM's greedy fusion (the ``ollie`` system);
+
+and :func:`guard_plans` keeps the fastest. Each plan is built and run once on the same sample
+inputs; a plan that fails to build or to run, or whose outputs differ from the reference plan's
+by more than :func:`plan_tolerance`, is dropped with the reason. The others are timed in
+alternating rounds (round ``r`` runs every plan once, in an order rotated by ``r``, so that
+load drifting over time falls on all of them) and the least median wins:
+
+    winner = argmin_p median_r t(p, r)      (ties: the earlier plan in the list)
+
+The :class:`GuardReport` (``OptimizeReport.plans``) lists the medians, the winner and why any
+plan was dropped.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+__all__ = ["GuardError", "GuardReport", "PlanOutcome", "PlanTimer", "alternating_medians",
+           "guard_plans", "plan_tolerance"]
+
+#: ``timer(runs) -> {plan: seconds}``: the time of one call of each plan (``runs[plan]()`` runs
+#: it once); the default is :func:`alternating_medians`.
+PlanTimer = Callable[[Dict[str, Callable[[], object]]], Dict[str, float]]
+
+
+class GuardError(RuntimeError):
+    """No plan built and ran (the message lists why each failed)."""
+
+
+@dataclass
+class PlanOutcome:
+    """One plan: its median time, or why it was dropped."""
+
+    name: str
+    seconds: Optional[float] = None
+    dropped: str = ""
+
+
+@dataclass
+class GuardReport:
+    """The plans timed whole and the one kept."""
+
+    plans: List[PlanOutcome] = field(default_factory=list)
+    winner: str = ""
+    reference: str = ""  # the plan the others' outputs were compared with ("": none)
+    notes: List[str] = field(default_factory=list)
+
+    def times(self) -> Dict[str, float]:
+        """Median seconds of each timed plan."""
+        return {p.name: p.seconds for p in self.plans if p.seconds is not None}
+
+    def to_text(self) -> str:
+        """One line: each plan's median (or why it was dropped) and the winner."""
+        parts = [f"{p.name} {p.seconds * 1e3:.3f}ms" if p.seconds is not None
+                 else f"{p.name} dropped ({p.dropped})" for p in self.plans]
+        text = f"never-worse guard (whole modules timed here): {', '.join(parts)}; " \
+               f"kept {self.winner or 'none'}"
+        return "\n".join([text] + [f"  note: {n}" for n in self.notes])
+
+
+def plan_tolerance(dtypes: Sequence[str]) -> float:
+    """Relative error (of the reference's largest magnitude) within which two plans agree:
+    ten times the per-operator check's tolerance of the narrowest float type involved, since
+    a whole model regroups many reductions; a wrong plan errs by the values' own size."""
+    from ..verify.tolerance import narrowest_float, tolerance  # pylint: disable=C0415
+
+    return 10.0 * tolerance(narrowest_float(dtypes))
+
+
+def alternating_medians(runs: Dict[str, Callable[[], object]], time_s: float = 2.0,
+                        min_rounds: int = 7, max_rounds: int = 51,
+                        clock: Callable[[], float] = time.perf_counter) -> Dict[str, float]:
+    """Median seconds of one call of every plan, from alternating rounds (module docstring).
+
+    Rounds run until ``time_s`` has passed, at least ``min_rounds`` and at most ``max_rounds``
+    of them. A plan faster than a millisecond is called several times per sample (the same
+    count for every plan: that of the fastest), so that a sample is not the timer's noise.
+    """
+    names = list(runs)
+    first = {}
+    for name in names:
+        start = clock()
+        runs[name]()
+        first[name] = max(clock() - start, 1e-9)
+    number = max(1, min(100, math.ceil(1e-3 / min(first.values()))))
+    samples: Dict[str, List[float]] = {n: [] for n in names}
+    begin = clock()
+    for r in range(max_rounds):
+        if r >= min_rounds and clock() - begin > time_s:
+            break
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            start = clock()
+            for _ in range(number):
+                runs[name]()
+            samples[name].append((clock() - start) / number)
+    return {n: float(np.median(s)) for n, s in samples.items()}
+
+
+def _flatten(value) -> List[np.ndarray]:
+    """The arrays of a VM result (a tensor or nested tuples of them)."""
+    if hasattr(value, "numpy"):
+        return [value.numpy()]
+    if isinstance(value, (list, tuple)) or hasattr(value, "__len__"):
+        return [a for v in value for a in _flatten(v)]
+    return [np.asarray(value)]
+
+
+def _differs(ref: List[np.ndarray], got: List[np.ndarray]) -> str:
+    """Why ``got`` is not ``ref`` within :func:`plan_tolerance` (``""``: it is)."""
+    if len(ref) != len(got):
+        return f"{len(got)} results, not {len(ref)}"
+    rtol = plan_tolerance([str(a.dtype) for a in ref])
+    for k, (a, b) in enumerate(zip(ref, got)):
+        if a.shape != b.shape:
+            return f"result {k}: shape {b.shape}, not {a.shape}"
+        if not np.issubdtype(a.dtype, np.floating):
+            if not np.array_equal(a, b):
+                return f"result {k}: values differ"
+            continue
+        if not np.all(np.isfinite(a)):
+            continue  # a reference that overflows on sample inputs cannot judge
+        scale = float(np.max(np.abs(a))) if a.size else 0.0
+        err = float(np.max(np.abs(a.astype("float64") - b.astype("float64")))) if a.size \
+            else 0.0
+        if not err <= rtol * max(scale, 1e-30):
+            return f"result {k}: max error {err:.3g} > {rtol:g} x {scale:.3g}"
+    return ""
+
+
+def _one_line(err: Exception) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[-1][:160]}" if text else type(err).__name__
+
+
+def guard_plans(plans: Sequence[Tuple[str, Callable[[], object]]], args: Sequence[np.ndarray],
+                reference: Optional[str] = None, timer: Optional[PlanTimer] = None,
+                device=None) -> Tuple[object, str, GuardReport]:
+    """Build every plan, keep the fastest that computes what the reference plan computes.
+
+    Parameters
+    ----------
+    plans : sequence of (name, build)
+        ``build()`` returns the plan's Relax executable; the first plan wins ties.
+    args : sequence of ndarray
+        Inputs of ``main`` (one set, shared by every plan).
+    reference : str, optional
+        The plan whose outputs the others must match (when it runs; else the first plan that
+        runs is the reference). None: the first plan that runs.
+    timer : PlanTimer, optional
+        Times the plans that ran (default :func:`alternating_medians`).
+    device : Device, optional
+        Where the plans run (default: the CPU).
+
+    Returns
+    -------
+    (executable, name, GuardReport)
+        The winner. Raises :class:`GuardError` when no plan built and ran.
+    """
+    # pylint: disable=import-outside-toplevel
+    from ..compat import relax, tvm
+
+    dev = device if device is not None else tvm.cpu(0)
+    report = GuardReport()
+    built: Dict[str, object] = {}
+    runs: Dict[str, Callable[[], object]] = {}
+    outputs: Dict[str, List[np.ndarray]] = {}
+    order = [name for name, _ in plans]
+    for name, build in plans:
+        outcome = PlanOutcome(name)
+        report.plans.append(outcome)
+        try:
+            ex = build()
+            main = relax.VirtualMachine(ex, dev)["main"]
+            inputs = [tvm.runtime.tensor(a, dev) for a in args]
+            outputs[name] = _flatten(main(*inputs))
+        except Exception as err:  # pylint: disable=broad-except
+            outcome.dropped = f"failed: {_one_line(err)}"
+            continue
+        built[name] = ex
+        runs[name] = (lambda m=main, i=inputs: m(*i))
+    ran = [n for n in order if n in runs]
+    if not ran:
+        raise GuardError("no plan built and ran: " + "; ".join(
+            f"{p.name} {p.dropped}" for p in report.plans))
+    ref = reference if reference in runs else ran[0]
+    report.reference = ref
+    if reference is not None and ref != reference:
+        report.notes.append(f"outputs compared with {ref} ({reference} did not run)")
+    for name in ran:
+        why = _differs(outputs[ref], outputs[name]) if name != ref else ""
+        if why:
+            next(p for p in report.plans if p.name == name).dropped = \
+                f"outputs differ from {ref}'s: {why}"
+            del runs[name]
+    seconds = (timer or alternating_medians)(runs) if len(runs) > 1 else dict.fromkeys(runs)
+    for p in report.plans:
+        if p.name in runs:
+            p.seconds = seconds.get(p.name)
+    timed = [n for n in order if n in runs]
+    winner = min(timed, key=lambda n: (seconds.get(n) is None, seconds.get(n) or 0.0,
+                                       order.index(n)))
+    report.winner = winner
+    return built[winner], winner, report

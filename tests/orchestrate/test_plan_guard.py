@@ -1,0 +1,200 @@
+"""The joint build's never-worse guard (orchestrate.guard): whole plans timed, fastest kept."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tvm_ollie.compat import relax, tvm
+from tvm_ollie.config import ConfigError, OllieConfig
+from tvm_ollie.orchestrate.guard import (GuardError, alternating_medians, guard_plans,
+                                         plan_tolerance)
+
+from orch_helpers import CALIB
+
+SHAPE = (4, 8)
+
+
+def _module(offset: float) -> "tvm.IRModule":
+    """``relu(x) + offset``: plans that agree (equal offsets) or not."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(SHAPE, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.relu(x))
+            z = bb.emit_output(relax.op.add(y, relax.const(offset, "float32")))
+        bb.emit_func_output(z)
+    return bb.get()
+
+
+def _builder(offset: float, built: dict, name: str):
+    def build():
+        built[name] = tvm.compile(_module(offset), "llvm")
+        return built[name]
+
+    return build
+
+
+ARGS = [np.random.default_rng(0).standard_normal(SHAPE).astype("float32")]
+
+
+def _fixed(seconds):
+    """A plan timer that reports ``seconds[plan]`` (and records which plans it saw)."""
+    seen = []
+
+    def timer(runs):
+        seen.append(sorted(runs))
+        for run in runs.values():
+            run()
+        return {name: seconds[name] for name in runs}
+
+    timer.seen = seen
+    return timer
+
+
+@pytest.mark.parametrize("fastest", ["joint", "sequential", "derivation"])
+def test_guard_returns_the_fastest_plan(fastest):
+    built = {}
+    plans = [(n, _builder(1.0, built, n)) for n in ("joint", "sequential", "derivation")]
+    times = {n: (1e-3 if n == fastest else 2e-3) for n in ("joint", "sequential", "derivation")}
+    ex, winner, report = guard_plans(plans, ARGS, reference="derivation", timer=_fixed(times))
+    assert winner == fastest and ex is built[fastest]
+    assert report.winner == fastest and report.times() == times
+    assert f"kept {fastest}" in report.to_text()
+
+
+def test_ties_keep_the_earlier_plan():
+    built = {}
+    plans = [(n, _builder(1.0, built, n)) for n in ("joint", "sequential")]
+    _, winner, _ = guard_plans(plans, ARGS, timer=_fixed({"joint": 1e-3, "sequential": 1e-3}))
+    assert winner == "joint"
+
+
+def test_a_failing_plan_falls_back_with_the_reason():
+    built = {}
+
+    def broken():
+        raise RuntimeError("kernel did not build\nInternalError: no schedule")
+
+    plans = [("joint", broken), ("sequential", _builder(1.0, built, "sequential")),
+             ("derivation", _builder(1.0, built, "derivation"))]
+    timer = _fixed({"sequential": 2e-3, "derivation": 3e-3})
+    ex, winner, report = guard_plans(plans, ARGS, reference="derivation", timer=timer)
+    assert winner == "sequential" and ex is built["sequential"]
+    joint = report.plans[0]
+    assert joint.seconds is None and "no schedule" in joint.dropped
+    assert timer.seen == [["derivation", "sequential"]]  # the failed plan is not timed
+    assert "joint dropped (failed: RuntimeError: InternalError: no schedule)" in report.to_text()
+
+
+def test_a_plan_with_other_outputs_is_never_kept():
+    """The fastest plan computes something else than the reference: dropped, not returned."""
+    built = {}
+    plans = [("joint", _builder(5.0, built, "joint")),
+             ("sequential", _builder(1.0, built, "sequential")),
+             ("derivation", _builder(1.0, built, "derivation"))]
+    timer = _fixed({"joint": 1e-6, "sequential": 2e-3, "derivation": 3e-3})
+    ex, winner, report = guard_plans(plans, ARGS, reference="derivation", timer=timer)
+    assert winner == "sequential" and ex is built["sequential"]
+    assert "outputs differ from derivation's" in report.plans[0].dropped
+
+
+def test_the_reference_falls_back_to_the_first_plan_that_runs():
+    built = {}
+
+    def broken():
+        raise ValueError("nope")
+
+    plans = [("joint", _builder(1.0, built, "joint")), ("derivation", broken)]
+    _, winner, report = guard_plans(plans, ARGS, reference="derivation")
+    assert winner == "joint" and report.reference == "joint"
+    assert report.plans[0].seconds is None  # one plan left: nothing to time it against
+    assert any("derivation did not run" in n for n in report.notes)
+
+
+def test_no_plan_raises():
+    def broken():
+        raise ValueError("nope")
+
+    with pytest.raises(GuardError, match="joint failed: ValueError: nope"):
+        guard_plans([("joint", broken)], ARGS)
+
+
+def test_alternating_medians_rotates_and_takes_medians():
+    """A fake clock advanced by each run: every plan's median is its own step, whatever the
+    order, and rounds rotate which plan goes first."""
+    now = [0.0]
+    order = []
+
+    def run(name, step):
+        def _run():
+            order.append(name)
+            now[0] += step
+        return _run
+
+    runs = {"a": run("a", 2e-3), "b": run("b", 1e-3), "c": run("c", 3e-3)}
+    medians = alternating_medians(runs, time_s=0.0, min_rounds=3, max_rounds=3,
+                                  clock=lambda: now[0])
+    assert medians == pytest.approx({"a": 2e-3, "b": 1e-3, "c": 3e-3})
+    rounds = order[3:]  # after one warm-up call each
+    assert rounds[0::3] == ["a", "b", "c"]  # round r starts with plan r
+
+
+def test_plan_tolerance_scales_with_the_type():
+    assert plan_tolerance(["float16", "float32"]) > plan_tolerance(["float32"]) > 0
+
+
+def test_config_switch_is_validated():
+    assert OllieConfig().joint_guard is True
+    assert OllieConfig.from_dict({"ollie.joint_guard": False}).joint_guard is False
+    with pytest.raises(ConfigError, match="joint_guard"):
+        OllieConfig(joint_guard=1)
+
+
+def _conv_module() -> "tvm.IRModule":
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4, 6, 6), "float32"))
+    w = relax.Var("w", relax.TensorType((4, 4, 3, 3), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, w, padding=(1, 1)), name_hint="y")
+            r = bb.emit_output(relax.op.nn.relu(y), name_hint="r")
+        bb.emit_func_output(r)
+    return bb.get()
+
+
+_BUILD = dict(orchestrate=True, joint=True, calibration=CALIB, check_untuned=False,
+              time_budget_s=0.5, max_depth=1, derive=False, library=False)
+
+
+@pytest.mark.parametrize("fastest", ["sequential", "derivation"])
+def test_build_keeps_the_plan_the_timer_finds_fastest(fastest):
+    """``build(orchestrate=True, joint=True)``: the guard times the three plans of the same
+    decisions and the report names the one kept."""
+    from tvm_ollie.transform import build
+
+    times = {"joint": 3e-3, "sequential": 2e-3, "derivation": 2e-3}
+    times[fastest] = 1e-3
+    timer = _fixed(times)
+    ex, report = build(_conv_module(), "llvm", plan_timer=timer, **_BUILD)
+    assert timer.seen == [["derivation", "joint", "sequential"]]
+    assert report.plans.winner == fastest and report.plans.times() == times
+    assert f"kept {fastest}" in report.to_text()
+    assert all(fastest in d.reason for d in report.decisions)
+    args = [np.random.default_rng(1).standard_normal(s).astype("float32")
+            for s in ((1, 4, 6, 6), (4, 4, 3, 3))]
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in args])
+    want = relax.VirtualMachine(tvm.compile(_conv_module(), "llvm"), tvm.cpu())["main"](
+        *[tvm.runtime.tensor(a) for a in args])
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_build_without_the_guard_times_nothing():
+    from tvm_ollie.transform import build
+
+    def timer(_runs):
+        raise AssertionError("the guard is off")
+
+    _, report = build(_conv_module(), "llvm", plan_timer=timer, joint_guard=False, **_BUILD)
+    assert report.plans is None
+    assert [d.var_name for d in report.decisions] == ["y"]
