@@ -221,3 +221,19 @@ def test_region_kept_when_its_heavy_call_on_the_library_wins():
     assert reg.reason.startswith("the heavy call on its native kernel wins, decided alone")
     (conv,) = report.decisions
     assert conv.chosen == "original [native]"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not native.load(), reason="native library not loaded")
+def test_untuned_rounds_time_real_builds_interleaved(tmp_path):
+    """Real builds of a call and of its native kernel, timed in rounds, cached on finish."""
+    call = sm.conv1x1()["main"].body.blocks[0].bindings[0].value
+    timing = UntunedTiming("llvm", str(tmp_path))
+    rounds = timing.rounds(call, [BASE, NATIVE])
+    assert isinstance(rounds, InterleavedRounds)
+    winner, times, n, _ = stable_winner([BASE, NATIVE], rounds, max_rounds=3)
+    assert n >= 2 and all(t is not None and t > 0 for t in times) and winner in (0, 1)
+    assert len(rounds.spreads()) == 2
+    rounds.finish(times)
+    assert isinstance(UntunedTiming("llvm", str(tmp_path)).rounds(call, [BASE, NATIVE]),
+                      FixedRounds)
