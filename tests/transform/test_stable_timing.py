@@ -237,3 +237,21 @@ def test_untuned_rounds_time_real_builds_interleaved(tmp_path):
     rounds.finish(times)
     assert isinstance(UntunedTiming("llvm", str(tmp_path)).rounds(call, [BASE, NATIVE]),
                       FixedRounds)
+
+
+def test_a_regions_library_reference_is_not_checked():
+    """It is never emitted: the region is kept and its heavy call checked when decided alone."""
+    from tvm_ollie.transform.decide import Decider  # pylint: disable=import-outside-toplevel
+
+    class Refuse:
+        is_region = True
+
+    seen = []
+
+    def refuse(ref, cand):
+        seen.append(cand)
+        return False, "no"
+
+    decider = Decider("llvm", calibration=sm.LLVM_CALIB, library=False, checker=refuse)
+    assert decider.check(Refuse(), NATIVE) == (True, "")
+    assert not seen
