@@ -255,3 +255,24 @@ def test_a_regions_library_reference_is_not_checked():
     decider = Decider("llvm", calibration=sm.LLVM_CALIB, library=False, checker=refuse)
     assert decider.check(Refuse(), NATIVE) == (True, "")
     assert not seen
+
+
+def test_checker_builds_a_units_reference_once(monkeypatch):
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
+    from tvm_ollie.transform import checking  # pylint: disable=import-outside-toplevel
+
+    runs = []
+
+    def fake_run(mod, args):  # noqa: ARG001
+        runs.append(mod)
+        return np.ones((2, 2)), ["float32"]
+
+    monkeypatch.setattr(checking, "_run_llvm", fake_run)
+    call = sm.conv1x1()["main"].body.blocks[0].bindings[0].value
+    checker = checking.Checker(exact=False)
+    assert checker.check(call, BASE) == (True, "") and checker.check(call, BASE) == (True, "")
+    assert len(runs) == 3  # one reference, two candidates
+    other = sm.conv3x3()["main"].body.blocks[0].bindings[0].value
+    checker.check(other, BASE)
+    assert len(runs) == 5  # another unit: its own reference
