@@ -5,7 +5,6 @@ the fastest. Fakes only (no timing assertions)."""
 import logging
 
 import pytest
-from tvm import relax
 from tvm.script import relax as R
 
 import small_models as sm
@@ -215,7 +214,8 @@ def test_region_kept_when_its_heavy_call_on_the_library_wins():
     assert [a.label for a in found.alternatives] == ["original", "original [native]"]
     cost = ByLabel({"original [native]": 0.2, "original": 1.0}, default=0.5)
     _, report = optimize_module(mod, "llvm", time_budget_s=1.0, library=True,
-                                calibration=sm.LLVM_CALIB, cost_model=cost, checker=lambda ref, cand: (True, ""))
+                                calibration=sm.LLVM_CALIB, cost_model=cost,
+                                checker=lambda ref, cand: (True, ""))
     (reg,) = report.regions
     assert not reg.rewritten
     assert reg.reason.startswith("the heavy call on its native kernel wins, decided alone")

@@ -190,8 +190,9 @@ def choose_measured(base: Alternative, better: List[Alternative], names, n_cand:
                     check: CheckStep, measure: Optional[MeasureStep], max_measured: int,
                     mode: str, rounds: Optional[RoundsStep] = None) -> Choice:
     """The alternative that the times of the first ``max_measured`` shortlisted programs (and
-    the original on native kernels) that hold up choose (:func:`stable_winner`; ``mode`` heads the reason). ``rounds`` times
-    them together; without it, ``measure`` times each once."""
+    the original on native kernels) that hold up choose (:func:`stable_winner`; ``mode``
+    heads the reason). ``rounds`` times them together; without it, ``measure`` times each
+    once."""
     # the original on native kernels is what a program must beat: timed in addition
     natives = [a for a in better if a.program is None]
     passed, failures = [], []
