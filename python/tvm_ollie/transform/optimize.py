@@ -276,7 +276,7 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: Optional[int] = No
             reason=("the calls apart on native kernels win, each decided alone; " if apart
                     else "") + ch.reason,
             explain=ch.explain, before_s=ch.before_s, after_s=ch.after_s, measured=ch.measured,
-            candidates=ch.candidates))
+            candidates=ch.candidates, rounds=ch.rounds, spread=ch.spread))
         log = LOG.info if (cfg.verbose or ch.rewritten) else LOG.debug
         log("ollie: group %s.%s [%s] -> %s (%s)", group.function, _var_name(group.output),
             group.describe(), region_decisions[-1].chosen, region_decisions[-1].reason)
@@ -289,14 +289,18 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: Optional[int] = No
         if sig not in choices:
             choices[sig] = _decide(decider, region, sig, search, budget)
         ch = choices[sig]
+        kept = ch.program is None  # (its heavy call on the library wins: decided alone)
         region_decisions.append(RegionDecision(
             region.function, _var_name(region.output), region.describe(), str(region.lift()),
-            chosen=ch.label, reason=ch.reason, explain=ch.explain, before_s=ch.before_s,
-            after_s=ch.after_s, measured=ch.measured, candidates=ch.candidates))
+            chosen="original" if kept else ch.label,
+            reason=("the heavy call on its native kernel wins, decided alone; "
+                    if ch.rewritten and kept else "") + ch.reason,
+            explain=ch.explain, before_s=ch.before_s, after_s=ch.after_s, measured=ch.measured,
+            candidates=ch.candidates, rounds=ch.rounds, spread=ch.spread))
         log = LOG.info if (cfg.verbose or ch.rewritten) else LOG.debug
         log("ollie: region %s.%s [%s] -> %s (%s)", region.function, _var_name(region.output),
-            region.describe(), ch.label, ch.reason)
-        if ch.rewritten:
+            region.describe(), region_decisions[-1].chosen, region_decisions[-1].reason)
+        if not kept:
             rewritten_regions.append((region, ch))
             inside.update(hash(b.value) for b in region.bindings)
     calls = [c for c in calls if hash(c[2]) not in inside]
@@ -309,7 +313,8 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: Optional[int] = No
         d = OpDecision(fname, vname, call.op.name, sig,
                        chosen=ch.label,
                        reason=ch.reason, explain=ch.explain, before_s=ch.before_s,
-                       after_s=ch.after_s, measured=ch.measured, candidates=ch.candidates)
+                       after_s=ch.after_s, measured=ch.measured, candidates=ch.candidates,
+                       rounds=ch.rounds, spread=ch.spread)
         decisions.append(d)
         log = LOG.info if (cfg.verbose or d.rewritten) else LOG.debug
         log("ollie: %s.%s %s -> %s (%s)", fname, vname, sig, d.chosen, d.reason)
