@@ -1,8 +1,7 @@
 """The candidates stage of a decision: every way to compute a unit (a call, a region, a group).
 
 A unit's alternatives are the baseline (the original as TVM builds it), the original on its
-native library kernel (:mod:`tvm_ollie.codegen.library`, when it has one; for a region, its
-calls with the heavy one on the library), and each derived
+native library kernel (:mod:`tvm_ollie.codegen.library`, when it has one), and each derived
 program with its matched operators either built by TVM or run as library kernels. This stage
 only enumerates them; their cost is the next stage's (:mod:`.costing`).
 """
@@ -93,10 +92,7 @@ class Candidates:
             return UnitAlternatives([Alternative(None, "tvm")], 0, f"; not liftable: {err}",
                                     False)
         alts = [Alternative(None, "tvm")]
-        if self.library and lib.call_form(unit.heavy_call if region else unit) is not None:
-            # a region's calls as they are with its heavy call on the library: what runs when
-            # the region is kept (its heavy call is then decided alone), which a program of the
-            # region must beat
+        if not region and self.library and lib.call_form(unit) is not None:
             alts.append(Alternative(None, "native"))
         if not self.derive:
             return UnitAlternatives(alts)

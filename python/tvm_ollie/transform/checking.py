@@ -42,11 +42,6 @@ def check_numerics(ref_mod: "tvm.IRModule", cand_mod: "tvm.IRModule") -> Tuple[b
     tuple-valued ``main``."""
     args = random_args(ref_mod["main"], seed=1)
     refs, dtypes = _run_llvm(ref_mod, args)
-    return _against(refs, dtypes, args, cand_mod)
-
-
-def _against(refs, dtypes: List[str], args: list, cand_mod: "tvm.IRModule") -> Tuple[bool, str]:
-    """:func:`check_numerics` with the reference's results given (``refs`` on ``args``)."""
     gots, _ = _run_llvm(cand_mod, args)
     rtol = tolerance(narrowest_float(dtypes + [str(a.dtype) for a in args]))
     if isinstance(refs, list) or isinstance(gots, list):
@@ -111,21 +106,10 @@ class Checker:
     def __init__(self, numeric: Optional[CheckFn] = None, exact: bool = True):
         self.numeric: CheckFn = numeric or check_numerics
         self.exact = bool(exact)
-        #: (unit, args, results, dtypes) of the last unit's reference: the alternatives of one
-        #: unit are checked in a row, and the reference is built and run once for them all
-        self._ref = None
 
     def check(self, unit, alt: Alternative) -> Tuple[bool, str]:
         """``(ok, why)``: ``alt`` against ``unit``, each alone; may raise (see :func:`checked`)."""
-        cand = unit_module(unit, alt.program, None, alt.impl)
-        if self.numeric is check_numerics:
-            if self._ref is None or self._ref[0] is not unit:
-                ref_mod = unit_module(unit)
-                args = random_args(ref_mod["main"], seed=1)
-                self._ref = (unit, args) + _run_llvm(ref_mod, args)
-            ok, why = _against(self._ref[2], self._ref[3], self._ref[1], cand)
-        else:
-            ok, why = self.numeric(unit_module(unit), cand)
+        ok, why = self.numeric(unit_module(unit), unit_module(unit, alt.program, None, alt.impl))
         if ok and self.exact and alt.program is not None and not alt.program.multi:
             ok, why = check_exact(alt.program)
         return ok, why

@@ -12,13 +12,6 @@ and its implementations:
   :class:`~tvm_ollie.tune.budget.TrialBudget` grants it.
 * :class:`CallableTiming`: a bare ``timer(module, label) -> seconds`` (tools and tests).
 
-A decision between timed alternatives asks for :class:`Rounds` (:meth:`UnitCostModel.rounds`):
-each round times every alternative once more and returns the median so far, so the choose stage
-can stop when two consecutive rounds agree. The timings (:class:`UntunedTiming`,
-:class:`TunedTiming`) time the alternatives *interleaved* (:mod:`tvm_ollie.tune.interleave`):
-a change of the machine's load then hits all of them alike. Other models give their seconds
-once (:class:`FixedRounds`).
-
 Library kernels are costed by the same models: an alternative with ``impl="native"`` is its
 native kernels' roofline at the library's calibrated efficiency, or their timing.
 
@@ -35,85 +28,28 @@ import logging
 import os
 import time
 from abc import ABC, abstractmethod
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional
 
 from ..compat import tvm
 from ..lift import LiftError, lift_relax_call
 from ..tune import analytic
 from ..tune.budget import TrialBudget
 from ..tune.calibrate import Calibration
-from ..tune.interleave import InterleavedTimer, vm_runner
-from ..tune.measure import compile_module, device_kind, random_args, time_main
+from ..tune.measure import compile_module, random_args, time_main
 from ..tune.metaschedule import STATS, Tuner, normalize_target
 from ..tune.rpc import RPCConfig
 from .alternatives import Alternative
 from .emit import EmitError
 from .units import constant_inputs, is_group, is_region, unit_module, unit_signature
 
-__all__ = ["AnalyticUnitCost", "CallableTiming", "FixedRounds", "InterleavedRounds",
-           "MeasureCache", "ModuleTiming", "Rounds", "Timer", "TunedTiming", "UnitCostModel",
-           "UntunedTiming", "region_seconds"]
+__all__ = ["AnalyticUnitCost", "CallableTiming", "MeasureCache", "ModuleTiming", "Timer",
+           "TunedTiming", "UnitCostModel", "UntunedTiming", "region_seconds"]
 
 LOG = logging.getLogger("tvm_ollie.transform")
 
 #: ``timer(module, label) -> seconds`` (None: failed to build or run). ``label`` is
 #: ``"<unit signature>|<alternative label>"``; ``module`` computes the unit alone.
 Timer = Callable[["tvm.IRModule", str], Optional[float]]
-
-
-class Rounds(ABC):
-    """Timing rounds of several alternatives of one unit (in the order given).
-
-    :meth:`round` times each alternative once more and returns its median seconds over the
-    rounds so far (None: it failed); :meth:`spreads` their relative spreads; ``varies`` says
-    whether another round can change anything; :meth:`finish` records the final seconds.
-    """
-
-    #: whether another round can give other seconds
-    varies = True
-
-    @abstractmethod
-    def round(self) -> List[Optional[float]]:
-        """One more round: each alternative's median seconds so far."""
-
-    def spreads(self) -> List[float]:
-        """Each alternative's relative spread (``MAD / median``; 0 when not timed apart)."""
-        return []
-
-    def finish(self, seconds: Sequence[Optional[float]]) -> None:  # noqa: ARG002
-        """The decision is made on ``seconds`` (a cache keeps them)."""
-
-
-class FixedRounds(Rounds):
-    """Seconds known once (an estimate, a cache, a fake): every round returns them."""
-
-    varies = False
-
-    def __init__(self, seconds: Sequence[Optional[float]]):
-        self.seconds = list(seconds)
-
-    def round(self) -> List[Optional[float]]:
-        return list(self.seconds)
-
-
-class InterleavedRounds(Rounds):
-    """Rounds of an :class:`~tvm_ollie.tune.interleave.InterleavedTimer`; ``on_finish``
-    receives the final seconds."""
-
-    def __init__(self, timer: InterleavedTimer,
-                 on_finish: Optional[Callable[[Sequence[Optional[float]]], None]] = None):
-        self.timer = timer
-        self.on_finish = on_finish
-
-    def round(self) -> List[Optional[float]]:
-        return self.timer.round()
-
-    def spreads(self) -> List[float]:
-        return self.timer.spreads()
-
-    def finish(self, seconds: Sequence[Optional[float]]) -> None:
-        if self.on_finish is not None:
-            self.on_finish(seconds)
 
 
 class UnitCostModel(ABC):
@@ -128,25 +64,16 @@ class UnitCostModel(ABC):
     def seconds(self, unit, alt: Alternative) -> Optional[float]:
         """Estimated or measured seconds of ``alt`` computing ``unit``."""
 
-    def rounds(self, unit, alts: Sequence[Alternative]) -> Rounds:
-        """Timing rounds of ``alts`` (:class:`Rounds`); by default each alternative's
-        :meth:`seconds`, once (timings override this to time them interleaved)."""
-        return FixedRounds([self.seconds(unit, a) for a in alts])
 
-
-def region_seconds(region, calib: Calibration, impl: str = "tvm") -> float:
-    """Analytic estimate of a region (or group) as TVM builds it: one kernel per call (with
-    ``impl="native"``, a region's heavy call on its native kernel)."""
-    heavy = region.heavy_call if impl != "tvm" and is_region(region) else None
+def region_seconds(region, calib: Calibration) -> float:
+    """Analytic estimate of a region (or group) as TVM builds it: one kernel per call."""
     total = 0.0
     for call in region.calls:
         try:
             expr = lift_relax_call(call)
         except LiftError:
             continue
-        total += analytic.original_seconds(expr, call.op.name, calib,
-                                           impl if heavy is not None and call.same_as(heavy)
-                                           else "tvm")
+        total += analytic.original_seconds(expr, call.op.name, calib)
     return total
 
 
@@ -170,7 +97,7 @@ class AnalyticUnitCost(UnitCostModel):
             return sum(analytic.original_seconds(lift_relax_call(c), c.op.name, self.calib,
                                                  alt.impl) for c in unit.heavy_calls)
         if is_region(unit):
-            return region_seconds(unit, self.calib, alt.impl)
+            return region_seconds(unit, self.calib)
         return analytic.original_seconds(lift_relax_call(unit), unit.op.name, self.calib,
                                          alt.impl)
 
@@ -185,26 +112,18 @@ class ModuleTiming(UnitCostModel):
         self._sig = (None, "")
 
     def seconds(self, unit, alt: Alternative) -> Optional[float]:
-        mod, label = self.labelled_module(unit, alt)
-        if mod is None:
-            return None
         try:
-            return self.measure(mod, label)
+            mod = unit_module(unit, alt.program, None, alt.impl)
+        except EmitError as err:
+            LOG.warning("ollie: %s has no Relax form: %s", alt.label, err)
+            return None
+        if self._sig[0] is not unit:  # (a group's signature lifts its calls again)
+            self._sig = (unit, unit_signature(unit))
+        try:
+            return self.measure(mod, f"{self._sig[1]}|{alt.label}")
         except Exception as err:  # pylint: disable=broad-except
             LOG.warning("ollie: measuring %s failed: %s: %s", alt.label, type(err).__name__, err)
             return None
-
-    def labelled_module(self, unit, alt: Alternative) -> Tuple[Optional["tvm.IRModule"], str]:
-        """The unit's isolated module computed by ``alt`` (None: it has no Relax form) and its
-        label ``"<signature>|<alternative>"``."""
-        if self._sig[0] is not unit:  # (a group's signature lifts its calls again)
-            self._sig = (unit, unit_signature(unit))
-        label = f"{self._sig[1]}|{alt.label}"
-        try:
-            return unit_module(unit, alt.program, None, alt.impl), label
-        except EmitError as err:
-            LOG.warning("ollie: %s has no Relax form: %s", alt.label, err)
-            return None, label
 
     @abstractmethod
     def measure(self, module: "tvm.IRModule", label: str) -> Optional[float]:
@@ -263,14 +182,9 @@ class UntunedTiming(ModuleTiming):
     """Build with TVM's default pipeline and time here (or on the devices behind ``rpc``);
     cached in ``work_dir`` (:class:`MeasureCache`) by target, device, label and mode.
 
-    One alternative alone (:meth:`measure`) is the fastest of several short runs. The
-    alternatives of a decision (:meth:`rounds`) are timed interleaved, in rounds of blocks
-    (:class:`~tvm_ollie.tune.interleave.InterleavedTimer`): on a machine other processes share,
-    timing one after the other lets a change of load decide.
+    The time is the fastest of several short runs: it ranks implementations robustly on a
+    machine that other processes share (a descheduled OpenMP thread inflates a median).
     """
-
-    #: timed seconds of one block of one alternative (after an untimed call)
-    BLOCK_S = 0.01
 
     name = "untuned"
 
@@ -300,37 +214,6 @@ class UntunedTiming(ModuleTiming):
             return None
         self.cache.put(key, seconds)
         return seconds
-
-    def rounds(self, unit, alts: Sequence[Alternative]) -> Rounds:
-        """Interleaved rounds of ``alts`` (cached seconds when every one is cached: timings of
-        other sessions are not comparable with new ones, so a partly cached set is timed
-        again; on RPC devices each alternative is timed alone, :meth:`measure`)."""
-        where = f"@rpc:{self.rpc.key}" if self.rpc is not None else ""
-        labelled = [self.labelled_module(unit, a) for a in alts]
-        keys = [self.cache.key(str(self.target) + where, label, self.mode)
-                for _, label in labelled]
-        cached = [self.cache.get(k) for k in keys]
-        if self.rpc is not None or all(c is not None for c in cached):
-            return super().rounds(unit, alts)
-        runners = [self._runner(mod, label) for mod, label in labelled]
-
-        def record(seconds: Sequence[Optional[float]]) -> None:
-            for key, sec in zip(keys, seconds):
-                if sec is not None:
-                    self.cache.put(key, sec)
-
-        return InterleavedRounds(InterleavedTimer(runners, self.BLOCK_S), record)
-
-    def _runner(self, module: Optional["tvm.IRModule"], label: str):
-        """A runner of the module's build (None: no module, or it failed to build)."""
-        if module is None:
-            return None
-        try:
-            return vm_runner(self.compile(module, label), random_args(module["main"]),
-                             tvm.device(device_kind(self.target), 0))
-        except Exception as err:  # pylint: disable=broad-except
-            LOG.warning("ollie: building %s failed: %s: %s", label, type(err).__name__, err)
-            return None
 
     def compile(self, module: "tvm.IRModule", label: str):  # noqa: ARG002
         """The executable to time."""

@@ -13,9 +13,7 @@ on a native library kernel, and each derived program on TVM or library kernels. 
 3. **check** (:class:`~.checking.Checker`): numerically against the original, then exactly over
    a finite field for small polynomial programs;
 4. **choose** (:mod:`.choosing`): the cheapest that holds up, if cheaper than the original by
-   :data:`~.choosing.MARGIN`; anything else keeps the original and records why. Timed
-   alternatives are timed together, interleaved, in rounds until two consecutive rounds agree
-   (:func:`~.choosing.stable_winner`).
+   :data:`~.choosing.MARGIN`; anything else keeps the original and records why.
 
 Units with equal :func:`~.units.unit_signature` (operator, operand shapes/dtypes, attributes,
 operand aliasing) are decided once: the chosen program is cached with the operand names of the
@@ -230,12 +228,7 @@ class Decider:
                 for a in found.alternatives]
 
     def check(self, unit, alt: Alternative) -> Tuple[bool, str]:
-        """The check stage: ``(ok, why)`` of ``alt`` against ``unit`` (failures reject).
-
-        A region's (or group's) original on native kernels passes unchecked: it is never
-        emitted as such (the region is kept and its calls are decided, and checked, alone)."""
-        if is_region(unit) and alt.program is None:
-            return True, ""
+        """The check stage: ``(ok, why)`` of ``alt`` against ``unit`` (failures reject)."""
         t0 = time.perf_counter()
         try:
             return checked(self.checker, unit, alt)
@@ -265,8 +258,7 @@ class Decider:
             return choose_analytic(base, better, names, n_cand, check)
         mode = "measured" if self.can_measure else "untuned, measured"
         return choose_measured(base, better, names, n_cand, check,  # check -> cost -> choose
-                               functools.partial(self.cost, unit), self.max_measured, mode,
-                               rounds=functools.partial(self.cost_model.rounds, unit))
+                               functools.partial(self.cost, unit), self.max_measured, mode)
 
 
 def _library_enabled(library: Optional[bool], gpu: bool) -> bool:

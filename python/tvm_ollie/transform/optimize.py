@@ -276,7 +276,7 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: Optional[int] = No
             reason=("the calls apart on native kernels win, each decided alone; " if apart
                     else "") + ch.reason,
             explain=ch.explain, before_s=ch.before_s, after_s=ch.after_s, measured=ch.measured,
-            candidates=ch.candidates, rounds=ch.rounds, spread=ch.spread))
+            candidates=ch.candidates))
         log = LOG.info if (cfg.verbose or ch.rewritten) else LOG.debug
         log("ollie: group %s.%s [%s] -> %s (%s)", group.function, _var_name(group.output),
             group.describe(), region_decisions[-1].chosen, region_decisions[-1].reason)
@@ -289,18 +289,14 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: Optional[int] = No
         if sig not in choices:
             choices[sig] = _decide(decider, region, sig, search, budget)
         ch = choices[sig]
-        kept = ch.program is None  # (its heavy call on the library wins: decided alone)
         region_decisions.append(RegionDecision(
             region.function, _var_name(region.output), region.describe(), str(region.lift()),
-            chosen="original" if kept else ch.label,
-            reason=("the heavy call on its native kernel wins, decided alone; "
-                    if ch.rewritten and kept else "") + ch.reason,
-            explain=ch.explain, before_s=ch.before_s, after_s=ch.after_s, measured=ch.measured,
-            candidates=ch.candidates, rounds=ch.rounds, spread=ch.spread))
+            chosen=ch.label, reason=ch.reason, explain=ch.explain, before_s=ch.before_s,
+            after_s=ch.after_s, measured=ch.measured, candidates=ch.candidates))
         log = LOG.info if (cfg.verbose or ch.rewritten) else LOG.debug
         log("ollie: region %s.%s [%s] -> %s (%s)", region.function, _var_name(region.output),
-            region.describe(), region_decisions[-1].chosen, region_decisions[-1].reason)
-        if not kept:
+            region.describe(), ch.label, ch.reason)
+        if ch.rewritten:
             rewritten_regions.append((region, ch))
             inside.update(hash(b.value) for b in region.bindings)
     calls = [c for c in calls if hash(c[2]) not in inside]
@@ -313,8 +309,7 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: Optional[int] = No
         d = OpDecision(fname, vname, call.op.name, sig,
                        chosen=ch.label,
                        reason=ch.reason, explain=ch.explain, before_s=ch.before_s,
-                       after_s=ch.after_s, measured=ch.measured, candidates=ch.candidates,
-                       rounds=ch.rounds, spread=ch.spread)
+                       after_s=ch.after_s, measured=ch.measured, candidates=ch.candidates)
         decisions.append(d)
         log = LOG.info if (cfg.verbose or d.rewritten) else LOG.debug
         log("ollie: %s.%s %s -> %s (%s)", fname, vname, sig, d.chosen, d.reason)

@@ -243,19 +243,16 @@ class Region:
         return f"region[{' '.join(o.replace('relax.', '') for o in self.op_names)}] {ins} " \
                f"{self.lift()}"
 
-    def replay(self, bb: "relax.BlockBuilder", values: Dict[str, object], funcs=None,
-               impl: str = "tvm"):
+    def replay(self, bb: "relax.BlockBuilder", values: Dict[str, object], funcs=None):
         """Emit the region's original calls on ``values`` (by input name; ``funcs`` maps the
-        callees of ``call_tir`` to the builder's copies; ``impl="native"``: the heavy call on
-        its native kernel); return the output (not bound)."""
+        callees of ``call_tir`` to the builder's copies); return the output (not bound)."""
         env = {hash(v): values[n] for n, v in self.inputs()}
         env.update(funcs or {})
         out = None
         for k, b in enumerate(self.bindings):
             call = b.value
             args = [_rebind_arg(a, env) for a in call.args]
-            new = original_form(call, args, impl) if b.var.same_as(self.heavy) else \
-                relax.Call(call.op, args, call.attrs, call.ty_args)
+            new = relax.Call(call.op, args, call.attrs, call.ty_args)
             if k == len(self.bindings) - 1:
                 out = new
             else:
@@ -621,8 +618,7 @@ def find_regions(mod: "tvm.IRModule", max_calls: int = MAX_CALLS,
 
 def isolated_region_module(region: Region, program=None, names=None,
                            impl: str = "tvm") -> "tvm.IRModule":
-    """A module whose ``main`` computes the region alone (or ``program`` in its place; with
-    neither and ``impl="native"``, the heavy call on its native kernel).
+    """A module whose ``main`` computes the region alone (or ``program`` in its place).
 
     Variable inputs become parameters in :meth:`Region.inputs` order; constants stay constants.
     """
@@ -638,7 +634,7 @@ def isolated_region_module(region: Region, program=None, names=None,
     with bb.function("main", params):
         with bb.dataflow():
             if program is None:
-                out = bb.emit_output(region.replay(bb, values, funcs, impl))
+                out = bb.emit_output(region.replay(bb, values, funcs))
             else:
                 in_names = [n for n, _ in region.inputs()]
                 mapping = values if names is None else {

@@ -50,15 +50,9 @@ class OpDecision(_Outcome):
         Cost of the original and of the chosen implementation (equal when kept), measured
         seconds when ``measured`` else the calibrated analytic estimate.
     measured : bool
-        Whether the alternatives were timed (tuned with ``trials > 0`` on a runnable target,
-        else untuned).
+        Whether MetaSchedule-tuned kernels were timed (``trials > 0`` on a runnable target).
     candidates : int
         Derived programs considered.
-    rounds : int
-        Interleaved timing rounds of the decision (0: not timed in rounds).
-    spread : float
-        Largest relative spread (``MAD / median``) of the timed alternatives' samples: how
-        noisy the timings the decision was made on were.
     """
 
     function: str
@@ -72,8 +66,6 @@ class OpDecision(_Outcome):
     after_s: float = 0.0
     measured: bool = False
     candidates: int = 0
-    rounds: int = 0
-    spread: float = 0.0
 
 
 @dataclass
@@ -88,7 +80,7 @@ class RegionDecision(_Outcome):
         The region's calls in order (``var=op, ...``).
     expression : str
         The region lifted as one expression.
-    chosen, reason, explain, before_s, after_s, measured, candidates, rounds, spread
+    chosen, reason, explain, before_s, after_s, measured, candidates
         As in :class:`OpDecision`. When a region is kept, its heavy call is decided alone
         (and has its own :class:`OpDecision`).
     """
@@ -104,8 +96,6 @@ class RegionDecision(_Outcome):
     after_s: float = 0.0
     measured: bool = False
     candidates: int = 0
-    rounds: int = 0
-    spread: float = 0.0
 
     def to_text(self) -> str:
         """Two or three lines: what the region contained and what it became."""
@@ -113,7 +103,7 @@ class RegionDecision(_Outcome):
         return (f"region {self.function}.{self.var_name} [{self.contents}]\n"
                 f"    lifted: {self.expression}\n"
                 f"    -> {became}  ({_us(self.before_s)} -> {_us(self.after_s)}, "
-                f"{'measured' if self.measured else 'analytic'}{_rounds(self)})")
+                f"{'measured' if self.measured else 'analytic'})")
 
 
 @dataclass
@@ -186,13 +176,6 @@ class OptimizeReport:
 
     def __str__(self) -> str:
         return self.to_text()
-
-
-def _rounds(decision) -> str:
-    """``", 3 rounds ±4%"`` of a decision timed in rounds (empty otherwise)."""
-    if not decision.rounds:
-        return ""
-    return f", {decision.rounds} rounds ±{decision.spread:.0%}"
 
 
 def _us(seconds: float) -> str:
