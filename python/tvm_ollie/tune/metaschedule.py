@@ -5,8 +5,9 @@ fuses a Relax module exactly as TVM's own pipeline does (so the tasks are the ke
 build will compile), skips every task whose workload already has records, and tunes the rest
 with the XGBoost cost model; then each tuned task's untuned build (its default schedule) is
 measured the same way and committed as one more record, so that the database's best record is
-never slower than not tuning (:mod:`.defaults`). A second compile of the same model therefore spends no tuning time:
-:data:`STATS` counts the tuning calls, tasks and trials so tests can check that.
+never slower than not tuning (:mod:`.defaults`). A second compile of the same model therefore
+spends no tuning time: :data:`STATS` counts the tuning calls, tasks and trials so tests can check
+that.
 
 Two practical fixes for TVM 0.27 on a CPU (see ``research/tvm-0.27-notes.md``):
 
