@@ -21,9 +21,9 @@ from typing import Callable, List, Optional, Tuple
 from ..derive.program import Program
 from .alternatives import Alternative
 
-__all__ = ["MARGIN", "MAX_VERIFY", "NATIVE_MARGIN", "Choice", "Chooser", "choose_analytic", "choose_forced",
-           "choose_measured", "chosen", "format_seconds", "kept_by_estimate", "kind_leaders",
-           "shortlist"]
+__all__ = ["MARGIN", "MAX_VERIFY", "NATIVE_MARGIN", "Choice", "Chooser", "choose_analytic",
+           "choose_forced", "choose_measured", "chosen", "format_seconds", "kept_by_estimate",
+           "kind_leaders", "shortlist"]
 
 LOG = logging.getLogger("tvm_ollie.transform")
 
