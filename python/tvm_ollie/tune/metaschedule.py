@@ -167,6 +167,13 @@ def _is_view(task) -> bool:
         return False
 
 
+def _tunable(task) -> bool:
+    """Whether MetaSchedule tunes ``task``: not already scheduled (dlight, records), not a
+    view."""
+    return not (task.mod.attrs and task.mod.attrs.get("tirx.is_scheduled", False)) \
+        and not _is_view(task)
+
+
 def workload_hash(mod: "tvm.IRModule") -> int:
     """Structural hash of a task's workload (how the database tells workloads apart)."""
     import tvm_ffi  # pylint: disable=import-outside-toplevel
@@ -244,11 +251,7 @@ class Tuner:
         database but no valid record: it is tuned again, never taken as done.
         """
         out = []
-        for task in self.tasks(fused_mod):
-            if task.mod.attrs and task.mod.attrs.get("tirx.is_scheduled", False):
-                continue
-            if _is_view(task):
-                continue
+        for task in filter(_tunable, self.tasks(fused_mod)):
             mod = task.dispatched[0]
             if not self.has_valid_record(mod) or (
                     self.retune and workload_hash(mod) in self.retune):
@@ -274,11 +277,12 @@ class Tuner:
         ``trials``.
         """
         todo = self.untuned(fused_mod)
-        STATS.skipped_tasks += len(self.tasks(fused_mod)) - len(todo)
+        tasks = self.tasks(fused_mod)
+        STATS.skipped_tasks += len(tasks) - len(todo)
         if trials <= 0:
             return 0
         if not todo:
-            self._commit_missing_defaults(fused_mod)
+            self._commit_missing_defaults(tasks)
             return 0
         if trials < len(todo):
             todo = sorted(todo, key=_task_gain, reverse=True)[:trials]
@@ -305,7 +309,7 @@ class Tuner:
                 task_scheduler="gradient")
             self.last_tuned = [t.dispatched[0] for t in todo]
             # never slower than untuned: the default schedules compete with the tuned records
-            self._commit_missing_defaults(fused_mod, builder, runner)
+            self._commit_missing_defaults(tasks, builder, runner)
         STATS.calls += 1
         STATS.tasks += len(todo)
         STATS.trials += total
@@ -317,15 +321,12 @@ class Tuner:
             self._check_remote_results(todo)
         return total
 
-    def _commit_missing_defaults(self, fused_mod: "tvm.IRModule", builder=None,
-                                 runner=None) -> None:
-        """Measure and record the default schedule of every task of ``fused_mod`` that has
-        tuning records but no default yet (:mod:`.defaults`; a work dir tuned before defaults
-        were recorded gets them on its next tuned compile, without new trials)."""
+    def _commit_missing_defaults(self, tasks: list, builder=None, runner=None) -> None:
+        """Measure and record the default schedule of every tunable task that has tuning
+        records but no default yet (:mod:`.defaults`; a work dir tuned before defaults were
+        recorded gets them on its next tuned compile, without new trials)."""
         marker = DefaultsMarker(self.work_dir)
-        todo = [t.dispatched[0] for t in self.tasks(fused_mod)
-                if not (t.mod.attrs and t.mod.attrs.get("tirx.is_scheduled", False))
-                and not _is_view(t)]
+        todo = [t.dispatched[0] for t in filter(_tunable, tasks)]
         todo = [m for m in todo if workload_hash(m) not in marker
                 and self.has_valid_record(m)]
         if not todo:
