@@ -9,7 +9,8 @@ from tvm_ollie.compat import relax, tvm
 from tvm_ollie.orchestrate import blp as blp_mod
 from tvm_ollie.orchestrate import pipeline as pipe
 from tvm_ollie.orchestrate.cost import CostModel
-from tvm_ollie.orchestrate.joint import joint_build, offer_alternatives
+from tvm_ollie.orchestrate.joint import apply_picked, joint_build, offer_alternatives, \
+    offer_folded
 from tvm_ollie.orchestrate.pipeline import ollie_orchestration
 from tvm_ollie.transform.decide import Alternative, Choice
 
@@ -198,3 +199,24 @@ def test_build_joint_option_reaches_the_joint_selection(caplog):
     assert "joint selection failed" not in caplog.text  # not the sequential fallback
     args = _args(3)
     np.testing.assert_allclose(_run(ex, args), _reference(args), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("picked", [0, 1])
+def test_apply_picked_substitutes_the_picked_alternative(picked):
+    """``apply_picked``: the picked alternative's result is what the call's reader reads (a
+    dataflow variable, so it can fuse with the reader), the original call and the other
+    alternatives are gone, and the module computes what TVM computes."""
+    offered, table, _ = offer_alternatives(_conv_module(), _FakeDecider(sequential_alt=True))
+    offered = offer_folded(offered, table)
+    table.picked["y"] = picked
+    assert table.agrees_with_sequential() == (picked == 1)  # the fake Decider chose the copy
+    out = apply_picked(offered, table)
+    given = {b.var.name: b.value for b in offered["main"].body.blocks[0].bindings}
+    bindings = out["main"].body.blocks[0].bindings
+    assert [b.var.name for b in bindings] == ["y", "z", "r"]
+    assert bindings[0].value.same_as(given["y__alt1" if picked else "y"])
+    assert isinstance(bindings[0].var, relax.DataflowVar)
+    assert bindings[1].value.args[0].same_as(bindings[0].var)
+    args = _args(4)
+    np.testing.assert_allclose(_run(tvm.compile(out, "llvm"), args), _reference(args),
+                               rtol=1e-4, atol=1e-4)

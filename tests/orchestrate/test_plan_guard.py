@@ -7,8 +7,8 @@ import pytest
 
 from tvm_ollie.compat import relax, tvm
 from tvm_ollie.config import ConfigError, OllieConfig
-from tvm_ollie.orchestrate.guard import (GuardError, alternating_medians, guard_plans,
-                                         plan_tolerance)
+from tvm_ollie.orchestrate.guard import (GuardError, PlanSkipped, alternating_medians,
+                                         guard_plans, plan_tolerance)
 
 from orch_helpers import CALIB
 
@@ -112,6 +112,21 @@ def test_the_reference_falls_back_to_the_first_plan_that_runs():
     assert any("derivation did not run" in n for n in report.notes)
 
 
+def test_a_skipped_plan_is_reported_and_not_timed():
+    built = {}
+
+    def skipped():
+        raise PlanSkipped("same module as joint")
+
+    plans = [("joint", _builder(1.0, built, "joint")), ("refined", skipped),
+             ("derivation", _builder(1.0, built, "derivation"))]
+    timer = _fixed({"joint": 2e-3, "derivation": 1e-3})
+    _, winner, report = guard_plans(plans, ARGS, reference="derivation", timer=timer)
+    assert winner == "derivation" and timer.seen == [["derivation", "joint"]]
+    assert report.plans[1].dropped == "skipped: same module as joint"
+    assert "refined dropped (skipped: same module as joint)" in report.to_text()
+
+
 def test_no_plan_raises():
     def broken():
         raise ValueError("nope")
@@ -167,17 +182,20 @@ _BUILD = dict(orchestrate=True, joint=True, calibration=CALIB, check_untuned=Fal
               time_budget_s=0.5, max_depth=1, derive=False, library=False)
 
 
-@pytest.mark.parametrize("fastest", ["sequential", "derivation"])
+@pytest.mark.parametrize("fastest", ["sequential", "derivation", "orchestration"])
 def test_build_keeps_the_plan_the_timer_finds_fastest(fastest):
-    """``build(orchestrate=True, joint=True)``: the guard times the three plans of the same
-    decisions and the report names the one kept."""
+    """``build(orchestrate=True, joint=True)``: the guard times the plans of the same
+    decisions and the report names the one kept (the refined plan is skipped: the joint
+    selection had nothing to pick)."""
     from tvm_ollie.transform import build
 
-    times = {"joint": 3e-3, "sequential": 2e-3, "derivation": 2e-3}
+    times = {"joint": 3e-3, "sequential": 2e-3, "derivation": 2e-3, "orchestration": 2e-3}
     times[fastest] = 1e-3
     timer = _fixed(times)
     ex, report = build(_conv_module(), "llvm", plan_timer=timer, **_BUILD)
-    assert timer.seen == [["derivation", "joint", "sequential"]]
+    assert timer.seen == [["derivation", "joint", "orchestration", "sequential"]]
+    refined = next(p for p in report.plans.plans if p.name == "refined")
+    assert refined.dropped.startswith("skipped: "), refined
     assert report.plans.winner == fastest and report.plans.times() == times
     assert f"kept {fastest}" in report.to_text()
     assert all(fastest in d.reason for d in report.decisions)

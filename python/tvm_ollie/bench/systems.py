@@ -245,15 +245,24 @@ def _tuned_orchestrated(spec, ctx: BenchContext, mod, reports: list) -> tuple:
     return ex, STATS.seconds - seconds0, STATS.trials - trials0
 
 
+#: The work dir (under the model's) that the ollie systems share when untuned: the Decider's
+#: untuned timings and the joint build's measured kernels, so that every system decides from
+#: the same measurements (the first system to build measures, the others reuse).
+UNTUNED_SHARED = "ollie-untuned"
+
+
 def _prepare_ollie(spec, ctx: BenchContext, system: str, **opts) -> Prepared:
     """The ollie build of ``spec`` with pass options ``opts``, tuning records in work_dir."""
     from ..transform import build as ollie_build  # pylint: disable=import-outside-toplevel
 
     mod, params, import_s = ctx.relax_module(spec)
-    work_dir = ctx.model_dir(spec, system)
+    # untuned, the ollie systems share one measurement cache per model (UNTUNED_SHARED): each
+    # would otherwise decide from its own timings of the same alternatives, which move with
+    # the machine's load, and comparing them would compare decisions, not builds
+    work_dir = ctx.model_dir(spec, system if ctx.trials > 0 else UNTUNED_SHARED)
     start = time.perf_counter()
-    ex, report = ollie_build(mod, target=ctx.target, trials=ctx.trials,
-                             work_dir=work_dir if ctx.trials > 0 else None, **opts)
+    ex, report = ollie_build(mod, target=ctx.target, trials=ctx.trials, work_dir=work_dir,
+                             **opts)
     total_s = time.perf_counter() - start
     tune_s = report.tuning_s if ctx.trials > 0 else None
     info = {"trials": ctx.trials, "trials_spent": report.trials_spent, "import_s": import_s,

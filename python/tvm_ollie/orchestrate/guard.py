@@ -8,9 +8,15 @@ build also builds, from the decisions it already made (no second derivation sear
 it competes with (:func:`~.joint.joint_build`):
 
 * ``joint``: the joint selection;
+* ``refined``: the alternatives the joint selection picked, substituted into the module, then
+  fission and orchestration again (:func:`~.joint.apply_picked`): an alternative's result can
+  then fuse into its readers, which it cannot inside the joint program; skipped when the
+  joint selection picked what the Decider chose (then it is the ``sequential`` plan);
 * ``sequential``: every heavy call on the Decider's choice, then fission and orchestration
   (what ``orchestrate=True`` builds, the ``ollie-orch`` system);
 * ``derivation``: the same module with TVM's greedy fusion (the ``ollie`` system);
+* ``orchestration``: the module as given (no derivation, no library kernel), fission and
+  orchestration (orchestration alone);
 
 and :func:`guard_plans` keeps the fastest. Each plan is built and run once on the same sample
 inputs; a plan that fails to build or to run, or whose outputs differ from the reference plan's
@@ -33,8 +39,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["GuardError", "GuardReport", "PlanOutcome", "PlanTimer", "alternating_medians",
-           "guard_plans", "plan_tolerance"]
+__all__ = ["GuardError", "GuardReport", "PlanOutcome", "PlanSkipped", "PlanTimer",
+           "alternating_medians", "guard_plans", "plan_tolerance"]
 
 #: ``timer(runs) -> {plan: seconds}``: the time of one call of each plan (``runs[plan]()`` runs
 #: it once); the default is :func:`alternating_medians`.
@@ -43,6 +49,11 @@ PlanTimer = Callable[[Dict[str, Callable[[], object]]], Dict[str, float]]
 
 class GuardError(RuntimeError):
     """No plan built and ran (the message lists why each failed)."""
+
+
+class PlanSkipped(Exception):
+    """Raised by a plan's build when the plan is not worth building (the message says why:
+    e.g. it would be the same module as another plan)."""
 
 
 @dataclass
@@ -192,6 +203,9 @@ def guard_plans(plans: Sequence[Tuple[str, Callable[[], object]]], args: Sequenc
             main = relax.VirtualMachine(ex, dev)["main"]
             inputs = [tvm.runtime.tensor(a, dev) for a in args]
             outputs[name] = _flatten(main(*inputs))
+        except PlanSkipped as why:
+            outcome.dropped = f"skipped: {why}"
+            continue
         except Exception as err:  # pylint: disable=broad-except
             outcome.dropped = f"failed: {_one_line(err)}"
             continue

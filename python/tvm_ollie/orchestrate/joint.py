@@ -46,8 +46,8 @@ from .candidates import Candidate, make_candidate
 from .cost import AnalyticCost, CostModel, LinearMeasuredCost, MeasuredCost
 from .graph import PrimitiveGraph
 
-__all__ = ["AltInfo", "Group", "JointCost", "JointTable", "find_groups", "offer_alternatives",
-           "offer_folded", "ALT_TAG"]
+__all__ = ["AltInfo", "Group", "JointCost", "JointTable", "apply_picked", "find_groups",
+           "offer_alternatives", "offer_folded", "ALT_TAG"]
 
 #: Suffix of an alternative's result variable: ``<original>__alt<k>``.
 ALT_TAG = "__alt"
@@ -75,6 +75,16 @@ class JointTable:
     alts: Dict[str, List[AltInfo]] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
     chosen: Dict[str, str] = field(default_factory=dict)  # filled by the orchestration
+    picked: Dict[str, int] = field(default_factory=dict)  # index into alts[name], likewise
+
+    def agrees_with_sequential(self) -> bool:
+        """Whether every selected alternative is the Decider's own choice (then the refined
+        plan of :func:`apply_picked` is the sequential plan)."""
+        for name, infos in self.alts.items():
+            k = self.picked.get(name, 0)
+            if not (infos[k].sequential or k == 0 and not any(a.sequential for a in infos)):
+                return False
+        return True
 
     def __bool__(self) -> bool:
         return bool(self.alts)
@@ -456,6 +466,51 @@ def _folded_bindings(bindings: list, table: JointTable, uses, lib, fold_chain) -
     return out
 
 
+def apply_picked(mod: "tvm.IRModule", table: JointTable) -> "tvm.IRModule":
+    """``mod`` with offered alternatives (:func:`offer_alternatives`, :func:`offer_folded`)
+    as the joint selection picked them (``table.picked``): the picked alternative's result
+    replaces the value it stands for (the call's result, or a folded epilogue's last
+    consumer) in every reader, the other alternatives are dropped, and what nothing reads
+    any more (the replaced call or epilogue) is removed.
+
+    Why: in the joint program an alternative's nodes cannot fuse with the readers of the call
+    they replace (module docstring); orchestrating this module again lets them, with the
+    joint program's kernels still one feasible selection.
+    """
+    keep = {f"{name}{ALT_TAG}{k}": (name, k) for name, k in table.picked.items() if k}
+
+    @relax.expr_functor.mutator
+    class _Pick(relax.PyExprMutator):
+        def __init__(self, module):
+            super().__init__(module)
+            self.latest: Dict[str, object] = {}
+
+        def visit_var_binding_(self, binding):  # pylint: disable=arguments-renamed
+            name = binding.var.name
+            if _ALT_RE.match(name) and name not in keep:
+                return  # an alternative not picked: nothing reads it
+            base, k = keep.get(name, (None, 0))
+            info = table.alts[base][k] if base is not None else None
+            old = self.latest.get(info.stands_for if info.base is not None else base) \
+                if info is not None else None
+            if old is None:
+                super().visit_var_binding_(binding)
+                self.latest[name] = binding.var
+                return
+            # the value it replaces is bound again, under its name and its kind of variable
+            # (an alternative is a block output only so that it survives until the selection)
+            value = self.visit_expr(binding.value)
+            emit = self.builder_.emit if isinstance(old, relax.DataflowVar) \
+                else self.builder_.emit_output
+            self.set_var_remap(old, emit(value, name_hint=old.name))
+
+    pick = _Pick(mod)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            pick.builder_.update_func(gv, pick.visit_expr(func))
+    return relax.transform.DeadCodeElimination()(pick.builder_.get())
+
+
 def make_decider(target, **opts):
     """A :class:`~tvm_ollie.transform.decide.Decider` that derives each signature once
     (``decide`` and :func:`offer_alternatives` both ask for the alternatives)."""
@@ -578,10 +633,11 @@ def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
     ``work_dir`` the candidates holding a linear primitive are timed
     (:class:`~.cost.LinearMeasuredCost`, cached there), the others costed analytically.
 
-    With ``guard`` (a target that runs here), the sequential and derivation-only plans are
-    built from the same decisions and the fastest of the three, timed whole, is returned
-    (:mod:`.guard`; ``plan_timer`` replaces the timing); ``OptimizeReport.plans`` says which
-    and why, and the orchestration report is the winner's (None for derivation only).
+    With ``guard`` (a target that runs here), the refined, sequential, derivation-only and
+    orchestration-only plans are built from the same decisions and the fastest of them and
+    the joint plan, timed whole, is returned (:mod:`.guard`; ``plan_timer`` replaces the
+    timing); ``OptimizeReport.plans`` says which and why, and the orchestration report is the
+    winner's (None for derivation only).
     """
     # pylint: disable=import-outside-toplevel
     import time
@@ -594,6 +650,7 @@ def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
 
     start = time.perf_counter()
     tgt = normalize_target(target)
+    given = mod
     mod, regions = _rewrite_regions(mod, tgt, work_dir, opts)
     dopts = {k: opts[k] for k in _DECIDER_OPTS if k in opts}
     decider = make_decider(tgt, work_dir=work_dir, **dopts)
@@ -607,9 +664,9 @@ def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
     offered, table, decided = offer_alternatives(mod, decider, max_alternatives, budget)
     # epilogues fold before fission splits activations (as in the sequential build); fission
     # drops unused bindings, which the alternatives are until the selection
-    offered = offer_folded(offered, table)
+    folded = offer_folded(offered, table)
     with tgt:
-        offered = keep_alternatives(lambda m: fission(m)[0])(offered)
+        offered = keep_alternatives(lambda m: fission(m)[0])(folded)
     cost = None
     if work_dir:  # measured linear kernels, cached by structural hash in work_dir
         cost = LinearMeasuredCost(MeasuredCost(tgt, work_dir), AnalyticCost(tgt))
@@ -622,13 +679,20 @@ def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
     report = OptimizeReport(target=tgt.kind.name)
     if guard:
         ex, winner, report.plans, reports, report.epilogues = _guarded(
-            build_joint, reports, mod, tgt, cost, decided, plan_timer)
+            build_joint, reports, {"given": given, "regions": mod, "offered": folded}, tgt,
+            cost, decided, table, plan_timer)
     else:
         ex, winner = build_joint(), "joint"
     report.regions = regions.regions
+    if winner == "orchestration":  # the module as given: no region rewritten either
+        for r in report.regions:
+            if r.rewritten:
+                r.chosen, r.after_s = "original", r.before_s
+                r.reason = "the orchestration plan, kept by the never-worse guard"
     for name, sig, choice in decided:
         infos = {a.label: a for a in table.alts.get(name, [])}
-        label = table.chosen.get(name, "original") if winner == "joint" else choice.label
+        label = table.chosen.get(name, "original") if winner in ("joint", "refined") \
+            else "original" if winner == "orchestration" else choice.label
         base, got = infos.get("original"), infos.get(label)
         before = (base.measured_s or base.estimate_s) if base else choice.before_s
         after = (got.measured_s or got.estimate_s) if got else before
@@ -654,33 +718,48 @@ def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
 GUARD_REFERENCE = "derivation"
 
 
-def _guarded(build_joint, joint_reports: list, mod, tgt, cost, decided, plan_timer):
+def _guarded(build_joint, joint_reports: list, mods: dict, tgt, cost, decided,
+             table: JointTable, plan_timer):
     """``(executable, winner, GuardReport, orchestration reports, epilogues)``: the joint
-    plan (``build_joint()``, its reports appended to ``joint_reports``) and the sequential and
-    derivation-only plans of the same decisions; the fastest is kept (:mod:`.guard`)."""
+    plan (``build_joint()``, its reports appended to ``joint_reports``) and the other plans of
+    :mod:`.guard` from the same decisions; the fastest is kept. ``mods``: the module as
+    given, with its regions rewritten, and with the alternatives offered."""
     # pylint: disable=import-outside-toplevel
     from ..transform.optimize import apply_call_choices
     from ..tune.metaschedule import default_pipeline
     from .cost import sample_args
-    from .guard import guard_plans
+    from .guard import PlanSkipped, guard_plans
     from .pipeline import ollie_orchestration
 
     try:
-        args = sample_args(mod["main"])
+        args = sample_args(mods["regions"]["main"])
     except Exception as err:  # pylint: disable=broad-except
         from .guard import GuardReport
 
         why = f"not timed: no main with static shapes ({type(err).__name__})"
         return build_joint(), "joint", GuardReport(winner="joint", notes=[why]), \
             joint_reports, {}
-    seq_mod, epilogues = apply_call_choices(mod, {sig: ch for _, sig, ch in decided})
-    reports = {"joint": joint_reports, "sequential": []}
-    plans = [("joint", build_joint),
-             ("sequential", lambda: tvm.compile(seq_mod, target=tgt, relax_pipeline=(
-                 ollie_orchestration(tgt, cost=cost, reports=reports["sequential"])))),
+    seq_mod, epilogues = apply_call_choices(mods["regions"], {sig: ch for _, sig, ch in decided})
+    reports: Dict[str, list] = {"joint": joint_reports, "refined": [], "sequential": [],
+                                "orchestration": []}
+
+    def orchestrated(module, name):
+        return tvm.compile(module, target=tgt, relax_pipeline=ollie_orchestration(
+            tgt, cost=cost, reports=reports[name]))
+
+    def refined():
+        if not table.picked:
+            raise PlanSkipped("the joint plan picked nothing")
+        if table.agrees_with_sequential():
+            raise PlanSkipped("the joint selection picked the sequential choices")
+        return orchestrated(apply_picked(mods["offered"], table), "refined")
+
+    plans = [("joint", build_joint), ("refined", refined),
+             ("sequential", lambda: orchestrated(seq_mod, "sequential")),
              ("derivation", lambda: tvm.compile(seq_mod, target=tgt,
-                                                relax_pipeline=default_pipeline(tgt)))]
+                                                relax_pipeline=default_pipeline(tgt))),
+             ("orchestration", lambda: orchestrated(mods["given"], "orchestration"))]
     ex, winner, plan_report = guard_plans(plans, args, reference=GUARD_REFERENCE,
                                           timer=plan_timer)
     return ex, winner, plan_report, reports.get(winner, []), \
-        (epilogues if winner != "joint" else {})
+        (epilogues if winner in ("sequential", "derivation") else {})

@@ -374,6 +374,8 @@ def _orchestrate_block(block, mod, builder, fname: str, bi: int, cost: CostModel
         for g in selector.groups:
             k = chosen_alternative(g, selector.chosen)
             joint.chosen[g.var.name] = g.infos[k].label
+            joint.picked[g.var.name] = next(j for j, a in enumerate(joint.alts[g.var.name])
+                                            if a is g.infos[k])
             rep.choices.append(f"{g.var.name}: {g.infos[k].label}"
                                + (" (sequential)" if k == g.sequential else
                                   f" (sequential: {g.infos[g.sequential].label})"))
