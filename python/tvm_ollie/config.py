@@ -80,15 +80,16 @@ class OllieConfig:
         Fission and kernel orchestration instead of TVM's greedy fusion (with ``trials``, the
         chosen kernels are tuned).
     joint : bool
-        With ``orchestrate`` (untuned, local): the derivation alternatives of every heavy call
-        and the kernel boundaries are chosen by one selection
-        (:mod:`tvm_ollie.orchestrate.joint`).
+        With ``orchestrate`` (local builds; with ``trials`` where the target can be tuned
+        here): the derivation alternatives of every heavy call and the kernel boundaries are
+        chosen by one selection (:mod:`tvm_ollie.orchestrate.joint_plans`).
     joint_guard : bool
-        With ``joint`` on a target that runs here (local CPU): also build the sequential
-        (derive, then orchestrate) and derivation-only plans from the joint build's decisions,
-        time the three whole on the same inputs and keep the fastest
-        (:mod:`tvm_ollie.orchestrate.guard`; ``report.plans`` says which). False: the joint
-        plan as selected, no extra builds.
+        With ``joint`` on a target that runs here (local CPU): also build the refined,
+        sequential (derive, then orchestrate), derivation-only and orchestration-only plans
+        from the joint build's decisions, time them whole on the same inputs and keep the
+        fastest (:mod:`tvm_ollie.orchestrate.guard`; ``report.plans`` says which; with
+        ``trials``, the rest of the budget then tunes the kept plan). False: the joint plan as
+        selected, no extra builds.
     orchestration : OrchestrateConfig, optional
         Limits of orchestration (:class:`tvm_ollie.orchestrate.OrchestrateConfig`; None: its
         defaults).

@@ -9,8 +9,8 @@ from tvm_ollie.compat import relax, tvm
 from tvm_ollie.orchestrate import blp as blp_mod
 from tvm_ollie.orchestrate import pipeline as pipe
 from tvm_ollie.orchestrate.cost import CostModel
-from tvm_ollie.orchestrate.joint import apply_picked, joint_build, offer_alternatives, \
-    offer_folded
+from tvm_ollie.orchestrate.joint import apply_picked, offer_alternatives, offer_folded
+from tvm_ollie.orchestrate.joint_plans import joint_build
 from tvm_ollie.orchestrate.pipeline import ollie_orchestration
 from tvm_ollie.transform.decide import Alternative, Choice
 

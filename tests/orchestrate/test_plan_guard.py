@@ -216,3 +216,43 @@ def test_build_without_the_guard_times_nothing():
     _, report = build(_conv_module(), "llvm", plan_timer=timer, joint_guard=False, **_BUILD)
     assert report.plans is None
     assert [d.var_name for d in report.decisions] == ["y"]
+
+
+def test_tuned_joint_build_tunes_the_plan_the_guard_kept(monkeypatch):
+    """``build(trials=N, orchestrate=True, joint=True)``: the plans are built with the
+    decisions' records (nothing tuned), the guard keeps one, and the final task's trials tune
+    that plan's kernels (a fake tuner records what it is given)."""
+    import importlib
+
+    build_mod = importlib.import_module("tvm_ollie.transform.build")
+    made = []
+
+    class Recording:
+        def __init__(self, *_args, **_kwargs):
+            self.trials, self.applied = [], 0
+            made.append(self)
+
+        def tune(self, _fused, trials):
+            self.trials.append(trials)
+            return trials
+
+        def apply(self, fused):
+            self.applied += 1
+            return fused
+
+    monkeypatch.setattr(build_mod, "Tuner", Recording)
+    times = {"joint": 3e-3, "sequential": 1e-3, "derivation": 2e-3, "orchestration": 2e-3}
+    ex, report = build_mod.build(_conv_module(), "llvm", trials=4, plan_timer=_fixed(times),
+                                 tuner=Recording(), **_BUILD)
+    assert report.plans.winner == "sequential"
+    decisions, plans = made  # the Decider's tuner (the hook), the plans' (made by build)
+    assert decisions.trials  # the call's measurement tuned first
+    assert plans.trials == [report.budget.tasks["build"].allotted]
+    assert plans.applied == 4 + 1  # the four plans built, then the kept one tuned
+    assert report.budget.spent == report.budget.total == 4
+    args = [np.random.default_rng(2).standard_normal(s).astype("float32")
+            for s in ((1, 4, 6, 6), (4, 4, 3, 3))]
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in args])
+    want = relax.VirtualMachine(tvm.compile(_conv_module(), "llvm"), tvm.cpu())["main"](
+        *[tvm.runtime.tensor(a) for a in args])
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)

@@ -309,7 +309,8 @@ def prepare_ollie_orch(spec, ctx: BenchContext) -> Prepared:
 def prepare_ollie_joint(spec, ctx: BenchContext) -> Prepared:
     """tvm-ollie with joint selection: every verified alternative of a heavy call (original,
     library kernel, derived programs) enters the orchestration's binary program, which picks
-    the alternative and the kernel boundaries together (untuned builds)."""
+    the alternative and the kernel boundaries together; the never-worse guard keeps the
+    fastest plan of the same decisions, which the rest of the trials then tune."""
     return _prepare_ollie(spec, ctx, "ollie-joint", orchestrate=True, joint=True)
 
 

@@ -5,7 +5,7 @@ cost model, and its in-program guard compares plans by that same model, so a mod
 (a kernel priced far from what it runs in) can make the joint plan slower than the sequential
 build it should beat. When the build can time on this machine (a local CPU target), the joint
 build also builds, from the decisions it already made (no second derivation search), the plans
-it competes with (:func:`~.joint.joint_build`):
+it competes with (:func:`~.joint_plans.joint_build`):
 
 * ``joint``: the joint selection;
 * ``refined``: the alternatives the joint selection picked, substituted into the module, then

@@ -37,13 +37,14 @@ alternative it extends.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from ..compat import relax, tvm
 from .candidates import Candidate, make_candidate
-from .cost import AnalyticCost, CostModel, LinearMeasuredCost, MeasuredCost
+from .cost import CostModel
 from .graph import PrimitiveGraph
 
 __all__ = ["AltInfo", "Group", "JointCost", "JointTable", "apply_picked", "find_groups",
@@ -353,7 +354,9 @@ def offer_alternatives(mod: "tvm.IRModule", decider, max_alternatives: int = 2,
                 return
             sig = call_signature(call)
             if sig not in offers:
-                offers[sig] = _offers_of(decider, call, max_alternatives, budget_s)
+                trials = getattr(decider, "budget", None)  # tuned: the signature's task
+                with trials.task(sig) if trials is not None else contextlib.nullcontext():
+                    offers[sig] = _offers_of(decider, call, max_alternatives, budget_s)
             choice, alts = offers[sig]
             name = binding.var.name
             decided.append((name, sig, choice))
@@ -597,169 +600,3 @@ def keep_alternatives(inner: "tvm.transform.Pass") -> "tvm.transform.Pass":
         return out
 
     return _keep
-
-
-# -- the joint build --------------------------------------------------------------------------
-
-#: :class:`~tvm_ollie.transform.decide.Decider` options that :func:`joint_build` passes on.
-_DECIDER_OPTS = ("max_depth", "calibration", "max_measured", "max_states", "check_untuned",
-                 "library", "derive", "timer", "checker", "chooser", "cost_model")
-
-
-def _rewrite_regions(mod, tgt, work_dir, opts):
-    """The sequential pass with every single call held to the original: regions of several
-    calls (:mod:`tvm_ollie.transform.regions`) are decided and rewritten as in the sequential
-    build; the heavy calls are left for the joint selection."""
-    # pylint: disable=import-outside-toplevel
-    from ..transform.decide import Alternative
-    from ..transform.optimize import optimize_module
-
-    def regions_only(sig: str, _alts):
-        return None if sig.startswith("region[") else Alternative(None, "tvm", 0.0)
-
-    ropts = {k: v for k, v in opts.items() if k != "chooser"}
-    return optimize_module(mod, tgt, work_dir=work_dir, chooser=regions_only, **ropts)
-
-
-def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
-                max_alternatives: int = 2, guard: bool = False, plan_timer=None, **opts):
-    """Build ``mod`` untuned with joint selection; return ``(executable, OptimizeReport,
-    OrchestrationReport)``.
-
-    The Decider of ``opts`` (``time_budget_s`` shared by the call signatures, as in
-    :func:`~tvm_ollie.transform.optimize.optimize_module`) offers the alternatives, the
-    orchestration chooses among them and the kernel boundaries at once. Regions of several
-    calls are decided first, as in the sequential build (:func:`_rewrite_regions`). With a
-    ``work_dir`` the candidates holding a linear primitive are timed
-    (:class:`~.cost.LinearMeasuredCost`, cached there), the others costed analytically.
-
-    With ``guard`` (a target that runs here), the refined, sequential, derivation-only and
-    orchestration-only plans are built from the same decisions and the fastest of them and
-    the joint plan, timed whole, is returned (:mod:`.guard`; ``plan_timer`` replaces the
-    timing); ``OptimizeReport.plans`` says which and why, and the orchestration report is the
-    winner's (None for derivation only).
-    """
-    # pylint: disable=import-outside-toplevel
-    import time
-
-    from ..transform.decide import DERIVABLE_OPS, call_signature
-    from ..transform.report import OpDecision, OptimizeReport
-    from ..tune.metaschedule import normalize_target
-    from .fission import fission
-    from .pipeline import ollie_orchestration
-
-    start = time.perf_counter()
-    tgt = normalize_target(target)
-    given = mod
-    mod, regions = _rewrite_regions(mod, tgt, work_dir, opts)
-    dopts = {k: opts[k] for k in _DECIDER_OPTS if k in opts}
-    decider = make_decider(tgt, work_dir=work_dir, **dopts)
-    sigs = set()
-    for _, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func, lambda e: sigs.add(call_signature(e)) if (
-                isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op)
-                and e.op.name in DERIVABLE_OPS and _static(e)) else None)
-    budget = max(0.5, float(opts.get("time_budget_s", 20.0)) / max(len(sigs), 1))
-    offered, table, decided = offer_alternatives(mod, decider, max_alternatives, budget)
-    # epilogues fold before fission splits activations (as in the sequential build); fission
-    # drops unused bindings, which the alternatives are until the selection
-    folded = offer_folded(offered, table)
-    with tgt:
-        offered = keep_alternatives(lambda m: fission(m)[0])(folded)
-    cost = None
-    if work_dir:  # measured linear kernels, cached by structural hash in work_dir
-        cost = LinearMeasuredCost(MeasuredCost(tgt, work_dir), AnalyticCost(tgt))
-    reports: list = []
-
-    def build_joint():
-        return tvm.compile(offered, target=tgt, relax_pipeline=ollie_orchestration(
-            tgt, cost=cost, reports=reports, joint=table))
-
-    report = OptimizeReport(target=tgt.kind.name)
-    if guard:
-        ex, winner, report.plans, reports, report.epilogues = _guarded(
-            build_joint, reports, {"given": given, "regions": mod, "offered": folded}, tgt,
-            cost, decided, table, plan_timer)
-    else:
-        ex, winner = build_joint(), "joint"
-    report.regions = regions.regions
-    if winner == "orchestration":  # the module as given: no region rewritten either
-        for r in report.regions:
-            if r.rewritten:
-                r.chosen, r.after_s = "original", r.before_s
-                r.reason = "the orchestration plan, kept by the never-worse guard"
-    for name, sig, choice in decided:
-        infos = {a.label: a for a in table.alts.get(name, [])}
-        label = table.chosen.get(name, "original") if winner in ("joint", "refined") \
-            else "original" if winner == "orchestration" else choice.label
-        base, got = infos.get("original"), infos.get(label)
-        before = (base.measured_s or base.estimate_s) if base else choice.before_s
-        after = (got.measured_s or got.estimate_s) if got else before
-        how = f"joint selection among {len(infos) or 1} alternatives" if winner == "joint" \
-            else f"the {winner} plan, kept by the never-worse guard"
-        report.decisions.append(OpDecision(
-            "main", name, sig.split(" ", 1)[0], sig, chosen=label,
-            reason=f"{how} (sequential: {choice.label}; {choice.reason})",
-            explain=choice.explain if label == choice.label else "", before_s=before,
-            after_s=after, measured=bool(got and got.measured_s is not None),
-            candidates=choice.candidates))
-    report.search_s = decider.search_s + regions.search_s
-    report.verify_s = decider.verify_s + regions.verify_s
-    report.total_s = time.perf_counter() - start
-    orch = reports[-1] if reports else None
-    if orch is not None and report.plans is not None:
-        orch.notes.append(report.plans.to_text().splitlines()[0])
-    return ex, report, orch
-
-
-#: The plan whose outputs the others must match in the guard: TVM's own fusion of the
-#: verified rewrite (orchestration is what the guard doubts, not the per-call checks).
-GUARD_REFERENCE = "derivation"
-
-
-def _guarded(build_joint, joint_reports: list, mods: dict, tgt, cost, decided,
-             table: JointTable, plan_timer):
-    """``(executable, winner, GuardReport, orchestration reports, epilogues)``: the joint
-    plan (``build_joint()``, its reports appended to ``joint_reports``) and the other plans of
-    :mod:`.guard` from the same decisions; the fastest is kept. ``mods``: the module as
-    given, with its regions rewritten, and with the alternatives offered."""
-    # pylint: disable=import-outside-toplevel
-    from ..transform.optimize import apply_call_choices
-    from ..tune.metaschedule import default_pipeline
-    from .cost import sample_args
-    from .guard import PlanSkipped, guard_plans
-    from .pipeline import ollie_orchestration
-
-    try:
-        args = sample_args(mods["regions"]["main"])
-    except Exception as err:  # pylint: disable=broad-except
-        from .guard import GuardReport
-
-        why = f"not timed: no main with static shapes ({type(err).__name__})"
-        return build_joint(), "joint", GuardReport(winner="joint", notes=[why]), \
-            joint_reports, {}
-    seq_mod, epilogues = apply_call_choices(mods["regions"], {sig: ch for _, sig, ch in decided})
-    reports: Dict[str, list] = {"joint": joint_reports, "refined": [], "sequential": [],
-                                "orchestration": []}
-
-    def orchestrated(module, name):
-        return tvm.compile(module, target=tgt, relax_pipeline=ollie_orchestration(
-            tgt, cost=cost, reports=reports[name]))
-
-    def refined():
-        if not table.picked:
-            raise PlanSkipped("the joint plan picked nothing")
-        if table.agrees_with_sequential():
-            raise PlanSkipped("the joint selection picked the sequential choices")
-        return orchestrated(apply_picked(mods["offered"], table), "refined")
-
-    plans = [("joint", build_joint), ("refined", refined),
-             ("sequential", lambda: orchestrated(seq_mod, "sequential")),
-             ("derivation", lambda: tvm.compile(seq_mod, target=tgt,
-                                                relax_pipeline=default_pipeline(tgt))),
-             ("orchestration", lambda: orchestrated(mods["given"], "orchestration"))]
-    ex, winner, plan_report = guard_plans(plans, args, reference=GUARD_REFERENCE,
-                                          timer=plan_timer)
-    return ex, winner, plan_report, reports.get(winner, []), \
-        (epilogues if winner in ("sequential", "derivation") else {})

@@ -41,13 +41,18 @@ def _keep_kernels(mod: "tvm.IRModule", _ctx) -> "tvm.IRModule":
     return mod
 
 
-def _front_passes(tgt, orch, fission: Fission) -> List["tvm.transform.Pass"]:
-    """The default pipeline's passes up to ``FuseTIR``, ``FuseOps`` replaced by ``orch``."""
+def _front_passes(tgt, orch, fission: Fission, wrap: Optional[dict] = None
+                  ) -> List["tvm.transform.Pass"]:
+    """The default pipeline's passes up to ``FuseTIR``, ``FuseOps`` replaced by ``orch``;
+    ``wrap`` maps a pass's name to a function of the pass that replaces it (the joint
+    selection keeps its alternatives through ``FoldConstant``)."""
     backend = _backend(tgt)
     legalize = backend.legalize_passes(tgt)
     names = [p.info.name for p in legalize]
     legalize = legalize[:names.index("FuseTIR") + 1]
     legalize = [orch if p.info.name == "FuseOps" else p for p in legalize]
+    if wrap:
+        legalize = [wrap[p.info.name](p) if p.info.name in wrap else p for p in legalize]
     pre = [_fission_pass(fission)] if fission is not None else []
     return backend.library_dispatch_passes(tgt) + pre + legalize
 
@@ -55,13 +60,19 @@ def _front_passes(tgt, orch, fission: Fission) -> List["tvm.transform.Pass"]:
 def orchestrated_kernels(mod: "tvm.IRModule", target, cost: Optional[CostModel] = None,
                          config: Optional[OrchestrateConfig] = None, fission: Fission = None,
                          check: Optional[KernelCheck] = None,
-                         reports: Optional[list] = None) -> "tvm.IRModule":
+                         reports: Optional[list] = None, joint=None) -> "tvm.IRModule":
     """``mod`` legalized, orchestrated and fused: one PrimFunc per chosen kernel (step 1 of
-    the module docstring); the orchestration report is appended to ``reports``."""
+    the module docstring); the orchestration report is appended to ``reports``. With a
+    ``joint`` table (:class:`~.joint.JointTable`; ``mod`` offers its alternatives, fission
+    already done) the selection is the joint one."""
+    from .joint import keep_alternatives  # pylint: disable=import-outside-toplevel
+
     tgt = _normalize(target)
-    orch = Orchestrate(tgt, _cost_for(cost, tgt), config or OrchestrateConfig(), check)
+    orch = Orchestrate(tgt, _cost_for(cost, tgt), config or OrchestrateConfig(), check,
+                       joint=joint)
+    wrap = {"FoldConstant": keep_alternatives} if joint else None
     with tgt:
-        out = tvm.transform.Sequential(_front_passes(tgt, orch, fission))(mod)
+        out = tvm.transform.Sequential(_front_passes(tgt, orch, fission, wrap))(mod)
     if reports is not None:
         reports.append(orch.last_report)
     return out

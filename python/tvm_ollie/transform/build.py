@@ -120,13 +120,13 @@ FINAL_SHARE = 0.5
 def _build(mod: "tvm.IRModule", cfg: OllieConfig, hooks: dict
            ) -> Tuple["tvm.runtime.Executable", OptimizeReport]:
     tgt, trials, work_dir = cfg.target, cfg.trials, cfg.work_dir
-    if cfg.joint and cfg.orchestrate and trials == 0 and cfg.rpc is None:
+    tunable = trials > 0 and (cfg.rpc is not None or not is_gpu_target(tgt)
+                              or gpu_available(tgt))
+    if cfg.joint and cfg.orchestrate and cfg.rpc is None and (trials == 0 or tunable):
         joint = _joint(mod, cfg, hooks)
         if joint is not None:
             return joint
     hooks = {k: v for k, v in hooks.items() if k != "plan_timer"}
-    tunable = trials > 0 and (cfg.rpc is not None or not is_gpu_target(tgt)
-                              or gpu_available(tgt))
     budget = TrialBudget(trials, final_share=FINAL_SHARE if tunable else 0.0)
     if trials > 0 and not tunable:
         budget.notes.append(f"no {tgt.kind.name} device here to measure on: nothing tuned")
@@ -161,7 +161,7 @@ def _compile_final(mod, cfg: OllieConfig, tuner, budget: TrialBudget, tunable: b
 def _joint(mod: "tvm.IRModule", cfg: OllieConfig, hooks: dict):
     """The joint build (derivation alternatives and kernel boundaries chosen by one selection,
     :mod:`tvm_ollie.orchestrate.joint`), or None when it fails (the sequential build follows)."""
-    from ..orchestrate.joint import joint_build  # pylint: disable=import-outside-toplevel
+    from ..orchestrate.joint_plans import joint_build  # pylint: disable=C0415
 
     # the never-worse guard times whole plans: only where they run (local CPU; joint builds
     # are local already)
@@ -170,6 +170,10 @@ def _joint(mod: "tvm.IRModule", cfg: OllieConfig, hooks: dict):
                 calibration=cfg.calibration,
                 max_measured=cfg.max_measured, check_untuned=cfg.check_untuned,
                 library=cfg.library, derive=cfg.derive, guard=guard, **hooks)
+    if cfg.trials > 0:  # one budget: the decisions first, then the kept plan's kernels
+        budget = TrialBudget(cfg.trials, final_share=FINAL_SHARE)
+        opts.update(trials=cfg.trials, budget=budget,
+                    plan_tuner=budget.metered(Tuner(cfg.target, cfg.work_dir)))
     try:  # derivation and kernel boundaries chosen together (docs/orchestration.md)
         return tuple(joint_build(mod, cfg.target, cfg.work_dir, **opts)[:2])
     except Exception as err:  # pylint: disable=broad-except

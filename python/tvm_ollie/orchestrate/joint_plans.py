@@ -1,0 +1,273 @@
+"""The joint build: decisions, the joint selection, and the plans it is guarded against.
+
+:func:`joint_build` decides the module's regions as the sequential build does, offers every
+heavy call's verified alternatives (:mod:`.joint`), and builds the joint plan: one binary
+program chooses the alternatives and the kernel boundaries together. With the never-worse guard
+(:mod:`.guard`) it also builds the plans the joint one competes with, from the same decisions
+(:class:`PlanBuilder`): ``refined``, ``sequential``, ``derivation`` and ``orchestration``,
+and keeps the fastest, timed whole.
+
+Tuned (``trials > 0``), one trial budget serves the whole build (:mod:`tvm_ollie.tune.budget`):
+the Decider's tuned measurements of the regions and of every call's alternatives draw on it
+first (each signature its task), every plan is built with the records they left (kernels
+without one get the default CPU schedules), and after the guard chose, what is left of the
+budget (the final task) tunes the kept plan's kernels, which are then built again with their
+records. Tuning records include each kernel's default schedule (:mod:`tvm_ollie.tune.defaults`),
+so the tuned plan is never slower than the untuned one the guard timed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Dict, List, Optional, Tuple
+
+from ..compat import relax, tvm
+from .cost import AnalyticCost, LinearMeasuredCost, MeasuredCost
+from .guard import PlanSkipped
+from .joint import JointTable, apply_picked, keep_alternatives, make_decider, offer_alternatives, \
+    offer_folded
+
+__all__ = ["GUARD_REFERENCE", "PLANS", "PlanBuilder", "joint_build"]
+
+#: :class:`~tvm_ollie.transform.decide.Decider` options that :func:`joint_build` passes on.
+_DECIDER_OPTS = ("max_depth", "calibration", "max_measured", "max_states", "check_untuned",
+                 "library", "derive", "timer", "checker", "chooser", "cost_model", "tuner")
+
+#: The plans of the guard, in the order of preference on ties (:mod:`.guard`).
+PLANS = ("joint", "refined", "sequential", "derivation", "orchestration")
+
+#: The plan whose outputs the others must match in the guard: TVM's own fusion of the
+#: verified rewrite (orchestration is what the guard doubts, not the per-call checks).
+GUARD_REFERENCE = "derivation"
+
+
+class PlanBuilder:
+    """Builds each plan of :data:`PLANS` from one set of decisions, untuned (``tuner`` None)
+    or with a tuner's records (``build(plan, trials)`` tunes the plan's kernels first).
+
+    Parameters
+    ----------
+    target : Target
+        The target.
+    cost : CostModel or None
+        The orchestration's kernel costs (None: analytic).
+    tuner : Tuner or None
+        Tuning database of the build (``tune(fused, trials)``, ``apply(fused)``).
+    modules : dict
+        ``"given"``: the module as given; ``"regions"``: with its regions rewritten;
+        ``"folded"``: with the alternatives offered (:func:`~.joint.offer_folded`);
+        ``"offered"``: the same after fission.
+    decided : list
+        ``(var, signature, choice)`` of every heavy call (the Decider's sequential choices).
+    table : JointTable
+        The offered alternatives; the joint selection fills in what it picked.
+    """
+
+    def __init__(self, target, cost, tuner, modules: dict, decided: list, table: JointTable):
+        from ..transform.optimize import apply_call_choices  # pylint: disable=C0415
+
+        self.target, self.cost, self.tuner, self.modules = target, cost, tuner, modules
+        self.table = table
+        self.sequential_module, self.epilogues = apply_call_choices(
+            modules["regions"], {sig: ch for _, sig, ch in decided})
+        self.reports: Dict[str, list] = {name: [] for name in PLANS}
+
+    def build(self, plan: str, trials: int = 0) -> "tvm.runtime.Executable":
+        """The executable of ``plan`` (its kernels tuned with ``trials`` first); raises
+        :class:`~.guard.PlanSkipped` when the plan would repeat another."""
+        if plan == "joint":
+            return self._joint(trials)
+        if plan == "refined":
+            if not self.table.picked:
+                raise PlanSkipped("the joint plan picked nothing")
+            if self.table.agrees_with_sequential():
+                raise PlanSkipped("the joint selection picked the sequential choices")
+            return self._orchestrated(apply_picked(self.modules["folded"], self.table),
+                                      plan, trials)
+        if plan == "sequential":
+            return self._orchestrated(self.sequential_module, plan, trials)
+        if plan == "derivation":
+            from ..tune.measure import compile_module  # pylint: disable=C0415
+
+            return compile_module(self.sequential_module, self.target, self.tuner, trials)
+        if plan == "orchestration":
+            return self._orchestrated(self.modules["given"], plan, trials)
+        raise ValueError(f"unknown plan {plan!r}; plans: {', '.join(PLANS)}")
+
+    def _joint(self, trials: int):
+        # pylint: disable=import-outside-toplevel
+        from .pipeline import ollie_orchestration
+        from .tuned import orchestrated_kernels
+
+        tgt, reports = self.target, self.reports["joint"]
+        if self.tuner is None:
+            return tvm.compile(self.modules["offered"], target=tgt, relax_pipeline=(
+                ollie_orchestration(tgt, cost=self.cost, reports=reports, joint=self.table)))
+        return self._tuned(orchestrated_kernels(self.modules["offered"], tgt, self.cost,
+                                                reports=reports, joint=self.table), trials)
+
+    def _orchestrated(self, module, plan: str, trials: int):
+        # pylint: disable=import-outside-toplevel
+        from .pipeline import _split_composites, ollie_orchestration
+        from .tuned import orchestrated_kernels
+
+        tgt, reports = self.target, self.reports[plan]
+        if self.tuner is None:
+            return tvm.compile(module, target=tgt, relax_pipeline=ollie_orchestration(
+                tgt, cost=self.cost, reports=reports))
+        return self._tuned(orchestrated_kernels(module, tgt, self.cost,
+                                                fission=_split_composites, reports=reports),
+                           trials)
+
+    def _tuned(self, fused, trials: int):
+        from .tuned import finish_pipeline  # pylint: disable=import-outside-toplevel
+
+        if trials > 0:
+            self.tuner.tune(fused, trials)
+        fused = self.tuner.apply(fused)
+        return tvm.compile(fused, target=self.target,
+                           relax_pipeline=finish_pipeline(self.target))
+
+
+def _rewrite_regions(mod, tgt, work_dir, opts):
+    """The sequential pass with every single call held to the original: regions of several
+    calls (:mod:`tvm_ollie.transform.regions`) are decided and rewritten as in the sequential
+    build; the heavy calls are left for the joint selection."""
+    # pylint: disable=import-outside-toplevel
+    from ..transform.decide import Alternative
+    from ..transform.optimize import optimize_module
+
+    def regions_only(sig: str, _alts):
+        return None if sig.startswith("region[") else Alternative(None, "tvm", 0.0)
+
+    ropts = {k: v for k, v in opts.items() if k != "chooser"}
+    return optimize_module(mod, tgt, work_dir=work_dir, chooser=regions_only, **ropts)
+
+
+def _heavy_signatures(mod: "tvm.IRModule") -> set:
+    """Signatures of the static derivable calls of ``mod`` (they share the search time)."""
+    # pylint: disable=import-outside-toplevel
+    from ..transform.decide import DERIVABLE_OPS, call_signature
+    from .joint import _static
+
+    sigs: set = set()
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, lambda e: sigs.add(call_signature(e)) if (
+                isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op)
+                and e.op.name in DERIVABLE_OPS and _static(e)) else None)
+    return sigs
+
+
+def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
+                max_alternatives: int = 2, guard: bool = False, plan_timer=None,
+                trials: int = 0, budget=None, plan_tuner=None, **opts):
+    """Build ``mod`` with joint selection; return ``(executable, OptimizeReport,
+    OrchestrationReport)``.
+
+    The Decider of ``opts`` (``time_budget_s`` shared by the call signatures, as in
+    :func:`~tvm_ollie.transform.optimize.optimize_module`) offers the alternatives, the
+    orchestration chooses among them and the kernel boundaries at once. Regions of several
+    calls are decided first, as in the sequential build (:func:`_rewrite_regions`). With a
+    ``work_dir`` the candidates holding a linear primitive are timed
+    (:class:`~.cost.LinearMeasuredCost`, cached there), the others costed analytically.
+
+    With ``guard`` (a target that runs here), the refined, sequential, derivation-only and
+    orchestration-only plans are built from the same decisions and the fastest of them and
+    the joint plan, timed whole, is returned (:mod:`.guard`; ``plan_timer`` replaces the
+    timing); ``OptimizeReport.plans`` says which and why, and the orchestration report is the
+    winner's (None for derivation only).
+
+    Tuned (``trials > 0`` with a ``budget`` (:class:`~tvm_ollie.tune.budget.TrialBudget`)
+    and a ``plan_tuner`` metered by it, which builds and tunes the plans; the Decider tunes
+    with its own, or with ``opts["tuner"]``): as in the module docstring.
+    """
+    # pylint: disable=import-outside-toplevel
+    from ..transform.report import OptimizeReport
+    from ..tune.metaschedule import STATS, normalize_target
+    from .fission import fission
+
+    start, tuning0, calls0 = time.perf_counter(), STATS.seconds, STATS.calls
+    tgt = normalize_target(target)
+    tuned = trials > 0 and budget is not None and plan_tuner is not None
+    tuning = dict(trials=trials, budget=budget) if tuned else {}
+    given = mod
+    mod, regions = _rewrite_regions(mod, tgt, work_dir, {**opts, **tuning})
+    dopts = {k: opts[k] for k in _DECIDER_OPTS if k in opts}
+    decider = make_decider(tgt, work_dir=work_dir, **tuning, **dopts)
+    sigs = _heavy_signatures(mod)
+    search_s = max(0.5, float(opts.get("time_budget_s", 20.0)) / max(len(sigs), 1))
+    offered, table, decided = offer_alternatives(mod, decider, max_alternatives, search_s)
+    # epilogues fold before fission splits activations (as in the sequential build); fission
+    # drops unused bindings, which the alternatives are until the selection
+    folded = offer_folded(offered, table)
+    with tgt:
+        offered = keep_alternatives(lambda m: fission(m)[0])(folded)
+    cost = None
+    if work_dir:  # measured linear kernels, cached by structural hash in work_dir
+        cost = LinearMeasuredCost(MeasuredCost(tgt, work_dir), AnalyticCost(tgt))
+    plans = PlanBuilder(tgt, cost, plan_tuner if tuned else None,
+                        {"given": given, "regions": mod, "folded": folded, "offered": offered},
+                        decided, table)
+    report = OptimizeReport(target=tgt.kind.name, budget=budget if tuned else None)
+    if guard:
+        ex, winner, report.plans = _guarded(plans, plan_timer)
+    else:
+        ex, winner = plans.build("joint"), "joint"
+    final = budget.final() if tuned else 0
+    if final > 0:  # what is left of the budget tunes the kept plan's kernels
+        ex = plans.build(winner, final)
+    report.epilogues = dict(plans.epilogues) if winner in ("sequential", "derivation") else {}
+    report.regions = regions.regions
+    _report_decisions(report, decided, table, winner)
+    report.search_s = decider.search_s + regions.search_s
+    report.verify_s = decider.verify_s + regions.verify_s
+    report.tuning_s, report.tuning_calls = STATS.seconds - tuning0, STATS.calls - calls0
+    report.total_s = time.perf_counter() - start
+    reports = plans.reports.get(winner, [])
+    orch = reports[-1] if reports else None
+    if orch is not None and report.plans is not None:
+        orch.notes.append(report.plans.to_text().splitlines()[0])
+    return ex, report, orch
+
+
+def _report_decisions(report, decided: list, table: JointTable, winner: str) -> None:
+    """One decision per heavy call (and the regions) as the kept plan has them."""
+    from ..transform.report import OpDecision  # pylint: disable=import-outside-toplevel
+
+    if winner == "orchestration":  # the module as given: no region rewritten either
+        for r in report.regions:
+            if r.rewritten:
+                r.chosen, r.after_s = "original", r.before_s
+                r.reason = "the orchestration plan, kept by the never-worse guard"
+    for name, sig, choice in decided:
+        infos = {a.label: a for a in table.alts.get(name, [])}
+        label = table.chosen.get(name, "original") if winner in ("joint", "refined") \
+            else "original" if winner == "orchestration" else choice.label
+        base, got = infos.get("original"), infos.get(label)
+        before = (base.measured_s or base.estimate_s) if base else choice.before_s
+        after = (got.measured_s or got.estimate_s) if got else before
+        how = f"joint selection among {len(infos) or 1} alternatives" if winner == "joint" \
+            else f"the {winner} plan, kept by the never-worse guard"
+        report.decisions.append(OpDecision(
+            "main", name, sig.split(" ", 1)[0], sig, chosen=label,
+            reason=f"{how} (sequential: {choice.label}; {choice.reason})",
+            explain=choice.explain if label == choice.label else "", before_s=before,
+            after_s=after, measured=bool(got and got.measured_s is not None),
+            candidates=choice.candidates))
+
+
+def _guarded(plans: PlanBuilder, plan_timer) -> Tuple[object, str, object]:
+    """``(executable, winner, GuardReport)``: every plan of :data:`PLANS` built from the same
+    decisions (with the records the decisions left, when tuned), the fastest kept."""
+    # pylint: disable=import-outside-toplevel
+    from .cost import sample_args
+    from .guard import GuardReport, guard_plans
+
+    try:
+        args = sample_args(plans.modules["regions"]["main"])
+    except Exception as err:  # pylint: disable=broad-except
+        why = f"not timed: no main with static shapes ({type(err).__name__})"
+        return plans.build("joint"), "joint", GuardReport(winner="joint", notes=[why])
+    builds: List[Tuple[str, object]] = [(name, lambda n=name: plans.build(n)) for name in PLANS]
+    return guard_plans(builds, args, reference=GUARD_REFERENCE, timer=plan_timer)
