@@ -354,8 +354,8 @@ def offer_alternatives(mod: "tvm.IRModule", decider, max_alternatives: int = 2,
                 return
             sig = call_signature(call)
             if sig not in offers:
-                trials = getattr(decider, "budget", None)  # tuned: the signature's task
-                with trials.task(sig) if trials is not None else contextlib.nullcontext():
+                ledger = getattr(decider, "budget", None)  # tuned: the signature's task
+                with ledger.task(sig) if ledger is not None else contextlib.nullcontext():
                     offers[sig] = _offers_of(decider, call, max_alternatives, budget_s)
             choice, alts = offers[sig]
             name = binding.var.name
