@@ -161,16 +161,19 @@ def _heavy_signatures(mod: "tvm.IRModule") -> set:
 
 def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
                 max_alternatives: int = 2, guard: bool = False, plan_timer=None,
-                trials: int = 0, budget=None, plan_tuner=None, **opts):
+                trials: int = 0, budget=None, plan_tuner=None, measure_kernels: bool = False,
+                **opts):
     """Build ``mod`` with joint selection; return ``(executable, OptimizeReport,
     OrchestrationReport)``.
 
     The Decider of ``opts`` (``time_budget_s`` shared by the call signatures, as in
     :func:`~tvm_ollie.transform.optimize.optimize_module`) offers the alternatives, the
     orchestration chooses among them and the kernel boundaries at once. Regions of several
-    calls are decided first, as in the sequential build (:func:`_rewrite_regions`). With a
-    ``work_dir`` the candidates holding a linear primitive are timed
-    (:class:`~.cost.LinearMeasuredCost`, cached there), the others costed analytically.
+    calls are decided first, as in the sequential build (:func:`_rewrite_regions`). Kernel
+    candidates are costed analytically; with ``measure_kernels`` and a ``work_dir`` those
+    holding a linear primitive are timed untuned (:class:`~.cost.LinearMeasuredCost`, cached
+    there): about 0.4 s a candidate here, thousands of them in a model of a few dozen convs,
+    so not the default.
 
     With ``guard`` (a target that runs here), the refined, sequential, derivation-only and
     orchestration-only plans are built from the same decisions and the fastest of them and
@@ -204,7 +207,7 @@ def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
     with tgt:
         offered = keep_alternatives(lambda m: fission(m)[0])(folded)
     cost = None
-    if work_dir:  # measured linear kernels, cached by structural hash in work_dir
+    if measure_kernels and work_dir:  # cached by structural hash in work_dir
         cost = LinearMeasuredCost(MeasuredCost(tgt, work_dir), AnalyticCost(tgt))
     plans = PlanBuilder(tgt, cost, plan_tuner if tuned else None,
                         {"given": given, "regions": mod, "folded": folded, "offered": offered},
