@@ -220,3 +220,15 @@ def test_apply_picked_substitutes_the_picked_alternative(picked):
     args = _args(4)
     np.testing.assert_allclose(_run(tvm.compile(out, "llvm"), args), _reference(args),
                                rtol=1e-4, atol=1e-4)
+
+
+def test_keep_alternatives_leaves_the_given_module_alone():
+    """The wrapper returns the alternatives from ``main`` only while ``inner`` runs, on a copy:
+    the caller's module (the joint build keeps it for the refined plan) is unchanged."""
+    from tvm_ollie.orchestrate.joint import keep_alternatives
+
+    offered, _, _ = offer_alternatives(_conv_module(), _FakeDecider(sequential_alt=True))
+    before = offered["main"]
+    out = keep_alternatives(relax.transform.FoldConstant())(offered)
+    assert offered["main"].same_as(before)
+    assert [b.var.name for b in out["main"].body.blocks[0].bindings][:2] == ["y", "y__alt1"]

@@ -579,6 +579,9 @@ def keep_alternatives(inner: "tvm.transform.Pass") -> "tvm.transform.Pass":
 
     @tvm.transform.module_pass(opt_level=0, name="KeepAlternatives")
     def _keep(mod: "tvm.IRModule", _ctx) -> "tvm.IRModule":
+        # a copy: assigning into ``mod`` would change the caller's module too (the joint
+        # build keeps the unfissioned module for its refined plan)
+        mod = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
         saved = {}
         for gv, func in mod.functions_items():
             if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):

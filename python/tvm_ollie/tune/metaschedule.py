@@ -387,13 +387,40 @@ class Tuner:
                        f"{why}")
 
     def apply(self, fused_mod: "tvm.IRModule") -> "tvm.IRModule":
-        """``fused_mod`` with every task that has a record replaced by its best schedule."""
+        """``fused_mod`` with every task that has a record replaced by its best schedule.
+
+        A record whose trace does not replay on its kernel (a ``ScheduleError``, seen with
+        kernels that orchestration fused) would fail the whole build: then the records are
+        applied kernel by kernel and a kernel whose record fails keeps its untuned form."""
         with self.target, self.database:
-            return relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(fused_mod)
+            try:
+                return relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(
+                    fused_mod)
+            except Exception as err:  # pylint: disable=broad-except
+                LOG.warning("ollie: applying the tuning records failed (%s); applying them "
+                            "kernel by kernel", str(err).strip().splitlines()[0][:160])
+                return _apply_each(fused_mod)
 
     def record_count(self) -> int:
         """Number of tuning records in the database."""
         return len(self.database)
+
+
+def _apply_each(fused_mod: "tvm.IRModule") -> "tvm.IRModule":
+    """``MetaScheduleApplyDatabase`` (of the current target and database) on each PrimFunc of
+    ``fused_mod`` alone; a PrimFunc whose record fails to apply is left as it is."""
+    out = tvm.IRModule(dict(fused_mod.functions_items()), attrs=fused_mod.attrs)
+    for gv, func in fused_mod.functions_items():
+        if not isinstance(func, tvm.tirx.PrimFunc):
+            continue
+        try:
+            applied = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(
+                tvm.IRModule({gv: func}))
+            out[gv] = applied[applied.get_global_var(gv.name_hint)]
+        except Exception as err:  # pylint: disable=broad-except
+            LOG.warning("ollie: the tuning record of %s does not apply (%s); kept untuned",
+                        gv.name_hint, str(err).strip().splitlines()[0][:160])
+    return out
 
 
 def default_pipeline(target, orchestrate: bool = False,
