@@ -232,3 +232,12 @@ def test_keep_alternatives_leaves_the_given_module_alone():
     out = keep_alternatives(relax.transform.FoldConstant())(offered)
     assert offered["main"].same_as(before)
     assert [b.var.name for b in out["main"].body.blocks[0].bindings][:2] == ["y", "y__alt1"]
+
+
+@pytest.mark.parametrize("only", [None, {"y"}, {"other"}])
+def test_offer_alternatives_decides_only_the_named_calls(only):
+    """``only`` (the calls of the module as given) limits what is decided and offered."""
+    offered, table, decided = offer_alternatives(_conv_module(), _FakeDecider(True), only=only)
+    wanted = only is None or "y" in only
+    assert [name for name, _, _ in decided] == (["y"] if wanted else [])
+    assert bool(table) == wanted

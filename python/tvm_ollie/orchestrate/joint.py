@@ -328,12 +328,15 @@ class JointCost(CostModel):
 
 
 def offer_alternatives(mod: "tvm.IRModule", decider, max_alternatives: int = 2,
-                       budget_s: float = 2.0) -> Tuple["tvm.IRModule", JointTable, list]:
+                       budget_s: float = 2.0, only: Optional[set] = None
+                       ) -> Tuple["tvm.IRModule", JointTable, list]:
     """Emit the verified alternatives of every static heavy call after it (module docstring).
 
     For each call signature the ``decider`` decides (its choice is the *sequential* one and
     is always offered when it rewrites) and up to ``max_alternatives`` alternatives in all
     (cheapest analytic estimate first, each verified by the Decider's check) are offered.
+    ``only``: the names of the calls to decide (None: all; the joint build leaves the calls
+    that a rewritten region emitted alone, as the sequential build does).
     Returns the module, the table, and ``(function, var, signature, choice)`` per call.
     """
     # pylint: disable=import-outside-toplevel
@@ -350,7 +353,8 @@ def offer_alternatives(mod: "tvm.IRModule", decider, max_alternatives: int = 2,
             call = binding.value
             if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op) \
                     or call.op.name not in DERIVABLE_OPS or not _static(call) \
-                    or not self.builder_.current_block_is_dataflow():
+                    or not self.builder_.current_block_is_dataflow() \
+                    or only is not None and binding.var.name not in only:
                 return
             sig = call_signature(call)
             if sig not in offers:

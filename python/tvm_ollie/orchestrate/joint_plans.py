@@ -144,19 +144,23 @@ def _rewrite_regions(mod, tgt, work_dir, opts):
     return optimize_module(mod, tgt, work_dir=work_dir, chooser=regions_only, **ropts)
 
 
-def _heavy_signatures(mod: "tvm.IRModule") -> set:
-    """Signatures of the static derivable calls of ``mod`` (they share the search time)."""
+def _heavy_calls(mod: "tvm.IRModule") -> Dict[str, str]:
+    """``{variable name: signature}`` of the static derivable calls bound in ``mod``."""
     # pylint: disable=import-outside-toplevel
     from ..transform.decide import DERIVABLE_OPS, call_signature
     from .joint import _static
 
-    sigs: set = set()
+    calls: Dict[str, str] = {}
     for _, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func, lambda e: sigs.add(call_signature(e)) if (
-                isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op)
-                and e.op.name in DERIVABLE_OPS and _static(e)) else None)
-    return sigs
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            continue
+        for block in func.body.blocks:
+            for b in block.bindings:
+                e = b.value
+                if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) \
+                        and e.op.name in DERIVABLE_OPS and _static(e):
+                    calls[b.var.name] = call_signature(e)
+    return calls
 
 
 def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
@@ -198,9 +202,13 @@ def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
     mod, regions = _rewrite_regions(mod, tgt, work_dir, {**opts, **tuning})
     dopts = {k: opts[k] for k in _DECIDER_OPTS if k in opts}
     decider = make_decider(tgt, work_dir=work_dir, **tuning, **dopts)
-    sigs = _heavy_signatures(mod)
-    search_s = max(0.5, float(opts.get("time_budget_s", 20.0)) / max(len(sigs), 1))
-    offered, table, decided = offer_alternatives(mod, decider, max_alternatives, search_s)
+    # the calls of the module as given (not those a rewritten region emitted: the sequential
+    # build does not decide them either) share the search time per signature
+    calls = _heavy_calls(given)
+    search_s = max(0.5, float(opts.get("time_budget_s", 20.0)) / max(len(set(calls.values())),
+                                                                      1))
+    offered, table, decided = offer_alternatives(mod, decider, max_alternatives, search_s,
+                                                 only=set(calls))
     # epilogues fold before fission splits activations (as in the sequential build); fission
     # drops unused bindings, which the alternatives are until the selection
     folded = offer_folded(offered, table)
