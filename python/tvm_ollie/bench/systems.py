@@ -213,21 +213,27 @@ def prepare_tvm_orch(spec, ctx: BenchContext) -> Prepared:
         ex = tvm.compile(mod, target=ctx.target,
                          relax_pipeline=orchestrate_pipeline(ctx.target, reports=reports))
     compile_s = time.perf_counter() - start - (tune_s or 0.0)
-    rep = reports[-1] if reports else None
-    if rep is not None:
-        parts = rep.partitions
-        info.update({
-            "primitives": rep.primitives, "kernels": rep.kernels, "partitions": len(parts),
-            "candidates": sum(p.candidates for p in parts),
-            "blp_variables": sum(p.variables for p in parts),
-            "blp_constraints": sum(p.constraints for p in parts),
-            "solve_s": sum(p.solve_s for p in parts),
-            "max_gap": max((p.gap for p in parts), default=0.0),
-            "statuses": sorted({p.status for p in parts}),
-            "enumeration": sorted({p.enumeration for p in parts}),
-            "fallbacks": sum(len(p.fallbacks) for p in parts),
-            "orchestrate_s": rep.total_s})
+    info.update(orchestration_info(reports[-1] if reports else None))
     return prepare_tvm_executable(ex, params, spec, ctx, compile_s, tune_s, info)
+
+
+def orchestration_info(rep) -> dict:
+    """The selection's statistics of an orchestration report (empty for None): primitives,
+    kernels, candidates, BLP variables and constraints, solve time and gap."""
+    if rep is None:
+        return {}
+    parts = rep.partitions
+    return {
+        "primitives": rep.primitives, "kernels": rep.kernels, "partitions": len(parts),
+        "candidates": sum(p.candidates for p in parts),
+        "blp_variables": sum(p.variables for p in parts),
+        "blp_constraints": sum(p.constraints for p in parts),
+        "solve_s": sum(p.solve_s for p in parts),
+        "max_gap": max((p.gap for p in parts), default=0.0),
+        "statuses": sorted({p.status for p in parts}),
+        "enumeration": sorted({p.enumeration for p in parts}),
+        "fallbacks": sum(len(p.fallbacks) for p in parts),
+        "orchestrate_s": rep.total_s}
 
 
 def _tuned_orchestrated(spec, ctx: BenchContext, mod, reports: list) -> tuple:
@@ -276,6 +282,7 @@ def _prepare_ollie(spec, ctx: BenchContext, system: str, **opts) -> Prepared:
     if getattr(report, "plans", None) is not None:  # the joint build's never-worse guard
         info["plans"] = {"winner": report.plans.winner, "times_s": report.plans.times(),
                          "text": report.plans.to_text()}
+    info.update(orchestration_info(getattr(report, "orchestration", None)))
     return prepare_tvm_executable(ex, params, spec, ctx, total_s - (tune_s or 0.0), tune_s, info)
 
 

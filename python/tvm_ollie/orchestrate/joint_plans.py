@@ -239,6 +239,7 @@ def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
     orch = reports[-1] if reports else None
     if orch is not None and report.plans is not None:
         orch.notes.append(report.plans.to_text().splitlines()[0])
+    report.orchestration = orch
     return ex, report, orch
 
 

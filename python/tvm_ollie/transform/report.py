@@ -127,6 +127,9 @@ class OptimizeReport:
     #: the joint build's never-worse guard: whole plans timed here and the one kept
     #: (:class:`tvm_ollie.orchestrate.guard.GuardReport`; None when it did not run)
     plans: Any = None
+    #: the joint build's orchestration of the kept plan
+    #: (:class:`tvm_ollie.orchestrate.report.OrchestrationReport`; None otherwise)
+    orchestration: Any = None
 
     @property
     def trials_spent(self) -> int:
