@@ -196,6 +196,7 @@ def test_build_keeps_the_plan_the_timer_finds_fastest(fastest):
     assert timer.seen == [["derivation", "joint", "orchestration", "sequential"]]
     refined = next(p for p in report.plans.plans if p.name == "refined")
     assert refined.dropped.startswith("skipped: "), refined
+    assert report.orchestration.partitions  # the joint selection's statistics, kept or not
     assert report.plans.winner == fastest and report.plans.times() == times
     assert f"kept {fastest}" in report.to_text()
     assert all(fastest in d.reason for d in report.decisions)

@@ -131,14 +131,15 @@ class PlanBuilder:
 
 def _rewrite_regions(mod, tgt, work_dir, opts):
     """The sequential pass with every single call held to the original: regions of several
-    calls (:mod:`tvm_ollie.transform.regions`) are decided and rewritten as in the sequential
-    build; the heavy calls are left for the joint selection."""
+    calls and groups of matmuls sharing an operand (:mod:`tvm_ollie.transform.regions`) are
+    decided and rewritten as in the sequential build; the heavy calls are left for the joint
+    selection."""
     # pylint: disable=import-outside-toplevel
     from ..transform.decide import Alternative
     from ..transform.optimize import optimize_module
 
     def regions_only(sig: str, _alts):
-        return None if sig.startswith("region[") else Alternative(None, "tvm", 0.0)
+        return None if sig.startswith(("region[", "group[")) else Alternative(None, "tvm", 0.0)
 
     ropts = {k: v for k, v in opts.items() if k != "chooser"}
     return optimize_module(mod, tgt, work_dir=work_dir, chooser=regions_only, **ropts)
@@ -239,7 +240,8 @@ def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
     orch = reports[-1] if reports else None
     if orch is not None and report.plans is not None:
         orch.notes.append(report.plans.to_text().splitlines()[0])
-    report.orchestration = orch
+    joint_reports = plans.reports["joint"]  # the joint selection's statistics, kept or not
+    report.orchestration = joint_reports[-1] if joint_reports else None
     return ex, report, orch
 
 

@@ -127,7 +127,7 @@ class OptimizeReport:
     #: the joint build's never-worse guard: whole plans timed here and the one kept
     #: (:class:`tvm_ollie.orchestrate.guard.GuardReport`; None when it did not run)
     plans: Any = None
-    #: the joint build's orchestration of the kept plan
+    #: the joint build's joint selection (whichever plan the guard kept)
     #: (:class:`tvm_ollie.orchestrate.report.OrchestrationReport`; None otherwise)
     orchestration: Any = None
 
