@@ -17,7 +17,8 @@ namespace cuda {
 
 namespace ffi = tvm::ffi;
 
-static_assert(static_cast<int>(Act::kNone) == kEpiNone && static_cast<int>(Act::kRelu) == kEpiRelu &&
+static_assert(static_cast<int>(Act::kNone) == kEpiNone &&
+                  static_cast<int>(Act::kRelu) == kEpiRelu &&
                   static_cast<int>(Act::kClip) == kEpiClip &&
                   static_cast<int>(Act::kSigmoid) == kEpiSigmoid &&
                   static_cast<int>(Act::kTanh) == kEpiTanh &&
