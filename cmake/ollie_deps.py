@@ -41,6 +41,16 @@ def main():
                                                "lib" + sob.get_library() + ".so")
     except ImportError:
         pass
+    # Optional (the `cuda` extra): headers of cuBLAS and cuDNN for the CUDA library, which
+    # otherwise compiles against its own declarations (it loads both libraries at run time).
+    for key, dists, header in (
+            ("CUBLAS_INCLUDE_DIR", ("nvidia-cublas", "nvidia-cublas-cu12"), "cublas_v2.h"),
+            ("CUDNN_INCLUDE_DIR", ("nvidia-cudnn-cu13", "nvidia-cudnn-cu12"), "cudnn.h")):
+        for dist in dists:
+            found = _dist_file(dist, "include/" + header)
+            if found:
+                out[key] = os.path.dirname(found)
+                break
     try:
         import tvm_ffi.libinfo
 

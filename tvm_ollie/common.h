@@ -1,5 +1,5 @@
-// Shared helpers of the tvm-ollie native library: attribute parsing, tensor checks,
-// activations, the oneDNN engine and the primitive cache, thread settings.
+// Shared helpers of the tvm-ollie CPU library: tensor checks, activations as oneDNN post-ops,
+// the oneDNN engine and the primitive cache, thread settings.
 #ifndef TVM_OLLIE_COMMON_H_
 #define TVM_OLLIE_COMMON_H_
 
@@ -15,47 +15,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "attrs.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace tvm_ollie {
 
-// ---------------------------------------------------------------------------------------------
-// Attributes: "key=value;key=value". Every key must be consumed by the kernel (strict parsing).
-class Attrs {
- public:
-  Attrs(const std::string& kernel, const std::string& text);
-  bool Has(const std::string& key) const { return values_.count(key) != 0; }
-  // Typed getters mark the key as used; a bad value throws ValueError.
-  bool GetBool(const std::string& key, bool dflt);
-  int64_t GetInt(const std::string& key, int64_t dflt);
-  std::vector<int64_t> GetInts(const std::string& key, size_t n, std::vector<int64_t> dflt);
-  std::string GetStr(const std::string& key, const std::string& dflt,
-                     const std::vector<std::string>& allowed);
-  std::string GetRaw(const std::string& key, const std::string& dflt);
-  // Throws ValueError naming every key that no getter asked for.
-  void CheckAllUsed() const;
-  const std::string& kernel() const { return kernel_; }
-
- private:
-  [[noreturn]] void Bad(const std::string& key, const std::string& why) const;
-  std::string kernel_;
-  std::string text_;
-  std::map<std::string, std::string> values_;
-  std::map<std::string, bool> used_;
-};
-
-// ---------------------------------------------------------------------------------------------
-// Activations (applied after bias and residual).
-enum class Act { kNone, kRelu, kClip, kSigmoid, kTanh, kGelu, kGeluTanh, kSilu };
-
-struct Activation {
-  Act kind = Act::kNone;
-  float lo = 0.f, hi = 0.f;  // clip bounds
-  std::string text = "none";
-};
-
-// Parses "none|relu|clip_LO_HI|sigmoid|tanh|gelu|gelu_tanh|silu"; throws ValueError.
-Activation ParseActivation(const Attrs& attrs, const std::string& value);
 // Adds the activation as an eltwise post-op (no-op for kNone).
 void AppendActivation(const Activation& act, dnnl::post_ops* ops);
 // The convolution kernels' primitive attributes: a user scratchpad, then the epilogue as
@@ -68,12 +32,10 @@ void ApplyActivation(const Activation& act, float* data, int64_t n);
 
 // ---------------------------------------------------------------------------------------------
 // Tensor checks.
-std::string ShapeStr(const tvm::ffi::TensorView& t);
 // Checks float32, CPU, contiguous, rank >= min_rank; returns the data pointer (byte_offset
 // applied). `what` names the argument in errors.
 float* CheckFloatTensor(const tvm::ffi::TensorView& t, const std::string& kernel,
                         const std::string& what, int min_rank);
-std::vector<int64_t> Dims(const tvm::ffi::TensorView& t);
 
 // ---------------------------------------------------------------------------------------------
 // oneDNN engine, per-thread stream, per-thread scratch buffers.

@@ -80,15 +80,16 @@ _STATE = {"done": False, "ok": False, "reason": "not loaded yet", "path": None}
 _HANDLES: List[ctypes.CDLL] = []  # keep the libraries loaded
 
 
-def _candidate_paths() -> List[Path]:
-    """Where the library may be, in order: the environment variable, beside this module (a
-    regular install), and ``tvm_ollie/lib`` in every site-packages directory (an editable
-    install, where this module stays in the source tree)."""
+def _candidate_paths(name: str = LIBRARY_NAME,
+                     env: str = "TVM_OLLIE_NATIVE_LIB") -> List[Path]:
+    """Where the library ``name`` may be, in order: the environment variable ``env``, beside
+    this module (a regular install), and ``tvm_ollie/lib`` in every site-packages directory (an
+    editable install, where this module stays in the source tree)."""
     out: List[Path] = []
-    env = os.environ.get("TVM_OLLIE_NATIVE_LIB")
-    if env:
-        out.append(Path(env))
-    out.append(Path(__file__).resolve().parent / "lib" / LIBRARY_NAME)
+    given = os.environ.get(env)
+    if given:
+        out.append(Path(given))
+    out.append(Path(__file__).resolve().parent / "lib" / name)
     dirs: List[str] = []
     for key in ("platlib", "purelib"):
         try:
@@ -102,7 +103,7 @@ def _candidate_paths() -> List[Path]:
     dirs.extend(p for p in sys.path if p.endswith("site-packages"))
     seen = set()
     for d in dirs:
-        p = Path(d) / "tvm_ollie" / "lib" / LIBRARY_NAME
+        p = Path(d) / "tvm_ollie" / "lib" / name
         if str(p) not in seen:
             seen.add(str(p))
             out.append(p)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from typing import Union
 
-from . import native
+from . import native, native_cuda
 
 __all__ = ["load_module"]
 
@@ -43,4 +43,5 @@ def load_module(path: Union[str, "os.PathLike[str]"]):
 
     path = os.fspath(path)
     native.load()
+    native_cuda.load()  # the CUDA kernels, where the library was built (needs no GPU to load)
     return tvm.runtime.load_module(path)

@@ -1,8 +1,10 @@
 """Native library kernels as Relax: which operators they serve, and their ``call_dps_packed``.
 
 The native library (:mod:`tvm_ollie.native`, oneDNN/OpenBLAS on CPUs) registers tvm-ffi globals
-in destination-passing style. Their first argument is a ``key=value;...`` attribute string, then
-the operands, then (appended by the Relax VM) the output:
+in destination-passing style (the CUDA library, :mod:`tvm_ollie.native_cuda`, registers
+``tvm_ollie.cuda.matmul`` and ``tvm_ollie.cuda.conv2d`` with the same arguments). Their first
+argument is a ``key=value;...`` attribute string, then the operands, then (appended by the Relax
+VM) the output:
 
 * ``tvm_ollie.cpu.matmul(attrs, A, B, [bias], [residual], Out)`` with ``ta``/``tb`` transposes;
 * ``tvm_ollie.cpu.conv2d(attrs, data, weight, [bias], [residual], Out)``;
@@ -19,28 +21,37 @@ the call (:data:`EPILOGUE_KERNELS`; the banded kernels have no epilogue).
 A :class:`LibCall` is a kernel name plus its attributes; :func:`call_form` gives the one that
 replaces an original Relax call, :func:`stage_form` the one that runs a matched program stage.
 Both return ``None`` when the library does not implement that case (the rule of thumb of
-TVM's rules: no form, no rewrite).
+TVM's rules: no form, no rewrite). They give the kernels of the device selected by
+:func:`kernel_device` (the pass selects its target's): on ``"cuda"`` the CUDA kernels, when
+they can run here (the library, cuBLAS/cuDNN and a device: :func:`tvm_ollie.native_cuda.
+kernel_error`), for matmuls and for convolutions in NCHW/OIHW or NHWC/OHWI with symmetric
+padding (cuDNN's cases); no transposed convolution or banded matmul on CUDA.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Dict, Optional, Sequence, Tuple
+import contextlib
+import contextvars
+from dataclasses import dataclass, replace
+from typing import Dict, Iterator, Optional, Sequence, Tuple
 
 from ..compat import relax, tvm
 from ..derive.targets import target_op
 
-__all__ = ["BAND_KERNELS", "CONV2D", "CONV2D_TRANSPOSE", "EPILOGUE_KERNELS", "G2BMM", "GBMM",
-           "KERNELS", "MATMUL", "LibCall", "band_call", "call_form", "conv2d_transpose_call",
-           "emit_call", "parse_attrs", "stage_form"]
+__all__ = ["BAND_KERNELS", "CONV2D", "CONV2D_TRANSPOSE", "CUDA_CONV2D", "CUDA_MATMUL",
+           "EPILOGUE_KERNELS", "G2BMM", "GBMM", "KERNELS", "MATMUL", "LibCall", "band_call",
+           "call_form", "conv2d_transpose_call", "current_device", "device_of", "emit_call",
+           "kernel_device", "parse_attrs", "stage_form"]
 
 MATMUL = "tvm_ollie.cpu.matmul"
 CONV2D = "tvm_ollie.cpu.conv2d"
 CONV2D_TRANSPOSE = "tvm_ollie.cpu.conv2d_transpose"
 G2BMM = "tvm_ollie.cpu.g2bmm"
 GBMM = "tvm_ollie.cpu.gbmm"
+CUDA_MATMUL = "tvm_ollie.cuda.matmul"
+CUDA_CONV2D = "tvm_ollie.cuda.conv2d"
 #: The kernels that take the ``bias``/``res``/``act`` epilogue keys.
-EPILOGUE_KERNELS = (MATMUL, CONV2D, CONV2D_TRANSPOSE)
+EPILOGUE_KERNELS = (MATMUL, CONV2D, CONV2D_TRANSPOSE, CUDA_MATMUL, CUDA_CONV2D)
 #: The banded matmul kernels, by target operator name.
 BAND_KERNELS = {"g2bmm": G2BMM, "gbmm": GBMM}
 #: Every kernel :func:`emit_call` emits (what :func:`lib_call_of` recognizes).
@@ -48,6 +59,56 @@ KERNELS = EPILOGUE_KERNELS + tuple(BAND_KERNELS.values())
 
 #: Data/kernel layout pairs the conv2d kernel takes (the output is in the data layout).
 CONV_LAYOUTS = (("NCHW", "OIHW"), ("NHWC", "HWIO"), ("NHWC", "OHWI"))
+#: The pairs cuDNN's filter formats take (HWIO has none).
+CUDA_CONV_LAYOUTS = (("NCHW", "OIHW"), ("NHWC", "OHWI"))
+#: The CUDA kernel of each CPU kernel that has one.
+_CUDA_NAME = {MATMUL: CUDA_MATMUL, CONV2D: CUDA_CONV2D}
+
+_DEVICE: "contextvars.ContextVar[str]" = contextvars.ContextVar("tvm_ollie_kernel_device",
+                                                                default="cpu")
+
+
+@contextlib.contextmanager
+def kernel_device(device: str) -> Iterator[None]:
+    """Within the block, :func:`call_form`/:func:`stage_form` give the kernels of ``device``
+    (``"cpu"`` or ``"cuda"``): the pass opens it for its target (:func:`device_of`)."""
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"kernel device must be 'cpu' or 'cuda', got {device!r}")
+    token = _DEVICE.set(device)
+    try:
+        yield
+    finally:
+        _DEVICE.reset(token)
+
+
+def current_device() -> str:
+    """The device of the library kernels offered now (``"cpu"`` unless :func:`kernel_device`)."""
+    return _DEVICE.get()
+
+
+def device_of(target) -> str:
+    """``"cuda"`` for GPU targets, ``"cpu"`` otherwise."""
+    from ..tune.calibrate import target_kind  # pylint: disable=import-outside-toplevel
+
+    return "cuda" if target_kind(target) == "cuda" else "cpu"
+
+
+def _cuda_runs(func: str) -> bool:
+    """Whether the CUDA kernel ``func`` can run here (library, vendor library, device)."""
+    from .. import native_cuda  # pylint: disable=import-outside-toplevel
+
+    return not native_cuda.kernel_error(func)
+
+
+def _on_device(call: "LibCall") -> Optional["LibCall"]:
+    """``call`` (a CPU kernel) on the current device: itself on the CPU; on CUDA its CUDA
+    kernel when there is one that runs here, else None."""
+    if current_device() == "cpu":
+        return call
+    name = _CUDA_NAME.get(call.func)
+    if name is None or not _cuda_runs(name):
+        return None
+    return replace(call, func=name)
 
 
 @dataclass(frozen=True)
@@ -143,20 +204,29 @@ def call_form(call: "relax.Call") -> Optional[LibCall]:
         a, b = call.args[:2]
         if _ndim(a) < 2 or _ndim(b) < 2 or not _out_dtype_ok(call.attrs):
             return None
-        return matmul_call()
+        return _on_device(matmul_call())
     if name == "relax.nn.conv2d":
         at = call.attrs
         layout, klayout = str(at.data_layout), str(at.kernel_layout)
-        out_layout = str(at.out_layout) or layout
-        if (layout, klayout) not in CONV_LAYOUTS or out_layout != layout:
+        if (str(at.out_layout) or layout) != layout or not _out_dtype_ok(at):
             return None
-        if not _out_dtype_ok(at):
-            return None
-        return conv2d_call([int(s) for s in at.strides], [int(p) for p in at.padding],
-                           [int(d) for d in at.dilation], int(at.groups), layout, klayout)
-    if name == "relax.nn.conv2d_transpose":
+        return _conv2d_form([int(s) for s in at.strides], [int(p) for p in at.padding],
+                            [int(d) for d in at.dilation], int(at.groups), layout, klayout)
+    if name == "relax.nn.conv2d_transpose" and current_device() == "cpu":
         return _conv2d_transpose_form(call.attrs)
     return None
+
+
+def _conv2d_form(stride, padding, dilation, groups: int, layout: str,
+                 klayout: str) -> Optional[LibCall]:
+    """The conv2d kernel of the current device, when it takes these layouts and padding."""
+    if (layout, klayout) not in CONV_LAYOUTS:
+        return None
+    if current_device() == "cuda":
+        symmetric = padding[0] == padding[2] and padding[1] == padding[3]
+        if (layout, klayout) not in CUDA_CONV_LAYOUTS or not symmetric:
+            return None
+    return _on_device(conv2d_call(stride, padding, dilation, groups, layout, klayout))
 
 
 def _conv2d_transpose_form(at) -> Optional[LibCall]:
@@ -187,14 +257,14 @@ def stage_form(stage) -> Optional[LibCall]:
     at = stage.attrs
     family = target_op(stage.kind).library
     if family == "matmul":
-        return matmul_call(bool(at.get("transpose_a")), bool(at.get("transpose_b")))
+        return _on_device(matmul_call(bool(at.get("transpose_a")), bool(at.get("transpose_b"))))
     if family == "conv2d":
         layout, klayout = at.get("data_layout"), at.get("kernel_layout")
-        if (layout, klayout) not in CONV_LAYOUTS or at.get("out_layout", layout) != layout:
+        if at.get("out_layout", layout) != layout:
             return None
-        return conv2d_call(at["stride"], at["padding"], at["dilation"], at.get("groups", 1),
-                           layout, klayout)
-    if family in BAND_KERNELS:
+        return _conv2d_form(at["stride"], at["padding"], at["dilation"], at.get("groups", 1),
+                            layout, klayout)
+    if family in BAND_KERNELS and current_device() == "cpu":
         return _band_form(family, at)
     return None
 

@@ -15,6 +15,7 @@ from typing import Callable, List, Optional, Tuple, Union
 
 import numpy as np
 
+from ..codegen import library as lib
 from ..compat import relax, tvm
 from ..derive.program import Program
 from ..tune.measure import random_args
@@ -108,8 +109,14 @@ class Checker:
         self.exact = bool(exact)
 
     def check(self, unit, alt: Alternative) -> Tuple[bool, str]:
-        """``(ok, why)``: ``alt`` against ``unit``, each alone; may raise (see :func:`checked`)."""
-        ok, why = self.numeric(unit_module(unit), unit_module(unit, alt.program, None, alt.impl))
+        """``(ok, why)``: ``alt`` against ``unit``, each alone; may raise (see :func:`checked`).
+
+        Both are built on llvm, so an alternative on library kernels is checked on the CPU
+        library's: the CUDA kernels take the same attributes and compute the same function
+        (their own tests compare them with numpy on a GPU)."""
+        with lib.kernel_device("cpu"):
+            ok, why = self.numeric(unit_module(unit),
+                                   unit_module(unit, alt.program, None, alt.impl))
         if ok and self.exact and alt.program is not None and not alt.program.multi:
             ok, why = check_exact(alt.program)
         return ok, why

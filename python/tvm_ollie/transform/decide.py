@@ -36,6 +36,7 @@ import time
 from typing import Dict, List, Optional, Tuple, Union
 
 from .. import native
+from ..codegen import library as lib
 from ..config import DEFAULTS
 from ..tune.budget import TrialBudget
 from ..tune.calibrate import Calibration, calibrate
@@ -144,7 +145,7 @@ class Decider:
         if check_untuned is None:
             check_untuned = not gpu and calibration is None
         self.check_untuned = bool(check_untuned)
-        self.library = _library_enabled(library, gpu)
+        self.library = _library_enabled(library, self.target)
         self.calib = calibration or calibrate(self.target)
         self.trials = int(trials)
         self.search_budget_s = search_budget_s
@@ -207,7 +208,8 @@ class Decider:
         hit = self.cache.get(sig)
         if hit is None:
             try:
-                hit = self._decide(unit, sig, budget_s or self.search_budget_s)
+                with lib.kernel_device(lib.device_of(self.target)):
+                    hit = self._decide(unit, sig, budget_s or self.search_budget_s)
             except Exception as err:  # pylint: disable=broad-except
                 LOG.warning("ollie: %s kept: unexpected %s: %s", sig, type(err).__name__, err)
                 hit = Choice(None, [], f"internal error: {type(err).__name__}: {err}")
@@ -261,12 +263,34 @@ class Decider:
                                functools.partial(self.cost, unit), self.max_measured, mode)
 
 
-def _library_enabled(library: Optional[bool], gpu: bool) -> bool:
-    """Whether native kernels are alternatives (CPU targets with the library loaded)."""
-    if library is False or gpu:
+def _library_enabled(library: Optional[bool], target) -> bool:
+    """Whether native kernels are alternatives: on CPU targets when the CPU library is loaded;
+    on CUDA targets when the CUDA library is loaded and a device is here to run (and time)
+    them (:func:`_cuda_library`)."""
+    if library is False:
         return False
+    if is_gpu_target(target):
+        return _cuda_library(library, target)
     ok = native.load()
     if library and not ok:
         LOG.warning("ollie: native kernels requested but unavailable (%s); using TVM kernels",
                     native.unavailable_reason())
     return ok
+
+
+def _cuda_library(library: Optional[bool], target) -> bool:
+    """The CUDA kernels are offered when the CUDA library loads, a GPU is present and cuBLAS
+    or cuDNN opens (each kernel is then offered only where its own vendor library does:
+    :func:`tvm_ollie.codegen.library.call_form`). Without a GPU the pass keeps TVM's kernels
+    (nothing could time or run the library's)."""
+    from .. import native_cuda  # pylint: disable=import-outside-toplevel
+
+    if not gpu_available(target):
+        why = "no CUDA device here"
+    else:
+        errors = [native_cuda.kernel_error(k) for k in native_cuda.KERNELS]
+        why = "" if any(not e for e in errors) else "; ".join(dict.fromkeys(errors))
+    if why and library:
+        LOG.warning("ollie: CUDA library kernels requested but unavailable (%s); using TVM "
+                    "kernels", why)
+    return not why

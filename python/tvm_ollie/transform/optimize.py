@@ -16,6 +16,7 @@ import logging
 import time
 from typing import Dict, List, Optional, Tuple, Union
 
+from ..codegen import library as lib
 from ..compat import relax, tvm
 from ..config import MIN_SEARCH_S, OllieConfig, resolve_config
 from ..lift import LiftError, lift_relax_call
@@ -228,8 +229,17 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: Optional[int] = No
                          verbose=verbose, calibration=calibration, max_measured=max_measured,
                          check_untuned=check_untuned, library=library, derive=derive, rpc=rpc,
                          region_calls=region_calls, merge_group=merge_group)
-    t_start = time.perf_counter()
     tgt = normalize_target(cfg.target)
+    with lib.kernel_device(lib.device_of(tgt)):  # the library kernels of the target's device
+        return _optimize(mod, cfg, tgt, budget, timer=timer, checker=checker, chooser=chooser,
+                         tuner=tuner, cost_model=cost_model)
+
+
+def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[TrialBudget],
+              **hooks) -> Tuple["tvm.IRModule", OptimizeReport]:
+    """:func:`optimize_module` once the options are resolved (``hooks``: the timer, checker,
+    chooser, tuner and cost model)."""
+    t_start = time.perf_counter()
     calls = _derivable_calls(mod)
     if cfg.targets:
         wanted = {t if t.startswith("relax.") else f"relax.{t}" for t in cfg.targets}
@@ -240,10 +250,9 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: Optional[int] = No
                       calibration=cfg.calibration, max_measured=cfg.max_measured,
                       max_states=cfg.max_states, max_candidates=cfg.max_candidates,
                       check_untuned=cfg.check_untuned, library=cfg.library, derive=cfg.derive,
-                      timer=timer, checker=checker, rpc=cfg.rpc, chooser=chooser, tuner=tuner,
-                      budget=budget, cost_model=cost_model)
+                      rpc=cfg.rpc, budget=budget, **hooks)
     report = OptimizeReport(target=str(tgt.kind.name if tgt.kind.name != "llvm" else "llvm"),
-                            budget=budget)
+                            budget=budget, calibration=decider.calib.describe())
     tuning0, calls0 = STATS.seconds, STATS.calls
     regions = [r for r in (find_regions(mod, cfg.region_calls)
                            if cfg.region_calls > 1 and cfg.derive else []) if r.size > 1]

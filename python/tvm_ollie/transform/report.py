@@ -124,6 +124,9 @@ class OptimizeReport:
     #: the module's trial budget and how it was spent (:class:`tvm_ollie.tune.budget.TrialBudget`;
     #: ``build`` adds its final task after the pass)
     budget: Any = None
+    #: where the analytic cost's roof and efficiencies came from
+    #: (:meth:`tvm_ollie.tune.calibrate.Calibration.describe`)
+    calibration: str = ""
     #: the joint build's never-worse guard: whole plans timed here and the one kept
     #: (:class:`tvm_ollie.orchestrate.guard.GuardReport`; None when it did not run)
     plans: Any = None
@@ -168,6 +171,8 @@ class OptimizeReport:
             done = sum(1 for r in self.regions if r.rewritten)
             rows.append(f"{done}/{len(self.regions)} regions rewritten:")
             rows.extend(r.to_text() for r in self.regions)
+        if self.calibration:
+            rows.append(f"analytic cost: {self.calibration}")
         if self.budget is not None and (self.budget.total or self.budget.spent):
             rows.append(self.budget.to_text())
         if self.plans is not None:

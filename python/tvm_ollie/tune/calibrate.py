@@ -21,11 +21,19 @@ The derivation engine's cost (:mod:`tvm_ollie.derive.cost`) is a roofline: each 
   process, by timing the library itself on a GEMM, a convolution, a transposed convolution and
   the two banded matmuls (:func:`measure_native_efficiency`), so that ``trials=0`` ranks what
   the library does.
+
+On ``cuda`` with a GPU present the efficiencies (TVM's dlight kernels and the CUDA library's)
+and the bandwidth roof are fitted to kernels timed on the device, once per device and cached
+on disk (:mod:`.cuda_calibration`; ``TVM_OLLIE_CUDA_CALIBRATE=0`` turns it off). Without a GPU
+the hand-set ``EFFICIENCY["cuda"]`` row is used and :meth:`Calibration.describe` says
+"uncalibrated".
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+import os
 import time
 from dataclasses import dataclass, field, replace
 from typing import Dict, Mapping, Optional
@@ -34,12 +42,17 @@ import numpy as np
 
 from ..derive.cost import TARGET_DEFAULTS
 
-__all__ = ["Calibration", "EFFICIENCY", "calibrate", "measure_cpu_roofline",
-           "measure_native_efficiency", "measure_tvm_efficiency", "target_kind"]
+LOG = logging.getLogger(__name__)
+
+__all__ = ["CUDA_LIBRARY_EFFICIENCY", "Calibration", "EFFICIENCY", "calibrate",
+           "measure_cpu_roofline", "measure_native_efficiency", "measure_tvm_efficiency",
+           "target_kind"]
 
 #: Fraction of the compute roof reached by untuned TVM kernels, per target kind and stage kind
 #: (``eop`` is a memory-bound eOperator: its fraction applies to the bandwidth roof).
 EFFICIENCY: Dict[str, Dict[str, float]] = {
+    # Hand-set (uncalibrated): used on CUDA where no GPU is here to fit them
+    # (:mod:`.cuda_calibration`).
     "cuda": {"matmul": 0.6, "batch_matmul": 0.5, "conv2d": 0.05, "conv_transpose": 0.04,
              "g2bmm": 0.1, "gbmm": 0.1, "tir": 0.05, "eop": 0.6},
     # Untuned TVM on a CPU: no schedule at all, so a GEMM loop nest is no faster than a direct
@@ -48,6 +61,11 @@ EFFICIENCY: Dict[str, Dict[str, float]] = {
     "llvm": {"matmul": 0.15, "batch_matmul": 0.15, "conv2d": 0.15, "conv_transpose": 0.15,
              "g2bmm": 0.1, "gbmm": 0.1, "tir": 0.1, "eop": 0.5},
 }
+
+#: Hand-set efficiencies of the CUDA library's kernels (cuBLAS, cuDNN), the starting point of a
+#: CUDA calibration: they are offered only where a GPU is present, which is also where the
+#: calibration replaces these by fitted values (they remain if those kernels fail to time).
+CUDA_LIBRARY_EFFICIENCY: Dict[str, float] = {"native_matmul": 0.7, "native_conv2d": 0.5}
 
 
 @dataclass(frozen=True)
@@ -63,7 +81,10 @@ class Calibration:
     efficiency : dict
         Fraction of the roof per stage kind (see :data:`EFFICIENCY`).
     source : str
-        Where the roof came from (``"measured"``, ``"default"``, ``"given"``).
+        Where the roof and efficiencies came from (``"measured"``, ``"default"``, ``"given"``,
+        ``"calibrated"``).
+    note : str
+        A word on the source (the device calibrated on and the cache file, or why not).
     """
 
     kind: str
@@ -71,6 +92,14 @@ class Calibration:
     bandwidth: float
     efficiency: Mapping[str, float] = field(default_factory=dict)
     source: str = "default"
+    note: str = ""
+
+    def describe(self) -> str:
+        """One line for reports: the target kind, where the numbers came from and why."""
+        what = {"measured": "measured on this machine", "given": "roof given by the caller",
+                "calibrated": "calibrated on the device",
+                "default": "uncalibrated (hand-set efficiencies)"}.get(self.source, self.source)
+        return f"{self.kind} {what}" + (f": {self.note}" if self.note else "")
 
     def eff(self, kind: str) -> float:
         """The efficiency of a stage kind (the generic ``tir`` value if unknown)."""
@@ -273,6 +302,51 @@ def calibrate(target, peak_flops: Optional[float] = None,
         eff.update(measure_native_efficiency())
         source = "measured"
     else:
-        peak, bw = TARGET_DEFAULTS["cuda"]
-        source = "default"
+        return _cuda_calibration(target, eff, peak_flops, bandwidth)
     return Calibration(kind, float(peak_flops or peak), float(bandwidth or bw), eff, source)
+
+
+def _device_label(target) -> str:
+    """The name and compute capability of device 0 of ``target`` (the calibration's key)."""
+    from ..compat import tvm  # pylint: disable=import-outside-toplevel
+
+    dev = tvm.device(target.kind.name, 0)
+    return f"{dev.device_name} sm_{str(dev.compute_version).replace('.', '')}"
+
+
+#: CUDA calibrations of this process, by target
+_CUDA: Dict[str, Calibration] = {}
+
+
+def _cuda_calibration(target, eff: Dict[str, float], peak_flops: Optional[float],
+                      bandwidth: Optional[float]) -> Calibration:
+    """The fitted calibration of the GPU here (cached per process and on disk), or the
+    hand-set table, "uncalibrated", with the reason."""
+    # pylint: disable=import-outside-toplevel
+    from ..compat import tvm
+    from . import cuda_calibration as cc
+    from .metaschedule import gpu_available, normalize_target
+
+    peak, bw = TARGET_DEFAULTS["cuda"]
+    peak, bw = float(peak_flops or peak), float(bandwidth or bw)
+    tgt = normalize_target(target)
+    if os.environ.get("TVM_OLLIE_CUDA_CALIBRATE", "1") in ("0", "off", "false"):
+        return Calibration("cuda", peak, bw, eff, "default", "TVM_OLLIE_CUDA_CALIBRATE=0")
+    if not gpu_available(tgt):
+        return Calibration("cuda", peak, bw, eff, "default", "no CUDA device here")
+    key = str(tgt)
+    eff = {**CUDA_LIBRARY_EFFICIENCY, **eff}
+    if key not in _CUDA:
+        device = _device_label(tgt)
+        try:
+            fit, path, cached = cc.calibrate_cuda(tgt, peak, device, tvm.__version__,
+                                                  cc.native_kinds_here())
+        except Exception as err:  # pylint: disable=broad-except
+            LOG.warning("ollie: CUDA calibration failed (%s); using the hand-set efficiencies",
+                        err)
+            return Calibration("cuda", peak, bw, eff, "default", f"calibration failed: {err}")
+        eff = {**eff, **fit.efficiency}
+        note = f"{device}, {'read from' if cached else 'written to'} {path}"
+        _CUDA[key] = Calibration("cuda", peak, float(bandwidth or fit.bandwidth), eff,
+                                 "calibrated", note)
+    return _CUDA[key]

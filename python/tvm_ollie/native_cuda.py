@@ -1,0 +1,172 @@
+"""Loading the CUDA kernel library (``libtvm_ollie_cuda.so``): cuBLAS GEMMs, cuDNN convolutions.
+
+The library is built beside the CPU one (:mod:`tvm_ollie.native`) when the CUDA toolkit is found
+at install time. It registers tvm-ffi globals with the CPU kernels' calling convention
+(destination-passing, ``attrs`` first, ``Out`` last; tensors on a CUDA device):
+:data:`MATMUL`, :data:`BATCH_MATMUL`, :data:`CONV2D`. cuBLAS and cuDNN are not linked: the
+library opens them on first use, from the paths in ``TVM_OLLIE_CUBLAS_LIB`` /
+``TVM_OLLIE_CUDNN_LIB`` when set, else by their sonames. :func:`load` sets those variables to
+the files of the ``nvidia-cublas``/``nvidia-cudnn`` wheels when they are installed
+(``pip install tvm-ollie[cuda]``) and the user did not.
+
+Unlike the CPU library, it is loaded on demand (the pass asks for it on CUDA targets only), and
+loading it needs neither a GPU nor cuBLAS/cuDNN: :func:`kernel_error` says per kernel why it
+cannot run here. Environment: ``TVM_OLLIE_CUDA_LIB`` (the library's path),
+``TVM_OLLIE_DISABLE_NATIVE=1`` (do not load it either).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.metadata as md
+import os
+import threading
+from typing import Dict, List, Optional
+
+from .native import _candidate_paths
+
+__all__ = ["BATCH_MATMUL", "CONV2D", "DEVICE_COUNT", "INFO", "KERNELS", "LIBRARY_NAME", "MATMUL",
+           "VENDOR_ERROR", "VENDOR_OF", "available", "device_count", "info", "kernel_error",
+           "library_path", "load", "unavailable_reason", "vendor_error"]
+
+MATMUL = "tvm_ollie.cuda.matmul"
+BATCH_MATMUL = "tvm_ollie.cuda.batch_matmul"
+CONV2D = "tvm_ollie.cuda.conv2d"
+INFO = "tvm_ollie.cuda.info"
+VENDOR_ERROR = "tvm_ollie.cuda.vendor_error"
+DEVICE_COUNT = "tvm_ollie.cuda.device_count"
+#: The kernels and the vendor library each needs.
+VENDOR_OF: Dict[str, str] = {MATMUL: "cublas", BATCH_MATMUL: "cublas", CONV2D: "cudnn"}
+KERNELS = tuple(VENDOR_OF)
+
+LIBRARY_NAME = "libtvm_ollie_cuda.so"
+
+#: Wheel files of the vendor libraries: ``(environment variable, [(distribution, file)])``.
+_WHEELS = {
+    "cublas": ("TVM_OLLIE_CUBLAS_LIB", [("nvidia-cublas", "libcublas.so.13"),
+                                        ("nvidia-cublas-cu12", "libcublas.so.12")]),
+    "cudnn": ("TVM_OLLIE_CUDNN_LIB", [("nvidia-cudnn-cu13", "libcudnn.so.9"),
+                                      ("nvidia-cudnn-cu12", "libcudnn.so.9")]),
+}
+
+_LOCK = threading.Lock()
+_STATE = {"done": False, "ok": False, "reason": "not loaded yet", "path": None}
+_HANDLES: List[ctypes.CDLL] = []
+
+
+def _wheel_file(dist_name: str, basename: str) -> Optional[str]:
+    try:
+        dist = md.distribution(dist_name)
+    except md.PackageNotFoundError:
+        return None
+    for f in dist.files or ():
+        if f.name == basename:
+            path = os.path.abspath(str(dist.locate_file(f)))
+            if os.path.exists(path):
+                return path
+    return None
+
+
+def _point_at_wheels() -> None:
+    """Set ``TVM_OLLIE_CUBLAS_LIB``/``TVM_OLLIE_CUDNN_LIB`` to the installed wheels' libraries
+    (the library reads them when it first opens cuBLAS/cuDNN); the user's values win."""
+    for env, wheels in _WHEELS.values():
+        if os.environ.get(env):
+            continue
+        for dist, name in wheels:
+            path = _wheel_file(dist, name)
+            if path:
+                os.environ[env] = path
+                break
+
+
+def _load_locked() -> bool:
+    if os.environ.get("TVM_OLLIE_DISABLE_NATIVE", "") not in ("", "0"):
+        _STATE["reason"] = "disabled by TVM_OLLIE_DISABLE_NATIVE"
+        return False
+    paths = _candidate_paths(LIBRARY_NAME, "TVM_OLLIE_CUDA_LIB")
+    lib = next((p for p in paths if p.is_file()), None)
+    if lib is None:
+        _STATE["reason"] = (f"{LIBRARY_NAME} not found (built only where the CUDA toolkit is "
+                            "found at install; looked in "
+                            + ", ".join(str(p.parent) for p in paths[:3]) + ", ...)")
+        return False
+    import tvm_ffi  # pylint: disable=import-outside-toplevel  (loads libtvm_ffi.so first)
+
+    _point_at_wheels()
+    _HANDLES.append(ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL))
+    if tvm_ffi.get_global_func(MATMUL, allow_missing=True) is None:
+        _STATE["reason"] = f"{lib} loaded but {MATMUL} is not registered"
+        return False
+    _STATE["path"] = str(lib)
+    _STATE["reason"] = ""
+    return True
+
+
+def load() -> bool:
+    """Load the CUDA library (once per process); False with :func:`unavailable_reason` when it
+    is not there or does not load (libcudart missing, ...). Never raises."""
+    with _LOCK:
+        if not _STATE["done"]:
+            try:
+                _STATE["ok"] = _load_locked()
+            except Exception as err:  # pylint: disable=broad-except
+                _STATE["ok"] = False
+                _STATE["reason"] = f"{type(err).__name__}: {err}"
+            _STATE["done"] = True
+        return bool(_STATE["ok"])
+
+
+def available() -> bool:
+    """Whether the CUDA library is loaded (loads it on first call)."""
+    return load()
+
+
+def unavailable_reason() -> str:
+    """Why the CUDA library is not loaded ("" when it is)."""
+    load()
+    return str(_STATE["reason"])
+
+
+def library_path() -> Optional[str]:
+    """The loaded library's path, or None."""
+    load()
+    return _STATE["path"]
+
+
+def _func(name: str):
+    if not load():
+        raise RuntimeError(f"tvm-ollie CUDA library unavailable: {_STATE['reason']}")
+    import tvm_ffi  # pylint: disable=import-outside-toplevel
+
+    return tvm_ffi.get_global_func(name)
+
+
+def info() -> str:
+    """CUDA runtime, driver and devices; cuBLAS and cuDNN (loaded from where, or why not)."""
+    return str(_func(INFO)())
+
+
+def vendor_error(name: str) -> str:
+    """"" when the vendor library ``name`` (``"cublas"`` or ``"cudnn"``) loads, else why not."""
+    if not load():
+        return unavailable_reason()
+    return str(_func(VENDOR_ERROR)(name))
+
+
+def device_count() -> int:
+    """CUDA devices the library sees (0 without a driver or a device, or without the library)."""
+    return int(_func(DEVICE_COUNT)()) if load() else 0
+
+
+def kernel_error(func: str) -> str:
+    """Why the kernel ``func`` (:data:`KERNELS`) cannot run here ("" when it can): no library,
+    no cuBLAS/cuDNN, or no CUDA device."""
+    if func not in VENDOR_OF:
+        raise ValueError(f"unknown CUDA kernel {func!r} (expected one of {KERNELS})")
+    if not load():
+        return unavailable_reason()
+    why = vendor_error(VENDOR_OF[func])
+    if why:
+        return why
+    return "" if device_count() > 0 else "no CUDA device"

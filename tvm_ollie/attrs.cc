@@ -1,0 +1,184 @@
+// Attribute parsing, activations and shape helpers (see attrs.h).
+#include "attrs.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+
+namespace tvm_ollie {
+
+namespace ffi = tvm::ffi;
+
+// ---------------------------------------------------------------------------------------------
+Attrs::Attrs(const std::string& kernel, const std::string& text) : kernel_(kernel), text_(text) {
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t end = text.find(';', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string item = text.substr(pos, end - pos);
+    // trim spaces
+    size_t b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+    item = b == std::string::npos ? "" : item.substr(b, e - b + 1);
+    if (!item.empty()) {
+      size_t eq = item.find('=');
+      if (eq == std::string::npos || eq == 0) {
+        TVM_FFI_THROW(ValueError) << kernel_ << ": bad attribute '" << item << "' in \"" << text_
+                                  << "\" (expected key=value)";
+      }
+      std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+      if (values_.count(key)) {
+        TVM_FFI_THROW(ValueError) << kernel_ << ": attribute '" << key << "' given twice in \""
+                                  << text_ << "\"";
+      }
+      values_[key] = value;
+      used_[key] = false;
+    }
+    pos = end + 1;
+  }
+}
+
+void Attrs::Bad(const std::string& key, const std::string& why) const {
+  auto it = values_.find(key);
+  TVM_FFI_THROW(ValueError) << kernel_ << ": bad value '" << (it == values_.end() ? "" : it->second)
+                            << "' for attribute '" << key << "' (" << why << ") in \"" << text_
+                            << "\"";
+}
+
+bool Attrs::GetBool(const std::string& key, bool dflt) {
+  auto it = values_.find(key);
+  if (it == values_.end()) return dflt;
+  used_[key] = true;
+  if (it->second == "0") return false;
+  if (it->second == "1") return true;
+  Bad(key, "expected 0 or 1");
+}
+
+bool ParseInt(const std::string& s, int64_t* out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  long long v = std::strtoll(s.c_str(), &end, 10);
+  if (errno != 0 || end != s.c_str() + s.size()) return false;
+  *out = v;
+  return true;
+}
+
+int64_t Attrs::GetInt(const std::string& key, int64_t dflt) {
+  auto it = values_.find(key);
+  if (it == values_.end()) return dflt;
+  used_[key] = true;
+  int64_t v;
+  if (!ParseInt(it->second, &v)) Bad(key, "expected an integer");
+  return v;
+}
+
+std::vector<int64_t> Attrs::GetInts(const std::string& key, size_t n, std::vector<int64_t> dflt) {
+  auto it = values_.find(key);
+  if (it == values_.end()) return dflt;
+  used_[key] = true;
+  std::vector<int64_t> out;
+  std::stringstream ss(it->second);
+  std::string tok;
+  while (std::getline(ss, tok, ',')) {
+    int64_t v;
+    if (!ParseInt(tok, &v)) Bad(key, "expected " + std::to_string(n) + " comma-separated integers");
+    out.push_back(v);
+  }
+  if (out.size() != n || (!it->second.empty() && it->second.back() == ',')) {
+    Bad(key, "expected " + std::to_string(n) + " comma-separated integers");
+  }
+  return out;
+}
+
+std::string Attrs::GetStr(const std::string& key, const std::string& dflt,
+                          const std::vector<std::string>& allowed) {
+  auto it = values_.find(key);
+  if (it == values_.end()) return dflt;
+  used_[key] = true;
+  for (const auto& a : allowed) {
+    if (a == it->second) return a;
+  }
+  std::string why = "expected one of";
+  for (const auto& a : allowed) why += " " + a;
+  Bad(key, why);
+}
+
+std::string Attrs::GetRaw(const std::string& key, const std::string& dflt) {
+  auto it = values_.find(key);
+  if (it == values_.end()) return dflt;
+  used_[key] = true;
+  return it->second;
+}
+
+void Attrs::CheckAllUsed() const {
+  std::string unknown;
+  for (const auto& kv : used_) {
+    if (!kv.second) unknown += (unknown.empty() ? "" : ", ") + kv.first;
+  }
+  if (!unknown.empty()) {
+    TVM_FFI_THROW(ValueError) << kernel_ << ": unknown attribute(s) " << unknown << " in \""
+                              << text_ << "\"";
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+bool ParseFloat(const std::string& s, float* out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  float v = std::strtof(s.c_str(), &end);
+  if (end != s.c_str() + s.size() || std::isnan(v)) return false;  // inf is a valid bound
+  *out = v;
+  return true;
+}
+
+Activation ParseActivation(const Attrs& attrs, const std::string& value) {
+  Activation a;
+  a.text = value;
+  if (value == "none") {
+    a.kind = Act::kNone;
+  } else if (value == "relu") {
+    a.kind = Act::kRelu;
+  } else if (value == "sigmoid") {
+    a.kind = Act::kSigmoid;
+  } else if (value == "tanh") {
+    a.kind = Act::kTanh;
+  } else if (value == "gelu") {
+    a.kind = Act::kGelu;
+  } else if (value == "gelu_tanh") {
+    a.kind = Act::kGeluTanh;
+  } else if (value == "silu") {
+    a.kind = Act::kSilu;
+  } else if (value.rfind("clip_", 0) == 0) {
+    // clip_LO_HI; LO may be negative ("clip_-1_1"), so split at the last '_'.
+    std::string rest = value.substr(5);
+    size_t us = rest.rfind('_');
+    bool ok = us != std::string::npos && us > 0 && ParseFloat(rest.substr(0, us), &a.lo) &&
+              ParseFloat(rest.substr(us + 1), &a.hi) && a.lo <= a.hi;
+    if (!ok) {
+      TVM_FFI_THROW(ValueError) << attrs.kernel() << ": bad activation '" << value
+                                << "' (expected clip_LO_HI with decimal LO <= HI, e.g. clip_0_6 "
+                                   "or clip_0.0_inf)";
+    }
+    a.kind = Act::kClip;
+  } else {
+    TVM_FFI_THROW(ValueError) << attrs.kernel() << ": bad activation '" << value
+                              << "' (expected none, relu, clip_LO_HI, sigmoid, tanh, gelu, "
+                                 "gelu_tanh or silu)";
+  }
+  return a;
+}
+
+// ---------------------------------------------------------------------------------------------
+std::string ShapeStr(const ffi::TensorView& t) {
+  std::string s = "[";
+  for (int i = 0; i < t.ndim(); ++i) s += (i ? ", " : "") + std::to_string(t.shape()[i]);
+  return s + "]";
+}
+
+std::vector<int64_t> Dims(const ffi::TensorView& t) {
+  return std::vector<int64_t>(t.shape().begin(), t.shape().end());
+}
+
+}  // namespace tvm_ollie

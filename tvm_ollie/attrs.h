@@ -1,0 +1,64 @@
+// Attribute strings ("key=value;..."), activations and shape helpers shared by the CPU library
+// (libtvm_ollie_native) and the CUDA library (libtvm_ollie_cuda); no vendor dependency.
+#ifndef TVM_OLLIE_ATTRS_H_
+#define TVM_OLLIE_ATTRS_H_
+
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace tvm_ollie {
+
+// ---------------------------------------------------------------------------------------------
+// Attributes: "key=value;key=value". Every key must be consumed by the kernel (strict parsing).
+class Attrs {
+ public:
+  Attrs(const std::string& kernel, const std::string& text);
+  bool Has(const std::string& key) const { return values_.count(key) != 0; }
+  // Typed getters mark the key as used; a bad value throws ValueError.
+  bool GetBool(const std::string& key, bool dflt);
+  int64_t GetInt(const std::string& key, int64_t dflt);
+  std::vector<int64_t> GetInts(const std::string& key, size_t n, std::vector<int64_t> dflt);
+  std::string GetStr(const std::string& key, const std::string& dflt,
+                     const std::vector<std::string>& allowed);
+  std::string GetRaw(const std::string& key, const std::string& dflt);
+  // Throws ValueError naming every key that no getter asked for.
+  void CheckAllUsed() const;
+  const std::string& kernel() const { return kernel_; }
+
+ private:
+  [[noreturn]] void Bad(const std::string& key, const std::string& why) const;
+  std::string kernel_;
+  std::string text_;
+  std::map<std::string, std::string> values_;
+  std::map<std::string, bool> used_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Activations (applied after bias and residual).
+enum class Act { kNone, kRelu, kClip, kSigmoid, kTanh, kGelu, kGeluTanh, kSilu };
+
+struct Activation {
+  Act kind = Act::kNone;
+  float lo = 0.f, hi = 0.f;  // clip bounds
+  std::string text = "none";
+};
+
+// Parses "none|relu|clip_LO_HI|sigmoid|tanh|gelu|gelu_tanh|silu"; throws ValueError.
+Activation ParseActivation(const Attrs& attrs, const std::string& value);
+// Decimal integer / float parsing of a whole string (false on trailing text or overflow; NaN is
+// rejected, infinities are accepted).
+bool ParseInt(const std::string& s, int64_t* out);
+bool ParseFloat(const std::string& s, float* out);
+
+// Shape helpers.
+std::string ShapeStr(const tvm::ffi::TensorView& t);
+std::vector<int64_t> Dims(const tvm::ffi::TensorView& t);
+
+}  // namespace tvm_ollie
+
+#endif  // TVM_OLLIE_ATTRS_H_
