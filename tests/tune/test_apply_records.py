@@ -42,3 +42,44 @@ def test_a_record_that_fails_leaves_only_its_kernel_untuned(tmp_path, monkeypatc
     assert "applied" not in (funcs["bad"].attrs or {})
     assert funcs["bad"].same_as(_Two["bad"])
     assert "kernel by kernel" in caplog.text and "bad" in caplog.text
+
+
+def _fused_two_tasks() -> "tvm.IRModule":
+    """A fused module with two tuning tasks (an add and a multiply)."""
+    from tvm_ollie.tune.metaschedule import legalize_and_fuse, normalize_target
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((16, 16), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.add(x, x))
+            z = bb.emit(relax.op.matmul(y, y))
+            out = bb.emit_output(z)
+        bb.emit_func_output(out)
+    return legalize_and_fuse(bb.get(), normalize_target("llvm"))
+
+
+def test_a_task_that_fails_to_tune_does_not_stop_the_others(tmp_path, monkeypatch, caplog):
+    """MetaSchedule raising for one task (a ScheduleError in its design space) stops a run
+    of all tasks together: then each is tuned alone and only the failing one is skipped."""
+    from tvm_ollie.compat import meta_schedule
+
+    ms = meta_schedule()
+    runs = []
+
+    def fake_tune_tasks(tasks, **_kw):
+        names = [t.task_name for t in tasks]
+        runs.append(names)
+        if len(names) > 1 or "matmul" in names[0]:
+            raise RuntimeError("ScheduleError: reverse-compute-at")
+
+    monkeypatch.setattr(ms.tune, "tune_tasks", fake_tune_tasks)
+    monkeypatch.setattr(ms.relax_integration, "extracted_tasks_to_tune_contexts",
+                        lambda extracted_tasks, **_kw: (extracted_tasks, [1.0] * len(
+                            extracted_tasks)))
+    tuner = Tuner("llvm", str(tmp_path))
+    monkeypatch.setattr(tuner, "_builder", lambda: None)
+    monkeypatch.setattr(tuner, "_runner_object", lambda: None)
+    assert tuner.tune(_fused_two_tasks(), 4) == 4
+    assert len(runs) == 3 and len(runs[0]) == 2 and [len(r) for r in runs[1:]] == [1, 1]
+    assert "one at a time" in caplog.text and "not tuned" in caplog.text

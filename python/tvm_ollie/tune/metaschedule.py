@@ -286,27 +286,28 @@ class Tuner:
             return 0
         if trials < len(todo):
             todo = sorted(todo, key=_task_gain, reverse=True)[:trials]
-        ms = meta_schedule()
         if self.rpc is not None:
             self.rpc.check()  # one clear line now rather than every trial failing later
         per_task = -(-trials // len(todo))
         total = min(trials, per_task * len(todo))
         t0 = time.perf_counter()
         with _without_tensor_intrin(self.target), _unnamed_handlers_detached():
-            contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
-                extracted_tasks=todo, work_dir=self.work_dir, seed=self.seed,
-                strategy=search_strategy(per_task))
             builder, runner = self._builder(), self._runner_object()
-            ms.tune.tune_tasks(
-                tasks=contexts, task_weights=weights, work_dir=self.work_dir,
-                max_trials_global=total, max_trials_per_task=per_task,
-                num_trials_per_iter=min(per_task, 16), builder=builder,
-                runner=runner,
-                database=self.database,
-                cost_model=ms.cost_model.XGBModel(
-                    extractor=ms.feature_extractor.PerStoreFeature(), adaptive_training=True,
-                    num_tuning_cores=self._cores()),
-                task_scheduler="gradient")
+            try:
+                self._tune_tasks(todo, total, per_task, builder, runner)
+            except Exception as err:  # pylint: disable=broad-except
+                # one task's design space can fail a schedule primitive (a ScheduleError in
+                # 'reverse-compute-at' on a kernel that orchestration fused), which stops the
+                # whole run: the tasks are tuned one at a time and a failing one keeps its
+                # default schedule
+                LOG.warning("ollie: tuning %d tasks together failed (%s); one at a time",
+                            len(todo), str(err).strip().splitlines()[0][:160])
+                for task in todo:
+                    try:
+                        self._tune_tasks([task], per_task, per_task, builder, runner)
+                    except Exception as one:  # pylint: disable=broad-except
+                        LOG.warning("ollie: task %s not tuned: %s", task.task_name,
+                                    str(one).strip().splitlines()[0][:160])
             self.last_tuned = [t.dispatched[0] for t in todo]
             # never slower than untuned: the default schedules compete with the tuned records
             self._commit_missing_defaults(tasks, builder, runner)
@@ -320,6 +321,22 @@ class Tuner:
         if self.rpc is not None:
             self._check_remote_results(todo)
         return total
+
+    def _tune_tasks(self, todo: list, total: int, per_task: int, builder, runner) -> None:
+        """One MetaSchedule run over the extracted tasks ``todo`` (gradient scheduler)."""
+        ms = meta_schedule()
+        contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
+            extracted_tasks=todo, work_dir=self.work_dir, seed=self.seed,
+            strategy=search_strategy(per_task))
+        ms.tune.tune_tasks(
+            tasks=contexts, task_weights=weights, work_dir=self.work_dir,
+            max_trials_global=total, max_trials_per_task=per_task,
+            num_trials_per_iter=min(per_task, 16), builder=builder, runner=runner,
+            database=self.database,
+            cost_model=ms.cost_model.XGBModel(
+                extractor=ms.feature_extractor.PerStoreFeature(), adaptive_training=True,
+                num_tuning_cores=self._cores()),
+            task_scheduler="gradient")
 
     def _commit_missing_defaults(self, tasks: list, builder=None, runner=None) -> None:
         """Measure and record the default schedule of every tunable task that has tuning
