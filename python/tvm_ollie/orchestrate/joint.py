@@ -681,6 +681,6 @@ def _guarded(build_joint, joint_reports: list, mod, tgt, cost, decided, plan_tim
              ("derivation", lambda: tvm.compile(seq_mod, target=tgt,
                                                 relax_pipeline=default_pipeline(tgt)))]
     ex, winner, plan_report = guard_plans(plans, args, reference=GUARD_REFERENCE,
-                                          timer=plan_timer)
+                                          timer=plan_timer, target=tgt)
     return ex, winner, plan_report, reports.get(winner, []), \
         (epilogues if winner != "joint" else {})
