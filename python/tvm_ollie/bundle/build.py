@@ -25,7 +25,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .cases import Case, get_cases, reference_outputs
+from .cases import Case, iter_cases, reference_outputs
 from .cuda_pack import export_precompiled
 from .libraries import (NativeLibrary, cuda_library_dirs, dependency_closure, native_libraries,
                         referenced_libraries, runtime_libraries)
@@ -172,7 +172,7 @@ def build_bundle(out: str, target: str = "cuda", models: Optional[Sequence[str]]
     if bad or not systems:
         raise BundleError(f"unknown systems {bad} (known: {', '.join(SYSTEMS)})")
     tgt = make_target(target, os.cpu_count() or 1)
-    cases = list(cases) if cases is not None else get_cases(models)
+    cases = list(cases) if cases is not None else iter_cases(models)
     _prepare_out(out)
     manifest = Manifest(kind)
     available = native_libraries()

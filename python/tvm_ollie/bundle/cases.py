@@ -15,12 +15,12 @@ transposed convolution: 4x4 stride 2, 16x448x2x2 -> 256).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
 __all__ = ["ATOL", "Case", "OPERATOR_CASES", "RTOL", "case_names", "conv3x3_512_case",
-           "conv_transpose_case", "flatten_outputs", "get_cases", "reference_outputs",
+           "conv_transpose_case", "flatten_outputs", "get_cases", "iter_cases", "reference_outputs",
            "zoo_case"]
 
 #: Default tolerances of the runner's check (the benchmark's, :mod:`tvm_ollie.bench.check`).
@@ -148,12 +148,18 @@ def case_names() -> List[str]:
     return list(list_models()) + list(OPERATOR_CASES)
 
 
-def get_cases(names: Optional[Sequence[str]] = None) -> List[Case]:
-    """The cases named (default: :func:`case_names`, all of them); ``ValueError`` for an
-    unknown name."""
+def iter_cases(names: Optional[Sequence[str]] = None) -> Iterator[Case]:
+    """The cases named (default: :func:`case_names`, all of them), each made when it is
+    reached (importing a zoo model runs ``torch.export``); ``ValueError`` for an unknown name,
+    before any is made."""
     known = case_names()
     names = list(names) if names else known
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ValueError(f"unknown bundle models {unknown} (known: {', '.join(known)})")
-    return [OPERATOR_CASES[n]() if n in OPERATOR_CASES else zoo_case(n) for n in names]
+    return (OPERATOR_CASES[n]() if n in OPERATOR_CASES else zoo_case(n) for n in names)
+
+
+def get_cases(names: Optional[Sequence[str]] = None) -> List[Case]:
+    """:func:`iter_cases` as a list."""
+    return list(iter_cases(names))

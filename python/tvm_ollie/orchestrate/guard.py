@@ -3,9 +3,10 @@
 The joint selection (:mod:`.joint`) picks derivation alternatives and kernel boundaries by a
 cost model, and its in-program guard compares plans by that same model, so a modelling error
 (a kernel priced far from what it runs in) can make the joint plan slower than the sequential
-build it should beat. When the build can time on this machine (a local CPU, or a GPU present here), the joint
-build also builds, from the decisions it already made (no second derivation search), the plans
-it competes with (:func:`~.joint.joint_build`):
+build it should beat. When the build can time on this machine (a local CPU, or a GPU present
+here: the plans run on the target's device), the joint build also builds, from the decisions it
+already made (no second derivation search), the plans it competes with
+(:func:`~.joint.joint_build`):
 
 * ``joint``: the joint selection;
 * ``sequential``: every heavy call on the Decider's choice, then fission and orchestration
