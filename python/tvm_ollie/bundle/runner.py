@@ -23,7 +23,8 @@ RUNNER_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runner
 
 
 def compile_runner(bundle: str, cxx: str = "") -> str:
-    """Compile the runner into ``bundle/runner`` (C++17, ``-O2``) against ``bundle/lib``; the
+    """Compile the runner into ``bundle/runner`` (C++17, ``-O2``, stripped) against
+    ``bundle/lib``; the
     source goes beside it as ``runner.cc`` (rebuild line in the README). Returns its path."""
     import tvm_ffi.libinfo  # pylint: disable=import-outside-toplevel
 
@@ -32,7 +33,7 @@ def compile_runner(bundle: str, cxx: str = "") -> str:
         raise BundleError("no C++ compiler (g++ or $CXX) to build the bundle's runner")
     out = os.path.join(bundle, "runner")
     shutil.copyfile(RUNNER_SOURCE, os.path.join(bundle, "runner.cc"))
-    cmd = [cxx, "-std=c++17", "-O2", "-I", tvm_ffi.libinfo.find_include_path(),
+    cmd = [cxx, "-std=c++17", "-O2", "-s", "-I", tvm_ffi.libinfo.find_include_path(),
            "-I", tvm_ffi.libinfo.find_dlpack_include_path(), RUNNER_SOURCE, "-o", out,
            "-L", os.path.join(bundle, "lib"), "-Wl,--no-as-needed", "-ltvm_ffi",
            "-ltvm_runtime", "-ldl", "-Wl,--disable-new-dtags,-rpath,$ORIGIN/lib"]
