@@ -24,8 +24,8 @@ RUNNER_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runner
 
 def compile_runner(bundle: str, cxx: str = "") -> str:
     """Compile the runner into ``bundle/runner`` (C++17, ``-O2``, stripped) against
-    ``bundle/lib``; the
-    source goes beside it as ``runner.cc`` (rebuild line in the README). Returns its path."""
+    ``bundle/lib``; the source goes beside it as ``runner.cc`` (rebuild line in the README).
+    Returns its path."""
     import tvm_ffi.libinfo  # pylint: disable=import-outside-toplevel
 
     cxx = cxx or os.environ.get("CXX", "") or shutil.which("g++") or shutil.which("c++") or ""
