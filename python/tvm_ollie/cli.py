@@ -7,7 +7,9 @@
 * ``tvm-ollie demo``: optimize a small built-in model, check it against TVM, report the speedup;
 * ``tvm-ollie roundtrip``: lift a conv2d to an expression, lower it back, build and check it;
 * ``tvm-ollie lift MODEL``: print the expression of every liftable operator;
-* ``tvm-ollie bench ...``: the benchmark (same options as ``python -m tvm_ollie.bench``).
+* ``tvm-ollie bench ...``: the benchmark (same options as ``python -m tvm_ollie.bench``);
+* ``tvm-ollie bundle --target cuda --out DIR``: compiled zoo models, the TVM runtime and a
+  runner in one folder, for a GPU machine without TVM (``sh DIR/run.sh`` there).
 
 ``compile`` and ``explain`` measure on remote devices with ``--rpc-tracker HOST:PORT --rpc-key
 KEY [--rpc-workers N]`` (TVM's ``python -m tvm.exec.rpc_tracker`` and ``rpc_server``).
@@ -193,6 +195,38 @@ def _bench(args: argparse.Namespace) -> int:
     from .bench.__main__ import run_from_args  # pylint: disable=import-outside-toplevel
 
     return run_from_args(args, restart_argv=args.restart_argv)
+
+
+def _bundle(args: argparse.Namespace) -> int:
+    # pylint: disable=import-outside-toplevel
+    from .bundle import BundleSizeError, build_bundle, case_names
+    from .bundle.sizes import MIB
+
+    if args.list_models:
+        print("\n".join(case_names()))
+        return 0
+    if not args.out:
+        raise UserError("--out DIR is required")
+    known = case_names()
+    unknown = [m for m in args.models or () if m not in known]
+    if unknown:
+        raise UserError(f"unknown models {unknown} (see tvm-ollie bundle --list-models)")
+    if args.trials > 0 and not args.work_dir:
+        raise UserError("--trials needs --work-dir (the records of an earlier GPU run)")
+    opts = {"library": False} if args.no_library else {}
+    try:
+        res = build_bundle(args.out, args.target, args.models or None, trials=args.trials,
+                           work_dir=args.work_dir, limit=int(args.max_mib * MIB),
+                           carry=args.carry_lib, ollie_options=opts,
+                           systems=tuple(args.systems.split(",")))
+    except BundleSizeError as err:
+        print(f"tvm-ollie: error: {err}", file=sys.stderr)
+        return EXIT_FAILURE
+    print(f"{res.out}: {res.total_bytes / MIB:.1f} MiB, {len(res.build_s)} models; run it "
+          f"with: sh {os.path.join(res.out, 'run.sh')}")
+    for case, system, why in res.failures:
+        print(f"not built: {case} {system}: {why}", file=sys.stderr)
+    return EXIT_FAILURE if res.failures else 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -516,6 +550,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench_parser(cmd)
     cmd.set_defaults(func=_bench)
+
+    cmd = sub.add_parser("bundle", parents=[common],
+                         help="compiled models + TVM runtime + runner, for a device without TVM")
+    cmd.add_argument("--target", choices=("cuda", "llvm"), default="cuda",
+                     help="cuda (sm_90, the H200) or llvm (this CPU: a local check) "
+                          "(default: cuda)")
+    cmd.add_argument("--out", metavar="DIR", help="the bundle folder (replaced if a bundle)")
+    cmd.add_argument("--models", nargs="+", metavar="NAME",
+                     help="zoo models (quick sizes), conv3x3_512, convtranspose (default: all)")
+    cmd.add_argument("--list-models", action="store_true", help="print the model names")
+    cmd.add_argument("--systems", default="tvm,ollie",
+                     help="comma-separated: tvm (TVM alone), ollie (default: tvm,ollie)")
+    cmd.add_argument("--trials", type=int, default=0,
+                     help="MetaSchedule budget per model whose records --work-dir holds")
+    cmd.add_argument("--work-dir", help="tuning records (WORK_DIR/<kind>/<system>/<model>, the "
+                                        "benchmark's layout); applied even with --trials 0")
+    cmd.add_argument("--no-library", action="store_true",
+                     help="ollie builds on TVM kernels only (no native library to carry)")
+    cmd.add_argument("--carry-lib", action="append", default=[], metavar="PATH",
+                     help="an extra shared library to carry and load first (repeatable)")
+    cmd.add_argument("--max-mib", type=float, default=60.0,
+                     help="size limit of the folder in MiB (default: 60)")
+    cmd.set_defaults(func=_bundle)
     return parser
 
 
@@ -591,7 +648,7 @@ class _SigintFlag:
 
 
 #: Commands that may run MetaSchedule (and so TVM's PopenPool worker processes).
-_TUNING = ("compile", "explain", "demo", "bench")
+_TUNING = ("compile", "explain", "demo", "bench", "bundle")
 
 
 @contextlib.contextmanager

@@ -45,6 +45,7 @@ __all__ = [
     "available",
     "unavailable_reason",
     "library_path",
+    "library_files",
     "set_num_threads",
     "get_num_threads",
     "info",
@@ -218,6 +219,15 @@ def library_path() -> Optional[str]:
     """The path of the loaded library, or None."""
     load()
     return _STATE["path"]
+
+
+def library_files() -> List[str]:
+    """The files a process without this package loads to call the kernels, in load order:
+    oneDNN and OpenBLAS, then the library (empty when it is unavailable). A deployment bundle
+    carries them (:mod:`tvm_ollie.bundle.libraries`)."""
+    if not load():
+        return []
+    return _dependency_paths() + [str(_STATE["path"])]
 
 
 def _func(name: str):

@@ -90,9 +90,12 @@ def build(expr: Scope, target: object = "llvm", name: str = "main") -> "tvm.runt
 
 
 def run(expr: Scope, inputs: Mapping[str, np.ndarray], target: object = "llvm") -> np.ndarray:
-    """Build ``expr`` for a CPU target and run it on numpy ``inputs`` (keyed by tensor name)."""
+    """Build ``expr`` for ``target`` and run it on numpy ``inputs`` (keyed by tensor name), on
+    the target's device."""
+    from ..tune.measure import target_device  # pylint: disable=import-outside-toplevel
+
     ex = build(expr, target=target, name="main")
-    device = tvm.cpu(0)
+    device = target_device(target)
     args = []
     for tensor in expr.inputs:
         if tensor.name not in inputs:

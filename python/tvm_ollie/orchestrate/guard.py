@@ -3,9 +3,10 @@
 The joint selection (:mod:`.joint`) picks derivation alternatives and kernel boundaries by a
 cost model, and its in-program guard compares plans by that same model, so a modelling error
 (a kernel priced far from what it runs in) can make the joint plan slower than the sequential
-build it should beat. When the build can time on this machine (a local CPU target), the joint
-build also builds, from the decisions it already made (no second derivation search), the plans
-it competes with (:func:`~.joint_plans.joint_build`):
+build it should beat. When the build can time on this machine (a local CPU, or a GPU present
+here: the plans run on the target's device), the joint build also builds, from the decisions it
+already made (no second derivation search), the plans it competes with
+(:func:`~.joint_plans.joint_build`):
 
 * ``joint``: the joint selection;
 * ``refined``: the alternatives the joint selection picked, substituted into the module, then
@@ -164,7 +165,7 @@ def _one_line(err: Exception) -> str:
 
 def guard_plans(plans: Sequence[Tuple[str, Callable[[], object]]], args: Sequence[np.ndarray],
                 reference: Optional[str] = None, timer: Optional[PlanTimer] = None,
-                device=None) -> Tuple[object, str, GuardReport]:
+                device=None, target=None) -> Tuple[object, str, GuardReport]:
     """Build every plan, keep the fastest that computes what the reference plan computes.
 
     Parameters
@@ -179,7 +180,11 @@ def guard_plans(plans: Sequence[Tuple[str, Callable[[], object]]], args: Sequenc
     timer : PlanTimer, optional
         Times the plans that ran (default :func:`alternating_medians`).
     device : Device, optional
-        Where the plans run (default: the CPU).
+        Where the plans run (default: device 0 of ``target``'s kind).
+    target : str | dict | Target, optional
+        The target the plans are built for (:func:`~tvm_ollie.tune.measure.target_device`;
+        the CPU without one). On a GPU every timed call ends with a device synchronization,
+        so a sample is the kernels' time and not their asynchronous launch.
 
     Returns
     -------
@@ -188,8 +193,10 @@ def guard_plans(plans: Sequence[Tuple[str, Callable[[], object]]], args: Sequenc
     """
     # pylint: disable=import-outside-toplevel
     from ..compat import relax, tvm
+    from ..tune.measure import target_device
 
-    dev = device if device is not None else tvm.cpu(0)
+    dev = device if device is not None else target_device(target)
+    sync = dev.dlpack_device_type() != tvm.cpu(0).dlpack_device_type()
     report = GuardReport()
     built: Dict[str, object] = {}
     runs: Dict[str, Callable[[], object]] = {}
@@ -210,7 +217,7 @@ def guard_plans(plans: Sequence[Tuple[str, Callable[[], object]]], args: Sequenc
             outcome.dropped = f"failed: {_one_line(err)}"
             continue
         built[name] = ex
-        runs[name] = (lambda m=main, i=inputs: m(*i))
+        runs[name] = (lambda m=main, i=inputs: (m(*i), dev.sync()) if sync else m(*i))
     ran = [n for n in order if n in runs]
     if not ran:
         raise GuardError("no plan built and ran: " + "; ".join(

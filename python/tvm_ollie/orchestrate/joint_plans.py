@@ -284,4 +284,5 @@ def _guarded(plans: PlanBuilder, plan_timer) -> Tuple[object, str, object]:
         why = f"not timed: no main with static shapes ({type(err).__name__})"
         return plans.build("joint"), "joint", GuardReport(winner="joint", notes=[why])
     builds: List[Tuple[str, object]] = [(name, lambda n=name: plans.build(n)) for name in PLANS]
-    return guard_plans(builds, args, reference=GUARD_REFERENCE, timer=plan_timer)
+    return guard_plans(builds, args, reference=GUARD_REFERENCE, timer=plan_timer,
+                       target=plans.target)

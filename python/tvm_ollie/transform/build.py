@@ -163,9 +163,10 @@ def _joint(mod: "tvm.IRModule", cfg: OllieConfig, hooks: dict):
     :mod:`tvm_ollie.orchestrate.joint`), or None when it fails (the sequential build follows)."""
     from ..orchestrate.joint_plans import joint_build  # pylint: disable=C0415
 
-    # the never-worse guard times whole plans: only where they run (local CPU; joint builds
-    # are local already)
-    guard = cfg.joint_guard and cfg.target.kind.name == "llvm" and cfg.rpc is None
+    # the never-worse guard times whole plans: only where they run (the local CPU or a GPU
+    # present here, on the target's device; joint builds are local already)
+    guard = cfg.joint_guard and cfg.rpc is None and (
+        cfg.target.kind.name == "llvm" or gpu_available(cfg.target))
     opts = dict(max_depth=cfg.max_depth, time_budget_s=cfg.search_time_s,
                 calibration=cfg.calibration,
                 max_measured=cfg.max_measured, check_untuned=cfg.check_untuned,

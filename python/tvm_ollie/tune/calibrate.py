@@ -231,7 +231,8 @@ def _native_conv_transpose_efficiency(rng, peak: float, repeat: int) -> float:
 
 
 def _tvm_seconds(build_body, shapes, target, repeat: int) -> float:
-    """Best seconds of a one-call Relax module built by TVM's default pipeline (untuned)."""
+    """Best seconds of a one-call Relax module built by TVM's default pipeline (untuned), on
+    ``target``'s device (a GPU call ends with a synchronization)."""
     # pylint: disable=import-outside-toplevel
     from ..compat import relax, tvm
     from ..frontend.builder import single_function_module, tensor_var
@@ -239,12 +240,17 @@ def _tvm_seconds(build_body, shapes, target, repeat: int) -> float:
 
     names = [f"x{k}" for k in range(len(shapes))]
     mod = single_function_module([tensor_var(n, s) for n, s in zip(names, shapes)], build_body)
+    from .measure import target_device
+
     ex = tvm.compile(mod, target=target, relax_pipeline=default_pipeline(target))
-    vm = relax.VirtualMachine(ex, tvm.cpu())
+    dev = target_device(target)
+    vm = relax.VirtualMachine(ex, dev)
     rng = np.random.default_rng(0)
-    args = [tvm.runtime.tensor(rng.standard_normal(s, dtype=np.float32)) for s in shapes]
+    args = [tvm.runtime.tensor(rng.standard_normal(s, dtype=np.float32), dev) for s in shapes]
     vm["main"](*args)
-    return _best_time(lambda: vm["main"](*args), repeat)
+    if dev.dlpack_device_type() == tvm.cpu(0).dlpack_device_type():
+        return _best_time(lambda: vm["main"](*args), repeat)
+    return _best_time(lambda: (vm["main"](*args), dev.sync()), repeat)
 
 
 #: measured untuned-TVM efficiencies per target (``str(target)``)

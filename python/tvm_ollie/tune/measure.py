@@ -16,7 +16,7 @@ from ..ir.nodes import numpy_dtype
 from .metaschedule import Tuner, default_pipeline, legalize_and_fuse, normalize_target
 from .rpc import RPCConfig, time_remote
 
-__all__ = ["compile_module", "device_kind", "random_args", "time_main"]
+__all__ = ["compile_module", "device_kind", "random_args", "target_device", "time_main"]
 
 
 def compile_module(mod: "tvm.IRModule", target, tuner: Optional[Tuner] = None,
@@ -65,6 +65,12 @@ def device_kind(target) -> str:
     return "cpu" if kind in ("llvm", "c") else kind
 
 
+def target_device(target=None) -> "tvm.runtime.Device":
+    """Device 0 of ``target``'s kind (:func:`device_kind`; the CPU without a target): where an
+    executable built for ``target`` runs, so that a CUDA build is never run on the host."""
+    return tvm.device(device_kind(target) if target is not None else "cpu", 0)
+
+
 def time_main(ex: "tvm.runtime.Executable", args: Sequence[np.ndarray], device=None,
               number: int = 5, repeat: int = 5, rpc: Optional[RPCConfig] = None,
               target=None, stat: str = "median") -> float:
@@ -99,7 +105,7 @@ def time_main(ex: "tvm.runtime.Executable", args: Sequence[np.ndarray], device=N
         if device is not None:
             raise ValueError("time_main: give either a local device or rpc, not both")
         return time_remote(ex, args, rpc, kind, number=number, repeat=repeat)
-    dev = device if device is not None else tvm.device(kind, 0)
+    dev = device if device is not None else target_device(target)
     vm = relax.VirtualMachine(ex, dev)
     targs = [tvm.runtime.tensor(a, dev) for a in args]
     vm["main"](*targs)
