@@ -219,10 +219,12 @@ def test_build_without_the_guard_times_nothing():
     assert [d.var_name for d in report.decisions] == ["y"]
 
 
-def test_tuned_joint_build_tunes_the_plan_the_guard_kept(monkeypatch):
+@pytest.mark.parametrize("guard", [True, False])
+def test_tuned_joint_build_tunes_the_plan_the_guard_kept(monkeypatch, guard):
     """``build(trials=N, orchestrate=True, joint=True)``: the plans are built with the
     decisions' records (nothing tuned), the guard keeps one, and the final task's trials tune
-    that plan's kernels (a fake tuner records what it is given)."""
+    that plan's kernels (a fake tuner records what it is given); without the guard, the joint
+    plan is built once, tuned."""
     import importlib
 
     build_mod = importlib.import_module("tvm_ollie.transform.build")
@@ -244,12 +246,12 @@ def test_tuned_joint_build_tunes_the_plan_the_guard_kept(monkeypatch):
     monkeypatch.setattr(build_mod, "Tuner", Recording)
     times = {"joint": 3e-3, "sequential": 1e-3, "derivation": 2e-3, "orchestration": 2e-3}
     ex, report = build_mod.build(_conv_module(), "llvm", trials=4, plan_timer=_fixed(times),
-                                 tuner=Recording(), **_BUILD)
-    assert report.plans.winner == "sequential"
+                                 tuner=Recording(), joint_guard=guard, **_BUILD)
+    assert (report.plans.winner if guard else report.plans) == ("sequential" if guard else None)
     decisions, plans = made  # the Decider's tuner (the hook), the plans' (made by build)
     assert decisions.trials  # the call's measurement tuned first
     assert plans.trials == [report.budget.tasks["build"].allotted]
-    assert plans.applied == 4 + 1  # the four plans built, then the kept one tuned
+    assert plans.applied == (4 + 1 if guard else 1)  # four plans built, then the kept one tuned
     assert report.budget.spent == report.budget.total == 4
     args = [np.random.default_rng(2).standard_normal(s).astype("float32")
             for s in ((1, 4, 6, 6), (4, 4, 3, 3))]

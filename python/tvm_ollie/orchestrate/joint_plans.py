@@ -222,13 +222,13 @@ def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
                         {"given": given, "regions": mod, "folded": folded, "offered": offered},
                         decided, table)
     report = OptimizeReport(target=tgt.kind.name, budget=budget if tuned else None)
+    final = budget.final() if tuned else 0  # what is left of the budget: the kept plan's
     if guard:
         ex, winner, report.plans = _guarded(plans, plan_timer)
+        if final > 0:
+            ex = plans.build(winner, final)
     else:
-        ex, winner = plans.build("joint"), "joint"
-    final = budget.final() if tuned else 0
-    if final > 0:  # what is left of the budget tunes the kept plan's kernels
-        ex = plans.build(winner, final)
+        ex, winner = plans.build("joint", final), "joint"
     report.epilogues = dict(plans.epilogues) if winner in ("sequential", "derivation") else {}
     report.regions = regions.regions
     _report_decisions(report, decided, table, winner)
