@@ -1,6 +1,7 @@
 // Attribute parsing, activations and shape helpers (see attrs.h).
 #include "attrs.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -179,6 +180,48 @@ std::string ShapeStr(const ffi::TensorView& t) {
 
 std::vector<int64_t> Dims(const ffi::TensorView& t) {
   return std::vector<int64_t>(t.shape().begin(), t.shape().end());
+}
+
+GemmShape CheckGemmShapes(const char* kernel, bool ta, bool tb, const ffi::TensorView& A,
+                          const ffi::TensorView& B, const ffi::TensorView& Out) {
+  GemmShape pr;
+  const int ra = A.ndim(), rb = B.ndim();
+  const int64_t a0 = A.shape()[ra - 2], a1 = A.shape()[ra - 1];
+  const int64_t b0 = B.shape()[rb - 2], b1 = B.shape()[rb - 1];
+  pr.M = ta ? a1 : a0;
+  pr.N = tb ? b0 : b1;
+  const int64_t ka = ta ? a0 : a1, kb = tb ? b1 : b0;
+  if (ka != kb) {
+    TVM_FFI_THROW(ValueError) << kernel << ": inner dimensions differ: A " << ShapeStr(A)
+                              << (ta ? " (ta=1)" : "") << " has K=" << ka << ", B "
+                              << ShapeStr(B) << (tb ? " (tb=1)" : "") << " has K=" << kb;
+  }
+  pr.K = ka;
+  const int nb = std::max(ra, rb) - 2;
+  pr.a_batch.assign(nb, 1);
+  pr.b_batch.assign(nb, 1);
+  pr.batch.assign(nb, 1);
+  for (int i = 0; i < ra - 2; ++i) pr.a_batch[nb - (ra - 2) + i] = A.shape()[i];
+  for (int i = 0; i < rb - 2; ++i) pr.b_batch[nb - (rb - 2) + i] = B.shape()[i];
+  for (int i = 0; i < nb; ++i) {
+    const int64_t x = pr.a_batch[i], y = pr.b_batch[i];
+    if (x != y && x != 1 && y != 1) {
+      TVM_FFI_THROW(ValueError) << kernel << ": batch dimensions of A " << ShapeStr(A)
+                                << " and B " << ShapeStr(B) << " do not broadcast";
+    }
+    pr.batch[i] = x == 1 ? y : x;
+    pr.count *= pr.batch[i];
+  }
+  std::vector<int64_t> want = pr.batch;
+  want.push_back(pr.M);
+  want.push_back(pr.N);
+  if (Dims(Out) != want) {
+    std::string w = "[";
+    for (size_t i = 0; i < want.size(); ++i) w += (i ? ", " : "") + std::to_string(want[i]);
+    TVM_FFI_THROW(ValueError) << kernel << ": Out has shape " << ShapeStr(Out) << ", expected "
+                              << w << "] for A " << ShapeStr(A) << " and B " << ShapeStr(B);
+  }
+  return pr;
 }
 
 }  // namespace tvm_ollie

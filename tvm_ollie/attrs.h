@@ -59,6 +59,18 @@ bool ParseFloat(const std::string& s, float* out);
 std::string ShapeStr(const tvm::ffi::TensorView& t);
 std::vector<int64_t> Dims(const tvm::ffi::TensorView& t);
 
+// A (batched) GEMM Out = op(A) @ op(B) after its shape checks: the batch dims of A and B padded
+// with 1s on the left to rank nb and broadcast to `batch` (`count` matrices), and M, N, K.
+struct GemmShape {
+  std::vector<int64_t> a_batch, b_batch, batch;  // all of length nb
+  int64_t M = 0, N = 0, K = 0, count = 1;
+};
+
+// Checks A [..., M, K] (ta: [..., K, M]), B [..., K, N] (tb: [..., N, K]) and Out
+// [batch..., M, N]; throws ValueError naming `kernel`. Shared by the CPU and CUDA GEMMs.
+GemmShape CheckGemmShapes(const char* kernel, bool ta, bool tb, const tvm::ffi::TensorView& A,
+                          const tvm::ffi::TensorView& B, const tvm::ffi::TensorView& Out);
+
 }  // namespace tvm_ollie
 
 #endif  // TVM_OLLIE_ATTRS_H_

@@ -55,60 +55,6 @@ GemmParams ParseGemmAttrs(const char* kernel, const std::string& text) {
   return p;
 }
 
-// The problem after shape checks (as tvm_ollie.cpu.matmul): batch dims broadcast to `batch`,
-// A's and B's padded with 1s on the left.
-struct GemmProblem {
-  std::vector<int64_t> a_batch, b_batch, batch;
-  int64_t M = 0, N = 0, K = 0, count = 1;
-};
-
-std::string DimsText(const std::vector<int64_t>& d) {
-  std::string s = "[";
-  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
-  return s + "]";
-}
-
-GemmProblem GemmShapes(const char* kernel, const GemmParams& p, const ffi::TensorView& A,
-                       const ffi::TensorView& B, const ffi::TensorView& Out) {
-  GemmProblem pr;
-  const int ra = A.ndim(), rb = B.ndim();
-  const int64_t a0 = A.shape()[ra - 2], a1 = A.shape()[ra - 1];
-  const int64_t b0 = B.shape()[rb - 2], b1 = B.shape()[rb - 1];
-  pr.M = p.ta ? a1 : a0;
-  pr.N = p.tb ? b0 : b1;
-  const int64_t ka = p.ta ? a0 : a1, kb = p.tb ? b1 : b0;
-  if (ka != kb) {
-    TVM_FFI_THROW(ValueError) << kernel << ": inner dimensions differ: A " << ShapeStr(A)
-                              << (p.ta ? " (ta=1)" : "") << " has K=" << ka << ", B "
-                              << ShapeStr(B) << (p.tb ? " (tb=1)" : "") << " has K=" << kb;
-  }
-  pr.K = ka;
-  const int nb = std::max(ra, rb) - 2;
-  pr.a_batch.assign(nb, 1);
-  pr.b_batch.assign(nb, 1);
-  pr.batch.assign(nb, 1);
-  for (int i = 0; i < ra - 2; ++i) pr.a_batch[nb - (ra - 2) + i] = A.shape()[i];
-  for (int i = 0; i < rb - 2; ++i) pr.b_batch[nb - (rb - 2) + i] = B.shape()[i];
-  for (int i = 0; i < nb; ++i) {
-    const int64_t x = pr.a_batch[i], y = pr.b_batch[i];
-    if (x != y && x != 1 && y != 1) {
-      TVM_FFI_THROW(ValueError) << kernel << ": batch dimensions of A " << ShapeStr(A)
-                                << " and B " << ShapeStr(B) << " do not broadcast";
-    }
-    pr.batch[i] = x == 1 ? y : x;
-    pr.count *= pr.batch[i];
-  }
-  std::vector<int64_t> want = pr.batch;
-  want.push_back(pr.M);
-  want.push_back(pr.N);
-  if (Dims(Out) != want) {
-    TVM_FFI_THROW(ValueError) << kernel << ": Out has shape " << ShapeStr(Out) << ", expected "
-                              << DimsText(want) << " for A " << ShapeStr(A) << " and B "
-                              << ShapeStr(B);
-  }
-  return pr;
-}
-
 int AsInt(int64_t v, const char* kernel) {
   if (v > std::numeric_limits<int>::max()) {
     TVM_FFI_THROW(ValueError) << kernel << ": dimension " << v << " too large for cuBLAS";
@@ -135,7 +81,7 @@ int64_t BatchOffset(int64_t flat, const std::vector<int64_t>& batch,
 }
 
 // The GEMMs: Out[b] (+)= A'[b] @ B'[b] for every batch element, beta 0 or 1.
-void RunGemms(const char* kernel, const GemmParams& p, const GemmProblem& pr, const float* a,
+void RunGemms(const char* kernel, const GemmParams& p, const GemmShape& pr, const float* a,
               const float* b, float beta, float* out, cublasHandle_t h) {
   const CublasApi& api = Cublas();
   CheckCublas(api.SetMathMode(h, p.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
@@ -205,7 +151,7 @@ void Gemm(const char* kernel, bool batched_only, ffi::PackedArgs args) {
   }
   ffi::TensorView Out = tensor(i++, "Out");
   float* out = CheckCudaTensor(Out, kernel, "Out", 2, &device);
-  const GemmProblem pr = GemmShapes(kernel, p, A, B, Out);
+  const GemmShape pr = CheckGemmShapes(kernel, p.ta, p.tb, A, B, Out);
   if (Bias.has_value() && Dims(*Bias) != std::vector<int64_t>{pr.N}) {
     TVM_FFI_THROW(ValueError) << kernel << ": bias has shape " << ShapeStr(*Bias)
                               << ", expected [" << pr.N << "]";

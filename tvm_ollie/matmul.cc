@@ -52,59 +52,6 @@ MatmulParams ParseMatmulAttrs(const std::string& text) {
   return p;
 }
 
-// The problem after shape checks: batch dims broadcast to `batch` (rank nb, padded with 1s on
-// the left for A and B), M, N, K.
-struct Problem {
-  std::vector<int64_t> a_batch, b_batch, batch;  // all of length nb
-  int64_t M = 0, N = 0, K = 0;
-  int64_t batch_count = 1;
-};
-
-Problem CheckShapes(const MatmulParams& p, const ffi::TensorView& A, const ffi::TensorView& B,
-                    const ffi::TensorView& Out) {
-  Problem pr;
-  const int ra = A.ndim(), rb = B.ndim(), ro = Out.ndim();
-  const int64_t a0 = A.shape()[ra - 2], a1 = A.shape()[ra - 1];
-  const int64_t b0 = B.shape()[rb - 2], b1 = B.shape()[rb - 1];
-  pr.M = p.ta ? a1 : a0;
-  const int64_t ka = p.ta ? a0 : a1;
-  const int64_t kb = p.tb ? b1 : b0;
-  pr.N = p.tb ? b0 : b1;
-  if (ka != kb) {
-    TVM_FFI_THROW(ValueError) << kName << ": inner dimensions differ: A " << ShapeStr(A)
-                              << (p.ta ? " (ta=1)" : "") << " has K=" << ka << ", B "
-                              << ShapeStr(B) << (p.tb ? " (tb=1)" : "") << " has K=" << kb;
-  }
-  pr.K = ka;
-  const int nb = std::max(ra, rb) - 2;
-  pr.a_batch.assign(nb, 1);
-  pr.b_batch.assign(nb, 1);
-  pr.batch.assign(nb, 1);
-  for (int i = 0; i < ra - 2; ++i) pr.a_batch[nb - (ra - 2) + i] = A.shape()[i];
-  for (int i = 0; i < rb - 2; ++i) pr.b_batch[nb - (rb - 2) + i] = B.shape()[i];
-  for (int i = 0; i < nb; ++i) {
-    int64_t x = pr.a_batch[i], y = pr.b_batch[i];
-    if (x != y && x != 1 && y != 1) {
-      TVM_FFI_THROW(ValueError) << kName << ": batch dimensions of A " << ShapeStr(A)
-                                << " and B " << ShapeStr(B) << " do not broadcast";
-    }
-    pr.batch[i] = x == 1 ? y : x;
-    pr.batch_count *= pr.batch[i];
-  }
-  std::vector<int64_t> want = pr.batch;
-  want.push_back(pr.M);
-  want.push_back(pr.N);
-  bool ok = ro == nb + 2;
-  for (int i = 0; ok && i < ro; ++i) ok = Out.shape()[i] == want[i];
-  if (!ok) {
-    std::string w = "[";
-    for (size_t i = 0; i < want.size(); ++i) w += (i ? ", " : "") + std::to_string(want[i]);
-    TVM_FFI_THROW(ValueError) << kName << ": Out has shape " << ShapeStr(Out) << ", expected "
-                              << w << "] for A " << ShapeStr(A) << " and B " << ShapeStr(B);
-  }
-  return pr;
-}
-
 // Broadcast epilogue prologue: Out = residual (+ bias) or bias, before a beta=1 GEMM.
 void FillOutWithAddends(float* out, const float* bias, const float* res, int64_t rows,
                         int64_t N) {
@@ -138,17 +85,17 @@ std::vector<int64_t> BatchStrides(const std::vector<int64_t>& dims, int64_t mat)
 
 bool FitsBlasInt(int64_t v) { return v <= std::numeric_limits<blasint>::max(); }
 
-void RunOpenBLAS(const MatmulParams& p, const Problem& pr, const float* a, const float* b,
+void RunOpenBLAS(const MatmulParams& p, const GemmShape& pr, const float* a, const float* b,
                  const float* bias, const float* res, float* out) {
   const int64_t M = pr.M, N = pr.N, K = pr.K;
-  const int64_t total_rows = pr.batch_count * M;
+  const int64_t total_rows = pr.count * M;
   FillOutWithAddends(out, bias, res, total_rows, N);
   const float beta = (bias != nullptr || res != nullptr) ? 1.f : 0.f;
   const bool b_broadcast = std::all_of(pr.b_batch.begin(), pr.b_batch.end(),
                                        [](int64_t d) { return d == 1; });
   if (K == 0 || M == 0 || N == 0) {
     if (beta == 0.f) std::fill(out, out + total_rows * N, 0.f);
-  } else if (b_broadcast && !p.ta && pr.batch_count > 1 &&
+  } else if (b_broadcast && !p.ta && pr.count > 1 &&
              std::equal(pr.a_batch.begin(), pr.a_batch.end(), pr.batch.begin())) {
     // Fold A's batch into M: one [batch*M, K] @ [K, N] GEMM.
     if (!FitsBlasInt(total_rows) || !FitsBlasInt(K) || !FitsBlasInt(N)) {
@@ -166,7 +113,7 @@ void RunOpenBLAS(const MatmulParams& p, const Problem& pr, const float* a, const
     const std::vector<int64_t> sb = BatchStrides(pr.b_batch, K * N);
     const int nb = static_cast<int>(pr.batch.size());
     std::vector<int64_t> idx(nb, 0);
-    for (int64_t bi = 0; bi < pr.batch_count; ++bi) {
+    for (int64_t bi = 0; bi < pr.count; ++bi) {
       int64_t oa = 0, ob = 0;
       for (int d = 0; d < nb; ++d) {
         oa += idx[d] * sa[d];
@@ -199,7 +146,7 @@ std::string DimsKey(const std::vector<int64_t>& d) {
   return s;
 }
 
-void RunOneDNN(const MatmulParams& p, const Problem& pr, const float* a, const float* b,
+void RunOneDNN(const MatmulParams& p, const GemmShape& pr, const float* a, const float* b,
                const float* bias, const float* res, float* out) {
   using dt = dnnl::memory::data_type;
   using dims = dnnl::memory::dims;
@@ -212,7 +159,7 @@ void RunOneDNN(const MatmulParams& p, const Problem& pr, const float* a, const f
   std::vector<int64_t> a_batch = pr.a_batch, b_batch = pr.b_batch, batch = pr.batch;
   int64_t m = M;
   if (fold) {
-    m = M * pr.batch_count;
+    m = M * pr.count;
     a_batch.clear();
     b_batch.clear();
     batch.clear();
@@ -304,7 +251,7 @@ void RunOneDNN(const MatmulParams& p, const Problem& pr, const float* a, const f
 // (tie), 1x768x768 0.3 vs 9 (oneDNN splits a GEMV over OpenMP threads and stalls whenever a
 // thread is descheduled; OpenBLAS runs it on one thread). Rule: OpenBLAS for matrix-vector
 // products (M == 1 or N == 1), oneDNN otherwise.
-Lib ChooseLib(const Problem& pr) {
+Lib ChooseLib(const GemmShape& pr) {
   return (pr.M == 1 || pr.N == 1) ? Lib::kOpenBLAS : Lib::kOneDNN;
 }
 
@@ -346,7 +293,7 @@ void Matmul(ffi::PackedArgs args, ffi::Any* rv) {
   }
   ffi::TensorView Out = tensor(i++, "Out");
   float* out = CheckFloatTensor(Out, kName, "Out", 2);
-  Problem pr = CheckShapes(p, A, B, Out);
+  const GemmShape pr = CheckGemmShapes(kName, p.ta, p.tb, A, B, Out);
   if (Bias.has_value() && (Bias->ndim() != 1 || Bias->shape()[0] != pr.N)) {
     TVM_FFI_THROW(ValueError) << kName << ": bias has shape " << ShapeStr(*Bias)
                               << ", expected [" << pr.N << "]";
