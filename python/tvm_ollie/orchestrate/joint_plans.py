@@ -97,36 +97,27 @@ class PlanBuilder:
     def _joint(self, trials: int):
         # pylint: disable=import-outside-toplevel
         from .pipeline import ollie_orchestration
-        from .tuned import orchestrated_kernels
+        from .tuned import tuned_orchestrate_build
 
         tgt, reports = self.target, self.reports["joint"]
         if self.tuner is None:
             return tvm.compile(self.modules["offered"], target=tgt, relax_pipeline=(
                 ollie_orchestration(tgt, cost=self.cost, reports=reports, joint=self.table)))
-        return self._tuned(orchestrated_kernels(self.modules["offered"], tgt, self.cost,
-                                                reports=reports, joint=self.table), trials)
+        # the offered module is fissioned already (fission drops the unused alternatives)
+        return tuned_orchestrate_build(self.modules["offered"], tgt, self.tuner, trials,
+                                       cost=self.cost, reports=reports, joint=self.table)
 
     def _orchestrated(self, module, plan: str, trials: int):
         # pylint: disable=import-outside-toplevel
         from .pipeline import _split_composites, ollie_orchestration
-        from .tuned import orchestrated_kernels
+        from .tuned import tuned_orchestrate_build
 
         tgt, reports = self.target, self.reports[plan]
         if self.tuner is None:
             return tvm.compile(module, target=tgt, relax_pipeline=ollie_orchestration(
                 tgt, cost=self.cost, reports=reports))
-        return self._tuned(orchestrated_kernels(module, tgt, self.cost,
-                                                fission=_split_composites, reports=reports),
-                           trials)
-
-    def _tuned(self, fused, trials: int):
-        from .tuned import finish_pipeline  # pylint: disable=import-outside-toplevel
-
-        if trials > 0:
-            self.tuner.tune(fused, trials)
-        fused = self.tuner.apply(fused)
-        return tvm.compile(fused, target=self.target,
-                           relax_pipeline=finish_pipeline(self.target))
+        return tuned_orchestrate_build(module, tgt, self.tuner, trials, cost=self.cost,
+                                       fission=_split_composites, reports=reports)
 
 
 def _rewrite_regions(mod, tgt, work_dir, opts):

@@ -107,13 +107,15 @@ def tuned_orchestrate_build(mod: "tvm.IRModule", target, tuner, trials: int,
                             cost: Optional[CostModel] = None,
                             config: Optional[OrchestrateConfig] = None,
                             fission: Fission = None, cpu_schedules: bool = True,
-                            reports: Optional[list] = None) -> "tvm.runtime.Executable":
+                            reports: Optional[list] = None, joint=None
+                            ) -> "tvm.runtime.Executable":
     """Orchestrate ``mod``, tune its kernels with ``tuner`` (up to ``trials``; 0: only apply
     the records the tuner's database has), apply the records and build (the module
     docstring's three steps). ``tuner`` has ``tune(fused, trials)`` and ``apply(fused)``
-    (:class:`~tvm_ollie.tune.metaschedule.Tuner`, or a budget-metered one)."""
+    (:class:`~tvm_ollie.tune.metaschedule.Tuner`, or a budget-metered one); ``joint``: as in
+    :func:`orchestrated_kernels`."""
     tgt = _normalize(target)
-    fused = orchestrated_kernels(mod, tgt, cost, config, fission, reports=reports)
+    fused = orchestrated_kernels(mod, tgt, cost, config, fission, reports=reports, joint=joint)
     if trials > 0:
         tuner.tune(fused, trials)
     fused = tuner.apply(fused)
