@@ -78,10 +78,12 @@ def test_unavailable_library_is_reported_not_raised(tmp_path):
 
 
 def test_disabled_by_environment():
-    # native.py alone (no package import: this path must not need TVM at all)
-    code = ("import importlib.util as u; s = u.spec_from_file_location('n', %r); "
-            "n = u.module_from_spec(s); s.loader.exec_module(n); "
-            "print(n.available(), n.unavailable_reason())" % native.__file__)
+    # native.py and the loader alone (the package's __init__ not run, TVM not importable)
+    code = ("import sys, types, importlib; "
+            "sys.modules.update(tvm=None, tvm_ffi=None); "
+            "p = types.ModuleType('p'); p.__path__ = [%r]; sys.modules['p'] = p; "
+            "n = importlib.import_module('p.native'); "
+            "print(n.available(), n.unavailable_reason())" % os.path.dirname(native.__file__))
     res = _run(code, TVM_OLLIE_DISABLE_NATIVE="1")
     assert res.returncode == 0, res.stderr
     assert "False disabled by TVM_OLLIE_DISABLE_NATIVE" in res.stdout

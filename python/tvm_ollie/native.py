@@ -21,12 +21,10 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import site
 import sys
-import sysconfig
-import threading
-from pathlib import Path
 from typing import List, Optional
+
+from .library_loader import LibraryLoader, LoadState, candidate_paths, disabled, find_dist_file
 
 __all__ = [
     "MATMUL",
@@ -76,61 +74,13 @@ LIBRARY_NAME = "libtvm_ollie_native.so"
 DEFAULT_OMP_WAIT_POLICY: Optional[str] = "PASSIVE"
 
 _LOG = logging.getLogger(__name__)
-_LOCK = threading.Lock()
-_STATE = {"done": False, "ok": False, "reason": "not loaded yet", "path": None}
 _HANDLES: List[ctypes.CDLL] = []  # keep the libraries loaded
-
-
-def _candidate_paths(name: str = LIBRARY_NAME,
-                     env: str = "TVM_OLLIE_NATIVE_LIB") -> List[Path]:
-    """Where the library ``name`` may be, in order: the environment variable ``env``, beside
-    this module (a regular install), and ``tvm_ollie/lib`` in every site-packages directory (an
-    editable install, where this module stays in the source tree)."""
-    out: List[Path] = []
-    given = os.environ.get(env)
-    if given:
-        out.append(Path(given))
-    out.append(Path(__file__).resolve().parent / "lib" / name)
-    dirs: List[str] = []
-    for key in ("platlib", "purelib"):
-        try:
-            dirs.append(sysconfig.get_paths()[key])
-        except KeyError:
-            pass
-    try:
-        dirs.extend(site.getsitepackages())
-    except AttributeError:  # some virtualenv layouts
-        pass
-    dirs.extend(p for p in sys.path if p.endswith("site-packages"))
-    seen = set()
-    for d in dirs:
-        p = Path(d) / "tvm_ollie" / "lib" / name
-        if str(p) not in seen:
-            seen.add(str(p))
-            out.append(p)
-    return out
-
-
-def _find_dist_file(dist_name: str, basename: str) -> Optional[str]:
-    """A file of an installed distribution, by base name (data-scheme files included)."""
-    import importlib.metadata as md  # pylint: disable=import-outside-toplevel
-
-    try:
-        dist = md.distribution(dist_name)
-    except md.PackageNotFoundError:
-        return None
-    for f in dist.files or ():
-        if f.name == basename:
-            path = os.path.abspath(str(dist.locate_file(f)))
-            if os.path.exists(path):
-                return path
-    return None
 
 
 def _dependency_paths() -> List[str]:
     """libdnnl.so.3 (from onednn-cpu-gomp, in <prefix>/lib) and OpenBLAS (scipy-openblas32)."""
     paths = []
-    dnnl = _find_dist_file("onednn-cpu-gomp", "libdnnl.so.3")
+    dnnl = find_dist_file("onednn-cpu-gomp", "libdnnl.so.3")
     if dnnl is None:
         for prefix in (sys.prefix, sys.base_prefix):
             p = os.path.join(prefix, "lib", "libdnnl.so.3")
@@ -152,15 +102,16 @@ def _dependency_paths() -> List[str]:
     return paths
 
 
-def _load_locked() -> bool:
-    if os.environ.get("TVM_OLLIE_DISABLE_NATIVE", "") not in ("", "0"):
-        _STATE["reason"] = "disabled by TVM_OLLIE_DISABLE_NATIVE"
+def _open(state: LoadState) -> bool:
+    """oneDNN and OpenBLAS first (the library links them by soname), then the library."""
+    if disabled(state):
         return False
-    lib = next((p for p in _candidate_paths() if p.is_file()), None)
+    paths = candidate_paths(LIBRARY_NAME, "TVM_OLLIE_NATIVE_LIB")
+    lib = next((p for p in paths if p.is_file()), None)
     if lib is None:
-        _STATE["reason"] = (
+        state.reason = (
             f"{LIBRARY_NAME} not found (was the C++ build skipped at pip install? looked in "
-            + ", ".join(str(p.parent) for p in _candidate_paths()[:3])
+            + ", ".join(str(p.parent) for p in paths[:3])
             + ", site-packages/tvm_ollie/lib)"
         )
         return False
@@ -173,11 +124,13 @@ def _load_locked() -> bool:
         _HANDLES.append(ctypes.CDLL(dep, mode=ctypes.RTLD_GLOBAL))
     _HANDLES.append(ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL))
     if tvm_ffi.get_global_func(MATMUL, allow_missing=True) is None:
-        _STATE["reason"] = f"{lib} loaded but {MATMUL} is not registered"
+        state.reason = f"{lib} loaded but {MATMUL} is not registered"
         return False
-    _STATE["path"] = str(lib)
-    _STATE["reason"] = ""
+    state.path = str(lib)
     return True
+
+
+_LOADER = LibraryLoader("tvm-ollie native library", _open, logger=_LOG)
 
 
 def load() -> bool:
@@ -189,36 +142,22 @@ def load() -> bool:
         True when the kernels are available. On failure one warning with the reason is logged
         (see :func:`unavailable_reason`) and False is returned; nothing raises.
     """
-    with _LOCK:
-        if _STATE["done"]:
-            return bool(_STATE["ok"])
-        try:
-            ok = _load_locked()
-        except Exception as err:  # pylint: disable=broad-except  (never break the import)
-            ok = False
-            _STATE["reason"] = f"{type(err).__name__}: {err}"
-        _STATE["ok"] = ok
-        _STATE["done"] = True
-        if not ok and not _STATE["reason"].startswith("disabled"):
-            _LOG.warning("tvm-ollie native library unavailable: %s", _STATE["reason"])
-        return ok
+    return _LOADER.load()
 
 
 def available() -> bool:
     """Whether the native kernels are loaded (loads them on first call)."""
-    return load()
+    return _LOADER.load()
 
 
 def unavailable_reason() -> str:
     """Why the native library is not available ("" when it is)."""
-    load()
-    return str(_STATE["reason"])
+    return _LOADER.reason()
 
 
 def library_path() -> Optional[str]:
     """The path of the loaded library, or None."""
-    load()
-    return _STATE["path"]
+    return _LOADER.path()
 
 
 def library_files() -> List[str]:
@@ -227,15 +166,7 @@ def library_files() -> List[str]:
     carries them (:mod:`tvm_ollie.bundle.libraries`)."""
     if not load():
         return []
-    return _dependency_paths() + [str(_STATE["path"])]
-
-
-def _func(name: str):
-    if not load():
-        raise RuntimeError(f"tvm-ollie native library unavailable: {_STATE['reason']}")
-    import tvm_ffi  # pylint: disable=import-outside-toplevel
-
-    return tvm_ffi.get_global_func(name)
+    return _dependency_paths() + [str(_LOADER.path())]
 
 
 def provides(name: str) -> bool:
@@ -244,11 +175,7 @@ def provides(name: str) -> bool:
     A library built from an older checkout lacks the newer kernels (e.g. ``CONV2D_TRANSPOSE``);
     the pass asks before it offers one, so that a stale build degrades to TVM's kernels.
     """
-    if not load():
-        return False
-    import tvm_ffi  # pylint: disable=import-outside-toplevel
-
-    return tvm_ffi.get_global_func(name, allow_missing=True) is not None
+    return _LOADER.provides(name)
 
 
 def set_num_threads(n: int) -> None:
@@ -258,17 +185,17 @@ def set_num_threads(n: int) -> None:
     """
     if int(n) < 1:
         raise ValueError(f"set_num_threads: expected n >= 1, got {n}")
-    _func(SET_NUM_THREADS)(int(n))
+    _LOADER.func(SET_NUM_THREADS)(int(n))
 
 
 def get_num_threads() -> int:
     """The thread count of the native kernels."""
-    return int(_func(GET_NUM_THREADS)())
+    return int(_LOADER.func(GET_NUM_THREADS)())
 
 
 def info() -> str:
     """Library versions, thread count and the implementation choices of each kernel."""
-    return str(_func(INFO)())
+    return str(_LOADER.func(INFO)())
 
 
 def conv2d_packed_size(attrs: str, data_shape, weight_shape) -> int:
@@ -281,5 +208,5 @@ def conv2d_packed_size(attrs: str, data_shape, weight_shape) -> int:
     data_shape, weight_shape : sequence of int
         The data shape (in ``layout``) and the weight shape (in ``klayout``).
     """
-    return int(_func(CONV2D_PACKED_SIZE)(attrs, [int(d) for d in data_shape],
-                                          [int(d) for d in weight_shape]))
+    return int(_LOADER.func(CONV2D_PACKED_SIZE)(attrs, [int(d) for d in data_shape],
+                                                [int(d) for d in weight_shape]))

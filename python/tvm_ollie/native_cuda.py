@@ -18,12 +18,10 @@ cannot run here. Environment: ``TVM_OLLIE_CUDA_LIB`` (the library's path),
 from __future__ import annotations
 
 import ctypes
-import importlib.metadata as md
 import os
-import threading
 from typing import Dict, List, Optional
 
-from .native import _candidate_paths
+from .library_loader import LibraryLoader, LoadState, candidate_paths, disabled, find_dist_file
 
 __all__ = ["BATCH_MATMUL", "CONV2D", "DEVICE_COUNT", "INFO", "KERNELS", "LIBRARY_NAME", "MATMUL",
            "VENDOR_ERROR", "VENDOR_OF", "available", "device_count", "info", "kernel_error",
@@ -49,22 +47,7 @@ _WHEELS = {
                                       ("nvidia-cudnn-cu12", "libcudnn.so.9")]),
 }
 
-_LOCK = threading.Lock()
-_STATE = {"done": False, "ok": False, "reason": "not loaded yet", "path": None}
 _HANDLES: List[ctypes.CDLL] = []
-
-
-def _wheel_file(dist_name: str, basename: str) -> Optional[str]:
-    try:
-        dist = md.distribution(dist_name)
-    except md.PackageNotFoundError:
-        return None
-    for f in dist.files or ():
-        if f.name == basename:
-            path = os.path.abspath(str(dist.locate_file(f)))
-            if os.path.exists(path):
-                return path
-    return None
 
 
 def _point_at_wheels() -> None:
@@ -74,89 +57,73 @@ def _point_at_wheels() -> None:
         if os.environ.get(env):
             continue
         for dist, name in wheels:
-            path = _wheel_file(dist, name)
+            path = find_dist_file(dist, name)
             if path:
                 os.environ[env] = path
                 break
 
 
-def _load_locked() -> bool:
-    if os.environ.get("TVM_OLLIE_DISABLE_NATIVE", "") not in ("", "0"):
-        _STATE["reason"] = "disabled by TVM_OLLIE_DISABLE_NATIVE"
+def _open(state: LoadState) -> bool:
+    """The library only: cuBLAS and cuDNN are opened by the library when a kernel first runs."""
+    if disabled(state):
         return False
-    paths = _candidate_paths(LIBRARY_NAME, "TVM_OLLIE_CUDA_LIB")
+    paths = candidate_paths(LIBRARY_NAME, "TVM_OLLIE_CUDA_LIB")
     lib = next((p for p in paths if p.is_file()), None)
     if lib is None:
-        _STATE["reason"] = (f"{LIBRARY_NAME} not found (built only where the CUDA toolkit is "
-                            "found at install; looked in "
-                            + ", ".join(str(p.parent) for p in paths[:3]) + ", ...)")
+        state.reason = (f"{LIBRARY_NAME} not found (built only where the CUDA toolkit is "
+                        "found at install; looked in "
+                        + ", ".join(str(p.parent) for p in paths[:3]) + ", ...)")
         return False
     import tvm_ffi  # pylint: disable=import-outside-toplevel  (loads libtvm_ffi.so first)
 
     _point_at_wheels()
     _HANDLES.append(ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL))
     if tvm_ffi.get_global_func(MATMUL, allow_missing=True) is None:
-        _STATE["reason"] = f"{lib} loaded but {MATMUL} is not registered"
+        state.reason = f"{lib} loaded but {MATMUL} is not registered"
         return False
-    _STATE["path"] = str(lib)
-    _STATE["reason"] = ""
+    state.path = str(lib)
     return True
+
+
+_LOADER = LibraryLoader("tvm-ollie CUDA library", _open)
 
 
 def load() -> bool:
     """Load the CUDA library (once per process); False with :func:`unavailable_reason` when it
     is not there or does not load (libcudart missing, ...). Never raises."""
-    with _LOCK:
-        if not _STATE["done"]:
-            try:
-                _STATE["ok"] = _load_locked()
-            except Exception as err:  # pylint: disable=broad-except
-                _STATE["ok"] = False
-                _STATE["reason"] = f"{type(err).__name__}: {err}"
-            _STATE["done"] = True
-        return bool(_STATE["ok"])
+    return _LOADER.load()
 
 
 def available() -> bool:
     """Whether the CUDA library is loaded (loads it on first call)."""
-    return load()
+    return _LOADER.load()
 
 
 def unavailable_reason() -> str:
     """Why the CUDA library is not loaded ("" when it is)."""
-    load()
-    return str(_STATE["reason"])
+    return _LOADER.reason()
 
 
 def library_path() -> Optional[str]:
     """The loaded library's path, or None."""
-    load()
-    return _STATE["path"]
-
-
-def _func(name: str):
-    if not load():
-        raise RuntimeError(f"tvm-ollie CUDA library unavailable: {_STATE['reason']}")
-    import tvm_ffi  # pylint: disable=import-outside-toplevel
-
-    return tvm_ffi.get_global_func(name)
+    return _LOADER.path()
 
 
 def info() -> str:
     """CUDA runtime, driver and devices; cuBLAS and cuDNN (loaded from where, or why not)."""
-    return str(_func(INFO)())
+    return str(_LOADER.func(INFO)())
 
 
 def vendor_error(name: str) -> str:
     """"" when the vendor library ``name`` (``"cublas"`` or ``"cudnn"``) loads, else why not."""
     if not load():
         return unavailable_reason()
-    return str(_func(VENDOR_ERROR)(name))
+    return str(_LOADER.func(VENDOR_ERROR)(name))
 
 
 def device_count() -> int:
     """CUDA devices the library sees (0 without a driver or a device, or without the library)."""
-    return int(_func(DEVICE_COUNT)()) if load() else 0
+    return int(_LOADER.func(DEVICE_COUNT)()) if load() else 0
 
 
 def kernel_error(func: str) -> str:

@@ -331,9 +331,9 @@ def test_kernels_through_relax_on_cuda():
 
 def test_environment_paths_are_respected(tmp_path, monkeypatch):
     """The loader looks at $TVM_OLLIE_CUDA_LIB first (a missing file is skipped)."""
-    from tvm_ollie.native import _candidate_paths
+    from tvm_ollie.library_loader import candidate_paths
 
     fake = tmp_path / "lib.so"
     monkeypatch.setenv("TVM_OLLIE_CUDA_LIB", str(fake))
-    paths = _candidate_paths(native_cuda.LIBRARY_NAME, "TVM_OLLIE_CUDA_LIB")
+    paths = candidate_paths(native_cuda.LIBRARY_NAME, "TVM_OLLIE_CUDA_LIB")
     assert paths[0] == fake and all(p.name == native_cuda.LIBRARY_NAME for p in paths[1:])

@@ -155,6 +155,29 @@ def test_alternating_medians_rotates_and_takes_medians():
     assert rounds[0::3] == ["a", "b", "c"]  # round r starts with plan r
 
 
+def test_alternating_medians_times_a_hopeless_plan_once():
+    """A plan more than ``hopeless`` times slower than the fastest on its first call leaves
+    the rounds with that call's time; with ``hopeless=inf`` it stays in every round."""
+    now = [0.0]
+    calls = {"fast": 0, "slow": 0}
+
+    def run(name, step):
+        def _run():
+            calls[name] += 1
+            now[0] += step
+        return _run
+
+    runs = {"fast": run("fast", 2e-3), "slow": run("slow", 1.0)}
+    medians = alternating_medians(runs, time_s=0.0, min_rounds=4, max_rounds=4,
+                                  clock=lambda: now[0])
+    assert medians == pytest.approx({"fast": 2e-3, "slow": 1.0})
+    assert calls == {"fast": 5, "slow": 1}
+    calls.update(fast=0, slow=0)
+    alternating_medians(runs, time_s=0.0, min_rounds=4, max_rounds=4, clock=lambda: now[0],
+                        hopeless=float("inf"))
+    assert calls == {"fast": 5, "slow": 5}
+
+
 def test_plan_tolerance_scales_with_the_type():
     assert plan_tolerance(["float16", "float32"]) > plan_tolerance(["float32"]) > 0
 

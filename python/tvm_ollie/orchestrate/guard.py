@@ -23,7 +23,8 @@ and :func:`guard_plans` keeps the fastest. Each plan is built and run once on th
 inputs; a plan that fails to build or to run, or whose outputs differ from the reference plan's
 by more than :func:`plan_tolerance`, is dropped with the reason. The others are timed in
 alternating rounds (round ``r`` runs every plan once, in an order rotated by ``r``, so that
-load drifting over time falls on all of them) and the least median wins:
+load drifting over time falls on all of them; a plan more than 3x slower than the fastest on
+its first call is timed once only) and the least median wins:
 
     winner = argmin_p median_r t(p, r)      (ties: the earlier plan in the list)
 
@@ -99,12 +100,18 @@ def plan_tolerance(dtypes: Sequence[str]) -> float:
 
 def alternating_medians(runs: Dict[str, Callable[[], object]], time_s: float = 2.0,
                         min_rounds: int = 7, max_rounds: int = 51,
-                        clock: Callable[[], float] = time.perf_counter) -> Dict[str, float]:
+                        clock: Callable[[], float] = time.perf_counter,
+                        hopeless: float = 3.0) -> Dict[str, float]:
     """Median seconds of one call of every plan, from alternating rounds (module docstring).
 
     Rounds run until ``time_s`` has passed, at least ``min_rounds`` and at most ``max_rounds``
     of them. A plan faster than a millisecond is called several times per sample (the same
     count for every plan: that of the fastest), so that a sample is not the timer's noise.
+
+    A plan whose first timed call takes more than ``hopeless`` times the fastest plan's cannot
+    win and leaves the rounds: its time is that one call. At large sizes the plan without
+    derivation runs for seconds where the others take milliseconds, and its rounds would be
+    most of the guard's time (``hopeless=inf`` times every plan in every round).
     """
     names = list(runs)
     first = {}
@@ -112,7 +119,9 @@ def alternating_medians(runs: Dict[str, Callable[[], object]], time_s: float = 2
         start = clock()
         runs[name]()
         first[name] = max(clock() - start, 1e-9)
-    number = max(1, min(100, math.ceil(1e-3 / min(first.values()))))
+    fastest = min(first.values())
+    names = [n for n in names if first[n] <= hopeless * fastest]
+    number = max(1, min(100, math.ceil(1e-3 / fastest)))
     samples: Dict[str, List[float]] = {n: [] for n in names}
     begin = clock()
     for r in range(max_rounds):
@@ -124,7 +133,8 @@ def alternating_medians(runs: Dict[str, Callable[[], object]], time_s: float = 2
             for _ in range(number):
                 runs[name]()
             samples[name].append((clock() - start) / number)
-    return {n: float(np.median(s)) for n, s in samples.items()}
+    medians = {n: float(np.median(s)) for n, s in samples.items()}
+    return {n: medians.get(n, first[n]) for n in runs}
 
 
 def _flatten(value) -> List[np.ndarray]:
