@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from tvm_ollie.bench.check import as_numpy_list, compare_outputs
-from tvm_ollie.bench.timing import Samples, measure_interleaved, paired_ratio
+from tvm_ollie.bench.timing import (Samples, measure_interleaved, paired_ratio,
+                                    paired_ratio_quartiles)
 
 
 def test_agreement_is_relative_to_output_scale():
@@ -62,3 +63,10 @@ def test_interleaved_timing_stops_on_budget_and_batches_fast_calls():
 def test_paired_ratio_is_median_of_pairs():
     a, b = Samples(1, [2.0, 4.0, 100.0]), Samples(1, [1.0, 2.0, 1.0])
     assert paired_ratio(a, b) == 2.0
+
+
+def test_paired_ratio_quartiles():
+    a = Samples(1, [1.0, 2.0, 3.0, 4.0, 5.0])
+    b = Samples(1, [1.0] * 5)
+    assert paired_ratio_quartiles(a, b) == (2.0, 4.0)
+    assert paired_ratio_quartiles(Samples(1, [1.0]), Samples(1, [1.0])) is None

@@ -70,7 +70,8 @@ def test_every_outcome_is_reported(tmp_path):
     systems = ["torch", "test_close", "test_wrong", "test_missing", "test_broken"]
     systems.append("test_built_only")
     results = run_bench(models=["infogan"], quick=True, systems=systems, reference="torch",
-                        out_dir=str(tmp_path), time_budget_s=0.05, log=lambda _: None)  # fmt: skip
+                        out_dir=str(tmp_path), time_budget_s=0.05, min_rounds=4,
+                        log=lambda _: None)  # fmt: skip
     entry = results["models"]["infogan"]
     status = {name: r["status"] for name, r in entry["systems"].items()}
     assert status == {"torch": "ok", "test_close": "ok", "test_wrong": "mismatch",
@@ -79,6 +80,8 @@ def test_every_outcome_is_reported(tmp_path):
     close = entry["systems"]["test_close"]
     assert close["ratio_to_ref"] > 0 and close["median_s"] > 0 and close["tune_s"] == 1.5
     assert entry["systems"]["torch"]["ratio_to_ref"] == 1.0
+    assert tuple(entry["systems"]["torch"]["ratio_quartiles"]) == (1.0, 1.0)
+    assert close["rounds"] >= 4  # min_rounds, whatever the budget
     assert "median_s" not in entry["systems"]["test_wrong"]
     assert entry["flops"] > 0 and entry["bytes"] > entry["bytes_min"] > 0
     assert 0 < close["roofline_fraction"]
@@ -86,6 +89,7 @@ def test_every_outcome_is_reported(tmp_path):
         assert json.load(f)["models"]["infogan"]["systems"]["test_missing"]["reason"]
     report = (tmp_path / "results.md").read_text()
     assert "| infogan |" in report and "mismatch" in report and "fakepkg" in report
+    assert "Spread: first and third quartiles" in report
     assert os.path.getsize(tmp_path / "speedups.png") > 0
 
 

@@ -30,6 +30,9 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
                              "model gets them (transformations of them fold at compile time)")
     parser.add_argument("--threads", type=int, help="threads per system (default: all cores)")
     parser.add_argument("--budget", type=float, help="timing budget per model in seconds")
+    parser.add_argument("--min-rounds", type=int,
+                        help="timing rounds per model at least, whatever the budget (default 5, "
+                        "3 when one round outlasts the budget)")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--list", action="store_true", help="list models and systems and exit")
     return parser
@@ -93,7 +96,7 @@ def run_from_args(args: argparse.Namespace, restart_argv: Optional[List[str]] = 
         models=args.models, quick=args.quick, trials=args.trials, target=args.target,
         out_dir=args.out, systems=args.systems, reference=args.reference, batch=args.batch,
         work_dir=args.work_dir, threads=args.threads, time_budget_s=args.budget,
-        plot=not args.no_plot, weights=getattr(args, "weights", "params"),
+        min_rounds=getattr(args, "min_rounds", None), plot=not args.no_plot, weights=getattr(args, "weights", "params"),
     )  # fmt: skip
     print(f"\nwrote {args.out}/results.json, results.md")
     failed = [(m, s) for m, e in results["models"].items() for s, r in e["systems"].items()

@@ -24,7 +24,7 @@ from .check import as_numpy_list, compare_outputs
 from .env import configure_threads
 from .roofline import count_module, measure_cpu_peaks, measure_cuda_peaks
 from .systems import BenchContext, SystemUnavailable, get_system
-from .timing import measure_interleaved, paired_ratio
+from .timing import measure_interleaved, paired_ratio, paired_ratio_quartiles
 
 DEFAULT_SYSTEMS = ("ollie", "ollie-lib", "tvm", "onnxruntime", "torch", "torch_compile")
 
@@ -41,6 +41,7 @@ def run_bench(
     work_dir: Optional[str] = None,
     threads: Optional[int] = None,
     time_budget_s: Optional[float] = None,
+    min_rounds: Optional[int] = None,
     plot: bool = True,
     log: Callable[[str], None] = print,
     weights: str = "params",
@@ -73,6 +74,10 @@ def run_bench(
         waiting for the thread pools if unset (see :mod:`.env`).
     time_budget_s : float, optional
         Timing budget per model (default 2 s quick, 10 s full).
+    min_rounds : int, optional
+        Timing rounds per model at least, whatever the budget (more rounds: a narrower spread of
+        the per-round ratios, reported as their quartiles). Default: 5, or 3 when one round
+        alone outlasts the budget (:func:`.timing.measure_interleaved`).
     plot : bool
         Write the matplotlib plot (skipped with a note if matplotlib is missing).
     log : callable
@@ -107,7 +112,7 @@ def run_bench(
             "trials": trials, "target": target, "batch": batch, "threads": threads,
             "weights": weights,
             "thread_env": thread_env,
-            "time_budget_s": budget, "machine": platform.machine(),
+            "time_budget_s": budget, "min_rounds": min_rounds, "machine": platform.machine(),
             "processor": platform.processor(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         },
         "peaks": None if peaks is None else vars(peaks),
@@ -117,7 +122,7 @@ def run_bench(
     for name in models:
         start = time.perf_counter()
         spec = get_model(name, quick=quick, batch=batch)
-        entry = bench_model(spec, systems, reference, ctx, peaks, budget, log)
+        entry = bench_model(spec, systems, reference, ctx, peaks, budget, log, min_rounds)
         entry["wall_s"] = time.perf_counter() - start
         results["models"][name] = entry
         report.write_results(results, out_dir)
@@ -134,7 +139,8 @@ def run_bench(
 
 
 def bench_model(spec, systems: List[str], reference: str, ctx: BenchContext, peaks,
-                budget_s: float, log: Callable[[str], None]) -> dict:  # fmt: skip
+                budget_s: float, log: Callable[[str], None],
+                min_rounds: Optional[int] = None) -> dict:  # fmt: skip
     """Prepare, check and time ``systems`` on one model; returns the model's result entry."""
     import torch  # pylint: disable=import-outside-toplevel
 
@@ -157,7 +163,9 @@ def bench_model(spec, systems: List[str], reference: str, ctx: BenchContext, pea
         entry["systems"][name] = result
         if run is not None:
             runs[name] = run
-    samples = measure_interleaved(runs, budget_s=budget_s) if runs else {}
+    rounds = {} if min_rounds is None else dict(
+        min_rounds=min_rounds, hard_min_rounds=min_rounds, max_rounds=max(200, min_rounds))
+    samples = measure_interleaved(runs, budget_s=budget_s, **rounds) if runs else {}
     for name, sample in samples.items():
         result = entry["systems"][name]
         result["median_s"] = sample.median
@@ -165,6 +173,7 @@ def bench_model(spec, systems: List[str], reference: str, ctx: BenchContext, pea
         result["calls_per_sample"] = sample.number
         if reference in samples:
             result["ratio_to_ref"] = paired_ratio(sample, samples[reference])
+            result["ratio_quartiles"] = paired_ratio_quartiles(sample, samples[reference])
         if "bound_s" in entry:
             result["roofline_fraction"] = entry["bound_s"] / sample.median
             result["roofline_min_fraction"] = entry["bound_min_s"] / sample.median

@@ -63,6 +63,10 @@ def markdown(results: dict) -> str:
               f"Median of per-round ratios; above 1: `{ref}` is faster.", ""]  # fmt: skip
     lines += _table(["model"] + systems, [[m] + [_ratio(e["systems"].get(s, {})) for s in systems]
                                           for m, e in models.items()])  # fmt: skip
+    lines += ["", "Spread: first and third quartiles of the per-round ratios (ranges that "
+              "contain 1: a tie at this machine's noise).", ""]  # fmt: skip
+    lines += _table(["model"] + systems, [[m] + [_spread(e["systems"].get(s, {})) for s in systems]
+                                          for m, e in models.items()])  # fmt: skip
     lines += ["", "## Roofline", "",
               "GFLOP and MB from the Relax module (MB: unfused per-op traffic; min: inputs, "
               "weights and outputs once); bound = max(FLOP/peak, bytes/bandwidth); "
@@ -110,6 +114,11 @@ class _Peaks:  # pylint: disable=too-few-public-methods
 def _ratio(result: dict) -> str:
     value = result.get("ratio_to_ref")
     return "-" if value is None else f"{value:.2f}"
+
+
+def _spread(result: dict) -> str:
+    value = result.get("ratio_quartiles")
+    return "-" if not value else f"{value[0]:.2f}-{value[1]:.2f}"
 
 
 def _num(value, unit: float, digits: int) -> str:

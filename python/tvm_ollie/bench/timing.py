@@ -12,7 +12,7 @@ import dataclasses
 import math
 import statistics
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 
 @dataclasses.dataclass
@@ -89,7 +89,24 @@ def measure_interleaved(
     return samples
 
 
+def _pairs(samples: Samples, reference: Samples) -> List[float]:
+    return [a / b for a, b in zip(samples.seconds, reference.seconds) if b > 0]
+
+
 def paired_ratio(samples: Samples, reference: Samples) -> Optional[float]:
     """Median over rounds of ``t_system / t_reference`` (rounds are paired by index)."""
-    pairs = [a / b for a, b in zip(samples.seconds, reference.seconds) if b > 0]
+    pairs = _pairs(samples, reference)
     return statistics.median(pairs) if pairs else None
+
+
+def paired_ratio_quartiles(samples: Samples, reference: Samples) -> Optional[Tuple[float, float]]:
+    """First and third quartiles over rounds of ``t_system / t_reference``.
+
+    The spread says how far one run's ratio can be trusted: two systems whose quartile ranges
+    both contain 1 are a tie at this machine's noise. None with fewer than two rounds.
+    """
+    pairs = sorted(_pairs(samples, reference))
+    if len(pairs) < 2:
+        return None
+    q = statistics.quantiles(pairs, n=4, method="inclusive")
+    return q[0], q[2]
