@@ -1,6 +1,5 @@
 """Output agreement and interleaved timing."""
 
-import time
 
 import numpy as np
 import pytest
@@ -33,18 +32,37 @@ def test_as_numpy_list_flattens_nested_outputs():
     assert [a.shape for a in out] == [(2,), (3,), ()]
 
 
-def test_interleaved_timing_ratios_and_bounds():
+class _FakeTime:
+    """A clock that only the timed calls advance (the machine's load cannot move it)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+def test_interleaved_timing_ratios_and_bounds(monkeypatch):
+    from tvm_ollie.bench import timing
+
+    clock = _FakeTime()
+    monkeypatch.setattr(timing, "time", clock)
+
     def sleeper(seconds):
-        return lambda: time.sleep(seconds)
+        return lambda: clock.sleep(seconds)
 
     samples = measure_interleaved(
         {"fast": sleeper(0.002), "slow": sleeper(0.006)},
-        budget_s=0.2, min_rounds=3, max_rounds=8, min_sample_s=0.0, gap_s=0.0,
+        budget_s=0.05, min_rounds=3, max_rounds=8, min_sample_s=0.0, gap_s=0.0,
     )  # fmt: skip
-    assert 3 <= len(samples["fast"].seconds) <= 8
-    assert len(samples["fast"].seconds) == len(samples["slow"].seconds)
-    assert samples["slow"].median > samples["fast"].median
-    assert paired_ratio(samples["slow"], samples["fast"]) == pytest.approx(3.0, rel=0.5)
+    # rounds of 8 ms: the 0.05 s budget ends the loop after the 7th
+    assert len(samples["fast"].seconds) == len(samples["slow"].seconds) == 7
+    assert samples["slow"].median == pytest.approx(0.006)
+    assert samples["fast"].median == pytest.approx(0.002)
+    assert paired_ratio(samples["slow"], samples["fast"]) == pytest.approx(3.0)
 
 
 def test_interleaved_timing_stops_on_budget_and_batches_fast_calls():
