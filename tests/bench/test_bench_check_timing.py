@@ -1,6 +1,5 @@
 """Output agreement and interleaved timing."""
 
-
 import numpy as np
 import pytest
 
