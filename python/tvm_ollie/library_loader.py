@@ -67,7 +67,7 @@ def find_dist_file(dist_name: str, basename: str) -> Optional[str]:
 
 
 class LoadState:
-    """What a load attempt left: whether it worked, why not, and the library's path.
+    """What a load attempt left: why it failed (``reason``) or the library's path.
 
     The ``load`` function of a :class:`LibraryLoader` fills ``reason`` when it returns False
     and ``path`` when it returns True.

@@ -96,7 +96,8 @@ def run_from_args(args: argparse.Namespace, restart_argv: Optional[List[str]] = 
         models=args.models, quick=args.quick, trials=args.trials, target=args.target,
         out_dir=args.out, systems=args.systems, reference=args.reference, batch=args.batch,
         work_dir=args.work_dir, threads=args.threads, time_budget_s=args.budget,
-        min_rounds=getattr(args, "min_rounds", None), plot=not args.no_plot, weights=getattr(args, "weights", "params"),
+        min_rounds=getattr(args, "min_rounds", None), plot=not args.no_plot,
+        weights=getattr(args, "weights", "params"),
     )  # fmt: skip
     print(f"\nwrote {args.out}/results.json, results.md")
     failed = [(m, s) for m, e in results["models"].items() for s, r in e["systems"].items()
