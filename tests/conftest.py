@@ -1,10 +1,12 @@
-"""Test-suite set-up: make the shared hypothesis strategies importable from every test folder."""
+"""Test-suite set-up: make the shared hypothesis strategies importable from every test folder,
+and a stand-in logger for tests that read a module's warnings."""
 
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "ir"))
 
+import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 # Deterministic examples and no per-example deadline: CI machines are shared and noisy, and a
@@ -13,3 +15,26 @@ settings.register_profile(
     "ollie", deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile("ollie")
+
+
+class StandInLog:
+    """Stands for a module's logger and keeps its lines: pytest's caplog misses a logger that
+    another test of the full suite detached from pytest's capture."""
+
+    def __init__(self):
+        self.lines = []
+
+    def _add(self, msg, *args):
+        self.lines.append(msg % args)
+
+    warning = info = debug = _add
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+@pytest.fixture
+def stand_in_log() -> StandInLog:
+    """A fresh :class:`StandInLog`."""
+    return StandInLog()

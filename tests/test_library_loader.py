@@ -19,21 +19,11 @@ def test_loads_once_and_reports_the_path():
     assert loader.path() == "/x/lib.so" and loader.reason() == ""
 
 
-class _Log:
-    """Stands in for a logger (pytest's caplog misses loggers another test detached)."""
-
-    def __init__(self):
-        self.lines = []
-
-    def warning(self, fmt, *args):
-        self.lines.append(fmt % args)
-
-
-def test_an_exception_becomes_the_reason_and_one_warning():
+def test_an_exception_becomes_the_reason_and_one_warning(stand_in_log):
     def _open(state):
         raise OSError("libfoo.so: cannot open")
 
-    log = _Log()
+    log = stand_in_log
     loader = LibraryLoader("test library", _open, logger=log)
     assert not loader.load() and not loader.load()
     assert loader.reason() == "OSError: libfoo.so: cannot open"
@@ -43,9 +33,9 @@ def test_an_exception_becomes_the_reason_and_one_warning():
         loader.func("anything")
 
 
-def test_disabled_by_the_environment_without_a_warning(monkeypatch):
+def test_disabled_by_the_environment_without_a_warning(monkeypatch, stand_in_log):
     monkeypatch.setenv("TVM_OLLIE_DISABLE_NATIVE", "1")
-    log = _Log()
+    log = stand_in_log
     loader = LibraryLoader("test library", lambda state: not disabled(state), logger=log)
     assert not loader.load()
     assert loader.reason() == "disabled by TVM_OLLIE_DISABLE_NATIVE"

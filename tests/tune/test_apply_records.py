@@ -10,22 +10,6 @@ from tvm_ollie.tune import Tuner
 from tvm_ollie.tune import metaschedule
 
 
-class _Log:
-    """Stands for the module's logger (other tests may detach it from pytest's capture)."""
-
-    def __init__(self):
-        self.lines = []
-
-    def _add(self, msg, *args):
-        self.lines.append(msg % args)
-
-    warning = info = debug = _add
-
-    @property
-    def text(self) -> str:
-        return "\n".join(self.lines)
-
-
 def _prim(scale: float) -> "tvm.tirx.PrimFunc":
     a = te.placeholder((4,), "float32", name="a")
     b = te.compute((4,), lambda i: a[i] * scale, name="b")
@@ -51,8 +35,8 @@ def _fake_apply(enable_warning=False):  # noqa: ARG001
     return run
 
 
-def test_a_record_that_fails_leaves_only_its_kernel_untuned(tmp_path, monkeypatch):
-    log = _Log()
+def test_a_record_that_fails_leaves_only_its_kernel_untuned(tmp_path, monkeypatch, stand_in_log):
+    log = stand_in_log
     monkeypatch.setattr(metaschedule, "LOG", log)
     monkeypatch.setattr(relax.transform, "MetaScheduleApplyDatabase", _fake_apply)
     out = Tuner("llvm", str(tmp_path)).apply(_Two)
@@ -78,14 +62,15 @@ def _fused_two_tasks() -> "tvm.IRModule":
     return legalize_and_fuse(bb.get(), normalize_target("llvm"))
 
 
-def test_a_task_that_fails_to_tune_does_not_stop_the_others(tmp_path, monkeypatch):
+def test_a_task_that_fails_to_tune_does_not_stop_the_others(tmp_path, monkeypatch,
+                                                            stand_in_log):
     """MetaSchedule raising for one task (a ScheduleError in its design space) stops a run
     of all tasks together: then each is tuned alone and only the failing one is skipped."""
     from tvm_ollie.compat import meta_schedule
 
     ms = meta_schedule()
     runs = []
-    log = _Log()
+    log = stand_in_log
     monkeypatch.setattr(metaschedule, "LOG", log)
 
     def fake_tune_tasks(tasks, **_kw):
