@@ -160,7 +160,7 @@ std::vector<Item> Items(const BandProblem& pr, int64_t dil, int64_t tile) {
 // Rows per block by default. The GEMM of a block computes T*(T+2W) dot products for the
 // T*(2W+1) of the band, so T trades the GEMM's efficiency (small T: short, badly blocked GEMMs)
 // against wasted work (large T): 2W rows (half the GEMM is band) within [16, 64]. Measured on
-// one thread (NATIVE_NOTES.md): 4x256x32 w=16 d=4 best at T = 32..128 (flat), 12x1024x64 w=64
+// one thread (docs/native-library.md): 4x256x32 w=16 d=4 best at T = 32..128 (flat), 12x1024x64 w=64
 // and 8x2048x64 w=128 best at T = 64 (noisy, loaded machine).
 int64_t DefaultTile(int64_t width) { return std::clamp<int64_t>(2 * width, 16, 64); }
 

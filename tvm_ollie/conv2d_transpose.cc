@@ -171,7 +171,7 @@ struct OneDNNDeconv {
 // Whether the residual and the activation run after the deconvolution rather than as oneDNN
 // post-ops. On the plain formats oneDNN deconvolves with its GEMM implementation (gemm:jit),
 // whose post-ops are slow. One thread, us, bias + relu post-op / bias only / bias, then a
-// separate relu (`python scripts/native_impl_choice.py deconv` shapes, DCGAN quick layers):
+// separate relu (`python -m tvm_ollie.bench.native_choice deconv` shapes, DCGAN quick layers):
 //   1x64x4x4 -> 32 k4 s2 p1:   147 / 55      1x16x16x16 -> 8:   488 / 94
 //   1x8x32x32 -> 3:            736 / 113     (a residual sum post-op costs the same as relu)
 // The blocked implementations (brgconv) apply post-ops at no measurable cost, so they keep them.
@@ -192,7 +192,7 @@ dnnl::eltwise_forward ActivationPrimitive(const Activation& act, const dnnl::mem
 }
 
 // Default implementation. Measured on the shared 2-core Xeon (oneDNN's ISA there: avx2), one
-// thread, ms, best of repeated calls (`python scripts/native_impl_choice.py deconv`):
+// thread, ms, best of repeated calls (`python -m tvm_ollie.bench.native_choice deconv`):
 //   GCN 1x21x32x32 -> 21 k4 s2 p1:       plain 0.49 (gemm:jit), blocked 0.46 (brgconv, nhwc)
 //   1x64x16x16 -> 32 k4 s2 p1:           plain 0.39, blocked 0.25
 //   DCGAN 1x512x4x4 -> 256 k4 s2 p1:     plain 1.9, blocked 8.4 (per-call weight reorder)

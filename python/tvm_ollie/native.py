@@ -6,7 +6,7 @@ functions in destination-passing style, so a Relax module calls them with
 :func:`load` has run in the process (``import tvm_ollie`` does that).
 
 The interface of the kernels (attribute strings, argument order) is documented in
-``NATIVE_NOTES.md`` at the top of the repository.
+``docs/native-library.md``.
 
 Environment variables:
 
@@ -55,21 +55,21 @@ __all__ = [
 MATMUL = "tvm_ollie.cpu.matmul"
 CONV2D = "tvm_ollie.cpu.conv2d"
 CONV2D_TRANSPOSE = "tvm_ollie.cpu.conv2d_transpose"
-#: The banded batched matmuls (dilated sliding-window attention), see NATIVE_NOTES.md.
+#: The banded batched matmuls (dilated sliding-window attention), see docs/native-library.md.
 G2BMM = "tvm_ollie.cpu.g2bmm"
 GBMM = "tvm_ollie.cpu.gbmm"
 INFO = "tvm_ollie.cpu.info"
 SET_NUM_THREADS = "tvm_ollie.cpu.set_num_threads"
 GET_NUM_THREADS = "tvm_ollie.cpu.get_num_threads"
 CACHE_STATS = "tvm_ollie.cpu.cache_stats"
-#: Optional weight prepacking for conv2d (see NATIVE_NOTES.md): size query and DPS packer.
+#: Optional weight prepacking for conv2d (see docs/native-library.md): size query and DPS packer.
 CONV2D_PACKED_SIZE = "tvm_ollie.cpu.conv2d_packed_size"
 CONV2D_PACK_WEIGHT = "tvm_ollie.cpu.conv2d_pack_weight"
 
 LIBRARY_NAME = "libtvm_ollie_native.so"
 
 #: GNU OpenMP's waiting policy, applied when this module loads oneDNN (and with it libgomp) for
-#: the first time, unless the user set ``OMP_WAIT_POLICY``. See NATIVE_NOTES.md (threads) for
+#: the first time, unless the user set ``OMP_WAIT_POLICY``. See docs/native-library.md (threads) for
 #: the measurement behind the choice.
 DEFAULT_OMP_WAIT_POLICY: Optional[str] = "PASSIVE"
 

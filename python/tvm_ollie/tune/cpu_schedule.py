@@ -70,7 +70,7 @@ LOG = logging.getLogger(__name__)
 
 #: Below this many loop iterations (output elements for an injective block, spatial x reduction
 #: iterations for a reduction block) a block stays single-threaded: in the threshold sweep of
-#: SCHED_NOTES.md (``sched_bench --threshold``) parallel add+sigmoid was 0.79x at 1K elements and
+#: docs/cpu-schedules.md (``sched_bench --threshold``) parallel add+sigmoid was 0.79x at 1K elements and
 #: 0.90x at 4K, and only from 16K on did it reach break-even (with the second core busy) or gain.
 DEFAULT_MIN_PARALLEL_WORK = 16384
 
@@ -78,7 +78,7 @@ DEFAULT_MIN_PARALLEL_WORK = 16384
 #: unscheduled: parallel over the outputs measured slower than TVM's serial loop for max_pool2d
 #: 3x3 (9 per output, 0.65x) and a mean over a middle axis of 56 (0.73x), in runs where
 #: elementwise kernels and softmax gained 1.75-2x; parallelizing only the pad block of that
-#: max_pool2d still gave 0.61x (the serial pooling after it ran slower). SCHED_NOTES.md.
+#: max_pool2d still gave 0.61x (the serial pooling after it ran slower). docs/cpu-schedules.md.
 MIN_PARALLEL_REDUCTION = 64
 
 #: PrimFunc attribute naming the rule that scheduled the function (for reports and tests).
@@ -191,7 +191,7 @@ def _reads_are_unit_stride(sch, info) -> bool:
     (``y[c]``). Loads whose other indices depend on the innermost iterator (a transpose read) or
     whose last index is not ``v + c`` (``p // w`` of an im2col gather, ``x[idx[v]]``) become
     per-lane gathers plus vector integer division, which measured about 2x slower than TVM's
-    scalar loop for a 3.6M-element im2col gather (SCHED_NOTES.md).
+    scalar loop for a 3.6M-element im2col gather (docs/cpu-schedules.md).
     """
     from ..compat import BufferLoadNode, sym  # pylint: disable=import-outside-toplevel
 
@@ -303,7 +303,7 @@ def _inline_single_reads(sch, infos: list) -> int:
     consumer element (the four taps of a bilinear ``resize2d``, a pooling window) is then
     recomputed once per tap, index arithmetic of reshapes and transposes included: that made a
     fused reshape/transpose/resize/concat kernel of SegFormer 3x slower than TVM's loop nest
-    (SCHED_NOTES.md). Such producers stay materialized. A consumer that is reverse-inlined into its
+    (docs/cpu-schedules.md). Such producers stay materialized. A consumer that is reverse-inlined into its
     producer is evaluated once per producer element, so it is always tried. Returns the number
     of blocks inlined.
     """
@@ -390,7 +390,7 @@ class ReductionRule(_CPURule):
     accumulation order and therefore the result is exactly TVM's); injective blocks get the
     :class:`InjectiveRule` treatment. Nothing is inlined: inlining a pad into a convolution puts
     its bounds test in the innermost multiply-add loop, which made SegFormer's convolutions up to
-    2.5x slower than TVM's loop nest with a materialized pad (SCHED_NOTES.md).
+    2.5x slower than TVM's loop nest with a materialized pad (docs/cpu-schedules.md).
     """
 
     def apply(self, func, target, tunable):  # pylint: disable=unused-argument
@@ -456,7 +456,7 @@ def _is_row_reduction(sch, info) -> bool:
     True for softmax, layer norm or a mean over the last axis: every load that uses a reduction
     iterator has the innermost one as its last index and no reduction iterator elsewhere. False
     for a mean over a middle axis (strided reads), a matmul (``B[k, j]``) or a convolution, for
-    which ``dlight.cpu.Reduction`` measured slower than TVM's loop nest (SCHED_NOTES.md).
+    which ``dlight.cpu.Reduction`` measured slower than TVM's loop nest (docs/cpu-schedules.md).
     """
     if not info.iters or info.iters[-1].kind != "R":
         return False
@@ -489,7 +489,7 @@ class MinWork(_CPURule):
     is used only when every reduction is a row reduction (:func:`_is_row_reduction`):
     ``dlight.cpu.Reduction`` splits and unrolls the innermost reduction loop and computes every
     block at the shared spatial loop, which made a mean over a middle axis about 2x slower
-    single-threaded, and SegFormer's matmul+bias and conv+bias kernels 0.4-0.8x (SCHED_NOTES.md).
+    single-threaded, and SegFormer's matmul+bias and conv+bias kernels 0.4-0.8x (docs/cpu-schedules.md).
     """
 
     def __init__(self, rule: "dlight.ScheduleRule",
