@@ -19,6 +19,8 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
+from .table import pivot_table
+
 #: GEMM shapes (M, K, N, label): Out[M, N] = A[M, K] @ B[K, N].
 GEMM_SHAPES: List[Tuple[int, int, int, str]] = [
     (256, 256, 256, "square 256"),
@@ -241,15 +243,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _print_table(title, table, fmt):
-    cols: List[str] = []
-    for _, row in table:
-        cols += [c for c in row if c not in cols]
     print(f"### {title}\n")
-    print("| shape | " + " | ".join(cols) + " |")
-    print("|---|" + "---|" * len(cols))
-    for label, row in table:
-        cells = [fmt.format(row[c]) if c in row else "-" for c in cols]
-        print(f"| {label} | " + " | ".join(cells) + " |")
+    print(pivot_table("shape", table, fmt))
     print()
 
 
