@@ -1,32 +1,39 @@
 """Banded matmuls (G2BMM/GBMM): the native kernels vs the other implementations the pass has.
 
-For each workload the band expression is derived (:func:`tvm_ollie.derive.derive`) and these
-implementations are built as Relax modules with the pass's default llvm pipeline and timed in
-interleaved rounds (one call of each per round, after warm-up, a 5 ms pause before each call;
-medians and minima, ms):
+    TVM_NUM_THREADS=1 python -m tvm_ollie.bench.native_band [--rounds 30] [--quick] [--budget S]
+
+For each workload the band expression is derived (:func:`tvm_ollie.derive.search.derive`) and
+these implementations are built as Relax modules with the pass's default llvm pipeline, checked
+against the first, and timed in interleaved rounds (:func:`~.timing.measure_interleaved`: one
+call of each per round, a 5 ms pause before each call, which makes every call cache-cold;
+median (min), ms):
 
 * ``expr (TE)``: the band expression as one TE kernel (what the region is without derivation);
-* ``<band op> (TE)``: the derived band program, its band stage as the TE kernel (``impl="tvm"``);
-* ``<band op> [native]``: the same program, its band stage on ``tvm_ollie.cpu.g2bmm/gbmm``;
-* ``gather+batch_matmul [native]``: the fastest (here) of the derived programs without a band
-  stage (gathers + ``batch_matmul`` on the library's matmul).
+* ``band op (TE)``: the derived band program, its band stage as the TE kernel (``impl="tvm"``);
+* ``band op [native]``: the same program, its band stage on ``tvm_ollie.cpu.g2bmm/gbmm``;
+* ``best gather+batch_matmul [native]``: the fastest of up to four derived programs without a
+  band stage (gathers + ``batch_matmul`` on the library's matmul).
 
-Run with one thread::
-
-    TVM_NUM_THREADS=1 python scripts/native_band_compare.py [--rounds 30] [--quick]
+The programs are printed before the table.
 """
 
+from __future__ import annotations
+
 import argparse
-import time
+import math
+import sys
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tvm_ollie import native
-from tvm_ollie.compat import relax, tvm
-from tvm_ollie.derive.search import derive
-from tvm_ollie.ir.parser import parse
-from tvm_ollie.transform.emit import emit_program
-from tvm_ollie.tune.metaschedule import default_pipeline
+from .. import native
+from ..compat import relax, tvm
+from ..derive.search import derive
+from ..ir.parser import parse
+from ..transform.emit import emit_program
+from ..tune.metaschedule import default_pipeline
+from .table import pivot_table
+from .timing import measure_interleaved
 
 #: (label, band kind, batch, length, inner extent (K or N), width, dilation)
 WORKLOADS = [
@@ -36,8 +43,11 @@ WORKLOADS = [
     ("gbmm[12x1024x129 @ 12x1024x64, d=1]", "gbmm", 12, 1024, 64, 64, 1),
 ]
 
+#: Pause before each call (see the module docstring).
+GAP_S = 0.005
 
-def band_expr(kind, batch, length, inner, width, dil):
+
+def band_expr(kind: str, batch: int, length: int, inner: int, width: int, dil: int):
     """The operator's own expression (``B`` zero-padded by ``D*W`` rows on each side)."""
     window = 2 * width + 1
     pad = f"<pad=[0, {dil * width}, 0]>"
@@ -53,9 +63,9 @@ def band_expr(kind, batch, length, inner, width, dil):
                  f"B: float32[{batch}, {length}, {inner}]")
 
 
-def _build(expr, program, impl):
+def _build(expr, program, impl: str):
     """A VM function ``main(A, B)`` computing ``program`` (None: ``expr`` as one TE kernel)."""
-    from tvm_ollie.codegen.lower import to_te  # pylint: disable=import-outside-toplevel
+    from ..codegen.lower import to_te  # pylint: disable=import-outside-toplevel
 
     a_t, b_t = expr.inputs
     out_shape = tuple(iv.extent for iv in expr.loops)
@@ -76,7 +86,9 @@ def _build(expr, program, impl):
     return relax.VirtualMachine(ex, tvm.cpu())["main"]
 
 
-def _systems(kind, batch, length, inner, width, dil, budget_s):
+def systems(kind: str, batch: int, length: int, inner: int, width: int, dil: int,
+            budget_s: float) -> Tuple[Dict[str, Callable[[], object]], Dict[str, list]]:
+    """``({name: zero-argument call}, {kind of program: [derived programs]})``, all checked."""
     expr = band_expr(kind, batch, length, inner, width, dil)
     res = derive(expr, time_budget_s=budget_s, verify=False, max_candidates=64,
                  cost_target="llvm")
@@ -85,8 +97,8 @@ def _systems(kind, batch, length, inner, width, dil, budget_s):
     gemm = [p for p in unique if "batch_matmul" in p.kinds and kind not in p.kinds]
     builds = {"expr (TE)": _build(expr, None, "tvm")}
     if band:
-        builds[f"{kind} (TE)"] = _build(expr, band[0], "tvm")
-        builds[f"{kind} [native]"] = _build(expr, band[0], "native")
+        builds["band op (TE)"] = _build(expr, band[0], "tvm")
+        builds["band op [native]"] = _build(expr, band[0], "native")
     for k, prog in enumerate(gemm[:4]):
         builds[f"gather+batch_matmul#{k} [native]"] = _build(expr, prog, "native")
     rng = np.random.default_rng(0)
@@ -95,45 +107,46 @@ def _systems(kind, batch, length, inner, width, dil, budget_s):
     ref = builds["expr (TE)"](*args).numpy()
     for name, fn in builds.items():
         np.testing.assert_allclose(fn(*args).numpy(), ref, rtol=1e-4, atol=1e-4, err_msg=name)
-    programs = {f"{kind} (TE)": band[:1], "gather+batch_matmul": gemm[:4]}
+    programs = {"band op": band[:1], "gather+batch_matmul": gemm[:4]}
     return {name: (lambda f=fn: f(*args)) for name, fn in builds.items()}, programs
 
 
-def _time(systems, rounds):
-    for fn in systems.values():
-        for _ in range(3):
-            fn()
-    times = {name: [] for name in systems}
-    for _ in range(rounds):
-        for name, fn in systems.items():
-            time.sleep(0.005)
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return {name: (1e3 * float(np.median(ts)), 1e3 * float(np.min(ts)))
-            for name, ts in times.items()}
+def time_rounds(runs: Dict[str, Callable[[], object]],
+                rounds: int) -> Dict[str, Tuple[float, float]]:
+    """``{name: (median ms, min ms)}`` over ``rounds`` interleaved rounds of single calls."""
+    samples = measure_interleaved(runs, budget_s=math.inf, min_rounds=rounds, max_rounds=rounds,
+                                  min_sample_s=0.0, gap_s=GAP_S)
+    return {name: (1e3 * s.median, 1e3 * min(s.seconds)) for name, s in samples.items()}
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Print the derived programs and one Markdown table; 2 without the band kernels."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--quick", action="store_true", help="the first two workloads only")
     parser.add_argument("--budget", type=float, default=10.0, help="derivation seconds")
-    args = parser.parse_args()
+    opts = parser.parse_args(argv)
     if not native.provides(native.G2BMM):
-        raise SystemExit(f"the native library lacks the band kernels ({native.library_path()})")
+        print(f"the native library lacks the band kernels: "
+              f"{native.unavailable_reason() or native.library_path()}", file=sys.stderr)
+        return 2
     print(f"native library: {native.library_path()}, threads {native.get_num_threads()}")
-    for label, *workload in WORKLOADS[:2] if args.quick else WORKLOADS:
-        systems, programs = _systems(*workload, args.budget)
+    rows: List[Tuple[str, Dict[str, str]]] = []
+    for label, *workload in WORKLOADS[:2] if opts.quick else WORKLOADS:
+        runs, programs = systems(*workload, opts.budget)
         for name, progs in programs.items():
             for prog in progs:
-                print(f"  {name}: {prog}")
-        ms = _time(systems, args.rounds)
+                print(f"  {label} {name}: {prog}")
+        ms = time_rounds(runs, opts.rounds)
         gemm = min((v for k, v in ms.items() if k.startswith("gather")), default=None)
-        cells = ", ".join(f"{k} {med:.3f} ({low:.3f})" for k, (med, low) in ms.items())
-        best = f"; best gather+batch_matmul {gemm[0]:.3f} ({gemm[1]:.3f})" if gemm else ""
-        print(f"{label}: {cells}{best} (ms, median (min) of {args.rounds})", flush=True)
+        ms = {k: v for k, v in ms.items() if not k.startswith("gather")}
+        if gemm is not None:
+            ms["best gather+batch_matmul [native]"] = gemm
+        rows.append((label, {k: f"{med:.3f} ({low:.3f})" for k, (med, low) in ms.items()}))
+    print(f"\n### banded matmuls, ms, median (min) of {opts.rounds} interleaved rounds\n")
+    print(pivot_table("workload", rows))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
