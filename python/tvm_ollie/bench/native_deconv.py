@@ -1,6 +1,6 @@
 """Transposed convolutions: the native kernel vs untuned TVM vs eager PyTorch, medians in ms.
 
-    TVM_NUM_THREADS=1 python -m tvm_ollie.bench.native_deconv [--rounds 15]
+    TVM_NUM_THREADS=1 python -m tvm_ollie.bench.native_deconv [--rounds 15] [--quick]
 
 Every system is first checked against untuned TVM on the same random data, then timed in
 interleaved rounds (:func:`~.timing.measure_interleaved`, one call of each per round, back to
@@ -90,6 +90,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Print one Markdown table; 2 without the library's conv2d_transpose."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--quick", action="store_true", help="the first workload only")
     opts = parser.parse_args(argv)
     if not native.provides(native.CONV2D_TRANSPOSE):
         print(f"the native library lacks conv2d_transpose: "
@@ -97,7 +98,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     notes: List[str] = []
     rows = []
-    for label, shape, o, k, s, p in WORKLOADS:
+    for label, shape, o, k, s, p in WORKLOADS[:1] if opts.quick else WORKLOADS:
         samples = measure_interleaved(systems(shape, o, k, s, p, notes), budget_s=math.inf,
                                       min_rounds=opts.rounds, max_rounds=opts.rounds,
                                       min_sample_s=0.0, gap_s=0.0)
