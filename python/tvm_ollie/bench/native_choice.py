@@ -13,8 +13,8 @@
 * ``both`` (the default): ``gemm`` then ``conv``.
 
 Each implementation is timed alone, back to back (no other system in between: these are the
-library's own alternatives, and the question is which is faster when it runs), for
-``--budget-s`` seconds and at least five samples; cells are ``best (median)`` of the samples.
+library's own alternatives, and the question is which is faster when it runs), one call per
+sample, for ``--budget-s`` seconds and at least five calls; cells are ``best (median)``.
 The thread count is the library's (``TVM_NUM_THREADS`` at load), or ``--threads``.
 """
 
@@ -49,10 +49,14 @@ EPILOGUE_SHAPES = [("DCGAN quick 1x64x4x4 -> 32", (1, 64, 4, 4), 32),
 
 Row = Tuple[str, Dict[str, str]]
 
+#: Upper bound on the timed calls of one implementation (the budget ends the timing first).
+MAX_CALLS = 1_000_000
+
 
 def best_and_median(fn: Callable[[], object], budget_s: float) -> Tuple[float, float]:
     """Seconds per call of ``fn`` run alone: the best and the median sample."""
-    samples = measure_interleaved({"fn": fn}, budget_s=budget_s)["fn"]
+    samples = measure_interleaved({"fn": fn}, budget_s=budget_s, max_rounds=MAX_CALLS,
+                                  min_sample_s=0.0)["fn"]
     return min(samples.seconds), samples.median
 
 
