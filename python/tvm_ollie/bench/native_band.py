@@ -122,7 +122,7 @@ def time_rounds(runs: Dict[str, Callable[[], object]],
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Print the derived programs and one Markdown table; 2 without the band kernels."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=30, help="interleaved rounds")
     parser.add_argument("--quick", action="store_true", help="the first two workloads only")
     parser.add_argument("--budget", type=float, default=10.0, help="derivation seconds")
     opts = parser.parse_args(argv)

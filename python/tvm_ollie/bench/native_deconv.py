@@ -89,7 +89,7 @@ def systems(shape: Tuple[int, ...], o: int, k: int, s: int, p: int, notes: List[
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Print one Markdown table; 2 without the library's conv2d_transpose."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds")
     parser.add_argument("--quick", action="store_true", help="the first workload only")
     opts = parser.parse_args(argv)
     if not native.provides(native.CONV2D_TRANSPOSE):

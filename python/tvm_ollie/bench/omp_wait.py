@@ -101,10 +101,12 @@ def run_child(n: int, rounds: int, env: Dict[str, str]) -> Dict[str, float]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Print one Markdown table, a row per size and policy."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=int(os.environ.get("TVM_NUM_THREADS", 2)))
-    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--threads", type=int, default=int(os.environ.get("TVM_NUM_THREADS", 2)),
+                        help="TVM_NUM_THREADS of the children")
+    parser.add_argument("--rounds", type=int, default=30, help="interleaved rounds")
     parser.add_argument("--sizes", default="256,512", help="matrix sizes n, comma-separated")
-    parser.add_argument("--policies", default="unset,ACTIVE,PASSIVE")
+    parser.add_argument("--policies", default="unset,ACTIVE,PASSIVE",
+                        help="OMP_WAIT_POLICY values, comma-separated (unset: none)")
     parser.add_argument("--tvm-spin-count", default=None,
                         help="TVM_THREAD_POOL_SPIN_COUNT for the children (default: TVM's)")
     parser.add_argument("--child", nargs=2, type=int, metavar=("N", "ROUNDS"),

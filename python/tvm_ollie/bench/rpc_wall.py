@@ -57,8 +57,9 @@ def tune_once(mod: "tvm.IRModule", inputs, servers: int, trials: int) -> List[st
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Print one Markdown table, a row per server count; 2 when the tracker cannot run."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=64)
-    parser.add_argument("--servers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--trials", type=int, default=64, help="MetaSchedule trials")
+    parser.add_argument("--servers", type=int, nargs="+", default=[1, 2],
+                        help="server counts, one run each")
     parser.add_argument("--channels", type=int, default=64, help="conv channels C")
     parser.add_argument("--size", type=int, default=56, help="conv data height and width S")
     opts = parser.parse_args(argv)

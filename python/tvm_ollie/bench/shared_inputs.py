@@ -100,7 +100,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--weights", choices=["constants", "params"], default="constants")
     parser.add_argument("--search-s", type=float, default=20.0,
                         help="derivation seconds for the whole model")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2,
+                        help="TVM_NUM_THREADS, unless already set")
     opts = parser.parse_args(argv)
     # No spinning thread pools: TVM kernels around a oneDNN call otherwise measure 4-10 ms
     # instead of ~0.15 (docs/benchmarks.md), and the pass would decide on that noise.
