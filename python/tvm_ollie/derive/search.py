@@ -8,7 +8,7 @@ path and each distinct state (by fingerprint of its canonical form) is expanded 
 * **eager** steps (stage merging, boundary tightening) run to a fixed point after every
   explorative step, free;
 * **guided** instantiation costs nothing: at every state the scopes that its parent state did not
-  have are matched against the targets (:func:`tvm_ollie.derive.match.match_scope`, cached per
+  have are matched against the targets (:func:`tvm_ollie.derive.targets.match_scope`, cached per
   scope); each match becomes a candidate program (:func:`tvm_ollie.derive.program.instantiate`).
   A scope shared with the parent was instantiated there already: same operator, only the
   eOperators around it would differ;
@@ -51,7 +51,7 @@ from .focus import apply_eager, apply_rules, compute_scopes, scope_ids, scopes_o
 from .focus import is_compute, replace_node, rewrites
 from .rules import EAGER_RULES, GUIDED_RULES, SEARCH_RULES
 from .rule import Rule, RuleContext
-from .targets import TARGET_NAMES
+from .targets import TARGET_NAMES, match_scope
 
 __all__ = ["derive", "DeriveResult", "SearchStats", "StopReason", "DEFAULT_TARGETS",
            "VERIFY_SHARE", "best_of_each_kind_first", "verify_candidate"]
@@ -158,10 +158,9 @@ def _state_key(expr: Scope):
 class _Search:
     def __init__(self, expr: Scope, targets, max_depth, time_budget_s, max_states,
                  rules, ctx, stop_on_first, guided, instantiate_all_scopes):
-        from . import match as match_mod  # pylint: disable=import-outside-toplevel
         from . import program as program_mod  # pylint: disable=import-outside-toplevel
 
-        self.match_mod, self.program_mod = match_mod, program_mod
+        self.program_mod = program_mod
         self.expr = expr
         self.targets = tuple(targets)
         self.max_depth = max_depth
@@ -184,7 +183,7 @@ class _Search:
     def _matches(self, scope: Scope) -> list:
         hit = self.match_cache.get(id(scope))
         if hit is None:
-            hit = self.match_mod.match_scope(scope, self.targets)
+            hit = match_scope(scope, self.targets)
             # the scope is kept alive by the entry, so its id cannot be reused meanwhile
             self.match_cache[id(scope)] = hit = (scope, hit)
         return hit[1]
