@@ -480,30 +480,40 @@ def derive(
     progs = sorted(search.candidates.values(), key=lambda p: costs[id(p)])
     progs = best_of_each_kind_first(progs)
     t_verify = time.perf_counter()
-    out = []
     if verify and progs:
-        checker = _Verifier(expr, seed)
-        for k, prog in enumerate(progs):
-            if max_candidates is not None and len(out) >= max_candidates:
-                break
-            if out and deadline is not None and time.perf_counter() > deadline:
-                stats.stop_reason = StopReason.TIME_BUDGET
-                stats.candidates_unverified = len(progs) - k
-                break
-            ok, why = checker.check(prog)
-            if ok:
-                out.append(prog)
-                stats.candidates_verified += 1
-            else:
-                stats.candidates_rejected += 1
-                LOG.error("derived candidate failed verification (%s): %r\n%s", why, prog,
-                          _explain(prog))
+        out = _verified(expr, progs, seed, max_candidates, deadline, stats)
     else:
         out = progs if max_candidates is None else progs[:max_candidates]
     out.sort(key=lambda p: costs[id(p)])  # returned by cost, whichever were kept
     stats.verify_time_s = time.perf_counter() - t_verify
     stats.time_s = stats.search_time_s + stats.verify_time_s
     return DeriveResult(out, stats, expr)
+
+
+def _verified(expr: Scope, progs: list, seed: int, max_candidates: Optional[int],
+              deadline: Optional[float], stats: SearchStats) -> list:
+    """The programs of ``progs`` (in order) that verify against ``expr``, at most
+    ``max_candidates``; past ``deadline`` (once one is kept) the rest stay unverified and the
+    search's stop reason becomes the time budget. A program that fails is logged as an error:
+    a rule produced a wrong rewrite."""
+    out = []
+    checker = _Verifier(expr, seed)
+    for k, prog in enumerate(progs):
+        if max_candidates is not None and len(out) >= max_candidates:
+            break
+        if out and deadline is not None and time.perf_counter() > deadline:
+            stats.stop_reason = StopReason.TIME_BUDGET
+            stats.candidates_unverified = len(progs) - k
+            break
+        ok, why = checker.check(prog)
+        if ok:
+            out.append(prog)
+            stats.candidates_verified += 1
+        else:
+            stats.candidates_rejected += 1
+            LOG.error("derived candidate failed verification (%s): %r\n%s", why, prog,
+                      _explain(prog))
+    return out
 
 
 def best_of_each_kind_first(progs: Sequence) -> list:
