@@ -31,7 +31,8 @@ from .costing import Timer, UnitCostModel, region_seconds
 from .decide import DERIVABLE_OPS, Decider
 from .emit import emit_program
 from .epilogue import fuse_epilogues
-from .regions import Region, _used_vars, find_regions, find_shared_input_groups, static_tensor
+from .groups import find_shared_input_groups
+from .regions import Region, find_regions, static_tensor, used_vars
 from .report import OpDecision, OptimizeReport, RegionDecision
 from .units import call_signature, operand_values, original_form
 
@@ -71,7 +72,7 @@ class _RegionRewriter(relax.PyExprMutator):
     """Replaces each rewritten region: its output binding becomes the program, its other
     bindings go away (nothing outside the region uses them).
 
-    A rewritten group (:class:`~.regions.SharedInputGroup`) is emitted at its last call; the
+    A rewritten group (:class:`~.groups.SharedInputGroup`) is emitted at its last call; the
     bindings between its first and last call that read a group result (directly or not) move
     after it, in their order (the group's calls are independent, so nothing they read moves).
     """
@@ -88,7 +89,7 @@ class _RegionRewriter(relax.PyExprMutator):
 
     def _open_group(self, binding) -> Optional[int]:
         """The open group a binding must wait for (it reads one of its results), or None."""
-        for v in _used_vars(binding.value):
+        for v in used_vars(binding.value):
             g = self.members.get(hash(v))
             if g is not None and hash(g.output) in self.waiting:
                 return hash(g.output)
@@ -215,7 +216,7 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: Optional[int] = No
         its heavy call is still decided alone.
     merge_group : int, optional
         Most independent matmuls that read the same operand decided as one group
-        (:func:`~.regions.find_shared_input_groups`): the merged program (one GEMM over
+        (:func:`~.groups.find_shared_input_groups`): the merged program (one GEMM over
         concatenated operands, then slices) competes with the calls as they are; when the
         group is kept, its calls are decided as usual. Below 2: no groups.
     config : OllieConfig, optional
