@@ -3,7 +3,7 @@
 import pytest
 
 from tvm_ollie.derive.cost import TARGET_DEFAULTS, expr_cost, program_cost
-from tvm_ollie.derive.match import match_scope
+from tvm_ollie.derive.targets import match_scope
 from tvm_ollie.derive.program import instantiate
 from tvm_ollie.ir.nodes import IterVar, Scope, Tensor, Var
 from tvm_ollie.ir.parser import parse

@@ -11,9 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tvm_ollie.derive.match import iterator_table, match_scope
-from tvm_ollie.derive.targets import TARGET_NAMES as TARGETS
+from tvm_ollie.derive.match import iterator_table
 from tvm_ollie.derive.program import instantiate
+from tvm_ollie.derive.targets import TARGET_NAMES as TARGETS
+from tvm_ollie.derive.targets import match_scope
 from tvm_ollie.ir.interp import evaluate, random_inputs
 from tvm_ollie.ir.nodes import Access, IterVar, Scope, Tensor, Var
 from tvm_ollie.ir.parser import parse

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tvm_ollie.derive.match import match_scope
+from tvm_ollie.derive.targets import match_scope
 from tvm_ollie.derive.program import (
     Program,
     Stage,

@@ -8,9 +8,9 @@ twice the multiply-adds the scope performs (every point of its loop x reduction 
 import numpy as np
 import pytest
 
-from tvm_ollie.derive.match import match_scope
 from tvm_ollie.derive.program import instantiate
-from tvm_ollie.derive.targets import TARGET_NAMES, TARGET_OPS, operator_flops, target_op
+from tvm_ollie.derive.targets import (TARGET_NAMES, TARGET_OPS, match_scope, operator_flops,
+                                      target_op)
 from tvm_ollie.ir.interp import evaluate, random_inputs
 from tvm_ollie.ir.parser import parse
 

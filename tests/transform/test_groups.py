@@ -9,7 +9,7 @@ from tvm import relax
 from tvm_ollie.derive.rules.inter import inline_views, merge_shared_inputs
 from tvm_ollie.ir.interp import evaluate
 from tvm_ollie.transform import optimize_module
-from tvm_ollie.transform.regions import find_shared_input_groups
+from tvm_ollie.transform.groups import find_shared_input_groups
 
 from small_models import LLVM_CALIB
 

@@ -11,7 +11,7 @@ from tvm_ollie import native
 from tvm_ollie.ir.interp import evaluate
 from tvm_ollie.transform import optimize_module
 from tvm_ollie.transform.decide import Decider, constant_inputs, unit_module
-from tvm_ollie.transform.regions import find_shared_input_groups
+from tvm_ollie.transform.groups import find_shared_input_groups
 from tvm_ollie.tune.analytic import folded_stages, program_seconds
 from tvm_ollie.tune.metaschedule import default_pipeline
 

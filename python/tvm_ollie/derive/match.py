@@ -28,6 +28,12 @@ The matched operator itself is described by a canonical expression over fresh op
 (:meth:`Match.operator_expr`), and its output by groups of the scope's traversal iterators
 (:attr:`Match.out_dims`), so that readers of the matched scope can address the operator's output
 through a row-major view (see :mod:`tvm_ollie.derive.program`).
+
+This module is the matchers' side of the target table: each operator family has a public matcher
+(:func:`match_gemm`, :func:`match_conv`, :func:`match_band`), its canonical expression and its
+signature, and its own :class:`Match` subclass. The table that names them, in matching order,
+and :func:`~tvm_ollie.derive.targets.match_scope`, which tries its rows, are in
+:mod:`tvm_ollie.derive.targets`, which imports this module (never the other way round).
 """
 
 from __future__ import annotations
@@ -41,16 +47,26 @@ from ..ir.index import build_linear
 from ..ir.index import linear_form as _base_linear_form
 
 __all__ = [
+    "BandMatch",
+    "ConvMatch",
+    "GemmMatch",
+    "IterTable",
     "Match",
     "Operand",
     "Read",
-    "IterTable",
-    "iterator_table",
-    "linear_form",
+    "band_expr",
+    "band_signature",
+    "conv_expr",
+    "conv_signature",
     "form_to_node",
     "gemm_expr",
+    "gemm_operator_expr",
     "gemm_signature",
-    "match_scope",
+    "iterator_table",
+    "linear_form",
+    "match_band",
+    "match_conv",
+    "match_gemm",
 ]
 
 #: ``({var: coeff}, const)``: an integer-affine index.
@@ -442,12 +458,15 @@ class Match:
         """The canonical expression of the operator over operand tensors ``a`` and ``b``.
 
         ``a``/``b`` must have the operand shapes; the result has shape :attr:`out_shape`.
+        Each operator family's match (:class:`GemmMatch`, :class:`ConvMatch`,
+        :class:`BandMatch`) writes its own.
         """
-        return _target_op(self.kind).expression(self, a, b)
+        raise NotImplementedError(f"{type(self).__name__} is not an operator family's match")
 
     def signature(self) -> str:
-        """Short text like ``matmul[49x512 @ 512x4608]`` (logical operand shapes)."""
-        return _target_op(self.kind).signature(self.attrs)
+        """Short text like ``matmul[49x512 @ 512x4608]`` (logical operand shapes); written by
+        each operator family's match, like :meth:`operator_expr`."""
+        raise NotImplementedError(f"{type(self).__name__} is not an operator family's match")
 
     def describe(self) -> str:
         """Kind, attributes and operand preparation, one line."""
@@ -457,41 +476,34 @@ class Match:
         return f"{self.signature()} ({attrs}; {ops})"
 
 
-def match_scope(scope: Scope, targets: Optional[Sequence[str]] = None) -> List[Match]:
-    """The ways to instantiate ``scope`` as a target operator, in target order.
+class GemmMatch(Match):
+    """A scope matched as ``matmul`` or ``batch_matmul`` (:func:`match_gemm`)."""
 
-    At most one match per kind, except matmul / batch_matmul, which also offer the other
-    operand order when it prepares operands or the output differently (cheapest first).
+    def operator_expr(self, a: Tensor, b: Tensor) -> Scope:
+        return gemm_operator_expr(self, a, b)
 
-    Parameters
-    ----------
-    scope : Scope
-        Any scope; nested scopes in its body are treated as tensors (their data box).
-    targets : sequence of str
-        Operator kinds to try (names of :data:`tvm_ollie.derive.targets.TARGET_OPS`; unknown
-        names are ignored); None: all of them.
+    def signature(self) -> str:
+        return gemm_signature(self.attrs)
 
-    Returns
-    -------
-    list[Match]
-        Empty when the scope matches none of the targets.
-    """
-    table = iterator_table(scope)
-    if table is None:
-        return []
-    from .targets import TARGET_OPS  # pylint: disable=import-outside-toplevel (the table
-    # imports this module's matchers)
 
-    out = []
-    for kind, op in TARGET_OPS.items():
-        if targets is not None and kind not in targets:
-            continue
-        found = op.matcher(table)
-        if isinstance(found, Match):
-            out.append(found)
-        elif found:
-            out.extend(found)
-    return out
+class ConvMatch(Match):
+    """A scope matched as ``conv2d`` (:func:`match_conv`)."""
+
+    def operator_expr(self, a: Tensor, b: Tensor) -> Scope:
+        return conv_expr(self, a, b)
+
+    def signature(self) -> str:
+        return conv_signature(self.attrs)
+
+
+class BandMatch(Match):
+    """A scope matched as ``g2bmm`` or ``gbmm`` (:func:`match_band`)."""
+
+    def operator_expr(self, a: Tensor, b: Tensor) -> Scope:
+        return band_expr(self, a, b)
+
+    def signature(self) -> str:
+        return band_signature(self.attrs)
 
 
 # -- matmul / batch_matmul ------------------------------------------------------------------
@@ -511,8 +523,9 @@ def _gemm_roles(table: IterTable) -> Optional[Dict[str, List[Var]]]:
     return roles
 
 
-def _match_gemm(table: IterTable, batched: bool) -> List[Match]:
-    """Both operand orders (``A @ B`` and ``B^T @ A^T``), cheapest first, when they differ.
+def match_gemm(table: IterTable, batched: bool) -> List[GemmMatch]:
+    """The ways ``table``'s scope is a matmul (``batched``: a batch_matmul): both operand orders
+    (``A @ B`` and ``B^T @ A^T``), cheapest first, when they differ.
 
     The orders compute the same product; they differ in which operand layouts are free views
     and whether the output is the scope itself or needs a transposing eOperator. When both
@@ -544,7 +557,8 @@ def _size(shape: Sequence[int]) -> int:
     return out
 
 
-def _gemm_orientation(table: IterTable, roles: Dict[str, List[Var]], first: int) -> Match:
+def _gemm_orientation(table: IterTable, roles: Dict[str, List[Var]],
+                      first: int) -> GemmMatch:
     """Operator ``A @ B`` with ``A`` the read number ``first``."""
     ranges, loops = table.ranges, table.loops
     ra, rb = table.reads[first], table.reads[1 - first]
@@ -578,7 +592,7 @@ def _gemm_orientation(table: IterTable, roles: Dict[str, List[Var]], first: int)
         out_dims = (batch, m, n)
         kind = "batch_matmul"
     shape = tuple(_spec_extent(g, ranges) for g in out_dims)
-    return Match(kind, table.scope, attrs, (op_a, op_b), out_dims, shape)
+    return GemmMatch(kind, table.scope, attrs, (op_a, op_b), out_dims, shape)
 
 
 def gemm_expr(kind: str, at: Mapping[str, object], a: Tensor, b: Tensor) -> Scope:
@@ -594,7 +608,8 @@ def gemm_expr(kind: str, at: Mapping[str, object], a: Tensor, b: Tensor) -> Scop
     return Scope(loops, [IterVar(k, 0, at["K"])], Access(a, ia) * Access(b, ib))
 
 
-def _gemm_expr(match: Match, a: Tensor, b: Tensor) -> Scope:
+def gemm_operator_expr(match: Match, a: Tensor, b: Tensor) -> Scope:
+    """:func:`gemm_expr` of a GEMM match (its kind and attributes) over ``a`` and ``b``."""
     return gemm_expr(match.kind, match.attrs, a, b)
 
 
@@ -653,8 +668,9 @@ class _ConvRoles:
     hw: Tuple[Optional[_Spatial], Optional[_Spatial]]
 
 
-def _match_conv(table: IterTable) -> Optional[Match]:
-    """The cheapest conv2d reading of the table (either read as data; output-channel orders)."""
+def match_conv(table: IterTable) -> Optional[ConvMatch]:
+    """The cheapest conv2d reading of the table (either read as data; output-channel orders),
+    None when the scope is no convolution."""
     best = None
     for first in (0, 1):
         roles = _conv_roles(table, first)
@@ -828,13 +844,13 @@ def _read_letters(read: Read, letter_of) -> Optional[str]:
     return _layout_of(letters)
 
 
-def _conv_match(table: IterTable, roles: _ConvRoles) -> Match:
-    ranges = table.ranges
-    data, weight, hw = roles.data, roles.weight, dict(zip("HW", roles.hw))
-    n, g, f, c = roles.n, roles.g, roles.f, roles.c
-    ext = lambda grp: _spec_extent(grp, ranges)  # noqa: E731
-
-    # Data: a view when the spatial reads have non-negative zero padding and whole dims.
+def _conv_data(table: IterTable, roles: _ConvRoles):
+    """The data operand, its layout and the spatial paddings: a view when the spatial reads
+    have non-negative zero padding and whole dims, else a gather into NCHW (padding then part
+    of the gather)."""
+    ranges, data = table.ranges, roles.data
+    hw = dict(zip("HW", roles.hw))
+    n, g, c = roles.n, roles.g, roles.c
     pads = {}
     for letter, s in hw.items():
         if s is None:
@@ -881,10 +897,15 @@ def _conv_match(table: IterTable, roles: _ConvRoles) -> Match:
         data_layout = "NCHW"
         pads = {"H": (0, 0), "W": (0, 0)}
         op_data = _make_operand("data", data, data_dims(data_layout, False), ranges, "y")
-    in_h, in_w = (op_data.shape[data_layout.index(x)] for x in "HW")
+    return op_data, data_layout, pads
 
-    # Weight: O = (g, f), I = c, H/W the kernel iterators; any index form is gathered to OIHW.
-    rs = {letter: (s.r if s is not None else None) for letter, s in hw.items()}
+
+def _conv_weight(table: IterTable, roles: _ConvRoles):
+    """The weight operand and its layout: O = (g, f), I = c, H/W the kernel iterators; any
+    index form is gathered to OIHW."""
+    ranges, weight = table.ranges, roles.weight
+    g, f, c = roles.g, roles.f, roles.c
+    rs = {letter: (s.r if s is not None else None) for letter, s in zip("HW", roles.hw)}
     ofs, cs = set(g) | set(f), set(c)
 
     def weight_letter(_d: int, dv: frozenset) -> Optional[str]:
@@ -910,16 +931,32 @@ def _conv_match(table: IterTable, roles: _ConvRoles) -> Match:
     if op_weight is None or not op_weight.is_view:
         kernel_layout = "OIHW"
         op_weight = _make_operand("weight", weight, weight_dims(kernel_layout), ranges)
+    return op_weight, kernel_layout
 
-    # Output: the scope's loop order when each role's loops are contiguous, else NCHW.
-    oletter = {v: "N" for v in n}
-    oletter.update({v: "C" for v in g + f})
+
+def _conv_output(table: IterTable, roles: _ConvRoles):
+    """The output layout and dims: the scope's loop order when each role's loops are
+    contiguous, else NCHW."""
+    ranges, hw = table.ranges, dict(zip("HW", roles.hw))
+    oletter = {v: "N" for v in roles.n}
+    oletter.update({v: "C" for v in roles.g + roles.f})
     oletter.update({s.oh: letter for letter, s in hw.items() if s is not None})
     out_layout = _layout_of([oletter[v] for v in table.loops if ranges[v].extent > 1])
     out_layout = _insert_missing(out_layout if out_layout is not None else "NCHW", "NCHW")
-    ogroups = {"N": n, "C": g + f}
+    ogroups = {"N": roles.n, "C": roles.g + roles.f}
     ogroups.update({x: ((s.oh,) if s is not None else ()) for x, s in hw.items()})
-    out_dims = tuple(tuple(ogroups[x]) for x in out_layout)
+    return out_layout, tuple(tuple(ogroups[x]) for x in out_layout)
+
+
+def _conv_match(table: IterTable, roles: _ConvRoles) -> "ConvMatch":
+    """The conv2d of ``roles``: its data, weight and output (:func:`_conv_data`,
+    :func:`_conv_weight`, :func:`_conv_output`) and attributes."""
+    ranges, hw = table.ranges, dict(zip("HW", roles.hw))
+    ext = lambda grp: _spec_extent(grp, ranges)  # noqa: E731
+    op_data, data_layout, pads = _conv_data(table, roles)
+    in_h, in_w = (op_data.shape[data_layout.index(x)] for x in "HW")
+    op_weight, kernel_layout = _conv_weight(table, roles)
+    out_layout, out_dims = _conv_output(table, roles)
 
     def attr_of(letter, key):
         s = hw[letter]
@@ -929,9 +966,10 @@ def _conv_match(table: IterTable, roles: _ConvRoles) -> Match:
                 "kernel": ranges[s.r].extent if s.r is not None else 1,
                 "out": ranges[s.oh].extent}[key]
 
-    groups = ext(g)
+    groups = ext(roles.g)
     attrs: Dict[str, object] = {
-        "N": ext(n), "C": groups * ext(c), "H": in_h, "W": in_w, "F": groups * ext(f),
+        "N": ext(roles.n), "C": groups * ext(roles.c), "H": in_h, "W": in_w,
+        "F": groups * ext(roles.f),
         "R": attr_of("H", "kernel"), "S": attr_of("W", "kernel"),
         "OH": attr_of("H", "out"), "OW": attr_of("W", "out"),
         "stride": (attr_of("H", "stride"), attr_of("W", "stride")),
@@ -941,10 +979,10 @@ def _conv_match(table: IterTable, roles: _ConvRoles) -> Match:
         "data_layout": data_layout, "kernel_layout": kernel_layout, "out_layout": out_layout,
     }
     shape = tuple(_spec_extent(grp, ranges) for grp in out_dims)
-    return Match("conv2d", table.scope, attrs, (op_data, op_weight), out_dims, shape)
+    return ConvMatch("conv2d", table.scope, attrs, (op_data, op_weight), out_dims, shape)
 
 
-def _conv_expr(match: Match, data: Tensor, weight: Tensor) -> Scope:
+def conv_expr(match: Match, data: Tensor, weight: Tensor) -> Scope:
     """``out[n, o, oh, ow] = Σ_{c,r,s} D[n, grp(o)*Cg + c, ..] * W[o, c, r, s]`` (grouped)."""
     at = match.attrs
     groups = at.get("groups", 1)
@@ -974,7 +1012,9 @@ def _conv_expr(match: Match, data: Tensor, weight: Tensor) -> Scope:
     return Scope(loops, reduce, dread * wread)
 
 
-def _conv_signature(at: Mapping[str, object]) -> str:
+def conv_signature(at: Mapping[str, object]) -> str:
+    """``conv2d[NxCxHxW * FxCgxRxS s2x2 d1x1 p1,1,1,1 g2]`` from conv attributes (stride,
+    dilation, padding and groups only when not the default)."""
     groups = at.get("groups", 1)
     extra = []
     if at["stride"] != (1, 1):
@@ -1027,7 +1067,9 @@ def _band_roles(table: IterTable, w_is_loop: bool):
     return None
 
 
-def _match_band(table: IterTable, kind: str) -> Optional[Match]:
+def match_band(table: IterTable, kind: str) -> Optional[BandMatch]:
+    """``table``'s scope as a banded operator ``kind`` (``"g2bmm"``: ``A[b, i, k]`` against a
+    band of ``B`` rows, the window a loop; ``"gbmm"``: the window a summation), else None."""
     w_is_loop = kind == "g2bmm"
     found = _band_roles(table, w_is_loop)
     if found is None:
@@ -1075,10 +1117,12 @@ def _match_band(table: IterTable, kind: str) -> Optional[Match]:
         attrs["N"] = ext(other_t)
         out_dims = (batch_t, (m,), other_t)
     shape = tuple(_spec_extent(g, ranges) for g in out_dims)
-    return Match(kind, table.scope, attrs, (op_a, op_b), out_dims, shape)
+    return BandMatch(kind, table.scope, attrs, (op_a, op_b), out_dims, shape)
 
 
-def _band_expr(match: Match, a: Tensor, b: Tensor) -> Scope:
+def band_expr(match: Match, a: Tensor, b: Tensor) -> Scope:
+    """The canonical g2bmm / gbmm of a band match over ``a`` and ``b`` (``b`` zero-padded by
+    ``dilation * width`` along the band)."""
     at = match.attrs
     bv, i, j, x = Var("b"), Var("i"), Var("j"), Var("k" if match.kind == "g2bmm" else "n")
     dil, half = at["dilation"], at["width"]
@@ -1094,15 +1138,10 @@ def _band_expr(match: Match, a: Tensor, b: Tensor) -> Scope:
     return Scope(loops, [win], body)
 
 
-def _band_signature(at: Mapping[str, object]) -> str:
+def band_signature(at: Mapping[str, object]) -> str:
+    """``g2bmm[BxLxK, w=W, d=D]`` / ``gbmm[BxLx(2W+1) @ BxLxN, d=D]`` from band attributes."""
     if "K" in at:
         return (f"g2bmm[{at['batch']}x{at['length']}x{at['K']}, w={at['width']}, "
                 f"d={at['dilation']}]")
     return (f"gbmm[{at['batch']}x{at['length']}x{2 * at['width'] + 1} @ "
             f"{at['batch']}x{at['length']}x{at['N']}, d={at['dilation']}]")
-
-
-def _target_op(kind: str):
-    from .targets import target_op  # pylint: disable=import-outside-toplevel
-
-    return target_op(kind)

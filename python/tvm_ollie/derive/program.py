@@ -445,7 +445,7 @@ def instantiate_all(expr: Scope, matches: Mapping[Scope, Match], steps: Sequence
     expr : Scope
         The (derived) expression; every key of ``matches`` must be a scope inside it.
     matches : Mapping[Scope, Match]
-        Matched scopes (by identity) and how they were matched (:func:`match.match_scope`).
+        Matched scopes (by identity) and how they were matched (:func:`~.targets.match_scope`).
     steps : sequence
         The rule path: :class:`Step` objects, ``(rule, note, expr)`` tuples, or objects with
         ``rule``/``name``, ``note`` and ``expr`` attributes.

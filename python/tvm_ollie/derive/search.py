@@ -8,7 +8,7 @@ path and each distinct state (by fingerprint of its canonical form) is expanded 
 * **eager** steps (stage merging, boundary tightening) run to a fixed point after every
   explorative step, free;
 * **guided** instantiation costs nothing: at every state the scopes that its parent state did not
-  have are matched against the targets (:func:`tvm_ollie.derive.match.match_scope`, cached per
+  have are matched against the targets (:func:`tvm_ollie.derive.targets.match_scope`, cached per
   scope); each match becomes a candidate program (:func:`tvm_ollie.derive.program.instantiate`).
   A scope shared with the parent was instantiated there already: same operator, only the
   eOperators around it would differ;
@@ -51,7 +51,7 @@ from .focus import apply_eager, apply_rules, compute_scopes, scope_ids, scopes_o
 from .focus import is_compute, replace_node, rewrites
 from .rules import EAGER_RULES, GUIDED_RULES, SEARCH_RULES
 from .rule import Rule, RuleContext
-from .targets import TARGET_NAMES
+from .targets import TARGET_NAMES, match_scope
 
 __all__ = ["derive", "DeriveResult", "SearchStats", "StopReason", "DEFAULT_TARGETS",
            "VERIFY_SHARE", "best_of_each_kind_first", "verify_candidate"]
@@ -158,10 +158,9 @@ def _state_key(expr: Scope):
 class _Search:
     def __init__(self, expr: Scope, targets, max_depth, time_budget_s, max_states,
                  rules, ctx, stop_on_first, guided, instantiate_all_scopes):
-        from . import match as match_mod  # pylint: disable=import-outside-toplevel
         from . import program as program_mod  # pylint: disable=import-outside-toplevel
 
-        self.match_mod, self.program_mod = match_mod, program_mod
+        self.program_mod = program_mod
         self.expr = expr
         self.targets = tuple(targets)
         self.max_depth = max_depth
@@ -184,7 +183,7 @@ class _Search:
     def _matches(self, scope: Scope) -> list:
         hit = self.match_cache.get(id(scope))
         if hit is None:
-            hit = self.match_mod.match_scope(scope, self.targets)
+            hit = match_scope(scope, self.targets)
             # the scope is kept alive by the entry, so its id cannot be reused meanwhile
             self.match_cache[id(scope)] = hit = (scope, hit)
         return hit[1]
@@ -481,30 +480,40 @@ def derive(
     progs = sorted(search.candidates.values(), key=lambda p: costs[id(p)])
     progs = best_of_each_kind_first(progs)
     t_verify = time.perf_counter()
-    out = []
     if verify and progs:
-        checker = _Verifier(expr, seed)
-        for k, prog in enumerate(progs):
-            if max_candidates is not None and len(out) >= max_candidates:
-                break
-            if out and deadline is not None and time.perf_counter() > deadline:
-                stats.stop_reason = StopReason.TIME_BUDGET
-                stats.candidates_unverified = len(progs) - k
-                break
-            ok, why = checker.check(prog)
-            if ok:
-                out.append(prog)
-                stats.candidates_verified += 1
-            else:
-                stats.candidates_rejected += 1
-                LOG.error("derived candidate failed verification (%s): %r\n%s", why, prog,
-                          _explain(prog))
+        out = _verified(expr, progs, seed, max_candidates, deadline, stats)
     else:
         out = progs if max_candidates is None else progs[:max_candidates]
     out.sort(key=lambda p: costs[id(p)])  # returned by cost, whichever were kept
     stats.verify_time_s = time.perf_counter() - t_verify
     stats.time_s = stats.search_time_s + stats.verify_time_s
     return DeriveResult(out, stats, expr)
+
+
+def _verified(expr: Scope, progs: list, seed: int, max_candidates: Optional[int],
+              deadline: Optional[float], stats: SearchStats) -> list:
+    """The programs of ``progs`` (in order) that verify against ``expr``, at most
+    ``max_candidates``; past ``deadline`` (once one is kept) the rest stay unverified and the
+    search's stop reason becomes the time budget. A program that fails is logged as an error:
+    a rule produced a wrong rewrite."""
+    out = []
+    checker = _Verifier(expr, seed)
+    for k, prog in enumerate(progs):
+        if max_candidates is not None and len(out) >= max_candidates:
+            break
+        if out and deadline is not None and time.perf_counter() > deadline:
+            stats.stop_reason = StopReason.TIME_BUDGET
+            stats.candidates_unverified = len(progs) - k
+            break
+        ok, why = checker.check(prog)
+        if ok:
+            out.append(prog)
+            stats.candidates_verified += 1
+        else:
+            stats.candidates_rejected += 1
+            LOG.error("derived candidate failed verification (%s): %r\n%s", why, prog,
+                      _explain(prog))
+    return out
 
 
 def best_of_each_kind_first(progs: Sequence) -> list:

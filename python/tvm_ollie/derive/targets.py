@@ -6,7 +6,7 @@ a match over fresh operand tensors, the short signature printed in reports, its 
 is implemented (the Relax operator family that expresses it and the native-library kernel family
 that runs it, when there is one). Search, matching, costing, emission and the library all read
 this table, so adding an operator is adding a row (plus its matcher), never editing name tuples
-in five modules.
+in five modules. :func:`match_scope` tries the rows in order.
 
 The Relax and library fields are names, not callables: this module stays free of TVM, and
 :mod:`tvm_ollie.transform.emit` and :mod:`tvm_ollie.codegen.library` dispatch on them (each
@@ -16,23 +16,26 @@ with its own guards on attributes, e.g. transposed operands or layouts a library
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from ..ir.nodes import Scope
 from .match import (
     IterTable,
     Match,
-    _band_expr,
-    _band_signature,
-    _conv_expr,
-    _conv_signature,
-    _gemm_expr,
-    _match_band,
-    _match_conv,
-    _match_gemm,
+    band_expr,
+    band_signature,
+    conv_expr,
+    conv_signature,
+    gemm_operator_expr,
     gemm_signature,
+    iterator_table,
+    match_band,
+    match_conv,
+    match_gemm,
 )
 
-__all__ = ["TargetOp", "TARGET_OPS", "TARGET_NAMES", "target_op", "operator_flops"]
+__all__ = ["TargetOp", "TARGET_OPS", "TARGET_NAMES", "match_scope", "target_op",
+           "operator_flops"]
 
 Attrs = Mapping[str, object]
 
@@ -90,19 +93,19 @@ def _band_flops(inner: str) -> Callable[[Attrs], float]:
 #: Every target operator, in the order a scope is matched against them.
 TARGET_OPS: Dict[str, TargetOp] = {op.name: op for op in (
     TargetOp("matmul", "out[m, n] = Σ_k A[m, k] * B[k, n]",
-             lambda t: _match_gemm(t, batched=False), _gemm_expr, gemm_signature, _gemm_flops,
-             relax_op="matmul", library="matmul"),
+             lambda t: match_gemm(t, batched=False), gemm_operator_expr, gemm_signature,
+             _gemm_flops, relax_op="matmul", library="matmul"),
     TargetOp("batch_matmul", "out[b, m, n] = Σ_k A[b, m, k] * B[b, k, n]",
-             lambda t: _match_gemm(t, batched=True), _gemm_expr, gemm_signature, _gemm_flops,
-             relax_op="matmul", library="matmul"),
+             lambda t: match_gemm(t, batched=True), gemm_operator_expr, gemm_signature,
+             _gemm_flops, relax_op="matmul", library="matmul"),
     TargetOp("conv2d", "out[n, f, h, w] = Σ_{c, r, s} X[n, c, st*h + dil*r - p, ...] * "
-             "W[f, c, r, s]", _match_conv, _conv_expr, _conv_signature, _conv_flops,
+             "W[f, c, r, s]", match_conv, conv_expr, conv_signature, _conv_flops,
              relax_op="conv2d", library="conv2d"),
     TargetOp("g2bmm", "out[b, i, j] = Σ_k A[b, i, k] * B[b, i + D*(j - W), k]",
-             lambda t: _match_band(t, "g2bmm"), _band_expr, _band_signature, _band_flops("K"),
+             lambda t: match_band(t, "g2bmm"), band_expr, band_signature, _band_flops("K"),
              library="g2bmm"),
     TargetOp("gbmm", "out[b, i, n] = Σ_j A[b, i, j] * B[b, i + D*(j - W), n]",
-             lambda t: _match_band(t, "gbmm"), _band_expr, _band_signature, _band_flops("N"),
+             lambda t: match_band(t, "gbmm"), band_expr, band_signature, _band_flops("N"),
              library="gbmm"),
 )}
 
@@ -122,3 +125,37 @@ def target_op(name: str) -> TargetOp:
 def operator_flops(kind: str, attrs: Attrs) -> float:
     """FLOPs of a matched operator stage of kind ``kind``."""
     return target_op(kind).flops(attrs)
+
+
+def match_scope(scope: Scope, targets: Optional[Sequence[str]] = None) -> List[Match]:
+    """The ways to instantiate ``scope`` as a target operator, in table order.
+
+    At most one match per kind, except matmul / batch_matmul, which also offer the other
+    operand order when it prepares operands or the output differently (cheapest first).
+
+    Parameters
+    ----------
+    scope : Scope
+        Any scope; nested scopes in its body are treated as tensors (their data box).
+    targets : sequence of str
+        Operator kinds to try (names of :data:`TARGET_OPS`; unknown names are ignored); None:
+        all of them.
+
+    Returns
+    -------
+    list[Match]
+        Empty when the scope matches none of the targets.
+    """
+    table = iterator_table(scope)
+    if table is None:
+        return []
+    out = []
+    for kind, op in TARGET_OPS.items():
+        if targets is not None and kind not in targets:
+            continue
+        found = op.matcher(table)
+        if isinstance(found, Match):
+            out.append(found)
+        elif found:
+            out.extend(found)
+    return out

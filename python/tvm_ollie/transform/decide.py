@@ -1,6 +1,6 @@
 """Per-unit decisions: candidates -> cost -> check -> choose, cached per signature.
 
-Every unit (a call, a :class:`~.regions.Region` or a :class:`~.regions.SharedInputGroup`) has
+Every unit (a call, a :class:`~.regions.Region` or a :class:`~.groups.SharedInputGroup`) has
 *alternatives* (:mod:`.alternatives`): the original built by TVM (the baseline), the original
 on a native library kernel, and each derived program on TVM or library kernels. The
 :class:`Decider` runs them through small stages, each replaceable by a fake:

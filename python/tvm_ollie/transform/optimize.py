@@ -31,7 +31,8 @@ from .costing import Timer, UnitCostModel, region_seconds
 from .decide import DERIVABLE_OPS, Decider
 from .emit import emit_program
 from .epilogue import fuse_epilogues
-from .regions import Region, _used_vars, find_regions, find_shared_input_groups, static_tensor
+from .groups import find_shared_input_groups
+from .regions import Region, find_regions, static_tensor, used_vars
 from .report import OpDecision, OptimizeReport, RegionDecision
 from .units import call_signature, operand_values, original_form
 
@@ -71,7 +72,7 @@ class _RegionRewriter(relax.PyExprMutator):
     """Replaces each rewritten region: its output binding becomes the program, its other
     bindings go away (nothing outside the region uses them).
 
-    A rewritten group (:class:`~.regions.SharedInputGroup`) is emitted at its last call; the
+    A rewritten group (:class:`~.groups.SharedInputGroup`) is emitted at its last call; the
     bindings between its first and last call that read a group result (directly or not) move
     after it, in their order (the group's calls are independent, so nothing they read moves).
     """
@@ -88,7 +89,7 @@ class _RegionRewriter(relax.PyExprMutator):
 
     def _open_group(self, binding) -> Optional[int]:
         """The open group a binding must wait for (it reads one of its results), or None."""
-        for v in _used_vars(binding.value):
+        for v in used_vars(binding.value):
             g = self.members.get(hash(v))
             if g is not None and hash(g.output) in self.waiting:
                 return hash(g.output)
@@ -215,7 +216,7 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: Optional[int] = No
         its heavy call is still decided alone.
     merge_group : int, optional
         Most independent matmuls that read the same operand decided as one group
-        (:func:`~.regions.find_shared_input_groups`): the merged program (one GEMM over
+        (:func:`~.groups.find_shared_input_groups`): the merged program (one GEMM over
         concatenated operands, then slices) competes with the calls as they are; when the
         group is kept, its calls are decided as usual. Below 2: no groups.
     config : OllieConfig, optional
@@ -240,10 +241,7 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
     """:func:`optimize_module` once the options are resolved (``hooks``: the timer, checker,
     chooser, tuner and cost model)."""
     t_start = time.perf_counter()
-    calls = _derivable_calls(mod)
-    if cfg.targets:
-        wanted = {t if t.startswith("relax.") else f"relax.{t}" for t in cfg.targets}
-        calls = [c for c in calls if c[2].op.name in wanted]
+    calls, regions, groups = _find_units(mod, cfg)
     if budget is None:
         budget = TrialBudget(cfg.trials)
     decider = Decider(tgt, trials=cfg.trials, work_dir=cfg.work_dir, max_depth=cfg.max_depth,
@@ -254,12 +252,6 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
     report = OptimizeReport(target=str(tgt.kind.name if tgt.kind.name != "llvm" else "llvm"),
                             budget=budget, calibration=decider.calib.describe())
     tuning0, calls0 = STATS.seconds, STATS.calls
-    regions = [r for r in (find_regions(mod, cfg.region_calls)
-                           if cfg.region_calls > 1 and cfg.derive else []) if r.size > 1]
-    groups = find_shared_input_groups(mod, cfg.merge_group) if cfg.derive else []
-    if cfg.targets:
-        regions = [r for r in regions if r.heavy_call.op.name in wanted]
-        groups = [g for g in groups if g.calls[0].op.name in wanted]
     sigs = list(dict.fromkeys([call_signature(c) for _, _, c in calls] +
                               [r.signature() for r in regions] +
                               [g.signature() for g in groups]))
@@ -270,69 +262,23 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
                             "by the analytic cost")
     search = _SearchShare(cfg.search_time_s, len(sigs))
     choices: Dict[str, object] = {}
-    rewritten_regions, region_decisions, inside = [], [], set()
-    rewritten_groups = []
-    for group in groups:
-        sig = group.signature()
+
+    def choose(unit, sig: str):
+        """The choice for ``unit``, decided on the first unit of signature ``sig``."""
         if sig not in choices:
-            choices[sig] = _decide(decider, group, sig, search, budget)
-        ch = choices[sig]
-        apart = ch.program is None and ch.rewritten
-        region_decisions.append(RegionDecision(
-            group.function, ", ".join(_var_name(v) for v in group.outputs), group.describe(),
-            " ; ".join(str(e) for e in group.lifts()),
-            chosen="original" if apart else ch.label,
-            reason=("the calls apart on native kernels win, each decided alone; " if apart
-                    else "") + ch.reason,
-            explain=ch.explain, before_s=ch.before_s, after_s=ch.after_s, measured=ch.measured,
-            candidates=ch.candidates))
-        log = LOG.info if (cfg.verbose or ch.rewritten) else LOG.debug
-        log("ollie: group %s.%s [%s] -> %s (%s)", group.function, _var_name(group.output),
-            group.describe(), region_decisions[-1].chosen, region_decisions[-1].reason)
-        if ch.program is not None:  # (the calls apart on native kernels: decided alone)
-            rewritten_groups.append((group, ch))
-            inside.update(hash(c) for c in group.original_calls)
+            choices[sig] = _decide(decider, unit, sig, search, budget)
+        return choices[sig]
+
+    region_decisions, rewritten_groups, inside = _decide_groups(groups, choose, cfg.verbose)
     regions = [r for r in regions if not any(hash(c) in inside for c in r.calls)]
-    for region in regions:
-        sig = region.signature()
-        if sig not in choices:
-            choices[sig] = _decide(decider, region, sig, search, budget)
-        ch = choices[sig]
-        region_decisions.append(RegionDecision(
-            region.function, _var_name(region.output), region.describe(), str(region.lift()),
-            chosen=ch.label, reason=ch.reason, explain=ch.explain, before_s=ch.before_s,
-            after_s=ch.after_s, measured=ch.measured, candidates=ch.candidates))
-        log = LOG.info if (cfg.verbose or ch.rewritten) else LOG.debug
-        log("ollie: region %s.%s [%s] -> %s (%s)", region.function, _var_name(region.output),
-            region.describe(), ch.label, ch.reason)
-        if ch.rewritten:
-            rewritten_regions.append((region, ch))
-            inside.update(hash(b.value) for b in region.bindings)
+    rows, rewritten_regions, in_regions = _decide_regions(regions, choose, cfg.verbose)
+    region_decisions += rows
+    inside |= in_regions
     calls = [c for c in calls if hash(c[2]) not in inside]
-    decisions = []
-    for fname, vname, call in calls:
-        sig = call_signature(call)
-        if sig not in choices:
-            choices[sig] = _decide(decider, call, sig, search, budget)
-        ch = choices[sig]
-        d = OpDecision(fname, vname, call.op.name, sig,
-                       chosen=ch.label,
-                       reason=ch.reason, explain=ch.explain, before_s=ch.before_s,
-                       after_s=ch.after_s, measured=ch.measured, candidates=ch.candidates)
-        decisions.append(d)
-        log = LOG.info if (cfg.verbose or d.rewritten) else LOG.debug
-        log("ollie: %s.%s %s -> %s (%s)", fname, vname, sig, d.chosen, d.reason)
-    new_mod = mod
-    if rewritten_regions or rewritten_groups:
-        region_rewriter = _RegionRewriter(mod, rewritten_regions, rewritten_groups)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                region_rewriter.builder_.update_func(gv, region_rewriter.visit_expr(func))
-        mod = new_mod = region_rewriter.builder_.get()
+    decisions = _decide_calls(calls, choose, cfg.verbose)
     call_choices = {call_signature(c): choices[call_signature(c)] for _, _, c in calls}
-    # (a merged group on a library GEMM takes its one bias add as the kernel's epilogue)
-    new_mod, report.epilogues = apply_call_choices(
-        new_mod, call_choices, any(ch.impl == "native" for _, ch in rewritten_groups))
+    new_mod, report.epilogues = _rewritten(mod, rewritten_regions, rewritten_groups,
+                                           call_choices)
     report.decisions = decisions
     report.regions = region_decisions
     report.search_s = decider.search_s
@@ -343,6 +289,94 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
     if cfg.verbose:
         LOG.info("%s", report.to_text())
     return new_mod, report
+
+
+def _find_units(mod: "tvm.IRModule", cfg: OllieConfig):
+    """The units to decide: ``(function, variable, call)`` of every derivable call, the regions
+    of more than one call and the shared-input groups (those two only when deriving), all of
+    the operators ``cfg.targets`` names (when it names any)."""
+    calls = _derivable_calls(mod)
+    regions = [r for r in (find_regions(mod, cfg.region_calls)
+                           if cfg.region_calls > 1 and cfg.derive else []) if r.size > 1]
+    groups = find_shared_input_groups(mod, cfg.merge_group) if cfg.derive else []
+    if cfg.targets:
+        wanted = {t if t.startswith("relax.") else f"relax.{t}" for t in cfg.targets}
+        calls = [c for c in calls if c[2].op.name in wanted]
+        regions = [r for r in regions if r.heavy_call.op.name in wanted]
+        groups = [g for g in groups if g.calls[0].op.name in wanted]
+    return calls, regions, groups
+
+
+def _rewritten(mod: "tvm.IRModule", regions, groups, call_choices: Dict[str, object]):
+    """``mod`` with the rewritten ``(region, choice)`` and ``(group, choice)`` pairs replaced
+    and each call's choice applied (:func:`apply_call_choices`); also the epilogue counts."""
+    if regions or groups:
+        rewriter = _RegionRewriter(mod, regions, groups)
+        for gv, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
+        mod = rewriter.builder_.get()
+    # (a merged group on a library GEMM takes its one bias add as the kernel's epilogue)
+    return apply_call_choices(mod, call_choices, any(ch.impl == "native" for _, ch in groups))
+
+
+def _decide_groups(groups, choose, verbose: bool):
+    """Decide each shared-input group: its report rows, the ``(group, choice)`` of those
+    rewritten, and the hashes of the calls inside them (decided no further)."""
+    rows, rewritten, inside = [], [], set()
+    for group in groups:
+        ch = choose(group, group.signature())
+        apart = ch.program is None and ch.rewritten
+        rows.append(RegionDecision(
+            group.function, ", ".join(_var_name(v) for v in group.outputs), group.describe(),
+            " ; ".join(str(e) for e in group.lifts()),
+            chosen="original" if apart else ch.label,
+            reason=("the calls apart on native kernels win, each decided alone; " if apart
+                    else "") + ch.reason,
+            explain=ch.explain, before_s=ch.before_s, after_s=ch.after_s, measured=ch.measured,
+            candidates=ch.candidates))
+        log = LOG.info if (verbose or ch.rewritten) else LOG.debug
+        log("ollie: group %s.%s [%s] -> %s (%s)", group.function, _var_name(group.output),
+            group.describe(), rows[-1].chosen, rows[-1].reason)
+        if ch.program is not None:  # (the calls apart on native kernels: decided alone)
+            rewritten.append((group, ch))
+            inside.update(hash(c) for c in group.original_calls)
+    return rows, rewritten, inside
+
+
+def _decide_regions(regions, choose, verbose: bool):
+    """Decide each region: its report rows, the ``(region, choice)`` of those rewritten, and
+    the hashes of the calls inside them (decided no further)."""
+    rows, rewritten, inside = [], [], set()
+    for region in regions:
+        ch = choose(region, region.signature())
+        rows.append(RegionDecision(
+            region.function, _var_name(region.output), region.describe(), str(region.lift()),
+            chosen=ch.label, reason=ch.reason, explain=ch.explain, before_s=ch.before_s,
+            after_s=ch.after_s, measured=ch.measured, candidates=ch.candidates))
+        log = LOG.info if (verbose or ch.rewritten) else LOG.debug
+        log("ollie: region %s.%s [%s] -> %s (%s)", region.function, _var_name(region.output),
+            region.describe(), ch.label, ch.reason)
+        if ch.rewritten:
+            rewritten.append((region, ch))
+            inside.update(hash(b.value) for b in region.bindings)
+    return rows, rewritten, inside
+
+
+def _decide_calls(calls, choose, verbose: bool) -> List[OpDecision]:
+    """Decide each ``(function, variable, call)`` left outside rewritten groups and regions."""
+    decisions = []
+    for fname, vname, call in calls:
+        sig = call_signature(call)
+        ch = choose(call, sig)
+        d = OpDecision(fname, vname, call.op.name, sig,
+                       chosen=ch.label,
+                       reason=ch.reason, explain=ch.explain, before_s=ch.before_s,
+                       after_s=ch.after_s, measured=ch.measured, candidates=ch.candidates)
+        decisions.append(d)
+        log = LOG.info if (verbose or d.rewritten) else LOG.debug
+        log("ollie: %s.%s %s -> %s (%s)", fname, vname, sig, d.chosen, d.reason)
+    return decisions
 
 
 def apply_call_choices(mod: "tvm.IRModule", choices: Dict[str, object],

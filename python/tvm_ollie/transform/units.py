@@ -1,15 +1,19 @@
 """Units of decision: a Relax call, a :class:`~.regions.Region` or a
-:class:`~.regions.SharedInputGroup`, and what every stage of the decision needs of one.
+:class:`~.groups.SharedInputGroup`, and what every stage of the decision needs of one.
 
 A unit is decided as a whole: its *signature* (equal units are decided once), its *operands*
 (the names its lifted expression uses, and their Relax values) and its *isolated module*
 (``main`` computes the unit alone, or a program in its place), which the cost models time and
-the checker compares.
+the checker compares. Every isolated module is made by :func:`build_isolated_module`.
+
+This module sits below :mod:`.regions` and :mod:`.groups` and never imports them: a region or
+a group is recognized by its ``is_region`` / ``is_group`` flags and answers for itself
+(``signature()``, ``inputs()``, ``isolated_module(...)``).
 """
 
 from __future__ import annotations
 
-from typing import Dict, FrozenSet, List, Optional, Tuple
+from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -19,9 +23,9 @@ from ..derive.program import Program
 from ..lift.registry import Operands
 from .emit import EmitError, emit_program
 
-__all__ = ["bind_operands", "call_signature", "constant_inputs", "is_group", "is_region",
-           "isolated_module", "operand_values", "original_form", "unit_module", "unit_operands",
-           "unit_signature"]
+__all__ = ["bind_operands", "build_isolated_module", "call_signature", "constant_inputs",
+           "is_group", "is_region", "isolated_module", "operand_values", "original_form",
+           "unit_module", "unit_operands", "unit_signature"]
 
 _CONST = tvm.ir.expr.Constant
 
@@ -96,6 +100,54 @@ def original_form(call, args, impl: str = "tvm") -> "relax.Expr":
     return relax.Call(call.op, args, call.attrs, call.ty_args)
 
 
+def build_isolated_module(inputs: Sequence[Tuple[str, object]],
+                          original: Callable[["relax.BlockBuilder", Dict[str, object]], object],
+                          out_shape, program: Optional[Program] = None,
+                          names: Optional[Sequence[str]] = None, impl: str = "tvm",
+                          prefix: str = "ollie",
+                          bb: Optional["relax.BlockBuilder"] = None) -> "tvm.IRModule":
+    """The isolated module of a unit: ``main`` computes the unit alone, or ``program`` in its
+    place, on the unit's inputs. Calls, regions and groups differ only in what they replay.
+
+    Parameters
+    ----------
+    inputs : sequence of (str, relax.Expr)
+        The unit's inputs by name, in order: variables become parameters (in that order),
+        constants stay constants (:func:`bind_operands`).
+    original : callable
+        ``(bb, values) -> relax.Expr``: emits the unit's own computation on ``values`` (each
+        input name's Relax value) and returns its (not bound) result.
+    out_shape : tuple of int, or list of them
+        The unit's result shape (one per result for a group), for :func:`~.emit.emit_program`.
+    program : Program, optional
+        Computed in the unit's place (None: the unit itself).
+    names : sequence of str, optional
+        The program's names of the inputs, in ``inputs`` order; None when they are the same.
+    impl : str
+        How the program's matched operators are emitted (:func:`~.emit.emit_program`).
+    prefix : str
+        Prefix of the program's PrimFunc names.
+    bb : relax.BlockBuilder, optional
+        A builder that already holds functions ``original`` calls (a region's ``call_tir``
+        callees); a new one by default.
+    """
+    bb = relax.BlockBuilder() if bb is None else bb
+    inputs = list(inputs)
+    params, values = bind_operands(inputs)
+    with bb.function("main", params):
+        with bb.dataflow():
+            if program is None:
+                out = bb.emit_output(original(bb, values))
+            else:
+                in_names = [n for n, _ in inputs]
+                mapping = values if names is None else {
+                    pn: values[cn] for pn, cn in zip(names, in_names)}
+                out = bb.emit_output(emit_program(bb, program, mapping, out_shape, impl=impl,
+                                                  name=prefix))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
 def isolated_module(call, program: Optional[Program] = None, names=None,
                     impl: str = "tvm") -> "tvm.IRModule":
     """A module whose ``main`` computes the call alone (or ``program`` in its place).
@@ -104,21 +156,15 @@ def isolated_module(call, program: Optional[Program] = None, names=None,
     With ``program=None`` and ``impl="native"`` the call runs on its native library kernel.
     """
     op_names, values = operand_values(call)
-    bb = relax.BlockBuilder()
-    params, inputs = bind_operands(zip(op_names, values))
-    with bb.function("main", params):
-        with bb.dataflow():
-            new_args = [inputs[Operands(call).name(a)] if isinstance(
-                a.ty, relax.TensorType) else a for a in call.args]
-            if program is None:
-                out = bb.emit_output(original_form(call, new_args, impl))
-            else:
-                mapping = inputs if names is None else {
-                    pn: inputs[cn] for pn, cn in zip(names, op_names)}
-                out = bb.emit_output(emit_program(bb, program, mapping, _shape(call),
-                                                  impl=impl))
-        bb.emit_func_output(out)
-    return bb.get()
+    operands = Operands(call)
+
+    def original(_bb, inputs):
+        args = [inputs[operands.name(a)] if isinstance(a.ty, relax.TensorType) else a
+                for a in call.args]
+        return original_form(call, args, impl)
+
+    return build_isolated_module(list(zip(op_names, values)), original, _shape(call), program,
+                                 names, impl)
 
 
 def unit_signature(unit) -> str:
@@ -143,14 +189,9 @@ def constant_inputs(unit) -> FrozenSet[str]:
 
 def unit_module(unit, program: Optional[Program] = None, names=None,
                 impl: str = "tvm") -> "tvm.IRModule":
-    """:func:`isolated_module` of a call or of a region (``names``: the program's names of the
-    unit's operands, in :func:`unit_operands` order; None when they are the same)."""
-    if is_group(unit):
-        from .regions import isolated_group_module  # pylint: disable=import-outside-toplevel
-
-        return isolated_group_module(unit, program, names, impl)
+    """:func:`isolated_module` of a call, or of a region or group (its own ``isolated_module``
+    method; ``names``: the program's names of the unit's operands, in :func:`unit_operands`
+    order; None when they are the same)."""
     if is_region(unit):
-        from .regions import isolated_region_module  # pylint: disable=import-outside-toplevel
-
-        return isolated_region_module(unit, program, names, impl)
+        return unit.isolated_module(program, names, impl)
     return isolated_module(unit, program, names, impl)

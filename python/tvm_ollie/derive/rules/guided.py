@@ -7,7 +7,7 @@
       L<x,y> f(x,y) = L<x,y> { (L<t,y> f(t - s*y, y))[x + s*y, y] },  t = x + s*y   (repeated)
 
   kept only when the innermost stage, normalized (eager rules, canonical form), matches one of
-  ``ctx.targets`` (:func:`tvm_ollie.derive.match.match_scope`) while the focus itself does not
+  ``ctx.targets`` (:func:`tvm_ollie.derive.targets.match_scope`) while the focus itself does not
   (a stage that matches already is instantiated as it is). Chains continue past a stage that
   matches: conv5x5 split into 3x3 taps matches conv2d (grouped) after one mapping, and the
   4-filter conv3x3 only after the second. Each mapping is an ordinary equivalence, so the chain
@@ -71,7 +71,7 @@ def reaches_target(stage: Scope, ctx: RuleContext) -> List:
     if hit is None:
         from ..canon import canonicalize  # pylint: disable=import-outside-toplevel
         from ..focus import apply_eager, compute_scopes  # pylint: disable=import-outside-toplevel
-        from ..match import match_scope  # pylint: disable=import-outside-toplevel
+        from ..targets import match_scope  # pylint: disable=import-outside-toplevel
         from . import EAGER_RULES  # pylint: disable=import-outside-toplevel
 
         hit = []

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ...ir.nodes import Access, BinOp, Const, IterVar, Scope, Tensor, Var, iter_nodes
-from ..match import Match, gemm_expr, gemm_signature, match_scope
+from ..match import Match, gemm_expr, gemm_signature
 from ..program import Program, Stage, Step, fuse_memory_bound, instantiate, instantiate_all
-from ..targets import TARGET_NAMES
+from ..targets import TARGET_NAMES, match_scope
 
 __all__ = ["InterRule", "SPLIT_OPERATORS", "FUSE_MEMORY_BOUND", "MERGE_SHARED_INPUT",
            "MERGE_SHARED_INPUT_BIAS", "INTER_RULES", "split_operators", "merge_shared_input",
