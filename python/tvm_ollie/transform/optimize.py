@@ -31,6 +31,7 @@ from .costing import Timer, UnitCostModel, region_seconds
 from .decide import DERIVABLE_OPS, Decider
 from .emit import emit_program
 from .epilogue import fuse_epilogues
+from .inference_fold import fold_inference
 from .regions import Region, _used_vars, find_regions, find_shared_input_groups, static_tensor
 from .report import OpDecision, OptimizeReport, RegionDecision
 from .units import call_signature, operand_values, original_form
@@ -240,6 +241,7 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
     """:func:`optimize_module` once the options are resolved (``hooks``: the timer, checker,
     chooser, tuner and cost model)."""
     t_start = time.perf_counter()
+    mod, folds = fold_inference(mod) if cfg.fold_inference else (mod, {})
     calls = _derivable_calls(mod)
     if cfg.targets:
         wanted = {t if t.startswith("relax.") else f"relax.{t}" for t in cfg.targets}
@@ -335,6 +337,7 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
         new_mod, call_choices, any(ch.impl == "native" for _, ch in rewritten_groups))
     report.decisions = decisions
     report.regions = region_decisions
+    report.inference_folds = folds
     report.search_s = decider.search_s
     report.verify_s = decider.verify_s
     report.tuning_s = STATS.seconds - tuning0
