@@ -68,6 +68,11 @@ class OllieConfig:
         loaded; False: TVM kernels only).
     derive : bool
         Derived programs as alternatives (False: the ``ollie-lib`` ablation).
+    fold_inference : bool
+        Before deciding, fold inference-mode batch norms into the constant-weight
+        convolutions before them and write ``x * sigmoid(x)`` as SiLU
+        (:mod:`tvm_ollie.transform.inference_fold`), so that the native kernels take the bias
+        and activation as epilogues. False: the module as imported.
     check_untuned : bool, optional
         With ``trials=0``, also time the original and accepted candidates untuned (None: on
         for CPU targets unless ``calibration`` is given).
@@ -116,6 +121,7 @@ class OllieConfig:
     targets: Optional[Tuple[str, ...]] = None
     library: Optional[bool] = None
     derive: bool = True
+    fold_inference: bool = True
     check_untuned: Optional[bool] = None
     region_calls: int = 16
     merge_group: int = 4
@@ -147,7 +153,7 @@ class OllieConfig:
                 self.search_time_s, numbers.Real) or not self.search_time_s > 0:
             raise ConfigError(f"OllieConfig.search_time_s must be a number > 0, not "
                               f"{self.search_time_s!r}")
-        for name in ("derive", "orchestrate", "joint", "joint_guard", "verbose"):
+        for name in ("derive", "fold_inference", "orchestrate", "joint", "joint_guard", "verbose"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"OllieConfig.{name} must be True or False, not "
                                   f"{getattr(self, name)!r}")

@@ -32,6 +32,7 @@ from .decide import DERIVABLE_OPS, Decider
 from .emit import emit_program
 from .epilogue import fuse_epilogues
 from .groups import find_shared_input_groups
+from .inference_fold import fold_inference
 from .regions import Region, find_regions, static_tensor, used_vars
 from .report import OpDecision, OptimizeReport, RegionDecision
 from .units import call_signature, operand_values, original_form
@@ -241,6 +242,7 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
     """:func:`optimize_module` once the options are resolved (``hooks``: the timer, checker,
     chooser, tuner and cost model)."""
     t_start = time.perf_counter()
+    mod, folds = fold_inference(mod) if cfg.fold_inference else (mod, {})
     calls, regions, groups = _find_units(mod, cfg)
     if budget is None:
         budget = TrialBudget(cfg.trials)
@@ -281,6 +283,7 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
                                            call_choices)
     report.decisions = decisions
     report.regions = region_decisions
+    report.inference_folds = folds
     report.search_s = decider.search_s
     report.verify_s = decider.verify_s
     report.tuning_s = STATS.seconds - tuning0

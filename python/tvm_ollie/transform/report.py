@@ -121,6 +121,8 @@ class OptimizeReport:
     tuning_calls: int = 0
     #: consumers (bias, residual, activation) folded into native kernels, per kernel kind
     epilogues: Dict[str, int] = field(default_factory=dict)
+    #: inference folds applied before deciding, per rule (:mod:`.inference_fold`)
+    inference_folds: Dict[str, int] = field(default_factory=dict)
     #: the module's trial budget and how it was spent (:class:`tvm_ollie.tune.budget.TrialBudget`;
     #: ``build`` adds its final task after the pass)
     budget: Any = None
@@ -177,6 +179,9 @@ class OptimizeReport:
             rows.append(self.budget.to_text())
         if self.plans is not None:
             rows.append(self.plans.to_text())
+        if self.inference_folds:
+            folded = ", ".join(f"{k} {v}" for k, v in sorted(self.inference_folds.items()))
+            rows.append(f"inference folds before deciding: {folded}")
         if self.epilogues:
             folded = ", ".join(f"{k} {v}" for k, v in sorted(self.epilogues.items()))
             rows.append(f"epilogues folded into native kernels: {folded}")

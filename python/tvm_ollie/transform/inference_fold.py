@@ -1,0 +1,253 @@
+"""Inference folding: batch norms into the convolutions before them, SiLU written as one op.
+
+Exported models compute, between two convolutions, what inference does not need to compute
+apart. A batch norm in inference mode is a per-channel affine map, so after a convolution
+whose weight is a constant it folds into that weight and a bias; and exporters write SiLU as
+``x * sigmoid(x)``. Left as they are, the batch norm sits between the convolution and its
+activation, so the native kernels cannot take the bias and activation as epilogues
+(:mod:`.epilogue`), and every pair costs two extra memory-bound kernels: paper-size YOLOX spent
+half its time in ``batch_norm + sigmoid + multiply`` next to the library convolutions. ONNX
+Runtime folds both at load time; this pass does it on the Relax module, before the derivation
+decides anything, so the convolutions it weighs are the ones that will run.
+
+Each rule is data (:class:`FoldRule`: a name, a TVM dataflow pattern, a rewrite that returns
+``None`` when a guard fails); :func:`fold_inference` applies them in order with TVM's
+``rewrite_call`` and returns how often each fired. The weight arithmetic runs in float64 on the
+constants and is cast back to their dtype; every folded weight is checked against the unfolded
+batch norm on a random input patch before it is used (:func:`_folds_exactly`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional, Tuple
+
+import numpy as np
+
+from ..compat import relax, tvm
+from .epilogue import use_counts
+
+__all__ = ["FOLD_RULES", "FoldRule", "FoldInference", "fold_inference"]
+
+_dpl = relax.dpl
+
+Matches = Dict[object, object]
+#: ``rewrite(matches, uses) -> replacement or None``; ``uses`` counts reads per Relax variable.
+Rewrite = Callable[[Matches, Counter], Optional[object]]
+
+
+@dataclass(frozen=True)
+class FoldRule:
+    """One inference fold: ``pattern`` found in a Relax function becomes ``rewrite``'s result.
+
+    Attributes
+    ----------
+    name : str
+        Reported in the fold counts.
+    pattern : DFPattern
+        The TVM dataflow pattern (it sees through variable bindings).
+    rewrite : callable
+        ``rewrite(matches, uses)``: the replacement expression, or None when a guard fails.
+    """
+
+    name: str
+    pattern: object
+    rewrite: Rewrite
+
+
+# --- guards -------------------------------------------------------------------------------
+
+
+def _const(expr) -> Optional[np.ndarray]:
+    """The value of a Relax constant, else None."""
+    return expr.value.numpy() if isinstance(expr, tvm.ir.expr.Constant) else None
+
+
+def _float(dtype: str) -> bool:
+    return dtype in ("float32", "float16", "float64")
+
+
+def _used_once(expr, uses: Counter, binding_of: Dict[object, object]) -> bool:
+    """The value of ``expr`` is read by one consumer only (else the fold would compute it
+    twice)."""
+    var = binding_of.get(expr)
+    return var is None or uses[var] <= 1
+
+
+def _inference_batch_norm(bn) -> bool:
+    """``bn`` normalizes with its running statistics (inference) over axis 1 (NCHW)."""
+    attrs = bn.attrs
+    return not bool(getattr(attrs, "training", False)) and int(attrs.axis) == 1
+
+
+def _nchw_conv(conv) -> bool:
+    """A convolution whose output channels are axis 1 and weight channels axis 0 (conv2d)
+    or axis 1 with one group (conv2d_transpose)."""
+    attrs = conv.attrs
+    if attrs.data_layout != "NCHW" or attrs.out_layout not in ("NCHW", ""):
+        return False
+    if conv.op.name == "relax.nn.conv2d":
+        return attrs.kernel_layout == "OIHW"
+    return attrs.kernel_layout == "IOHW" and int(attrs.groups) == 1
+
+
+# --- rules --------------------------------------------------------------------------------
+
+_X, _W, _B = _dpl.wildcard(), _dpl.is_const(), _dpl.is_const()
+_GAMMA, _BETA, _MEAN, _VAR = (_dpl.is_const() for _ in range(4))
+_CONV = _dpl.is_op("relax.nn.conv2d")(_X, _W) | _dpl.is_op("relax.nn.conv2d_transpose")(_X, _W)
+_CONV_BIAS = _dpl.is_op("relax.add")(_CONV, _B)
+_BN = _dpl.is_op("relax.nn.batch_norm")(_CONV | _CONV_BIAS, _GAMMA, _BETA, _MEAN, _VAR)
+_BN_OUT = _dpl.is_tuple_get_item(_BN, 0)
+
+
+def _bn_scale_shift(bn, matches: Matches, channels: int) -> Optional[Tuple[np.ndarray, ...]]:
+    """``s = γ / √(σ² + ε)`` and ``t = β − μ·s`` per channel, in float64 (None if the shapes
+    are not one value per channel)."""
+    gamma, beta, mean, var = (_const(matches[p]).astype(np.float64)
+                              for p in (_GAMMA, _BETA, _MEAN, _VAR))
+    if any(a.shape != (channels,) for a in (gamma, beta, mean, var)):
+        return None
+    attrs = bn.attrs
+    if not bool(attrs.scale):
+        gamma = np.ones_like(gamma)
+    if not bool(attrs.center):
+        beta = np.zeros_like(beta)
+    scale = gamma / np.sqrt(var + float(attrs.epsilon))
+    return scale, beta - mean * scale
+
+
+def _conv_bias(matches: Matches, channels: int) -> Optional[np.ndarray]:
+    """The constant bias added to the convolution (zeros without one), one per channel."""
+    if _B not in matches:
+        return np.zeros(channels)
+    bias = _const(matches[_B]).astype(np.float64)
+    if bias.size != channels or bias.shape not in ((channels,), (1, channels, 1, 1),
+                                                   (channels, 1, 1)):
+        return None
+    return bias.reshape(channels)
+
+
+def _scaled_weight(conv, weight: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """``W · s`` along the weight's output-channel axis (0 for OIHW, 1 for IOHW)."""
+    axis = 0 if conv.op.name == "relax.nn.conv2d" else 1
+    shape = [1] * weight.ndim
+    shape[axis] = scale.size
+    return weight.astype(np.float64) * scale.reshape(shape)
+
+
+def _folds_exactly(conv, weight, new_weight, bias, scale, shift, new_bias, dtype) -> bool:
+    """Check the fold on a random input patch: the unfolded batch norm of the convolution's
+    response to it equals the folded weight's response plus the folded bias."""
+    rng = np.random.default_rng(0)
+    axis = 0 if conv.op.name == "relax.nn.conv2d" else 1
+    w = np.moveaxis(weight.astype(np.float64), axis, 0)
+    w2 = np.moveaxis(new_weight, axis, 0)
+    patch = rng.standard_normal(w.shape[1:])
+    before = (np.tensordot(w, patch, axes=w.ndim - 1) + bias) * scale + shift
+    after = np.tensordot(w2.astype(dtype).astype(np.float64), patch, axes=w.ndim - 1) + new_bias
+    tol = 1e-5 if dtype == "float32" else 1e-2
+    return bool(np.allclose(before, after, rtol=tol, atol=tol * np.abs(before).max()))
+
+
+def _fold_bn(matches: Matches, uses: Counter, binding_of) -> Optional[object]:
+    """``bn_into_conv``: ``batch_norm(conv(x, W) [+ b])[0] = conv(x, W·s) + ((b − μ)·s + β)``."""
+    bn = matches[_BN]
+    conv = matches[_CONV]
+    weight = _const(matches[_W])
+    dtype = str(weight.dtype)
+    if not (_inference_batch_norm(bn) and _nchw_conv(conv) and _float(dtype)):
+        return None
+    if not _used_once(conv, uses, binding_of) or not _used_once(bn, uses, binding_of):
+        return None
+    if _B in matches and not _used_once(matches[_CONV_BIAS], uses, binding_of):
+        return None
+    channels = int(conv.ty.shape[1])
+    found = _bn_scale_shift(bn, matches, channels)
+    bias = _conv_bias(matches, channels)
+    if found is None or bias is None:
+        return None
+    scale, shift = found
+    new_weight = _scaled_weight(conv, weight, scale)
+    new_bias = bias * scale + shift
+    if not _folds_exactly(conv, weight, new_weight, bias, scale, shift, new_bias, dtype):
+        return None
+    folded = relax.Call(conv.op, [matches[_X], relax.const(new_weight.astype(dtype))],
+                        conv.attrs)
+    return relax.op.add(folded, relax.const(new_bias.astype(dtype).reshape(1, channels, 1, 1)))
+
+
+_Y = _dpl.wildcard()
+_SIGMOID = _dpl.is_op("relax.sigmoid")(_Y)
+_SILU = _dpl.is_op("relax.multiply")(_Y, _SIGMOID) | _dpl.is_op("relax.multiply")(_SIGMOID, _Y)
+
+
+def _silu(matches: Matches, uses: Counter, binding_of) -> Optional[object]:
+    """``silu``: ``x · sigmoid(x) = silu(x)`` (either operand order), when the sigmoid has no
+    other reader."""
+    if not _used_once(matches[_SIGMOID], uses, binding_of):
+        return None
+    return relax.op.nn.silu(matches[_Y])
+
+
+#: The folds, in the order they are applied.
+FOLD_RULES: Tuple[FoldRule, ...] = (
+    FoldRule("bn_into_conv", _BN_OUT, _fold_bn),
+    FoldRule("silu", _SILU, _silu),
+)
+
+
+# --- driver -------------------------------------------------------------------------------
+
+
+def _bindings(func: "relax.Function") -> Dict[object, object]:
+    """Bound value -> its variable, for the use counts of matched sub-expressions."""
+    out = {}
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            out[binding.value] = binding.var
+    return out
+
+
+def _apply(rule: FoldRule, func: "relax.Function", counts: Counter) -> "relax.Function":
+    uses, binding_of = use_counts(func), _bindings(func)
+
+    def rewrite(expr, matches):
+        out = rule.rewrite(matches, uses, binding_of)
+        if out is None:
+            return expr
+        counts[rule.name] += 1
+        return out
+
+    return _dpl.rewrite_call(rule.pattern, rewrite, func)
+
+
+def fold_inference(mod: "tvm.IRModule",
+                   rules: Tuple[FoldRule, ...] = FOLD_RULES) -> Tuple["tvm.IRModule", Dict[str, int]]:
+    """``mod`` with every rule of ``rules`` applied to every Relax function (bindings left
+    dead are removed); and how many times each rule fired."""
+    counts: Counter = Counter()
+    updates = {}
+    for gv, func in mod.functions_items():
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            continue
+        new = func
+        for rule in rules:
+            new = _apply(rule, new, counts)
+        if not new.same_as(func):
+            updates[gv] = relax.analysis.remove_all_unused(new)
+    if not updates:
+        return mod, {}
+    new_mod = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
+    for gv, func in updates.items():
+        new_mod[gv] = func
+    return relax.transform.Normalize()(new_mod), dict(counts)
+
+
+@tvm.transform.module_pass(opt_level=0, name="FoldInference")
+class FoldInference:
+    """The module pass of :func:`fold_inference` (for ``tvm.transform.Sequential``)."""
+
+    def transform_module(self, mod: "tvm.IRModule", _ctx) -> "tvm.IRModule":
+        return fold_inference(mod)[0]
