@@ -146,12 +146,12 @@ class Comparison:
 
     def medians(self) -> Dict[str, float]:
         """Median seconds of every alternative that has samples."""
-        return {n: t.median for n, t in self.timings.items() if t.samples}
+        return {n: t.median for n, t in self.timings.items() if t.samples and not t.failed}
 
     def seconds(self, name: str) -> Optional[float]:
         """The median of ``name`` (None: failed or not compared)."""
         t = self.timings.get(name)
-        return t.median if t is not None and t.samples else None
+        return t.median if t is not None and t.samples and not t.failed else None
 
     def to_dict(self) -> dict:
         """JSON-able form (:meth:`from_dict` reads it back)."""
