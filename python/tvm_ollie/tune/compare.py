@@ -243,7 +243,8 @@ def clocked(run: Callable[[], object], number: int = 1,
 def compare(samplers: Dict[str, Sampler], prefer: Optional[Sequence[str]] = None,
             margin: Margin = 0.0, min_rounds: int = 5, max_rounds: int = 25,
             time_s: Optional[float] = None, clock: Callable[[], float] = time.perf_counter,
-            hopeless: float = math.inf, confidence: float = 0.9) -> Comparison:
+            hopeless: float = math.inf, confidence: float = 0.9,
+            initial: Optional[Dict[str, float]] = None) -> Comparison:
     """Time ``samplers`` in interleaved rounds until the fastest is separated or the budget is
     spent; the winner by :func:`judge` (module docstring).
 
@@ -265,6 +266,8 @@ def compare(samplers: Dict[str, Sampler], prefer: Optional[Sequence[str]] = None
         Ratio beyond which an alternative leaves the rounds (module docstring).
     confidence : float
         Coverage of the median intervals.
+    initial : dict, optional
+        A first sample of every alternative, taken by the caller (it counts as round 1).
     """
     timings = {n: Timing(n, confidence=confidence) for n in samplers}
     active = list(samplers)
@@ -272,10 +275,13 @@ def compare(samplers: Dict[str, Sampler], prefer: Optional[Sequence[str]] = None
     for r in range(max(1, max_rounds)):
         shift = r % len(active)
         for name in active[shift:] + active[:shift]:
+            if r == 0 and initial is not None and name in initial:
+                timings[name].samples.append(float(initial[name]))
+                continue
             _sample(timings[name], samplers[name])
         active = [n for n in active if not timings[n].failed]
         rounds = r + 1
-        if len(active) < 2:
+        if not active or sum(not t.failed for t in timings.values()) < 2:
             stop = "failed" if not active else "single"
             break
         _retire(timings, active, hopeless)
