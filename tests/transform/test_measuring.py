@@ -121,6 +121,9 @@ def test_a_second_build_reuses_the_recorded_evidence(tmp_path):
     assert [d.chosen for d in second.decisions] == [d.chosen for d in first.decisions]
     assert [d.after_s for d in second.decisions] == [d.after_s for d in first.decisions]
     assert "recorded" in second.decisions[0].reason and "rounds" in first.decisions[0].reason
+    # the report's text shows the evidence whole
+    assert "timed decisions" in second.to_text() and second.decisions[0].reason in \
+        second.to_text()
     # another work dir times again
     fresh = CountingTimer()
     optimize_module(sm.conv3x3(), "llvm", library=False, timer=fresh, max_measured=2,

@@ -173,7 +173,9 @@ def choose_measured(base: Alternative, better: List[Alternative], names, n_cand:
     failures += [f"{a.label}: failed to build, tune or run" for a in alts[1:]
                  if res.seconds(a.label) is None]
     tail = ("; rejected: " + "; ".join(failures)) if failures else ""
-    summary = f"{mode}: {res.to_text(format_seconds)}{tail}"
+    ties = "" if res.separated else "; ties: the original, its native kernel, the lower " \
+        "estimate, the fewer stages"
+    summary = f"{mode}: {res.to_text(format_seconds)}{ties}{tail}"
     won = next((a for a in alts if a.label == res.winner), base)
     if won is base:
         return Choice(None, names, summary, t_base, t_base, True, n_cand)

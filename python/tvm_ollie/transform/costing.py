@@ -7,7 +7,8 @@ and its implementations:
   original as one kernel of its kind, ``max(flops / (peak * eff), bytes / bandwidth)``, a
   program as the sum of its stages; it ranks and prunes every alternative.
 * :class:`UntunedTiming`: the unit alone (:func:`~.units.unit_module`) built with TVM's default
-  pipeline and timed here or on RPC devices, cached in ``work_dir``.
+  pipeline and timed here or on RPC devices, cached in ``work_dir``; a decision builds every
+  alternative once and samples them together (:meth:`ModuleTiming.sampler`, :mod:`.measuring`).
 * :class:`TunedTiming`: the same, tuned by MetaSchedule with the trials the module's
   :class:`~tvm_ollie.tune.budget.TrialBudget` grants it.
 * :class:`CallableTiming`: a bare ``timer(module, label) -> seconds`` (tools and tests).

@@ -57,7 +57,10 @@ class DecisionRecords:
     def get(self, key: str) -> Optional[Comparison]:
         """The recorded comparison (None: not decided in this work dir)."""
         entry = self.data.get(key)
-        return Comparison.from_dict(entry["comparison"]) if entry else None
+        try:
+            return Comparison.from_dict(entry["comparison"]) if entry else None
+        except (KeyError, TypeError, ValueError):  # a record of another version: time again
+            return None
 
     def put(self, key: str, signature: str, comparison: Comparison) -> None:
         """Record and save (atomically: other processes may read the file)."""
