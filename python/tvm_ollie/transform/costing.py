@@ -247,14 +247,15 @@ class UntunedTiming(ModuleTiming):
         return seconds
 
     def sample(self, module: "tvm.IRModule", label: str) -> Sampler:
-        """Built once, then one sample per call (:func:`~tvm_ollie.tune.measure.main_sampler`,
-        or one remote timing behind ``rpc``); not cached: the decision's evidence is
-        (:mod:`.measuring`)."""
+        """Built once, then one sample per call (:func:`~tvm_ollie.tune.measure.main_sampler`);
+        not cached: the decision's evidence is (:mod:`.measuring`). Behind ``rpc`` every
+        remote timing exports and uploads the executable: it is timed there once (the median
+        of 8 x 2 runs) and that median is every sample (not interleaved)."""
         ex = self.compile(module, label)
         args = random_args(module["main"])
         if self.rpc is not None:
-            return lambda: time_main(ex, args, number=2, repeat=1, rpc=self.rpc,
-                                     target=self.target)
+            seconds = time_main(ex, args, number=2, repeat=8, rpc=self.rpc, target=self.target)
+            return lambda: seconds
         return main_sampler(ex, args, self.target)
 
     @property
