@@ -147,6 +147,11 @@ def test_clocked_samples_and_calls_per_sample():
         now[0] += 2e-4
 
     assert clocked(run, 5, lambda: now[0])() == pytest.approx(2e-4)
+    # warm-up calls run, untimed
+    calls = []
+    assert clocked(lambda: calls.append(1) or run(), 2, lambda: now[0], warmup=1)() == \
+        pytest.approx(2e-4)
+    assert len(calls) == 3
     assert calls_per_sample(2e-4) == 5 and calls_per_sample(1.0) == 1
     assert calls_per_sample(1e-9) == 100
 

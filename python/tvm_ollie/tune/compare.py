@@ -228,10 +228,14 @@ def calls_per_sample(seconds: float, floor_s: float = 1e-3, cap: int = 100) -> i
 
 
 def clocked(run: Callable[[], object], number: int = 1,
-            clock: Callable[[], float] = time.perf_counter) -> Sampler:
-    """A sampler timing ``number`` calls of ``run`` with ``clock`` (seconds per call)."""
+            clock: Callable[[], float] = time.perf_counter, warmup: int = 0) -> Sampler:
+    """A sampler timing ``number`` calls of ``run`` with ``clock`` (seconds per call), after
+    ``warmup`` untimed calls (caches and thread pools back to this alternative's steady state
+    after the others ran)."""
 
     def sample() -> float:
+        for _ in range(warmup):
+            run()
         start = clock()
         for _ in range(number):
             run()

@@ -119,8 +119,9 @@ def time_main(ex: "tvm.runtime.Executable", args: Sequence[np.ndarray], device=N
 def main_sampler(ex: "tvm.runtime.Executable", args: Sequence[np.ndarray], target=None,
                  device=None, floor_s: float = 1e-3) -> Sampler:
     """A :data:`~.compare.Sampler` of ``main`` for :func:`~.compare.compare`: one sample is
-    the seconds per call of enough calls to last about ``floor_s`` (counted on a timed call
-    after a warm-up call), each ending with a device synchronization off the CPU."""
+    an untimed warm-up call, then the seconds per call of enough calls to last about
+    ``floor_s`` (counted on a timed call after a warm-up call), each ending with a device
+    synchronization off the CPU."""
     dev = device if device is not None else target_device(target)
     main = relax.VirtualMachine(ex, dev)["main"]
     targs = [tvm.runtime.tensor(a, dev) for a in args]
@@ -134,4 +135,4 @@ def main_sampler(ex: "tvm.runtime.Executable", args: Sequence[np.ndarray], targe
     run()
     start = time.perf_counter()
     run()
-    return clocked(run, calls_per_sample(time.perf_counter() - start, floor_s))
+    return clocked(run, calls_per_sample(time.perf_counter() - start, floor_s), warmup=1)
