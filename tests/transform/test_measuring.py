@@ -145,8 +145,16 @@ def test_decision_timing_builds_once_and_samples(conv, tmp_path):
     res = timing.step(call, "sig")([base, prog], ["original"], MARGIN)
     assert res.winner == "original" and res.separated and len(built) == 2
     assert timing.seconds[("sig", prog.label)] == 2e-3
-    assert DecisionTiming(Timing(None), DecisionRecords(str(tmp_path))).step(call, "sig")(
-        [base, prog], ["original"], MARGIN).recorded
+    again = DecisionTiming(Timing(None), DecisionRecords(str(tmp_path)))
+    assert again.step(call, "sig")([base, prog], ["original"], MARGIN).recorded
+    # another set of alternatives (the search is time-bounded) with the recorded winner in it:
+    # the record decides; without it, the decision is timed again
+    _, _, (_, other) = conv
+    assert again.step(call, "sig")([base, other], ["original"], MARGIN).recorded
+    built.clear()
+    res = DecisionTiming(Timing(lambda m, label: 1e-3), DecisionRecords(str(tmp_path))).step(
+        call, "sig")([prog, other], [prog.label], MARGIN)
+    assert not res.recorded and len(built) == 2
 
 
 def test_untuned_timing_samples_a_built_module(conv):

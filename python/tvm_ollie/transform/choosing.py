@@ -171,7 +171,7 @@ def choose_measured(base: Alternative, better: List[Alternative], names, n_cand:
         return Choice(None, names, "the original operator failed to build or run",
                       base.estimate, base.estimate, False, n_cand)
     failures += [f"{a.label}: failed to build, tune or run" for a in alts[1:]
-                 if res.seconds(a.label) is None]
+                 if a.label in res.timings and res.seconds(a.label) is None]
     tail = ("; rejected: " + "; ".join(failures)) if failures else ""
     ties = "" if res.separated else "; ties: the original, its native kernel, the lower " \
         "estimate, the fewer stages"

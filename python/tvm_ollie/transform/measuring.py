@@ -7,8 +7,8 @@ speeds (YOLOX 26.8 / 3.9 / 16.0 ms). Here every alternative of a decision is bui
 :mod:`tvm_ollie.tune.compare` (interleaved rounds until the fastest is separated, ties to a
 stated preference), and the evidence (every sample, the rounds, separated or tied, the
 tie-break) is recorded in ``work_dir`` (:class:`DecisionRecords`). A later build with the same
-work dir and the same alternatives reads the evidence back and times nothing: it takes the same
-decisions.
+work dir reads the evidence back and times nothing: it takes the same decisions (unless its
+search no longer finds the recorded winner).
 """
 
 from __future__ import annotations
@@ -34,7 +34,12 @@ PROTOCOL = dict(min_rounds=5, max_rounds=15, time_s=2.0)
 
 class DecisionRecords:
     """The evidence of every timed decision, kept in ``work_dir`` (``FILE``), keyed by the
-    cost model (target, device, mode), the unit's signature and the alternatives' labels."""
+    cost model (target, device, mode) and the unit's signature.
+
+    The derivation search runs under a time budget, so a later build may find another set of
+    alternatives for the same unit: the recorded decision is reused when its winner is among
+    the alternatives checked now (then nothing is timed and the decision is the same), and
+    taken again otherwise."""
 
     FILE = "ollie_decisions.json"
 
@@ -49,18 +54,19 @@ class DecisionRecords:
                 self.data = {}
 
     @staticmethod
-    def key(model: str, signature: str, labels: List[str]) -> str:
-        """One key per (cost model, signature, set of alternatives)."""
-        text = "\n".join([model, signature] + sorted(labels))
-        return hashlib.sha1(text.encode()).hexdigest()
+    def key(model: str, signature: str) -> str:
+        """One key per (cost model, signature)."""
+        return hashlib.sha1(f"{model}\n{signature}".encode()).hexdigest()
 
-    def get(self, key: str) -> Optional[Comparison]:
-        """The recorded comparison (None: not decided in this work dir)."""
+    def get(self, key: str, labels: List[str]) -> Optional[Comparison]:
+        """The recorded comparison if its winner is one of ``labels`` (the alternatives of
+        the decision now); None: not decided in this work dir, or the winner is not offered."""
         entry = self.data.get(key)
         try:
-            return Comparison.from_dict(entry["comparison"]) if entry else None
+            res = Comparison.from_dict(entry["comparison"]) if entry else None
         except (KeyError, TypeError, ValueError):  # a record of another version: time again
             return None
+        return res if res is not None and res.winner in labels else None
 
     def put(self, key: str, signature: str, comparison: Comparison) -> None:
         """Record and save (atomically: other processes may read the file)."""
@@ -106,8 +112,8 @@ class DecisionTiming:
                  margin: Margin) -> Comparison:
         labels = [a.label for a in alts]
         key = DecisionRecords.key(getattr(self.model, "record_key", self.model.name),
-                                  signature, labels)
-        res = self.records.get(key)
+                                  signature)
+        res = self.records.get(key, labels)
         if res is None:
             res = compare(self._samplers(unit, alts), prefer, margin, **self.protocol)
             self.records.put(key, signature, res)
