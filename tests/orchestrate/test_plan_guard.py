@@ -7,8 +7,9 @@ import pytest
 
 from tvm_ollie.compat import relax, tvm
 from tvm_ollie.config import ConfigError, OllieConfig
-from tvm_ollie.orchestrate.guard import (GuardError, PlanSkipped, alternating_medians,
-                                         guard_plans, plan_tolerance)
+from tvm_ollie.orchestrate.guard import (GUARD_MARGIN, GuardError, PlanSkipped, alternating,
+                                         alternating_medians, guard_plans, plan_tolerance)
+from tvm_ollie.orchestrate.joint_plans import GUARD_PREFERENCE
 
 from orch_helpers import CALIB
 
@@ -151,13 +152,13 @@ def test_alternating_medians_rotates_and_takes_medians():
     medians = alternating_medians(runs, time_s=0.0, min_rounds=3, max_rounds=3,
                                   clock=lambda: now[0])
     assert medians == pytest.approx({"a": 2e-3, "b": 1e-3, "c": 3e-3})
-    rounds = order[3:]  # after one warm-up call each
-    assert rounds[0::3] == ["a", "b", "c"]  # round r starts with plan r
+    # the first call of each is round 0; then round r starts with plan r
+    assert order[0:3] == ["a", "b", "c"] and order[3::3] == ["b", "c"]
 
 
-def test_alternating_medians_times_a_hopeless_plan_once():
-    """A plan more than ``hopeless`` times slower than the fastest on its first call leaves
-    the rounds with that call's time; with ``hopeless=inf`` it stays in every round."""
+def test_alternating_medians_retires_a_hopeless_plan_after_two_samples():
+    """A plan more than ``hopeless`` times slower than the fastest in two samples leaves the
+    rounds; with ``hopeless=inf`` it stays in every round."""
     now = [0.0]
     calls = {"fast": 0, "slow": 0}
 
@@ -171,11 +172,69 @@ def test_alternating_medians_times_a_hopeless_plan_once():
     medians = alternating_medians(runs, time_s=0.0, min_rounds=4, max_rounds=4,
                                   clock=lambda: now[0])
     assert medians == pytest.approx({"fast": 2e-3, "slow": 1.0})
-    assert calls == {"fast": 5, "slow": 1}
+    assert calls == {"fast": 4, "slow": 2}
     calls.update(fast=0, slow=0)
     alternating_medians(runs, time_s=0.0, min_rounds=4, max_rounds=4, clock=lambda: now[0],
                         hopeless=float("inf"))
-    assert calls == {"fast": 5, "slow": 5}
+    assert calls == {"fast": 4, "slow": 4}
+
+
+def _steps(plan_steps, now):
+    """Runs advancing the fake clock ``now`` by ``plan_steps[name][call]`` (the last step
+    repeats)."""
+    calls = {name: 0 for name in plan_steps}
+
+    def run(name):
+        def _run():
+            steps = plan_steps[name]
+            now[0] += steps[min(calls[name], len(steps) - 1)]
+            calls[name] += 1
+        return _run
+
+    return {name: run(name) for name in plan_steps}, calls
+
+
+def test_a_plan_slow_on_its_first_timing_is_still_kept_when_fastest():
+    """The issue's case: the derivation plan's first timed call is 10x off (a loaded machine),
+    its later calls the fastest. The old guard dropped it as hopeless on that one call and kept
+    the slower joint plan; two samples decide hopelessness now, and it wins."""
+    now = [0.0]
+    runs, calls = _steps({"joint": [1.4e-3], "derivation": [14e-3, 1.0e-3]}, now)
+    res = alternating(runs, time_s=1.0, min_rounds=5, max_rounds=20, clock=lambda: now[0],
+                      prefer=["derivation", "joint"])
+    assert res.winner == "derivation" and not res.timings["derivation"].retired
+    assert res.separated and res.rounds == 8 and calls["derivation"] > 2
+
+
+def test_guard_ties_go_to_the_preferred_plan_not_the_luckier_median():
+    now = [0.0]
+    # within GUARD_MARGIN of each other: a tie, whatever the medians say
+    runs, _ = _steps({"joint": [1.00e-3], "derivation": [1.01e-3]}, now)
+    res = alternating(runs, time_s=0.0, min_rounds=5, max_rounds=9, clock=lambda: now[0],
+                      prefer=["derivation", "joint"])
+    assert res.fastest == "joint" and res.winner == "derivation" and not res.separated
+    built = {}
+    plans = [(n, _builder(1.0, built, n)) for n in ("joint", "derivation")]
+    times = {"joint": 1e-3 * (1 - GUARD_MARGIN / 2), "derivation": 1e-3}
+    ex, winner, report = guard_plans(plans, ARGS, timer=_fixed(times),
+                                     prefer=GUARD_PREFERENCE)
+    assert winner == "derivation" and ex is built["derivation"]
+    assert report.kept_s == 1e-3 and "tie of derivation, joint -> derivation" in \
+        report.to_text()
+    times = {"joint": 1e-3 * (1 - 2 * GUARD_MARGIN), "derivation": 1e-3}
+    _, winner, report = guard_plans(plans, ARGS, timer=_fixed(times), prefer=GUARD_PREFERENCE)
+    assert winner == "joint" and report.kept_s == times["joint"]
+
+
+def test_the_guard_times_with_the_protocol_by_default():
+    built = {}
+    plans = [(n, _builder(1.0, built, n)) for n in ("joint", "derivation")]
+    _, winner, report = guard_plans(plans, ARGS, prefer=GUARD_PREFERENCE)
+    res = report.comparison
+    assert res is not None and res.rounds >= 7 and set(res.timings) == {"joint", "derivation"}
+    # the same module twice: separated only if the machine says so; a tie keeps derivation
+    assert winner == res.winner and (res.separated or winner == "derivation")
+    assert report.kept_s == res.seconds(winner)
 
 
 def test_plan_tolerance_scales_with_the_type():

@@ -21,32 +21,46 @@ already made (no second derivation search), the plans it competes with
 
 and :func:`guard_plans` keeps the fastest. Each plan is built and run once on the same sample
 inputs; a plan that fails to build or to run, or whose outputs differ from the reference plan's
-by more than :func:`plan_tolerance`, is dropped with the reason. The others are timed in
-alternating rounds (round ``r`` runs every plan once, in an order rotated by ``r``, so that
-load drifting over time falls on all of them; a plan more than 3x slower than the fastest on
-its first call is timed once only) and the least median wins:
+by more than :func:`plan_tolerance`, is dropped with the reason. The others are timed under the
+protocol of :mod:`tvm_ollie.tune.compare` (:func:`alternating`): alternating rounds (round
+``r`` runs every plan once, in an order rotated by ``r``, so that load drifting over time falls
+on all of them), until the fastest plan's median is separated from every other's (disjoint
+order-statistic intervals of the medians and :data:`GUARD_MARGIN` apart) or the budget is
+spent. A plan whose fastest of two samples is more than 3x the leader's slowest cannot win and
+leaves the rounds (two samples, not one: on a loaded machine one sample can be 10-100x off).
+When the leaders do not separate, the tie goes to the first of them in the order of
+preference (``prefer``: the joint build prefers the derivation-only plan, the simplest), never
+to the luckier sample::
 
-    winner = argmin_p median_r t(p, r)      (ties: the earlier plan in the list)
+    winner = fastest if separated, else the first tied plan in ``prefer`` order
 
-The :class:`GuardReport` (``OptimizeReport.plans``) lists the medians, the winner and why any
-plan was dropped.
+The :class:`GuardReport` (``OptimizeReport.plans``) lists the medians, the winner, the
+guard's own timing of it (:attr:`GuardReport.kept_s`, for comparison with a fresh timing of the
+finished executable), the rounds, separated or tied, and why any plan was dropped.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-__all__ = ["GuardError", "GuardReport", "PlanOutcome", "PlanSkipped", "PlanTimer",
-           "alternating_medians", "guard_plans", "plan_tolerance"]
+from ..tune.compare import Comparison, calls_per_sample, clocked, compare, from_seconds, judge
 
-#: ``timer(runs) -> {plan: seconds}``: the time of one call of each plan (``runs[plan]()`` runs
-#: it once); the default is :func:`alternating_medians`.
-PlanTimer = Callable[[Dict[str, Callable[[], object]]], Dict[str, float]]
+__all__ = ["GUARD_MARGIN", "GuardError", "GuardReport", "PlanOutcome", "PlanSkipped",
+           "PlanTimer", "alternating", "alternating_medians", "guard_plans", "plan_tolerance"]
+
+#: ``timer(runs) -> {plan: seconds}`` or a :class:`~tvm_ollie.tune.compare.Comparison`: the
+#: time of one call of each plan (``runs[plan]()`` runs it once); the default is
+#: :func:`alternating`. Seconds are judged as one sample each.
+PlanTimer = Callable[[Dict[str, Callable[[], object]]], Union[Dict[str, float], Comparison]]
+
+#: A plan beats another when its median is this much lower (relative) and the medians'
+#: intervals are disjoint; closer plans are tied (two builds of one plan timed by these rounds
+#: agreed within 0.4-2% here, docs/benchmarks.md).
+GUARD_MARGIN = 0.03
 
 
 class GuardError(RuntimeError):
@@ -75,17 +89,29 @@ class GuardReport:
     winner: str = ""
     reference: str = ""  # the plan the others' outputs were compared with ("": none)
     notes: List[str] = field(default_factory=list)
+    #: the timing evidence (None: fewer than two plans were timed)
+    comparison: Optional[Comparison] = None
 
     def times(self) -> Dict[str, float]:
         """Median seconds of each timed plan."""
         return {p.name: p.seconds for p in self.plans if p.seconds is not None}
 
+    @property
+    def kept_s(self) -> Optional[float]:
+        """The guard's median of the kept plan (what a fresh timing of the finished executable
+        should agree with; None: not timed)."""
+        return self.times().get(self.winner)
+
     def to_text(self) -> str:
-        """One line: each plan's median (or why it was dropped) and the winner."""
+        """One line: each plan's median (or why it was dropped) and the winner; the evidence
+        (rounds, separated or tied) after it."""
         parts = [f"{p.name} {p.seconds * 1e3:.3f}ms" if p.seconds is not None
                  else f"{p.name} dropped ({p.dropped})" for p in self.plans]
         text = f"never-worse guard (whole modules timed here): {', '.join(parts)}; " \
                f"kept {self.winner or 'none'}"
+        if self.comparison is not None:
+            text += f" ({self.comparison.rounds} rounds, stop: {self.comparison.stop}; " \
+                    f"{self.comparison.verdict()})"
         return "\n".join([text] + [f"  note: {n}" for n in self.notes])
 
 
@@ -98,43 +124,37 @@ def plan_tolerance(dtypes: Sequence[str]) -> float:
     return 10.0 * tolerance(narrowest_float(dtypes))
 
 
+def alternating(runs: Dict[str, Callable[[], object]], time_s: float = 2.0,
+                min_rounds: int = 7, max_rounds: int = 51,
+                clock: Callable[[], float] = time.perf_counter, hopeless: float = 3.0,
+                prefer: Optional[Sequence[str]] = None,
+                margin: float = GUARD_MARGIN) -> Comparison:
+    """Every plan timed in alternating rounds under :func:`~tvm_ollie.tune.compare.compare`
+    (module docstring): until the fastest is separated, at least ``min_rounds`` and at most
+    ``max_rounds`` rounds, none started after ``time_s``.
+
+    The first call of every plan is its first sample and sets the calls per sample: a plan
+    faster than a millisecond is called several times per sample (the same count for every
+    plan: that of the fastest), so that a sample is not the timer's noise. A plan ``hopeless``
+    times slower than the leader in two samples leaves the rounds (``hopeless=inf`` times every
+    plan in every round): at large sizes the plan without derivation runs for seconds where
+    the others take milliseconds.
+    """
+    first = {}
+    for name, run in runs.items():
+        first[name] = max(clocked(run, 1, clock)(), 1e-9)
+    number = calls_per_sample(min(first.values()))
+    samplers = {name: clocked(run, number, clock) for name, run in runs.items()}
+    return compare(samplers, prefer, margin, min_rounds=min_rounds, max_rounds=max_rounds,
+                   time_s=time_s, clock=clock, hopeless=hopeless, initial=first)
+
+
 def alternating_medians(runs: Dict[str, Callable[[], object]], time_s: float = 2.0,
                         min_rounds: int = 7, max_rounds: int = 51,
                         clock: Callable[[], float] = time.perf_counter,
                         hopeless: float = 3.0) -> Dict[str, float]:
-    """Median seconds of one call of every plan, from alternating rounds (module docstring).
-
-    Rounds run until ``time_s`` has passed, at least ``min_rounds`` and at most ``max_rounds``
-    of them. A plan faster than a millisecond is called several times per sample (the same
-    count for every plan: that of the fastest), so that a sample is not the timer's noise.
-
-    A plan whose first timed call takes more than ``hopeless`` times the fastest plan's cannot
-    win and leaves the rounds: its time is that one call. At large sizes the plan without
-    derivation runs for seconds where the others take milliseconds, and its rounds would be
-    most of the guard's time (``hopeless=inf`` times every plan in every round).
-    """
-    names = list(runs)
-    first = {}
-    for name in names:
-        start = clock()
-        runs[name]()
-        first[name] = max(clock() - start, 1e-9)
-    fastest = min(first.values())
-    names = [n for n in names if first[n] <= hopeless * fastest]
-    number = max(1, min(100, math.ceil(1e-3 / fastest)))
-    samples: Dict[str, List[float]] = {n: [] for n in names}
-    begin = clock()
-    for r in range(max_rounds):
-        if r >= min_rounds and clock() - begin > time_s:
-            break
-        shift = r % len(names)
-        for name in names[shift:] + names[:shift]:
-            start = clock()
-            for _ in range(number):
-                runs[name]()
-            samples[name].append((clock() - start) / number)
-    medians = {n: float(np.median(s)) for n, s in samples.items()}
-    return {n: medians.get(n, first[n]) for n in runs}
+    """Median seconds of one call of every plan, from :func:`alternating` rounds."""
+    return alternating(runs, time_s, min_rounds, max_rounds, clock, hopeless).medians()
 
 
 def _flatten(value) -> List[np.ndarray]:
@@ -175,26 +195,32 @@ def _one_line(err: Exception) -> str:
 
 def guard_plans(plans: Sequence[Tuple[str, Callable[[], object]]], args: Sequence[np.ndarray],
                 reference: Optional[str] = None, timer: Optional[PlanTimer] = None,
-                device=None, target=None) -> Tuple[object, str, GuardReport]:
+                device=None, target=None, prefer: Optional[Sequence[str]] = None,
+                margin: float = GUARD_MARGIN) -> Tuple[object, str, GuardReport]:
     """Build every plan, keep the fastest that computes what the reference plan computes.
 
     Parameters
     ----------
     plans : sequence of (name, build)
-        ``build()`` returns the plan's Relax executable; the first plan wins ties.
+        ``build()`` returns the plan's Relax executable.
     args : sequence of ndarray
         Inputs of ``main`` (one set, shared by every plan).
     reference : str, optional
         The plan whose outputs the others must match (when it runs; else the first plan that
         runs is the reference). None: the first plan that runs.
     timer : PlanTimer, optional
-        Times the plans that ran (default :func:`alternating_medians`).
+        Times the plans that ran (default :func:`alternating`).
     device : Device, optional
         Where the plans run (default: device 0 of ``target``'s kind).
     target : str | dict | Target, optional
         The target the plans are built for (:func:`~tvm_ollie.tune.measure.target_device`;
         the CPU without one). On a GPU every timed call ends with a device synchronization,
         so a sample is the kernels' time and not their asynchronous launch.
+    prefer : sequence of str, optional
+        Who wins a tie (plans not separated by the timing), first first; default: the order
+        of ``plans``.
+    margin : float
+        Relative margin of separation (:data:`GUARD_MARGIN`).
 
     Returns
     -------
@@ -242,12 +268,20 @@ def guard_plans(plans: Sequence[Tuple[str, Callable[[], object]]], args: Sequenc
             next(p for p in report.plans if p.name == name).dropped = \
                 f"outputs differ from {ref}'s: {why}"
             del runs[name]
-    seconds = (timer or alternating_medians)(runs) if len(runs) > 1 else dict.fromkeys(runs)
-    for p in report.plans:
-        if p.name in runs:
-            p.seconds = seconds.get(p.name)
-    timed = [n for n in order if n in runs]
-    winner = min(timed, key=lambda n: (seconds.get(n) is None, seconds.get(n) or 0.0,
-                                       order.index(n)))
+    prefer = [n for n in (prefer or []) if n in order] + [n for n in order if n not in
+                                                          (prefer or [])]
+    winner = next(n for n in order if n in runs)
+    if len(runs) > 1:
+        timed = timer(runs) if timer is not None else \
+            alternating(runs, prefer=prefer, margin=margin)
+        if not isinstance(timed, Comparison):
+            timed = from_seconds(timed, prefer, margin)
+        (timed.winner, timed.fastest, timed.separated, timed.tied,
+         timed.tie_break) = judge(timed.timings, prefer, margin)
+        for p in report.plans:
+            if p.name in runs:
+                p.seconds = timed.seconds(p.name)
+        report.comparison = timed
+        winner = timed.winner if timed.winner in runs else winner
     report.winner = winner
     return built[winner], winner, report

@@ -27,18 +27,22 @@ from .guard import PlanSkipped
 from .joint import JointTable, apply_picked, keep_alternatives, make_decider, offer_alternatives, \
     offer_folded
 
-__all__ = ["GUARD_REFERENCE", "PLANS", "PlanBuilder", "joint_build"]
+__all__ = ["GUARD_PREFERENCE", "GUARD_REFERENCE", "PLANS", "PlanBuilder", "joint_build"]
 
 #: :class:`~tvm_ollie.transform.decide.Decider` options that :func:`joint_build` passes on.
 _DECIDER_OPTS = ("max_depth", "calibration", "max_measured", "max_states", "check_untuned",
                  "library", "derive", "timer", "checker", "chooser", "cost_model", "tuner")
 
-#: The plans of the guard, in the order of preference on ties (:mod:`.guard`).
+#: The plans of the guard, in the order they are built (ties: :data:`GUARD_PREFERENCE`).
 PLANS = ("joint", "refined", "sequential", "derivation", "orchestration")
 
 #: The plan whose outputs the others must match in the guard: TVM's own fusion of the
 #: verified rewrite (orchestration is what the guard doubts, not the per-call checks).
 GUARD_REFERENCE = "derivation"
+
+#: Who wins when the guard's timing does not separate the leaders: the simplest plan first
+#: (derivation only, what the ``ollie`` system builds), the module as given last.
+GUARD_PREFERENCE = ("derivation", "sequential", "refined", "joint", "orchestration")
 
 
 class PlanBuilder:
@@ -218,6 +222,8 @@ def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
         ex, winner, report.plans = _guarded(plans, plan_timer)
         if final > 0:
             ex = plans.build(winner, final)
+            report.plans.notes.append(f"{winner} rebuilt with {final} trials after the guard "
+                                      "timed it untuned")
     else:
         ex, winner = plans.build("joint", final), "joint"
     report.epilogues = dict(plans.epilogues) if winner in ("sequential", "derivation") else {}
@@ -276,4 +282,4 @@ def _guarded(plans: PlanBuilder, plan_timer) -> Tuple[object, str, object]:
         return plans.build("joint"), "joint", GuardReport(winner="joint", notes=[why])
     builds: List[Tuple[str, object]] = [(name, lambda n=name: plans.build(n)) for name in PLANS]
     return guard_plans(builds, args, reference=GUARD_REFERENCE, timer=plan_timer,
-                       target=plans.target)
+                       target=plans.target, prefer=GUARD_PREFERENCE)

@@ -5,11 +5,14 @@ Never worse: an alternative is chosen only when it is cheaper than the original 
 the check; anything else keeps the original and says why (the :class:`Choice`'s ``reason``).
 
 The analytic estimate shortlists (:func:`shortlist`); :func:`choose_analytic` takes the first
-shortlisted alternative that holds up, :func:`choose_measured` times the checked ones and
-takes the fastest (the original on its native kernel unless a derived program beats it by
+shortlisted alternative that holds up, :func:`choose_measured` times the checked ones together
+(:mod:`tvm_ollie.tune.compare`: interleaved rounds until the fastest is separated beyond the
+margins, ties to the original, then its native kernel, then the lower estimate) and takes the
+winner (the original on its native kernel unless a derived program beats it by
 :data:`NATIVE_MARGIN`), :func:`choose_forced` takes a :data:`Chooser`'s pick if it holds up. The
 check and the measurement are passed in (``check(alt) -> (ok, why)``,
-``measure(alt) -> seconds or None``): this stage only orders and compares.
+``measure(alt) -> seconds or None`` per sample, or a :data:`TimingStep`): this stage only orders
+and compares.
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
 from ..derive.program import Program
+from ..tune.compare import Comparison, Margin, compare
 from .alternatives import Alternative
 
-__all__ = ["MARGIN", "MAX_VERIFY", "NATIVE_MARGIN", "Choice", "Chooser", "choose_analytic",
-           "choose_forced", "choose_measured", "chosen", "format_seconds", "kept_by_estimate",
-           "kind_leaders", "shortlist"]
+__all__ = ["MARGIN", "MAX_VERIFY", "NATIVE_MARGIN", "Choice", "Chooser", "TimingStep",
+           "choose_analytic", "choose_forced", "choose_measured", "chosen", "decision_margin",
+           "format_seconds", "kept_by_estimate", "kind_leaders", "preference", "sampled",
+           "shortlist"]
 
 LOG = logging.getLogger("tvm_ollie.transform")
 
@@ -45,6 +50,9 @@ MAX_VERIFY = 3
 Chooser = Callable[[str, List[Alternative]], Optional[Alternative]]
 CheckStep = Callable[[Alternative], Tuple[bool, str]]
 MeasureStep = Callable[[Alternative], Optional[float]]
+#: ``timing(alternatives, prefer, margin) -> Comparison``: the alternatives (the original
+#: first) timed together, judged with the labels' tie-break order ``prefer`` and ``margin``.
+TimingStep = Callable[[List[Alternative], List[str], Margin], Comparison]
 
 
 @dataclass
@@ -134,41 +142,78 @@ def choose_analytic(base: Alternative, better: List[Alternative], names, n_cand:
 
 def choose_measured(base: Alternative, better: List[Alternative], names, n_cand: int,
                     check: CheckStep, measure: MeasureStep, max_measured: int,
-                    mode: str) -> Choice:
-    """The fastest of the first ``max_measured`` shortlisted alternatives that hold up and
-    build, if it beats the original's time by :data:`MARGIN` (``mode`` heads the reason)."""
-    t_base = measure(base)
-    if t_base is None:
-        return Choice(None, names, "the original operator failed to build or run",
-                      base.estimate, base.estimate, False, n_cand)
-    times, failures, best = [f"original {format_seconds(t_base)}"], [], None
-    native = None
+                    mode: str, timing: Optional[TimingStep] = None) -> Choice:
+    """The fastest of the original and the first ``max_measured`` shortlisted alternatives
+    that hold up and build, timed together (``mode`` heads the reason).
+
+    ``timing(alternatives, prefer, margin)`` times them under the protocol of
+    :mod:`tvm_ollie.tune.compare` (interleaved rounds until separated); without it each sample
+    is one ``measure(alt)`` (:func:`sampled`). :func:`decision_margin` is the separation
+    threshold (:data:`MARGIN` against the original, :data:`NATIVE_MARGIN` for a derived program
+    against the original on its native kernel) and :func:`preference` the tie-break: the
+    original, then its native kernel, then the lower analytic cost, then the fewer stages.
+    """
     # the original on its native kernels is what a program must beat: always timed, in addition
     # to the first ``max_measured`` programs (cheap phase programs had pushed it off the list)
     natives = [a for a in better if a.program is None]
+    failures, alts = [], [base]
     for alt in natives + [a for a in better if a.program is not None][:max_measured]:
         ok, why = check(alt)
         if not ok:
             failures.append(f"{alt.label}: {why}")
             LOG.warning("ollie: candidate rejected: %s: %s", alt.label, why)
-            continue
-        t = measure(alt)
-        if t is None:
-            failures.append(f"{alt.label}: failed to build, tune or run")
-            continue
-        times.append(f"{alt.label} {format_seconds(t)}")
-        if best is None or t < best[0]:
-            best = (t, alt)
-        if alt.program is None and alt.impl != "tvm":
-            native = (t, alt)
+        elif all(a.label != alt.label for a in alts):
+            alts.append(alt)
+    res = (timing or sampled(measure))(alts, [a.label for a in preference(alts)],
+                                       decision_margin(alts))
+    t_base = res.seconds(base.label)
+    if t_base is None:
+        return Choice(None, names, "the original operator failed to build or run",
+                      base.estimate, base.estimate, False, n_cand)
+    failures += [f"{a.label}: failed to build, tune or run" for a in alts[1:]
+                 if a.label in res.timings and res.seconds(a.label) is None]
     tail = ("; rejected: " + "; ".join(failures)) if failures else ""
-    summary = f"{mode}: " + ", ".join(times) + tail
-    if best is None or best[0] >= t_base * (1 - MARGIN):
+    ties = "" if res.separated else "; ties: the original, its native kernel, the lower " \
+        "estimate, the fewer stages"
+    summary = f"{mode}: {res.to_text(format_seconds)}{ties}{tail}"
+    won = next((a for a in alts if a.label == res.winner), base)
+    if won is base:
         return Choice(None, names, summary, t_base, t_base, True, n_cand)
-    if native is not None and best[1].program is not None and \
-            best[0] >= native[0] * (1 - NATIVE_MARGIN):
-        best = native  # within the noise of the library kernel: keep the operator on it
-    return chosen(best[1], names, summary, t_base, best[0], True, n_cand)
+    return chosen(won, names, summary, t_base, res.seconds(won.label), True, n_cand)
+
+
+def preference(alts: List[Alternative]) -> List[Alternative]:
+    """The tie-break order of measured alternatives (``alts[0]`` the original): the original,
+    the original on native kernels, then programs by analytic estimate, then fewer stages."""
+    def rank(alt: Alternative):
+        stages = len(alt.program.stages) if alt.program is not None else 0
+        return (alt.program is not None, alt.estimate, stages, alt.label)
+
+    return alts[:1] + sorted(alts[1:], key=rank)
+
+
+def decision_margin(alts: List[Alternative]) -> Callable[[str, str], float]:
+    """``margin(faster, other)``: how much faster (relative) ``faster`` must be to beat
+    ``other``: :data:`NATIVE_MARGIN` for a derived program against the original on its native
+    kernel, :data:`MARGIN` otherwise."""
+    natives = {a.label for a in alts if a.program is None and a.impl != "tvm"}
+    programs = {a.label for a in alts if a.program is not None}
+
+    def margin(faster: str, other: str) -> float:
+        return NATIVE_MARGIN if faster in programs and other in natives else MARGIN
+
+    return margin
+
+
+def sampled(measure: MeasureStep, **protocol) -> TimingStep:
+    """A :data:`TimingStep` whose samples are calls of ``measure(alt)`` (a fake timer that
+    returns fixed seconds decides as one measurement each would); ``protocol`` goes to
+    :func:`~tvm_ollie.tune.compare.compare`."""
+    def timing(alts: List[Alternative], prefer: List[str], margin) -> Comparison:
+        return compare({a.label: (lambda a=a: measure(a)) for a in alts}, prefer, margin,
+                       **protocol)
+
+    return timing
 
 
 def choose_forced(base: Alternative, alt: Alternative, names, n_cand: int,

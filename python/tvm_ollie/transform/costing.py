@@ -7,7 +7,8 @@ and its implementations:
   original as one kernel of its kind, ``max(flops / (peak * eff), bytes / bandwidth)``, a
   program as the sum of its stages; it ranks and prunes every alternative.
 * :class:`UntunedTiming`: the unit alone (:func:`~.units.unit_module`) built with TVM's default
-  pipeline and timed here or on RPC devices, cached in ``work_dir``.
+  pipeline and timed here or on RPC devices, cached in ``work_dir``; a decision builds every
+  alternative once and samples them together (:meth:`ModuleTiming.sampler`, :mod:`.measuring`).
 * :class:`TunedTiming`: the same, tuned by MetaSchedule with the trials the module's
   :class:`~tvm_ollie.tune.budget.TrialBudget` grants it.
 * :class:`CallableTiming`: a bare ``timer(module, label) -> seconds`` (tools and tests).
@@ -35,7 +36,8 @@ from ..lift import LiftError, lift_relax_call
 from ..tune import analytic
 from ..tune.budget import TrialBudget
 from ..tune.calibrate import Calibration
-from ..tune.measure import compile_module, random_args, time_main
+from ..tune.compare import Sampler
+from ..tune.measure import compile_module, main_sampler, random_args, time_main
 from ..tune.metaschedule import STATS, Tuner, normalize_target
 from ..tune.rpc import RPCConfig
 from .alternatives import Alternative
@@ -112,6 +114,29 @@ class ModuleTiming(UnitCostModel):
         self._sig = (None, "")
 
     def seconds(self, unit, alt: Alternative) -> Optional[float]:
+        module = self._module(unit, alt)
+        if module is None:
+            return None
+        try:
+            return self.measure(*module)
+        except Exception as err:  # pylint: disable=broad-except
+            LOG.warning("ollie: measuring %s failed: %s: %s", alt.label, type(err).__name__, err)
+            return None
+
+    def sampler(self, unit, alt: Alternative) -> Optional[Sampler]:
+        """A :data:`~tvm_ollie.tune.compare.Sampler` of ``alt`` (its module built once), for
+        timing a decision's alternatives together; None: it failed to build."""
+        module = self._module(unit, alt)
+        if module is None:
+            return None
+        try:
+            return self.sample(*module)
+        except Exception as err:  # pylint: disable=broad-except
+            LOG.warning("ollie: building %s failed: %s: %s", alt.label, type(err).__name__, err)
+            return None
+
+    def _module(self, unit, alt: Alternative):
+        """``(module, label)`` of ``alt`` (None: it has no Relax form)."""
         try:
             mod = unit_module(unit, alt.program, None, alt.impl)
         except EmitError as err:
@@ -119,15 +144,21 @@ class ModuleTiming(UnitCostModel):
             return None
         if self._sig[0] is not unit:  # (a group's signature lifts its calls again)
             self._sig = (unit, unit_signature(unit))
-        try:
-            return self.measure(mod, f"{self._sig[1]}|{alt.label}")
-        except Exception as err:  # pylint: disable=broad-except
-            LOG.warning("ollie: measuring %s failed: %s: %s", alt.label, type(err).__name__, err)
-            return None
+        return mod, f"{self._sig[1]}|{alt.label}"
 
     @abstractmethod
     def measure(self, module: "tvm.IRModule", label: str) -> Optional[float]:
         """Seconds of ``module``'s ``main`` (None: it failed to build or run)."""
+
+    def sample(self, module: "tvm.IRModule", label: str) -> Sampler:
+        """One sample per call: by default a whole :meth:`measure` (a timer's number)."""
+        return lambda: self.measure(module, label)
+
+    @property
+    def record_key(self) -> str:
+        """What the recorded decisions of this model are keyed by besides the unit
+        (:class:`~.measuring.DecisionRecords`)."""
+        return self.name
 
 
 class CallableTiming(ModuleTiming):
@@ -214,6 +245,23 @@ class UntunedTiming(ModuleTiming):
             return None
         self.cache.put(key, seconds)
         return seconds
+
+    def sample(self, module: "tvm.IRModule", label: str) -> Sampler:
+        """Built once, then one sample per call (:func:`~tvm_ollie.tune.measure.main_sampler`);
+        not cached: the decision's evidence is (:mod:`.measuring`). Behind ``rpc`` every
+        remote timing exports and uploads the executable: it is timed there once (the median
+        of 8 x 2 runs) and that median is every sample (not interleaved)."""
+        ex = self.compile(module, label)
+        args = random_args(module["main"])
+        if self.rpc is not None:
+            seconds = time_main(ex, args, number=2, repeat=8, rpc=self.rpc, target=self.target)
+            return lambda: seconds
+        return main_sampler(ex, args, self.target)
+
+    @property
+    def record_key(self) -> str:
+        where = f"@rpc:{self.rpc.key}" if self.rpc is not None else ""
+        return f"{self.target}{where}|{self.mode}"
 
     def compile(self, module: "tvm.IRModule", label: str):  # noqa: ARG002
         """The executable to time."""

@@ -8,8 +8,10 @@ on a native library kernel, and each derived program on TVM or library kernels. 
 1. **candidates** (:class:`~.alternatives.Candidates`): the alternatives of the unit;
 2. **cost** (:class:`~.costing.UnitCostModel`): every alternative's analytic estimate
    (:class:`~.costing.AnalyticUnitCost`) shortlists them; when the pass measures (``trials >
-   0``, the untuned check on CPUs, or a given cost model) the shortlisted ones are also timed
-   (:class:`~.costing.UntunedTiming`, :class:`~.costing.TunedTiming`);
+   0``, the untuned check on CPUs, or a given cost model) the checked shortlisted ones are
+   built, then timed together (:class:`~.costing.UntunedTiming`,
+   :class:`~.costing.TunedTiming`; :mod:`.measuring`: interleaved rounds until separated, the
+   evidence recorded in ``work_dir`` and reused by a later build);
 3. **check** (:class:`~.checking.Checker`): numerically against the original, then exactly over
    a finite field for small polynomial programs;
 4. **choose** (:mod:`.choosing`): the cheapest that holds up, if cheaper than the original by
@@ -48,6 +50,7 @@ from .choosing import (MARGIN, Choice, Chooser, choose_analytic, choose_forced,
                        choose_measured, kept_by_estimate, shortlist)
 from .costing import (AnalyticUnitCost, CallableTiming, Timer, TunedTiming, UnitCostModel,
                       UntunedTiming)
+from .measuring import DecisionRecords, DecisionTiming
 from .units import (call_signature, constant_inputs, is_region, isolated_module, unit_module,
                     unit_operands, unit_signature)
 
@@ -173,6 +176,9 @@ class Decider:
         self.cost_model = self._cost_model(cost_model, timer, tuner)
         self.checker = checker if isinstance(checker, Checker) else Checker(checker)
         self.measures = self.cost_model is not None and self.cost_model.measured
+        #: the measured decisions: alternatives timed together, evidence kept in work_dir
+        self.timing = DecisionTiming(self.cost_model, DecisionRecords(self.work_dir)) \
+            if self.measures else None
         self.cache: Dict[str, Choice] = {}
         self.verify_s = 0.0
 
@@ -238,8 +244,15 @@ class Decider:
             self.verify_s += time.perf_counter() - t0
 
     def cost(self, unit, alt: Alternative) -> Optional[float]:
-        """The deciding cost of ``alt`` (None: failed, or the decider does not measure)."""
-        return None if self.cost_model is None else self.cost_model.seconds(unit, alt)
+        """The deciding cost of ``alt`` (None: failed, or the decider does not measure): its
+        median in its unit's decision when that timed it, else one measurement."""
+        if self.cost_model is None:
+            return None
+        if self.timing is not None and self.timing.seconds:
+            known = self.timing.seconds.get((unit_signature(unit), alt.label))
+            if known is not None:
+                return known
+        return self.cost_model.seconds(unit, alt)
 
     # -- the pipeline -----------------------------------------------------------------------
 
@@ -260,7 +273,8 @@ class Decider:
             return choose_analytic(base, better, names, n_cand, check)
         mode = "measured" if self.can_measure else "untuned, measured"
         return choose_measured(base, better, names, n_cand, check,  # check -> cost -> choose
-                               functools.partial(self.cost, unit), self.max_measured, mode)
+                               functools.partial(self.cost, unit), self.max_measured, mode,
+                               self.timing.step(unit, sig))
 
 
 def _library_enabled(library: Optional[bool], target) -> bool:

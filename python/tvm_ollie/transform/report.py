@@ -169,6 +169,10 @@ class OptimizeReport:
                     f"{self.search_s:.2f}s, tuning {self.tuning_s:.2f}s ({self.tuning_calls} "
                     f"calls), verify {self.verify_s:.2f}s, total {self.total_s:.2f}s "
                     "(times: M measured, A analytic)")
+        timed = [d for d in self.decisions if d.measured and d.reason]
+        if timed:  # the evidence (tvm_ollie.transform.measuring), kept whole
+            rows.append("timed decisions (median [interval of the median] per alternative):")
+            rows.extend(f"  {d.var_name}: {d.reason}" for d in timed)
         if self.regions:
             done = sum(1 for r in self.regions if r.rewritten)
             rows.append(f"{done}/{len(self.regions)} regions rewritten:")

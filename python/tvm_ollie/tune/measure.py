@@ -7,16 +7,19 @@ the RPC tracker (:func:`.rpc.time_remote`).
 
 from __future__ import annotations
 
+import time
 from typing import Optional, Sequence
 
 import numpy as np
 
 from ..compat import relax, tvm
 from ..ir.nodes import numpy_dtype
+from .compare import Sampler, calls_per_sample, clocked
 from .metaschedule import Tuner, default_pipeline, legalize_and_fuse, normalize_target
 from .rpc import RPCConfig, time_remote
 
-__all__ = ["compile_module", "device_kind", "random_args", "target_device", "time_main"]
+__all__ = ["compile_module", "device_kind", "main_sampler", "random_args", "target_device",
+           "time_main"]
 
 
 def compile_module(mod: "tvm.IRModule", target, tuner: Optional[Tuner] = None,
@@ -111,3 +114,25 @@ def time_main(ex: "tvm.runtime.Executable", args: Sequence[np.ndarray], device=N
     vm["main"](*targs)
     res = vm.time_evaluator("main", dev, number=number, repeat=repeat, min_repeat_ms=0)(*targs)
     return float(res.min if stat == "min" else res.median)
+
+
+def main_sampler(ex: "tvm.runtime.Executable", args: Sequence[np.ndarray], target=None,
+                 device=None, floor_s: float = 1e-3) -> Sampler:
+    """A :data:`~.compare.Sampler` of ``main`` for :func:`~.compare.compare`: one sample is
+    an untimed warm-up call, then the seconds per call of enough calls to last about
+    ``floor_s`` (counted on a timed call after a warm-up call), each ending with a device
+    synchronization off the CPU."""
+    dev = device if device is not None else target_device(target)
+    main = relax.VirtualMachine(ex, dev)["main"]
+    targs = [tvm.runtime.tensor(a, dev) for a in args]
+    sync = dev.dlpack_device_type() != tvm.cpu(0).dlpack_device_type()
+
+    def run():
+        main(*targs)
+        if sync:
+            dev.sync()
+
+    run()
+    start = time.perf_counter()
+    run()
+    return clocked(run, calls_per_sample(time.perf_counter() - start, floor_s), warmup=1)

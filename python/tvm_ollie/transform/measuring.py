@@ -1,0 +1,138 @@
+"""The measured decisions: a unit's checked alternatives timed together, the evidence recorded.
+
+A decision taken on one timing per alternative is as good as that timing, and on a shared
+machine one timing can be off by 10-100x: the same model built twice then ran at different
+speeds (YOLOX 26.8 / 3.9 / 16.0 ms). Here every alternative of a decision is built first
+(:meth:`~.costing.ModuleTiming.sampler`), then all are timed together under the protocol of
+:mod:`tvm_ollie.tune.compare` (interleaved rounds until the fastest is separated, ties to a
+stated preference), and the evidence (every sample, the rounds, separated or tied, the
+tie-break) is recorded in ``work_dir`` (:class:`DecisionRecords`). A later build with the same
+work dir reads the evidence back and times nothing: it takes the same decisions (unless its
+search no longer finds the recorded winner).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from typing import Dict, List, Optional
+
+from ..tune.compare import Comparison, Margin, compare
+from .alternatives import Alternative
+from .costing import ModuleTiming, UnitCostModel
+
+__all__ = ["PROTOCOL", "DecisionRecords", "DecisionTiming"]
+
+LOG = logging.getLogger("tvm_ollie.transform")
+
+#: The protocol's budget for one decision: at least 5 rounds (the median's interval is then
+#: the samples' range, 94%), at most 15, and no new round after 2 s.
+PROTOCOL = dict(min_rounds=5, max_rounds=15, time_s=2.0)
+
+
+class DecisionRecords:
+    """The evidence of every timed decision, kept in ``work_dir`` (``FILE``), keyed by the
+    cost model (target, device, mode) and the unit's signature.
+
+    The derivation search runs under a time budget, so a later build may find another set of
+    alternatives for the same unit: the recorded decision is reused when its winner is among
+    the alternatives checked now (then nothing is timed and the decision is the same), and
+    taken again otherwise."""
+
+    FILE = "ollie_decisions.json"
+
+    def __init__(self, work_dir: Optional[str]):
+        self.path = os.path.join(work_dir, self.FILE) if work_dir else None
+        self.data: Dict[str, dict] = {}
+        if self.path and os.path.exists(self.path):
+            try:
+                with open(self.path, encoding="utf-8") as f:
+                    self.data = json.load(f)
+            except (OSError, ValueError):
+                self.data = {}
+
+    @staticmethod
+    def key(model: str, signature: str) -> str:
+        """One key per (cost model, signature)."""
+        return hashlib.sha1(f"{model}\n{signature}".encode()).hexdigest()
+
+    def get(self, key: str, labels: List[str]) -> Optional[Comparison]:
+        """The recorded comparison if its winner is one of ``labels`` (the alternatives of
+        the decision now); None: not decided in this work dir, or the winner is not offered."""
+        entry = self.data.get(key)
+        try:
+            res = Comparison.from_dict(entry["comparison"]) if entry else None
+        except (KeyError, TypeError, ValueError):  # a record of another version: time again
+            return None
+        return res if res is not None and res.winner in labels else None
+
+    def put(self, key: str, signature: str, comparison: Comparison) -> None:
+        """Record and save (atomically: other processes may read the file)."""
+        self.data[key] = {"signature": signature, "comparison": comparison.to_dict()}
+        if self.path:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            tmp = f"{self.path}.{os.getpid()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(self.data, f, indent=1, sort_keys=True)
+            os.replace(tmp, self.path)
+
+
+class DecisionTiming:
+    """Times the alternatives of one decision together (a
+    :data:`~.choosing.TimingStep` once bound to a unit by :meth:`step`), reusing recorded
+    evidence.
+
+    Parameters
+    ----------
+    model : UnitCostModel
+        The deciding cost; a :class:`~.costing.ModuleTiming` builds each alternative once and
+        samples it (:meth:`~.costing.ModuleTiming.sampler`), any other is sampled by its
+        ``seconds``.
+    records : DecisionRecords
+        Where the evidence is kept.
+    protocol : dict, optional
+        Options of :func:`~tvm_ollie.tune.compare.compare` (default :data:`PROTOCOL`).
+    """
+
+    def __init__(self, model: UnitCostModel, records: DecisionRecords,
+                 protocol: Optional[dict] = None):
+        self.model = model
+        self.records = records
+        self.protocol = dict(PROTOCOL if protocol is None else protocol)
+        #: ``{(signature, label): median seconds}`` of every decision timed or read back
+        self.seconds: Dict[tuple, float] = {}
+
+    def step(self, unit, signature: str):
+        """The timing step of ``unit``'s decision."""
+        return lambda alts, prefer, margin: self(unit, signature, alts, prefer, margin)
+
+    def __call__(self, unit, signature: str, alts: List[Alternative], prefer: List[str],
+                 margin: Margin) -> Comparison:
+        labels = [a.label for a in alts]
+        key = DecisionRecords.key(getattr(self.model, "record_key", self.model.name),
+                                  signature)
+        res = self.records.get(key, labels)
+        if res is None:
+            res = compare(self._samplers(unit, alts), prefer, margin, **self.protocol)
+            self.records.put(key, signature, res)
+        else:
+            LOG.info("ollie: %s decided from the recorded evidence", signature)
+        self.seconds.update({(signature, n): s for n, s in res.medians().items()})
+        return res
+
+    def _samplers(self, unit, alts: List[Alternative]) -> dict:
+        samplers = {}
+        for alt in alts:
+            if isinstance(self.model, ModuleTiming):
+                sampler = self.model.sampler(unit, alt)
+            else:
+                sampler = (lambda a=alt: self.model.seconds(unit, a))
+            samplers[alt.label] = sampler if sampler is not None else _failed
+        return samplers
+
+
+def _failed() -> None:
+    """The sampler of an alternative that failed to build."""
+    return None

@@ -1,0 +1,335 @@
+"""Which of several alternatives is fastest, timed so that the answer does not depend on luck.
+
+On a shared machine one timing can be off by 10-100x, and a decision taken on it is frozen into
+the executable: the same model built twice then runs at different speeds. Every timed decision
+(a unit's alternatives in :mod:`tvm_ollie.transform`, the joint build's whole plans in
+:mod:`tvm_ollie.orchestrate`) goes through :func:`compare`:
+
+* **interleaved rounds**: round ``r`` takes one sample of every alternative, in an order rotated
+  by ``r``, so that load drifting over time falls on all of them alike; a sample of a kernel
+  faster than a millisecond is several calls (:func:`calls_per_sample`, the same count for every
+  alternative);
+* **until the leaders separate**: after ``min_rounds``, the rounds stop as soon as the fastest
+  alternative (least median) *beats* every other one, or when the budget (``max_rounds``,
+  ``time_s``) is spent. ``a`` beats ``b`` by a relative ``margin`` when their medians'
+  confidence intervals are disjoint and the medians differ by the margin:
+
+      beats(a, b) = hi(a) < lo(b)  and  median(a) < (1 - margin) * median(b)
+
+  The intervals are the distribution-free order-statistic intervals of the median
+  (:func:`median_interval`): for ``n`` sorted samples ``[x_k, x_(n+1-k)]`` with the largest
+  ``k`` whose coverage ``1 - 2 P(Binomial(n, 1/2) < k)`` is at least ``confidence``. They
+  assume nothing about the timing distribution (which has a long right tail here), need no
+  random resampling (a bootstrap would make the decision depend on a seed), and ignore the
+  ``k - 1`` most extreme samples at each end: one outlier widens the interval only until
+  ``n = 8`` (at 90%), then it is ignored;
+* **a stated tie-break**, never the luckier sample: when the fastest does not beat some
+  others, those are *tied* with it, and the winner is the first of the tied alternatives in the
+  caller's order of preference (``prefer``: e.g. the original, then the lower analytic cost,
+  then the simpler program) that beats every alternative preferred over it outside the tie
+  (the fastest always qualifies)::
+
+      tied   = {fastest} + {b : not beats(fastest, b)}
+      winner = first w in prefer, w in tied, with beats(w, p) for all p before w, p not in tied
+
+* **hopeless alternatives leave early**: one whose fastest sample (of at least two) is more
+  than ``hopeless`` times the leader's slowest cannot win, and is not timed again (a plan that
+  runs for seconds where the others take milliseconds). Two samples, not one, decide it.
+
+:class:`Comparison` says, per alternative, the median and interval, whether the winner is
+separated or tied, the rounds used and why they stopped; it round-trips through a dict
+(:meth:`Comparison.to_dict`) so that a decision's evidence is recorded in the work dir and
+reused.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+__all__ = ["Comparison", "Margin", "Sampler", "Timing", "beats", "calls_per_sample", "clocked",
+           "compare", "from_seconds", "judge", "median_interval"]
+
+#: ``sampler() -> seconds of one call`` (one sample; None or an exception: it failed).
+Sampler = Callable[[], Optional[float]]
+#: A relative margin, or ``margin(faster, other) -> relative margin`` per pair of names.
+Margin = Union[float, Callable[[str, str], float]]
+
+#: Why the rounds stopped (:attr:`Comparison.stop`).
+STOPS = ("separated", "rounds", "time", "single", "failed", "given")
+
+
+def median_interval(samples: Sequence[float], confidence: float = 0.9) -> Tuple[float, float]:
+    """The order-statistic confidence interval of the median of ``samples`` (module docstring);
+    ``[min, max]`` when too few samples reach ``confidence``."""
+    xs = sorted(samples)
+    n = len(xs)
+    if n == 0:
+        return (math.nan, math.nan)
+    k, below = 1, 0.0  # below = P(Binomial(n, 1/2) < j): the coverage of k = j is 1 - 2 below
+    for j in range(1, (n + 1) // 2 + 1):
+        below += math.comb(n, j - 1) / 2.0 ** n
+        if 1.0 - 2.0 * below < confidence:
+            break
+        k = j
+    return (xs[k - 1], xs[n - k])
+
+
+@dataclass
+class Timing:
+    """The samples of one alternative (seconds of one call each) and what they say."""
+
+    name: str
+    samples: List[float] = field(default_factory=list)
+    failed: str = ""
+    retired: bool = False
+    confidence: float = 0.9
+
+    @property
+    def median(self) -> float:
+        """Median seconds of one call (nan without samples)."""
+        xs = sorted(self.samples)
+        n = len(xs)
+        if n == 0:
+            return math.nan
+        return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+    @property
+    def interval(self) -> Tuple[float, float]:
+        """The median's confidence interval (:func:`median_interval`)."""
+        return median_interval(self.samples, self.confidence)
+
+    @property
+    def spread(self) -> float:
+        """The interval's width relative to the median (0 for identical samples)."""
+        lo, hi = self.interval
+        med = self.median
+        return (hi - lo) / med if med > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        """JSON-able form."""
+        out = {"name": self.name, "samples": [float(s) for s in self.samples]}
+        if self.failed:
+            out["failed"] = self.failed
+        if self.retired:
+            out["retired"] = True
+        return out
+
+
+def beats(a: Timing, b: Timing, margin: float = 0.0) -> bool:
+    """Whether ``a`` is faster than ``b`` beyond doubt: disjoint intervals and medians apart by
+    ``margin`` (relative to ``b``'s)."""
+    if not a.samples or not b.samples:
+        return bool(a.samples)
+    return a.interval[1] < b.interval[0] and a.median < (1.0 - margin) * b.median
+
+
+def _margin(margin: Margin, faster: str, other: str) -> float:
+    return float(margin(faster, other)) if callable(margin) else float(margin)
+
+
+@dataclass
+class Comparison:
+    """The outcome of :func:`compare` (module docstring)."""
+
+    timings: Dict[str, Timing] = field(default_factory=dict)
+    winner: str = ""
+    fastest: str = ""
+    separated: bool = False
+    tied: List[str] = field(default_factory=list)
+    tie_break: str = ""
+    rounds: int = 0
+    stop: str = ""
+    recorded: bool = False  # read back from recorded evidence, nothing timed
+
+    def medians(self) -> Dict[str, float]:
+        """Median seconds of every alternative that has samples."""
+        return {n: t.median for n, t in self.timings.items() if t.samples and not t.failed}
+
+    def seconds(self, name: str) -> Optional[float]:
+        """The median of ``name`` (None: failed or not compared)."""
+        t = self.timings.get(name)
+        return t.median if t is not None and t.samples and not t.failed else None
+
+    def to_dict(self) -> dict:
+        """JSON-able form (:meth:`from_dict` reads it back)."""
+        return {"timings": [t.to_dict() for t in self.timings.values()], "winner": self.winner,
+                "fastest": self.fastest, "separated": self.separated, "tied": list(self.tied),
+                "tie_break": self.tie_break, "rounds": self.rounds, "stop": self.stop,
+                "confidence": next((t.confidence for t in self.timings.values()), 0.9)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Comparison":
+        """The comparison :meth:`to_dict` wrote (``recorded`` set)."""
+        conf = float(data.get("confidence", 0.9))
+        timings = {t["name"]: Timing(t["name"], [float(s) for s in t.get("samples", [])],
+                                     t.get("failed", ""), bool(t.get("retired", False)), conf)
+                   for t in data.get("timings", [])}
+        return cls(timings, data.get("winner", ""), data.get("fastest", ""),
+                   bool(data.get("separated", False)), list(data.get("tied", [])),
+                   data.get("tie_break", ""), int(data.get("rounds", 0)),
+                   data.get("stop", ""), True)
+
+    def verdict(self) -> str:
+        """``"separated"``, or the tie and the tie-break that decided it."""
+        if self.separated or len(self.tied) < 2:
+            return "separated"
+        return f"tie of {', '.join(self.tied)} -> {self.winner} ({self.tie_break})"
+
+    def to_text(self, fmt: Callable[[float], str] = lambda s: f"{s * 1e3:.3f}ms") -> str:
+        """One line: every alternative's median [interval], the rounds and the verdict."""
+        parts = []
+        for t in self.timings.values():
+            if t.failed:
+                parts.append(f"{t.name} failed ({t.failed})")
+                continue
+            if not t.samples:
+                continue
+            lo, hi = t.interval
+            extra = ", retired" if t.retired else ""
+            parts.append(f"{t.name} {fmt(t.median)} [{fmt(lo)}-{fmt(hi)}{extra}]")
+        how = "recorded, " if self.recorded else ""
+        return (f"{', '.join(parts)} ({how}{self.rounds} rounds, stop: {self.stop}; "
+                f"{self.verdict()})")
+
+
+def judge(timings: Dict[str, Timing], prefer: Optional[Sequence[str]] = None,
+          margin: Margin = 0.0) -> Tuple[str, str, bool, List[str], str]:
+    """``(winner, fastest, separated, tied, tie_break)`` of the alternatives with samples
+    (module docstring); ``prefer`` orders the tie-break (default: the order of ``timings``)."""
+    live = [n for n, t in timings.items() if t.samples and not t.failed]
+    if not live:
+        return "", "", False, [], ""
+    order = [n for n in (prefer or []) if n in live] + \
+        [n for n in timings if n in live and n not in (prefer or [])]
+    fastest = min(live, key=lambda n: (timings[n].median, order.index(n)))
+    tied = [n for n in order
+            if n == fastest or not beats(timings[fastest], timings[n],
+                                         _margin(margin, fastest, n))]
+    if len(tied) == 1:
+        return fastest, fastest, True, tied, ""
+    for w in tied:
+        before = order[:order.index(w)]
+        if all(beats(timings[w], timings[p], _margin(margin, w, p))
+               for p in before if p not in tied):
+            break
+    else:  # unreachable: the fastest beats every alternative outside the tie
+        w = fastest
+    rule = "first in the order of preference among the tied" if w == tied[0] else \
+        "first in the order of preference that beats those preferred over it"
+    return w, fastest, False, tied, rule
+
+
+def calls_per_sample(seconds: float, floor_s: float = 1e-3, cap: int = 100) -> int:
+    """Calls in one sample so that a sample lasts about ``floor_s`` (at most ``cap``)."""
+    return max(1, min(cap, math.ceil(floor_s / max(seconds, 1e-9))))
+
+
+def clocked(run: Callable[[], object], number: int = 1,
+            clock: Callable[[], float] = time.perf_counter, warmup: int = 0) -> Sampler:
+    """A sampler timing ``number`` calls of ``run`` with ``clock`` (seconds per call), after
+    ``warmup`` untimed calls (caches and thread pools back to this alternative's steady state
+    after the others ran)."""
+
+    def sample() -> float:
+        for _ in range(warmup):
+            run()
+        start = clock()
+        for _ in range(number):
+            run()
+        return (clock() - start) / number
+
+    return sample
+
+
+def compare(samplers: Dict[str, Sampler], prefer: Optional[Sequence[str]] = None,
+            margin: Margin = 0.0, min_rounds: int = 5, max_rounds: int = 25,
+            time_s: Optional[float] = None, clock: Callable[[], float] = time.perf_counter,
+            hopeless: float = math.inf, confidence: float = 0.9,
+            initial: Optional[Dict[str, float]] = None) -> Comparison:
+    """Time ``samplers`` in interleaved rounds until the fastest is separated or the budget is
+    spent; the winner by :func:`judge` (module docstring).
+
+    Parameters
+    ----------
+    samplers : dict
+        ``{name: sampler}``; the first sample of each is taken in this order.
+    prefer : sequence of str, optional
+        The tie-break order (default: the order of ``samplers``).
+    margin : float or callable
+        Relative margin by which the fastest must beat another to be separated from it.
+    min_rounds, max_rounds : int
+        Rounds before separation is judged; rounds at most.
+    time_s : float, optional
+        Stop after this many seconds of ``clock`` (once ``min_rounds`` are done).
+    clock : callable
+        Only measures the time budget (samplers time themselves).
+    hopeless : float
+        Ratio beyond which an alternative leaves the rounds (module docstring).
+    confidence : float
+        Coverage of the median intervals.
+    initial : dict, optional
+        A first sample of every alternative, taken by the caller (it counts as round 1).
+    """
+    timings = {n: Timing(n, confidence=confidence) for n in samplers}
+    active = list(samplers)
+    begin, rounds, stop = clock(), 0, "rounds"
+    for r in range(max(1, max_rounds)):
+        shift = r % len(active)
+        for name in active[shift:] + active[:shift]:
+            if r == 0 and initial is not None and name in initial:
+                timings[name].samples.append(float(initial[name]))
+                continue
+            _sample(timings[name], samplers[name])
+        active = [n for n in active if not timings[n].failed]
+        rounds = r + 1
+        if not active or sum(not t.failed for t in timings.values()) < 2:
+            stop = "failed" if not active else "single"
+            break
+        _retire(timings, active, hopeless)
+        active = [n for n in active if not timings[n].retired]
+        if rounds < min_rounds:
+            continue
+        if judge(timings, prefer, margin)[2]:
+            stop = "separated"
+            break
+        if time_s is not None and clock() - begin >= time_s:
+            stop = "time"
+            break
+    winner, fastest, separated, tied, rule = judge(timings, prefer, margin)
+    return Comparison(timings, winner, fastest, separated, tied, rule, rounds, stop)
+
+
+def _sample(timing: Timing, sampler: Sampler) -> None:
+    try:
+        seconds = sampler()
+    except Exception as err:  # pylint: disable=broad-except
+        timing.failed = f"{type(err).__name__}: {str(err).strip()[:120]}"
+        return
+    if seconds is None or not seconds >= 0:
+        timing.failed = "no time"
+        return
+    timing.samples.append(float(seconds))
+
+
+def _retire(timings: Dict[str, Timing], active: List[str], hopeless: float) -> None:
+    if not math.isfinite(hopeless):
+        return
+    leader = min(active, key=lambda n: timings[n].median)
+    worst = max(timings[leader].samples)
+    for n in active:
+        t = timings[n]
+        if n != leader and len(t.samples) >= 2 and min(t.samples) > hopeless * worst:
+            t.retired = True
+
+
+def from_seconds(seconds: Dict[str, Optional[float]], prefer: Optional[Sequence[str]] = None,
+                 margin: Margin = 0.0) -> Comparison:
+    """A comparison of given times (one sample each; None: failed), judged alike: for timers
+    that return one number per alternative (tests, tools)."""
+    timings = {n: Timing(n, [float(s)] if s is not None else [], "" if s is not None
+                         else "no time") for n, s in seconds.items()}
+    winner, fastest, separated, tied, rule = judge(timings, prefer, margin)
+    return Comparison(timings, winner, fastest, separated, tied, rule, 1, "given")

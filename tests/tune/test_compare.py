@@ -1,0 +1,168 @@
+"""The timing protocol (tune.compare): interleaved rounds, separation, tie-break, budgets."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from tvm_ollie.tune.compare import (Comparison, Timing, beats, calls_per_sample, clocked,
+                                    compare, from_seconds, judge, median_interval)
+
+
+def _series(values, outliers=None):
+    """A sampler returning ``values`` in turn (cycling), ``outliers[i]`` at call ``i``."""
+    calls = [0]
+
+    def sample():
+        i = calls[0]
+        calls[0] += 1
+        if outliers and i in outliers:
+            return outliers[i]
+        return values[i % len(values)]
+
+    sample.calls = calls
+    return sample
+
+
+def test_median_interval_is_the_order_statistic_interval():
+    assert median_interval([3.0, 1.0, 2.0, 5.0, 4.0]) == (1.0, 5.0)  # n=5: min, max (94%)
+    assert median_interval(list(range(8))) == (1, 6)  # n=8: one sample off each end (93%)
+    assert median_interval(list(range(20))) == (5, 14)
+    # a lower confidence narrows it
+    assert median_interval(list(range(20)), confidence=0.5) > (5, 14)
+    assert all(math.isnan(v) for v in median_interval([]))
+
+
+def test_beats_needs_disjoint_intervals_and_the_margin():
+    a, b = Timing("a", [1.0] * 5), Timing("b", [2.0] * 5)
+    assert beats(a, b) and beats(a, b, 0.4) and not beats(a, b, 0.6) and not beats(b, a)
+    overlapping = Timing("c", [1.5, 1.5, 1.5, 1.5, 0.9])
+    assert not beats(a, overlapping)
+
+
+def test_separated_leaders_stop_early():
+    samplers = {"slow": _series([2e-3]), "fast": _series([1e-3])}
+    res = compare(samplers, min_rounds=5, max_rounds=50)
+    assert res.separated and res.winner == res.fastest == "fast"
+    assert res.stop == "separated" and res.rounds == 5
+    assert samplers["fast"].calls[0] == 5
+    assert res.medians() == {"slow": 2e-3, "fast": 1e-3}
+
+
+def test_one_outlier_does_not_flip_the_decision():
+    """The faster alternative's second sample is 100x slow and the slower one's third sample
+    is 100x fast: the medians and intervals ignore them, and it takes a few more rounds."""
+    fast = _series([1.0e-3, 1.02e-3, 0.98e-3], outliers={1: 0.1})
+    slow = _series([2.0e-3, 2.04e-3, 1.96e-3], outliers={2: 2e-5})
+    res = compare({"a": slow, "b": fast}, min_rounds=5, max_rounds=30)
+    assert res.winner == "b" and res.separated and res.stop == "separated"
+    assert res.rounds == 8  # n=5 and 7 keep the extremes; n=8 drops one at each end
+    # the luckier sample alone would have picked "a"
+    assert min(res.timings["a"].samples) < min(res.timings["b"].samples)
+
+
+def test_near_ties_go_to_the_stated_tie_break():
+    # 1% apart with a 3% margin: a tie; the preferred ("original") wins, not the faster
+    samplers = {"original": _series([1.01e-3, 1.00e-3]), "prog": _series([1.00e-3, 0.99e-3])}
+    res = compare(samplers, prefer=["original", "prog"], margin=0.03, min_rounds=3,
+                  max_rounds=9)
+    assert res.fastest == "prog" and res.winner == "original"
+    assert not res.separated and res.stop == "rounds" and res.rounds == 9
+    assert sorted(res.tied) == ["original", "prog"]
+    assert "tie of" in res.to_text() and "-> original" in res.to_text()
+    # the other order of preference picks the other one
+    samplers = {"original": _series([1.01e-3, 1.00e-3]), "prog": _series([1.00e-3, 0.99e-3])}
+    assert compare(samplers, prefer=["prog"], margin=0.03, max_rounds=6).winner == "prog"
+
+
+def test_the_tie_break_never_picks_one_that_does_not_beat_a_preferred_outsider():
+    """``g`` ties with the fastest ``f`` but not beats the original ``o``: ``f`` wins."""
+    t = {"o": Timing("o", [0.52] * 5), "g": Timing("g", [0.51] * 5),
+         "f": Timing("f", [0.50] * 5)}
+    winner, fastest, separated, tied, rule = judge(t, ["o", "g", "f"], margin=0.03)
+    assert (winner, fastest, separated, sorted(tied)) == ("f", "f", False, ["f", "g"])
+    assert "beats those preferred" in rule
+    # with a per-pair margin the original is tied as well: it wins
+    winner, *_ = judge(t, ["o", "g", "f"], margin=lambda a, b: 0.1 if b == "o" else 0.03)
+    assert winner == "o"
+
+
+def test_the_budget_stops_the_rounds():
+    now = [0.0]
+
+    def tick(seconds):
+        def sample():
+            now[0] += seconds
+            return seconds
+        return sample
+
+    # equal times never separate: the time budget stops them after min_rounds
+    res = compare({"a": tick(1.0), "b": tick(1.0)}, min_rounds=3, max_rounds=100,
+                  time_s=10.0, clock=lambda: now[0])
+    assert res.stop == "time" and res.rounds == 5 and res.winner == "a"
+    res = compare({"a": tick(1.0), "b": tick(1.0)}, min_rounds=3, max_rounds=4)
+    assert res.stop == "rounds" and res.rounds == 4
+
+
+def test_rounds_rotate_the_order():
+    order = []
+
+    def named(name, seconds):
+        def sample():
+            order.append(name)
+            return seconds
+        return sample
+
+    compare({"a": named("a", 1), "b": named("b", 2), "c": named("c", 3)}, min_rounds=3,
+            max_rounds=3)
+    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+
+
+def test_failures_and_hopeless_alternatives_leave_the_rounds():
+    def boom():
+        raise RuntimeError("no")
+
+    res = compare({"a": _series([1.0]), "bad": boom, "none": lambda: None}, max_rounds=5)
+    assert res.winner == "a" and res.stop == "single"
+    assert res.timings["bad"].failed.startswith("RuntimeError") and \
+        res.timings["none"].failed == "no time"
+    slow = _series([1.0])
+    res = compare({"fast": _series([1e-3]), "slow": slow}, min_rounds=6, max_rounds=6,
+                  hopeless=3.0)
+    # two samples, not one, retire it
+    assert slow.calls[0] == 2 and res.timings["slow"].retired and res.winner == "fast"
+    # one slow first sample is not enough
+    unlucky = _series([1e-3], outliers={0: 1.0})
+    res = compare({"fast": _series([1.1e-3]), "unlucky": unlucky}, min_rounds=8,
+                  max_rounds=8, hopeless=3.0)
+    assert not res.timings["unlucky"].retired and res.winner == "unlucky"
+
+
+def test_clocked_samples_and_calls_per_sample():
+    now = [0.0]
+
+    def run():
+        now[0] += 2e-4
+
+    assert clocked(run, 5, lambda: now[0])() == pytest.approx(2e-4)
+    # warm-up calls run, untimed
+    calls = []
+    assert clocked(lambda: calls.append(1) or run(), 2, lambda: now[0], warmup=1)() == \
+        pytest.approx(2e-4)
+    assert len(calls) == 3
+    assert calls_per_sample(2e-4) == 5 and calls_per_sample(1.0) == 1
+    assert calls_per_sample(1e-9) == 100
+
+
+def test_comparison_round_trips_and_given_seconds_are_judged_alike():
+    res = compare({"a": _series([1e-3]), "b": _series([3e-3])}, max_rounds=5)
+    back = Comparison.from_dict(json.loads(json.dumps(res.to_dict())))
+    assert back.recorded and not res.recorded
+    assert (back.winner, back.separated, back.rounds, back.stop, back.medians()) == \
+        (res.winner, res.separated, res.rounds, res.stop, res.medians())
+    assert "recorded" in back.to_text()
+    given = from_seconds({"x": 2.0, "y": 1.0, "z": None}, margin=0.1)
+    assert given.winner == "y" and given.separated and given.timings["z"].failed
+    assert from_seconds({"x": 1.0, "y": 1.0}).winner == "x"  # a tie: the first
