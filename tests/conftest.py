@@ -38,3 +38,11 @@ class StandInLog:
 def stand_in_log() -> StandInLog:
     """A fresh :class:`StandInLog`."""
     return StandInLog()
+
+
+@pytest.fixture(autouse=True)
+def _own_derivation_cache(tmp_path_factory, monkeypatch):
+    """Every test gets an empty per-user derivation cache of its own
+    (:mod:`tvm_ollie.derive.cache`): no test sees another's derivations, and none writes into
+    the real home directory. Subprocesses inherit the variable."""
+    monkeypatch.setenv("TVM_OLLIE_CACHE_DIR", str(tmp_path_factory.mktemp("ollie_cache")))

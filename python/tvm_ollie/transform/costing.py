@@ -35,6 +35,7 @@ from ..lift import LiftError, lift_relax_call
 from ..tune import analytic
 from ..tune.budget import TrialBudget
 from ..tune.calibrate import Calibration
+from ..compile_profile import stage
 from ..tune.measure import compile_module, random_args, time_main
 from ..tune.metaschedule import STATS, Tuner, normalize_target
 from ..tune.rpc import RPCConfig
@@ -206,9 +207,11 @@ class UntunedTiming(ModuleTiming):
         if cached is not None:
             return cached
         try:
-            ex = self.compile(module, label)
-            seconds = time_main(ex, random_args(module["main"]), number=2, repeat=8,
-                                rpc=self.rpc, target=self.target, stat="min")
+            with stage("candidate builds"):
+                ex = self.compile(module, label)
+            with stage("timing"):
+                seconds = time_main(ex, random_args(module["main"]), number=2, repeat=8,
+                                    rpc=self.rpc, target=self.target, stat="min")
         except Exception as err:  # pylint: disable=broad-except
             LOG.warning("ollie: measuring %s failed: %s: %s", label, type(err).__name__, err)
             return None

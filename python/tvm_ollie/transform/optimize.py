@@ -18,6 +18,7 @@ from typing import Dict, List, Optional, Tuple, Union
 
 from ..codegen import library as lib
 from ..compat import relax, tvm
+from ..compile_profile import profile_scope, stage
 from ..config import MIN_SEARCH_S, OllieConfig, resolve_config
 from ..lift import LiftError, lift_relax_call
 from ..tune import analytic
@@ -230,9 +231,12 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: Optional[int] = No
                          check_untuned=check_untuned, library=library, derive=derive, rpc=rpc,
                          region_calls=region_calls, merge_group=merge_group)
     tgt = normalize_target(cfg.target)
-    with lib.kernel_device(lib.device_of(tgt)):  # the library kernels of the target's device
-        return _optimize(mod, cfg, tgt, budget, timer=timer, checker=checker, chooser=chooser,
-                         tuner=tuner, cost_model=cost_model)
+    # the library kernels of the target's device; the stages timed into the open profile
+    with lib.kernel_device(lib.device_of(tgt)), profile_scope() as prof:
+        new_mod, report = _optimize(mod, cfg, tgt, budget, timer=timer, checker=checker,
+                                    chooser=chooser, tuner=tuner, cost_model=cost_model)
+    report.compile_profile = prof
+    return new_mod, report
 
 
 def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[TrialBudget],
@@ -250,13 +254,15 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
                       calibration=cfg.calibration, max_measured=cfg.max_measured,
                       max_states=cfg.max_states, max_candidates=cfg.max_candidates,
                       check_untuned=cfg.check_untuned, library=cfg.library, derive=cfg.derive,
-                      rpc=cfg.rpc, budget=budget, **hooks)
+                      rpc=cfg.rpc, budget=budget, derivation_cache=cfg.derivation_cache,
+                      **hooks)
     report = OptimizeReport(target=str(tgt.kind.name if tgt.kind.name != "llvm" else "llvm"),
                             budget=budget, calibration=decider.calib.describe())
     tuning0, calls0 = STATS.seconds, STATS.calls
-    regions = [r for r in (find_regions(mod, cfg.region_calls)
-                           if cfg.region_calls > 1 and cfg.derive else []) if r.size > 1]
-    groups = find_shared_input_groups(mod, cfg.merge_group) if cfg.derive else []
+    with stage("regions"):
+        regions = [r for r in (find_regions(mod, cfg.region_calls)
+                               if cfg.region_calls > 1 and cfg.derive else []) if r.size > 1]
+        groups = find_shared_input_groups(mod, cfg.merge_group) if cfg.derive else []
     if cfg.targets:
         regions = [r for r in regions if r.heavy_call.op.name in wanted]
         groups = [g for g in groups if g.calls[0].op.name in wanted]
@@ -322,20 +328,14 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
         decisions.append(d)
         log = LOG.info if (cfg.verbose or d.rewritten) else LOG.debug
         log("ollie: %s.%s %s -> %s (%s)", fname, vname, sig, d.chosen, d.reason)
-    new_mod = mod
-    if rewritten_regions or rewritten_groups:
-        region_rewriter = _RegionRewriter(mod, rewritten_regions, rewritten_groups)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                region_rewriter.builder_.update_func(gv, region_rewriter.visit_expr(func))
-        mod = new_mod = region_rewriter.builder_.get()
-    call_choices = {call_signature(c): choices[call_signature(c)] for _, _, c in calls}
-    # (a merged group on a library GEMM takes its one bias add as the kernel's epilogue)
-    new_mod, report.epilogues = apply_call_choices(
-        new_mod, call_choices, any(ch.impl == "native" for _, ch in rewritten_groups))
+    with stage("emit"):
+        new_mod, report.epilogues = _rewrite(mod, calls, choices, rewritten_regions,
+                                             rewritten_groups)
     report.decisions = decisions
     report.regions = region_decisions
     report.search_s = decider.search_s
+    report.derivations = {"cached": decider.candidates.cached,
+                          "searched": decider.candidates.searched}
     report.verify_s = decider.verify_s
     report.tuning_s = STATS.seconds - tuning0
     report.tuning_calls = STATS.calls - calls0
@@ -343,6 +343,21 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
     if cfg.verbose:
         LOG.info("%s", report.to_text())
     return new_mod, report
+
+
+def _rewrite(mod, calls, choices, rewritten_regions, rewritten_groups):
+    """The module with the rewritten regions and groups, then the rewritten calls, in place
+    (and the epilogues folded into library kernels)."""
+    if rewritten_regions or rewritten_groups:
+        region_rewriter = _RegionRewriter(mod, rewritten_regions, rewritten_groups)
+        for gv, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                region_rewriter.builder_.update_func(gv, region_rewriter.visit_expr(func))
+        mod = region_rewriter.builder_.get()
+    call_choices = {call_signature(c): choices[call_signature(c)] for _, _, c in calls}
+    # (a merged group on a library GEMM takes its one bias add as the kernel's epilogue)
+    return apply_call_choices(mod, call_choices,
+                              any(ch.impl == "native" for _, ch in rewritten_groups))
 
 
 def apply_call_choices(mod: "tvm.IRModule", choices: Dict[str, object],
