@@ -28,7 +28,7 @@ from typing import Dict, Iterator, List, Optional
 __all__ = ["CompileProfile", "current_profile", "profile_scope", "stage"]
 
 #: Stage names in pipeline order (others are listed after these, in order of first use).
-STAGE_ORDER = ("import", "regions", "lift", "search", "derivation cache", "verify",
+STAGE_ORDER = ("import", "calibration", "regions", "lift", "search", "derivation cache", "verify",
                "candidate builds", "timing", "orchestration", "tuning", "emit", "tvm build")
 
 _ACTIVE: contextvars.ContextVar = contextvars.ContextVar("tvm_ollie_profile", default=None)

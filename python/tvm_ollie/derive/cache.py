@@ -87,7 +87,8 @@ def user_cache_dir() -> Optional[str]:
 
 @functools.lru_cache(maxsize=1)
 def rules_version() -> str:
-    """A hash of every rule's name and of the ``derive`` and ``ir`` packages' source.
+    """A hash of every rule's name and of the ``derive`` and ``ir`` packages' source (all but
+    this module, whose entry layout :data:`ENTRY_FORMAT` versions).
 
     The source, not a hand-kept version constant: a rule (or the matcher, the instantiation,
     the canonical form) edited without bumping a constant would otherwise serve stale programs.
@@ -103,6 +104,8 @@ def rules_version() -> str:
             dirs.sort()
             for name in sorted(f for f in files if f.endswith(".py")):
                 path = os.path.join(folder, name)
+                if path == os.path.abspath(__file__):
+                    continue  # (this module reads and writes entries: ENTRY_FORMAT versions it)
                 digest.update(os.path.relpath(path, os.path.dirname(root)).encode())
                 with open(path, "rb") as fh:
                     digest.update(fh.read())
@@ -182,12 +185,12 @@ class DerivationCache:
     def _read(self, path: str, material: str, expr: Scope,
               back: Dict[str, str]) -> Optional[CachedSearch]:
         try:
-            with open(path, "r", encoding="utf-8") as fh:
-                text = fh.read()
+            with open(path, "rb") as fh:
+                data = fh.read()
         except OSError:  # absent (or evicted meanwhile), or unreadable: a miss
             return None
         try:
-            entry = json.loads(text)
+            entry = json.loads(data.decode("utf-8"))
             if entry.get("key") != material:  # another format, or a digest collision
                 return None
             if set(back.values()) & {s["name"] for p in entry["programs"]
@@ -438,7 +441,6 @@ def _touch(path: str) -> None:
 
 def _warn_once(kind: str, path: str, msg: str, *args) -> None:
     if (kind, path) in _WARNED:
-        LOG.debug(msg, *args)
         return
     _WARNED.add((kind, path))
     LOG.warning(msg, *args)

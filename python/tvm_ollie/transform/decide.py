@@ -152,7 +152,8 @@ class Decider:
             check_untuned = not gpu and calibration is None
         self.check_untuned = bool(check_untuned)
         self.library = _library_enabled(library, self.target)
-        self.calib = calibration or calibrate(self.target)
+        with stage("calibration"):
+            self.calib = calibration or calibrate(self.target)
         self.trials = int(trials)
         self.search_budget_s = search_budget_s
         self.max_measured = max_measured
