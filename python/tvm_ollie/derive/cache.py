@@ -164,13 +164,25 @@ class DerivationCache:
                                "limits": _plain(limits)}, sort_keys=True)
         return hashlib.sha256(material.encode()).hexdigest(), material, names
 
+    def _key_or_none(self, expr: Scope, limits: Mapping[str, object]):
+        """:meth:`key`, or None when ``expr`` cannot be keyed (then it is simply searched)."""
+        try:
+            return self.key(expr, limits)
+        except Exception as err:  # pylint: disable=broad-except
+            LOG.debug("ollie: no derivation cache key (%s: %s)", type(err).__name__, err)
+            return None
+
     # -- lookups -----------------------------------------------------------------------------
 
     def get(self, expr: Scope, limits: Mapping[str, object]) -> Optional[CachedSearch]:
         """The stored result for ``expr`` (its programs over ``expr``'s names), or None."""
         if not self.dirs:
             return None
-        digest, material, names = self.key(expr, limits)
+        keyed = self._key_or_none(expr, limits)
+        if keyed is None:
+            self.misses += 1
+            return None
+        digest, material, names = keyed
         back = {v: k for k, v in names.items()}
         for folder in self.dirs:
             path = os.path.join(folder, digest + ".json")
@@ -211,7 +223,10 @@ class DerivationCache:
         (no directory, a program the text form cannot carry exactly, or no writable place)."""
         if not self.dirs:
             return False
-        digest, material, names = self.key(expr, limits)
+        keyed = self._key_or_none(expr, limits)
+        if keyed is None:
+            return False
+        digest, material, names = keyed
         back = {v: k for k, v in names.items()}
         try:
             stored = _dump_programs(programs, names)
