@@ -38,3 +38,24 @@ class StandInLog:
 def stand_in_log() -> StandInLog:
     """A fresh :class:`StandInLog`."""
     return StandInLog()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_derivation_cache(tmp_path_factory):
+    """Module- and session-scoped fixtures that compile (before any test's own cache is set)
+    write their derivations into a temporary directory, never the real home directory."""
+    old = os.environ.get("TVM_OLLIE_CACHE_DIR")
+    os.environ["TVM_OLLIE_CACHE_DIR"] = str(tmp_path_factory.mktemp("ollie_cache_session"))
+    yield
+    if old is None:
+        os.environ.pop("TVM_OLLIE_CACHE_DIR", None)
+    else:
+        os.environ["TVM_OLLIE_CACHE_DIR"] = old
+
+
+@pytest.fixture(autouse=True)
+def _own_derivation_cache(_session_derivation_cache, tmp_path_factory, monkeypatch):
+    """Every test gets an empty per-user derivation cache of its own
+    (:mod:`tvm_ollie.derive.cache`): no test sees another's derivations, and none writes into
+    the real home directory. Subprocesses inherit the variable."""
+    monkeypatch.setenv("TVM_OLLIE_CACHE_DIR", str(tmp_path_factory.mktemp("ollie_cache")))

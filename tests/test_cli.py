@@ -5,6 +5,7 @@ tests of one module (``scope="module"`` fixtures) and the error cases are small.
 """
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -252,6 +253,29 @@ def test_explain_lists_each_operator(work):
     for column in ("binding", "operator", "before", "after", "chosen"):
         assert column in out
     assert "rule path:" in out
+
+
+def test_explain_twice_reuses_the_derivations_and_profiles_the_stages(work):
+    path, _ = work
+    counts = re.compile(r"derivations: (\d+) cached, (\d+) searched")
+    first = ok(cli("explain", "tiny.onnx", *FAST, cwd=path))
+    cached, searched = map(int, counts.search(first).groups())
+    assert cached == 0 and searched >= 1
+    second = ok(cli("explain", "tiny.onnx", *FAST, cwd=path))
+    assert counts.search(second).groups() == (str(searched), "0")
+    profile = next(line for line in second.splitlines() if line.startswith("compile profile:"))
+    for name in ("import", "lift", "derivation cache", "verify", "total"):
+        assert name in profile
+    off = ok(cli("explain", "tiny.onnx", "--no-derivation-cache", *FAST, cwd=path))
+    assert counts.search(off).groups() == ("0", str(searched))
+
+
+def test_compile_explain_prints_the_report_and_profile(work):
+    path, _ = work
+    out = ok(cli("compile", "tiny.onnx", "-o", "tiny_explained.so", "--explain", *FAST,
+                 cwd=path))
+    assert "calls rewritten" in out and "derivations:" in out
+    assert "compile profile: import" in out and "tvm build" in out
 
 
 def test_compile_for_cuda_without_running(work, capsys):

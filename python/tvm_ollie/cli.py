@@ -59,6 +59,7 @@ class _Parser(argparse.ArgumentParser):
 def _compile(args: argparse.Namespace) -> int:
     # pylint: disable=import-outside-toplevel
     from .compat import tvm
+    from .compile_profile import profile_scope
     from .frontend.explain import summary_line
     from .frontend.inputs import module_signature, save_signature
     from .frontend.progress import Stages
@@ -67,8 +68,8 @@ def _compile(args: argparse.Namespace) -> int:
     target = _target(args.target)
     config = _config(args, target, orchestrate=args.orchestrate, dtype=args.dtype)
     out = args.output or os.path.splitext(os.path.basename(args.model.split(":")[0]))[0] + ".so"
-    with _Output(out) as tmp_out, Stages(["loading model", "optimizing and building",
-                                          "exporting"]) as stages:  # fmt: skip
+    with _Output(out) as tmp_out, profile_scope(), Stages(
+            ["loading model", "optimizing and building", "exporting"]) as stages:
         mod = _load(args)
         stages.next()
         ex, report = _transform().build(mod, config=config)
@@ -80,6 +81,8 @@ def _compile(args: argparse.Namespace) -> int:
           f"{summary_line(list(report.decisions))}; search {_secs(report, 'search_s')}, "
           f"tuning {_secs(report, 'tuning_s')}{_trials(report)} "
           "(details: tvm-ollie explain)")  # fmt: skip
+    if args.explain:
+        print(report.to_text())
     if is_gpu(target) and not tvm.cuda(0).exist:
         print("note: no GPU here; the library holds CUDA source, compiled when it is loaded on a "
               "machine with a GPU")  # fmt: skip
@@ -123,12 +126,13 @@ def _explain(args: argparse.Namespace) -> int:
     # pylint: disable=import-outside-toplevel
     from .frontend.explain import (decision_details, decision_table, other_operators,
                                    region_lines, summary_line)
+    from .compile_profile import profile_scope
     from .frontend.progress import Stages
     from .tune.workdir import prepare_work_dir, work_dir_lock
 
     target = _target(args.target)
     config = _config(args, target)
-    with Stages(["loading model", "optimizing"]) as stages:
+    with profile_scope() as prof, Stages(["loading model", "optimizing"]) as stages:
         mod = _load(args)
         stages.next()
         with work_dir_lock(args.work_dir):
@@ -155,6 +159,10 @@ def _explain(args: argparse.Namespace) -> int:
         done = sum(1 for r in regions if r.rewritten)
         print(f"\nregions: {len(regions)}, {done} rewritten")
         print(region_lines(regions))
+    derived = getattr(report, "derivations", {})
+    print(f"\nderivations: {derived.get('cached', 0)} cached, {derived.get('searched', 0)} "
+          f"searched")
+    print(prof.to_text())
     return 0
 
 
@@ -294,9 +302,12 @@ def _target(text: str):
 
 
 def _load(args: argparse.Namespace):
-    from .frontend.loader import load_module  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel
+    from .compile_profile import stage
+    from .frontend.loader import load_module
 
-    mod = load_module(args.model, shapes=args.shape)
+    with stage("import"):
+        mod = load_module(args.model, shapes=args.shape)
     if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
         raise UserError(f"{args.model}: the module has no 'main' function")
     return mod
@@ -323,7 +334,8 @@ def _config(args: argparse.Namespace, target, **fields):
             max_depth=args.max_depth, search_time_s=args.time_budget,
             max_states=args.max_states if args.max_states is not None else
             DEFAULTS.max_states, library=False if args.no_library else None,
-            derive=not args.no_derive, rpc=_rpc_config(args), **fields)
+            derive=not args.no_derive, rpc=_rpc_config(args),
+            derivation_cache=not getattr(args, "no_derivation_cache", False), **fields)
     except ConfigError as err:
         raise UserError(str(err)) from None
 
@@ -457,6 +469,10 @@ def _add_search_options(parser: argparse.ArgumentParser) -> None:
                         help="TVM-built kernels only (no native library kernels)")
     parser.add_argument("--no-derive", action="store_true",
                         help="no derived programs (only the operators' implementations compete)")
+    parser.add_argument("--no-derivation-cache", action="store_true",
+                        help="search every operator signature again (default: reuse the "
+                             "derivations cached in --work-dir and in $TVM_OLLIE_CACHE_DIR, "
+                             "~/.cache/tvm_ollie)")
 
 
 def _add_rpc_options(parser: argparse.ArgumentParser) -> None:
@@ -497,6 +513,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "operators, convolutions and matmuls accumulating in float32) before "
                           "optimizing; the library still takes and returns the model's own "
                           "types, so `run` is called with the same inputs (default: float32)")
+    cmd.add_argument("--explain", action="store_true",
+                     help="also print the optimizer's report: each decision, the derivations "
+                          "cached or searched and the compile time per stage")
     cmd.set_defaults(func=_compile)
 
     cmd = sub.add_parser("run", parents=[common], help="run a compiled library")

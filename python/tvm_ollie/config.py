@@ -108,6 +108,9 @@ class OllieConfig:
     dtype : str, optional
         ``"float16"``: the model is converted by TVM's ``ToMixedPrecision`` before the pass
         (:func:`tvm_ollie.transform.precision.to_precision`); None or ``"float32"``: as given.
+    derivation_cache : bool
+        Reuse derivation search results across compiles and models (in ``work_dir`` and the
+        per-user cache, :mod:`tvm_ollie.derive.cache`); False: search every signature.
     """
 
     target: Any = None
@@ -133,6 +136,7 @@ class OllieConfig:
     rpc: Any = None
     verbose: bool = False
     dtype: Optional[str] = None
+    derivation_cache: bool = True
 
     def __post_init__(self):
         if self.targets is not None and not isinstance(self.targets, tuple):
@@ -153,7 +157,8 @@ class OllieConfig:
                 self.search_time_s, numbers.Real) or not self.search_time_s > 0:
             raise ConfigError(f"OllieConfig.search_time_s must be a number > 0, not "
                               f"{self.search_time_s!r}")
-        for name in ("derive", "fold_inference", "orchestrate", "joint", "joint_guard", "verbose"):
+        for name in ("derive", "fold_inference", "orchestrate", "joint", "joint_guard",
+                     "verbose", "derivation_cache"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"OllieConfig.{name} must be True or False, not "
                                   f"{getattr(self, name)!r}")

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from ..compat import relax, tvm
+from ..compile_profile import stage
 from ..tune.calibrate import target_kind
 from .blp import BLPProblem, BLPResult, solve_blp
 from .candidates import Candidate, enumerate_candidates, make_candidate
@@ -449,8 +450,9 @@ class Orchestrate:
         self.cost = _cost_for(self.cost, target)
         report = OrchestrationReport(target=target_kind(target), cost_model=self.cost.name)
         check = self.check if self.check is not None else default_check(target)
-        new_mod, self.last_report = orchestrate_legalized(mod, self.cost, self.config,
-                                                          check, report, self.joint)
+        with stage("orchestration"):
+            new_mod, self.last_report = orchestrate_legalized(mod, self.cost, self.config,
+                                                              check, report, self.joint)
         return new_mod
 
 

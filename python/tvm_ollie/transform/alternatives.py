@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from ..codegen import library as lib
+from ..compile_profile import stage
+from ..derive.cache import DerivationCache
 from ..derive.program import Program
 from ..lift import LiftError, lift_relax_call
 from .units import is_group, is_region
@@ -68,18 +70,25 @@ class Candidates:
         (:func:`~tvm_ollie.derive.search.derive`).
     cost_target : str
         Target kind the derivation ranks its programs for (``"llvm"``, ``"cuda"``).
+    cache : DerivationCache, optional
+        Where search results are looked up before searching and stored after
+        (:mod:`tvm_ollie.derive.cache`); None: always search.
     """
 
     def __init__(self, library: bool, derive: bool, max_depth: int, max_states=None,
-                 max_candidates=None, cost_target: str = "llvm"):
+                 max_candidates=None, cost_target: str = "llvm",
+                 cache: Optional[DerivationCache] = None):
         self.library = bool(library)
         self.derive = bool(derive)
         self.max_depth = max_depth
         self.max_states = max_states
         self.max_candidates = max_candidates
         self.cost_target = cost_target
+        self.cache = cache
         #: seconds spent in derivation search
         self.search_s = 0.0
+        #: expressions whose programs came from the cache / from a search
+        self.cached = self.searched = 0
 
     def __call__(self, unit, budget_s: float) -> UnitAlternatives:
         """The alternatives of ``unit`` (derivation limited to ``budget_s`` seconds)."""
@@ -87,7 +96,8 @@ class Candidates:
             return self._group(unit)
         region = is_region(unit)
         try:
-            expr = unit.lift() if region else lift_relax_call(unit)
+            with stage("lift"):
+                expr = unit.lift() if region else lift_relax_call(unit)
         except LiftError as err:
             return UnitAlternatives([Alternative(None, "tvm")], 0, f"; not liftable: {err}",
                                     False)
@@ -96,20 +106,42 @@ class Candidates:
             alts.append(Alternative(None, "native"))
         if not self.derive:
             return UnitAlternatives(alts)
-        from ..derive.search import derive  # pylint: disable=import-outside-toplevel
-
-        t0 = time.perf_counter()
-        res = derive(expr, max_depth=self.max_depth, time_budget_s=budget_s,
-                     max_states=self.max_states, verify=False,
-                     max_candidates=self.max_candidates, cost_target=self.cost_target)
-        self.search_s += time.perf_counter() - t0
+        programs, note = self.search(expr, budget_s)
         seen = set()
-        for prog in res.candidates:
-            if prog.multi or repr(prog) in seen:
+        for prog in programs:
+            if repr(prog) in seen:
                 continue
             seen.add(repr(prog))
             alts.extend(self.program_alternatives(prog))
-        return UnitAlternatives(alts, len(seen), f", search stop={res.stats.stop_reason.value}")
+        return UnitAlternatives(alts, len(seen), note)
+
+    def search(self, expr, budget_s: float) -> Tuple[List[Program], str]:
+        """The derived programs of ``expr`` (from the cache when it holds them, else searched
+        within ``budget_s`` seconds and stored) and a note on where they came from."""
+        from ..derive.search import DEFAULT_TARGETS, derive  # pylint: disable=C0415
+
+        limits = dict(max_depth=self.max_depth, targets=tuple(DEFAULT_TARGETS),
+                      max_states=self.max_states, max_candidates=self.max_candidates,
+                      cost_target=self.cost_target)
+        if self.cache is not None:
+            with stage("derivation cache"):
+                hit = self.cache.get(expr, limits)
+            if hit is not None:
+                self.cached += 1
+                return hit.programs, f", search cached (stop={hit.stop})"
+        t0 = time.perf_counter()
+        with stage("search"):
+            res = derive(expr, max_depth=self.max_depth, time_budget_s=budget_s,
+                         max_states=self.max_states, verify=False,
+                         max_candidates=self.max_candidates, cost_target=self.cost_target)
+        self.search_s += time.perf_counter() - t0
+        self.searched += 1
+        programs = [p for p in res.candidates if not p.multi]
+        stop = res.stats.stop_reason.value
+        if self.cache is not None:
+            with stage("derivation cache"):
+                self.cache.put(expr, limits, programs, stop, budget_s)
+        return programs, f", search stop={stop}"
 
     def _group(self, group) -> UnitAlternatives:
         """A group of calls sharing an operand: the calls as they are, and the merged programs

@@ -19,6 +19,7 @@ import os
 from typing import Optional, Tuple
 
 from ..compat import relax, tvm
+from ..compile_profile import profile_scope, stage
 from ..config import OllieConfig, resolve_config
 from ..tune.budget import TrialBudget
 from ..tune.measure import compile_module
@@ -104,9 +105,11 @@ def build(mod: "tvm.IRModule", target=None, trials: Optional[int] = None,
         cfg = cfg.replace(work_dir=tempfile.mkdtemp(prefix="ollie_tune_"))
     # One process at a time tunes in a work dir: MetaSchedule's database refers to workloads
     # by line number, so two processes appending to it at once would mix their records up.
-    with work_dir_lock(cfg.work_dir):
+    with profile_scope() as prof, work_dir_lock(cfg.work_dir):
         prepare_work_dir(cfg.work_dir)
-        return _build(mod, cfg, hooks)
+        ex, report = _build(mod, cfg, hooks)
+    report.compile_profile = prof  # (the whole build's: the pass's stages and TVM's build)
+    return ex, report
 
 
 #: Keywords of :func:`build` that go to :func:`optimize_module` as they are (not options);
@@ -154,8 +157,9 @@ def _build(mod: "tvm.IRModule", cfg: OllieConfig, hooks: dict
 def _compile_final(mod, cfg: OllieConfig, tuner, budget: TrialBudget, tunable: bool, orch):
     """The module's kernels tuned with everything left of the budget (the final task)."""
     trials = budget.final() if tunable else 0
-    return compile_module(mod, cfg.target, budget.metered(tuner), trials, cfg.orchestrate,
-                          orchestrate_config=orch)
+    with stage("tvm build"):
+        return compile_module(mod, cfg.target, budget.metered(tuner), trials, cfg.orchestrate,
+                              orchestrate_config=orch)
 
 
 def _joint(mod: "tvm.IRModule", cfg: OllieConfig, hooks: dict):
@@ -176,7 +180,8 @@ def _joint(mod: "tvm.IRModule", cfg: OllieConfig, hooks: dict):
         opts.update(trials=cfg.trials, budget=budget,
                     plan_tuner=budget.metered(Tuner(cfg.target, cfg.work_dir)))
     try:  # derivation and kernel boundaries chosen together (docs/orchestration.md)
-        return tuple(joint_build(mod, cfg.target, cfg.work_dir, **opts)[:2])
+        with stage("orchestration"):
+            return tuple(joint_build(mod, cfg.target, cfg.work_dir, **opts)[:2])
     except Exception as err:  # pylint: disable=broad-except
         LOG.warning("ollie: joint selection failed (%s: %s); sequential build",
                     type(err).__name__, str(err).splitlines()[0][:200] if str(err) else "")

@@ -32,6 +32,7 @@ from abc import ABC, abstractmethod
 from typing import Callable, Dict, Optional
 
 from ..compat import tvm
+from ..compile_profile import stage
 from ..lift import LiftError, lift_relax_call
 from ..tune import analytic
 from ..tune.budget import TrialBudget
@@ -237,9 +238,11 @@ class UntunedTiming(ModuleTiming):
         if cached is not None:
             return cached
         try:
-            ex = self.compile(module, label)
-            seconds = time_main(ex, random_args(module["main"]), number=2, repeat=8,
-                                rpc=self.rpc, target=self.target, stat="min")
+            with stage("candidate builds"):
+                ex = self.compile(module, label)
+            with stage("timing"):
+                seconds = time_main(ex, random_args(module["main"]), number=2, repeat=8,
+                                    rpc=self.rpc, target=self.target, stat="min")
         except Exception as err:  # pylint: disable=broad-except
             LOG.warning("ollie: measuring %s failed: %s: %s", label, type(err).__name__, err)
             return None

@@ -39,7 +39,9 @@ from typing import Dict, List, Optional, Tuple, Union
 
 from .. import native
 from ..codegen import library as lib
+from ..compile_profile import stage
 from ..config import DEFAULTS
+from ..derive.cache import DerivationCache
 from ..tune.budget import TrialBudget
 from ..tune.calibrate import Calibration, calibrate
 from ..tune.metaschedule import Tuner, gpu_available, is_gpu_target, normalize_target
@@ -123,6 +125,9 @@ class Decider:
     estimator : UnitCostModel, optional
         The cost that ranks and shortlists (default :class:`~.costing.AnalyticUnitCost` of
         the calibration).
+    derivation_cache : bool or DerivationCache
+        Where search results are reused from and stored (:mod:`tvm_ollie.derive.cache`):
+        True, the ``work_dir``'s and the per-user cache; False, search every signature.
 
     The defaults are :data:`tvm_ollie.config.DEFAULTS`.
     """
@@ -140,7 +145,8 @@ class Decider:
                  max_candidates: Optional[int] = DEFAULTS.max_candidates,
                  budget: Optional[TrialBudget] = None,
                  cost_model: Optional[UnitCostModel] = None,
-                 estimator: Optional[UnitCostModel] = None):
+                 estimator: Optional[UnitCostModel] = None,
+                 derivation_cache: Union[bool, DerivationCache] = True):
         if timer is not None and cost_model is not None:
             raise ValueError("give a timer or a cost_model, not both")
         self.target = normalize_target(target)
@@ -149,7 +155,8 @@ class Decider:
             check_untuned = not gpu and calibration is None
         self.check_untuned = bool(check_untuned)
         self.library = _library_enabled(library, self.target)
-        self.calib = calibration or calibrate(self.target)
+        with stage("calibration"):
+            self.calib = calibration or calibrate(self.target)
         self.trials = int(trials)
         self.search_budget_s = search_budget_s
         self.max_measured = max_measured
@@ -162,6 +169,8 @@ class Decider:
             if self.can_measure or self.check_untuned:
                 rpc.check()
         self.work_dir = work_dir
+        if derivation_cache is True:
+            derivation_cache = DerivationCache.for_run(work_dir)
         if self.can_measure and not work_dir:
             import tempfile  # pylint: disable=import-outside-toplevel
 
@@ -169,7 +178,8 @@ class Decider:
         self.chooser = chooser
         # the stages
         self.candidates = Candidates(self.library, self.derive, max_depth, max_states,
-                                     max_candidates, self.calib.kind)
+                                     max_candidates, self.calib.kind,
+                                     derivation_cache or None)
         if cost_model is not None and not cost_model.measured and estimator is None:
             estimator, cost_model = cost_model, None  # decide by that estimate
         self.estimator: UnitCostModel = estimator or AnalyticUnitCost(self.calib)
@@ -239,7 +249,8 @@ class Decider:
         """The check stage: ``(ok, why)`` of ``alt`` against ``unit`` (failures reject)."""
         t0 = time.perf_counter()
         try:
-            return checked(self.checker, unit, alt)
+            with stage("verify"):
+                return checked(self.checker, unit, alt)
         finally:
             self.verify_s += time.perf_counter() - t0
 

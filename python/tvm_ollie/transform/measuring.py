@@ -19,6 +19,7 @@ import logging
 import os
 from typing import Dict, List, Optional
 
+from ..compile_profile import stage
 from ..tune.compare import Comparison, Margin, compare
 from .alternatives import Alternative
 from .costing import ModuleTiming, UnitCostModel
@@ -115,7 +116,10 @@ class DecisionTiming:
                                   signature)
         res = self.records.get(key, labels)
         if res is None:
-            res = compare(self._samplers(unit, alts), prefer, margin, **self.protocol)
+            with stage("candidate builds"):
+                samplers = self._samplers(unit, alts)
+            with stage("timing"):
+                res = compare(samplers, prefer, margin, **self.protocol)
             self.records.put(key, signature, res)
         else:
             LOG.info("ollie: %s decided from the recorded evidence", signature)

@@ -18,6 +18,7 @@ from typing import Dict, List, Optional, Tuple, Union
 
 from ..codegen import library as lib
 from ..compat import relax, tvm
+from ..compile_profile import profile_scope, stage
 from ..config import MIN_SEARCH_S, OllieConfig, resolve_config
 from ..lift import LiftError, lift_relax_call
 from ..tune import analytic
@@ -232,9 +233,12 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: Optional[int] = No
                          check_untuned=check_untuned, library=library, derive=derive, rpc=rpc,
                          region_calls=region_calls, merge_group=merge_group)
     tgt = normalize_target(cfg.target)
-    with lib.kernel_device(lib.device_of(tgt)):  # the library kernels of the target's device
-        return _optimize(mod, cfg, tgt, budget, timer=timer, checker=checker, chooser=chooser,
-                         tuner=tuner, cost_model=cost_model)
+    # the library kernels of the target's device; the stages timed into the open profile
+    with lib.kernel_device(lib.device_of(tgt)), profile_scope() as prof:
+        new_mod, report = _optimize(mod, cfg, tgt, budget, timer=timer, checker=checker,
+                                    chooser=chooser, tuner=tuner, cost_model=cost_model)
+    report.compile_profile = prof
+    return new_mod, report
 
 
 def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[TrialBudget],
@@ -242,15 +246,18 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
     """:func:`optimize_module` once the options are resolved (``hooks``: the timer, checker,
     chooser, tuner and cost model)."""
     t_start = time.perf_counter()
-    mod, folds = fold_inference(mod) if cfg.fold_inference else (mod, {})
-    calls, regions, groups = _find_units(mod, cfg)
+    with stage("inference fold"):
+        mod, folds = fold_inference(mod) if cfg.fold_inference else (mod, {})
+    with stage("regions"):
+        calls, regions, groups = _find_units(mod, cfg)
     if budget is None:
         budget = TrialBudget(cfg.trials)
     decider = Decider(tgt, trials=cfg.trials, work_dir=cfg.work_dir, max_depth=cfg.max_depth,
                       calibration=cfg.calibration, max_measured=cfg.max_measured,
                       max_states=cfg.max_states, max_candidates=cfg.max_candidates,
                       check_untuned=cfg.check_untuned, library=cfg.library, derive=cfg.derive,
-                      rpc=cfg.rpc, budget=budget, **hooks)
+                      rpc=cfg.rpc, budget=budget, derivation_cache=cfg.derivation_cache,
+                      **hooks)
     report = OptimizeReport(target=str(tgt.kind.name if tgt.kind.name != "llvm" else "llvm"),
                             budget=budget, calibration=decider.calib.describe())
     tuning0, calls0 = STATS.seconds, STATS.calls
@@ -279,12 +286,15 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
     calls = [c for c in calls if hash(c[2]) not in inside]
     decisions = _decide_calls(calls, choose, cfg.verbose)
     call_choices = {call_signature(c): choices[call_signature(c)] for _, _, c in calls}
-    new_mod, report.epilogues = _rewritten(mod, rewritten_regions, rewritten_groups,
-                                           call_choices)
+    with stage("emit"):
+        new_mod, report.epilogues = _rewritten(mod, rewritten_regions, rewritten_groups,
+                                               call_choices)
     report.decisions = decisions
     report.regions = region_decisions
     report.inference_folds = folds
     report.search_s = decider.search_s
+    report.derivations = {"cached": decider.candidates.cached,
+                          "searched": decider.candidates.searched}
     report.verify_s = decider.verify_s
     report.tuning_s = STATS.seconds - tuning0
     report.tuning_calls = STATS.calls - calls0

@@ -135,6 +135,11 @@ class OptimizeReport:
     #: the joint build's joint selection (whichever plan the guard kept)
     #: (:class:`tvm_ollie.orchestrate.report.OrchestrationReport`; None otherwise)
     orchestration: Any = None
+    #: expressions whose derivations came from the cache (``cached``) or were searched
+    #: (``searched``) (:mod:`tvm_ollie.derive.cache`)
+    derivations: Dict[str, int] = field(default_factory=dict)
+    #: wall seconds per compile stage (:class:`tvm_ollie.compile_profile.CompileProfile`)
+    compile_profile: Any = None
 
     @property
     def trials_spent(self) -> int:
@@ -177,6 +182,11 @@ class OptimizeReport:
             done = sum(1 for r in self.regions if r.rewritten)
             rows.append(f"{done}/{len(self.regions)} regions rewritten:")
             rows.extend(r.to_text() for r in self.regions)
+        if self.derivations.get("cached") or self.derivations.get("searched"):
+            rows.append(f"derivations: {self.derivations.get('cached', 0)} cached, "
+                        f"{self.derivations.get('searched', 0)} searched")
+        if self.compile_profile is not None:
+            rows.append(self.compile_profile.to_text())
         if self.calibration:
             rows.append(f"analytic cost: {self.calibration}")
         if self.budget is not None and (self.budget.total or self.budget.spent):

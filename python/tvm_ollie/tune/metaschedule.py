@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from ..compat import meta_schedule, relax, tvm
+from ..compile_profile import stage
 from .defaults import DefaultsMarker, DefaultsReport, commit_defaults
 from .rpc import RPCConfig, RPCError
 
@@ -291,7 +292,8 @@ class Tuner:
         per_task = -(-trials // len(todo))
         total = min(trials, per_task * len(todo))
         t0 = time.perf_counter()
-        with _without_tensor_intrin(self.target), _unnamed_handlers_detached():
+        with stage("tuning"), _without_tensor_intrin(self.target), \
+                _unnamed_handlers_detached():
             builder, runner = self._builder(), self._runner_object()
             try:
                 self._tune_tasks(todo, total, per_task, builder, runner)
