@@ -10,8 +10,9 @@ import sys
 import numpy as np
 import pytest
 
+import tvm_ollie
 from tvm_ollie import native
-from tvm_ollie.profiler import kinds, profile_executable, profile_model, vm_calls
+from tvm_ollie.profiler import kinds, profile_executable, vm_calls
 from tvm_ollie.profiler.ort import parse_trace, profile_onnxruntime
 from tvm_ollie.profiler.result import ProfileResult
 
@@ -102,7 +103,8 @@ def test_library_calls_appear_by_name():
 
 
 def test_profile_model_ollie_and_trace():
-    result = profile_model(conv_relu_matmul(), runs=RUNS, baseline=True, search_time_s=2.0)
+    result = tvm_ollie.profile_model(conv_relu_matmul(), runs=RUNS, baseline=True,
+                                     search_time_s=2.0)
     assert [s.system for s in result.systems] == ["ollie", "tvm"]
     assert result.ort is None
     for profile in result.systems:
