@@ -116,8 +116,15 @@ RULES: Tuple[KindRule, ...] = (
 )
 
 
+#: The stage kinds of a derived program's kernels, named ``ollie_<operator>_<stage>_<k>`` by the
+#: emitter (``ollie_conv2d_eop_3`` is an eOperator of a derived conv, not a conv).
+_OLLIE_STAGE = re.compile(r"ollie_\w+?_(?=(?:eop|matmul|batch_matmul|conv\dd|conv\dd_transpose|"
+                          r"g2bmm|gbmm)_\d)")
+
+
 def kind_of(name: str) -> str:
     """The kind (one of :data:`KIND_ORDER`) of a call to the function named ``name``."""
+    name = _OLLIE_STAGE.sub("ollie_", name)
     for rule in RULES:
         if rule.guard(name):
             return rule.kind
