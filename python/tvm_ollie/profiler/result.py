@@ -150,12 +150,26 @@ def _ort_rows(ort: OrtProfile) -> List[Row]:
 
 
 def fmt_time(seconds: float) -> str:
-    """``1.23 ms`` / ``45.6 us``: a time in the unit that reads best."""
-    if seconds >= 1.0:
+    """``1.23 ms`` / ``45.6 us``: a time in the unit that reads best (negative differences
+    too)."""
+    size = abs(seconds)
+    if size >= 1.0:
         return f"{seconds:.2f} s"
-    if seconds >= 1e-3:
+    if size >= 1e-3:
         return f"{seconds * 1e3:.3f} ms"
     return f"{seconds * 1e6:.1f} us"
+
+
+#: Widest kernel name a table shows: fused kernels of long chains are named after every
+#: operator in them; the cut keeps the head and the tail (the trace has the full names).
+NAME_WIDTH = 60
+
+
+def _short(name: str) -> str:
+    if len(name) <= NAME_WIDTH:
+        return name
+    half = (NAME_WIDTH - 3) // 2
+    return f"{name[:half]}...{name[-(NAME_WIDTH - 3 - half):]}"
 
 
 def _count(value: float) -> str:
@@ -166,14 +180,14 @@ def table(rows: Sequence[Row], total_s: float, title: str, limit: Optional[int] 
           with_kind: bool = False) -> str:  # fmt: skip
     """A fixed-width table: key, count, total, mean, share of ``total_s``."""
     shown = list(rows if limit is None else rows[:limit])
-    width = max([len(title)] + [len(r.key) for r in shown])
+    width = max([len(title)] + [len(_short(r.key)) for r in shown])
     head = f"{title:<{width}}  {'calls':>6}  {'total':>10}  {'mean':>10}  {'share':>6}"
     if with_kind:
         head += "  kind"
     lines = [head, "-" * len(head)]
     for r in shown:
         share = 100.0 * r.total_s / total_s if total_s > 0 else 0.0
-        line = (f"{r.key:<{width}}  {_count(r.count):>6}  {fmt_time(r.total_s):>10}  "
+        line = (f"{_short(r.key):<{width}}  {_count(r.count):>6}  {fmt_time(r.total_s):>10}  "
                 f"{fmt_time(r.mean_s):>10}  {share:5.1f}%")  # fmt: skip
         lines.append(line + (f"  {r.kind}" if with_kind else ""))
     if limit is not None and len(rows) > limit:
