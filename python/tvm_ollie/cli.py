@@ -173,7 +173,7 @@ def _profile(args: argparse.Namespace) -> int:
     result = profile_model(args.model, module=module, shapes=args.shape, target=target,
                            runs=args.runs,
                            baseline=args.baseline, onnxruntime=False if args.no_ort else None,
-                           seed=args.seed, config=_config(args, target))
+                           seed=args.seed, stat=args.stat, config=_config(args, target))
     print(result.to_text(names=None if args.names == 0 else args.names), end="")
     if args.trace:
         result.write_chrome_trace(args.trace)
@@ -558,6 +558,9 @@ def build_parser() -> argparse.ArgumentParser:
     cmd.add_argument("--names", type=int, default=25, metavar="N",
                      help="rows of the by-name tables (0: all; default: 25)")
     cmd.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    cmd.add_argument("--stat", choices=("median", "min"), default="median",
+                     help="each call's time over the runs: median, or min (the undisturbed "
+                          "cost on a machine shared with other work) (default: median)")
     cmd.set_defaults(func=_profile)
 
     cmd = sub.add_parser("demo", parents=[common],

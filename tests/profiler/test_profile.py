@@ -186,3 +186,13 @@ def test_onnxruntime_profile_of_tiny_onnx(tmp_path):
     assert "onnxruntime: by op type" in text and "Conv" in text
     trace = ProfileResult(path, "llvm", 1, [], ort).to_chrome_trace()
     assert len([e for e in trace["traceEvents"] if e["ph"] == "X"]) == per_run
+
+
+def test_typical_run_per_call_median_or_min_and_mean_when_runs_differ():
+    from tvm_ollie.profiler.result import _typical  # pylint: disable=import-outside-toplevel
+
+    same = [[("a", 1.0), ("b", 5.0)], [("a", 3.0), ("b", 2.0)], [("a", 2.0), ("b", 9.0)]]
+    assert _typical(same) == [("a", 2.0, 1.0), ("b", 5.0, 1.0)]
+    assert _typical(same, "min") == [("a", 1.0, 1.0), ("b", 2.0, 1.0)]
+    differ = [[("a", 1.0)], [("a", 3.0), ("b", 2.0)]]
+    assert _typical(differ) == [("a", 1.0, 0.5), ("a", 3.0, 0.5), ("b", 2.0, 0.5)]

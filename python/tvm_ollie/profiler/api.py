@@ -17,7 +17,7 @@ from typing import Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .ort import profile_onnxruntime
-from .result import ProfileResult, SystemProfile
+from .result import STATS, ProfileResult, SystemProfile
 from .vm_trace import record_runs, vm_calls
 
 #: ``zoo:NAME`` (quick size) or ``zoo:NAME@full``: a model of :mod:`tvm_ollie.models`.
@@ -74,7 +74,7 @@ def _build_tvm(mod, target):
 
 
 def profile_executable(ex, args: Sequence, device, runs: int = 10, system: str = "ollie",
-                       build_s: float = 0.0) -> SystemProfile:  # fmt: skip
+                       build_s: float = 0.0, stat: str = "median") -> SystemProfile:  # fmt: skip
     """Profile ``runs`` calls of ``main`` of a built executable on ``args`` (numpy arrays or
     TVM tensors), each beside a run without the instrument."""
     # pylint: disable=import-outside-toplevel
@@ -87,7 +87,7 @@ def profile_executable(ex, args: Sequence, device, runs: int = 10, system: str =
     events, plain, traced = record_runs(relax.VirtualMachine(ex, device),
                                         relax.VirtualMachine(ex, device), "main", tensors, runs,
                                         sync)  # fmt: skip
-    return SystemProfile(system, events, runs, plain, traced, len(vm_calls(ex)), build_s)
+    return SystemProfile(system, events, runs, plain, traced, len(vm_calls(ex)), build_s, stat)
 
 
 def profile_model(
@@ -101,6 +101,7 @@ def profile_model(
     seed: int = 0,
     config=None,
     module=None,
+    stat: str = "median",
     **options,
 ) -> ProfileResult:
     """Build ``model`` with the ollie pipeline and time every call of one inference.
@@ -129,6 +130,9 @@ def profile_model(
         The ollie build's options; ``options`` override its fields (``trials``, ``work_dir``...).
     module : IRModule, optional
         ``model`` already loaded (the command line loads it first, for its one-line errors).
+    stat : str
+        ``"median"`` (default) or ``"min"``: each call's time in the tables is its median over
+        the runs, or its fastest (the undisturbed cost, on a machine shared with other work).
 
     Returns
     -------
@@ -143,6 +147,8 @@ def profile_model(
 
     if runs < 1:
         raise ValueError("runs must be >= 1")
+    if stat not in STATS:
+        raise ValueError(f"stat must be one of {sorted(STATS)}, not {stat!r}")
     tgt = parse_target(target)[0] if isinstance(target, str) else target
     with tempfile.TemporaryDirectory(prefix="ollie_profile_") as tmp:
         name = model if isinstance(model, str) else "<IRModule>"
@@ -161,19 +167,19 @@ def profile_model(
         ex = _build_ollie(mod, tgt, config.replace(**options) if config is not None
                           else _config(tgt, options))  # fmt: skip
         systems.append(profile_executable(ex, args, device, runs, "ollie",
-                                          time.perf_counter() - start))  # fmt: skip
+                                          time.perf_counter() - start, stat))  # fmt: skip
         if baseline:
             start = time.perf_counter()
             ex = _build_tvm(mod, tgt)
             systems.append(profile_executable(ex, args, device, runs, "tvm",
-                                              time.perf_counter() - start))  # fmt: skip
+                                              time.perf_counter() - start, stat))  # fmt: skip
         is_onnx = isinstance(model, str) and model.endswith(".onnx")
         ort = None
         if (onnxruntime if onnxruntime is not None else is_onnx) and not gpu:
             if not is_onnx:
                 raise ValueError("onnxruntime=True needs an ONNX model")
             ort = profile_onnxruntime(model, args, runs, _threads())
-    return ProfileResult(name, tgt.kind.name, _threads(), systems, ort)
+    return ProfileResult(name, tgt.kind.name, _threads(), systems, ort, stat)
 
 
 def _config(target, options: dict):

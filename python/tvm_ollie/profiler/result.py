@@ -1,9 +1,10 @@
 """A model's profile: per system, every VM call timed; tables by kind and by name; the trace.
 
 Every figure is per inference, of a *typical run*: when every profiled run made the same
-sequence of calls (a model without control flow), each call's time is its median over the runs,
-so that one run preempted on a shared machine does not move the tables; otherwise it is the
-mean. The column sums compare with one run's time. Beside the sum of the calls
+sequence of calls (a model without control flow), each call's time is its median over the runs
+(or, with ``stat="min"``, its fastest: the undisturbed cost on a machine shared with other
+work), so that one run preempted on a shared machine does not move the tables; otherwise it is
+the mean. The model's times use the same statistic. The column sums compare with one run's time. Beside the sum of the calls
 stand the model's time measured without the profiler (median of as many runs) and the
 instrument's own cost per call (:func:`~.vm_trace.hook_floor_s`): the gap between the model's
 time and the kernels' sum is the per-call overhead (VM dispatch, allocations, checks), which the
@@ -57,6 +58,8 @@ class SystemProfile:
         Number of ``call`` instructions in ``main``'s code.
     build_s : float
         Time to build the executable.
+    stat : str
+        ``"median"`` or ``"min"``: how a typical run is taken from the runs (:data:`STATS`).
     """
 
     system: str
@@ -66,13 +69,14 @@ class SystemProfile:
     profiled_s: List[float]
     code_calls: int
     build_s: float = 0.0
+    stat: str = "median"
 
     def typical(self) -> List[Tuple[str, float, float]]:
         """``(name, seconds, weight)`` per call of a typical run: per position, the median self
         time over the runs (weight 1) when all runs made the same calls, else every call of
         every run with weight ``1 / runs`` (means)."""
         return _typical([[(e.name, e.self_ns / 1e9) for e in run]
-                         for run in per_run(self.events).values()])  # fmt: skip
+                         for run in per_run(self.events).values()], self.stat)  # fmt: skip
 
     def calls_per_run(self) -> float:
         """Calls recorded per profiled run."""
@@ -88,8 +92,8 @@ class SystemProfile:
         return sum(w for n, _, w in self.typical() if is_kernel(kind_of(n)))
 
     def unprofiled_median_s(self) -> float:
-        """The model's time without the profiler (median)."""
-        return statistics.median(self.unprofiled_s) if self.unprofiled_s else 0.0
+        """The model's time without the profiler (median, or min with ``stat="min"``)."""
+        return STATS[self.stat](self.unprofiled_s) if self.unprofiled_s else 0.0
 
     def hook_floor_s(self) -> Optional[float]:
         """The instrument's cost per call (None if no empty builtin ran)."""
@@ -116,12 +120,17 @@ class SystemProfile:
         return runs[ranked[len(ranked) // 2]]
 
 
-def _typical(runs: List[List[Tuple[str, float]]]) -> List[Tuple[str, float, float]]:
+#: How a typical run's call times are taken from the runs.
+STATS: Dict[str, Callable] = {"median": statistics.median, "min": min}
+
+
+def _typical(runs: List[List[Tuple[str, float]]], stat: str = "median"
+             ) -> List[Tuple[str, float, float]]:  # fmt: skip
     if not runs:
         return []
     names = [n for n, _ in runs[0]]
     if all([n for n, _ in run] == names for run in runs):
-        return [(name, statistics.median(run[i][1] for run in runs), 1.0)
+        return [(name, STATS[stat]([run[i][1] for run in runs]), 1.0)
                 for i, name in enumerate(names)]  # fmt: skip
     return [(n, t, 1.0 / len(runs)) for run in runs for n, t in run]
 
@@ -136,16 +145,16 @@ def _group(calls: Iterable[Tuple[str, float, float]], key: Callable[[str], str])
     return [Row(k, counts[k], totals[k]) for k in counts]
 
 
-def ort_typical(ort: OrtProfile) -> List[Tuple[str, float, float]]:
+def ort_typical(ort: OrtProfile, stat: str = "median") -> List[Tuple[str, float, float]]:
     """``(op type, seconds, weight)`` per node of a typical ONNX Runtime run."""
     runs: Dict[int, List[Tuple[str, float]]] = {}
     for node in sorted(ort.nodes, key=lambda n: n.start_us):
         runs.setdefault(node.run, []).append((node.op_type, node.dur_us / 1e6))
-    return _typical(list(runs.values()))
+    return _typical(list(runs.values()), stat)
 
 
-def _ort_rows(ort: OrtProfile) -> List[Row]:
-    rows = _group(ort_typical(ort), lambda n: n)
+def _ort_rows(ort: OrtProfile, stat: str) -> List[Row]:
+    rows = _group(ort_typical(ort, stat), lambda n: n)
     return sorted(rows, key=lambda r: -r.total_s)
 
 
@@ -212,6 +221,9 @@ class ProfileResult:
         ``ollie`` first, then ``tvm`` with ``baseline``.
     ort : OrtProfile or None
         ONNX Runtime's profile (ONNX models).
+    stat : str
+        ``"median"`` or ``"min"`` for ONNX Runtime's typical run and model time (the systems
+        carry their own).
     """
 
     model: str
@@ -219,6 +231,7 @@ class ProfileResult:
     threads: int
     systems: List[SystemProfile]
     ort: Optional[OrtProfile] = None
+    stat: str = "median"
 
     def system(self, name: str) -> SystemProfile:
         """The profile of the build named ``name``."""
@@ -237,17 +250,17 @@ class ProfileResult:
             net = s.calls_sum_s(kernels_only=True) - floor * s.kernel_calls()
             lines.append(
                 f"{s.system}: model {fmt_time(model)} without the profiler "
-                f"({fmt_time(statistics.median(s.profiled_s))} with it); "
+                f"({fmt_time(STATS[s.stat](s.profiled_s))} with it); "
                 f"{_count(s.calls_per_run())} calls ({s.code_calls} in main's code) summing "
                 f"{fmt_time(s.calls_sum_s())}; {_count(s.kernel_calls())} kernels "
                 f"{fmt_time(net)} net of the instrument (~{fmt_time(floor)}/call); "
                 f"overhead (model - kernels) {fmt_time(model - net)} = "
                 f"{100.0 * (model - net) / model if model > 0 else 0.0:.0f}%")
         if self.ort is not None:
-            ort_model = statistics.median(self.ort.unprofiled_s) if self.ort.unprofiled_s else 0
-            typical = ort_typical(self.ort)
+            ort_model = STATS[self.stat](self.ort.unprofiled_s) if self.ort.unprofiled_s else 0
+            typical = ort_typical(self.ort, self.stat)
             nodes = sum(t * w for _, t, w in typical)
-            run = statistics.median(self.ort.run_us) / 1e6 if self.ort.run_us else 0.0
+            run = STATS[self.stat](self.ort.run_us) / 1e6 if self.ort.run_us else 0.0
             lines.append(
                 f"onnxruntime: model {fmt_time(ort_model)} without the profiler "
                 f"({fmt_time(run)} with it); {_count(sum(w for _, _, w in typical))} nodes "
@@ -261,7 +274,7 @@ class ProfileResult:
         costliest; None: all), then ONNX Runtime's by op type."""
         out = [f"profile of {self.model} on {self.target}, {self.threads} threads, "
                f"{self.systems[0].runs if self.systems else 0} runs (a typical run: "
-               "per-call medians)", ""]
+               f"per-call {'medians' if self.stat == 'median' else 'minima'})", ""]
         out += self.summary_lines()
         for s in self.systems:
             total = s.calls_sum_s()
@@ -269,7 +282,7 @@ class ProfileResult:
             out.append(table(s.by_name(), total, f"{s.system}: by name", limit=names,
                              with_kind=True))
         if self.ort is not None:
-            rows = _ort_rows(self.ort)
+            rows = _ort_rows(self.ort, self.stat)
             total = sum(r.total_s for r in rows)
             out += ["", table(rows, total, "onnxruntime: by op type")]
         return "\n".join(out) + "\n"
