@@ -171,9 +171,9 @@ def _profile(args: argparse.Namespace) -> int:
     # a zoo model is exported by the profiler; a file is loaded here, with one-line errors
     module = None if args.model.startswith("zoo:") else _load(args)
     result = profile_model(args.model, module=module, shapes=args.shape, target=target,
-                           runs=args.runs,
-                           baseline=args.baseline, onnxruntime=False if args.no_ort else None,
-                           seed=args.seed, stat=args.stat, config=_config(args, target))
+                           runs=args.runs, baseline=args.baseline,
+                           onnxruntime=False if args.no_ort else None, seed=args.seed,
+                           stat=args.stat, config=_config(args, target))
     print(result.to_text(names=None if args.names == 0 else args.names), end="")
     if args.trace:
         result.write_chrome_trace(args.trace)
