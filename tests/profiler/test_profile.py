@@ -77,6 +77,9 @@ def test_tvm_build_every_call_accounted():
     check_accounted(profile, ex)
     found = {r.key for r in profile.by_kind()}
     assert kinds.TVM_CONV_MATMUL in found and kinds.VM_ALLOC in found
+    trace = json.loads(json.dumps(ProfileResult("m", "llvm", 1, [profile]).to_chrome_trace()))
+    calls = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert [e["name"] for e in calls] == vm_calls(ex)  # one event per call of one run
 
 
 def test_library_calls_appear_by_name():
@@ -102,6 +105,7 @@ def test_library_calls_appear_by_name():
     assert rows[native.MATMUL].count == 1
 
 
+@pytest.mark.slow
 def test_profile_model_ollie_and_trace():
     result = tvm_ollie.profile_model(conv_relu_matmul(), runs=RUNS, baseline=True,
                                      search_time_s=2.0)
