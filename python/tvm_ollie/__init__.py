@@ -18,6 +18,9 @@ The public entry points (see the README):
   ``torch.compile(model, backend="tvm_ollie")`` compiles its graphs with the ollie pipeline;
   :func:`from_onnx` imports an ONNX model, folding its shape computations first.
 
+* :func:`profile_model` builds a model and times every call of one inference, beside ONNX
+  Runtime's per-node profile for ONNX models (:mod:`tvm_ollie.profiler`).
+
 ``tvm_ollie.lift`` and ``tvm_ollie.derive`` are subpackages that can be called like functions.
 """
 
@@ -84,3 +87,14 @@ def from_onnx(model, shapes=None, **kwargs: Any):
     from .frontend.loader import load_onnx  # pylint: disable=import-outside-toplevel
 
     return load_onnx(model, shapes, **kwargs)
+
+
+def profile_model(model, **kwargs: Any):
+    """Build ``model`` with the ollie pipeline and time every Relax VM call of an inference.
+
+    See :func:`tvm_ollie.profiler.profile_model`; the result has ``.to_text()`` and
+    ``.to_chrome_trace()``.
+    """
+    from .profiler import profile_model as _profile  # pylint: disable=import-outside-toplevel
+
+    return _profile(model, **kwargs)

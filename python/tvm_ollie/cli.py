@@ -4,6 +4,8 @@
   that ``tvm.runtime.load_module`` loads and the Relax VM runs (weights inside);
 * ``tvm-ollie run OUT.so --input NAME=FILE.npy ...``: run a compiled library and time it;
 * ``tvm-ollie explain MODEL -t TARGET``: what the optimizer chose for each operator, and why;
+* ``tvm-ollie profile MODEL``: every call of one inference timed, by kind and by kernel, beside
+  ONNX Runtime's own per-node profile for ONNX models (:mod:`tvm_ollie.profiler`);
 * ``tvm-ollie demo``: optimize a small built-in model, check it against TVM, report the speedup;
 * ``tvm-ollie roundtrip``: lift a conv2d to an expression, lower it back, build and check it;
 * ``tvm-ollie lift MODEL``: print the expression of every liftable operator;
@@ -163,6 +165,27 @@ def _explain(args: argparse.Namespace) -> int:
     print(f"\nderivations: {derived.get('cached', 0)} cached, {derived.get('searched', 0)} "
           f"searched")
     print(prof.to_text())
+    return 0
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from .profiler import profile_model  # pylint: disable=import-outside-toplevel
+
+    if args.runs < 1:
+        raise UserError("--runs must be >= 1")
+    if args.trace:
+        _check_writable(args.trace)
+    target = _target(args.target)
+    # a zoo model is exported by the profiler; a file is loaded here, with one-line errors
+    module = None if args.model.startswith("zoo:") else _load(args)
+    result = profile_model(args.model, module=module, shapes=args.shape, target=target,
+                           runs=args.runs, baseline=args.baseline,
+                           onnxruntime=False if args.no_ort else None, seed=args.seed,
+                           stat=args.stat, config=_config(args, target))
+    print(result.to_text(names=None if args.names == 0 else args.names), end="")
+    if args.trace:
+        result.write_chrome_trace(args.trace)
+        print(f"wrote {args.trace} (chrome://tracing or https://ui.perfetto.dev)")
     return 0
 
 
@@ -539,6 +562,26 @@ def build_parser() -> argparse.ArgumentParser:
     _add_rpc_options(cmd)
     cmd.set_defaults(func=_explain)
 
+    cmd = sub.add_parser("profile", parents=[common],
+                         help="time every kernel call of a model, beside ONNX Runtime's nodes")
+    _add_model_options(cmd)
+    _add_search_options(cmd)
+    cmd.add_argument("--runs", type=int, default=10,
+                     help="profiled runs, and as many timed without the profiler (default: 10)")
+    cmd.add_argument("--baseline", action="store_true",
+                     help="also profile TVM alone (its default pipeline, untuned)")
+    cmd.add_argument("--no-ort", action="store_true",
+                     help="skip ONNX Runtime's profile of an ONNX model")
+    cmd.add_argument("--trace", metavar="OUT.json",
+                     help="write a Chrome trace of one run (chrome://tracing, Perfetto)")
+    cmd.add_argument("--names", type=int, default=25, metavar="N",
+                     help="rows of the by-name tables (0: all; default: 25)")
+    cmd.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    cmd.add_argument("--stat", choices=("median", "min"), default="median",
+                     help="each call's time over the runs: median, or min (the undisturbed "
+                          "cost on a machine shared with other work) (default: median)")
+    cmd.set_defaults(func=_profile)
+
     cmd = sub.add_parser("demo", parents=[common],
                          help="optimize a small built-in model, check it, report the speedup")
     cmd.add_argument("--channels", type=int, default=16)
@@ -667,7 +710,7 @@ class _SigintFlag:
 
 
 #: Commands that may run MetaSchedule (and so TVM's PopenPool worker processes).
-_TUNING = ("compile", "explain", "demo", "bench", "bundle")
+_TUNING = ("compile", "explain", "demo", "bench", "bundle", "profile")
 
 
 @contextlib.contextmanager
