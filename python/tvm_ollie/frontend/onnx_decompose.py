@@ -1,0 +1,237 @@
+"""Rewrite the ONNX operators TVM's importer has no converter for into operators it has.
+
+TVM 0.27's Relax ONNX importer lacks about 45 standard operators (recurrent layers, integer
+convolutions and matrix products, a few normalizations); a model holding one of them stops at
+import although ONNX Runtime runs it. :func:`decompose_onnx` runs inside the ONNX preparation
+(:func:`~tvm_ollie.frontend.onnx_prep.prepare_onnx`), after the input shapes are fixed, and
+replaces every such node by an equivalent subgraph of importable operators:
+
+1. a node whose schema carries a function body (``Celu``, ``Swish``, the window functions) or a
+   context-dependent function (``RotaryEmbedding``, ``SoftmaxCrossEntropyLoss``, ...) is
+   expanded with onnx's own inliner (:func:`_expand_functions`);
+2. the rest come from the rules of :data:`RULES` (one table in
+   :mod:`~tvm_ollie.frontend.onnx_rules`): each names the operator, states the specification's
+   equation, guards the attribute combinations it reproduces exactly and emits the replacement
+   nodes with ``onnx.helper``.
+
+A node nothing handles is left in place: the loader then stops with its one-line error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, FrozenSet, List, Optional, Tuple
+
+from .onnx_rules import RULES, RuleContext
+
+#: Function expansions and rule rewrites per call at most (an expansion may expose a node that
+#: itself needs a rule).
+_MAX_ROUNDS = 4
+
+#: The private domain expanded schema functions are registered in while onnx inlines them.
+_INLINE_DOMAIN = "tvm_ollie.inline"
+
+
+@dataclasses.dataclass
+class DecomposeInfo:
+    """What :func:`decompose_onnx` replaced.
+
+    Attributes
+    ----------
+    replaced : dict from operator to count
+        Nodes rewritten by a rule.
+    inlined : dict from operator to count
+        Nodes expanded from their schema's function body.
+    unrolled_steps : dict from node name to count
+        Time steps each recurrent node was unrolled into.
+    refused : dict from operator to reason
+        Nodes a rule exists for but whose attributes it does not reproduce exactly.
+    """
+
+    replaced: Dict[str, int] = dataclasses.field(default_factory=dict)
+    inlined: Dict[str, int] = dataclasses.field(default_factory=dict)
+    unrolled_steps: Dict[str, int] = dataclasses.field(default_factory=dict)
+    refused: Dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def summary(self) -> str:
+        """One line: ``LSTM x1 (unrolled 7 steps), Celu x2 (inlined)`` or ``""``."""
+        parts = [f"{op} x{n}" for op, n in sorted(self.replaced.items())]
+        parts += [f"{op} x{n} (inlined)" for op, n in sorted(self.inlined.items())]
+        if self.unrolled_steps:
+            parts.append(f"{sum(self.unrolled_steps.values())} recurrent step(s) unrolled")
+        return ", ".join(parts)
+
+
+def importer_ops() -> FrozenSet[str]:
+    """The operators TVM's ONNX importer converts (its convert map, plus what it handles inline).
+
+    Empty when this TVM has no such table (nothing is then decomposed).
+    """
+    try:
+        # pylint: disable=import-outside-toplevel
+        from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
+
+        return frozenset(_get_convert_map()) | {"Constant", "If"}
+    except (ImportError, AttributeError, TypeError):
+        return frozenset()
+
+
+def decompose_onnx(model, supported: Optional[FrozenSet[str]] = None) -> Tuple[object, DecomposeInfo]:
+    """Replace the nodes TVM's importer cannot convert by importable equivalents.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The model, its input shapes fixed (recurrent layers unroll over the static sequence
+        length); not modified.
+    supported : frozenset of str, optional
+        Operators the importer converts (default: :func:`importer_ops`).
+
+    Returns
+    -------
+    model : onnx.ModelProto
+        The rewritten model (the same object when nothing needed rewriting).
+    info : DecomposeInfo
+        What was rewritten, and the unrolled step counts.
+    """
+    import onnx  # pylint: disable=import-outside-toplevel
+
+    supported = importer_ops() if supported is None else supported
+    info = DecomposeInfo()
+    if not supported or not _foreign_nodes(model, supported):
+        return model, info
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    for _ in range(_MAX_ROUNDS):
+        changed = _expand_functions(rewritten, supported, set(RULES), info)
+        inferred = _infer(rewritten)
+        context = RuleContext(inferred)
+        nodes = []
+        for node in rewritten.graph.node:
+            rule = RULES.get(node.op_type) if node.op_type not in supported else None
+            if rule is None or node.domain not in rule.domains:
+                nodes.append(node)
+                continue
+            reason = rule.guard(node, context)
+            if reason:
+                info.refused[node.op_type] = reason
+                nodes.append(node)
+                continue
+            nodes.extend(context.emit(rule, node))
+            info.replaced[node.op_type] = info.replaced.get(node.op_type, 0) + 1
+            changed = True
+        if not changed:
+            break
+        del rewritten.graph.node[:]
+        rewritten.graph.node.extend(nodes)
+        rewritten.graph.initializer.extend(context.initializers)
+        info.unrolled_steps.update(context.unrolled_steps)
+    _drop_unused_domains(rewritten)
+    return rewritten, info
+
+
+def _foreign_nodes(model, supported: FrozenSet[str]) -> List[object]:
+    return [n for n in model.graph.node if n.op_type not in supported]
+
+
+def _infer(model):
+    """The model with inferred shapes (the input when inference fails: rules then refuse)."""
+    import onnx  # pylint: disable=import-outside-toplevel
+
+    try:
+        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # pylint: disable=broad-except  # a model inference rejects
+        return model
+
+
+# ---------------------------------------------------------------------------------------------
+# Schema functions, expanded by onnx's inliner
+# ---------------------------------------------------------------------------------------------
+
+
+def _expand_functions(model, supported, ruled, info: DecomposeInfo) -> bool:
+    """Inline the schema function of every unsupported node that has one and no rule (in place).
+
+    Each such node is renamed into a private domain whose model-local function is the schema's
+    body at the model's opset (or its context-dependent body, built from the node and its input
+    types); :func:`onnx.inliner.inline_local_functions` then substitutes it, attributes and
+    names included. Returns True when anything was inlined.
+    """
+    import onnx  # pylint: disable=import-outside-toplevel
+
+    opset = _opset(model)
+    types = _value_types(_infer(model))
+    functions, counts = [], {}
+    for index, node in enumerate(model.graph.node):
+        if node.op_type in supported or node.op_type in ruled or node.domain not in ("", "ai.onnx"):
+            continue
+        body = _function_body(node, opset, types)
+        if body is None:
+            continue
+        body.domain, body.name = _INLINE_DOMAIN, f"{node.op_type}_{index}"
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+        node.domain, node.op_type = body.domain, body.name
+        functions.append(body)
+    if not functions:
+        return False
+    model.functions.extend(functions)
+    model.opset_import.append(onnx.helper.make_opsetid(_INLINE_DOMAIN, 1))
+    inlined = onnx.inliner.inline_local_functions(model)
+    model.CopyFrom(inlined)
+    for op, count in counts.items():
+        info.inlined[op] = info.inlined.get(op, 0) + count
+    return True
+
+
+def _function_body(node, opset: int, types):
+    """The node's schema function at ``opset`` as a FunctionProto, or None when it has none."""
+    import onnx  # pylint: disable=import-outside-toplevel
+
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset, node.domain or "")
+    except onnx.defs.SchemaError:
+        return None
+    body = b""
+    if schema.has_function:
+        body = schema.get_function_with_opset_version(opset) or b""
+    if not body and schema.has_context_dependent_function:
+        input_types = [types[name].SerializeToString() for name in node.input if name in types]
+        if len(input_types) != len([name for name in node.input if name]):
+            return None
+        try:
+            body = schema.get_context_dependent_function_with_opset_version(
+                opset, node.SerializeToString(), input_types)
+        except Exception:  # pylint: disable=broad-except  # onnx refuses this node's types
+            return None
+    if not body:
+        return None
+    function = onnx.FunctionProto()
+    function.ParseFromString(body)
+    return function if function.node else None
+
+
+def _value_types(model) -> Dict[str, object]:
+    graph = model.graph
+    types = {v.name: v.type for v in list(graph.input) + list(graph.value_info)
+             + list(graph.output)}  # fmt: skip
+    import onnx  # pylint: disable=import-outside-toplevel
+
+    for tensor in graph.initializer:
+        types[tensor.name] = onnx.helper.make_tensor_type_proto(tensor.data_type, tensor.dims)
+    return types
+
+
+def _opset(model) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+
+
+def _drop_unused_domains(model) -> None:
+    """Remove the private inlining domain (and its functions) once nothing refers to it."""
+    if any(n.domain == _INLINE_DOMAIN for n in model.graph.node):
+        return
+    kept = [o for o in model.opset_import if o.domain != _INLINE_DOMAIN]
+    del model.opset_import[:]
+    model.opset_import.extend(kept)
+    functions = [f for f in model.functions if f.domain != _INLINE_DOMAIN]
+    del model.functions[:]
+    model.functions.extend(functions)
