@@ -158,6 +158,7 @@ def _expand_functions(model, supported, ruled, info: DecomposeInfo) -> bool:
     names included. Returns True when anything was inlined.
     """
     import onnx  # pylint: disable=import-outside-toplevel
+    import onnx.inliner  # pylint: disable=import-outside-toplevel
 
     opset = _opset(model)
     types = _value_types(_infer(model))
@@ -178,6 +179,8 @@ def _expand_functions(model, supported, ruled, info: DecomposeInfo) -> bool:
     model.opset_import.append(onnx.helper.make_opsetid(_INLINE_DOMAIN, 1))
     inlined = onnx.inliner.inline_local_functions(model)
     model.CopyFrom(inlined)
+    for node in model.graph.node:
+        _constant_as_tensor(node)
     for op, count in counts.items():
         info.inlined[op] = info.inlined.get(op, 0) + count
     return True
@@ -191,23 +194,81 @@ def _function_body(node, opset: int, types):
         schema = onnx.defs.get_schema(node.op_type, opset, node.domain or "")
     except onnx.defs.SchemaError:
         return None
+    # Bodies are registered under the opset they were written for: take the newest not above
+    # the model's.
     body = b""
-    if schema.has_function:
-        body = schema.get_function_with_opset_version(opset) or b""
-    if not body and schema.has_context_dependent_function:
+    plain = [v for v in schema.function_opset_versions if v <= opset]
+    if schema.has_function and plain:
+        body = schema.get_function_with_opset_version(max(plain)) or b""
+    dependent = [v for v in schema.context_dependent_function_opset_versions if v <= opset]
+    if not body and schema.has_context_dependent_function and dependent:
         input_types = [types[name].SerializeToString() for name in node.input if name in types]
         if len(input_types) != len([name for name in node.input if name]):
             return None
         try:
             body = schema.get_context_dependent_function_with_opset_version(
-                opset, node.SerializeToString(), input_types)
+                max(dependent), node.SerializeToString(), input_types)
         except Exception:  # pylint: disable=broad-except  # onnx refuses this node's types
             return None
     if not body:
         return None
     function = onnx.FunctionProto()
     function.ParseFromString(body)
-    return function if function.node else None
+    return function if function.node and _at_opset(function, opset) else None
+
+
+def _at_opset(function, opset: int) -> bool:
+    """Bring the body to the model's default-domain opset (in place); False when it cannot be.
+
+    onnx's inliner keeps a function whose opset differs from the model's. A body whose
+    operators mean the same at both opsets (the same schema versions) is relabelled; otherwise
+    onnx's version converter rewrites it (its adapters, or its refusal).
+    """
+    import onnx  # pylint: disable=import-outside-toplevel
+    import onnx.version_converter  # pylint: disable=import-outside-toplevel
+    from onnx import helper  # pylint: disable=import-outside-toplevel
+
+    written = next((o for o in function.opset_import if o.domain in ("", "ai.onnx")), None)
+    if written is None or written.version == opset:
+        return True
+    try:
+        same = all(onnx.defs.get_schema(n.op_type, written.version).since_version
+                   == onnx.defs.get_schema(n.op_type, opset).since_version
+                   for n in function.node if n.domain in ("", "ai.onnx"))  # fmt: skip
+    except onnx.defs.SchemaError:
+        return False
+    if not same:
+        graph = helper.make_graph(
+            list(function.node), "body",
+            [helper.make_empty_tensor_value_info(name) for name in function.input],
+            [helper.make_empty_tensor_value_info(name) for name in function.output])
+        try:
+            converted = onnx.version_converter.convert_version(
+                helper.make_model(graph, opset_imports=list(function.opset_import)), opset)
+        except Exception:  # pylint: disable=broad-except  # no adapter for some operator
+            return False
+        del function.node[:]
+        function.node.extend(converted.graph.node)
+    written.version = opset
+    return True
+
+
+def _constant_as_tensor(node) -> None:
+    """``Constant`` with ``value_float(s)``/``value_int(s)`` (what function bodies write) as a
+    ``value`` tensor, the one form TVM's importer reads (in place)."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    from onnx import helper, numpy_helper  # pylint: disable=import-outside-toplevel
+
+    if node.op_type != "Constant" or len(node.attribute) != 1:
+        return
+    attr = node.attribute[0]
+    kinds = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64,
+             "value_ints": np.int64}  # fmt: skip
+    if attr.name not in kinds:
+        return
+    value = np.array(helper.get_attribute_value(attr), dtype=kinds[attr.name])
+    del node.attribute[:]
+    node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(value)))
 
 
 def _value_types(model) -> Dict[str, object]:
