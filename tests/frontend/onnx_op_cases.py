@@ -315,11 +315,15 @@ def run_tvm(model, feeds: Dict[str, np.ndarray], simplifier: str = "none") -> Li
     return [o.numpy() for o in outs]
 
 
-def run_ort(model, feeds: Dict[str, np.ndarray]) -> List[np.ndarray]:
-    """The model run by ONNX Runtime on CPU."""
+def run_ort(model, feeds: Dict[str, np.ndarray], optimize: bool = True) -> List[np.ndarray]:
+    """The model run by ONNX Runtime on CPU; ``optimize=False`` runs the nodes as written
+    (no fusion of ``DequantizeLinear -> Conv -> QuantizeLinear`` into integer kernels)."""
     import onnxruntime  # pylint: disable=import-outside-toplevel
 
-    session = onnxruntime.InferenceSession(model.SerializeToString(),
+    options = onnxruntime.SessionOptions()
+    if not optimize:
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = onnxruntime.InferenceSession(model.SerializeToString(), options,
                                            providers=["CPUExecutionProvider"])  # fmt: skip
     return session.run(None, feeds)
 
