@@ -381,3 +381,66 @@ def integer_reference(model, feeds: Dict[str, np.ndarray]) -> List[np.ndarray]:
     info = np.iinfo(zero.dtype)
     value = np.round(acc.astype(np.float32) * scale.astype(np.float32)) + zero
     return [np.clip(value, info.min, info.max).astype(zero.dtype)]
+
+
+def qlinear_binary_case(op: str = "QLinearAdd", dtype=np.uint8, seed: int = 0) -> Case:
+    """com.microsoft ``QLinearAdd``/``QLinearMul`` with a broadcast second operand."""
+    from onnx import helper  # pylint: disable=import-outside-toplevel
+
+    rng = np.random.default_rng(seed)
+    a, b = _ints(rng, dtype, (2, 3, 4)), _ints(rng, dtype, (4,))
+    scale = 0.02 if op == "QLinearAdd" else 0.5
+    inits = [_init("a_scale", np.float32(0.03)), _init("a_zp", _ints(rng, dtype, ())),
+             _init("b_scale", np.float32(0.05)), _init("b_zp", _ints(rng, dtype, ())),
+             _init("c_scale", np.float32(scale)), _init("c_zp", _ints(rng, dtype, ()))]
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    node = helper.make_node(op, ["a", "a_scale", "a_zp", "b", "b_scale", "b_zp", "c_scale",
+                                 "c_zp"], ["c"], domain="com.microsoft")  # fmt: skip
+    model = _model([node], [_value("a", elem, a.shape), _value("b", elem, b.shape)],
+                   [_value("c", elem, None)], inits, domains=("com.microsoft",))  # fmt: skip
+    return model, {"a": a, "b": b}
+
+
+def window_case(op: str = "HannWindow", size: int = 8, periodic: int = 1) -> Case:
+    """A window function (opset 17) of a constant size: a schema function body."""
+    from onnx import TensorProto, helper  # pylint: disable=import-outside-toplevel
+
+    node = helper.make_node(op, ["size"], ["y"], periodic=periodic)
+    model = _model([node], [_value("x", TensorProto.FLOAT, [size])],
+                   [_value("z", TensorProto.FLOAT, None)],
+                   [_init("size", np.array(size, np.int64))])  # fmt: skip
+    model.graph.node.append(helper.make_node("Add", ["x", "y"], ["z"]))
+    return model, {"x": np.zeros(size, np.float32)}
+
+
+def loss_case(op: str = "SoftmaxCrossEntropyLoss", reduction: str = "mean") -> Case:
+    """``SoftmaxCrossEntropyLoss``/``NegativeLogLikelihoodLoss`` (context-dependent bodies)."""
+    from onnx import TensorProto, helper  # pylint: disable=import-outside-toplevel
+
+    rng = np.random.default_rng(0)
+    scores = rng.standard_normal((4, 5)).astype(np.float32)
+    labels = rng.integers(0, 5, 4).astype(np.int64)
+    node = helper.make_node(op, ["scores", "labels"], ["loss"], reduction=reduction)
+    model = _model([node], [_value("scores", TensorProto.FLOAT, scores.shape),
+                            _value("labels", TensorProto.INT64, labels.shape)],
+                   [_value("loss", TensorProto.FLOAT, None)])  # fmt: skip
+    return model, {"scores": scores, "labels": labels}
+
+
+def rotary_case(interleaved: int = 0) -> Case:
+    """``RotaryEmbedding`` (opset 23, a context-dependent body) on a ``[batch, heads, seq,
+    head]`` input with position ids."""
+    from onnx import TensorProto, helper  # pylint: disable=import-outside-toplevel
+
+    rng = np.random.default_rng(0)
+    batch, heads, seq, head = 1, 2, 3, 4
+    x = rng.standard_normal((batch, heads, seq, head)).astype(np.float32)
+    cos = rng.standard_normal((8, head // 2)).astype(np.float32)
+    sin = rng.standard_normal((8, head // 2)).astype(np.float32)
+    ids = np.array([[0, 2, 5]], np.int64)
+    node = helper.make_node("RotaryEmbedding", ["x", "cos", "sin", "ids"], ["y"],
+                            interleaved=interleaved)  # fmt: skip
+    model = _model([node], [_value("x", TensorProto.FLOAT, x.shape)],
+                   [_value("y", TensorProto.FLOAT, None)],
+                   [_init("cos", cos), _init("sin", sin), _init("ids", ids)], opset=23)
+    return model, {"x": x}

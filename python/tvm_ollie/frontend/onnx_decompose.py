@@ -166,6 +166,7 @@ def _expand_functions(model, supported, ruled, info: DecomposeInfo) -> bool:
     for index, node in enumerate(model.graph.node):
         if node.op_type in supported or node.op_type in ruled or node.domain not in ("", "ai.onnx"):
             continue
+        _fill_default_attributes(node, opset)
         body = _function_body(node, opset, types)
         if body is None:
             continue
@@ -214,7 +215,43 @@ def _function_body(node, opset: int, types):
         return None
     function = onnx.FunctionProto()
     function.ParseFromString(body)
-    return function if function.node and _at_opset(function, opset) else None
+    if not function.node:
+        return None
+    _bind_attributes(function, node)
+    return function if _at_opset(function, opset) else None
+
+
+def _bind_attributes(function, node) -> None:
+    """Replace the body's references to the node's attributes (``@alpha``) by their values, and
+    drop those the node does not set (in place): onnx's version converter loses references."""
+    values = {a.name: a for a in node.attribute}
+    for inner in function.node:
+        kept = []
+        for attr in inner.attribute:
+            if not attr.ref_attr_name:
+                kept.append(attr)
+            elif attr.ref_attr_name in values:
+                bound = type(attr)()
+                bound.CopyFrom(values[attr.ref_attr_name])
+                bound.name = attr.name
+                kept.append(bound)
+        del inner.attribute[:]
+        inner.attribute.extend(kept)
+
+
+def _fill_default_attributes(node, opset: int) -> None:
+    """Give the node the schema's default for every attribute it does not set (in place): the
+    inliner drops a body attribute that refers to an attribute the node lacks."""
+    import onnx  # pylint: disable=import-outside-toplevel
+
+    schema = onnx.defs.get_schema(node.op_type, opset, node.domain or "")
+    present = {a.name for a in node.attribute}
+    for name, attr in schema.attributes.items():
+        if name not in present and attr.default_value.type:
+            default = onnx.AttributeProto()
+            default.CopyFrom(attr.default_value)
+            default.name = name
+            node.attribute.append(default)
 
 
 def _at_opset(function, opset: int) -> bool:
@@ -241,7 +278,10 @@ def _at_opset(function, opset: int) -> bool:
         graph = helper.make_graph(
             list(function.node), "body",
             [helper.make_empty_tensor_value_info(name) for name in function.input],
-            [helper.make_empty_tensor_value_info(name) for name in function.output])
+            # Optional outputs the body does not write (a context-dependent body for a node
+            # that does not ask for them) are left out.
+            [helper.make_empty_tensor_value_info(name) for name in function.output
+             if any(name in n.output for n in function.node)])
         try:
             converted = onnx.version_converter.convert_version(
                 helper.make_model(graph, opset_imports=list(function.opset_import)), opset)

@@ -105,11 +105,23 @@ def prepare_onnx(model, shapes: Optional[Mapping[str, Sequence[int]]] = None,
         notes.append(f"{dropped} empty optional input(s) marked absent")
     # Operators TVM's importer lacks become importable ones, now that the shapes are static.
     prepared, decomposed = decompose_onnx(prepared)
+    if decomposed.inlined:
+        # Function bodies compute shapes at run time (Shape -> Reshape): fold them as well.
+        prepared = _fold_or_keep(prepared, notes)
     if decomposed.summary():
         notes.append(f"decomposed for the importer: {decomposed.summary()}")
     info = PrepInfo(used, before, len(prepared.graph.node), time.perf_counter() - start, notes,
                     decomposed)  # fmt: skip
     return prepared, info
+
+
+def _fold_or_keep(model, notes: List[str]):
+    """:func:`fold_constants` of the model, or the model itself when folding fails."""
+    try:
+        return fold_constants(model)
+    except Exception as err:  # pylint: disable=broad-except  # a model inference rejects
+        notes.append(f"folding after decomposition failed: {str(err).strip()[:200]}")
+        return model
 
 
 #: Optional inputs that exporters fill with an empty tensor to mean "absent": op -> positions.
