@@ -25,15 +25,19 @@ from onnx_op_cases import (  # noqa: E402
     cumprod_case,
     cumprod_reference,
     integer_reference,
+    loss_case,
     matmul_integer_case,
     max_error,
+    qlinear_binary_case,
     qlinear_conv_case,
     qlinear_matmul_case,
     recurrent_case,
     reverse_sequence_case,
+    rotary_case,
     run_ort,
     run_tvm,
     unary_case,
+    window_case,
 )
 
 from tvm_ollie.frontend.loader import ModelLoadError, load_onnx  # noqa: E402
@@ -160,7 +164,7 @@ def test_refused_layer_keeps_the_one_line_error():
     rewritten, info = decompose_onnx(model)
     assert rewritten.graph.node[0].op_type == "RNN"
     assert "Gelu" in info.refused["RNN"]
-    with pytest.raises(ModelLoadError, match="operator RNN .* not supported by TVM's ONNX"):
+    with pytest.raises(ModelLoadError, match="operator RNN .* not decomposed: activation Gelu"):
         load_onnx(model, simplifier="none")
 
 
@@ -231,6 +235,15 @@ SMALL = {
     "reverse-sequence-batch0-constant": lambda: reverse_sequence_case(1, 0, constant_lens=True),
     "celu-opset17-context-function": lambda: unary_case("Celu", alpha=0.7),
     "swish-opset24-function": lambda: unary_case("Swish", opset=24, alpha=1.3),
+    "hann-window-function": lambda: window_case(),
+    "hamming-window-function-symmetric": lambda: window_case("HammingWindow", 7, 0),
+    "blackman-window-function": lambda: window_case("BlackmanWindow"),
+    "softmax-cross-entropy-context-function": lambda: loss_case(),
+    "nll-loss-sum-context-function": lambda: loss_case("NegativeLogLikelihoodLoss", "sum"),
+    "rotary-embedding-context-function": lambda: rotary_case(),
+    "rotary-embedding-interleaved": lambda: rotary_case(1),
+    "qlinear-add-u8": lambda: qlinear_binary_case(),
+    "qlinear-mul-s8": lambda: qlinear_binary_case("QLinearMul", np.int8),
 }
 
 
@@ -246,6 +259,9 @@ def test_small_ops_rewrite_matches_ort(name):
     "celu-opset17-context-function",
     pytest.param("lp-normalization-p2", marks=pytest.mark.slow),
     pytest.param("reverse-sequence-time0", marks=pytest.mark.slow),
+    pytest.param("rotary-embedding-context-function", marks=pytest.mark.slow),
+    pytest.param("softmax-cross-entropy-context-function", marks=pytest.mark.slow),
+    pytest.param("qlinear-add-u8", marks=pytest.mark.slow),
 ])
 def test_small_ops_through_tvm(name):
     model, feeds = SMALL[name]()
