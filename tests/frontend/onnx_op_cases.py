@@ -300,13 +300,19 @@ def calibration_inputs(count: int = 4) -> List[Dict[str, np.ndarray]]:
 
 def run_tvm(model, feeds: Dict[str, np.ndarray], simplifier: str = "none") -> List[np.ndarray]:
     """Import with tvm-ollie's loader (preparation and decomposition), build for llvm, run."""
+    return run_tvm_with_shapes(model, feeds, None, simplifier)
+
+
+def run_tvm_with_shapes(model, feeds: Dict[str, np.ndarray], shapes, simplifier: str = "auto"
+                        ) -> List[np.ndarray]:  # fmt: skip
+    """:func:`run_tvm` with input shapes fixed (what ``--shape`` does)."""
     # pylint: disable=import-outside-toplevel
     import tvm
     from tvm import relax
 
     from tvm_ollie.frontend.loader import load_onnx
 
-    mod = load_onnx(model, simplifier=simplifier)
+    mod = load_onnx(model, shapes, simplifier=simplifier)
     executable = tvm.compile(mod, "llvm")
     vm = relax.VirtualMachine(executable, tvm.cpu())
     out = vm["main"](*[tvm.runtime.tensor(np.array(feeds[i.name], order="C"))
@@ -444,3 +450,34 @@ def rotary_case(interleaved: int = 0) -> Case:
                    [_value("y", TensorProto.FLOAT, None)],
                    [_init("cos", cos), _init("sin", sin), _init("ids", ids)], opset=23)
     return model, {"x": x}
+
+
+def crnn_model_path(directory: str) -> str:
+    """A CRNN-style OCR recognizer (conv backbone, 2-layer bidirectional LSTM, linear,
+    log-softmax) exported by ``torch.onnx`` with dynamic batch and width; its path."""
+    import os  # pylint: disable=import-outside-toplevel
+
+    import torch  # pylint: disable=import-outside-toplevel
+
+    class _Crnn(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.backbone = torch.nn.Sequential(
+                torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU(),
+                torch.nn.MaxPool2d((4, 1)))
+            self.rnn = torch.nn.LSTM(32, 12, num_layers=2, bidirectional=True)
+            self.head = torch.nn.Linear(24, 11)
+
+        def forward(self, x):
+            features = self.backbone(x)
+            batch, channels, height, width = features.shape
+            sequence = features.reshape(batch, channels * height, width).permute(2, 0, 1)
+            return self.head(self.rnn(sequence)[0]).log_softmax(-1)
+
+    torch.manual_seed(0)
+    path = os.path.join(directory, "crnn.onnx")
+    torch.onnx.export(_Crnn().eval(), (torch.randn(1, 1, 16, 32),), path, input_names=["x"],
+                      dynamic_axes={"x": {0: "batch", 3: "width"}}, opset_version=17,
+                      dynamo=False)  # fmt: skip
+    return path

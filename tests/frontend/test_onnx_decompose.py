@@ -36,6 +36,7 @@ from onnx_op_cases import (  # noqa: E402
     rotary_case,
     run_ort,
     run_tvm,
+    run_tvm_with_shapes,
     unary_case,
     window_case,
 )
@@ -126,6 +127,22 @@ def test_recurrent_through_tvm_matches_ort(name):
     op, attrs = RECURRENT[name]
     model, feeds = _small(op, attrs, **({"lens": [3, 1]} if "lens" in attrs else {}))
     assert max_error(run_tvm(model, feeds), run_ort(model, feeds)) < 1e-5
+
+
+@pytest.mark.slow
+def test_crnn_export_with_dynamic_width_imports(tmp_path):
+    """A conv backbone then a 2-layer bidirectional LSTM, exported with dynamic axes: the width
+    fixed by the shapes, both layers unrolled, the result ONNX Runtime's."""
+    pytest.importorskip("torch")
+    from onnx_op_cases import crnn_model_path  # pylint: disable=import-outside-toplevel
+
+    path = crnn_model_path(str(tmp_path))
+    feeds = {"x": np.random.default_rng(0).standard_normal((1, 1, 16, 32)).astype(np.float32)}
+    _, info = prepare_onnx(onnx.load(path), {"x": [1, 1, 16, 32]})
+    assert info.decomposed.replaced == {"LSTM": 2}
+    assert sum(info.decomposed.unrolled_steps.values()) == 2 * 2 * 16
+    ours = run_tvm_with_shapes(onnx.load(path), feeds, {"x": [1, 1, 16, 32]})
+    assert max_error(ours, run_ort(onnx.load(path), feeds)) < 1e-5
 
 
 @pytest.mark.slow
