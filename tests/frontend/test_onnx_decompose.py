@@ -222,8 +222,9 @@ INTEGER = {
 FAST_INTEGER = ("conv-integer-u8s8-per-channel", "matmul-integer-per-tensor")
 
 
-@pytest.mark.parametrize("name", [n if n in FAST_INTEGER else pytest.param(n, marks=pytest.mark.slow)
-                                  for n in sorted(INTEGER)])  # fmt: skip
+@pytest.mark.parametrize("name", [
+    n if n in FAST_INTEGER else pytest.param(n, marks=pytest.mark.slow) for n in sorted(INTEGER)
+])
 def test_integer_through_tvm_is_exact(name):
     make, ort_runs = INTEGER[name]
     model, feeds = make()
@@ -360,3 +361,10 @@ def test_quantized_export_imports_and_matches_ort(tmp_path, kind):
     else:
         assert max_error(ours, as_written) <= 1e-5 * largest
         assert max_error(ours, fused) <= 1e-5 * largest
+
+
+def test_unknown_operator_is_left_for_the_loader():
+    model, _ = unary_case("Relu")
+    model.graph.node[0].op_type = "NoSuchOp"
+    rewritten, info = decompose_onnx(model)
+    assert rewritten.graph.node[0].op_type == "NoSuchOp" and not info.summary()

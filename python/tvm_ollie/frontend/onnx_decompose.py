@@ -76,7 +76,8 @@ def importer_ops() -> FrozenSet[str]:
         return frozenset()
 
 
-def decompose_onnx(model, supported: Optional[FrozenSet[str]] = None) -> Tuple[object, DecomposeInfo]:
+def decompose_onnx(model, supported: Optional[FrozenSet[str]] = None
+                   ) -> Tuple[object, DecomposeInfo]:  # fmt: skip
     """Replace the nodes TVM's importer cannot convert by importable equivalents.
 
     Parameters
@@ -244,7 +245,10 @@ def _fill_default_attributes(node, opset: int) -> None:
     inliner drops a body attribute that refers to an attribute the node lacks."""
     import onnx  # pylint: disable=import-outside-toplevel
 
-    schema = onnx.defs.get_schema(node.op_type, opset, node.domain or "")
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset, node.domain or "")
+    except onnx.defs.SchemaError:  # an operator onnx does not know: nothing to expand
+        return
     present = {a.name for a in node.attribute}
     for name, attr in schema.attributes.items():
         if name not in present and attr.default_value.type:

@@ -14,7 +14,7 @@ from typing import Dict
 import numpy as np
 
 from . import onnx_quant, onnx_rnn
-from .onnx_emit import Rule, RuleContext, attributes, optional_input
+from .onnx_emit import Rule, RuleContext, attributes
 
 #: The longest axis CumProd is unrolled over (one multiply per element of the axis).
 MAX_CUMPROD_LENGTH = 1024
@@ -123,4 +123,4 @@ _TABLE = (
 #: Operator -> its decomposition.
 RULES: Dict[str, Rule] = {rule.op: rule for rule in _TABLE}
 
-__all__ = ["RULES", "Rule", "RuleContext", "optional_input"]
+__all__ = ["RULES", "Rule", "RuleContext"]
