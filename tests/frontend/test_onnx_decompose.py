@@ -368,3 +368,10 @@ def test_unknown_operator_is_left_for_the_loader():
     model.graph.node[0].op_type = "NoSuchOp"
     rewritten, info = decompose_onnx(model)
     assert rewritten.graph.node[0].op_type == "NoSuchOp" and not info.summary()
+
+
+def test_dynamic_inputs_without_shapes_say_how_to_decompose():
+    model, _ = recurrent_case("RNN", seq=2)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "seq"
+    with pytest.raises(ModelLoadError, match="operator RNN .* not decomposed: .* --shape"):
+        load_onnx(model)

@@ -31,6 +31,7 @@ import numpy as np
 
 from ..compat import relax, tvm
 from .errors import FrontendError, first_line
+from .onnx_rules import RULES
 
 
 _LOG = logging.getLogger(__name__)
@@ -136,6 +137,8 @@ def load_onnx(model, shapes: ShapeSpecs = None, simplifier: str = "auto") -> "tv
     _check_shapes(path, model, shapes)
     original = model
     refused: Dict[str, str] = {}
+    if not shapes and _dynamic_inputs(model):
+        refused = _decomposable_without_shapes(model)
     if shapes or not _dynamic_inputs(model):
         from .onnx_prep import prepare_onnx  # pylint: disable=import-outside-toplevel
 
@@ -233,6 +236,13 @@ def _unsupported_nodes(model) -> List[Tuple[int, Any]]:
     except (ImportError, AttributeError, TypeError):  # a TVM without that table: let it check
         return []
     return [(i, n) for i, n in enumerate(model.graph.node) if n.op_type not in known]
+
+
+def _decomposable_without_shapes(model) -> Dict[str, str]:
+    """Operator -> why it was not decomposed, for the decomposable operators of a model whose
+    inputs have dynamic dimensions (decompositions need static shapes)."""
+    why = "inputs have dynamic dimensions: fix them with --shape NAME=D1,D2,..."
+    return {n.op_type: why for n in model.graph.node if n.op_type in RULES}
 
 
 def _check_supported_ops(path: str, model, original=None,
