@@ -78,9 +78,11 @@ RECURRENT = {
     "rnn-relu-sequence-lens": ("RNN", {"activations": ["Relu"], "lens": [2, 4, 3]}),
 }
 
-#: One layer through TVM in the fast suite (each costs a ~10 s build); the others are slow.
+#: One two-step layer through TVM in the fast suite (a few seconds); the others (~10 s builds)
+#: are slow.
 RECURRENT_TVM = [
-    "rnn-bidi-activations",
+    "rnn-relu-sequence-lens",
+    pytest.param("rnn-bidi-activations", marks=pytest.mark.slow),
     pytest.param("lstm-bidi-peepholes-clip-input-forget", marks=pytest.mark.slow),
     pytest.param("gru-reverse-sequence-lens", marks=pytest.mark.slow),
 ]
@@ -94,7 +96,7 @@ def _decomposed(model):
 
 
 def _small(op, attrs, **extra):
-    return recurrent_case(op, **{"seq": 3, "batch": 2, "hidden": 3, "size": 2, **attrs,
+    return recurrent_case(op, **{"seq": 2, "batch": 2, "hidden": 3, "size": 2, **attrs,
                                  **extra})
 
 
@@ -125,7 +127,7 @@ def test_recurrent_layout_1_matches_layout_0(op, direction):
 @pytest.mark.parametrize("name", RECURRENT_TVM)
 def test_recurrent_through_tvm_matches_ort(name):
     op, attrs = RECURRENT[name]
-    model, feeds = _small(op, attrs, **({"lens": [3, 1]} if "lens" in attrs else {}))
+    model, feeds = _small(op, attrs, **({"lens": [2, 1]} if "lens" in attrs else {}))
     assert max_error(run_tvm(model, feeds), run_ort(model, feeds)) < 1e-5
 
 
@@ -339,11 +341,12 @@ def _quantized(tmp_path, kind):
     return onnx.load(target)
 
 
+@pytest.mark.slow  # torch export, quantization, simplification and a build: ~20 s each
 @pytest.mark.parametrize("kind", [
     "dynamic-per-channel",
-    pytest.param("dynamic", marks=pytest.mark.slow),
-    pytest.param("static-qoperator", marks=pytest.mark.slow),
-    pytest.param("static-qdq", marks=pytest.mark.slow),
+    "dynamic",
+    "static-qoperator",
+    "static-qdq",
 ])
 def test_quantized_export_imports_and_matches_ort(tmp_path, kind):
     """Integer paths (DynamicQuantizeLinear + ConvInteger/MatMulInteger; QLinearConv + QGemm +

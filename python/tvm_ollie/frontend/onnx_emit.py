@@ -158,9 +158,17 @@ class RuleContext:
         consts = [self.const(np.array([v], np.int64), "s") for v in (start, end, axis)]
         return self.add("Slice", [x] + consts)
 
-    def gather(self, x: str, index: int, axis: int) -> str:
-        """``x`` at ``index`` along ``axis`` (the axis removed)."""
-        return self.add("Gather", [x, self.const(np.array(index, np.int64), "i")], axis=axis)
+    def gather(self, x: str, index: int, axis: int,
+               shape: Optional[Sequence[int]] = None) -> str:  # fmt: skip
+        """``x`` at ``index`` along ``axis`` (the axis removed). With ``x``'s static shape known
+        (given or inferred) a ``Slice`` and a ``Reshape``: TVM lowers a ``Gather`` to a ``take``
+        that warns about unchecked indices once per node."""
+        shape = shape or self.shape(x)
+        if shape is None:
+            return self.add("Gather", [x, self.const(np.array(index, np.int64), "i")], axis=axis)
+        axis = axis % len(shape)
+        kept = [d for k, d in enumerate(shape) if k != axis]
+        return self.reshape(self.slice(x, axis, index, index + 1), kept)
 
     def reduce(self, op: str, x: str, axes: Sequence[int], keepdims: int = 1) -> str:
         """``op`` (``ReduceSum``, ``ReduceMax``, ...) over ``axes``: axes are an input from

@@ -158,10 +158,10 @@ def _emit_layer(node, ctx: RuleContext, step) -> None:
         xw_d = ctx.slice(xw, 2, d * gh, (d + 1) * gh) if layer.directions > 1 else xw
         state = _initial_states(ctx, node, layer, d)
         per_step: List[Optional[str]] = [None] * layer.seq
-        rt = _recurrent_t(ctx, node.input[2], d, layer.directions)
+        rt = _recurrent_t(ctx, node.input[2], d)
         order = range(layer.seq - 1, -1, -1) if layer.reverse(d) else range(layer.seq)
         for t in order:
-            x_t = ctx.gather(xw_d, t, 0)
+            x_t = ctx.gather(xw_d, t, 0, (layer.seq, layer.batch, gh))
             new = step(ctx, node, layer, d, x_t, rt, state)
             if masks is not None:
                 held = [ctx.add("Where", [masks[t], n, s]) for n, s in zip(new, state)]
@@ -248,9 +248,8 @@ def _weights_t(ctx: RuleContext, w: str, directions: int) -> str:
     return parts[0] if directions == 1 else ctx.add("Concat", parts, axis=1)
 
 
-def _recurrent_t(ctx: RuleContext, r: str, d: int, directions: int) -> str:
+def _recurrent_t(ctx: RuleContext, r: str, d: int) -> str:
     """``R_d^T``: ``[hidden, gates * hidden]``."""
-    del directions
     value = ctx.value(r)
     if value is not None:
         return ctx.const(np.ascontiguousarray(value[d].T), "rt")
