@@ -31,6 +31,7 @@ import numpy as np
 
 from ..compat import relax, tvm
 from .errors import FrontendError, first_line
+from .onnx_decompose import importer_ops
 from .onnx_rules import RULES
 
 
@@ -228,12 +229,8 @@ def _declared_rank(value_info) -> Optional[int]:
 
 def _unsupported_nodes(model) -> List[Tuple[int, Any]]:
     """``(index, node)`` of every node TVM's ONNX importer has no converter for."""
-    try:
-        # pylint: disable=import-outside-toplevel
-        from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
-
-        known = set(_get_convert_map()) | {"Constant", "If"}
-    except (ImportError, AttributeError, TypeError):  # a TVM without that table: let it check
+    known = importer_ops()
+    if not known:  # a TVM without that table: let the importer check
         return []
     return [(i, n) for i, n in enumerate(model.graph.node) if n.op_type not in known]
 
