@@ -20,6 +20,7 @@ import gc
 import importlib.util
 import io
 import json
+import logging
 import os
 import re
 import sys
@@ -30,6 +31,11 @@ import numpy as np
 
 from ..compat import relax, tvm
 from .errors import FrontendError, first_line
+from .onnx_decompose import importer_ops
+from .onnx_rules import RULES
+
+
+_LOG = logging.getLogger(__name__)
 
 
 class ModelLoadError(FrontendError):
@@ -131,12 +137,18 @@ def load_onnx(model, shapes: ShapeSpecs = None, simplifier: str = "auto") -> "tv
     shapes = parse_shapes(shapes)
     _check_shapes(path, model, shapes)
     original = model
+    refused: Dict[str, str] = {}
+    if not shapes and _dynamic_inputs(model):
+        refused = _decomposable_without_shapes(model)
     if shapes or not _dynamic_inputs(model):
         from .onnx_prep import prepare_onnx  # pylint: disable=import-outside-toplevel
 
         with _quiet_stderr():
-            model, _ = prepare_onnx(model, shapes, simplifier=simplifier)
-    _check_supported_ops(path, model, original)
+            model, prep = prepare_onnx(model, shapes, simplifier=simplifier)
+        refused = prep.decomposed.refused
+        if prep.decomposed.summary():
+            _LOG.info("%s: decomposed for TVM's importer: %s", path, prep.decomposed.summary())
+    _check_supported_ops(path, model, original, refused)
     # The importer prints the failing operator on stdout, and the C++ BlockBuilder it leaves
     # unfinished warns on stderr when freed: both are replaced by the one-line error.
     with _quiet_stderr():
@@ -217,21 +229,26 @@ def _declared_rank(value_info) -> Optional[int]:
 
 def _unsupported_nodes(model) -> List[Tuple[int, Any]]:
     """``(index, node)`` of every node TVM's ONNX importer has no converter for."""
-    try:
-        # pylint: disable=import-outside-toplevel
-        from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
-
-        known = set(_get_convert_map()) | {"Constant", "If"}
-    except (ImportError, AttributeError, TypeError):  # a TVM without that table: let it check
+    known = importer_ops()
+    if not known:  # a TVM without that table: let the importer check
         return []
     return [(i, n) for i, n in enumerate(model.graph.node) if n.op_type not in known]
 
 
-def _check_supported_ops(path: str, model, original=None) -> None:
+def _decomposable_without_shapes(model) -> Dict[str, str]:
+    """Operator -> why it was not decomposed, for the decomposable operators of a model whose
+    inputs have dynamic dimensions (decompositions need static shapes)."""
+    why = "inputs have dynamic dimensions: fix them with --shape NAME=D1,D2,..."
+    return {n.op_type: why for n in model.graph.node if n.op_type in RULES}
+
+
+def _check_supported_ops(path: str, model, original=None,
+                         refused: Optional[Mapping[str, str]] = None) -> None:  # fmt: skip
     """Name the first operator (and its node) that TVM's ONNX importer has no converter for.
 
     ``model`` is what will be imported; nodes are named as in ``original`` (the user's file:
     simplifiers rename unnamed nodes), whose unsupported nodes folding did not remove.
+    ``refused`` (operator -> reason) says why a decomposition rule did not apply.
     """
     missing = _unsupported_nodes(model)
     if not missing:
@@ -242,8 +259,11 @@ def _check_supported_ops(path: str, model, original=None) -> None:
     index, node = missing[0]
     name = f"node '{node.name}'" if node.name else f"node #{index}"
     more = f" (and {len(missing) - 1} more unsupported node(s))" if len(missing) > 1 else ""
+    why = (refused or {}).get(node.op_type)
+    why = f"; not decomposed: {why}" if why else ""
     raise ModelLoadError(
-        f"{path}: operator {node.op_type} ({name}) is not supported by TVM's ONNX importer{more}"
+        f"{path}: operator {node.op_type} ({name}) is not supported by TVM's ONNX importer"
+        f"{more}{why}"
     )
 
 

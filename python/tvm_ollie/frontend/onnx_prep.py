@@ -11,7 +11,9 @@ chain is a constant, so :func:`prepare_onnx` folds it before the importer runs:
    inference, constant folding, dead-node removal;
 3. otherwise (or when the tool fails) fold by ourselves: onnx shape inference (with data
    propagation), ``Shape`` of a statically shaped tensor -> constant, then every node whose
-   inputs are all constants evaluated with onnx's reference evaluator, repeated to a fixpoint.
+   inputs are all constants evaluated with onnx's reference evaluator, repeated to a fixpoint;
+4. decompose the operators TVM's importer has no converter for (LSTM, ConvInteger, ...) into
+   ones it has (:func:`~tvm_ollie.frontend.onnx_decompose.decompose_onnx`).
 
 Measured on nine zoo models exported by both torch exporters at opsets 11-18 (31 files; TVM
 alone imports 20): onnxsim 0.8.1, onnxslim 0.1.98 and our own folding each import all 31, and
@@ -26,6 +28,8 @@ import warnings
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
+
+from .onnx_decompose import DecomposeInfo, decompose_onnx
 
 #: Simplifiers in the order they are tried by ``simplifier="auto"``.
 SIMPLIFIERS = ("onnxsim", "onnxslim", "builtin")
@@ -44,13 +48,15 @@ _MAX_ROUNDS = 8
 
 @dataclasses.dataclass
 class PrepInfo:
-    """What :func:`prepare_onnx` did: the tool used, nodes before/after, time, notes."""
+    """What :func:`prepare_onnx` did: the tool used, nodes before/after, time, notes, and the
+    operators rewritten for TVM's importer (:func:`~.onnx_decompose.decompose_onnx`)."""
 
     simplifier: str
     nodes_before: int
     nodes_after: int
     seconds: float
     notes: List[str] = dataclasses.field(default_factory=list)
+    decomposed: DecomposeInfo = dataclasses.field(default_factory=DecomposeInfo)
 
 
 def prepare_onnx(model, shapes: Optional[Mapping[str, Sequence[int]]] = None,
@@ -97,8 +103,25 @@ def prepare_onnx(model, shapes: Optional[Mapping[str, Sequence[int]]] = None,
     dropped = drop_empty_optional_inputs(prepared)
     if dropped:
         notes.append(f"{dropped} empty optional input(s) marked absent")
-    info = PrepInfo(used, before, len(prepared.graph.node), time.perf_counter() - start, notes)
+    # Operators TVM's importer lacks become importable ones, now that the shapes are static.
+    prepared, decomposed = decompose_onnx(prepared)
+    if decomposed.inlined:
+        # Function bodies compute shapes at run time (Shape -> Reshape): fold them as well.
+        prepared = _fold_or_keep(prepared, notes)
+    if decomposed.summary():
+        notes.append(f"decomposed for the importer: {decomposed.summary()}")
+    info = PrepInfo(used, before, len(prepared.graph.node), time.perf_counter() - start, notes,
+                    decomposed)  # fmt: skip
     return prepared, info
+
+
+def _fold_or_keep(model, notes: List[str]):
+    """:func:`fold_constants` of the model, or the model itself when folding fails."""
+    try:
+        return fold_constants(model)
+    except Exception as err:  # pylint: disable=broad-except  # a model inference rejects
+        notes.append(f"folding after decomposition failed: {str(err).strip()[:200]}")
+        return model
 
 
 #: Optional inputs that exporters fill with an empty tensor to mean "absent": op -> positions.

@@ -1,0 +1,245 @@
+"""Integer ONNX operators as int32 arithmetic TVM imports: ``ConvInteger``, ``MatMulInteger``,
+``QLinearConv``, ``QLinearMatMul`` and the ``com.microsoft`` ops quantized exports carry
+(``QGemm``, ``QLinearAdd``, ``QLinearMul``).
+
+Products accumulate in int32 (``Cast`` to int32, zero points subtracted, ``Conv``/``MatMul`` on
+int32: TVM compiles both on llvm, exactly). Requantization follows ONNX Runtime's (MLAS's)
+order: the int32 accumulator (plus the int32 bias) converted to float32, times the float32
+multiplier ``x_scale * w_scale / y_scale`` (computed in float32, per output channel where the
+weight scale is), rounded half to even (``Round``), the output zero point added, saturated to the
+output type. Converting the accumulator to float32 is exact up to ``2^24`` in magnitude and
+rounds like ONNX Runtime's conversion beyond; past that the result saturates anyway unless the
+multiplier is below ``2^-17`` (a case both evaluate identically, in float32).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from .onnx_emit import RuleContext, attributes, optional_input
+
+_INT8 = (np.dtype(np.int8), np.dtype(np.uint8))
+
+_CONV_ATTRIBUTES = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+
+
+def integer_guard(node, ctx: RuleContext) -> str:
+    """"" when the quantized inputs are 8-bit integers with per-tensor or per-axis (1-D)
+    zero points and scales; otherwise why not."""
+    data = {"ConvInteger": (0, 1), "MatMulInteger": (0, 1), "QLinearConv": (0, 3),
+            "QLinearMatMul": (0, 3), "QGemm": (0, 3), "QLinearAdd": (0, 3),
+            "QLinearMul": (0, 3)}[node.op_type]  # fmt: skip
+    for position in data:
+        if ctx.dtype(node.input[position]) not in _INT8:
+            return f"input {position} is not int8/uint8"
+    for position, name in enumerate(node.input):
+        if position in data or not name:
+            continue
+        shape = ctx.shape(name)
+        if shape is None or len(shape) > 1:
+            return f"input {position} ({name}) is not a scalar or a 1-D tensor"
+    if node.op_type == "QGemm" and attributes(node).get("transA", 0):
+        return "transA is not supported"
+    return ""
+
+
+def emit_conv_integer(node, ctx: RuleContext) -> None:
+    """``y = conv(int32(x) - x_zero_point, int32(w) - w_zero_point)`` (int32; ``w_zero_point``
+    per output channel or per tensor; padding reads ``x_zero_point``, so zeros after the
+    subtraction)."""
+    x = _centered(ctx, node.input[0], optional_input(node, 2), 0)
+    w = _centered(ctx, node.input[1], optional_input(node, 3), 0, weight=True)
+    ctx.bind(ctx.add("Conv", [x, w], **_conv_attributes(node)), node.output[0])
+
+
+def emit_matmul_integer(node, ctx: RuleContext) -> None:
+    """``y = (int32(a) - a_zero_point) @ (int32(b) - b_zero_point)`` (int32; ``a_zero_point``
+    per row of ``a``, ``b_zero_point`` per column of ``b``, or per tensor)."""
+    a = _centered(ctx, node.input[0], optional_input(node, 2), -2)
+    b = _centered(ctx, node.input[1], optional_input(node, 3), -1, weight=True)
+    ctx.bind(ctx.add("MatMul", [a, b]), node.output[0])
+
+
+def emit_qlinear_conv(node, ctx: RuleContext) -> None:
+    """``y = saturate(round((conv(x - x_zp, w - w_zp) + B) * x_scale * w_scale / y_scale) +
+    y_zp)`` (the accumulator int32; ``w_scale``/``w_zp`` per output channel or per tensor)."""
+    x = _centered(ctx, node.input[0], node.input[2], 0)
+    w = _centered(ctx, node.input[3], node.input[5], 0, weight=True)
+    acc = ctx.add("Conv", [x, w], **_conv_attributes(node))
+    rank = len(ctx.shape(node.input[3]) or (0, 0, 0, 0))
+    bias = optional_input(node, 8)
+    if bias:
+        acc = ctx.add("Add", [acc, _per_axis(ctx, bias, 1, rank)])
+    scale = _multiplier(ctx, node.input[1], node.input[4], node.input[6], 1, rank)
+    ctx.bind(_requantize(ctx, acc, scale, node.input[7]), node.output[0])
+
+
+def emit_qlinear_matmul(node, ctx: RuleContext) -> None:
+    """``y = saturate(round((a - a_zp) @ (b - b_zp) * a_scale * b_scale / y_scale) + y_zp)``
+    (int32 accumulator; ``b_scale``/``b_zp`` per column or per tensor)."""
+    a = _centered(ctx, node.input[0], node.input[2], -2)
+    b = _centered(ctx, node.input[3], node.input[5], -1, weight=True)
+    acc = ctx.add("MatMul", [a, b])
+    scale = _multiplier(ctx, node.input[1], node.input[4], node.input[6], -1, 2)
+    ctx.bind(_requantize(ctx, acc, scale, node.input[7]), node.output[0])
+
+
+def emit_qgemm(node, ctx: RuleContext) -> None:
+    """com.microsoft ``QGemm``: ``acc = (a - a_zp) @ op(b - b_zp) + C`` (int32, ``op`` the
+    transpose with ``transB``); with ``y_scale``: ``y = saturate(round(acc * alpha * a_scale *
+    b_scale / y_scale) + y_zp)``, without: ``y = float(acc) * alpha * a_scale * b_scale``."""
+    attrs = attributes(node)
+    a = _centered(ctx, node.input[0], node.input[2], -2)
+    b = node.input[3]
+    if attrs.get("transB", 0):
+        b = _transposed(ctx, b)
+    b_zp = node.input[5]
+    b = _centered(ctx, b, b_zp, -1, weight=True)
+    acc = ctx.add("MatMul", [a, b])
+    bias = optional_input(node, 6)
+    if bias:
+        acc = ctx.add("Add", [acc, bias])
+    alpha = float(attrs.get("alpha", 1.0))
+    y_scale, y_zp = optional_input(node, 7), optional_input(node, 8)
+    scale = _multiplier(ctx, node.input[1], node.input[4], y_scale, -1, 2, alpha)
+    if y_scale:
+        ctx.bind(_requantize(ctx, acc, scale, y_zp), node.output[0])
+    else:
+        ctx.bind(ctx.add("Mul", [ctx.add("Cast", [acc], to=1), scale]), node.output[0])
+
+
+def emit_qlinear_add(node, ctx: RuleContext) -> None:
+    """com.microsoft ``QLinearAdd``: ``c = saturate(round((a - a_zp) * (a_scale / c_scale) +
+    (b - b_zp) * (b_scale / c_scale)) + c_zp)`` (MLAS's order)."""
+    terms = [ctx.add("Mul", [_float_centered(ctx, node.input[base], optional_input(node, base + 2)),
+                             _ratio(ctx, node.input[base + 1], node.input[6])])
+             for base in (0, 3)]  # fmt: skip
+    total = ctx.add("Add", terms)
+    ctx.bind(_requantize(ctx, total, None, optional_input(node, 7), node.input[0]),
+             node.output[0])  # fmt: skip
+
+
+def emit_qlinear_mul(node, ctx: RuleContext) -> None:
+    """com.microsoft ``QLinearMul``: ``c = saturate(round((a - a_zp) * (b - b_zp) * (a_scale *
+    b_scale / c_scale)) + c_zp)``."""
+    product = ctx.add("Mul", [_float_centered(ctx, node.input[0], optional_input(node, 2)),
+                              _float_centered(ctx, node.input[3], optional_input(node, 5))])
+    scale = _multiplier(ctx, node.input[1], node.input[4], node.input[6], -1, 1)
+    total = ctx.add("Mul", [product, scale])
+    ctx.bind(_requantize(ctx, total, None, optional_input(node, 7), node.input[0]),
+             node.output[0])  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Pieces
+# ---------------------------------------------------------------------------------------------
+
+
+def _conv_attributes(node):
+    return {k: v for k, v in attributes(node).items() if k in _CONV_ATTRIBUTES}
+
+
+def _centered(ctx: RuleContext, x: str, zero_point: str, axis: int, weight: bool = False) -> str:
+    """``int32(x) - zero_point``, the zero point broadcast along ``axis`` when it is 1-D (folded
+    to an int32 initializer when both are constants, as weights are)."""
+    rank = len(ctx.shape(x) or ()) or 2
+    value, zp_value = ctx.value(x), ctx.value(zero_point)
+    if weight and value is not None and (not zero_point or zp_value is not None):
+        centered = value.astype(np.int32)
+        if zero_point:
+            centered = centered - _axis_shaped(zp_value.astype(np.int32), axis, rank)
+        return ctx.const(centered, "centered")
+    wide = ctx.add("Cast", [x], to=6)
+    if not zero_point:
+        return wide
+    if zp_value is not None:
+        zp = ctx.const(_axis_shaped(zp_value.astype(np.int32), axis, rank), "zp")
+    else:
+        zp = _per_axis(ctx, ctx.add("Cast", [zero_point], to=6), axis, rank)
+    return ctx.add("Sub", [wide, zp])
+
+
+def _float_centered(ctx: RuleContext, x: str, zero_point: str) -> str:
+    """``float32(int32(x) - zero_point)`` (exact: 8-bit differences)."""
+    return ctx.add("Cast", [_centered(ctx, x, zero_point, -1)], to=1)
+
+
+def _axis_shaped(value: np.ndarray, axis: int, rank: int) -> np.ndarray:
+    """A 1-D per-axis ``value`` shaped to broadcast along ``axis`` of a rank-``rank`` tensor."""
+    if value.ndim == 0 or value.size == 1:
+        return value.reshape(())
+    axis = axis % rank
+    shape = [1] * rank
+    shape[axis] = value.size
+    return value.reshape(shape)
+
+
+def _per_axis(ctx: RuleContext, name: str, axis: int, rank: int) -> str:
+    """``name`` (scalar or 1-D) reshaped to broadcast along ``axis``."""
+    value = ctx.value(name)
+    if value is not None:
+        return ctx.const(_axis_shaped(value, axis, rank), "axis")
+    shape = ctx.shape(name)
+    if not shape or shape[0] == 1:
+        return name
+    target = [1] * rank
+    target[axis % rank] = shape[0]
+    return ctx.reshape(name, target)
+
+
+def _multiplier(ctx: RuleContext, scale_a: str, scale_b: str, scale_y: str, axis: int,
+                rank: int, alpha: float = 1.0) -> str:  # fmt: skip
+    """float32 ``alpha * scale_a * scale_b / scale_y`` (ONNX Runtime's order), along ``axis``."""
+    values = [ctx.value(scale_a), ctx.value(scale_b), ctx.value(scale_y) if scale_y else None]
+    if all(v is not None for v in values[:2]) and (not scale_y or values[2] is not None):
+        product = np.float32(alpha) * values[0].astype(np.float32) if alpha != 1.0 else \
+            values[0].astype(np.float32)
+        product = product * values[1].astype(np.float32)
+        if scale_y:
+            product = product / values[2].astype(np.float32)
+        return ctx.const(_axis_shaped(np.asarray(product, np.float32), axis, rank), "scale")
+    product = ctx.add("Mul", [_per_axis(ctx, scale_a, -2 if axis == -1 else axis, rank),
+                              _per_axis(ctx, scale_b, axis, rank)])
+    if alpha != 1.0:
+        product = ctx.add("Mul", [ctx.const(np.float32(alpha), "alpha"), product])
+    if scale_y:
+        product = ctx.add("Div", [product, scale_y])
+    return product
+
+
+def _ratio(ctx: RuleContext, scale: str, scale_out: str) -> str:
+    """float32 ``scale / scale_out``."""
+    values = ctx.value(scale), ctx.value(scale_out)
+    if values[0] is not None and values[1] is not None:
+        return ctx.const(np.asarray(values[0].astype(np.float32) / values[1].astype(np.float32)),
+                         "ratio")  # fmt: skip
+    return ctx.add("Div", [scale, scale_out])
+
+
+def _requantize(ctx: RuleContext, acc: str, scale: Optional[str], zero_point: str,
+                like: str = "") -> str:  # fmt: skip
+    """``saturate(round(float32(acc) * scale) + zero_point)`` in the zero point's type (the
+    type of ``like`` when there is no zero point: 8-bit unsigned by the specification's
+    default)."""
+    value = acc if scale is None else ctx.add("Mul", [ctx.add("Cast", [acc], to=1), scale])
+    rounded = ctx.add("Round", [value])
+    dtype = ctx.dtype(zero_point) if zero_point else (ctx.dtype(like) if like else None)
+    dtype = dtype or np.dtype(np.uint8)
+    if zero_point:
+        rounded = ctx.add("Add", [rounded, ctx.add("Cast", [zero_point], to=1)])
+    info = np.iinfo(dtype)
+    low = ctx.const(np.float32(info.min), "lo")
+    high = ctx.const(np.float32(info.max), "hi")
+    saturated = ctx.add("Min", [ctx.add("Max", [rounded, low]), high])
+    from onnx import helper  # pylint: disable=import-outside-toplevel
+
+    return ctx.add("Cast", [saturated], to=helper.np_dtype_to_tensor_dtype(dtype))
+
+
+def _transposed(ctx: RuleContext, name: str) -> str:
+    value = ctx.value(name)
+    if value is not None:
+        return ctx.const(np.ascontiguousarray(value.T), "bt")
+    return ctx.add("Transpose", [name], perm=[1, 0])

@@ -1,0 +1,410 @@
+"""ONNX ``LSTM``, ``GRU`` and ``RNN`` unrolled over their static sequence length.
+
+Each layer becomes, per direction, one hoisted input projection for every step and one
+recurrent projection per step, so that derivation and the vendor library see GEMMs:
+
+* ``XW = reshape(X, [seq * batch, input]) @ concat_d(W_d^T) + (Wb + Rb)``: ONE ``MatMul`` for
+  all steps and directions;
+* step ``t`` of direction ``d``: ``gates = XW[t, :, d] + H_{t-1} @ R_d^T``, then the gate
+  equations of the specification (in each emitter's docstring).
+
+``sequence_lens`` shorter than the sequence mask the steps as the specification says: a padded
+step keeps the state and writes zeros to ``Y``; the reverse direction, which walks from the last
+step down, starts its recurrence at each sequence's last valid step. The names of the
+activations are case-insensitive; ``activation_alpha``/``activation_beta`` are consumed in order
+by the activations that take them (ONNX Runtime's reading), with the operators' defaults.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .onnx_emit import RuleContext, attributes, optional_input
+
+#: Activation -> (takes alpha, takes beta, default alpha, default beta).
+ACTIVATIONS = {
+    "sigmoid": (False, False, 0.0, 0.0),
+    "tanh": (False, False, 0.0, 0.0),
+    "relu": (False, False, 0.0, 0.0),
+    "affine": (True, True, 1.0, 0.0),
+    "leakyrelu": (True, False, 0.01, 0.0),
+    "thresholdedrelu": (True, False, 1.0, 0.0),
+    "scaledtanh": (True, True, 1.0, 1.0),
+    "hardsigmoid": (True, True, 0.2, 0.5),
+    "elu": (True, False, 1.0, 0.0),
+    "softsign": (False, False, 0.0, 0.0),
+    "softplus": (False, False, 0.0, 0.0),
+}
+
+#: Operator -> (gates, activations per direction, their defaults).
+LAYERS = {
+    "LSTM": (4, 3, ("Sigmoid", "Tanh", "Tanh")),
+    "GRU": (3, 2, ("Sigmoid", "Tanh")),
+    "RNN": (1, 1, ("Tanh",)),
+}
+
+#: The largest number of steps (sequence length x directions) a layer is unrolled into.
+MAX_STEPS = 4096
+
+Activation = Tuple[str, float, float]
+
+
+def recurrent_guard(node, ctx: RuleContext) -> str:
+    """"" when the layer can be unrolled exactly; otherwise why not."""
+    attrs = attributes(node)
+    x_shape, w_shape, r_shape = (ctx.shape(optional_input(node, i)) for i in range(3))
+    if x_shape is None or len(x_shape) != 3:
+        return "the input X needs a static shape (fix it with --shape)"
+    if w_shape is None or r_shape is None:
+        return "W and R need static shapes"
+    if ctx.opset < 10:
+        return f"opset {ctx.opset} < 10"
+    if ctx.dtype(node.input[0]) not in (np.dtype(np.float32), np.dtype(np.float64),
+                                        np.dtype(np.float16)):  # fmt: skip
+        return "X is not a float tensor"
+    names = attrs.get("activations")
+    if names is not None:
+        unknown = [a for a in names if a.lower() not in ACTIVATIONS]
+        if unknown:
+            return f"activation {unknown[0]} is not one the specification allows"
+        per_direction = LAYERS[node.op_type][1]
+        if len(names) != per_direction * _directions(attrs):
+            return f"{len(names)} activations for {_directions(attrs)} direction(s)"
+    seq = x_shape[1] if attrs.get("layout", 0) else x_shape[0]
+    if seq * _directions(attrs) > MAX_STEPS:
+        return f"{seq} steps x {_directions(attrs)} direction(s) exceed {MAX_STEPS}"
+    return ""
+
+
+def emit_lstm(node, ctx: RuleContext) -> None:
+    """LSTM (gates ``iofc``; ``f``, ``g``, ``h`` the activations, default Sigmoid, Tanh, Tanh):
+
+    ``i = f(Xt Wi^T + H Ri^T + Pi . C + Wbi + Rbi)``,
+    ``f = f(Xt Wf^T + H Rf^T + Pf . C + Wbf + Rbf)`` (``1 - i`` with ``input_forget``),
+    ``c = g(Xt Wc^T + H Rc^T + Wbc + Rbc)``, ``C' = f . C + i . c``,
+    ``o = f(Xt Wo^T + H Ro^T + Po . C' + Wbo + Rbo)``, ``H' = o . h(C')``; ``clip`` bounds every
+    gate's argument to [-clip, clip].
+    """
+    _emit_layer(node, ctx, _lstm_step)
+
+
+def emit_gru(node, ctx: RuleContext) -> None:
+    """GRU (gates ``zrh``; ``f``, ``g`` default Sigmoid, Tanh):
+
+    ``z = f(Xt Wz^T + H Rz^T + Wbz + Rbz)``, ``r = f(Xt Wr^T + H Rr^T + Wbr + Rbr)``,
+    ``h = g(Xt Wh^T + (r . H) Rh^T + Rbh + Wbh)`` (``linear_before_reset`` = 0) or
+    ``h = g(Xt Wh^T + r . (H Rh^T + Rbh) + Wbh)`` (otherwise), ``H' = (1 - z) . h + z . H``.
+    """
+    _emit_layer(node, ctx, _gru_step)
+
+
+def emit_rnn(node, ctx: RuleContext) -> None:
+    """RNN: ``H' = f(Xt Wi^T + H Ri^T + Wbi + Rbi)`` (``f`` default Tanh)."""
+    _emit_layer(node, ctx, _rnn_step)
+
+
+# ---------------------------------------------------------------------------------------------
+# The layer: hoisted projection, directions, steps, outputs
+# ---------------------------------------------------------------------------------------------
+
+
+class _Layer:
+    """The attributes and shapes one recurrent node is unrolled with."""
+
+    def __init__(self, node, ctx: RuleContext) -> None:
+        attrs = attributes(node)
+        self.kind = node.op_type
+        self.gates, per_direction, defaults = LAYERS[node.op_type]
+        self.layout = attrs.get("layout", 0)
+        x_shape = ctx.shape(node.input[0])
+        self.seq, self.batch = (x_shape[1], x_shape[0]) if self.layout else x_shape[:2]
+        self.input_size = x_shape[2]
+        self.hidden = attrs.get("hidden_size") or ctx.shape(node.input[2])[-1]
+        self.direction = attrs.get("direction", "forward")
+        self.directions = _directions(attrs)
+        self.clip = attrs.get("clip")
+        self.input_forget = attrs.get("input_forget", 0)
+        self.linear_before_reset = attrs.get("linear_before_reset", 0)
+        self.dtype = ctx.dtype(node.input[0])
+        names = attrs.get("activations") or list(defaults) * self.directions
+        acts = _read_activations(names, attrs.get("activation_alpha", []),
+                                 attrs.get("activation_beta", []))  # fmt: skip
+        self.activations = [acts[d * per_direction:(d + 1) * per_direction]
+                            for d in range(self.directions)]  # fmt: skip
+
+    def reverse(self, d: int) -> bool:
+        return self.direction == "reverse" or (self.direction == "bidirectional" and d == 1)
+
+
+def _emit_layer(node, ctx: RuleContext, step) -> None:
+    layer = _Layer(node, ctx)
+    gh = layer.gates * layer.hidden
+    x = node.input[0]
+    if layer.layout:
+        x = ctx.add("Transpose", [x], perm=[1, 0, 2])
+    # Input projection of every step and direction: one MatMul.
+    wt = _weights_t(ctx, node.input[1], layer.directions)
+    flat = ctx.reshape(x, [layer.seq * layer.batch, layer.input_size])
+    xw = ctx.add("MatMul", [flat, wt])
+    bias = _hoisted_bias(ctx, node, layer)
+    if bias:
+        xw = ctx.add("Add", [xw, bias])
+    xw = ctx.reshape(xw, [layer.seq, layer.batch, layer.directions * gh])
+    masks = _step_masks(ctx, optional_input(node, 4), layer)
+    outputs_y, finals_h, finals_c = [], [], []
+    for d in range(layer.directions):
+        xw_d = ctx.slice(xw, 2, d * gh, (d + 1) * gh) if layer.directions > 1 else xw
+        state = _initial_states(ctx, node, layer, d)
+        per_step: List[Optional[str]] = [None] * layer.seq
+        rt = _recurrent_t(ctx, node.input[2], d)
+        order = range(layer.seq - 1, -1, -1) if layer.reverse(d) else range(layer.seq)
+        for t in order:
+            x_t = ctx.gather(xw_d, t, 0, (layer.seq, layer.batch, gh))
+            new = step(ctx, node, layer, d, x_t, rt, state)
+            if masks is not None:
+                held = [ctx.add("Where", [masks[t], n, s]) for n, s in zip(new, state)]
+                per_step[t] = ctx.add("Where", [masks[t], new[0], _zeros(ctx, layer)])
+                state = held
+            else:
+                state, per_step[t] = new, new[0]
+        outputs_y.append(per_step)
+        finals_h.append(state[0])
+        finals_c.append(state[1] if len(state) > 1 else None)
+    ctx.unrolled_steps[node.name or f"{node.op_type}:{node.output[0]}"] = \
+        layer.seq * layer.directions
+    _write_outputs(ctx, node, layer, outputs_y, finals_h, finals_c)
+
+
+def _lstm_step(ctx, node, layer, d, x_t, rt, state) -> List[str]:
+    h_prev, c_prev = state
+    f_act, g_act, h_act = layer.activations[d]
+    size = layer.hidden
+    gates = ctx.add("Add", [x_t, ctx.add("MatMul", [h_prev, rt])])
+    i_pre, o_pre, f_pre, c_pre = (ctx.slice(gates, 1, k * size, (k + 1) * size) for k in range(4))
+    peep = _peepholes(ctx, optional_input(node, 7), d, layer)
+    if peep:
+        i_pre = ctx.add("Add", [i_pre, ctx.add("Mul", [peep[0], c_prev])])
+        f_pre = ctx.add("Add", [f_pre, ctx.add("Mul", [peep[2], c_prev])])
+    i = _activate(ctx, f_act, _clip(ctx, i_pre, layer), layer.dtype)
+    if layer.input_forget:
+        f = ctx.add("Sub", [ctx.const(np.ones((), layer.dtype), "one"), i])
+    else:
+        f = _activate(ctx, f_act, _clip(ctx, f_pre, layer), layer.dtype)
+    c = _activate(ctx, g_act, _clip(ctx, c_pre, layer), layer.dtype)
+    c_new = ctx.add("Add", [ctx.add("Mul", [f, c_prev]), ctx.add("Mul", [i, c])])
+    if peep:
+        o_pre = ctx.add("Add", [o_pre, ctx.add("Mul", [peep[1], c_new])])
+    o = _activate(ctx, f_act, _clip(ctx, o_pre, layer), layer.dtype)
+    h_new = ctx.add("Mul", [o, _activate(ctx, h_act, c_new, layer.dtype)])
+    return [h_new, c_new]
+
+
+def _gru_step(ctx, node, layer, d, x_t, rt, state) -> List[str]:
+    (h_prev,) = state
+    f_act, g_act = layer.activations[d]
+    size = layer.hidden
+    x_zr, x_h = ctx.slice(x_t, 1, 0, 2 * size), ctx.slice(x_t, 1, 2 * size, 3 * size)
+    if layer.linear_before_reset:
+        hr = ctx.add("MatMul", [h_prev, rt])
+        hr_zr, hr_h = ctx.slice(hr, 1, 0, 2 * size), ctx.slice(hr, 1, 2 * size, 3 * size)
+        rbh = _recurrent_h_bias(ctx, optional_input(node, 3), d, layer)
+        if rbh:
+            hr_h = ctx.add("Add", [hr_h, rbh])
+    else:
+        hr_zr = ctx.add("MatMul", [h_prev, ctx.slice(rt, 1, 0, 2 * size)])
+    zr = _activate(ctx, f_act, _clip(ctx, ctx.add("Add", [x_zr, hr_zr]), layer), layer.dtype)
+    z, r = ctx.slice(zr, 1, 0, size), ctx.slice(zr, 1, size, 2 * size)
+    if layer.linear_before_reset:
+        h_pre = ctx.add("Add", [x_h, ctx.add("Mul", [r, hr_h])])
+    else:
+        rh_t = ctx.slice(rt, 1, 2 * size, 3 * size)
+        h_pre = ctx.add("Add", [x_h, ctx.add("MatMul", [ctx.add("Mul", [r, h_prev]), rh_t])])
+    h = _activate(ctx, g_act, _clip(ctx, h_pre, layer), layer.dtype)
+    one_minus_z = ctx.add("Sub", [ctx.const(np.ones((), layer.dtype), "one"), z])
+    h_new = ctx.add("Add", [ctx.add("Mul", [one_minus_z, h]), ctx.add("Mul", [z, h_prev])])
+    return [h_new]
+
+
+def _rnn_step(ctx, node, layer, d, x_t, rt, state) -> List[str]:
+    (h_prev,) = state
+    (f_act,) = layer.activations[d]
+    pre = ctx.add("Add", [x_t, ctx.add("MatMul", [h_prev, rt])])
+    return [_activate(ctx, f_act, _clip(ctx, pre, layer), layer.dtype)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights, biases, states
+# ---------------------------------------------------------------------------------------------
+
+
+def _weights_t(ctx: RuleContext, w: str, directions: int) -> str:
+    """``[input, directions * gates * hidden]``: every direction's ``W^T`` side by side."""
+    value = ctx.value(w)
+    if value is not None:
+        return ctx.const(np.concatenate([value[d].T for d in range(directions)], axis=1), "wt")
+    parts = [ctx.add("Transpose", [ctx.gather(w, d, 0)], perm=[1, 0]) for d in range(directions)]
+    return parts[0] if directions == 1 else ctx.add("Concat", parts, axis=1)
+
+
+def _recurrent_t(ctx: RuleContext, r: str, d: int) -> str:
+    """``R_d^T``: ``[hidden, gates * hidden]``."""
+    value = ctx.value(r)
+    if value is not None:
+        return ctx.const(np.ascontiguousarray(value[d].T), "rt")
+    return ctx.add("Transpose", [ctx.gather(r, d, 0)], perm=[1, 0])
+
+
+def _hoisted_bias(ctx: RuleContext, node, layer: _Layer) -> str:
+    """``Wb + Rb`` per direction, concatenated (GRU with ``linear_before_reset`` keeps ``Rbh``
+    out: it is added inside ``r . (H Rh^T + Rbh)``); "" without ``B``."""
+    b = optional_input(node, 3)
+    if not b:
+        return ""
+    gh = layer.gates * layer.hidden
+    keep = np.ones(gh, layer.dtype)
+    if layer.kind == "GRU" and layer.linear_before_reset:
+        keep[2 * layer.hidden:] = 0
+    value = ctx.value(b)
+    if value is not None:
+        return ctx.const(np.concatenate([value[d, :gh] + value[d, gh:] * keep
+                                         for d in range(layer.directions)]), "bias")  # fmt: skip
+    wb, rb = ctx.slice(b, 1, 0, gh), ctx.slice(b, 1, gh, 2 * gh)
+    total = ctx.add("Add", [wb, ctx.add("Mul", [rb, ctx.const(keep, "keep")])])
+    return ctx.reshape(total, [layer.directions * gh])
+
+
+def _recurrent_h_bias(ctx: RuleContext, b: str, d: int, layer: _Layer) -> str:
+    """GRU's ``Rbh`` of direction ``d`` (``linear_before_reset``), "" without ``B``."""
+    if not b:
+        return ""
+    start = layer.gates * layer.hidden + 2 * layer.hidden
+    value = ctx.value(b)
+    if value is not None:
+        return ctx.const(value[d, start:start + layer.hidden], "rbh")
+    return ctx.slice(ctx.gather(b, d, 0), 0, start, start + layer.hidden)
+
+
+def _peepholes(ctx: RuleContext, p: str, d: int, layer: _Layer) -> Optional[List[str]]:
+    """``[Pi, Po, Pf]`` of direction ``d``, or None without ``P``."""
+    if not p:
+        return None
+    value = ctx.value(p)
+    size = layer.hidden
+    if value is not None:
+        return [ctx.const(value[d, k * size:(k + 1) * size], "p") for k in range(3)]
+    row = ctx.gather(p, d, 0)
+    return [ctx.slice(row, 0, k * size, (k + 1) * size) for k in range(3)]
+
+
+def _initial_states(ctx: RuleContext, node, layer: _Layer, d: int) -> List[str]:
+    """``[H0]`` (GRU, RNN) or ``[H0, C0]`` (LSTM) of direction ``d``, ``[batch, hidden]``."""
+    positions = (5, 6) if layer.kind == "LSTM" else (5,)
+    states = []
+    for position in positions:
+        name = optional_input(node, position)
+        if not name:
+            states.append(_zeros(ctx, layer))
+        else:
+            # [directions, batch, hidden], or [batch, directions, hidden] with layout 1.
+            states.append(ctx.gather(name, d, 1 if layer.layout else 0))
+    return states
+
+
+def _zeros(ctx: RuleContext, layer: _Layer) -> str:
+    return ctx.const(np.zeros((layer.batch, layer.hidden), layer.dtype), "zeros")
+
+
+def _step_masks(ctx: RuleContext, lens: str, layer: _Layer) -> Optional[List[str]]:
+    """Per step a ``[batch, 1]`` boolean: the step is inside the sequence. None when
+    ``sequence_lens`` is absent or a constant equal to the sequence length everywhere."""
+    if not lens:
+        return None
+    value = ctx.value(lens)
+    if value is not None and np.all(value == layer.seq):
+        return None
+    lens_type = ctx.dtype(lens) or np.dtype(np.int32)
+    column = ctx.reshape(lens, [layer.batch, 1])
+    return [ctx.add("Less", [ctx.const(np.array(t, lens_type), "t"), column])
+            for t in range(layer.seq)]  # fmt: skip
+
+
+def _write_outputs(ctx: RuleContext, node, layer: _Layer, outputs_y, finals_h, finals_c) -> None:
+    """``Y``: ``[seq, dirs, batch, hidden]`` (layout 1: ``[batch, seq, dirs, hidden]``);
+    ``Y_h``, ``Y_c``: ``[dirs, batch, hidden]`` (layout 1: ``[batch, dirs, hidden]``)."""
+    b, h = layer.batch, layer.hidden
+    y = node.output[0] if node.output else ""
+    if y:
+        steps = []
+        for t in range(layer.seq):
+            shape = [b, 1, 1, h] if layer.layout else [1, 1, b, h]
+            parts = [ctx.reshape(outputs_y[d][t], shape) for d in range(layer.directions)]
+            steps.append(_concat(ctx, parts, 2 if layer.layout else 1))
+        ctx.bind(_concat(ctx, steps, 1 if layer.layout else 0), y)
+    for position, finals in ((1, finals_h), (2, finals_c)):
+        name = node.output[position] if position < len(node.output) else ""
+        if not name:
+            continue
+        shape = [b, 1, h] if layer.layout else [1, b, h]
+        parts = [ctx.reshape(state, shape) for state in finals]
+        ctx.bind(_concat(ctx, parts, 1 if layer.layout else 0), name)
+
+
+def _concat(ctx: RuleContext, parts: Sequence[str], axis: int) -> str:
+    return parts[0] if len(parts) == 1 else ctx.add("Concat", list(parts), axis=axis)
+
+
+# ---------------------------------------------------------------------------------------------
+# Activations and clipping
+# ---------------------------------------------------------------------------------------------
+
+
+def _directions(attrs) -> int:
+    return 2 if attrs.get("direction", "forward") == "bidirectional" else 1
+
+
+def _read_activations(names: Sequence[str], alphas: Sequence[float],
+                      betas: Sequence[float]) -> List[Activation]:  # fmt: skip
+    """``(name, alpha, beta)`` per activation; alphas and betas are consumed in order by the
+    activations that take them, the operator's default otherwise."""
+    alphas, betas = list(alphas), list(betas)
+    read = []
+    for name in names:
+        key = name.lower()
+        takes_alpha, takes_beta, alpha, beta = ACTIVATIONS[key]
+        if takes_alpha and alphas:
+            alpha = alphas.pop(0)
+        if takes_beta and betas:
+            beta = betas.pop(0)
+        read.append((key, alpha, beta))
+    return read
+
+
+def _activate(ctx: RuleContext, activation: Activation, x: str, dtype) -> str:
+    """The activation applied to ``x`` with importable operators."""
+    name, alpha, beta = activation
+    direct = {"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "Relu", "softsign": "Softsign",
+              "softplus": "Softplus"}  # fmt: skip
+    if name in direct:
+        return ctx.add(direct[name], [x])
+    if name in ("leakyrelu", "thresholdedrelu", "elu"):
+        op = {"leakyrelu": "LeakyRelu", "thresholdedrelu": "ThresholdedRelu", "elu": "Elu"}[name]
+        return ctx.add(op, [x], alpha=float(alpha))
+    if name == "hardsigmoid":
+        return ctx.add("HardSigmoid", [x], alpha=float(alpha), beta=float(beta))
+    if name == "affine":  # alpha * x + beta
+        scaled = ctx.add("Mul", [x, ctx.const(np.array(alpha, dtype), "alpha")])
+        return ctx.add("Add", [scaled, ctx.const(np.array(beta, dtype), "beta")])
+    # scaledtanh: alpha * tanh(beta * x)
+    inner = ctx.add("Tanh", [ctx.add("Mul", [x, ctx.const(np.array(beta, dtype), "beta")])])
+    return ctx.add("Mul", [inner, ctx.const(np.array(alpha, dtype), "alpha")])
+
+
+def _clip(ctx: RuleContext, x: str, layer: _Layer) -> str:
+    """``min(max(x, -clip), clip)`` when the layer has ``clip``."""
+    if layer.clip is None:
+        return x
+    low = ctx.const(np.array(-layer.clip, layer.dtype), "clip_lo")
+    high = ctx.const(np.array(layer.clip, layer.dtype), "clip_hi")
+    return ctx.add("Min", [ctx.add("Max", [x, low]), high])
