@@ -1,4 +1,4 @@
-"""The joint build's never-worse guard (orchestrate.guard): whole plans timed, fastest kept."""
+"""The joint build's never-worse guard (pipeline.guard): whole plans timed, fastest kept."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from tvm_ollie.compat import relax, tvm
 from tvm_ollie.config import ConfigError, OllieConfig
-from tvm_ollie.orchestrate.guard import (GuardError, PlanSkipped, alternating_medians,
+from tvm_ollie.pipeline.guard import (GuardError, PlanSkipped, alternating_medians,
                                          guard_plans, plan_tolerance)
 
 from orch_helpers import CALIB

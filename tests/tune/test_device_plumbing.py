@@ -12,7 +12,7 @@ import pytest
 
 from tvm_ollie.compat import relax, tvm
 from tvm_ollie.frontend.builder import single_function_module, tensor_var
-from tvm_ollie.orchestrate.guard import GuardError, guard_plans
+from tvm_ollie.pipeline.guard import GuardError, guard_plans
 from tvm_ollie.transform.costing import UntunedTiming
 from tvm_ollie.tune.calibrate import _tvm_seconds  # pylint: disable=protected-access
 from tvm_ollie.tune.measure import random_args, target_device, time_main

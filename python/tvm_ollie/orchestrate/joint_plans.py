@@ -23,7 +23,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ..compat import relax, tvm
 from .cost import AnalyticCost, LinearMeasuredCost, MeasuredCost
-from .guard import PlanSkipped
+from ..pipeline.guard import PlanSkipped
 from .joint import JointTable, apply_picked, keep_alternatives, make_decider, offer_alternatives, \
     offer_folded
 
@@ -267,7 +267,7 @@ def _guarded(plans: PlanBuilder, plan_timer) -> Tuple[object, str, object]:
     decisions (with the records the decisions left, when tuned), the fastest kept."""
     # pylint: disable=import-outside-toplevel
     from .cost import sample_args
-    from .guard import GuardReport, guard_plans
+    from ..pipeline.guard import GuardReport, guard_plans
 
     try:
         args = sample_args(plans.modules["regions"]["main"])
