@@ -1,7 +1,7 @@
 """End-to-end GPU check of the OllieOptimize pass (build anywhere, run on a CUDA GPU).
 
 1. Builds a small conv / conv-transpose model for CUDA twice: TVM's default pipeline (dlight)
-   and ``tvm_ollie.transform.build`` (the rewrite, then the same pipeline); both executables
+   and ``tvm_ollie.pipeline.build`` (the rewrite, then the same pipeline); both executables
    are exported with ``export_library`` (CUDA source is JIT-compiled when loaded on the GPU).
 2. Unless ``--no-run``: loads both on ``cuda:0``, runs them with the Relax VM on the same
    random inputs, compares them with each other and with an llvm build on the CPU (relative
@@ -67,8 +67,8 @@ def main(argv=None) -> int:
     import tvm
     from tvm import relax
 
-    from tvm_ollie.transform import build, cuda_source
-    from tvm_ollie.tune.metaschedule import normalize_target
+    from tvm_ollie.pipeline import build, cuda_source
+    from tvm_ollie.target import normalize_target
 
     target = normalize_target("cuda")
     mod = model()

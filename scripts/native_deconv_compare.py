@@ -16,7 +16,7 @@ import tvm_ffi
 from tvm_ollie import native
 from tvm_ollie.codegen import library as lib
 from tvm_ollie.compat import relax, tvm
-from tvm_ollie.frontend.builder import single_function_module, tensor_var
+from tvm_ollie.codegen.builder import single_function_module, tensor_var
 from tvm_ollie.tune.metaschedule import default_pipeline
 
 #: (label, data NCHW, out channels, kernel, stride, padding)

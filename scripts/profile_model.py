@@ -22,7 +22,7 @@ from tvm import relax
 from tvm_ollie.bench.user_path import _export
 from tvm_ollie.frontend.loader import load_module
 from tvm_ollie.models.registry import get_model
-from tvm_ollie.transform import build
+from tvm_ollie.pipeline import build
 
 
 def _median_ms(fn, runs):

@@ -20,7 +20,7 @@ import tempfile
 import time
 
 from tvm_ollie.compat import relax
-from tvm_ollie.frontend.builder import single_function_module, tensor_var
+from tvm_ollie.codegen.builder import single_function_module, tensor_var
 from tvm_ollie.tune import LocalCluster, Tuner, compile_module, random_args, time_main
 
 

@@ -11,12 +11,12 @@ from tvm import relax
 from tvm_ollie import cli, demo
 from tvm_ollie.config import DEFAULTS, ConfigError, OllieConfig, config_scope, current_config, \
     resolve_config
-from tvm_ollie.frontend.builder import single_function_module, tensor_var
+from tvm_ollie.codegen.builder import single_function_module, tensor_var
 from tvm_ollie.orchestrate import OrchestrateConfig
 from tvm_ollie.transform import decide, optimize
 from tvm_ollie.transform.report import OptimizeReport
 
-build_mod = importlib.import_module("tvm_ollie.transform.build")
+build_mod = importlib.import_module("tvm_ollie.pipeline.build")
 
 
 def _tiny():

@@ -2,7 +2,7 @@
 
 * :func:`run_demo` (``tvm-ollie demo``, the README's main job): a small convolutional model with
   seeded random weights is built twice, by TVM's default Relax pipeline and by the ollie build
-  (``tvm_ollie.transform.build``); the outputs are checked against each other and the report of
+  (``tvm_ollie.pipeline.build``); the outputs are checked against each other and the report of
   per-operator decisions is printed with both builds' median latencies.
 * :func:`run_roundtrip` (``tvm-ollie roundtrip``): one conv2d is lifted out of a Relax module into
   an expression, printed, lowered back into a TVM PrimFunc, built for llvm and checked against
@@ -19,7 +19,7 @@ import numpy as np
 
 from .compat import relax, tvm
 from .config import OllieConfig, resolve_config
-from .frontend.builder import single_function_module, tensor_var
+from .codegen.builder import single_function_module, tensor_var
 
 
 def conv2d_module(batch: int, channels: int, size: int, filters: int) -> "tvm.IRModule":
@@ -83,7 +83,7 @@ def run_demo(
     from .frontend.explain import chosen_lines, decision_details, decision_table, summary_line
     from .frontend.progress import Stages
     from .frontend.targets import parse_target
-    from .transform import build
+    from .pipeline import build
 
     cfg = resolve_config(config, target=target, trials=trials, work_dir=work_dir,
                          max_depth=max_depth, time_budget_s=time_budget_s, library=library,
@@ -170,7 +170,9 @@ def _median_ms(func, *args, repeat: int = 5) -> float:
 def run_roundtrip(batch: int = 1, channels: int = 64, size: int = 14, filters: int = 64,
              out: TextIO = sys.stdout) -> bool:
     """Run the round trip and print what happens; returns whether every check passed."""
-    from . import evaluate, lift, lower  # pylint: disable=import-outside-toplevel
+    from .codegen.lower import lower  # pylint: disable=import-outside-toplevel
+    from .ir.interp import evaluate  # pylint: disable=import-outside-toplevel
+    from .lift import lift  # pylint: disable=import-outside-toplevel
     from .frontend.loader import iter_op_calls  # pylint: disable=import-outside-toplevel
 
     mod = conv2d_module(batch, channels, size, filters)

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..compat import relax, te, tvm
 from ..tune.cpu_schedule import cpu_pipeline
-from ..tune.metaschedule import normalize_target
+from ..target import normalize_target
 from .timing import measure_interleaved, paired_ratio
 
 R = relax.op

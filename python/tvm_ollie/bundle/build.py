@@ -3,7 +3,7 @@
 For every case (:mod:`.cases`) the bundle holds its inputs and CPU reference outputs (raw
 files under ``data/``) and one exported library per system under ``models/``: ``tvm`` (TVM
 alone: its default pipeline, or MetaSchedule with the records of ``work_dir``, as the
-benchmark's ``tvm`` system builds it) and ``ollie`` (:func:`tvm_ollie.transform.build`; on a
+benchmark's ``tvm`` system builds it) and ``ollie`` (:func:`tvm_ollie.pipeline.build`; on a
 GPU target without a GPU here the decisions use the analytic cost). Tuning records reuse the
 benchmark's work-dir layout (``WORK_DIR/<kind>/<system>/<case>``), so the records of an earlier
 GPU run (``tvm-ollie bench --target cuda --trials N --work-dir WORK_DIR``) are applied.
@@ -101,7 +101,7 @@ def _build_system(system: str, case: Case, target, trials: int, work_dir: Option
         from ..bench.tvm_build import build_tvm
 
         return build_tvm(case.mod, target, trials, wd).executable
-    from ..transform import build as ollie_build
+    from ..pipeline import build as ollie_build
 
     ex, _ = ollie_build(case.mod, target=target, trials=trials, work_dir=wd, **ollie_options)
     return ex
@@ -164,7 +164,7 @@ def build_bundle(out: str, target: str = "cuda", models: Optional[Sequence[str]]
         Extra shared libraries to carry and load first (e.g. a native kernel library the
         package does not know about).
     ollie_options : dict, optional
-        More keywords of :func:`tvm_ollie.transform.build` (``library=False`` ...).
+        More keywords of :func:`tvm_ollie.pipeline.build` (``library=False`` ...).
 
     Returns
     -------

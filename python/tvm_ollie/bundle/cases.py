@@ -97,7 +97,7 @@ def _operator_case(name: str, shapes, body, torch_fn) -> Case:
     # pylint: disable=import-outside-toplevel
     import torch
 
-    from ..frontend.builder import single_function_module, tensor_var
+    from ..codegen.builder import single_function_module, tensor_var
 
     rng = np.random.default_rng(0)
     inputs = [rng.standard_normal(s).astype("float32") for s in shapes]

@@ -37,6 +37,7 @@ from typing import Dict, Iterator, Optional, Sequence, Tuple
 
 from ..compat import relax, tvm
 from ..derive.targets import target_op
+from ..target import target_kind
 
 __all__ = ["BAND_KERNELS", "CONV2D", "CONV2D_TRANSPOSE", "CUDA_CONV2D", "CUDA_MATMUL",
            "EPILOGUE_KERNELS", "G2BMM", "GBMM", "KERNELS", "MATMUL", "LibCall", "band_call",
@@ -88,8 +89,6 @@ def current_device() -> str:
 
 def device_of(target) -> str:
     """``"cuda"`` for GPU targets, ``"cpu"`` otherwise."""
-    from ..tune.calibrate import target_kind  # pylint: disable=import-outside-toplevel
-
     return "cuda" if target_kind(target) == "cuda" else "cpu"
 
 

@@ -522,16 +522,18 @@ def best_of_each_kind_first(progs: Sequence) -> list:
 
 
 def _current_target_kind() -> str:
-    """``"cuda"`` when the current TVM target is a GPU, else ``"llvm"``."""
+    """The cost tables of the current TVM target (:func:`tvm_ollie.target.target_kind`:
+    ``"cuda"`` on an NVIDIA GPU target, else ``"llvm"``)."""
     try:
-        from ..compat import tvm  # pylint: disable=import-outside-toplevel
+        # lazy: derive/ imports without TVM (the search is pure Python); target.py needs it
+        # pylint: disable=import-outside-toplevel
+        from ..compat import tvm
+        from ..target import target_kind
 
         current = tvm.target.Target.current(allow_none=True)
     except Exception:  # pylint: disable=broad-except
         return "llvm"
-    if current is not None and current.kind.name in ("cuda", "nvptx", "rocm"):
-        return "cuda"
-    return "llvm"
+    return target_kind(current) if current is not None else "llvm"
 
 
 def verify_candidate(original: Scope, program, seed: int = 0) -> Tuple[bool, str]:

@@ -18,7 +18,7 @@ reason; the other graphs of the model still use TVM.
 Options (``torch.compile(..., options={...})``): ``freeze`` (default True; False keeps every
 weight an input of the compiled graph, which then follows in-place weight updates without
 falling back), ``config`` (an :class:`~tvm_ollie.config.OllieConfig`) and any keyword of
-:func:`tvm_ollie.transform.build` overriding its fields (``target``, default llvm; ``trials``,
+:func:`tvm_ollie.pipeline.build` overriding its fields (``target``, default llvm; ``trials``,
 default 0; ``work_dir``, ``max_depth``, ``time_budget_s``, ``library``, ``derive``,
 ``calibration``...).
 
@@ -63,7 +63,7 @@ def tvm_ollie_backend(gm, example_inputs: Sequence[Any], options: Optional[Dict]
         Its inputs (weights included, as dynamo lifts them to graph inputs).
     options : dict, optional
         ``torch.compile``'s ``options``: ``freeze``, ``target``, ``trials``, ``work_dir`` and
-        the keywords of :func:`tvm_ollie.transform.build`.
+        the keywords of :func:`tvm_ollie.pipeline.build`.
 
     Returns
     -------
@@ -85,7 +85,7 @@ def tvm_ollie_backend(gm, example_inputs: Sequence[Any], options: Optional[Dict]
 
 def _compile_graph(gm, example_inputs: List[Any], options: Dict) -> Callable:
     import torch  # pylint: disable=import-outside-toplevel
-    from ..transform import build  # pylint: disable=import-outside-toplevel
+    from ..pipeline import build  # pylint: disable=import-outside-toplevel
     from ..compat import relax, tvm  # pylint: disable=import-outside-toplevel
 
     input_info = []

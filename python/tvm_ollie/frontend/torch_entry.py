@@ -101,14 +101,14 @@ def compile_torch(module, example_inputs: Sequence[Any], target=None,
                   **options) -> TorchCompiled:  # fmt: skip
     """:func:`from_torch`, then the ollie pass and TVM's build; returns a torch-callable model.
 
-    ``options`` go to :func:`tvm_ollie.transform.build` (``config``, an
+    ``options`` go to :func:`tvm_ollie.pipeline.build` (``config``, an
     :class:`~tvm_ollie.config.OllieConfig`, and overrides of its fields: ``max_depth``,
     ``time_budget_s``, ``library``, ``derive``...); the target defaults to llvm.
     """
     # pylint: disable=import-outside-toplevel
     from ..config import resolve_config
-    from ..transform import build
-    from ..tune.metaschedule import normalize_target
+    from ..pipeline import build
+    from ..target import normalize_target
 
     mod = from_torch(module, example_inputs)
     target = resolve_config(options.get("config"), target=target).target or "llvm"

@@ -20,7 +20,8 @@ import json
 import os
 from typing import Dict, Optional
 
-from ..tune.calibrate import Calibration, calibrate, target_kind
+from ..tune.calibrate import Calibration, calibrate
+from ..target import target_kind
 from .candidates import Candidate
 from .graph import PrimitiveGraph
 
@@ -167,7 +168,8 @@ class MeasuredCost(CostModel):
 
         from ..compat import tvm
         from ..tune.measure import time_main
-        from ..tune.metaschedule import default_pipeline, normalize_target
+        from ..tune.metaschedule import default_pipeline
+        from ..target import normalize_target
         from .emit import kernel_module
 
         try:

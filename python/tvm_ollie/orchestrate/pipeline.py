@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from ..compat import relax, tvm
-from ..tune.calibrate import target_kind
+from ..config import OrchestrateConfig
+from ..target import is_llvm, kind_name, normalize_target, target_kind
 from .blp import BLPProblem, BLPResult, solve_blp
 from .candidates import Candidate, enumerate_candidates, make_candidate
 from .cost import AnalyticCost, CostModel
@@ -42,30 +42,6 @@ LOG = logging.getLogger("tvm_ollie.orchestrate")
 
 #: ``check(kernel_module) -> None``; raises when the kernel cannot be built as one PrimFunc.
 KernelCheck = Callable[["tvm.IRModule"], None]
-
-
-@dataclass(frozen=True)
-class OrchestrateConfig:
-    """Limits of orchestration (one frozen object that travels through the pass).
-
-    ``max_kernel_size`` primitives per kernel; ``max_candidates`` per partition enumeration;
-    ``time_limit_s`` per binary program; partitions of ``min_partition_nodes`` to
-    ``max_partition_nodes`` primitives (:func:`.partition.partition`), split in two while
-    they have more than ``max_partition_candidates`` candidates; ``max_rounds`` solves per
-    partition when chosen kernels fail their check or form a cycle. ``solver(problem,
-    time_limit_s) -> BLPResult`` replaces :func:`.blp.solve_blp` (None: HiGHS), so that a
-    solver that times out or finds nothing can be given through the public pipeline (the
-    fault tests do; the build then keeps the primitives as single kernels and says why).
-    """
-
-    max_kernel_size: int = 8
-    max_candidates: int = 3000
-    time_limit_s: float = 10.0
-    max_partition_nodes: int = 128
-    min_partition_nodes: int = 48
-    max_partition_candidates: int = 1000
-    max_rounds: int = 4
-    solver: Optional[Callable[[BLPProblem, float], "BLPResult"]] = None
 
 
 def fuse_check(mod: "tvm.IRModule") -> None:
@@ -349,7 +325,7 @@ def _orchestrate_block(block, mod, builder, fname: str, bi: int, cost: CostModel
                                                  config.min_partition_nodes), groups, dead),
                           groups, dead)
     if groups:
-        cost = JointCost(cost, groups, graph)
+        cost = JointCost(cost, groups, graph, joint.margin)
     pi = 0
     while todo:
         nodes = todo.pop(0)
@@ -455,8 +431,6 @@ class Orchestrate:
 
 
 def _normalize(target) -> "tvm.target.Target":
-    from ..tune.metaschedule import normalize_target  # pylint: disable=import-outside-toplevel
-
     return normalize_target(target)
 
 

@@ -36,7 +36,8 @@ from ..tune import analytic
 from ..tune.budget import TrialBudget
 from ..tune.calibrate import Calibration
 from ..tune.measure import compile_module, random_args, time_main
-from ..tune.metaschedule import STATS, Tuner, normalize_target
+from ..tune.metaschedule import STATS, Tuner
+from ..target import normalize_target
 from ..tune.rpc import RPCConfig
 from .alternatives import Alternative
 from .emit import EmitError

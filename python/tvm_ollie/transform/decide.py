@@ -40,7 +40,8 @@ from ..codegen import library as lib
 from ..config import DEFAULTS
 from ..tune.budget import TrialBudget
 from ..tune.calibrate import Calibration, calibrate
-from ..tune.metaschedule import Tuner, gpu_available, is_gpu_target, normalize_target
+from ..tune.metaschedule import Tuner
+from ..target import gpu_available, is_gpu_target, normalize_target
 from ..tune.rpc import RPCConfig
 from .alternatives import Alternative, Candidates, UnitAlternatives
 from .checking import RTOL, Checker, CheckFn, check_exact, checked

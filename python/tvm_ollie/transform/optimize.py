@@ -23,7 +23,8 @@ from ..lift import LiftError, lift_relax_call
 from ..tune import analytic
 from ..tune.budget import TrialBudget
 from ..tune.calibrate import Calibration
-from ..tune.metaschedule import STATS, Tuner, normalize_target
+from ..tune.metaschedule import STATS, Tuner
+from ..target import normalize_target
 from ..tune.rpc import RPCConfig
 from .checking import Checker, CheckFn
 from .choosing import Chooser

@@ -41,6 +41,7 @@ from typing import Dict, Mapping, Optional
 import numpy as np
 
 from ..derive.cost import TARGET_DEFAULTS
+from ..target import target_kind  # noqa: F401  (re-exported: tune.calibrate.target_kind)
 
 LOG = logging.getLogger(__name__)
 
@@ -109,19 +110,6 @@ class Calibration:
         """The same efficiencies under another roof."""
         return replace(self, peak_flops=float(peak_flops), bandwidth=float(bandwidth),
                        source="given")
-
-
-def target_kind(target) -> str:
-    """``"cuda"`` for GPU targets, ``"llvm"`` otherwise (str, dict or Target)."""
-    if isinstance(target, str):
-        name = target.split()[0]
-    elif isinstance(target, dict):
-        name = str(target.get("kind", "llvm"))
-    else:
-        name = str(getattr(getattr(target, "kind", None), "name", "llvm"))
-    if name.startswith("nvidia/") or name in ("cuda", "nvptx"):
-        return "cuda"
-    return "llvm"
 
 
 def _best_time(fn, repeat: int) -> float:
@@ -235,12 +223,12 @@ def _tvm_seconds(build_body, shapes, target, repeat: int) -> float:
     ``target``'s device (a GPU call ends with a synchronization)."""
     # pylint: disable=import-outside-toplevel
     from ..compat import relax, tvm
-    from ..frontend.builder import single_function_module, tensor_var
+    from ..codegen.builder import single_function_module, tensor_var
     from .metaschedule import default_pipeline
 
     names = [f"x{k}" for k in range(len(shapes))]
     mod = single_function_module([tensor_var(n, s) for n, s in zip(names, shapes)], build_body)
-    from .measure import target_device
+    from ..target import target_device
 
     ex = tvm.compile(mod, target=target, relax_pipeline=default_pipeline(target))
     dev = target_device(target)
@@ -283,7 +271,7 @@ def measure_tvm_efficiency(target, repeat: int = 3) -> Dict[str, float]:
     ``batch_matmul``, ``conv2d``, ``conv_transpose``): a 128-cube GEMM, a 3x3 convolution
     1x32x28x28 -> 32 and a stride-2 4x4 transposed convolution 1x32x14x14 -> 32, built with
     the pipeline the pass builds with. Cached per process and target."""
-    from .metaschedule import normalize_target  # pylint: disable=import-outside-toplevel
+    from ..target import normalize_target  # pylint: disable=import-outside-toplevel
 
     tgt = normalize_target(target)
     key = str(tgt)
@@ -316,7 +304,7 @@ def _device_label(target) -> str:
     """The name and compute capability of device 0 of ``target`` (the calibration's key)."""
     from ..compat import tvm  # pylint: disable=import-outside-toplevel
 
-    dev = tvm.device(target.kind.name, 0)
+    dev = target_device(target)
     return f"{dev.device_name} sm_{str(dev.compute_version).replace('.', '')}"
 
 
@@ -331,7 +319,7 @@ def _cuda_calibration(target, eff: Dict[str, float], peak_flops: Optional[float]
     # pylint: disable=import-outside-toplevel
     from ..compat import tvm
     from . import cuda_calibration as cc
-    from .metaschedule import gpu_available, normalize_target
+    from ..target import gpu_available, normalize_target
 
     peak, bw = TARGET_DEFAULTS["cuda"]
     peak, bw = float(peak_flops or peak), float(bandwidth or bw)

@@ -30,6 +30,8 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..target import target_device
+
 __all__ = ["KernelTiming", "CudaCalibration", "cache_path", "calibrate_cuda", "fit_efficiency",
            "measure_cuda"]
 
@@ -143,13 +145,13 @@ def _device_seconds(target, shapes, body, repeat: int) -> float:
     and timed on device 0 by the VM's time evaluator (device-synchronized)."""
     # pylint: disable=import-outside-toplevel
     from ..compat import relax, tvm
-    from ..frontend.builder import single_function_module, tensor_var
+    from ..codegen.builder import single_function_module, tensor_var
     from .metaschedule import default_pipeline
 
     names = [f"x{k}" for k in range(len(shapes))]
     mod = single_function_module([tensor_var(nm, s) for nm, s in zip(names, shapes)], body)
     ex = tvm.compile(mod, target=target, relax_pipeline=default_pipeline(target))
-    dev = tvm.device(target.kind.name, 0)
+    dev = target_device(target)
     vm = relax.VirtualMachine(ex, dev)
     rng = np.random.default_rng(0)
     args = [tvm.runtime.tensor(rng.standard_normal(s, dtype=np.float32), dev) for s in shapes]
@@ -164,7 +166,7 @@ def _copy_bandwidth(target, mib: int = 256, repeat: int = 5) -> float:
 
     from ..compat import tvm
 
-    dev = tvm.device(target.kind.name, 0)
+    dev = target_device(target)
     count = mib * (1 << 20) // 4
     src = tvm.runtime.empty((count,), "float32", dev)
     dst = tvm.runtime.empty((count,), "float32", dev)
