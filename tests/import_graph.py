@@ -127,12 +127,12 @@ def imports(module: str, path: Path, known: dict[str, Path]):
 
 
 def scan():
-    """(all edges, deferred-import count per module) over the package."""
+    """(all edges, each once, deferred-import count per module) over the package."""
     known = modules()
     edges, deferred = [], {}
     for module, path in known.items():
         found, n = imports(module, path, known)
-        edges += found
+        edges += [e for i, e in enumerate(found) if e not in found[:i]]
         deferred[module] = n
     return edges, deferred
 

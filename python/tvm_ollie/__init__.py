@@ -71,7 +71,7 @@ def from_torch(module, example_inputs, **kwargs: Any):
     :func:`tvm_ollie.frontend.torch_entry.compile_torch` for a torch-callable model.
     """
     # pylint: disable=import-outside-toplevel
-    # lazy: both import torch (seconds), an optional dependency
+    # lazy: the importers load when used (register() imports torch, an optional dependency)
     from .frontend.torch_backend import register
     from .frontend.torch_entry import from_torch as _from_torch
 
@@ -84,7 +84,7 @@ def from_onnx(model, shapes=None, **kwargs: Any):
 
     See :func:`tvm_ollie.frontend.loader.load_onnx`.
     """
-    # lazy: the loader imports onnx, an optional dependency
+    # lazy: the importers load when used (the loader then imports onnx, an optional dependency)
     from .frontend.loader import load_onnx  # pylint: disable=import-outside-toplevel
 
     return load_onnx(model, shapes, **kwargs)

@@ -35,6 +35,7 @@ import contextvars
 from dataclasses import dataclass, replace
 from typing import Dict, Iterator, Optional, Sequence, Tuple
 
+from .. import native, native_cuda
 from ..compat import relax, tvm
 from ..derive.targets import target_op
 from ..target import target_kind
@@ -94,7 +95,6 @@ def device_of(target) -> str:
 
 def _cuda_runs(func: str) -> bool:
     """Whether the CUDA kernel ``func`` can run here (library, vendor library, device)."""
-    from .. import native_cuda  # pylint: disable=import-outside-toplevel
 
     return not native_cuda.kernel_error(func)
 
@@ -232,7 +232,6 @@ def _conv2d_transpose_form(at) -> Optional[LibCall]:
     """The kernel of a Relax ``nn.conv2d_transpose`` with attributes ``at``: NCHW/IOHW, output in
     the data layout, output padding below the stride (Relax checks it too; the kernel needs it),
     and a library that has the kernel (an older build lacks it)."""
-    from .. import native  # pylint: disable=import-outside-toplevel
 
     layout = str(at.data_layout)
     if (layout, str(at.kernel_layout)) != ("NCHW", "IOHW") or not _out_dtype_ok(at):
@@ -271,7 +270,6 @@ def stage_form(stage) -> Optional[LibCall]:
 def _band_form(kind: str, at) -> Optional[LibCall]:
     """The banded kernel of a g2bmm/gbmm stage, when the loaded library has it (a library built
     before these kernels degrades to the stage's TE kernel)."""
-    from .. import native  # pylint: disable=import-outside-toplevel
 
     if not native.provides(BAND_KERNELS[kind]):
         return None

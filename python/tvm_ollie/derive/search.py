@@ -44,13 +44,17 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..ir.interp import evaluate, random_inputs
 from ..ir.nodes import Scope
+from ..verify.sampled import check_program_sampled, work
+from ..verify.tolerance import expr_tolerance, tolerance
+from . import match as match_mod, program as program_mod
 from .canon import canonicalize
 from .casts import restore_program, widen_reads
 from .focus import apply_eager, apply_rules, compute_scopes, scope_ids, scopes_of
 from .focus import is_compute, replace_node, rewrites
-from .rules import EAGER_RULES, GUIDED_RULES, SEARCH_RULES
 from .rule import Rule, RuleContext
+from .rules import EAGER_RULES, GUIDED_RULES, SEARCH_RULES
 from .targets import TARGET_NAMES
 
 __all__ = ["derive", "DeriveResult", "SearchStats", "StopReason", "DEFAULT_TARGETS",
@@ -158,8 +162,6 @@ def _state_key(expr: Scope):
 class _Search:
     def __init__(self, expr: Scope, targets, max_depth, time_budget_s, max_states,
                  rules, ctx, stop_on_first, guided, instantiate_all_scopes):
-        from . import match as match_mod  # pylint: disable=import-outside-toplevel
-        from . import program as program_mod  # pylint: disable=import-outside-toplevel
 
         self.match_mod, self.program_mod = match_mod, program_mod
         self.expr = expr
@@ -568,10 +570,6 @@ class _Verifier:
     FULL_WORK_LIMIT = 2e7
 
     def __init__(self, expr: Scope, seed: int):
-        from ..ir.interp import random_inputs  # pylint: disable=import-outside-toplevel
-        from ..verify.sampled import work  # pylint: disable=import-outside-toplevel
-        from ..verify.tolerance import expr_tolerance, tolerance  # pylint: disable=C0415
-
         self.expr = expr
         self.seed = seed
         self.inputs = random_inputs(expr, seed=seed)
@@ -586,8 +584,6 @@ class _Verifier:
 
     def check(self, prog) -> Tuple[bool, str]:
         """``(ok, reason)`` for one program."""
-        from ..ir.interp import evaluate  # pylint: disable=import-outside-toplevel
-        from ..verify.sampled import check_program_sampled  # pylint: disable=import-outside-toplevel
 
         try:
             if self.full:

@@ -30,11 +30,11 @@ import numpy as np
 
 from ..compat import relax, tvm
 from .errors import FrontendError, first_line
+from .torch_entry import from_torch
 
 
 class ModelLoadError(FrontendError):
     """The model cannot be loaded: missing or corrupt file, unsupported format or operator."""
-
 
 def parse_shapes(specs: Union[Sequence[str], Mapping[str, Sequence[int]], None]
                  ) -> Dict[str, List[int]]:  # fmt: skip
@@ -323,7 +323,6 @@ def _is_torch_module(value) -> bool:
 
 def _load_torch(where: str, module, example_inputs) -> "tvm.IRModule":
     """An ``(nn.Module, example_inputs)`` pair, imported through ``torch.export``."""
-    from .torch_entry import from_torch  # pylint: disable=import-outside-toplevel
 
     if example_inputs is None:
         raise ModelLoadError(f"{where} returned an nn.Module without example inputs")

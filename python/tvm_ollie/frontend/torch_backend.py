@@ -32,6 +32,11 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+import numpy as np
+
+from ..compat import relax, tvm
+from ..pipeline import build
+from ..verify.tolerance import tolerance
 from .errors import first_line
 from .torch_entry import from_tvm, to_tvm
 from .torch_fold import fold_batch_norms
@@ -49,7 +54,6 @@ STATS: Dict[str, int] = {"compiled": 0, "eager": 0}
 
 class EagerFallback(Exception):
     """A graph the backend leaves to eager PyTorch; the message says why."""
-
 
 def tvm_ollie_backend(gm, example_inputs: Sequence[Any], options: Optional[Dict] = None
                       ) -> Callable:  # fmt: skip
@@ -85,8 +89,6 @@ def tvm_ollie_backend(gm, example_inputs: Sequence[Any], options: Optional[Dict]
 
 def _compile_graph(gm, example_inputs: List[Any], options: Dict) -> Callable:
     import torch  # pylint: disable=import-outside-toplevel
-    from ..pipeline import build  # pylint: disable=import-outside-toplevel
-    from ..compat import relax, tvm  # pylint: disable=import-outside-toplevel
 
     input_info = []
     for value in example_inputs:
@@ -189,9 +191,7 @@ def _flat(outputs) -> list:
 def _differs(expected: list, got: list) -> Optional[str]:
     """Why ``got`` is not ``expected`` (None when every tensor agrees within the tolerance of its
     dtype, relative to its largest magnitude): the backend never returns a wrong graph."""
-    import numpy as np  # pylint: disable=import-outside-toplevel
 
-    from ..verify.tolerance import tolerance  # pylint: disable=import-outside-toplevel
 
     if len(expected) != len(got):
         return f"returns {len(got)} outputs, eager {len(expected)}"

@@ -14,12 +14,14 @@ import dataclasses
 from typing import Any, Optional, Sequence, Tuple
 
 from ..compat import relax, tvm
+from ..config import resolve_config
+from ..pipeline import build
+from ..target import normalize_target
 from .errors import FrontendError, first_line
 
 
 class TorchImportError(FrontendError):
     """``torch.export`` or TVM's importer rejected the module (one-line message)."""
-
 
 def from_torch(module, example_inputs: Sequence[Any], *, dynamic_shapes=None,
                keep_params_as_input: bool = False) -> "tvm.IRModule":  # fmt: skip
@@ -105,10 +107,6 @@ def compile_torch(module, example_inputs: Sequence[Any], target=None,
     :class:`~tvm_ollie.config.OllieConfig`, and overrides of its fields: ``max_depth``,
     ``time_budget_s``, ``library``, ``derive``...); the target defaults to llvm.
     """
-    # pylint: disable=import-outside-toplevel
-    from ..config import resolve_config
-    from ..pipeline import build
-    from ..target import normalize_target
 
     mod = from_torch(module, example_inputs)
     target = resolve_config(options.get("config"), target=target).target or "llvm"

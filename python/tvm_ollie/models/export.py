@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 from typing import List, Tuple
 
+from tvm import relax
+
 from .registry import ModelSpec
 
 
@@ -46,7 +48,6 @@ def to_relax(spec: ModelSpec, weights: str = "params") -> Tuple[object, List[obj
         The weights, in ``main``'s parameter order after the inputs (empty for constants).
     """
     # pylint: disable=import-outside-toplevel
-    from tvm import relax
     from tvm.relax.frontend.torch import from_exported_program
 
     if weights not in WEIGHTS:

@@ -20,14 +20,17 @@ from __future__ import annotations
 import logging
 import time
 from typing import Callable, List, Optional, Sequence, Tuple
+import importlib
 
 from ..compat import relax, tvm
 from ..config import OrchestrateConfig
 from ..target import is_llvm, kind_name, normalize_target, target_kind
+from ..tune.cpu_schedule import cpu_pipeline
 from .blp import BLPProblem, BLPResult, solve_blp
 from .candidates import Candidate, enumerate_candidates, make_candidate
 from .cost import AnalyticCost, CostModel
 from .emit import KernelCycle, emit_bindings, kernel_module, plan_kernels
+from .fission import fission
 from .graph import PrimitiveGraph, build_graph
 from .joint import (Group, JointCost, JointTable, alt_nodes, banned_for, canon_map,
                     chosen_alternative, find_groups, keep_alternatives)
@@ -435,8 +438,6 @@ def _normalize(target) -> "tvm.target.Target":
 
 
 def _backend(target: "tvm.target.Target"):
-    import importlib  # pylint: disable=import-outside-toplevel
-
     name = {"llvm": "cpu_generic", "cuda": "cuda"}.get(target.kind.name, "gpu_generic")
     return importlib.import_module(f"tvm.relax.backend.{name}.pipeline")
 
@@ -509,8 +510,6 @@ def orchestrate_pipeline(target="llvm", cost: Optional[CostModel] = None,
 
 
 def _split_composites(mod: "tvm.IRModule") -> "tvm.IRModule":
-    from .fission import fission  # pylint: disable=import-outside-toplevel
-
     return fission(mod)[0]
 
 
@@ -524,7 +523,6 @@ def ollie_orchestration(target="llvm", cost: Optional[CostModel] = None,
     tgt = _normalize(target)
     if tgt.kind.name != "llvm":
         return orchestrate_pipeline(tgt, cost, _split_composites, config, reports=reports)
-    from ..tune.cpu_schedule import cpu_pipeline  # pylint: disable=import-outside-toplevel
 
     orch = Orchestrate(tgt, cost, config, joint=joint)
     # with alternatives the caller fissions first: fission drops unused bindings, which the

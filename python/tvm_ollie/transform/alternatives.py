@@ -14,6 +14,7 @@ from typing import List, Optional
 
 from ..codegen import library as lib
 from ..derive.program import Program
+from ..derive.search import derive
 from ..lift import LiftError, lift_relax_call
 from .units import is_group, is_region
 
@@ -96,7 +97,6 @@ class Candidates:
             alts.append(Alternative(None, "native"))
         if not self.derive:
             return UnitAlternatives(alts)
-        from ..derive.search import derive  # pylint: disable=import-outside-toplevel
 
         t0 = time.perf_counter()
         res = derive(expr, max_depth=self.max_depth, time_budget_s=budget_s,

@@ -32,12 +32,12 @@ from typing import Callable, Dict, Optional
 
 from ..compat import tvm
 from ..lift import LiftError, lift_relax_call
+from ..target import normalize_target
 from ..tune import analytic
 from ..tune.budget import TrialBudget
 from ..tune.calibrate import Calibration
 from ..tune.measure import compile_module, random_args, time_main
 from ..tune.metaschedule import STATS, Tuner
-from ..target import normalize_target
 from ..tune.rpc import RPCConfig
 from .alternatives import Alternative
 from .emit import EmitError

@@ -20,11 +20,11 @@ from ..codegen import library as lib
 from ..compat import relax, tvm
 from ..config import MIN_SEARCH_S, OllieConfig, resolve_config
 from ..lift import LiftError, lift_relax_call
+from ..target import normalize_target
 from ..tune import analytic
 from ..tune.budget import TrialBudget
 from ..tune.calibrate import Calibration
 from ..tune.metaschedule import STATS, Tuner
-from ..target import normalize_target
 from ..tune.rpc import RPCConfig
 from .checking import Checker, CheckFn
 from .choosing import Chooser

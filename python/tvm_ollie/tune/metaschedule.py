@@ -31,11 +31,15 @@ import types
 from dataclasses import dataclass
 from typing import List, Optional
 
+from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+import tvm_ffi
+
 from ..compat import meta_schedule, relax, tvm
 from ..target import gpu_available, is_gpu_target, is_llvm, normalize_target  # noqa: F401
 from .cpu_schedule import cpu_pipeline
 from .defaults import DefaultsMarker, DefaultsReport, commit_defaults
 from .rpc import RPCConfig, RPCError
+from .workdir import open_database
 
 __all__ = ["STATS", "TuningStats", "Tuner", "fast_build", "normalize_target", "is_gpu_target",
            "gpu_available"]
@@ -67,7 +71,6 @@ STATS = TuningStats()
 
 def fast_build(mod, target, _params):
     """LocalBuilder build function that skips the tensor-intrinsics import (llvm only)."""
-    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock  # pylint: disable=C0415
 
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
     return tvm.compile(mod, target=target).mod
@@ -146,7 +149,6 @@ def _tunable(task) -> bool:
 
 def workload_hash(mod: "tvm.IRModule") -> int:
     """Structural hash of a task's workload (how the database tells workloads apart)."""
-    import tvm_ffi  # pylint: disable=import-outside-toplevel
 
     return int(tvm_ffi.structural_hash(mod))
 
@@ -431,6 +433,5 @@ def optional_database(work_dir: Optional[str]):
     when no work dir is given."""
     if not work_dir:
         return None
-    from .workdir import open_database  # pylint: disable=import-outside-toplevel
 
     return open_database(work_dir)

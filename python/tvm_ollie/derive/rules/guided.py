@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Iterator, List, Tuple
 
 from ...ir.nodes import Access, Scope
+from ..focus import replace_node
 from .base import Rewrite, Rule, RuleContext
 from .merge import map_iters_with_pairs
 
@@ -44,7 +45,6 @@ def _chains(scope: Scope, ctx: RuleContext, depth: int,
     before it (``after`` = the previous mapping's ``x``, ``y`` and new ``t`` names; a pair that
     shares one of them is always taken).
     """
-    from ..focus import replace_node  # pylint: disable=import-outside-toplevel
 
     for x, y, t, rw in map_iters_with_pairs(scope):
         names = (x.name, y.name)
