@@ -29,6 +29,7 @@ from .frontend.targets import is_gpu, parse_target
 from .ir.interp import evaluate
 from .lift import LiftError, lift, lift_relax_call
 from .pipeline import build
+from .target import kind_name
 
 
 def conv2d_module(batch: int, channels: int, size: int, filters: int) -> "tvm.IRModule":
@@ -100,7 +101,7 @@ def run_demo(
     mod = demo_model(channels, size)
     x = np.random.default_rng(1).uniform(-1, 1, (1, channels, size, size)).astype("float32")
     print(f"demo model: conv3x3 -> relu -> conv3x3 -> relu -> conv-transpose, input "
-          f"float32[1, {channels}, {size}, {size}], target {tgt.kind.name}", file=out)
+          f"float32[1, {channels}, {size}, {size}], target {kind_name(tgt)}", file=out)
 
     with Stages(["TVM build", "ollie build", "run and time"], enabled=progress) as stages:
         start = time.perf_counter()

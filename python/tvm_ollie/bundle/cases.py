@@ -81,6 +81,7 @@ def reference_outputs(case: Case) -> List[np.ndarray]:
 def zoo_case(name: str) -> Case:
     """A zoo model at its quick size: imported with weights as parameters
     (:func:`tvm_ollie.models.to_relax`), reference = PyTorch eager on the CPU."""
+    # lazy: torch is optional and takes seconds to import
     # pylint: disable=import-outside-toplevel
     import torch
 
@@ -95,6 +96,7 @@ def zoo_case(name: str) -> Case:
 
 def _operator_case(name: str, shapes, body, torch_fn) -> Case:
     """A one-operator case: random float32 inputs (seed 0), reference in float64 PyTorch."""
+    # lazy: torch is optional and takes seconds to import
     # pylint: disable=import-outside-toplevel
     import torch
 
@@ -110,6 +112,7 @@ def conv3x3_512_case() -> Case:
     """W1: ``conv2d(x: 1x512x7x7, w: 512x512x3x3, padding 1)``."""
 
     def torch_fn(x, w):
+        # lazy: torch is optional and takes seconds to import
         import torch  # pylint: disable=import-outside-toplevel
 
         return torch.nn.functional.conv2d(x, w, padding=1)
@@ -123,6 +126,7 @@ def conv_transpose_case() -> Case:
     stride 2, padding 1)`` -> 16x256x4x4."""
 
     def torch_fn(x, k):
+        # lazy: torch is optional and takes seconds to import
         import torch  # pylint: disable=import-outside-toplevel
 
         return torch.nn.functional.conv_transpose2d(x, k, stride=2, padding=1)

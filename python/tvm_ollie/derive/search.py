@@ -153,6 +153,7 @@ class _Limits(Exception):
 
 def _state_key(expr: Scope):
     try:
+        # lazy: optional fallback kept as written (identity without the fingerprint module)
         from ..ir.fingerprint import fingerprint  # pylint: disable=import-outside-toplevel
     except ImportError:  # pragma: no cover - fingerprint module missing: identity of canon form
         return expr

@@ -119,6 +119,7 @@ def load_onnx(model, shapes: ShapeSpecs = None, simplifier: str = "auto") -> "tv
         One line: an unreadable file, a bad shape, or the operator (and node) TVM cannot import.
     """
     try:
+        # lazy: onnx is optional
         import onnx  # pylint: disable=import-outside-toplevel
     except ImportError as err:
         raise ModelLoadError("loading ONNX models needs the 'onnx' package") from err
@@ -187,6 +188,7 @@ def _dynamic_inputs(model) -> List[str]:
 
 def _import_onnx(path: str, model, shapes: Dict[str, List[int]]):
     """``(module, None)``, or ``(None, one-line message)`` when TVM's importer fails."""
+    # lazy: TVM's ONNX importer needs onnx (optional)
     from tvm.relax.frontend.onnx import from_onnx  # pylint: disable=import-outside-toplevel
 
     printed = io.StringIO()
@@ -218,6 +220,7 @@ def _declared_rank(value_info) -> Optional[int]:
 def _unsupported_nodes(model) -> List[Tuple[int, Any]]:
     """``(index, node)`` of every node TVM's ONNX importer has no converter for."""
     try:
+        # lazy: TVM's ONNX importer needs onnx (optional)
         # pylint: disable=import-outside-toplevel
         from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 

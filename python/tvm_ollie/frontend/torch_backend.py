@@ -88,6 +88,7 @@ def tvm_ollie_backend(gm, example_inputs: Sequence[Any], options: Optional[Dict]
 
 
 def _compile_graph(gm, example_inputs: List[Any], options: Dict) -> Callable:
+    # lazy: torch is optional and takes seconds to import
     import torch  # pylint: disable=import-outside-toplevel
 
     input_info = []
@@ -163,6 +164,7 @@ def _imported_graphs(gm, example_inputs: List[Any], input_info: List, single: bo
     graph input (those not frozen) stays a parameter of ``main``, in order; ``get_attr`` tensors
     (the frozen weights) become constants.
     """
+    # lazy: torch is optional and takes seconds to import
     # pylint: disable=import-outside-toplevel
     import torch
     from tvm.relax.frontend.torch import from_exported_program, from_fx
@@ -233,6 +235,7 @@ def register() -> bool:
     Returns True when it is known to dynamo afterwards (by this call or the entry point).
     """
     try:
+        # lazy: torch is optional and takes seconds to import
         # pylint: disable=import-outside-toplevel
         from torch._dynamo.backends import registry
     except ImportError:

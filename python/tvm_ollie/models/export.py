@@ -15,6 +15,7 @@ from .registry import ModelSpec
 
 def export_program(spec: ModelSpec):
     """``torch.export`` the model on its example inputs (no autograd)."""
+    # lazy: torch is optional and takes seconds to import
     import torch  # pylint: disable=import-outside-toplevel
 
     with torch.no_grad():
@@ -47,6 +48,7 @@ def to_relax(spec: ModelSpec, weights: str = "params") -> Tuple[object, List[obj
     params : list of tvm.runtime.Tensor
         The weights, in ``main``'s parameter order after the inputs (empty for constants).
     """
+    # lazy: torch is optional and takes seconds to import
     # pylint: disable=import-outside-toplevel
     from tvm.relax.frontend.torch import from_exported_program
 
@@ -63,6 +65,7 @@ def to_relax(spec: ModelSpec, weights: str = "params") -> Tuple[object, List[obj
 
 def to_onnx(spec: ModelSpec, path: str, opset: int = 18) -> str:
     """Export the model to an ONNX file at ``path`` (created directories as needed)."""
+    # lazy: torch is optional and takes seconds to import
     import torch  # pylint: disable=import-outside-toplevel
 
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -71,14 +71,14 @@ def schedule_check(target) -> KernelCheck:
         for gvar, func in fused.functions_items():
             if isinstance(func, tvm.tirx.PrimFunc) and not (
                     func.attrs is not None and "tirx.is_scheduled" in func.attrs):
-                raise ValueError(f"{gvar.name} is not scheduled for {tgt.kind.name}")
+                raise ValueError(f"{gvar.name} is not scheduled for {kind_name(tgt)}")
 
     return _check
 
 
 def default_check(target) -> KernelCheck:
     """:func:`fuse_check` on CPUs, :func:`schedule_check` on GPUs."""
-    return fuse_check if _normalize(target).kind.name == "llvm" else schedule_check(target)
+    return fuse_check if is_llvm(_normalize(target)) else schedule_check(target)
 
 
 def _after_fuse_tir(target) -> list:
@@ -438,7 +438,7 @@ def _normalize(target) -> "tvm.target.Target":
 
 
 def _backend(target: "tvm.target.Target"):
-    name = {"llvm": "cpu_generic", "cuda": "cuda"}.get(target.kind.name, "gpu_generic")
+    name = {"llvm": "cpu_generic", "cuda": "cuda"}.get(kind_name(target), "gpu_generic")
     return importlib.import_module(f"tvm.relax.backend.{name}.pipeline")
 
 
@@ -521,7 +521,7 @@ def ollie_orchestration(target="llvm", cost: Optional[CostModel] = None,
     ``FuseOps``; on llvm inside the project's CPU pipeline (default CPU schedules after
     FuseTIR), elsewhere inside :func:`orchestrate_pipeline` (``joint`` is llvm only)."""
     tgt = _normalize(target)
-    if tgt.kind.name != "llvm":
+    if not is_llvm(tgt):
         return orchestrate_pipeline(tgt, cost, _split_composites, config, reports=reports)
 
     orch = Orchestrate(tgt, cost, config, joint=joint)

@@ -24,12 +24,13 @@ from __future__ import annotations
 from typing import Callable, List, Optional
 
 from ..compat import tvm
+from ..config import OrchestrateConfig
 from ..target import is_llvm
 from ..tune.cpu_schedule import cpu_pipeline
 from .cost import CostModel
 from .joint import keep_alternatives
-from .pipeline import (KernelCheck, Orchestrate, OrchestrateConfig, _backend, _cost_for,
-                       _fission_pass, _normalize, _split_composites)
+from .pipeline import (KernelCheck, Orchestrate, _backend, _cost_for, _fission_pass, _normalize,
+                       _split_composites)
 
 __all__ = ["finish_pipeline", "ollie_tuned_build", "orchestrated_kernels",
            "tuned_orchestrate_build"]

@@ -111,7 +111,7 @@ def offer_folded(mod: "tvm.IRModule", table: JointTable) -> "tvm.IRModule":
         blocks = list(func.body.blocks)
         for bi, block in enumerate(blocks):
             if isinstance(block, relax.DataflowBlock):
-                bindings = _folded_bindings(list(block.bindings), table, uses, lib, fold_chain)
+                bindings = _folded_bindings(list(block.bindings), table, uses)
                 if bindings is not None:
                     blocks[bi] = relax.DataflowBlock(bindings)
                     updates[gv] = relax.Function(func.params, relax.SeqExpr(blocks,
@@ -125,7 +125,7 @@ def offer_folded(mod: "tvm.IRModule", table: JointTable) -> "tvm.IRModule":
     return relax.transform.Normalize()(out)
 
 
-def _folded_bindings(bindings: list, table: JointTable, uses, lib, fold_chain) -> Optional[list]:
+def _folded_bindings(bindings: list, table: JointTable, uses) -> Optional[list]:
     """The block with the folded alternatives of its library alternatives (None: none)."""
     after: Dict[int, list] = {}
     latest: Dict[str, object] = {}

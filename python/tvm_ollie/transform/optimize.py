@@ -20,7 +20,7 @@ from ..codegen import library as lib
 from ..compat import relax, tvm
 from ..config import MIN_SEARCH_S, OllieConfig, resolve_config
 from ..lift import LiftError, lift_relax_call
-from ..target import normalize_target
+from ..target import kind_name, normalize_target
 from ..tune import analytic
 from ..tune.budget import TrialBudget
 from ..tune.calibrate import Calibration
@@ -252,7 +252,7 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
                       max_states=cfg.max_states, max_candidates=cfg.max_candidates,
                       check_untuned=cfg.check_untuned, library=cfg.library, derive=cfg.derive,
                       rpc=cfg.rpc, budget=budget, **hooks)
-    report = OptimizeReport(target=str(tgt.kind.name if tgt.kind.name != "llvm" else "llvm"),
+    report = OptimizeReport(target=kind_name(tgt),
                             budget=budget, calibration=decider.calib.describe())
     tuning0, calls0 = STATS.seconds, STATS.calls
     regions = [r for r in (find_regions(mod, cfg.region_calls)
@@ -267,7 +267,7 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
     if decider.can_measure:
         _plan_budget(budget, decider, regions, calls, cfg.max_measured)
     elif cfg.trials > 0 and not budget.notes:
-        budget.notes.append(f"no {tgt.kind.name} device here to measure on: the pass decided "
+        budget.notes.append(f"no {kind_name(tgt)} device here to measure on: the pass decided "
                             "by the analytic cost")
     search = _SearchShare(cfg.search_time_s, len(sigs))
     choices: Dict[str, object] = {}

@@ -52,6 +52,7 @@ from tvm.target.codegen import llvm_get_vector_width
 import tvm_ffi
 
 from ..compat import BufferLoadNode, dlight, sym, tirx, tvm
+from ..target import is_llvm
 
 __all__ = [
     "DEFAULT_MIN_PARALLEL_WORK",
@@ -341,7 +342,7 @@ class _CPURule(dlight.ScheduleRule):
         self.min_parallel_work = int(min_parallel_work)
 
     def is_target_available(self, target: "tvm.target.Target") -> bool:
-        return target is not None and target.kind.name == "llvm"
+        return is_llvm(target)
 
 
 class InjectiveRule(_CPURule):
@@ -638,7 +639,7 @@ def cpu_schedule_pass(rules: Optional[Sequence["dlight.ScheduleRule"]] = None,
                 continue
             target = func.attrs.get("target", None) if func.attrs is not None else None
             target = target or tvm.target.Target.current(allow_none=True)
-            if target is None or target.kind.name != "llvm":
+            if not is_llvm(target):
                 continue
             new = schedule_func(func, target, rules, validate)
             if new is not None:

@@ -29,6 +29,7 @@ from typing import Iterable, List, Optional, Sequence
 from tvm import s_tir
 
 from ..compat import meta_schedule, tvm
+from ..target import is_llvm, kind_name
 from .cpu_schedule import default_rules, schedule_of
 
 __all__ = ["DefaultsMarker", "DefaultsReport", "commit_defaults", "default_schedule"]
@@ -112,9 +113,9 @@ def commit_defaults(workloads: Sequence["tvm.IRModule"], target: "tvm.target.Tar
     """
     ms = meta_schedule()
     report = DefaultsReport()
-    if target.kind.name != "llvm":
+    if not is_llvm(target):
         report.skipped = [f"{len(workloads)} task(s): no default schedule for "
-                          f"{target.kind.name}"]
+                          f"{kind_name(target)}"]
         return report
     todo = []
     for mod in workloads:

@@ -156,6 +156,7 @@ def workload_hash(mod: "tvm.IRModule") -> int:
 def _task_gain(task) -> float:
     """Expected gain of tuning a task: its estimated FLOPs times its occurrences."""
     try:
+        # lazy: inside try: a TVM without the FLOP estimate falls back to weight 1
         from tvm.s_tir.analysis import estimate_tir_flops  # pylint: disable=C0415
 
         return float(estimate_tir_flops(task.dispatched[0])) * float(task.weight)
@@ -206,8 +207,6 @@ class Tuner:
     def database(self):
         """The JSON database (opened on first use; a cut-short file is repaired first)."""
         if self._db is None:
-            from .workdir import open_database  # pylint: disable=import-outside-toplevel
-
             self._db = open_database(self.work_dir)
         return self._db
 

@@ -52,6 +52,7 @@ def require_tracker_dependencies() -> None:
     ImportError surfaces from a subprocess, far from the command that needed it.
     """
     try:
+        # lazy: tornado is optional (the rpc extra)
         import tornado  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
     except ImportError as err:
         raise RPCError(f"the RPC tracker needs tornado, which is missing ({err}): "
