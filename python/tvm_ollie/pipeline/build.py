@@ -19,8 +19,6 @@ import os
 import tempfile
 from typing import Optional, Tuple
 
-from tvm.relax import pipeline as relax_pipelines
-
 from ..compat import relax, tvm
 from ..config import OllieConfig, resolve_config
 from ..target import gpu_available, is_gpu_target, is_llvm, kind_name, normalize_target
@@ -36,7 +34,7 @@ from .joint_plans import joint_build
 
 __all__ = ["build", "cuda_source", "ollie_pipeline", "PIPELINE_NAME"]
 
-LOG = logging.getLogger("tvm_ollie.transform")
+LOG = logging.getLogger("tvm_ollie.transform")  # the name it logged under before the move
 
 PIPELINE_NAME = "ollie"
 
@@ -227,7 +225,7 @@ def ollie_pipeline(target=None, orchestrate: Optional[bool] = None,
 
 
 def _register() -> None:
-    if PIPELINE_NAME not in relax_pipelines.PIPELINE_MAP:
+    if PIPELINE_NAME not in relax.pipeline.PIPELINE_MAP:
         relax.register_pipeline(PIPELINE_NAME)(ollie_pipeline)
 
 
