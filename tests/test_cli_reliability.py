@@ -337,7 +337,7 @@ _API_SCRIPT = textwrap.dedent("""
     import sys
     sys.path.insert(0, sys.argv[2])
     import tiny_models
-    from tvm_ollie.transform import build
+    from tvm_ollie.pipeline import build
     from tvm_ollie.tune import STATS
 
     ex, report = build(tiny_models.relax_module(), "llvm", trials=1, work_dir=sys.argv[1],
@@ -349,7 +349,7 @@ _API_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.tuning
 def test_clean_exit_after_tuning_through_the_api(tmp_path):
-    """``tvm_ollie.transform.build`` with trials, then an ordinary interpreter exit."""
+    """``tvm_ollie.pipeline.build`` with trials, then an ordinary interpreter exit."""
     frontend_tests = os.path.join(os.path.dirname(__file__), "frontend")
     proc = subprocess.run(
         [sys.executable, "-c", _API_SCRIPT, str(tmp_path / "wd"), frontend_tests],

@@ -11,12 +11,12 @@ from tvm import relax
 from tvm_ollie import cli, demo
 from tvm_ollie.config import DEFAULTS, ConfigError, OllieConfig, config_scope, current_config, \
     resolve_config
-from tvm_ollie.frontend.builder import single_function_module, tensor_var
-from tvm_ollie.orchestrate import OrchestrateConfig
+from tvm_ollie.codegen.builder import single_function_module, tensor_var
+from tvm_ollie.config import OrchestrateConfig
 from tvm_ollie.transform import decide, optimize
 from tvm_ollie.transform.report import OptimizeReport
 
-build_mod = importlib.import_module("tvm_ollie.transform.build")
+build_mod = importlib.import_module("tvm_ollie.pipeline.build")
 
 
 def _tiny():
@@ -174,3 +174,30 @@ def test_cli_flags_build_one_config(monkeypatch, capsys):
     assert cfg.target.kind.name == "llvm"
     assert cli.main(["explain", "m.onnx", "--max-states", "0"]) == cli.EXIT_USER_ERROR
     assert "--max-states must be >= 1" in capsys.readouterr().err
+
+
+def test_orchestrate_config_lives_in_config():
+    """``OrchestrateConfig`` is defined in ``tvm_ollie.config`` (floor 0) and still importable
+    from ``tvm_ollie.orchestrate``; ``OllieConfig.orchestration`` holds one."""
+    from tvm_ollie import orchestrate  # pylint: disable=import-outside-toplevel
+
+    assert orchestrate.OrchestrateConfig is OrchestrateConfig
+    assert OllieConfig.__dataclass_fields__["orchestration"].type == \
+        "Optional[OrchestrateConfig]"
+    cfg = OllieConfig.from_dict({"orchestration": {"max_kernel_size": 3}})
+    assert cfg.orchestrate_config() == OrchestrateConfig(max_kernel_size=3)
+    assert OllieConfig().orchestrate_config() == OrchestrateConfig()
+
+
+def test_transform_build_is_a_deprecated_alias():
+    """``tvm_ollie.transform.build`` & co. moved to ``tvm_ollie.pipeline``: the old names still
+    work for one release, with a DeprecationWarning, and ``"ollie"`` is registered."""
+    import tvm_ollie  # pylint: disable=import-outside-toplevel
+    from tvm_ollie import pipeline  # pylint: disable=import-outside-toplevel
+
+    assert tvm_ollie.build is pipeline.build
+    for name in ("build", "cuda_source", "ollie_pipeline", "PIPELINE_NAME"):
+        with pytest.warns(DeprecationWarning, match=f"tvm_ollie.pipeline.{name}"):
+            assert getattr(tvm_ollie.transform, name) is getattr(pipeline, name)
+    assert importlib.import_module("tvm_ollie.transform.build") is build_mod
+    assert pipeline.PIPELINE_NAME in relax.pipeline.PIPELINE_MAP

@@ -7,8 +7,9 @@ The public entry points (see the README):
 * :func:`evaluate` runs an expression on numpy arrays (the reference interpreter);
 * :func:`lower` turns an expression back into a TVM PrimFunc;
 * :func:`derive` searches equivalent programs: target operators plus memory-bound eOperators;
-* :mod:`tvm_ollie.transform` holds the Relax pass ``OllieOptimize``; importing ``tvm_ollie``
-  registers the ``"ollie"`` Relax pipeline, so ``tvm.compile(mod, target,
+* :mod:`tvm_ollie.transform` holds the Relax pass ``OllieOptimize``;
+* :func:`build` (:mod:`tvm_ollie.pipeline`) rewrites and compiles a Relax module; importing
+  ``tvm_ollie`` registers the ``"ollie"`` Relax pipeline, so ``tvm.compile(mod, target,
   relax_pipeline="ollie")`` works.
 
 * :class:`OllieConfig` holds every option (one default each); every entry point takes
@@ -27,13 +28,18 @@ The public entry points (see the README):
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import Any, Mapping
 
 from . import native
 from . import ir  # noqa: F401
 from .config import OllieConfig, config_scope  # noqa: F401  (the options of every entry point)
 from . import derive, lift  # noqa: F401  (callable subpackages: ollie.lift(x), ollie.derive(e))
-from . import transform  # noqa: F401  (registers the "ollie" pipeline)
+from . import orchestrate, transform  # noqa: F401  (the two passes)
+from . import pipeline  # noqa: F401  (registers the "ollie" pipeline)
+from .codegen.lower import lower as _lower
+from .ir.interp import evaluate as _evaluate
+from .pipeline import build  # noqa: F401  (rewrite + compile: ollie.build(mod, target))
 
 __version__ = "0.1.0"
 
@@ -52,15 +58,11 @@ if "torch._dynamo" in sys.modules:
 
 def evaluate(expr: "ir.Node", inputs: Mapping[str, Any], **kwargs: Any):
     """Evaluate an expression on numpy inputs. See :func:`tvm_ollie.ir.interp.evaluate`."""
-    from .ir.interp import evaluate as _evaluate  # pylint: disable=import-outside-toplevel
-
     return _evaluate(expr, inputs, **kwargs)
 
 
 def lower(expr: "ir.Scope", name: str = "main", **kwargs: Any):
     """Lower an expression to a TVM PrimFunc. See :func:`tvm_ollie.codegen.lower.lower`."""
-    from .codegen.lower import lower as _lower  # pylint: disable=import-outside-toplevel
-
     return _lower(expr, name=name, **kwargs)
 
 
@@ -72,6 +74,7 @@ def from_torch(module, example_inputs, **kwargs: Any):
     :func:`tvm_ollie.frontend.torch_entry.compile_torch` for a torch-callable model.
     """
     # pylint: disable=import-outside-toplevel
+    # lazy: the importers load when used (register() imports torch, an optional dependency)
     from .frontend.torch_backend import register
     from .frontend.torch_entry import from_torch as _from_torch
 
@@ -84,6 +87,7 @@ def from_onnx(model, shapes=None, **kwargs: Any):
 
     See :func:`tvm_ollie.frontend.loader.load_onnx`.
     """
+    # lazy: the importers load when used (the loader then imports onnx, an optional dependency)
     from .frontend.loader import load_onnx  # pylint: disable=import-outside-toplevel
 
     return load_onnx(model, shapes, **kwargs)
@@ -98,3 +102,24 @@ def profile_model(model, **kwargs: Any):
     from .profiler import profile_model as _profile  # pylint: disable=import-outside-toplevel
 
     return _profile(model, **kwargs)
+
+
+# -- deprecated: tvm_ollie.transform.build & co. moved to tvm_ollie.pipeline ------------------
+# transform/ sits below pipeline/ and never imports it; the old names are provided from here
+# (above every floor) for one release: attribute access warns, and ``import
+# tvm_ollie.transform.build`` finds the module's new home.
+
+_MOVED_FROM_TRANSFORM = ("build", "cuda_source", "ollie_pipeline", "PIPELINE_NAME")
+
+
+def _transform_getattr(name: str):
+    if name in _MOVED_FROM_TRANSFORM:
+        warnings.warn(f"tvm_ollie.transform.{name} moved to tvm_ollie.pipeline.{name} "
+                      f"(tvm_ollie.{name} for build); the old name goes in the next release",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(pipeline, name)
+    raise AttributeError(f"module 'tvm_ollie.transform' has no attribute {name!r}")
+
+
+transform.__getattr__ = _transform_getattr
+sys.modules.setdefault("tvm_ollie.transform.build", sys.modules["tvm_ollie.pipeline.build"])

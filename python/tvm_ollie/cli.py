@@ -66,6 +66,7 @@ def _compile(args: argparse.Namespace) -> int:
     from .frontend.inputs import module_signature, save_signature
     from .frontend.progress import Stages
     from .frontend.targets import is_gpu
+    from .pipeline import build
 
     target = _target(args.target)
     config = _config(args, target, orchestrate=args.orchestrate, dtype=args.dtype)
@@ -74,7 +75,7 @@ def _compile(args: argparse.Namespace) -> int:
             ["loading model", "optimizing and building", "exporting"]) as stages:
         mod = _load(args)
         stages.next()
-        ex, report = _transform().build(mod, config=config)
+        ex, report = build(mod, config=config)
         stages.next()
         ex.export_library(tmp_out.path)
         tmp_out.commit(save_signature(tmp_out.path, module_signature(mod)))

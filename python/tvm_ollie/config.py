@@ -2,7 +2,7 @@
 
 The options of a run (target, derivation limits, trial budget, work dir, which implementations
 compete, orchestration) used to be keyword arguments repeated, with drifting defaults, by the
-CLI, :func:`~tvm_ollie.transform.build`, :func:`~tvm_ollie.transform.optimize_module`, the
+CLI, :func:`~tvm_ollie.pipeline.build`, :func:`~tvm_ollie.transform.optimize_module`, the
 ``"ollie"`` pipeline, :class:`~tvm_ollie.transform.OllieOptimize`, the demo and the tuner. They
 now live here, once; every entry point takes ``config=`` and keeps its old keywords as
 overrides of it::
@@ -26,14 +26,42 @@ import contextvars
 import dataclasses
 import numbers
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Optional, Tuple
+from typing import Any, Callable, Iterator, Mapping, Optional, Tuple
 
-__all__ = ["ConfigError", "OllieConfig", "DEFAULTS", "config_scope", "current_config",
-           "resolve_config"]
+__all__ = ["ConfigError", "OllieConfig", "OrchestrateConfig", "DEFAULTS", "config_scope",
+           "current_config", "resolve_config"]
 
 
 class ConfigError(ValueError):
     """An invalid option (the message is one line naming the option)."""
+
+
+@dataclass(frozen=True)
+class OrchestrateConfig:
+    """Limits of orchestration (one frozen object that travels through the pass; also
+    importable as ``tvm_ollie.orchestrate.OrchestrateConfig``).
+
+    ``max_kernel_size`` primitives per kernel; ``max_candidates`` per partition enumeration;
+    ``time_limit_s`` per binary program; partitions of ``min_partition_nodes`` to
+    ``max_partition_nodes`` primitives (:func:`tvm_ollie.orchestrate.partition.partition`),
+    split in two while they have more than ``max_partition_candidates`` candidates;
+    ``max_rounds`` solves per partition when chosen kernels fail their check or form a cycle.
+    ``solver(problem, time_limit_s) -> BLPResult`` (a
+    :class:`~tvm_ollie.orchestrate.blp.BLPProblem` in, a
+    :class:`~tvm_ollie.orchestrate.blp.BLPResult` out) replaces
+    :func:`tvm_ollie.orchestrate.blp.solve_blp` (None: HiGHS), so that a solver that times out
+    or finds nothing can be given through the public pipeline (the fault tests do; the build
+    then keeps the primitives as single kernels and says why).
+    """
+
+    max_kernel_size: int = 8
+    max_candidates: int = 3000
+    time_limit_s: float = 10.0
+    max_partition_nodes: int = 128
+    min_partition_nodes: int = 48
+    max_partition_candidates: int = 1000
+    max_rounds: int = 4
+    solver: Optional[Callable[[Any, float], Any]] = None
 
 
 @dataclass(frozen=True)
@@ -87,17 +115,16 @@ class OllieConfig:
     joint : bool
         With ``orchestrate`` (local builds; with ``trials`` where the target can be tuned
         here): the derivation alternatives of every heavy call and the kernel boundaries are
-        chosen by one selection (:mod:`tvm_ollie.orchestrate.joint_plans`).
+        chosen by one selection (:mod:`tvm_ollie.pipeline.joint_plans`).
     joint_guard : bool
         With ``joint`` on a target that runs here (local CPU): also build the refined,
         sequential (derive, then orchestrate), derivation-only and orchestration-only plans
         from the joint build's decisions, time them whole on the same inputs and keep the
-        fastest (:mod:`tvm_ollie.orchestrate.guard`; ``report.plans`` says which; with
+        fastest (:mod:`tvm_ollie.pipeline.guard`; ``report.plans`` says which; with
         ``trials``, the rest of the budget then tunes the kept plan). False: the joint plan as
         selected, no extra builds.
     orchestration : OrchestrateConfig, optional
-        Limits of orchestration (:class:`tvm_ollie.orchestrate.OrchestrateConfig`; None: its
-        defaults).
+        Limits of orchestration (:class:`OrchestrateConfig`; None: its defaults).
     calibration : Calibration, optional
         Analytic cost calibration (None: measured for the target; give one for reproducible
         decisions).
@@ -131,7 +158,7 @@ class OllieConfig:
     orchestrate: bool = False
     joint: bool = False
     joint_guard: bool = True
-    orchestration: Any = None
+    orchestration: Optional[OrchestrateConfig] = None
     calibration: Any = None
     rpc: Any = None
     verbose: bool = False
@@ -190,8 +217,6 @@ class OllieConfig:
         _check_names(opts)
         orch = opts.get("orchestration")
         if isinstance(orch, Mapping):
-            from .orchestrate.pipeline import OrchestrateConfig  # pylint: disable=C0415
-
             try:
                 opts["orchestration"] = OrchestrateConfig(**orch)
             except TypeError as err:
@@ -202,12 +227,10 @@ class OllieConfig:
         """The options as a flat dict (objects such as ``rpc`` kept as they are)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
-    def orchestrate_config(self):
+    def orchestrate_config(self) -> OrchestrateConfig:
         """:attr:`orchestration`, or the orchestration defaults."""
         if self.orchestration is not None:
             return self.orchestration
-        from .orchestrate.pipeline import OrchestrateConfig  # pylint: disable=C0415
-
         return OrchestrateConfig()
 
 

@@ -2,7 +2,7 @@
 
 * :func:`run_demo` (``tvm-ollie demo``, the README's main job): a small convolutional model with
   seeded random weights is built twice, by TVM's default Relax pipeline and by the ollie build
-  (``tvm_ollie.transform.build``); the outputs are checked against each other and the report of
+  (``tvm_ollie.pipeline.build``); the outputs are checked against each other and the report of
   per-operator decisions is printed with both builds' median latencies.
 * :func:`run_roundtrip` (``tvm-ollie roundtrip``): one conv2d is lifted out of a Relax module into
   an expression, printed, lowered back into a TVM PrimFunc, built for llvm and checked against
@@ -17,9 +17,19 @@ from typing import Optional, TextIO, Tuple
 
 import numpy as np
 
+from .codegen.builder import single_function_module, tensor_var
+from .codegen.lower import lower
 from .compat import relax, tvm
 from .config import OllieConfig, resolve_config
-from .frontend.builder import single_function_module, tensor_var
+from .frontend.errors import FrontendError
+from .frontend.explain import chosen_lines, decision_details, decision_table, summary_line
+from .frontend.loader import iter_op_calls
+from .frontend.progress import Stages
+from .frontend.targets import is_gpu, parse_target
+from .ir.interp import evaluate
+from .lift import LiftError, lift, lift_relax_call
+from .pipeline import build
+from .target import kind_name
 
 
 def conv2d_module(batch: int, channels: int, size: int, filters: int) -> "tvm.IRModule":
@@ -79,11 +89,6 @@ def run_demo(
     by ``target``, ``trials``, ``work_dir``, ``max_depth``, ``time_budget_s``, ``library`` and
     ``derive`` when given.
     """
-    # pylint: disable=import-outside-toplevel
-    from .frontend.explain import chosen_lines, decision_details, decision_table, summary_line
-    from .frontend.progress import Stages
-    from .frontend.targets import parse_target
-    from .transform import build
 
     cfg = resolve_config(config, target=target, trials=trials, work_dir=work_dir,
                          max_depth=max_depth, time_budget_s=time_budget_s, library=library,
@@ -96,7 +101,7 @@ def run_demo(
     mod = demo_model(channels, size)
     x = np.random.default_rng(1).uniform(-1, 1, (1, channels, size, size)).astype("float32")
     print(f"demo model: conv3x3 -> relu -> conv3x3 -> relu -> conv-transpose, input "
-          f"float32[1, {channels}, {size}, {size}], target {tgt.kind.name}", file=out)
+          f"float32[1, {channels}, {size}, {size}], target {kind_name(tgt)}", file=out)
 
     with Stages(["TVM build", "ollie build", "run and time"], enabled=progress) as stages:
         start = time.perf_counter()
@@ -133,9 +138,6 @@ def run_demo(
 
 
 def _device(target: "tvm.target.Target") -> "tvm.runtime.Device":
-    from .frontend.errors import FrontendError  # pylint: disable=import-outside-toplevel
-    from .frontend.targets import is_gpu  # pylint: disable=import-outside-toplevel
-
     dev = tvm.cuda(0) if is_gpu(target) else tvm.cpu(0)
     if not dev.exist:
         raise FrontendError(f"the demo runs what it builds, and there is no {dev} here")
@@ -173,8 +175,6 @@ def _median_ms(func, *args, repeat: int = 5) -> float:
 def run_roundtrip(batch: int = 1, channels: int = 64, size: int = 14, filters: int = 64,
              out: TextIO = sys.stdout) -> bool:
     """Run the round trip and print what happens; returns whether every check passed."""
-    from . import evaluate, lift, lower  # pylint: disable=import-outside-toplevel
-    from .frontend.loader import iter_op_calls  # pylint: disable=import-outside-toplevel
 
     mod = conv2d_module(batch, channels, size, filters)
     (_, _, call), = [c for c in iter_op_calls(mod) if c[2].op.name == "relax.nn.conv2d"]
@@ -220,8 +220,6 @@ def _run_relax(mod: "tvm.IRModule", args) -> np.ndarray:
 
 def print_lifted_ops(mod: "tvm.IRModule", out: TextIO = sys.stdout) -> None:
     """Print every operator of ``mod`` with its expression, or why it cannot be lifted."""
-    from .frontend.loader import iter_op_calls  # pylint: disable=import-outside-toplevel
-    from .lift import LiftError, lift_relax_call  # pylint: disable=import-outside-toplevel
 
     for func_name, var, call in iter_op_calls(mod):
         try:

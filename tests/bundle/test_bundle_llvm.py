@@ -16,7 +16,7 @@ import pytest
 
 from tvm_ollie.bundle import Case, build_bundle, read_manifest
 from tvm_ollie.compat import relax
-from tvm_ollie.frontend.builder import single_function_module, tensor_var
+from tvm_ollie.codegen.builder import single_function_module, tensor_var
 from tvm_ollie.tune.calibrate import EFFICIENCY, Calibration
 
 #: Given roofline (no calibration measurements), short derivation: a cheap ollie build.

@@ -13,7 +13,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import tvm_ollie.transform  # noqa: E402
 from tvm_ollie.frontend import torch_backend  # noqa: E402
 from tvm_ollie.frontend.torch_freeze import (  # noqa: E402
     FrozenInputs, freezable_inputs, freeze_graph, mutated_inputs)
@@ -144,7 +143,7 @@ def _compile_capturing(module, monkeypatch, **options):
     """torch.compile with the backend; the arguments of every Relax ``main`` built, and the
     compiled functions dynamo received."""
     built, compiled, scripts = [], _Compiled(), []
-    real_build = tvm_ollie.transform.build
+    real_build = torch_backend.build
 
     def build(mod, *args, **kwargs):
         built.append(len(mod["main"].params))
@@ -156,7 +155,7 @@ def _compile_capturing(module, monkeypatch, **options):
         compiled.append(fn)
         return fn
 
-    monkeypatch.setattr(tvm_ollie.transform, "build", build)
+    monkeypatch.setattr(torch_backend, "build", build)
     torch._dynamo.reset()
     compiled.scripts = scripts
     return torch.compile(module, backend=backend, dynamic=False), built, compiled

@@ -1,7 +1,7 @@
 """Differential check of the pass: TVM's build against the ollie build, every alternative forced.
 
 For one generated :class:`~op_strategies.Case` the module is built by plain ``tvm.compile(mod,
-"llvm")`` (the reference) and by :func:`tvm_ollie.transform.build` once per alternative the
+"llvm")`` (the reference) and by :func:`tvm_ollie.pipeline.build` once per alternative the
 decision core derives for the operator or for a region around it (the operator with its bias
 and activation), each forced through the public ``chooser`` option (derived programs on TVM
 kernels and on native library kernels, and the original on its native kernel). Every
@@ -28,7 +28,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tvm_ollie.transform import build
+from tvm_ollie.pipeline import build
 from tvm_ollie.tune.calibrate import EFFICIENCY, Calibration
 
 #: llvm roofline with the GPU efficiency table: fixed (no timing), derived programs look cheap

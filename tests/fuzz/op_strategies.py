@@ -19,7 +19,7 @@ import numpy as np
 from hypothesis import strategies as st
 from tvm import relax
 
-from tvm_ollie.frontend.builder import single_function_module, tensor_var
+from tvm_ollie.codegen.builder import single_function_module, tensor_var
 
 #: data/kernel layouts per convolution rank (the first is TVM's default)
 CONV_LAYOUTS = {

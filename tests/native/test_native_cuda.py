@@ -306,7 +306,7 @@ def test_kernels_through_relax_on_cuda():
     from tvm import relax
 
     from tvm_ollie.codegen import library as lib
-    from tvm_ollie.frontend.builder import single_function_module, tensor_var
+    from tvm_ollie.codegen.builder import single_function_module, tensor_var
 
     rng = np.random.default_rng(7)
     x = rng.standard_normal((1, 4, 6, 6), dtype=np.float32)

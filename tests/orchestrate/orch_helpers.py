@@ -7,7 +7,7 @@ import random
 import numpy as np
 
 from tvm_ollie.compat import relax, tvm
-from tvm_ollie.frontend.builder import single_function_module, tensor_var
+from tvm_ollie.codegen.builder import single_function_module, tensor_var
 from tvm_ollie.tune.calibrate import EFFICIENCY, Calibration
 
 #: A fixed roof, so decisions do not depend on this machine's load.

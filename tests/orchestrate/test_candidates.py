@@ -5,7 +5,7 @@ import itertools
 import pytest
 
 from tvm_ollie.compat import relax
-from tvm_ollie.frontend.builder import single_function_module, tensor_var
+from tvm_ollie.codegen.builder import single_function_module, tensor_var
 from tvm_ollie.orchestrate import build_graph, enumerate_candidates, is_convex
 from tvm_ollie.orchestrate.candidates import admissible
 

@@ -3,7 +3,7 @@
 import pytest
 from tvm import relax
 
-from tvm_ollie.frontend.builder import single_function_module, tensor_var
+from tvm_ollie.codegen.builder import single_function_module, tensor_var
 from tvm_ollie.orchestrate.draw import draw_kernels, kernel_layout
 from tvm_ollie.orchestrate.fission import fission
 

@@ -9,9 +9,10 @@ from tvm_ollie.compat import relax, tvm
 from tvm_ollie.orchestrate import blp as blp_mod
 from tvm_ollie.orchestrate import pipeline as pipe
 from tvm_ollie.orchestrate.cost import CostModel
-from tvm_ollie.orchestrate.joint import apply_picked, offer_alternatives, offer_folded
-from tvm_ollie.orchestrate.joint_plans import joint_build
+from tvm_ollie.orchestrate.joint import apply_picked
 from tvm_ollie.orchestrate.pipeline import ollie_orchestration
+from tvm_ollie.pipeline.joint import offer_alternatives, offer_folded
+from tvm_ollie.pipeline.joint_plans import joint_build
 from tvm_ollie.transform.decide import Alternative, Choice
 
 from orch_helpers import CALIB
@@ -191,7 +192,7 @@ def test_linear_measured_cost_routes_linear_candidates():
 def test_build_joint_option_reaches_the_joint_selection(caplog):
     """``build(..., orchestrate=True, joint=True)`` (the config's ``joint``) builds through the
     joint selection: its report lists the conv's decision and the output is TVM's."""
-    from tvm_ollie.transform import build
+    from tvm_ollie.pipeline import build
 
     ex, report = build(_conv_module(), "llvm", orchestrate=True, joint=True, calibration=CALIB,
                        check_untuned=False, time_budget_s=0.5, max_depth=1, derive=False)

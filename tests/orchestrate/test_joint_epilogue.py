@@ -1,5 +1,5 @@
 """Joint selection with folded epilogues: a library alternative of a heavy call is also offered
-with its bias/residual/activation consumers folded in (orchestrate.joint.offer_folded), as the
+with its bias/residual/activation consumers folded in (pipeline.joint.offer_folded), as the
 sequential build folds them (transform.epilogue.fuse_epilogues)."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from tvm_ollie.compat import relax, tvm
 from tvm_ollie.orchestrate.cost import CostModel
 from tvm_ollie.orchestrate.fission import fission
 from tvm_ollie.orchestrate.graph import build_graph
-from tvm_ollie.orchestrate.joint import (AltInfo, Group, JointCost, find_groups,
-                                         keep_alternatives, offer_alternatives, offer_folded)
+from tvm_ollie.orchestrate.joint import AltInfo, Group, JointCost, find_groups, keep_alternatives
 from tvm_ollie.orchestrate.pipeline import _drop_crossing, ollie_orchestration
+from tvm_ollie.pipeline.joint import offer_alternatives, offer_folded
 from tvm_ollie.transform.decide import MARGIN, Alternative, Choice
 
 pytestmark = pytest.mark.skipif(not native.load(), reason="native library not loaded")
@@ -167,7 +167,7 @@ def test_joint_cost_compares_measured_times_as_the_decider(t_lib, lib_cheaper):
     graph = build_graph(mod["main"].body.blocks[0], mod)
     (group,) = find_groups(graph, table)
     assert group.extends == [None, None, 1]
-    cost = JointCost(_LinearCost(0.0), [group], graph)
+    cost = JointCost(_LinearCost(0.0), [group], graph, table.margin)
 
     def alone(k):
         return cost.correction[group.lasts[k]] + sum(

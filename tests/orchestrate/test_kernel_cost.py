@@ -4,7 +4,7 @@ import json
 import os
 
 from tvm_ollie.compat import relax
-from tvm_ollie.frontend.builder import single_function_module, tensor_var
+from tvm_ollie.codegen.builder import single_function_module, tensor_var
 from tvm_ollie.orchestrate import AnalyticCost, MeasuredCost, build_graph
 from tvm_ollie.orchestrate.candidates import make_candidate
 from tvm_ollie.orchestrate.cost import kernel_traffic

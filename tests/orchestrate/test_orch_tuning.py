@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from tvm_ollie.compat import cuda_target, relax, tvm
-from tvm_ollie.frontend.builder import single_function_module, tensor_var
+from tvm_ollie.codegen.builder import single_function_module, tensor_var
 from tvm_ollie.orchestrate import OrchestrateConfig
 from tvm_ollie.orchestrate.pipeline import _split_composites
 from tvm_ollie.orchestrate.tuned import orchestrated_kernels, tuned_orchestrate_build
-from tvm_ollie.tune.measure import compile_module
+from tvm_ollie.pipeline import compile_module
 from tvm_ollie.tune.metaschedule import legalize_and_fuse
 
 from orch_helpers import const, random_args, run
@@ -108,7 +108,7 @@ def test_solver_failure_falls_back_to_single_kernels_under_tuning(case):
 
 def test_build_gives_the_final_share_to_the_orchestrated_kernels(monkeypatch, case):
     """``build``: the pass runs, then the final task's trials go to the orchestrated kernels."""
-    build_mod = importlib.import_module("tvm_ollie.transform.build")
+    build_mod = importlib.import_module("tvm_ollie.pipeline.build")
     made = []
 
     class Recording(FakeTuner):
@@ -130,7 +130,7 @@ def test_build_gives_the_final_share_to_the_orchestrated_kernels(monkeypatch, ca
 @pytest.mark.tuning
 def test_orchestrated_build_with_real_tuning(tmp_path, case):
     """MetaSchedule (about 3 s a trial here) tunes the orchestrated kernels with 2 trials."""
-    from tvm_ollie.transform import build
+    from tvm_ollie.pipeline import build
 
     mod, args, ref, _ = case
     ex, report = build(mod, "llvm", trials=2, orchestrate=True, work_dir=str(tmp_path))

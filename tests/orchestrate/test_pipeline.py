@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tvm_ollie.compat import cuda_target, relax, tvm
-from tvm_ollie.frontend.builder import single_function_module, tensor_var
+from tvm_ollie.codegen.builder import single_function_module, tensor_var
 from tvm_ollie.orchestrate import (AnalyticCost, CostModel, OrchestrateConfig,
                                    orchestrate_module, orchestrate_pipeline)
 from tvm_ollie.orchestrate.emit import KernelCycle, plan_kernels

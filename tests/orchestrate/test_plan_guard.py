@@ -1,4 +1,4 @@
-"""The joint build's never-worse guard (orchestrate.guard): whole plans timed, fastest kept."""
+"""The joint build's never-worse guard (pipeline.guard): whole plans timed, fastest kept."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pytest
 
 from tvm_ollie.compat import relax, tvm
 from tvm_ollie.config import ConfigError, OllieConfig
-from tvm_ollie.orchestrate.guard import (GUARD_MARGIN, GuardError, PlanSkipped, alternating,
-                                         alternating_medians, guard_plans, plan_tolerance)
-from tvm_ollie.orchestrate.joint_plans import GUARD_PREFERENCE
+from tvm_ollie.pipeline.guard import (GUARD_MARGIN, GuardError, PlanSkipped, alternating,
+                                      alternating_medians, guard_plans, plan_tolerance)
+from tvm_ollie.pipeline.joint_plans import GUARD_PREFERENCE
 
 from orch_helpers import CALIB
 
@@ -269,7 +269,7 @@ def test_build_keeps_the_plan_the_timer_finds_fastest(fastest):
     """``build(orchestrate=True, joint=True)``: the guard times the plans of the same
     decisions and the report names the one kept (the refined plan is skipped: the joint
     selection had nothing to pick)."""
-    from tvm_ollie.transform import build
+    from tvm_ollie.pipeline import build
 
     times = {"joint": 3e-3, "sequential": 2e-3, "derivation": 2e-3, "orchestration": 2e-3}
     times[fastest] = 1e-3
@@ -291,7 +291,7 @@ def test_build_keeps_the_plan_the_timer_finds_fastest(fastest):
 
 
 def test_build_without_the_guard_times_nothing():
-    from tvm_ollie.transform import build
+    from tvm_ollie.pipeline import build
 
     def timer(_runs):
         raise AssertionError("the guard is off")
@@ -309,7 +309,7 @@ def test_tuned_joint_build_tunes_the_plan_the_guard_kept(monkeypatch, guard):
     plan is built once, tuned."""
     import importlib
 
-    build_mod = importlib.import_module("tvm_ollie.transform.build")
+    build_mod = importlib.import_module("tvm_ollie.pipeline.build")
     made = []
 
     class Recording:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from tvm_ollie.compat import relax, tvm
-from tvm_ollie.frontend.builder import single_function_module, tensor_var
+from tvm_ollie.codegen.builder import single_function_module, tensor_var
 from tvm_ollie.orchestrate import KINDS, OP_KIND, build_graph, kind_of
 from tvm_ollie.orchestrate.primitives import primfunc_flops
 

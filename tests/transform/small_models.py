@@ -4,8 +4,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tvm_ollie.frontend.builder import single_function_module as _module
-from tvm_ollie.frontend.builder import tensor_var as _var
+from tvm_ollie.codegen.builder import single_function_module as _module
+from tvm_ollie.codegen.builder import tensor_var as _var
 from tvm_ollie.tune.calibrate import EFFICIENCY, Calibration
 
 #: A fixed calibration on llvm with the GPU efficiency table (GEMMs beat direct convolutions):

@@ -8,9 +8,10 @@ from tvm import relax
 
 import small_models as sm
 from tvm_ollie.derive.search import derive
-from tvm_ollie.frontend.builder import single_function_module, tensor_var
+from tvm_ollie.codegen.builder import single_function_module, tensor_var
 from tvm_ollie.lift import lift_relax_call
-from tvm_ollie.transform import PIPELINE_NAME, build, cuda_source, emit_program
+from tvm_ollie.pipeline import PIPELINE_NAME, build, cuda_source
+from tvm_ollie.transform import emit_program
 from tvm_ollie.transform.decide import isolated_module
 
 logging.getLogger("tvm_ollie.derive").setLevel(logging.CRITICAL)

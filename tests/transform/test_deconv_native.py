@@ -11,9 +11,9 @@ from tvm import relax
 import small_models as sm
 from tvm_ollie import native
 from tvm_ollie.codegen import library as lib
-from tvm_ollie.frontend.builder import single_function_module, tensor_var
+from tvm_ollie.codegen.builder import single_function_module, tensor_var
 from tvm_ollie.lift import lift_relax_call
-from tvm_ollie.transform import build
+from tvm_ollie.pipeline import build
 from tvm_ollie.transform.epilogue import fuse_epilogues
 from tvm_ollie.tune import analytic
 from tvm_ollie.tune.calibrate import Calibration

@@ -12,7 +12,7 @@ import tvm
 
 import small_models as sm
 from tvm_ollie import native
-from tvm_ollie.transform import build
+from tvm_ollie.pipeline import build
 
 from test_decide import OPTS, FakeTimer  # noqa: E402  pylint: disable=wrong-import-position
 

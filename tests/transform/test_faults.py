@@ -12,7 +12,8 @@ import tvm
 import small_models as sm
 from tvm_ollie.orchestrate import BLPResult, OrchestrateConfig
 from tvm_ollie.orchestrate.pipeline import ollie_orchestration
-from tvm_ollie.transform import OllieOptimize, build, optimize_module
+from tvm_ollie.pipeline import build
+from tvm_ollie.transform import OllieOptimize, optimize_module
 from tvm_ollie.tune.metaschedule import Tuner
 
 OPTS = dict(max_depth=1, time_budget_s=2.0, calibration=sm.LLVM_CALIB)
@@ -129,7 +130,7 @@ def test_native_library_missing():
         "sys.path.insert(0, 'tests/transform')\n"
         "import small_models as sm\n"
         "from tvm_ollie import native\n"
-        "from tvm_ollie.transform import build\n"
+        "from tvm_ollie.pipeline import build\n"
         "logging.basicConfig(level=logging.WARNING)\n"
         "assert not native.load()\n"
         "mod = sm.conv3x3()\n"

@@ -8,7 +8,8 @@ import small_models as sm
 from tvm import relax
 from tvm_ollie.derive.program import Program, Stage
 from tvm_ollie.ir.nodes import Call, IterVar, Scope, Tensor, Var
-from tvm_ollie.transform import build, emit_program
+from tvm_ollie.pipeline import build
+from tvm_ollie.transform import emit_program
 from tvm_ollie.transform.precision import to_precision
 from tvm_ollie.verify.tolerance import tolerance
 

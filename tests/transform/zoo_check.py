@@ -11,7 +11,7 @@ import tvm
 from tvm import relax
 
 from tvm_ollie.models import get_model, to_relax
-from tvm_ollie.transform import build
+from tvm_ollie.pipeline import build
 from tvm_ollie.tune.calibrate import EFFICIENCY, Calibration
 
 #: fixed llvm roofline (no timing): decisions do not depend on the machine's load

@@ -49,7 +49,8 @@ def test_a_record_that_fails_leaves_only_its_kernel_untuned(tmp_path, monkeypatc
 
 def _fused_two_tasks() -> "tvm.IRModule":
     """A fused module with two tuning tasks (an add and a multiply)."""
-    from tvm_ollie.tune.metaschedule import legalize_and_fuse, normalize_target
+    from tvm_ollie.tune.metaschedule import legalize_and_fuse
+    from tvm_ollie.target import normalize_target
 
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((16, 16), "float32"))

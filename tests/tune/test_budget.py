@@ -87,7 +87,7 @@ def test_build_spends_the_module_budget_once(tmp_path, monkeypatch):
     whole budget is spent, and the report's ledger adds up (a fake tuner counts the trials)."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "transform"))
     import small_models as sm  # pylint: disable=import-outside-toplevel
-    build_mod = importlib.import_module("tvm_ollie.transform.build")
+    build_mod = importlib.import_module("tvm_ollie.pipeline.build")
     from tvm_ollie.tune.metaschedule import Tuner  # pylint: disable=C0415
 
     runs = []
@@ -139,8 +139,8 @@ def _fake_tuning(monkeypatch, seen):
 def _two_task_module():
     from tvm import relax  # pylint: disable=import-outside-toplevel
 
-    from tvm_ollie.frontend.builder import single_function_module  # pylint: disable=C0415
-    from tvm_ollie.frontend.builder import tensor_var  # pylint: disable=C0415
+    from tvm_ollie.codegen.builder import single_function_module  # pylint: disable=C0415
+    from tvm_ollie.codegen.builder import tensor_var  # pylint: disable=C0415
 
     def body(bb, a, b, c):
         return relax.Tuple([bb.emit(relax.op.matmul(a, b)), bb.emit(relax.op.add(c, c))])
@@ -180,8 +180,8 @@ def test_final_task_tops_up_only_this_compiles_kernels():
     tuner is told which (records of earlier compiles are never tuned twice)."""
     from tvm import relax  # pylint: disable=import-outside-toplevel
 
-    from tvm_ollie.frontend.builder import single_function_module  # pylint: disable=C0415
-    from tvm_ollie.frontend.builder import tensor_var  # pylint: disable=C0415
+    from tvm_ollie.codegen.builder import single_function_module  # pylint: disable=C0415
+    from tvm_ollie.codegen.builder import tensor_var  # pylint: disable=C0415
     from tvm_ollie.tune.metaschedule import workload_hash  # pylint: disable=C0415
 
     kernel = single_function_module([tensor_var("x", (2, 2))], lambda bb, x: relax.op.add(x, x))

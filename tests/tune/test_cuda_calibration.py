@@ -116,7 +116,7 @@ def test_measurement_keeps_the_kernels_that_ran():
 
 
 def test_without_gpu_the_hand_set_table_is_uncalibrated(monkeypatch):
-    monkeypatch.setattr("tvm_ollie.tune.metaschedule.gpu_available", lambda t: False)
+    monkeypatch.setattr(cal, "gpu_available", lambda t: False)
     calib = cal.calibrate("cuda")
     assert calib.source == "default" and calib.efficiency == cal.EFFICIENCY["cuda"]
     assert "uncalibrated" in calib.describe() and "no CUDA device" in calib.describe()
@@ -126,7 +126,7 @@ def test_without_gpu_the_hand_set_table_is_uncalibrated(monkeypatch):
 
 def test_with_gpu_the_fit_replaces_the_table(tmp_path, monkeypatch):
     monkeypatch.setenv("TVM_OLLIE_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr("tvm_ollie.tune.metaschedule.gpu_available", lambda t: True)
+    monkeypatch.setattr(cal, "gpu_available", lambda t: True)
     monkeypatch.setattr(cal, "_device_label", lambda t: "Fake GPU sm_90")
     monkeypatch.setattr(cc, "native_kinds_here", lambda: ["native_matmul"])
     peak = cal.TARGET_DEFAULTS["cuda"][0]  # the roof the fit divides by
@@ -146,7 +146,7 @@ def test_with_gpu_the_fit_replaces_the_table(tmp_path, monkeypatch):
 
 def test_failed_calibration_falls_back_with_the_reason(tmp_path, monkeypatch):
     monkeypatch.setenv("TVM_OLLIE_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr("tvm_ollie.tune.metaschedule.gpu_available", lambda t: True)
+    monkeypatch.setattr(cal, "gpu_available", lambda t: True)
     monkeypatch.setattr(cal, "_device_label", lambda t: "Broken GPU")
     monkeypatch.setattr(cc, "native_kinds_here", lambda: [])
     monkeypatch.setattr(cc, "measure_cuda", lambda t, k: ([], 1e12))

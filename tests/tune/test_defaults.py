@@ -4,7 +4,7 @@ import tvm
 from tvm import te
 
 from tvm_ollie.compat import meta_schedule
-from tvm_ollie.tune import normalize_target
+from tvm_ollie.target import normalize_target
 from tvm_ollie.tune.cpu_schedule import default_rules, schedule_func
 from tvm_ollie.tune.defaults import commit_defaults, default_schedule
 from tvm_ollie.tune.metaschedule import fast_build

@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 from tvm_ollie.compat import relax, tvm
-from tvm_ollie.frontend.builder import single_function_module, tensor_var
-from tvm_ollie.orchestrate.guard import GuardError, guard_plans
+from tvm_ollie.codegen.builder import single_function_module, tensor_var
+from tvm_ollie.pipeline.guard import GuardError, guard_plans
 from tvm_ollie.transform.costing import UntunedTiming
 from tvm_ollie.tune.calibrate import _tvm_seconds  # pylint: disable=protected-access
-from tvm_ollie.tune.measure import random_args, target_device, time_main
+from tvm_ollie.tune.measure import random_args, time_main
+from tvm_ollie.target import target_device
 
 CPU = tvm.cpu(0).dlpack_device_type()
 CUDA = tvm.cuda(0).dlpack_device_type()

@@ -4,7 +4,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from tvm_ollie.frontend.builder import single_function_module, tensor_var
+from tvm_ollie.codegen.builder import single_function_module, tensor_var
 from tvm_ollie.tune.measure import random_args, time_main
 
 

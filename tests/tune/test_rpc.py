@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from tvm import relax
 
-from tvm_ollie.frontend.builder import single_function_module, tensor_var
-from tvm_ollie.transform import build
+from tvm_ollie.codegen.builder import single_function_module, tensor_var
+from tvm_ollie.pipeline import build
 from tvm_ollie.transform.decide import Decider
 from tvm_ollie.tune import STATS, Tuner, compile_module, random_args, time_main
 from tvm_ollie.tune.rpc import (EXTRA_HINT, LocalCluster, RPCConfig, RPCError, parse_tracker,

@@ -11,8 +11,10 @@ from tvm import relax
 
 from tvm_ollie.derive.search import derive
 from tvm_ollie.lift import lift_relax_call
-from tvm_ollie.tune import STATS, Tuner, analytic, calibrate, compile_module, normalize_target
-from tvm_ollie.tune.calibrate import measure_cpu_roofline, target_kind
+from tvm_ollie.tune import STATS, Tuner, analytic, calibrate, compile_module
+from tvm_ollie.target import normalize_target
+from tvm_ollie.tune.calibrate import measure_cpu_roofline
+from tvm_ollie.target import target_kind
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "transform"))
 import small_models as sm  # noqa: E402
@@ -98,7 +100,7 @@ def test_tiny_tuning_and_database_reuse(tmp_path):
 
 @pytest.mark.tuning
 def test_build_with_trials_reuses_database(tmp_path):
-    from tvm_ollie.transform import build
+    from tvm_ollie.pipeline import build
 
     mod = sm.conv3x3()
     opts = dict(max_depth=1, time_budget_s=3.0, calibration=sm.LLVM_CALIB, max_measured=1)

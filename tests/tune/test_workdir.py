@@ -14,7 +14,8 @@ from tvm import te
 
 from tvm_ollie.compat import meta_schedule
 from tvm_ollie.tune import workdir
-from tvm_ollie.tune.metaschedule import Tuner, normalize_target, optional_database
+from tvm_ollie.tune.metaschedule import Tuner, optional_database
+from tvm_ollie.target import normalize_target
 
 
 def _matmul(n: int) -> tvm.IRModule:

@@ -8,8 +8,8 @@ unless set):
 * ``tvm-default``: ``tvm.compile(mod, llvm)``, no tuning;
 * ``tvm-ms``: TVM's ``relax.pipeline.static_shape_tuning_pipeline(total_trials=N, ...)`` in the
   two-step form ``tvm.compile(pipeline(mod), target)``;
-* ``ollie-analytic``: :func:`tvm_ollie.transform.build` with ``trials=0``;
-* ``ollie-ms``: :func:`tvm_ollie.transform.build` with MetaSchedule trials chosen so that the
+* ``ollie-analytic``: :func:`tvm_ollie.pipeline.build` with ``trials=0``;
+* ``ollie-ms``: :func:`tvm_ollie.pipeline.build` with MetaSchedule trials chosen so that the
   trials it spends in all (the original and the candidate of every distinct operator, plus the
   kernels left after the rewrite) are about ``N``; the trials actually spent are printed.
 
@@ -35,8 +35,8 @@ import numpy as np  # noqa: E402
 def _models():
     from tvm import relax  # pylint: disable=import-outside-toplevel
 
-    from ..frontend.builder import single_function_module as module  # pylint: disable=C0415
-    from ..frontend.builder import tensor_var as var  # pylint: disable=C0415
+    from ..codegen.builder import single_function_module as module  # pylint: disable=C0415
+    from ..codegen.builder import tensor_var as var  # pylint: disable=C0415
 
     def conv512():
         return module([var("x", (1, 512, 7, 7)), var("w", (512, 512, 3, 3))],
@@ -62,9 +62,9 @@ def bench_model(name: str, mod, trials: int, work_root: str, time_budget_s: floa
     import tvm  # pylint: disable=import-outside-toplevel
     from tvm import relax  # pylint: disable=import-outside-toplevel
 
-    from ..transform import build  # pylint: disable=import-outside-toplevel
+    from ..pipeline import build  # pylint: disable=import-outside-toplevel
     from ..tune import STATS  # pylint: disable=import-outside-toplevel
-    from ..tune.metaschedule import normalize_target  # pylint: disable=C0415
+    from ..target import normalize_target  # pylint: disable=C0415
     from .timing import measure_interleaved  # pylint: disable=import-outside-toplevel
     from .tvm_build import build_tvm  # pylint: disable=import-outside-toplevel
 

@@ -66,7 +66,7 @@ def compare_precision(model: str, repeat: int = 20, time_budget_s: float = 20.0,
     from ..compat import tvm
     from ..models.export import to_relax
     from ..models.registry import get_model
-    from ..transform import build
+    from ..pipeline import build
     from ..transform.precision import to_precision
 
     spec = get_model(model, quick=quick)

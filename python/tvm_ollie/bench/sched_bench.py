@@ -21,8 +21,8 @@ from typing import Callable, Dict, List, Sequence, Tuple
 import numpy as np
 
 from ..compat import relax, te, tvm
+from ..target import normalize_target
 from ..tune.cpu_schedule import cpu_pipeline
-from ..tune.metaschedule import normalize_target
 from .timing import measure_interleaved, paired_ratio
 
 R = relax.op

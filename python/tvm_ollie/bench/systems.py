@@ -259,7 +259,7 @@ UNTUNED_SHARED = "ollie-untuned"
 
 def _prepare_ollie(spec, ctx: BenchContext, system: str, **opts) -> Prepared:
     """The ollie build of ``spec`` with pass options ``opts``, tuning records in work_dir."""
-    from ..transform import build as ollie_build  # pylint: disable=import-outside-toplevel
+    from ..pipeline import build as ollie_build  # pylint: disable=import-outside-toplevel
 
     mod, params, import_s = ctx.relax_module(spec)
     # untuned, the ollie systems share one measurement cache per model (UNTUNED_SHARED): each

@@ -194,7 +194,7 @@ def onnx_row(spec, opset: int, ref, eager: Callable[[], object], opts: dict, run
     from ..compat import relax, tvm
     from ..frontend.loader import load_module
     from ..frontend.torch_entry import from_tvm, to_tvm
-    from ..transform import build
+    from ..pipeline import build
 
     row = Row(spec.name, f"onnx-{opset}")
     with tempfile.TemporaryDirectory() as tmp:

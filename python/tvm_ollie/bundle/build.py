@@ -3,7 +3,7 @@
 For every case (:mod:`.cases`) the bundle holds its inputs and CPU reference outputs (raw
 files under ``data/``) and one exported library per system under ``models/``: ``tvm`` (TVM
 alone: its default pipeline, or MetaSchedule with the records of ``work_dir``, as the
-benchmark's ``tvm`` system builds it) and ``ollie`` (:func:`tvm_ollie.transform.build`; on a
+benchmark's ``tvm`` system builds it) and ``ollie`` (:func:`tvm_ollie.pipeline.build`; on a
 GPU target without a GPU here the decisions use the analytic cost). Tuning records reuse the
 benchmark's work-dir layout (``WORK_DIR/<kind>/<system>/<case>``), so the records of an earlier
 GPU run (``tvm-ollie bench --target cuda --trials N --work-dir WORK_DIR``) are applied.
@@ -26,6 +26,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..bench.tvm_build import build_tvm, make_target
+from ..pipeline import build as ollie_build
 from .cases import Case, iter_cases, reference_outputs
 from .cuda_pack import export_precompiled
 from .libraries import (NativeLibrary, cuda_library_dirs, dependency_closure, native_libraries,
@@ -94,14 +96,10 @@ def _write_tensors(out: str, case: Case, refs: Sequence[np.ndarray]) -> ModelEnt
 def _build_system(system: str, case: Case, target, trials: int, work_dir: Optional[str],
                   kind: str, ollie_options: dict):
     """The executable of ``case`` by ``system`` (records under the benchmark's layout)."""
-    # pylint: disable=import-outside-toplevel
     wd = os.path.join(work_dir, "cuda" if kind == "cuda" else "llvm", system, case.name) \
         if work_dir else None
     if system == "tvm":
-        from ..bench.tvm_build import build_tvm
-
         return build_tvm(case.mod, target, trials, wd).executable
-    from ..transform import build as ollie_build
 
     ex, _ = ollie_build(case.mod, target=target, trials=trials, work_dir=wd, **ollie_options)
     return ex
@@ -164,14 +162,12 @@ def build_bundle(out: str, target: str = "cuda", models: Optional[Sequence[str]]
         Extra shared libraries to carry and load first (e.g. a native kernel library the
         package does not know about).
     ollie_options : dict, optional
-        More keywords of :func:`tvm_ollie.transform.build` (``library=False`` ...).
+        More keywords of :func:`tvm_ollie.pipeline.build` (``library=False`` ...).
 
     Returns
     -------
     BundleResult
     """
-    # pylint: disable=import-outside-toplevel
-    from ..bench.tvm_build import make_target
 
     kind = _device_kind(target)
     bad = [s for s in systems if s not in SYSTEMS]

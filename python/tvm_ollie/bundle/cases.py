@@ -19,6 +19,10 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
+from ..codegen.builder import single_function_module, tensor_var
+from ..compat import relax, tvm
+from ..models import get_model, list_models, to_relax
+
 __all__ = ["ATOL", "Case", "OPERATOR_CASES", "RTOL", "case_names", "conv3x3_512_case",
            "conv_transpose_case", "flatten_outputs", "get_cases", "iter_cases", "reference_outputs",
            "zoo_case"]
@@ -68,8 +72,6 @@ def reference_outputs(case: Case) -> List[np.ndarray]:
     """``case.reference``, or the outputs of TVM's llvm build of ``case.mod`` on the CPU."""
     if case.reference is not None:
         return case.reference
-    # pylint: disable=import-outside-toplevel
-    from ..compat import relax, tvm
 
     ex = tvm.compile(case.mod, target="llvm")
     vm = relax.VirtualMachine(ex, tvm.cpu())
@@ -79,10 +81,10 @@ def reference_outputs(case: Case) -> List[np.ndarray]:
 def zoo_case(name: str) -> Case:
     """A zoo model at its quick size: imported with weights as parameters
     (:func:`tvm_ollie.models.to_relax`), reference = PyTorch eager on the CPU."""
+    # lazy: torch is optional and takes seconds to import
     # pylint: disable=import-outside-toplevel
     import torch
 
-    from ..models import get_model, to_relax
 
     spec = get_model(name, quick=True)
     mod, params = to_relax(spec, weights="params")
@@ -94,10 +96,10 @@ def zoo_case(name: str) -> Case:
 
 def _operator_case(name: str, shapes, body, torch_fn) -> Case:
     """A one-operator case: random float32 inputs (seed 0), reference in float64 PyTorch."""
+    # lazy: torch is optional and takes seconds to import
     # pylint: disable=import-outside-toplevel
     import torch
 
-    from ..frontend.builder import single_function_module, tensor_var
 
     rng = np.random.default_rng(0)
     inputs = [rng.standard_normal(s).astype("float32") for s in shapes]
@@ -108,9 +110,9 @@ def _operator_case(name: str, shapes, body, torch_fn) -> Case:
 
 def conv3x3_512_case() -> Case:
     """W1: ``conv2d(x: 1x512x7x7, w: 512x512x3x3, padding 1)``."""
-    from ..compat import relax  # pylint: disable=import-outside-toplevel
 
     def torch_fn(x, w):
+        # lazy: torch is optional and takes seconds to import
         import torch  # pylint: disable=import-outside-toplevel
 
         return torch.nn.functional.conv2d(x, w, padding=1)
@@ -122,9 +124,9 @@ def conv3x3_512_case() -> Case:
 def conv_transpose_case() -> Case:
     """EinNet's transposed convolution: ``conv2d_transpose(x: 16x448x2x2, k: 448x256x4x4,
     stride 2, padding 1)`` -> 16x256x4x4."""
-    from ..compat import relax  # pylint: disable=import-outside-toplevel
 
     def torch_fn(x, k):
+        # lazy: torch is optional and takes seconds to import
         import torch  # pylint: disable=import-outside-toplevel
 
         return torch.nn.functional.conv_transpose2d(x, k, stride=2, padding=1)
@@ -143,7 +145,6 @@ OPERATOR_CASES: Dict[str, Callable[[], Case]] = {
 
 def case_names() -> List[str]:
     """Every name :func:`get_cases` knows: the zoo's models, then the operator cases."""
-    from ..models import list_models  # pylint: disable=import-outside-toplevel
 
     return list(list_models()) + list(OPERATOR_CASES)
 

@@ -25,6 +25,9 @@ import re
 import struct
 from typing import Callable, List, Tuple
 
+from tvm.support.nvcc import compile_cuda
+
+from ..compat import tvm
 from .sizes import BundleError
 
 __all__ = ["CUDA_FORMAT", "compile_cubin", "export_precompiled", "patch_blob", "split_blob"]
@@ -120,8 +123,6 @@ def patch_blob(blob: bytes, compile_source: Callable[[str], bytes]) -> Tuple[byt
 def compile_cubin(target) -> Callable[[str], bytes]:
     """A ``source -> cubin`` compiler for ``target``'s architecture (its ``arch``, e.g.
     ``sm_90``) with TVM's nvcc options (:func:`tvm.support.nvcc.compile_cuda`)."""
-    # pylint: disable=import-outside-toplevel
-    from tvm.support.nvcc import compile_cuda
 
     arch = str(target.attrs.get("arch", ""))
     if not arch.startswith("sm_"):
@@ -141,8 +142,6 @@ def _pack_imports(compile_source: Callable[[str], bytes], counter: list):
     """An ``fpack_imports`` for ``export_library``: TVM's C packing with a patched blob."""
 
     def pack(mod, is_system_lib: bool, prefix: str, workspace_dir: str) -> str:
-        from ..compat import tvm  # pylint: disable=import-outside-toplevel
-
         source = tvm.runtime._ffi_api.ModulePackImportsToC(  # pylint: disable=protected-access
             mod, is_system_lib, prefix)
         match = _ARRAY.search(source)

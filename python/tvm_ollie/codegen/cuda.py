@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Tuple, Union
 
+from tvm.support import nvcc
+
 from ..compat import cuda_target, dlight, tirx, tvm
 from ..ir.nodes import Scope
 from .lower import lower
@@ -16,7 +18,6 @@ from .lower import lower
 
 class CudaBuildError(RuntimeError):
     """No dlight rule produced a schedule of a function that compiles for CUDA."""
-
 
 def _gpu_rules() -> list:
     """dlight's GPU rules in TVM's own order (matmul-like first, the generic fallback last)."""
@@ -135,7 +136,6 @@ def build_cuda(
 
 def compile_ptx(source: str, arch: str = "sm_90") -> bytes:
     """PTX of CUDA ``source`` from ``nvcc`` (must be on PATH); no GPU needed."""
-    from tvm.support import nvcc  # pylint: disable=import-outside-toplevel
 
     # nvcc.compile_cuda reads the compute version from the current target even when
     # ``arch`` is given, so the target scope is required.

@@ -35,8 +35,10 @@ import contextvars
 from dataclasses import dataclass, replace
 from typing import Dict, Iterator, Optional, Sequence, Tuple
 
+from .. import native, native_cuda
 from ..compat import relax, tvm
 from ..derive.targets import target_op
+from ..target import target_kind
 
 __all__ = ["BAND_KERNELS", "CONV2D", "CONV2D_TRANSPOSE", "CUDA_CONV2D", "CUDA_MATMUL",
            "EPILOGUE_KERNELS", "G2BMM", "GBMM", "KERNELS", "MATMUL", "LibCall", "band_call",
@@ -88,14 +90,11 @@ def current_device() -> str:
 
 def device_of(target) -> str:
     """``"cuda"`` for GPU targets, ``"cpu"`` otherwise."""
-    from ..tune.calibrate import target_kind  # pylint: disable=import-outside-toplevel
-
     return "cuda" if target_kind(target) == "cuda" else "cpu"
 
 
 def _cuda_runs(func: str) -> bool:
     """Whether the CUDA kernel ``func`` can run here (library, vendor library, device)."""
-    from .. import native_cuda  # pylint: disable=import-outside-toplevel
 
     return not native_cuda.kernel_error(func)
 
@@ -233,7 +232,6 @@ def _conv2d_transpose_form(at) -> Optional[LibCall]:
     """The kernel of a Relax ``nn.conv2d_transpose`` with attributes ``at``: NCHW/IOHW, output in
     the data layout, output padding below the stride (Relax checks it too; the kernel needs it),
     and a library that has the kernel (an older build lacks it)."""
-    from .. import native  # pylint: disable=import-outside-toplevel
 
     layout = str(at.data_layout)
     if (layout, str(at.kernel_layout)) != ("NCHW", "IOHW") or not _out_dtype_ok(at):
@@ -272,7 +270,6 @@ def stage_form(stage) -> Optional[LibCall]:
 def _band_form(kind: str, at) -> Optional[LibCall]:
     """The banded kernel of a g2bmm/gbmm stage, when the loaded library has it (a library built
     before these kernels degrades to the stage's TE kernel)."""
-    from .. import native  # pylint: disable=import-outside-toplevel
 
     if not native.provides(BAND_KERNELS[kind]):
         return None

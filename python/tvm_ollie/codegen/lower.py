@@ -29,6 +29,7 @@ import numpy as np
 from ..compat import te, tirx, tvm
 from ..ir.nodes import (CAST_DTYPES, Access, BinOp, Call, Const, Node, Scope, Tensor, Var,
                         numpy_dtype)
+from ..target import target_device
 
 #: dtype of every index expression and te axis.
 INDEX_DTYPE = "int32"
@@ -92,8 +93,6 @@ def build(expr: Scope, target: object = "llvm", name: str = "main") -> "tvm.runt
 def run(expr: Scope, inputs: Mapping[str, np.ndarray], target: object = "llvm") -> np.ndarray:
     """Build ``expr`` for ``target`` and run it on numpy ``inputs`` (keyed by tensor name), on
     the target's device."""
-    from ..tune.measure import target_device  # pylint: disable=import-outside-toplevel
-
     ex = build(expr, target=target, name="main")
     device = target_device(target)
     args = []

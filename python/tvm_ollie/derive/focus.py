@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..ir.index import factors
-from ..ir.nodes import Access, BinOp, Call, Node, Scope
+from ..ir.nodes import Access, BinOp, Call, Node, Scope, iter_nodes
 from .rule import Rule, RuleContext
 
 
@@ -167,7 +167,6 @@ def contains(expr: Node, target: Node) -> bool:
     """True when ``target`` (by identity) occurs in ``expr``."""
     if isinstance(target, Scope):
         return id(target) in scope_ids(expr)
-    from ..ir.nodes import iter_nodes  # pylint: disable=import-outside-toplevel
 
     return any(n is target for n in iter_nodes(expr))
 

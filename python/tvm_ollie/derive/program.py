@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..ir.interp import evaluate
 from ..ir.nodes import (
     Access,
     BinOp,
@@ -40,6 +41,7 @@ from ..ir.nodes import (
     substitute,
 )
 from ..ir.rewrite import rewrite
+from .cost import program_cost
 from .match import Match, form_to_node, linear_form
 
 __all__ = ["Stage", "Program", "Step", "instantiate", "instantiate_all", "fuse_memory_bound",
@@ -182,7 +184,6 @@ class Program:
 
         A program of several expressions (see :mod:`.rules.inter`) returns a tuple of arrays.
         """
-        from ..ir.interp import evaluate  # pylint: disable=import-outside-toplevel
 
         env: Dict[str, np.ndarray] = dict(inputs)
         for s in self.stages:
@@ -198,7 +199,6 @@ class Program:
     def cost(self, target: str = "cuda", peak_flops: Optional[float] = None,
              bandwidth: Optional[float] = None):
         """Analytic cost (see :func:`tvm_ollie.derive.cost.program_cost`)."""
-        from .cost import program_cost  # pylint: disable=import-outside-toplevel
 
         return program_cost(self, target=target, peak_flops=peak_flops, bandwidth=bandwidth)
 

@@ -44,13 +44,17 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..ir.interp import evaluate, random_inputs
 from ..ir.nodes import Scope
+from ..verify.sampled import check_program_sampled, work
+from ..verify.tolerance import expr_tolerance, tolerance
+from . import program as program_mod
 from .canon import canonicalize
 from .casts import restore_program, widen_reads
 from .focus import apply_eager, apply_rules, compute_scopes, scope_ids, scopes_of
 from .focus import is_compute, replace_node, rewrites
-from .rules import EAGER_RULES, GUIDED_RULES, SEARCH_RULES
 from .rule import Rule, RuleContext
+from .rules import EAGER_RULES, GUIDED_RULES, SEARCH_RULES
 from .targets import TARGET_NAMES, match_scope
 
 __all__ = ["derive", "DeriveResult", "SearchStats", "StopReason", "DEFAULT_TARGETS",
@@ -149,6 +153,7 @@ class _Limits(Exception):
 
 def _state_key(expr: Scope):
     try:
+        # lazy: optional fallback kept as written (identity without the fingerprint module)
         from ..ir.fingerprint import fingerprint  # pylint: disable=import-outside-toplevel
     except ImportError:  # pragma: no cover - fingerprint module missing: identity of canon form
         return expr
@@ -158,7 +163,6 @@ def _state_key(expr: Scope):
 class _Search:
     def __init__(self, expr: Scope, targets, max_depth, time_budget_s, max_states,
                  rules, ctx, stop_on_first, guided, instantiate_all_scopes):
-        from . import program as program_mod  # pylint: disable=import-outside-toplevel
 
         self.program_mod = program_mod
         self.expr = expr
@@ -531,16 +535,18 @@ def best_of_each_kind_first(progs: Sequence) -> list:
 
 
 def _current_target_kind() -> str:
-    """``"cuda"`` when the current TVM target is a GPU, else ``"llvm"``."""
+    """The cost tables of the current TVM target (:func:`tvm_ollie.target.target_kind`:
+    ``"cuda"`` on an NVIDIA GPU target, else ``"llvm"``)."""
     try:
-        from ..compat import tvm  # pylint: disable=import-outside-toplevel
+        # lazy: derive/ imports without TVM (the search is pure Python); target.py needs it
+        # pylint: disable=import-outside-toplevel
+        from ..compat import tvm
+        from ..target import target_kind
 
         current = tvm.target.Target.current(allow_none=True)
     except Exception:  # pylint: disable=broad-except
         return "llvm"
-    if current is not None and current.kind.name in ("cuda", "nvptx", "rocm"):
-        return "cuda"
-    return "llvm"
+    return target_kind(current) if current is not None else "llvm"
 
 
 def verify_candidate(original: Scope, program, seed: int = 0) -> Tuple[bool, str]:
@@ -575,10 +581,6 @@ class _Verifier:
     FULL_WORK_LIMIT = 2e7
 
     def __init__(self, expr: Scope, seed: int):
-        from ..ir.interp import random_inputs  # pylint: disable=import-outside-toplevel
-        from ..verify.sampled import work  # pylint: disable=import-outside-toplevel
-        from ..verify.tolerance import expr_tolerance, tolerance  # pylint: disable=C0415
-
         self.expr = expr
         self.seed = seed
         self.inputs = random_inputs(expr, seed=seed)
@@ -593,8 +595,6 @@ class _Verifier:
 
     def check(self, prog) -> Tuple[bool, str]:
         """``(ok, reason)`` for one program."""
-        from ..ir.interp import evaluate  # pylint: disable=import-outside-toplevel
-        from ..verify.sampled import check_program_sampled  # pylint: disable=import-outside-toplevel
 
         try:
             if self.full:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence
 
+from .loader import iter_op_calls
+
 
 def format_time(seconds: Optional[float]) -> str:
     """``0.00123`` -> ``"1.230 ms"``; ``None`` -> ``"-"``."""
@@ -135,7 +137,6 @@ def chosen_lines(decisions: Sequence[Any]) -> str:
 
 def other_operators(mod: Any, decisions: Sequence[Any]) -> str:
     """The operators of ``mod`` that have no decision, with counts: ``"relax.add x2, ..."``."""
-    from .loader import iter_op_calls  # pylint: disable=import-outside-toplevel
 
     decided = {(getattr(d, "function", ""), getattr(d, "var_name", "")) for d in decisions}
     counts: dict = {}

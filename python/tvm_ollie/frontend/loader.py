@@ -33,6 +33,7 @@ from ..compat import relax, tvm
 from .errors import FrontendError, first_line
 from .onnx_decompose import importer_ops
 from .onnx_rules import RULES
+from .torch_entry import from_torch
 
 
 _LOG = logging.getLogger(__name__)
@@ -40,7 +41,6 @@ _LOG = logging.getLogger(__name__)
 
 class ModelLoadError(FrontendError):
     """The model cannot be loaded: missing or corrupt file, unsupported format or operator."""
-
 
 def parse_shapes(specs: Union[Sequence[str], Mapping[str, Sequence[int]], None]
                  ) -> Dict[str, List[int]]:  # fmt: skip
@@ -125,6 +125,7 @@ def load_onnx(model, shapes: ShapeSpecs = None, simplifier: str = "auto") -> "tv
         One line: an unreadable file, a bad shape, or the operator (and node) TVM cannot import.
     """
     try:
+        # lazy: onnx is optional
         import onnx  # pylint: disable=import-outside-toplevel
     except ImportError as err:
         raise ModelLoadError("loading ONNX models needs the 'onnx' package") from err
@@ -199,6 +200,7 @@ def _dynamic_inputs(model) -> List[str]:
 
 def _import_onnx(path: str, model, shapes: Dict[str, List[int]]):
     """``(module, None)``, or ``(None, one-line message)`` when TVM's importer fails."""
+    # lazy: TVM's ONNX importer needs onnx (optional)
     from tvm.relax.frontend.onnx import from_onnx  # pylint: disable=import-outside-toplevel
 
     printed = io.StringIO()
@@ -343,7 +345,6 @@ def _is_torch_module(value) -> bool:
 
 def _load_torch(where: str, module, example_inputs) -> "tvm.IRModule":
     """An ``(nn.Module, example_inputs)`` pair, imported through ``torch.export``."""
-    from .torch_entry import from_torch  # pylint: disable=import-outside-toplevel
 
     if example_inputs is None:
         raise ModelLoadError(f"{where} returned an nn.Module without example inputs")

@@ -32,6 +32,7 @@ class Stages:
     def __enter__(self) -> "Stages":
         if self.enabled:
             try:
+                # lazy: tqdm is optional (a progress bar when installed)
                 from tqdm import tqdm  # pylint: disable=import-outside-toplevel
             except ImportError:
                 self.enabled = False

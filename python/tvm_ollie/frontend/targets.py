@@ -13,6 +13,7 @@ import json
 from typing import Tuple
 
 from ..compat import tvm
+from ..target import is_gpu_target, kind_name
 from .errors import FrontendError, first_line
 
 #: Used for ``cuda`` when no GPU can be queried for its architecture.
@@ -62,14 +63,15 @@ def parse_target(text: str) -> Tuple["tvm.target.Target", str]:
         raise
     except (ValueError, TypeError, RuntimeError) as err:
         raise TargetError(f"bad target {text!r}: {_first_sentence(err)}") from err
-    if target.kind.name == "cuda" and target.host is None:
+    if kind_name(target) == "cuda" and target.host is None:
         target = tvm.target.Target(target, host=tvm.target.Target("llvm"))
     return target, note
 
 
 def is_gpu(target: "tvm.target.Target") -> bool:
-    """Whether ``target`` compiles GPU kernels (its programs need a GPU device to run)."""
-    return "gpu" in [str(key) for key in target.keys]
+    """Whether ``target`` compiles GPU kernels (its programs need a GPU device to run):
+    :func:`tvm_ollie.target.is_gpu_target`."""
+    return is_gpu_target(target)
 
 
 def _first_sentence(err: BaseException) -> str:

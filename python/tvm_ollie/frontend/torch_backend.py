@@ -18,7 +18,7 @@ reason; the other graphs of the model still use TVM.
 Options (``torch.compile(..., options={...})``): ``freeze`` (default True; False keeps every
 weight an input of the compiled graph, which then follows in-place weight updates without
 falling back), ``config`` (an :class:`~tvm_ollie.config.OllieConfig`) and any keyword of
-:func:`tvm_ollie.transform.build` overriding its fields (``target``, default llvm; ``trials``,
+:func:`tvm_ollie.pipeline.build` overriding its fields (``target``, default llvm; ``trials``,
 default 0; ``work_dir``, ``max_depth``, ``time_budget_s``, ``library``, ``derive``,
 ``calibration``...).
 
@@ -32,6 +32,11 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+import numpy as np
+
+from ..compat import relax, tvm
+from ..pipeline import build
+from ..verify.tolerance import tolerance
 from .errors import first_line
 from .torch_entry import from_tvm, to_tvm
 from .torch_fold import fold_batch_norms
@@ -50,7 +55,6 @@ STATS: Dict[str, int] = {"compiled": 0, "eager": 0}
 class EagerFallback(Exception):
     """A graph the backend leaves to eager PyTorch; the message says why."""
 
-
 def tvm_ollie_backend(gm, example_inputs: Sequence[Any], options: Optional[Dict] = None
                       ) -> Callable:  # fmt: skip
     """Compile one captured FX graph with tvm-ollie, or return it unchanged (eager) on failure.
@@ -63,7 +67,7 @@ def tvm_ollie_backend(gm, example_inputs: Sequence[Any], options: Optional[Dict]
         Its inputs (weights included, as dynamo lifts them to graph inputs).
     options : dict, optional
         ``torch.compile``'s ``options``: ``freeze``, ``target``, ``trials``, ``work_dir`` and
-        the keywords of :func:`tvm_ollie.transform.build`.
+        the keywords of :func:`tvm_ollie.pipeline.build`.
 
     Returns
     -------
@@ -84,9 +88,8 @@ def tvm_ollie_backend(gm, example_inputs: Sequence[Any], options: Optional[Dict]
 
 
 def _compile_graph(gm, example_inputs: List[Any], options: Dict) -> Callable:
+    # lazy: torch is optional and takes seconds to import
     import torch  # pylint: disable=import-outside-toplevel
-    from ..transform import build  # pylint: disable=import-outside-toplevel
-    from ..compat import relax, tvm  # pylint: disable=import-outside-toplevel
 
     input_info = []
     for value in example_inputs:
@@ -161,6 +164,7 @@ def _imported_graphs(gm, example_inputs: List[Any], input_info: List, single: bo
     graph input (those not frozen) stays a parameter of ``main``, in order; ``get_attr`` tensors
     (the frozen weights) become constants.
     """
+    # lazy: torch is optional and takes seconds to import
     # pylint: disable=import-outside-toplevel
     import torch
     from tvm.relax.frontend.torch import from_exported_program, from_fx
@@ -189,9 +193,7 @@ def _flat(outputs) -> list:
 def _differs(expected: list, got: list) -> Optional[str]:
     """Why ``got`` is not ``expected`` (None when every tensor agrees within the tolerance of its
     dtype, relative to its largest magnitude): the backend never returns a wrong graph."""
-    import numpy as np  # pylint: disable=import-outside-toplevel
 
-    from ..verify.tolerance import tolerance  # pylint: disable=import-outside-toplevel
 
     if len(expected) != len(got):
         return f"returns {len(got)} outputs, eager {len(expected)}"
@@ -233,6 +235,7 @@ def register() -> bool:
     Returns True when it is known to dynamo afterwards (by this call or the entry point).
     """
     try:
+        # lazy: torch is optional and takes seconds to import
         # pylint: disable=import-outside-toplevel
         from torch._dynamo.backends import registry
     except ImportError:

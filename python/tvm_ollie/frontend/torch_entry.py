@@ -14,12 +14,14 @@ import dataclasses
 from typing import Any, Optional, Sequence, Tuple
 
 from ..compat import relax, tvm
+from ..config import resolve_config
+from ..pipeline import build
+from ..target import kind_name, normalize_target
 from .errors import FrontendError, first_line
 
 
 class TorchImportError(FrontendError):
     """``torch.export`` or TVM's importer rejected the module (one-line message)."""
-
 
 def from_torch(module, example_inputs: Sequence[Any], *, dynamic_shapes=None,
                keep_params_as_input: bool = False) -> "tvm.IRModule":  # fmt: skip
@@ -43,6 +45,7 @@ def from_torch(module, example_inputs: Sequence[Any], *, dynamic_shapes=None,
     mod : tvm.IRModule
         ``main(*inputs)``; a single output is returned as a tensor, several as a tuple.
     """
+    # lazy: torch is optional and takes seconds to import
     import torch  # pylint: disable=import-outside-toplevel
     from tvm.relax.frontend.torch import from_exported_program  # pylint: disable=C0415
 
@@ -101,19 +104,15 @@ def compile_torch(module, example_inputs: Sequence[Any], target=None,
                   **options) -> TorchCompiled:  # fmt: skip
     """:func:`from_torch`, then the ollie pass and TVM's build; returns a torch-callable model.
 
-    ``options`` go to :func:`tvm_ollie.transform.build` (``config``, an
+    ``options`` go to :func:`tvm_ollie.pipeline.build` (``config``, an
     :class:`~tvm_ollie.config.OllieConfig`, and overrides of its fields: ``max_depth``,
     ``time_budget_s``, ``library``, ``derive``...); the target defaults to llvm.
     """
-    # pylint: disable=import-outside-toplevel
-    from ..config import resolve_config
-    from ..transform import build
-    from ..tune.metaschedule import normalize_target
 
     mod = from_torch(module, example_inputs)
     target = resolve_config(options.get("config"), target=target).target or "llvm"
     executable, report = build(mod, target=target, trials=trials, work_dir=work_dir, **options)
-    kind = normalize_target(target).kind.name
+    kind = kind_name(normalize_target(target))
     device = tvm.cuda(0) if kind == "cuda" else tvm.cpu(0)
     return TorchCompiled(mod, executable, report, device)
 
@@ -128,6 +127,7 @@ def to_tvm(tensor) -> "tvm.runtime.Tensor":
 
 def from_tvm(value):
     """TVM outputs (a tensor or nested tuples of tensors) as torch tensors, sharing memory."""
+    # lazy: torch is optional and takes seconds to import
     import torch  # pylint: disable=import-outside-toplevel
 
     if isinstance(value, torch.Tensor):

@@ -27,6 +27,7 @@ FOLDED_PREFIX = "_ollie_folded_"
 
 
 def _conv_targets():
+    # lazy: torch is optional and takes seconds to import
     import torch  # pylint: disable=import-outside-toplevel
 
     plain = {torch.conv1d, torch.conv2d, torch.conv3d}
@@ -42,6 +43,7 @@ def fold_batch_norms(gm) -> int:
     gm : torch.fx.GraphModule
         A graph whose module weights are ``get_attr`` nodes (frozen).
     """
+    # lazy: torch is optional and takes seconds to import
     import torch  # pylint: disable=import-outside-toplevel
 
     plain, transposed = _conv_targets()
@@ -76,6 +78,7 @@ def fold_batch_norms(gm) -> int:
 def fold_weights(weight, bias, bn: dict, transposed: bool):
     """(W', b') of the module docstring; ``bn`` holds tensors ``running_mean``,
     ``running_var``, ``weight`` and ``bias`` (None: 1 and 0) and the float ``eps``."""
+    # lazy: torch is optional and takes seconds to import
     import torch  # pylint: disable=import-outside-toplevel
 
     mean = bn["running_mean"].double()
@@ -92,6 +95,7 @@ def fold_weights(weight, bias, bn: dict, transposed: bool):
 
 def _bn_arguments(gm, node) -> Optional[dict]:
     """The batch norm's arguments as constants, or None when it cannot fold."""
+    # lazy: torch is optional and takes seconds to import
     import torch  # pylint: disable=import-outside-toplevel
 
     try:
@@ -125,6 +129,7 @@ def _argument(node, position: int, name: str, default: Any = None):
 
 def _constant(gm, value):
     """The floating-point tensor a ``get_attr`` node names, else None."""
+    # lazy: torch is optional and takes seconds to import
     import torch  # pylint: disable=import-outside-toplevel
 
     if not isinstance(value, torch.fx.Node) or value.op != "get_attr":

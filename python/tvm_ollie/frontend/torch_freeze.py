@@ -35,6 +35,7 @@ FROZEN_PREFIX = "_ollie_frozen_"
 def is_module_state(node, value) -> bool:
     """Whether graph input ``node`` (example ``value``) is a parameter or buffer of a module,
     as dynamo marks it (a static input), rather than a tensor the user passes."""
+    # lazy: torch is optional and takes seconds to import
     import torch  # pylint: disable=import-outside-toplevel
 
     if isinstance(value, torch.nn.Parameter):
@@ -55,6 +56,7 @@ def freezable_inputs(gm, example_inputs: Sequence[Any], mutated: Sequence[bool])
     mutated : sequence of bool
         Per input: whether running the graph modified it in place.
     """
+    # lazy: torch is optional and takes seconds to import
     import torch  # pylint: disable=import-outside-toplevel
 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -71,6 +73,7 @@ def mutated_inputs(gm, example_inputs: Sequence[Any]) -> Tuple[list, List[bool]]
     A write shows as a bumped version counter or as changed values: some kernels update an
     argument without bumping its counter (``native_batch_norm``'s running statistics).
     """
+    # lazy: torch is optional and takes seconds to import
     import torch  # pylint: disable=import-outside-toplevel
 
     copies = [x.clone() if isinstance(x, torch.Tensor) else x for x in example_inputs]
@@ -91,6 +94,7 @@ def freeze_graph(gm, frozen: Dict[int, Any]):
     TVM's ``from_fx`` imports ``get_attr`` tensors as constants, and ``torch.export`` +
     ``from_exported_program`` binds them as constants too.
     """
+    # lazy: torch is optional and takes seconds to import
     import torch  # pylint: disable=import-outside-toplevel
 
     graph = torch.fx.Graph()

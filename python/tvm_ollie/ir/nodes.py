@@ -126,6 +126,7 @@ class Node:
         return tuple(_iter_nodes(self._args))
 
     def __str__(self) -> str:
+        # deferred: cycle: the printer imports the node classes defined here
         from .printer import to_text  # pylint: disable=import-outside-toplevel
 
         return to_text(self)
@@ -660,6 +661,7 @@ def _round_to(value: float, dtype: str) -> float:
 def numpy_dtype(dtype: str) -> np.dtype:
     """The numpy type of an element type (``bfloat16`` from ``ml_dtypes``, a TVM dependency)."""
     if dtype == "bfloat16":
+        # lazy: ml_dtypes is needed for bfloat16 only
         import ml_dtypes  # pylint: disable=import-outside-toplevel
 
         return np.dtype(ml_dtypes.bfloat16)

@@ -9,6 +9,7 @@ value is the operator's result. Anything that cannot be expressed exactly raises
 from __future__ import annotations
 
 from .._callable import make_callable
+from ..compat import Op, relax, te, tirx
 from ..ir.nodes import Scope
 from .errors import LiftError
 from .legalize import lift_via_legalize
@@ -63,7 +64,6 @@ def lift(x, mod=None, legalize_fallback: bool = False) -> Scope:
     LiftError
         When ``x`` (an op, attribute, shape or dtype of it) is not supported.
     """
-    from ..compat import Op, relax, te, tirx  # pylint: disable=import-outside-toplevel
 
     if isinstance(x, tirx.PrimFunc):
         return lift_primfunc(x)

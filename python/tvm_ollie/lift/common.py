@@ -5,6 +5,8 @@ from __future__ import annotations
 import keyword
 from typing import Iterable, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from ..compat import relax, tirx
 from ..ir.nodes import BinOp, Call, Const, IterVar, Node, Var, value_dtype
 from .errors import LiftError
@@ -182,7 +184,6 @@ def read_padding(lo_read: int, hi_read: int, extent: int) -> Tuple[int, int]:
 
 def lowest_float(dtype: str) -> float:
     """The lowest finite value of a float type (``-inf`` for types numpy does not know)."""
-    import numpy as np  # pylint: disable=import-outside-toplevel
 
     try:
         return float(np.finfo(np.dtype(dtype)).min)

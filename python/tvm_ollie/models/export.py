@@ -8,11 +8,14 @@ from __future__ import annotations
 import os
 from typing import List, Tuple
 
+from tvm import relax
+
 from .registry import ModelSpec
 
 
 def export_program(spec: ModelSpec):
     """``torch.export`` the model on its example inputs (no autograd)."""
+    # lazy: torch is optional and takes seconds to import
     import torch  # pylint: disable=import-outside-toplevel
 
     with torch.no_grad():
@@ -45,8 +48,8 @@ def to_relax(spec: ModelSpec, weights: str = "params") -> Tuple[object, List[obj
     params : list of tvm.runtime.Tensor
         The weights, in ``main``'s parameter order after the inputs (empty for constants).
     """
+    # lazy: torch is optional and takes seconds to import
     # pylint: disable=import-outside-toplevel
-    from tvm import relax
     from tvm.relax.frontend.torch import from_exported_program
 
     if weights not in WEIGHTS:
@@ -62,6 +65,7 @@ def to_relax(spec: ModelSpec, weights: str = "params") -> Tuple[object, List[obj
 
 def to_onnx(spec: ModelSpec, path: str, opset: int = 18) -> str:
     """Export the model to an ONNX file at ``path`` (created directories as needed)."""
+    # lazy: torch is optional and takes seconds to import
     import torch  # pylint: disable=import-outside-toplevel
 
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

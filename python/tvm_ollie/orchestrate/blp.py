@@ -124,6 +124,7 @@ def _rows(problem: BLPProblem):
 
 def solve_blp(problem: BLPProblem, time_limit_s: float = 10.0) -> BLPResult:
     """Solve ``problem`` with HiGHS (``scipy.optimize.milp``)."""
+    # lazy: scipy.optimize/sparse load in a few tenths of a second; only the solve needs them
     from scipy.optimize import Bounds, LinearConstraint, milp  # pylint: disable=C0415
     from scipy.sparse import csr_array  # pylint: disable=C0415
 

@@ -20,8 +20,16 @@ import json
 import os
 from typing import Dict, Optional
 
-from ..tune.calibrate import Calibration, calibrate, target_kind
+import numpy as np
+import tvm_ffi
+
+from ..compat import tvm
+from ..target import normalize_target, target_kind
+from ..tune.calibrate import Calibration, calibrate
+from ..tune.measure import time_main
+from ..tune.metaschedule import default_pipeline
 from .candidates import Candidate
+from .emit import kernel_module
 from .graph import PrimitiveGraph
 
 __all__ = ["AnalyticCost", "CostModel", "LinearMeasuredCost", "MeasuredCost", "LAUNCH_S",
@@ -104,7 +112,6 @@ class AnalyticCost(CostModel):
 def sample_args(func) -> list:
     """Inputs of a kernel or module (static shapes): normal floats, zero integers (valid
     indices for take/gather)."""
-    import numpy as np  # pylint: disable=import-outside-toplevel
 
     rng = np.random.default_rng(0)
     out = []
@@ -162,14 +169,6 @@ class MeasuredCost(CostModel):
         os.replace(tmp, self._path())
 
     def kernel_seconds(self, graph: PrimitiveGraph, cand: Candidate) -> float:
-        # pylint: disable=import-outside-toplevel
-        import tvm_ffi
-
-        from ..compat import tvm
-        from ..tune.measure import time_main
-        from ..tune.metaschedule import default_pipeline, normalize_target
-        from .emit import kernel_module
-
         try:
             mod = kernel_module(graph, cand)
             fused = tvm.relax.transform.FuseTIR()(mod)

@@ -104,6 +104,7 @@ _SHORT = {"elementwise": "elem", "reduce": "red", "layout": "layout", "linear": 
 def draw_kernels(layout: KernelLayout, ax=None, labels: bool = True):
     """Draw ``layout`` with matplotlib; returns the axes. Primitives of one fused kernel share
     a colour and a shaded hull; primitives computed alone are grey."""
+    # lazy: matplotlib is optional (drawing only)
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
 
     if ax is None:

@@ -17,6 +17,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from ..compat import relax, tvm
+from ..models import get_model, list_models, to_relax
 from .fission import FissionReport, count_ops, fission, non_primitive_ops
 from .fission_rules import FISSION_RULES
 
@@ -51,8 +52,6 @@ def _composites(mod: "tvm.IRModule") -> Dict[str, int]:
 def fission_model(name: str, quick: bool = True, check: bool = False,
                   attention: bool = False) -> ZooFission:
     """Import zoo model ``name`` as the benchmark does, fission it, optionally compare outputs."""
-    # pylint: disable=import-outside-toplevel
-    from ..models import get_model, to_relax
 
     start = time.perf_counter()
     spec = get_model(name, quick=quick)
@@ -89,7 +88,6 @@ def _run(mod: "tvm.IRModule", args: List[object]) -> List[np.ndarray]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Command-line entry: print one line per model; exit 1 if a composite op is left over."""
-    from ..models import list_models  # pylint: disable=import-outside-toplevel
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", help="zoo models (default: all)")

@@ -1,9 +1,15 @@
 """Joint selection: derivation alternatives enter the primitive graph next to the original.
 
+This module is the orchestration's side (the table of offered alternatives, the groups in the
+primitive graph, their costs, and the passes that keep or apply them); offering the
+alternatives needs the derivation pass's Decider and emitter and lives one floor up, in
+:mod:`tvm_ollie.pipeline.joint` (:func:`~tvm_ollie.pipeline.joint.offer_alternatives`,
+:func:`~tvm_ollie.pipeline.joint.offer_folded`).
+
 The sequential build decides each heavy call first (:class:`~tvm_ollie.transform.decide.Decider`:
 original, native library kernel or derived program) and orchestrates what is left. Here every
 verified alternative of a heavy call ``v = conv2d(x, w)`` is emitted into the block right
-after it, its result bound to ``v__alt<k>`` (:func:`offer_alternatives`); nothing reads it.
+after it, its result bound to ``v__alt<k>`` (``offer_alternatives``); nothing reads it.
 After legalization the orchestration finds these *groups* (:func:`find_groups`) and selects
 with one binary program in which
 
@@ -21,7 +27,7 @@ with one binary program in which
   activation) are what :func:`~tvm_ollie.transform.epilogue.fuse_epilogues` folds in the
   sequential build (same guards: :func:`~tvm_ollie.transform.epilogue.fold_chain`), the folded
   call ``K(attrs + bias/res/act, ...)`` is emitted after the last consumer ``c`` as one more
-  alternative (:func:`offer_folded`). Its result stands for ``c``, not ``v``: it covers ``v``
+  alternative (``offer_folded``). Its result stands for ``c``, not ``v``: it covers ``v``
   and every node on the paths from ``v`` to ``c`` (:attr:`Group.absorbed`), whose cover rows
   accept it, and it shares the nodes before the library call with the alternative it extends.
 
@@ -37,7 +43,6 @@ alternative it extends.
 
 from __future__ import annotations
 
-import contextlib
 import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
@@ -48,11 +53,12 @@ from .cost import CostModel
 from .graph import PrimitiveGraph
 
 __all__ = ["AltInfo", "Group", "JointCost", "JointTable", "apply_picked", "find_groups",
-           "offer_alternatives", "offer_folded", "ALT_TAG"]
+           "keep_alternatives", "ALT_TAG", "ALT_RE"]
 
 #: Suffix of an alternative's result variable: ``<original>__alt<k>``.
 ALT_TAG = "__alt"
-_ALT_RE = re.compile(r"^(.*)__alt(\d+)$")
+ALT_RE = re.compile(r"^(.*)__alt(\d+)$")
+_ALT_RE = ALT_RE
 
 
 @dataclass
@@ -71,12 +77,15 @@ class AltInfo:
 @dataclass
 class JointTable:
     """Alternatives offered per original variable name (``alts[name][k]``), filled by
-    :func:`offer_alternatives` and read by the orchestration (names survive legalization)."""
+    :func:`tvm_ollie.pipeline.joint.offer_alternatives` and read by the orchestration (names
+    survive legalization). ``margin``: the Decider's acceptance margin, which
+    :class:`JointCost` adds to every alternative but the original (set by whoever offers)."""
 
     alts: Dict[str, List[AltInfo]] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
     chosen: Dict[str, str] = field(default_factory=dict)  # filled by the orchestration
     picked: Dict[str, int] = field(default_factory=dict)  # index into alts[name], likewise
+    margin: float = 0.0
 
     def agrees_with_sequential(self) -> bool:
         """Whether every selected alternative is the Decider's own choice (then the refined
@@ -286,12 +295,12 @@ class JointCost(CostModel):
     each alternative's nodes, the candidates holding alternative ``k``'s last node pay
     ``r_k - min_j r_j`` with ``r_k = (t_k - t_0) + [k > 0] MARGIN t_0 - (a_k - a_0)``: alone,
     alternative ``k`` then costs ``t_k + [k > 0] MARGIN t_0`` up to a constant, which is what
-    the Decider compares (an alternative is taken when ``t_k < (1 - MARGIN) t_0``).
+    the Decider compares (an alternative is taken when ``t_k < (1 - MARGIN) t_0``); ``margin``
+    is that ``MARGIN`` (:attr:`JointTable.margin`).
     """
 
-    def __init__(self, inner: CostModel, groups: List[Group], graph: PrimitiveGraph):
-        from ..transform.decide import MARGIN  # pylint: disable=import-outside-toplevel
-
+    def __init__(self, inner: CostModel, groups: List[Group], graph: PrimitiveGraph,
+                 margin: float = 0.0):
         self.inner, self.name = inner, f"{inner.name}+joint"
         self.fixed: Dict[int, float] = {}
         for g in groups:
@@ -306,7 +315,7 @@ class JointCost(CostModel):
             alone = [sum(self._seconds(graph, make_candidate(graph, 1 << i)) for i in nodes)
                      for nodes in g.nodes]
             base = g.infos[0].measured_s
-            raw = [(info.measured_s - base) + (MARGIN * base if k else 0.0) - (a - alone[0])
+            raw = [(info.measured_s - base) + (margin * base if k else 0.0) - (a - alone[0])
                    for k, (info, a) in enumerate(zip(g.infos, alone))]
             # a folded epilogue runs the library call it extends: the same correction
             raw = [r if e is None else raw[e] for r, e in zip(raw, g.extends)]
@@ -324,157 +333,8 @@ class JointCost(CostModel):
         return self._seconds(graph, cand) + extra
 
 
-# -- offering alternatives (before legalization) ---------------------------------------------
-
-
-def offer_alternatives(mod: "tvm.IRModule", decider, max_alternatives: int = 2,
-                       budget_s: float = 2.0, only: Optional[set] = None
-                       ) -> Tuple["tvm.IRModule", JointTable, list]:
-    """Emit the verified alternatives of every static heavy call after it (module docstring).
-
-    For each call signature the ``decider`` decides (its choice is the *sequential* one and
-    is always offered when it rewrites) and up to ``max_alternatives`` alternatives in all
-    (cheapest analytic estimate first, each verified by the Decider's check) are offered.
-    ``only``: the names of the calls to decide (None: all; the joint build leaves the calls
-    that a rewritten region emitted alone, as the sequential build does).
-    Returns the module, the table, and ``(function, var, signature, choice)`` per call.
-    """
-    # pylint: disable=import-outside-toplevel
-    from ..transform.decide import DERIVABLE_OPS, call_signature
-
-    offers: Dict[str, list] = {}
-    table = JointTable()
-    decided = []
-
-    @relax.expr_functor.mutator
-    class _Offer(relax.PyExprMutator):
-        def visit_var_binding_(self, binding):  # pylint: disable=arguments-renamed
-            super().visit_var_binding_(binding)
-            call = binding.value
-            if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op) \
-                    or call.op.name not in DERIVABLE_OPS or not _static(call) \
-                    or not self.builder_.current_block_is_dataflow() \
-                    or only is not None and binding.var.name not in only:
-                return
-            sig = call_signature(call)
-            if sig not in offers:
-                ledger = getattr(decider, "budget", None)  # tuned: the signature's task
-                with ledger.task(sig) if ledger is not None else contextlib.nullcontext():
-                    offers[sig] = _offers_of(decider, call, max_alternatives, budget_s)
-            choice, alts = offers[sig]
-            name = binding.var.name
-            decided.append((name, sig, choice))
-            if len(alts) < 2 or _ALT_RE.match(name) or name in table.alts:
-                return
-            from ..transform.emit import emit_program
-            from ..transform.units import operand_values, original_form
-
-            names, values = operand_values(call)
-            values = [self.visit_expr(v) for v in values]
-            infos = [alts[0][1]]
-            k, emitted = 0, []
-            for alt, info in alts[1:]:
-                try:
-                    if alt.program is None:
-                        args = [self.visit_expr(a) for a in call.args]
-                        expr = original_form(call, args, alt.impl)
-                    else:
-                        mapping = {pn: v for pn, v in zip(choice.names or names, values)}
-                        expr = emit_program(self.builder_, alt.program, mapping,
-                                            tuple(int(s) for s in call.ty.shape),
-                                            impl=alt.impl, name="ollie_alt")
-                    if any(tvm.ir.structural_equal(expr, e) for e in emitted):
-                        continue  # e.g. a one-stage program on the library = original [native]
-                    emitted.append(expr)
-                    k += 1
-                    # a block output: FoldConstant drops unused dataflow bindings
-                    self.builder_.emit_output(expr, name_hint=f"{name}{ALT_TAG}{k}")
-                    infos.append(info)
-                except Exception as err:  # pylint: disable=broad-except
-                    table.notes.append(f"{name}: {info.label} not emitted: "
-                                       f"{type(err).__name__}: {str(err)[:100]}")
-            if k:
-                table.alts[name] = infos
-
-    offer = _Offer(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            offer.builder_.update_func(gv, offer.visit_expr(func))
-    return offer.builder_.get(), table, decided
-
-
-def offer_folded(mod: "tvm.IRModule", table: JointTable) -> "tvm.IRModule":
-    """Each library alternative of ``table`` again with its epilogue folded (module docstring):
-    ``v__alt<j> = K(attrs + bias/res/act, ...)`` after the last consumer that
-    :func:`~tvm_ollie.transform.epilogue.fold_chain` folds, added to ``table`` as
-    alternative ``j`` (``base``: the alternative it extends; ``stands_for``: that consumer)."""
-    # pylint: disable=import-outside-toplevel
-    from ..codegen import library as lib
-    from ..transform.epilogue import fold_chain, use_counts
-
-    if not table:
-        return mod
-    updates = {}
-    for gv, func in mod.functions_items():
-        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
-            continue
-        uses = use_counts(func)
-        blocks = list(func.body.blocks)
-        for bi, block in enumerate(blocks):
-            if isinstance(block, relax.DataflowBlock):
-                bindings = _folded_bindings(list(block.bindings), table, uses, lib, fold_chain)
-                if bindings is not None:
-                    blocks[bi] = relax.DataflowBlock(bindings)
-                    updates[gv] = relax.Function(func.params, relax.SeqExpr(blocks,
-                                                                            func.body.body),
-                                                 func.ret_ty, func.is_pure, func.attrs)
-    if not updates:
-        return mod
-    out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
-    for gv, func in updates.items():
-        out[gv] = func
-    return relax.transform.Normalize()(out)
-
-
-def _folded_bindings(bindings: list, table: JointTable, uses, lib, fold_chain) -> Optional[list]:
-    """The block with the folded alternatives of its library alternatives (None: none)."""
-    after: Dict[int, list] = {}
-    latest: Dict[str, object] = {}
-    bb = relax.BlockBuilder()
-    for binding in bindings:
-        hit = _ALT_RE.match(binding.var.name)
-        if hit is None:
-            latest[binding.var.name] = binding.var
-            continue
-        name, k = hit.group(1), int(hit.group(2))
-        infos, found, var = table.alts.get(name), lib.lib_call_of(binding.value), latest.get(name)
-        if infos is None or found is None or var is None or k >= len(infos) \
-                or infos[k].base is not None:
-            continue
-        chain = fold_chain(found[0], found[1], var, bindings, uses)
-        if chain is None:
-            continue
-        stop = bindings[chain.consumers[-1]].var
-        shape = [int(d) for d in binding.var.ty.shape]
-        call = bb.normalize(lib.emit_call(chain.kernel, chain.operands, shape))
-        folded = relax.Var(f"{name}{ALT_TAG}{len(infos)}", call.ty)
-        after.setdefault(chain.consumers[-1], []).extend(
-            chain.pre + [relax.VarBinding(folded, call)])
-        base = infos[k]
-        infos.append(AltInfo(f"{base.label} + {'+'.join(chain.steps)}", base.estimate_s,
-                             base.measured_s, base.sequential, True, base=k,
-                             stands_for=stop.name))
-    if not after:
-        return None
-    out = []
-    for j, binding in enumerate(bindings):
-        out.append(binding)
-        out.extend(after.get(j, []))
-    return out
-
-
 def apply_picked(mod: "tvm.IRModule", table: JointTable) -> "tvm.IRModule":
-    """``mod`` with offered alternatives (:func:`offer_alternatives`, :func:`offer_folded`)
+    """``mod`` with offered alternatives (``offer_alternatives``, ``offer_folded``)
     as the joint selection picked them (``table.picked``): the picked alternative's result
     replaces the value it stands for (the call's result, or a folded epilogue's last
     consumer) in every reader, the other alternatives are dropped, and what nothing reads
@@ -516,65 +376,6 @@ def apply_picked(mod: "tvm.IRModule", table: JointTable) -> "tvm.IRModule":
         if isinstance(func, relax.Function):
             pick.builder_.update_func(gv, pick.visit_expr(func))
     return relax.transform.DeadCodeElimination()(pick.builder_.get())
-
-
-def make_decider(target, **opts):
-    """A :class:`~tvm_ollie.transform.decide.Decider` that derives each signature once
-    (``decide`` and :func:`offer_alternatives` both ask for the alternatives)."""
-    from ..transform.decide import Decider, unit_signature  # pylint: disable=C0415
-
-    class _Memo(Decider):
-        def __init__(self, *args, **kw):
-            super().__init__(*args, **kw)
-            self._alts: Dict[str, tuple] = {}
-
-        def alternatives(self, call, budget_s):
-            sig = unit_signature(call)
-            if sig not in self._alts:
-                self._alts[sig] = super().alternatives(call, budget_s)
-            return self._alts[sig]
-
-    return _Memo(target, **opts)
-
-
-def _static(call) -> bool:
-    from ..transform.regions import static_tensor  # pylint: disable=import-outside-toplevel
-
-    return all(static_tensor(e) for e in [call] + list(call.args))
-
-
-def _offers_of(decider, call, max_alternatives: int, budget_s: float):
-    """``(choice, [(alternative, AltInfo)...])``: the original first, then the sequential
-    choice, then the cheapest verified others."""
-    choice = decider.decide(call, budget_s)
-    alts, _, _ = decider.alternatives(call, budget_s)
-    base = alts[0]
-    measured = decider.measures
-
-    def info(alt, sequential):
-        seconds = decider.cost(call, alt) if measured else None
-        return AltInfo(alt.label, alt.estimate, seconds, sequential, alt.impl != "tvm")
-
-    out = [(base, info(base, not choice.rewritten))]
-    others = sorted(alts[1:], key=lambda a: (a.estimate, a.label))
-    if choice.rewritten:
-        first = [a for a in others if a.label == choice.label]
-        others = first + [a for a in others if a.label != choice.label]
-    tries = 0
-    for alt in others:
-        if len(out) > max_alternatives or tries >= max_alternatives + 1:
-            break
-        sequential = choice.rewritten and alt.label == choice.label
-        if not sequential:
-            tries += 1
-            ok, _ = decider.check(call, alt)
-            if not ok:
-                continue
-        item = info(alt, sequential)
-        if measured and item.measured_s is None:
-            continue
-        out.append((alt, item))
-    return choice, out
 
 
 def keep_alternatives(inner: "tvm.transform.Pass") -> "tvm.transform.Pass":

@@ -19,16 +19,19 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
+import importlib
 
 from ..compat import relax, tvm
 from ..compile_profile import stage
-from ..tune.calibrate import target_kind
+from ..config import OrchestrateConfig
+from ..target import is_llvm, kind_name, normalize_target, target_kind
+from ..tune.cpu_schedule import cpu_pipeline
 from .blp import BLPProblem, BLPResult, solve_blp
 from .candidates import Candidate, enumerate_candidates, make_candidate
 from .cost import AnalyticCost, CostModel
 from .emit import KernelCycle, emit_bindings, kernel_module, plan_kernels
+from .fission import fission
 from .graph import PrimitiveGraph, build_graph
 from .joint import (Group, JointCost, JointTable, alt_nodes, banned_for, canon_map,
                     chosen_alternative, find_groups, keep_alternatives)
@@ -43,30 +46,6 @@ LOG = logging.getLogger("tvm_ollie.orchestrate")
 
 #: ``check(kernel_module) -> None``; raises when the kernel cannot be built as one PrimFunc.
 KernelCheck = Callable[["tvm.IRModule"], None]
-
-
-@dataclass(frozen=True)
-class OrchestrateConfig:
-    """Limits of orchestration (one frozen object that travels through the pass).
-
-    ``max_kernel_size`` primitives per kernel; ``max_candidates`` per partition enumeration;
-    ``time_limit_s`` per binary program; partitions of ``min_partition_nodes`` to
-    ``max_partition_nodes`` primitives (:func:`.partition.partition`), split in two while
-    they have more than ``max_partition_candidates`` candidates; ``max_rounds`` solves per
-    partition when chosen kernels fail their check or form a cycle. ``solver(problem,
-    time_limit_s) -> BLPResult`` replaces :func:`.blp.solve_blp` (None: HiGHS), so that a
-    solver that times out or finds nothing can be given through the public pipeline (the
-    fault tests do; the build then keeps the primitives as single kernels and says why).
-    """
-
-    max_kernel_size: int = 8
-    max_candidates: int = 3000
-    time_limit_s: float = 10.0
-    max_partition_nodes: int = 128
-    min_partition_nodes: int = 48
-    max_partition_candidates: int = 1000
-    max_rounds: int = 4
-    solver: Optional[Callable[[BLPProblem, float], "BLPResult"]] = None
 
 
 def fuse_check(mod: "tvm.IRModule") -> None:
@@ -93,14 +72,14 @@ def schedule_check(target) -> KernelCheck:
         for gvar, func in fused.functions_items():
             if isinstance(func, tvm.tirx.PrimFunc) and not (
                     func.attrs is not None and "tirx.is_scheduled" in func.attrs):
-                raise ValueError(f"{gvar.name} is not scheduled for {tgt.kind.name}")
+                raise ValueError(f"{gvar.name} is not scheduled for {kind_name(tgt)}")
 
     return _check
 
 
 def default_check(target) -> KernelCheck:
     """:func:`fuse_check` on CPUs, :func:`schedule_check` on GPUs."""
-    return fuse_check if _normalize(target).kind.name == "llvm" else schedule_check(target)
+    return fuse_check if is_llvm(_normalize(target)) else schedule_check(target)
 
 
 def _after_fuse_tir(target) -> list:
@@ -350,7 +329,7 @@ def _orchestrate_block(block, mod, builder, fname: str, bi: int, cost: CostModel
                                                  config.min_partition_nodes), groups, dead),
                           groups, dead)
     if groups:
-        cost = JointCost(cost, groups, graph)
+        cost = JointCost(cost, groups, graph, joint.margin)
     pi = 0
     while todo:
         nodes = todo.pop(0)
@@ -457,15 +436,11 @@ class Orchestrate:
 
 
 def _normalize(target) -> "tvm.target.Target":
-    from ..tune.metaschedule import normalize_target  # pylint: disable=import-outside-toplevel
-
     return normalize_target(target)
 
 
 def _backend(target: "tvm.target.Target"):
-    import importlib  # pylint: disable=import-outside-toplevel
-
-    name = {"llvm": "cpu_generic", "cuda": "cuda"}.get(target.kind.name, "gpu_generic")
+    name = {"llvm": "cpu_generic", "cuda": "cuda"}.get(kind_name(target), "gpu_generic")
     return importlib.import_module(f"tvm.relax.backend.{name}.pipeline")
 
 
@@ -537,8 +512,6 @@ def orchestrate_pipeline(target="llvm", cost: Optional[CostModel] = None,
 
 
 def _split_composites(mod: "tvm.IRModule") -> "tvm.IRModule":
-    from .fission import fission  # pylint: disable=import-outside-toplevel
-
     return fission(mod)[0]
 
 
@@ -550,9 +523,8 @@ def ollie_orchestration(target="llvm", cost: Optional[CostModel] = None,
     ``FuseOps``; on llvm inside the project's CPU pipeline (default CPU schedules after
     FuseTIR), elsewhere inside :func:`orchestrate_pipeline` (``joint`` is llvm only)."""
     tgt = _normalize(target)
-    if tgt.kind.name != "llvm":
+    if not is_llvm(tgt):
         return orchestrate_pipeline(tgt, cost, _split_composites, config, reports=reports)
-    from ..tune.cpu_schedule import cpu_pipeline  # pylint: disable=import-outside-toplevel
 
     orch = Orchestrate(tgt, cost, config, joint=joint)
     # with alternatives the caller fissions first: fission drops unused bindings, which the

@@ -24,9 +24,13 @@ from __future__ import annotations
 from typing import Callable, List, Optional
 
 from ..compat import tvm
+from ..config import OrchestrateConfig
+from ..target import is_llvm
+from ..tune.cpu_schedule import cpu_pipeline
 from .cost import CostModel
-from .pipeline import (KernelCheck, Orchestrate, OrchestrateConfig, _backend, _cost_for,
-                       _fission_pass, _normalize, _split_composites)
+from .joint import keep_alternatives
+from .pipeline import (KernelCheck, Orchestrate, _backend, _cost_for, _fission_pass, _normalize,
+                       _split_composites)
 
 __all__ = ["finish_pipeline", "ollie_tuned_build", "orchestrated_kernels",
            "tuned_orchestrate_build"]
@@ -65,7 +69,6 @@ def orchestrated_kernels(mod: "tvm.IRModule", target, cost: Optional[CostModel] 
     the module docstring); the orchestration report is appended to ``reports``. With a
     ``joint`` table (:class:`~.joint.JointTable`; ``mod`` offers its alternatives, fission
     already done) the selection is the joint one."""
-    from .joint import keep_alternatives  # pylint: disable=import-outside-toplevel
 
     tgt = _normalize(target)
     orch = Orchestrate(tgt, _cost_for(cost, tgt), config or OrchestrateConfig(), check,
@@ -84,9 +87,7 @@ def finish_pipeline(target, cpu_schedules: bool = True) -> "tvm.transform.Pass":
     after ``FuseTIR`` (for the kernels without a record) unless ``cpu_schedules`` is False
     (TVM's own pipeline)."""
     tgt = _normalize(target)
-    if tgt.kind.name == "llvm":
-        from ..tune.cpu_schedule import cpu_pipeline  # pylint: disable=import-outside-toplevel
-
+    if is_llvm(tgt):
         # the switch TVM_OLLIE_CPU_SCHEDULE decides, as in the untuned build
         return cpu_pipeline(tgt, fuse=_keep_kernels, enabled=None if cpu_schedules else False)
     backend = _backend(tgt)

@@ -16,6 +16,11 @@ from typing import Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from ..compat import relax, tvm
+from ..frontend.inputs import arrange_inputs, module_signature
+from ..frontend.loader import ModelLoadError, load_module
+from ..frontend.targets import parse_target
+from ..pipeline import build
 from .ort import profile_onnxruntime
 from .result import STATS, ProfileResult, SystemProfile
 from .vm_trace import record_runs, vm_calls
@@ -28,8 +33,7 @@ def zoo_onnx(model: str, folder: str) -> Tuple[str, dict]:
     """Export the zoo model ``zoo:NAME[@full]`` to ``folder/NAME.onnx``; returns the path and
     its input shapes (``input0``, ...)."""
     # pylint: disable=import-outside-toplevel
-    from ..frontend.loader import ModelLoadError
-    from ..models import get_model, to_onnx
+    from ..models import get_model, to_onnx  # lazy: the zoo imports torch
 
     name, _, size = model[len(ZOO_PREFIX):].partition("@")
     try:
@@ -42,16 +46,12 @@ def zoo_onnx(model: str, folder: str) -> Tuple[str, dict]:
 
 
 def _threads() -> int:
-    import tvm  # pylint: disable=import-outside-toplevel
 
     env = os.environ.get("TVM_NUM_THREADS")
     return int(env) if env and env.isdigit() else int(tvm.runtime.num_threads())
 
 
 def _inputs(mod, given: Optional[Mapping[str, np.ndarray]], seed: int):
-    # pylint: disable=import-outside-toplevel
-    from ..frontend.inputs import arrange_inputs, module_signature
-
     signature = module_signature(mod)
     arrays, _notes = arrange_inputs([p.name for p in signature], dict(given or {}), signature,
                                     random=True, seed=seed)
@@ -59,16 +59,12 @@ def _inputs(mod, given: Optional[Mapping[str, np.ndarray]], seed: int):
 
 
 def _build_ollie(mod, target, config):
-    from ..transform import build  # pylint: disable=import-outside-toplevel
 
     ex, _report = build(mod, target=target, config=config)
     return ex
 
 
 def _build_tvm(mod, target):
-    # pylint: disable=import-outside-toplevel
-    import tvm
-    from tvm import relax
 
     return tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
 
@@ -77,9 +73,6 @@ def profile_executable(ex, args: Sequence, device, runs: int = 10, system: str =
                        build_s: float = 0.0, stat: str = "median") -> SystemProfile:  # fmt: skip
     """Profile ``runs`` calls of ``main`` of a built executable on ``args`` (numpy arrays or
     TVM tensors), each beside a run without the instrument."""
-    # pylint: disable=import-outside-toplevel
-    import tvm
-    from tvm import relax
 
     sync = None if device.dlpack_device_type() == tvm.cpu().dlpack_device_type() else device.sync
     tensors = [a if isinstance(a, tvm.runtime.Tensor) else tvm.runtime.tensor(a, device)
@@ -139,12 +132,6 @@ def profile_model(
     ProfileResult
         ``.to_text()`` for the tables, ``.to_chrome_trace()`` for the trace.
     """
-    # pylint: disable=import-outside-toplevel
-    import tvm
-
-    from ..frontend.loader import load_module
-    from ..frontend.targets import parse_target
-
     if runs < 1:
         raise ValueError("runs must be >= 1")
     if stat not in STATS:

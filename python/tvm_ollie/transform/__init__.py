@@ -1,22 +1,22 @@
-"""Relax passes of tvm-ollie: :class:`OllieOptimize` and the registered ``"ollie"`` pipeline.
+"""The derivation pass of tvm-ollie: :class:`OllieOptimize`.
 
 ::
 
-    from tvm_ollie.transform import OllieOptimize, optimize_module, build
+    from tvm_ollie.transform import OllieOptimize, optimize_module
     mod2 = OllieOptimize(target="llvm")(mod)              # a tvm.transform module pass
     mod2, report = optimize_module(mod, target="llvm")   # same, with the report
-    ex, report = build(mod, target="llvm", trials=0)     # rewrite + compile (+ tuning records)
-    ex = tvm.compile(mod, "llvm", relax_pipeline="ollie")  # registered on import
 
-Importing this package registers the ``"ollie"`` Relax pipeline.
+``build``, ``cuda_source``, ``ollie_pipeline`` and ``PIPELINE_NAME`` moved to
+:mod:`tvm_ollie.pipeline` (which registers the ``"ollie"`` Relax pipeline on ``import
+tvm_ollie``); ``tvm_ollie.transform.build`` and the others still work for one release, with a
+DeprecationWarning (the package's ``__init__`` provides them: this package never imports the
+pipeline, which sits a floor above it).
 """
 
-from .build import PIPELINE_NAME, build, cuda_source, ollie_pipeline  # noqa: F401
 from .decide import DERIVABLE_OPS, call_signature, isolated_module  # noqa: F401
 from .emit import EmitError, emit_program  # noqa: F401
 from .optimize import OllieOptimize, optimize_module  # noqa: F401
 from .report import OpDecision, OptimizeReport  # noqa: F401
 
-__all__ = ["OllieOptimize", "optimize_module", "build", "OptimizeReport", "OpDecision",
-           "ollie_pipeline", "PIPELINE_NAME", "cuda_source", "DERIVABLE_OPS", "call_signature",
-           "emit_program", "EmitError", "isolated_module"]
+__all__ = ["OllieOptimize", "optimize_module", "OptimizeReport", "OpDecision", "DERIVABLE_OPS",
+           "call_signature", "emit_program", "EmitError", "isolated_module"]

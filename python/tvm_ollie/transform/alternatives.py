@@ -16,6 +16,7 @@ from ..codegen import library as lib
 from ..compile_profile import stage
 from ..derive.cache import DerivationCache
 from ..derive.program import Program
+from ..derive.search import DEFAULT_TARGETS, derive
 from ..lift import LiftError, lift_relax_call
 from .units import is_group, is_region
 
@@ -118,7 +119,6 @@ class Candidates:
     def search(self, expr, budget_s: float) -> Tuple[List[Program], str]:
         """The derived programs of ``expr`` (from the cache when it holds them, else searched
         within ``budget_s`` seconds and stored) and a note on where they came from."""
-        from ..derive.search import DEFAULT_TARGETS, derive  # pylint: disable=C0415
 
         limits = dict(max_depth=self.max_depth, targets=tuple(DEFAULT_TARGETS),
                       max_states=self.max_states, max_candidates=self.max_candidates,

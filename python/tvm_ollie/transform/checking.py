@@ -19,6 +19,7 @@ from ..codegen import library as lib
 from ..compat import relax, tvm
 from ..derive.program import Program
 from ..tune.measure import random_args
+from ..verify.finite_field import check_program_mod_p
 from ..verify.tolerance import narrowest_float, tolerance
 from .alternatives import Alternative
 from .emit import EmitError
@@ -79,7 +80,6 @@ def _run_llvm(mod, args) -> Tuple[Union[np.ndarray, List[np.ndarray]], List[str]
 def check_exact(prog: Program) -> Tuple[bool, str]:
     """The finite-field check of a small polynomial program (``(True, "")`` when it does not
     apply): exact where floats compare with a tolerance (:mod:`tvm_ollie.verify.finite_field`)."""
-    from ..verify.finite_field import check_program_mod_p  # pylint: disable=import-outside-toplevel
 
     orig = prog.original
     if int(np.prod([iv.extent for iv in orig.loops + orig.reduce], dtype=np.int64)) > \

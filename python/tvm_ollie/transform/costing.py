@@ -34,12 +34,13 @@ from typing import Callable, Dict, Optional
 from ..compat import tvm
 from ..compile_profile import stage
 from ..lift import LiftError, lift_relax_call
+from ..target import normalize_target
 from ..tune import analytic
 from ..tune.budget import TrialBudget
 from ..tune.calibrate import Calibration
 from ..tune.compare import Sampler
 from ..tune.measure import compile_module, main_sampler, random_args, time_main
-from ..tune.metaschedule import STATS, Tuner, normalize_target
+from ..tune.metaschedule import STATS, Tuner
 from ..tune.rpc import RPCConfig
 from .alternatives import Alternative
 from .emit import EmitError

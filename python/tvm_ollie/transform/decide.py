@@ -34,17 +34,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import tempfile
 import time
 from typing import Dict, List, Optional, Tuple, Union
 
-from .. import native
+from .. import native, native_cuda
 from ..codegen import library as lib
 from ..compile_profile import stage
 from ..config import DEFAULTS
 from ..derive.cache import DerivationCache
+from ..target import gpu_available, is_gpu_target, normalize_target
 from ..tune.budget import TrialBudget
 from ..tune.calibrate import Calibration, calibrate
-from ..tune.metaschedule import Tuner, gpu_available, is_gpu_target, normalize_target
+from ..tune.metaschedule import Tuner
 from ..tune.rpc import RPCConfig
 from .alternatives import Alternative, Candidates, UnitAlternatives
 from .checking import RTOL, Checker, CheckFn, check_exact, checked
@@ -172,8 +174,6 @@ class Decider:
         if derivation_cache is True:
             derivation_cache = DerivationCache.for_run(work_dir)
         if self.can_measure and not work_dir:
-            import tempfile  # pylint: disable=import-outside-toplevel
-
             self.work_dir = tempfile.mkdtemp(prefix="ollie_tune_")
         self.chooser = chooser
         # the stages
@@ -308,7 +308,6 @@ def _cuda_library(library: Optional[bool], target) -> bool:
     or cuDNN opens (each kernel is then offered only where its own vendor library does:
     :func:`tvm_ollie.codegen.library.call_form`). Without a GPU the pass keeps TVM's kernels
     (nothing could time or run the library's)."""
-    from .. import native_cuda  # pylint: disable=import-outside-toplevel
 
     if not gpu_available(target):
         why = "no CUDA device here"

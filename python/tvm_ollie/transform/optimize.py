@@ -21,10 +21,11 @@ from ..compat import relax, tvm
 from ..compile_profile import profile_scope, stage
 from ..config import MIN_SEARCH_S, OllieConfig, resolve_config
 from ..lift import LiftError, lift_relax_call
+from ..target import kind_name, normalize_target
 from ..tune import analytic
 from ..tune.budget import TrialBudget
 from ..tune.calibrate import Calibration
-from ..tune.metaschedule import STATS, Tuner, normalize_target
+from ..tune.metaschedule import STATS, Tuner
 from ..tune.rpc import RPCConfig
 from .checking import Checker, CheckFn
 from .choosing import Chooser
@@ -258,7 +259,7 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
                       check_untuned=cfg.check_untuned, library=cfg.library, derive=cfg.derive,
                       rpc=cfg.rpc, budget=budget, derivation_cache=cfg.derivation_cache,
                       **hooks)
-    report = OptimizeReport(target=str(tgt.kind.name if tgt.kind.name != "llvm" else "llvm"),
+    report = OptimizeReport(target=kind_name(tgt),
                             budget=budget, calibration=decider.calib.describe())
     tuning0, calls0 = STATS.seconds, STATS.calls
     sigs = list(dict.fromkeys([call_signature(c) for _, _, c in calls] +
@@ -267,7 +268,7 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
     if decider.can_measure:
         _plan_budget(budget, decider, regions, calls, cfg.max_measured)
     elif cfg.trials > 0 and not budget.notes:
-        budget.notes.append(f"no {tgt.kind.name} device here to measure on: the pass decided "
+        budget.notes.append(f"no {kind_name(tgt)} device here to measure on: the pass decided "
                             "by the analytic cost")
     search = _SearchShare(cfg.search_time_s, len(sigs))
     choices: Dict[str, object] = {}

@@ -130,7 +130,7 @@ class OptimizeReport:
     #: (:meth:`tvm_ollie.tune.calibrate.Calibration.describe`)
     calibration: str = ""
     #: the joint build's never-worse guard: whole plans timed here and the one kept
-    #: (:class:`tvm_ollie.orchestrate.guard.GuardReport`; None when it did not run)
+    #: (:class:`tvm_ollie.pipeline.guard.GuardReport`; None when it did not run)
     plans: Any = None
     #: the joint build's joint selection (whichever plan the guard kept)
     #: (:class:`tvm_ollie.orchestrate.report.OrchestrationReport`; None otherwise)

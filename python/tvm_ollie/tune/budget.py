@@ -32,6 +32,8 @@ import contextlib
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional
 
+from .metaschedule import workload_hash
+
 __all__ = ["TaskSpend", "TrialBudget"]
 
 #: Name of the final task of ``build`` (the rewritten module's kernels).
@@ -215,8 +217,6 @@ class _MeteredTuner:
         ran = self._tuner.tune(fused_mod, trials)
         budget.spend(ran if isinstance(ran, int) else trials)
         if ran and not final:
-            from .metaschedule import workload_hash  # pylint: disable=import-outside-toplevel
-
             budget.fresh.update(workload_hash(m) for m in getattr(self._tuner, "last_tuned", []))
         return ran
 

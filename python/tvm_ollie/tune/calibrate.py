@@ -39,8 +39,16 @@ from dataclasses import dataclass, field, replace
 from typing import Dict, Mapping, Optional
 
 import numpy as np
+import tvm_ffi
 
+from .. import native
+from ..codegen import library as lib
+from ..codegen.builder import single_function_module, tensor_var
+from ..compat import relax, tvm
 from ..derive.cost import TARGET_DEFAULTS
+from ..target import gpu_available, normalize_target, target_device, target_kind  # noqa: F401  (re-exported: tune.calibrate.target_kind)
+from . import cuda_calibration as cc
+from .metaschedule import default_pipeline
 
 LOG = logging.getLogger(__name__)
 
@@ -111,19 +119,6 @@ class Calibration:
                        source="given")
 
 
-def target_kind(target) -> str:
-    """``"cuda"`` for GPU targets, ``"llvm"`` otherwise (str, dict or Target)."""
-    if isinstance(target, str):
-        name = target.split()[0]
-    elif isinstance(target, dict):
-        name = str(target.get("kind", "llvm"))
-    else:
-        name = str(getattr(getattr(target, "kind", None), "name", "llvm"))
-    if name.startswith("nvidia/") or name in ("cuda", "nvptx"):
-        return "cuda"
-    return "llvm"
-
-
 def _best_time(fn, repeat: int) -> float:
     """Fastest of ``repeat`` runs: the roof is what the machine can reach, not its load."""
     times = []
@@ -154,9 +149,6 @@ def measure_cpu_roofline(n: int = 384, mib: int = 64, repeat: int = 5) -> tuple:
 
 def _time_native(func_name: str, attrs: str, arrays, out_shape, repeat: int) -> float:
     """Best seconds of one native kernel call on float32 arrays (DPS: output last)."""
-    import tvm_ffi  # pylint: disable=import-outside-toplevel
-
-    from ..compat import tvm  # pylint: disable=import-outside-toplevel
 
     func = tvm_ffi.get_global_func(func_name)
     args = [tvm.runtime.tensor(a) for a in arrays]
@@ -172,8 +164,6 @@ def measure_native_efficiency(repeat: int = 5) -> Dict[str, float]:
     stage), ``native_conv_transpose`` on a stride-2 4x4 transposed convolution, ``native_g2bmm``
     and ``native_gbmm`` on a dilated band (when the library has those kernels). Empty when the
     native library is not loaded. Cached per process."""
-    from .. import native  # pylint: disable=import-outside-toplevel
-    from ..codegen import library as lib  # pylint: disable=import-outside-toplevel
 
     if not native.load():
         return {}
@@ -200,8 +190,6 @@ def _native_band_efficiency(rng, peak: float, repeat: int) -> Dict[str, float]:
     width 16 and dilation 2, in the operators' FLOPs (``2 * batch * L * (2W + 1) * K``; the
     kernels also compute part of the GEMM blocks outside the band, which this efficiency
     absorbs). Only the kernels the loaded library has."""
-    from .. import native  # pylint: disable=import-outside-toplevel
-    from ..codegen import library as lib  # pylint: disable=import-outside-toplevel
 
     batch, length, cols, width, dil = 4, 256, 64, 16, 2
     window = 2 * width + 1
@@ -221,7 +209,6 @@ def _native_band_efficiency(rng, peak: float, repeat: int) -> Dict[str, float]:
 def _native_conv_transpose_efficiency(rng, peak: float, repeat: int) -> float:
     """``native_conv_transpose``: the stride-2 4x4 transposed convolution 1x32x14x14 -> 32 that
     :func:`measure_tvm_efficiency` times TVM on, counted in the same useful FLOPs."""
-    from ..codegen import library as lib  # pylint: disable=import-outside-toplevel
 
     x = rng.standard_normal((1, 32, 14, 14), dtype=np.float32)
     w = rng.standard_normal((32, 32, 4, 4), dtype=np.float32)
@@ -233,14 +220,9 @@ def _native_conv_transpose_efficiency(rng, peak: float, repeat: int) -> float:
 def _tvm_seconds(build_body, shapes, target, repeat: int) -> float:
     """Best seconds of a one-call Relax module built by TVM's default pipeline (untuned), on
     ``target``'s device (a GPU call ends with a synchronization)."""
-    # pylint: disable=import-outside-toplevel
-    from ..compat import relax, tvm
-    from ..frontend.builder import single_function_module, tensor_var
-    from .metaschedule import default_pipeline
 
     names = [f"x{k}" for k in range(len(shapes))]
     mod = single_function_module([tensor_var(n, s) for n, s in zip(names, shapes)], build_body)
-    from .measure import target_device
 
     ex = tvm.compile(mod, target=target, relax_pipeline=default_pipeline(target))
     dev = target_device(target)
@@ -258,8 +240,6 @@ _TVM_EFFICIENCY: Dict[str, Dict[str, float]] = {}
 
 
 def _measure_tvm_efficiency(target, repeat: int) -> Dict[str, float]:
-    from ..compat import relax  # pylint: disable=import-outside-toplevel
-
     peak, _ = measure_cpu_roofline()
     n = 128
     t_mm = _tvm_seconds(lambda bb, a, b: relax.op.matmul(a, b), [(n, n), (n, n)], target,
@@ -283,7 +263,6 @@ def measure_tvm_efficiency(target, repeat: int = 3) -> Dict[str, float]:
     ``batch_matmul``, ``conv2d``, ``conv_transpose``): a 128-cube GEMM, a 3x3 convolution
     1x32x28x28 -> 32 and a stride-2 4x4 transposed convolution 1x32x14x14 -> 32, built with
     the pipeline the pass builds with. Cached per process and target."""
-    from .metaschedule import normalize_target  # pylint: disable=import-outside-toplevel
 
     tgt = normalize_target(target)
     key = str(tgt)
@@ -314,9 +293,8 @@ def calibrate(target, peak_flops: Optional[float] = None,
 
 def _device_label(target) -> str:
     """The name and compute capability of device 0 of ``target`` (the calibration's key)."""
-    from ..compat import tvm  # pylint: disable=import-outside-toplevel
 
-    dev = tvm.device(target.kind.name, 0)
+    dev = target_device(target)
     return f"{dev.device_name} sm_{str(dev.compute_version).replace('.', '')}"
 
 
@@ -328,10 +306,6 @@ def _cuda_calibration(target, eff: Dict[str, float], peak_flops: Optional[float]
                       bandwidth: Optional[float]) -> Calibration:
     """The fitted calibration of the GPU here (cached per process and on disk), or the
     hand-set table, "uncalibrated", with the reason."""
-    # pylint: disable=import-outside-toplevel
-    from ..compat import tvm
-    from . import cuda_calibration as cc
-    from .metaschedule import gpu_available, normalize_target
 
     peak, bw = TARGET_DEFAULTS["cuda"]
     peak, bw = float(peak_flops or peak), float(bandwidth or bw)

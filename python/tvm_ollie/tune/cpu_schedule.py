@@ -45,7 +45,14 @@ import logging
 import os
 from typing import Iterable, List, Optional, Sequence
 
-from ..compat import dlight, tirx, tvm
+from tvm import s_tir
+from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
+from tvm.s_tir.dlight.analysis import normalize_prim_func
+from tvm.target.codegen import llvm_get_vector_width
+import tvm_ffi
+
+from ..compat import BufferLoadNode, dlight, sym, tirx, tvm
+from ..target import is_llvm
 
 __all__ = [
     "DEFAULT_MIN_PARALLEL_WORK",
@@ -97,14 +104,11 @@ _MAX_LANES = 64
 
 
 def _schedule_cls():
-    from tvm import s_tir  # pylint: disable=import-outside-toplevel
-
     return s_tir.Schedule
 
 
 def _normalize(sch) -> Optional[list]:
     """dlight's ``normalize_prim_func``: block infos with one loop per block iterator, or None."""
-    from tvm.s_tir.dlight.analysis import normalize_prim_func  # pylint: disable=C0415
 
     return normalize_prim_func(sch)
 
@@ -137,7 +141,6 @@ def num_cores(target: "tvm.target.Target") -> int:
 
 def vector_lanes(target: "tvm.target.Target", dtype: str) -> int:
     """Vector lanes for ``dtype``: the target's SIMD width (at least 256 bits) over its size."""
-    from tvm.target.codegen import llvm_get_vector_width  # pylint: disable=C0415
 
     try:
         bits = int(llvm_get_vector_width(target))
@@ -176,7 +179,6 @@ def _innermost_is_contiguous(sch, info) -> bool:
 
 def _uses(expr, var) -> bool:
     """Whether ``var`` occurs in ``expr``."""
-    import tvm_ffi  # pylint: disable=import-outside-toplevel
 
     found = []
     tvm_ffi.structural_walk(expr, [(tirx.Var, lambda v: found.append(v.same_as(var)))],
@@ -193,12 +195,10 @@ def _reads_are_unit_stride(sch, info) -> bool:
     per-lane gathers plus vector integer division, which measured about 2x slower than TVM's
     scalar loop for a 3.6M-element im2col gather (docs/cpu-schedules.md).
     """
-    from ..compat import BufferLoadNode, sym  # pylint: disable=import-outside-toplevel
 
     var = info.iters[-1].var
     analyzer = sym.Analyzer()
     loads = []
-    import tvm_ffi  # pylint: disable=import-outside-toplevel
 
     tvm_ffi.structural_walk(sch.get(info.block_rv).body, [(BufferLoadNode, loads.append)],
                             order="pre")
@@ -270,9 +270,6 @@ def _parallelize(sch, loops: Sequence, work: Optional[int], cores: int, min_work
 
 def _loads_of(stmt, buffer) -> int:
     """Number of loads of ``buffer`` in ``stmt``."""
-    import tvm_ffi  # pylint: disable=import-outside-toplevel
-
-    from ..compat import BufferLoadNode  # pylint: disable=import-outside-toplevel
 
     count = []
     tvm_ffi.structural_walk(stmt, [(BufferLoadNode,
@@ -345,7 +342,7 @@ class _CPURule(dlight.ScheduleRule):
         self.min_parallel_work = int(min_parallel_work)
 
     def is_target_available(self, target: "tvm.target.Target") -> bool:
-        return target is not None and target.kind.name == "llvm"
+        return is_llvm(target)
 
 
 class InjectiveRule(_CPURule):
@@ -460,8 +457,6 @@ def _is_row_reduction(sch, info) -> bool:
     """
     if not info.iters or info.iters[-1].kind != "R":
         return False
-    from ..compat import BufferLoadNode  # pylint: disable=import-outside-toplevel
-    import tvm_ffi  # pylint: disable=import-outside-toplevel
 
     reduce_vars = [it.var for it in info.iters if it.kind == "R"]
     inner = info.iters[-1].var
@@ -644,7 +639,7 @@ def cpu_schedule_pass(rules: Optional[Sequence["dlight.ScheduleRule"]] = None,
                 continue
             target = func.attrs.get("target", None) if func.attrs is not None else None
             target = target or tvm.target.Target.current(allow_none=True)
-            if target is None or target.kind.name != "llvm":
+            if not is_llvm(target):
                 continue
             new = schedule_func(func, target, rules, validate)
             if new is not None:
@@ -679,7 +674,6 @@ def cpu_pipeline(target: "tvm.target.Target",
     of that pass returning its replacement (joint selection keeps its alternatives alive
     through ``FoldConstant``).
     """
-    from tvm.relax.backend.cpu_generic import pipeline as cpu_generic  # pylint: disable=C0415
 
     target = tvm.target.Target(target) if not isinstance(target, tvm.target.Target) else target
     schedule = [cpu_schedule_pass(rules)] if cpu_schedule_enabled(enabled) else []

@@ -27,8 +27,16 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+import time
 
 import numpy as np
+
+from .. import native_cuda
+from ..codegen import library as lib
+from ..codegen.builder import single_function_module, tensor_var
+from ..compat import relax, tvm
+from ..target import target_device
+from .metaschedule import default_pipeline
 
 __all__ = ["KernelTiming", "CudaCalibration", "cache_path", "calibrate_cuda", "fit_efficiency",
            "measure_cuda"]
@@ -96,9 +104,6 @@ def _workloads(native_kinds: Sequence[str]):
     """``(kind, shapes, body, flops, bytes)`` of every kernel to time. ``body(bb, *vars)``
     builds the Relax expression; library kernels are ``call_dps_packed`` of the CUDA
     library (only the kinds in ``native_kinds``)."""
-    # pylint: disable=import-outside-toplevel
-    from ..codegen import library as lib
-    from ..compat import relax
 
     out = []
     n = 1024
@@ -141,15 +146,11 @@ def _workloads(native_kinds: Sequence[str]):
 def _device_seconds(target, shapes, body, repeat: int) -> float:
     """Best seconds of a one-call Relax module built by TVM's default pipeline for ``target``
     and timed on device 0 by the VM's time evaluator (device-synchronized)."""
-    # pylint: disable=import-outside-toplevel
-    from ..compat import relax, tvm
-    from ..frontend.builder import single_function_module, tensor_var
-    from .metaschedule import default_pipeline
 
     names = [f"x{k}" for k in range(len(shapes))]
     mod = single_function_module([tensor_var(nm, s) for nm, s in zip(names, shapes)], body)
     ex = tvm.compile(mod, target=target, relax_pipeline=default_pipeline(target))
-    dev = tvm.device(target.kind.name, 0)
+    dev = target_device(target)
     vm = relax.VirtualMachine(ex, dev)
     rng = np.random.default_rng(0)
     args = [tvm.runtime.tensor(rng.standard_normal(s, dtype=np.float32), dev) for s in shapes]
@@ -159,12 +160,8 @@ def _device_seconds(target, shapes, body, repeat: int) -> float:
 
 def _copy_bandwidth(target, mib: int = 256, repeat: int = 5) -> float:
     """Device memory bandwidth (bytes/s): a ``mib`` MiB device-to-device copy, read + write."""
-    # pylint: disable=import-outside-toplevel
-    import time
 
-    from ..compat import tvm
-
-    dev = tvm.device(target.kind.name, 0)
+    dev = target_device(target)
     count = mib * (1 << 20) // 4
     src = tvm.runtime.empty((count,), "float32", dev)
     dst = tvm.runtime.empty((count,), "float32", dev)
@@ -181,8 +178,6 @@ def _copy_bandwidth(target, mib: int = 256, repeat: int = 5) -> float:
 
 def native_kinds_here() -> List[str]:
     """The library efficiency kinds whose CUDA kernel runs here (library, vendor, device)."""
-    # pylint: disable=import-outside-toplevel
-    from .. import native_cuda
 
     kinds = []
     if not native_cuda.kernel_error(native_cuda.MATMUL):

@@ -26,7 +26,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Iterable, List, Optional, Sequence
 
+from tvm import s_tir
+
 from ..compat import meta_schedule, tvm
+from ..target import is_llvm, kind_name
+from .cpu_schedule import default_rules, schedule_of
 
 __all__ = ["DefaultsMarker", "DefaultsReport", "commit_defaults", "default_schedule"]
 
@@ -78,9 +82,7 @@ def default_schedule(mod: "tvm.IRModule", target: "tvm.target.Target"):
     """The schedule the untuned llvm build gives ``mod["main"]`` (a task's workload): the first
     rule of :func:`~.cpu_schedule.default_rules` that applies, else the unscheduled function;
     None when the rule's trace does not replay onto ``mod`` to the same function."""
-    from tvm import s_tir  # pylint: disable=import-outside-toplevel
 
-    from .cpu_schedule import default_rules, schedule_of  # pylint: disable=C0415
 
     found = schedule_of(mod["main"], target, default_rules())
     replay = s_tir.Schedule(mod)
@@ -111,9 +113,9 @@ def commit_defaults(workloads: Sequence["tvm.IRModule"], target: "tvm.target.Tar
     """
     ms = meta_schedule()
     report = DefaultsReport()
-    if target.kind.name != "llvm":
+    if not is_llvm(target):
         report.skipped = [f"{len(workloads)} task(s): no default schedule for "
-                          f"{target.kind.name}"]
+                          f"{kind_name(target)}"]
         return report
     todo = []
     for mod in workloads:

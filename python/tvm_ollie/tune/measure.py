@@ -8,43 +8,45 @@ the RPC tracker (:func:`.rpc.time_remote`).
 from __future__ import annotations
 
 import time
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 from ..compat import relax, tvm
 from ..ir.nodes import numpy_dtype
+from ..target import device_kind, normalize_target, target_device
 from .compare import Sampler, calls_per_sample, clocked
-from .metaschedule import Tuner, default_pipeline, legalize_and_fuse, normalize_target
+from .metaschedule import Tuner, default_pipeline, legalize_and_fuse
 from .rpc import RPCConfig, time_remote
 
 __all__ = ["compile_module", "device_kind", "main_sampler", "random_args", "target_device",
            "time_main"]
 
+#: ``tuned_build(mod, target, tuner, trials) -> Executable``: a tuned build other than
+#: legalize-fuse-tune-apply (kernel orchestration's).
+TunedBuild = Callable[["tvm.IRModule", "tvm.target.Target", Tuner, int],
+                      "tvm.runtime.Executable"]
+
 
 def compile_module(mod: "tvm.IRModule", target, tuner: Optional[Tuner] = None,
-                   trials: int = 0, orchestrate: bool = False,
-                   orchestrate_config=None) -> "tvm.runtime.Executable":
+                   trials: int = 0, pipeline: Optional["tvm.transform.Pass"] = None,
+                   tuned_build: Optional[TunedBuild] = None) -> "tvm.runtime.Executable":
     """Legalize and fuse ``mod``, tune its untuned tasks (``trials``), apply the records, build.
 
-    Without a tuner this is ``tvm.compile(mod, target)`` with :func:`default_pipeline` (TVM's
-    default pipeline; on llvm plus default CPU schedules for the kernels nothing scheduled;
-    with ``orchestrate``, kernel orchestration instead of TVM's greedy fusion, limited by
-    ``orchestrate_config``). ``trials`` is the tuner's budget for all of ``mod``. With a tuner
-    and ``orchestrate``, the kernels tuned and built are the ones orchestration chose
-    (:func:`tvm_ollie.orchestrate.tuned.ollie_tuned_build`: the same fission and CPU
-    schedules as the untuned build).
+    Without a tuner this is ``tvm.compile(mod, target)`` with ``pipeline`` (default:
+    :func:`default_pipeline`, TVM's default pipeline; on llvm plus default CPU schedules for
+    the kernels nothing scheduled). ``trials`` is the tuner's budget for all of ``mod``. With a
+    tuner, ``tuned_build(mod, target, tuner, trials)`` replaces the fusion, tuning and build
+    when given (kernel orchestration's: :func:`tvm_ollie.pipeline.compile_module` passes
+    :func:`tvm_ollie.orchestrate.tuned.ollie_tuned_build`).
     """
     target = normalize_target(target)
     if tuner is None:
         return tvm.compile(mod, target=target,
-                           relax_pipeline=default_pipeline(
-                               target, orchestrate=orchestrate,
-                               orchestrate_config=orchestrate_config))
-    if orchestrate:
-        from ..orchestrate.tuned import ollie_tuned_build  # pylint: disable=C0415
-
-        return ollie_tuned_build(mod, target, tuner, trials, config=orchestrate_config)
+                           relax_pipeline=pipeline if pipeline is not None
+                           else default_pipeline(target))
+    if tuned_build is not None:
+        return tuned_build(mod, target, tuner, trials)
     fused = legalize_and_fuse(mod, target)
     if trials > 0:
         tuner.tune(fused, trials)
@@ -60,18 +62,6 @@ def random_args(func: "relax.Function", seed: int = 0) -> list:
         shape = tuple(int(s) for s in p.ty.shape)
         out.append(rng.standard_normal(shape).astype(numpy_dtype(str(p.ty.dtype))))
     return out
-
-
-def device_kind(target) -> str:
-    """The runtime device name of a target (``"cpu"`` for llvm/c, else the target kind)."""
-    kind = normalize_target(target).kind.name
-    return "cpu" if kind in ("llvm", "c") else kind
-
-
-def target_device(target=None) -> "tvm.runtime.Device":
-    """Device 0 of ``target``'s kind (:func:`device_kind`; the CPU without a target): where an
-    executable built for ``target`` runs, so that a CUDA build is never run on the host."""
-    return tvm.device(device_kind(target) if target is not None else "cpu", 0)
 
 
 def time_main(ex: "tvm.runtime.Executable", args: Sequence[np.ndarray], device=None,

@@ -31,10 +31,16 @@ import types
 from dataclasses import dataclass
 from typing import List, Optional
 
+from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+import tvm_ffi
+
 from ..compat import meta_schedule, relax, tvm
 from ..compile_profile import stage
+from ..target import gpu_available, is_gpu_target, is_llvm, normalize_target  # noqa: F401
+from .cpu_schedule import cpu_pipeline
 from .defaults import DefaultsMarker, DefaultsReport, commit_defaults
 from .rpc import RPCConfig, RPCError
+from .workdir import open_database
 
 __all__ = ["STATS", "TuningStats", "Tuner", "fast_build", "normalize_target", "is_gpu_target",
            "gpu_available"]
@@ -64,41 +70,8 @@ class TuningStats:
 STATS = TuningStats()
 
 
-def normalize_target(target) -> "tvm.target.Target":
-    """A Target from a str/dict/Target; ``"cuda"`` -> sm_90 with an llvm host; llvm gets
-    ``num-cores`` (MetaSchedule needs it) from ``TVM_NUM_THREADS`` or the CPU count."""
-    from ..compat import cuda_target  # pylint: disable=import-outside-toplevel
-
-    if target is None:
-        target = tvm.target.Target.current(allow_none=True) or "llvm"
-    if isinstance(target, str) and target.strip() == "cuda":
-        return cuda_target()
-    if not isinstance(target, tvm.target.Target):
-        target = tvm.target.Target(target)
-    if target.kind.name == "llvm" and "num-cores" not in target.attrs:
-        cores = int(os.environ.get("TVM_NUM_THREADS", 0)) or os.cpu_count() or 1
-        config = dict(target.export())
-        config["num-cores"] = cores
-        target = tvm.target.Target(config)
-    return target
-
-
-def is_gpu_target(target) -> bool:
-    """Whether ``target`` runs on a GPU."""
-    return normalize_target(target).kind.name in ("cuda", "rocm", "vulkan", "metal", "opencl")
-
-
-def gpu_available(target) -> bool:
-    """Whether a device for ``target`` exists on this machine."""
-    try:
-        return bool(tvm.device(normalize_target(target).kind.name, 0).exist)
-    except Exception:  # pylint: disable=broad-except
-        return False
-
-
 def fast_build(mod, target, _params):
     """LocalBuilder build function that skips the tensor-intrinsics import (llvm only)."""
-    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock  # pylint: disable=C0415
 
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
     return tvm.compile(mod, target=target).mod
@@ -107,7 +80,7 @@ def fast_build(mod, target, _params):
 @contextlib.contextmanager
 def _without_tensor_intrin(target):
     name = "tvm.s_tir.tensor_intrin"
-    if target.kind.name != "llvm" or name in sys.modules:
+    if not is_llvm(target) or name in sys.modules:
         yield
         return
     stub = types.ModuleType(name)
@@ -177,7 +150,6 @@ def _tunable(task) -> bool:
 
 def workload_hash(mod: "tvm.IRModule") -> int:
     """Structural hash of a task's workload (how the database tells workloads apart)."""
-    import tvm_ffi  # pylint: disable=import-outside-toplevel
 
     return int(tvm_ffi.structural_hash(mod))
 
@@ -185,6 +157,7 @@ def workload_hash(mod: "tvm.IRModule") -> int:
 def _task_gain(task) -> float:
     """Expected gain of tuning a task: its estimated FLOPs times its occurrences."""
     try:
+        # lazy: inside try: a TVM without the FLOP estimate falls back to weight 1
         from tvm.s_tir.analysis import estimate_tir_flops  # pylint: disable=C0415
 
         return float(estimate_tir_flops(task.dispatched[0])) * float(task.weight)
@@ -235,8 +208,6 @@ class Tuner:
     def database(self):
         """The JSON database (opened on first use; a cut-short file is repaired first)."""
         if self._db is None:
-            from .workdir import open_database  # pylint: disable=import-outside-toplevel
-
             self._db = open_database(self.work_dir)
         return self._db
 
@@ -359,14 +330,14 @@ class Tuner:
         STATS.defaults_faster += len(self.last_defaults.faster)
 
     def _cores(self) -> int:
-        if self.target.kind.name == "llvm":
+        if is_llvm(self.target):
             return max(1, int(self.target.attrs.get("num-cores", 1)))
         return os.cpu_count() or 1
 
     def _builder(self):
         """MetaSchedule's LocalBuilder (with :func:`fast_build` on llvm)."""
         return meta_schedule().builder.LocalBuilder(
-            f_build=fast_build if self.target.kind.name == "llvm" else None,
+            f_build=fast_build if is_llvm(self.target) else None,
             max_workers=max(1, min(self._cores(), 2)), timeout_sec=60)
 
     def _runner_object(self):
@@ -442,23 +413,13 @@ def _apply_each(fused_mod: "tvm.IRModule") -> "tvm.IRModule":
     return out
 
 
-def default_pipeline(target, orchestrate: bool = False,
-                     orchestrate_config=None) -> "tvm.transform.Pass":
+def default_pipeline(target) -> "tvm.transform.Pass":
     """TVM's full default Relax pipeline for ``target`` (fusion, dlight on GPUs); for llvm the
     same plus default CPU schedules (``cpu_schedule.cpu_pipeline``, ``TVM_OLLIE_CPU_SCHEDULE=0``
-    turns them off). ``orchestrate=True`` fissions composite operators and replaces TVM's
-    greedy ``FuseOps`` by kernel orchestration (:mod:`tvm_ollie.orchestrate`), limited by
-    ``orchestrate_config`` (an ``OrchestrateConfig``; None: its defaults)."""
+    turns them off). Kernel orchestration in place of TVM's fusion is
+    :func:`tvm_ollie.pipeline.default_pipeline` (``orchestrate=True``)."""
     target = normalize_target(target)
-    if orchestrate:
-        from ..orchestrate.pipeline import ollie_orchestration  # pylint: disable=C0415
-
-        if orchestrate_config is None:
-            return ollie_orchestration(target)
-        return ollie_orchestration(target, config=orchestrate_config)
-    if target.kind.name == "llvm":
-        from .cpu_schedule import cpu_pipeline  # pylint: disable=import-outside-toplevel
-
+    if is_llvm(target):
         return cpu_pipeline(target)
     return relax.get_default_pipeline(target)
 
@@ -473,6 +434,5 @@ def optional_database(work_dir: Optional[str]):
     when no work dir is given."""
     if not work_dir:
         return None
-    from .workdir import open_database  # pylint: disable=import-outside-toplevel
 
     return open_database(work_dir)

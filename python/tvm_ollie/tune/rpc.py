@@ -33,7 +33,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
-from ..compat import meta_schedule, rpc_module, tvm
+from ..compat import meta_schedule, relax, rpc_module, tvm
 
 __all__ = ["EXTRA_HINT", "LocalCluster", "RPCConfig", "RPCError", "parse_tracker",
            "require_tracker_dependencies", "time_remote"]
@@ -45,7 +45,6 @@ EXTRA_HINT = "pip install 'tvm-ollie[rpc]'"
 class RPCError(RuntimeError):
     """A remote measurement cannot happen (tracker, key or device); the message is one line."""
 
-
 def require_tracker_dependencies() -> None:
     """Raise :class:`RPCError` naming the ``rpc`` extra when the tracker cannot be started here.
 
@@ -53,6 +52,7 @@ def require_tracker_dependencies() -> None:
     ImportError surfaces from a subprocess, far from the command that needed it.
     """
     try:
+        # lazy: tornado is optional (the rpc extra)
         import tornado  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
     except ImportError as err:
         raise RPCError(f"the RPC tracker needs tornado, which is missing ({err}): "
@@ -254,7 +254,6 @@ def time_remote(ex: "tvm.runtime.Executable", args: Sequence, config: RPCConfig,
     Raises :class:`RPCError` (one line) when any step fails and when the timing is not a
     positive finite number, so callers never record a failed measurement as a success.
     """
-    from ..compat import relax  # pylint: disable=import-outside-toplevel
 
     with tempfile.TemporaryDirectory(prefix="ollie_rpc_") as tmp:
         name = f"ollie_{uuid.uuid4().hex[:12]}.so"

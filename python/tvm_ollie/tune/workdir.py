@@ -31,6 +31,8 @@ import threading
 import time
 from typing import Dict, Iterator, List, Optional
 
+from ..compat import meta_schedule
+
 __all__ = ["WORKLOAD_FILE", "RECORD_FILE", "MEASURE_FILE", "LOCK_FILE", "atomic_write_bytes",
            "quarantine", "repair_database", "repair_measurements", "open_database",
            "prepare_work_dir", "work_dir_lock", "lock_is_held"]
@@ -166,8 +168,6 @@ def open_database(work_dir: str):
 
 
 def _load_or_start_empty(work_dir: str):
-    from ..compat import meta_schedule  # pylint: disable=import-outside-toplevel
-
     database = meta_schedule().database.JSONDatabase
     try:
         return database(work_dir=work_dir)

@@ -19,7 +19,7 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import scipy.special
 
-from ..ir.interp import OutOfBoundsError
+from ..ir.interp import OutOfBoundsError, random_inputs
 from ..ir.nodes import (CAST_DTYPES, Access, BinOp, Call, Const, Node, Scope, Tensor, Var,
                         is_float_dtype, iter_nodes, numpy_dtype)
 
@@ -241,8 +241,6 @@ def check_sampled(
     if a.shape != b.shape:
         return SampledResult(False, math.inf, 0, f"shapes differ: {a.shape} vs {b.shape}")
     if inputs is None:
-        from ..ir.interp import random_inputs  # pylint: disable=import-outside-toplevel
-
         inputs = random_inputs(a, seed=seed)
     pos = sample_positions(a.shape, points, seed)
     try:

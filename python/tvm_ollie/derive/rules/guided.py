@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Iterator, List, Tuple
 
 from ...ir.nodes import Access, Scope
+from ..focus import replace_node
 from .base import Rewrite, Rule, RuleContext
 from .merge import map_iters_with_pairs
 
@@ -44,7 +45,6 @@ def _chains(scope: Scope, ctx: RuleContext, depth: int,
     before it (``after`` = the previous mapping's ``x``, ``y`` and new ``t`` names; a pair that
     shares one of them is always taken).
     """
-    from ..focus import replace_node  # pylint: disable=import-outside-toplevel
 
     for x, y, t, rw in map_iters_with_pairs(scope):
         names = (x.name, y.name)
@@ -69,6 +69,7 @@ def reaches_target(stage: Scope, ctx: RuleContext) -> List:
     key = ("reaches_target", ctx.targets)
     hit = cache.get(key)
     if hit is None:
+        # deferred: cycle: canon/focus/match import the rules package
         from ..canon import canonicalize  # pylint: disable=import-outside-toplevel
         from ..focus import apply_eager, compute_scopes  # pylint: disable=import-outside-toplevel
         from ..targets import match_scope  # pylint: disable=import-outside-toplevel

@@ -26,7 +26,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ...ir.nodes import Access, BinOp, Const, IterVar, Scope, Tensor, Var, iter_nodes
 from ..match import Match, gemm_expr, gemm_signature
-from ..program import Program, Stage, Step, fuse_memory_bound, instantiate, instantiate_all
+from ..program import (Program, Stage, Step, _inline, fuse_memory_bound, instantiate,
+                       instantiate_all, map_accesses)
 from ..targets import TARGET_NAMES, match_scope
 
 __all__ = ["InterRule", "SPLIT_OPERATORS", "FUSE_MEMORY_BOUND", "MERGE_SHARED_INPUT",
@@ -108,7 +109,6 @@ def _rename_reads(stage: Stage, old: str, new: str) -> Stage:
     """Rename reads of tensor ``old`` (a stage renamed to take its eOperator's place)."""
     if old == new or old not in stage.reads:
         return stage
-    from ..program import map_accesses  # pylint: disable=import-outside-toplevel
 
     def fn(acc: Access):
         src = acc.source
@@ -344,7 +344,6 @@ def inline_views(program: Program) -> Program:
     """``S := Y[f(x)]; T := S[g(x)]  =  T := Y[f(g(x))]``: an eOperator that is one read (a
     slice or another view) and is no output is inlined into every eOperator reading it, so
     slices of slices read the merged product once."""
-    from ..program import _inline  # pylint: disable=import-outside-toplevel
 
     stages = list(program.stages)
     changed = True

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Iterator, List, Set, Tuple
 
 from ...ir.nodes import BinOp, Const, IterVar, Scope, Var, substitute
+from ..canon import normalize_indices
 from .base import (
     Rewrite,
     Rule,
@@ -153,7 +154,6 @@ def _txt(node) -> str:
 
 def _normalized(scope: Scope) -> Scope:
     """Indices rewritten to their linear canonical form (so bound checks see cancellations)."""
-    from ..canon import normalize_indices  # pylint: disable=import-outside-toplevel
 
     return normalize_indices(scope)
 

@@ -16,24 +16,26 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 from typing import Optional, Tuple
 
 from ..compat import relax, tvm
 from ..compile_profile import profile_scope, stage
 from ..config import OllieConfig, resolve_config
+from ..target import gpu_available, is_gpu_target, is_llvm, kind_name, normalize_target
+from ..transform.optimize import OllieOptimize, optimize_module
+from ..transform.precision import to_precision
+from ..transform.report import OptimizeReport
 from ..tune.budget import TrialBudget
-from ..tune.measure import compile_module
-from ..tune.metaschedule import Tuner, default_pipeline, gpu_available, is_gpu_target, \
-    normalize_target
+from ..tune.metaschedule import Tuner
 from ..tune.rpc import RPCConfig
 from ..tune.workdir import prepare_work_dir, work_dir_lock
-from .optimize import OllieOptimize, optimize_module
-from .precision import to_precision
-from .report import OptimizeReport
+from .compile import compile_module, default_pipeline
+from .joint_plans import joint_build
 
 __all__ = ["build", "cuda_source", "ollie_pipeline", "PIPELINE_NAME"]
 
-LOG = logging.getLogger("tvm_ollie.transform")
+LOG = logging.getLogger("tvm_ollie.transform")  # the name it logged under before the move
 
 PIPELINE_NAME = "ollie"
 
@@ -85,7 +87,7 @@ def build(mod: "tvm.IRModule", target=None, trials: Optional[int] = None,
         Other config fields (``max_depth``, ``time_budget_s``, ``calibration``...) and the
         test hooks of :func:`optimize_module` (``timer``, ``checker``, ``chooser``, ``tuner``,
         ``cost_model``) and of the joint build's never-worse guard (``plan_timer``, a
-        :data:`~tvm_ollie.orchestrate.guard.PlanTimer`).
+        :data:`~tvm_ollie.pipeline.guard.PlanTimer`).
 
     Returns
     -------
@@ -100,8 +102,6 @@ def build(mod: "tvm.IRModule", target=None, trials: Optional[int] = None,
     remote = cfg.rpc is not None
     if cfg.trials > 0 and cfg.work_dir is None and (
             remote or not (is_gpu_target(tgt) and not gpu_available(tgt))):
-        import tempfile  # pylint: disable=import-outside-toplevel
-
         cfg = cfg.replace(work_dir=tempfile.mkdtemp(prefix="ollie_tune_"))
     # One process at a time tunes in a work dir: MetaSchedule's database refers to workloads
     # by line number, so two processes appending to it at once would mix their records up.
@@ -132,7 +132,7 @@ def _build(mod: "tvm.IRModule", cfg: OllieConfig, hooks: dict
     hooks = {k: v for k, v in hooks.items() if k != "plan_timer"}
     budget = TrialBudget(trials, final_share=FINAL_SHARE if tunable else 0.0)
     if trials > 0 and not tunable:
-        budget.notes.append(f"no {tgt.kind.name} device here to measure on: nothing tuned")
+        budget.notes.append(f"no {kind_name(tgt)} device here to measure on: nothing tuned")
     new_mod, report = optimize_module(mod, config=cfg, budget=budget, **hooks)
     has_db = bool(work_dir) and os.path.isdir(work_dir) and any(
         f.endswith(".json") and "workload" in f for f in os.listdir(work_dir))
@@ -144,7 +144,7 @@ def _build(mod: "tvm.IRModule", cfg: OllieConfig, hooks: dict
         if not report.rewritten:
             raise
         # Never worse: the original module is what TVM would have built anyway.
-        why = f"the rewritten module failed to build for {tgt.kind.name}: " \
+        why = f"the rewritten module failed to build for {kind_name(tgt)}: " \
               f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:200]}"
         LOG.warning("ollie: %s; building the original module", why)
         for d in report.rewritten:
@@ -164,13 +164,11 @@ def _compile_final(mod, cfg: OllieConfig, tuner, budget: TrialBudget, tunable: b
 
 def _joint(mod: "tvm.IRModule", cfg: OllieConfig, hooks: dict):
     """The joint build (derivation alternatives and kernel boundaries chosen by one selection,
-    :mod:`tvm_ollie.orchestrate.joint`), or None when it fails (the sequential build follows)."""
-    from ..orchestrate.joint_plans import joint_build  # pylint: disable=C0415
-
+    :mod:`tvm_ollie.pipeline.joint`), or None when it fails (the sequential build follows)."""
     # the never-worse guard times whole plans: only where they run (the local CPU or a GPU
     # present here, on the target's device; joint builds are local already)
     guard = cfg.joint_guard and cfg.rpc is None and (
-        cfg.target.kind.name == "llvm" or gpu_available(cfg.target))
+        is_llvm(cfg.target) or gpu_available(cfg.target))
     opts = dict(max_depth=cfg.max_depth, time_budget_s=cfg.search_time_s,
                 calibration=cfg.calibration,
                 max_measured=cfg.max_measured, check_untuned=cfg.check_untuned,
@@ -232,9 +230,7 @@ def ollie_pipeline(target=None, orchestrate: Optional[bool] = None,
 
 
 def _register() -> None:
-    from tvm.relax import pipeline as rp  # pylint: disable=import-outside-toplevel
-
-    if PIPELINE_NAME not in rp.PIPELINE_MAP:
+    if PIPELINE_NAME not in relax.pipeline.PIPELINE_MAP:
         relax.register_pipeline(PIPELINE_NAME)(ollie_pipeline)
 
 

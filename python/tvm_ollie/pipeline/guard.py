@@ -229,7 +229,7 @@ def guard_plans(plans: Sequence[Tuple[str, Callable[[], object]]], args: Sequenc
     """
     # pylint: disable=import-outside-toplevel
     from ..compat import relax, tvm
-    from ..tune.measure import target_device
+    from ..target import target_device
 
     dev = device if device is not None else target_device(target)
     sync = dev.dlpack_device_type() != tvm.cpu(0).dlpack_device_type()

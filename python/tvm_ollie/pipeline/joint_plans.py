@@ -1,7 +1,8 @@
 """The joint build: decisions, the joint selection, and the plans it is guarded against.
 
 :func:`joint_build` decides the module's regions as the sequential build does, offers every
-heavy call's verified alternatives (:mod:`.joint`), and builds the joint plan: one binary
+heavy call's verified alternatives (:mod:`.joint`, :mod:`tvm_ollie.orchestrate.joint`), and
+builds the joint plan: one binary
 program chooses the alternatives and the kernel boundaries together. With the never-worse guard
 (:mod:`.guard`) it also builds the plans the joint one competes with, from the same decisions
 (:class:`PlanBuilder`): ``refined``, ``sequential``, ``derivation`` and ``orchestration``,
@@ -22,10 +23,19 @@ import time
 from typing import Dict, List, Optional, Tuple
 
 from ..compat import relax, tvm
-from .cost import AnalyticCost, LinearMeasuredCost, MeasuredCost
-from .guard import PlanSkipped
-from .joint import JointTable, apply_picked, keep_alternatives, make_decider, offer_alternatives, \
-    offer_folded
+from ..orchestrate.cost import AnalyticCost, LinearMeasuredCost, MeasuredCost, sample_args
+from ..orchestrate.fission import fission
+from ..orchestrate.joint import JointTable, apply_picked, keep_alternatives
+from ..orchestrate.pipeline import _split_composites, ollie_orchestration
+from ..orchestrate.tuned import tuned_orchestrate_build
+from ..target import kind_name, normalize_target
+from ..transform.decide import DERIVABLE_OPS, Alternative, call_signature
+from ..transform.optimize import apply_call_choices, optimize_module
+from ..transform.report import OpDecision, OptimizeReport
+from ..tune.metaschedule import STATS
+from .compile import compile_module
+from .guard import GuardReport, PlanSkipped, guard_plans
+from .joint import make_decider, offer_alternatives, offer_folded, static_call
 
 __all__ = ["GUARD_PREFERENCE", "GUARD_REFERENCE", "PLANS", "PlanBuilder", "joint_build"]
 
@@ -68,8 +78,6 @@ class PlanBuilder:
     """
 
     def __init__(self, target, cost, tuner, modules: dict, decided: list, table: JointTable):
-        from ..transform.optimize import apply_call_choices  # pylint: disable=C0415
-
         self.target, self.cost, self.tuner, self.modules = target, cost, tuner, modules
         self.table = table
         self.sequential_module, self.epilogues = apply_call_choices(
@@ -91,18 +99,12 @@ class PlanBuilder:
         if plan == "sequential":
             return self._orchestrated(self.sequential_module, plan, trials)
         if plan == "derivation":
-            from ..tune.measure import compile_module  # pylint: disable=C0415
-
             return compile_module(self.sequential_module, self.target, self.tuner, trials)
         if plan == "orchestration":
             return self._orchestrated(self.modules["given"], plan, trials)
         raise ValueError(f"unknown plan {plan!r}; plans: {', '.join(PLANS)}")
 
     def _joint(self, trials: int):
-        # pylint: disable=import-outside-toplevel
-        from .pipeline import ollie_orchestration
-        from .tuned import tuned_orchestrate_build
-
         tgt, reports = self.target, self.reports["joint"]
         if self.tuner is None:
             return tvm.compile(self.modules["offered"], target=tgt, relax_pipeline=(
@@ -112,10 +114,6 @@ class PlanBuilder:
                                        cost=self.cost, reports=reports, joint=self.table)
 
     def _orchestrated(self, module, plan: str, trials: int):
-        # pylint: disable=import-outside-toplevel
-        from .pipeline import _split_composites, ollie_orchestration
-        from .tuned import tuned_orchestrate_build
-
         tgt, reports = self.target, self.reports[plan]
         if self.tuner is None:
             return tvm.compile(module, target=tgt, relax_pipeline=ollie_orchestration(
@@ -129,10 +127,6 @@ def _rewrite_regions(mod, tgt, work_dir, opts):
     calls and groups of matmuls sharing an operand (:mod:`tvm_ollie.transform.regions`) are
     decided and rewritten as in the sequential build; the heavy calls are left for the joint
     selection."""
-    # pylint: disable=import-outside-toplevel
-    from ..transform.decide import Alternative
-    from ..transform.optimize import optimize_module
-
     def regions_only(sig: str, _alts):
         return None if sig.startswith(("region[", "group[")) else Alternative(None, "tvm", 0.0)
 
@@ -142,10 +136,6 @@ def _rewrite_regions(mod, tgt, work_dir, opts):
 
 def _heavy_calls(mod: "tvm.IRModule") -> Dict[str, str]:
     """``{variable name: signature}`` of the static derivable calls bound in ``mod``."""
-    # pylint: disable=import-outside-toplevel
-    from ..transform.decide import DERIVABLE_OPS, call_signature
-    from .joint import _static
-
     calls: Dict[str, str] = {}
     for _, func in mod.functions_items():
         if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
@@ -154,7 +144,7 @@ def _heavy_calls(mod: "tvm.IRModule") -> Dict[str, str]:
             for b in block.bindings:
                 e = b.value
                 if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) \
-                        and e.op.name in DERIVABLE_OPS and _static(e):
+                        and e.op.name in DERIVABLE_OPS and static_call(e):
                     calls[b.var.name] = call_signature(e)
     return calls
 
@@ -171,7 +161,8 @@ def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
     orchestration chooses among them and the kernel boundaries at once. Regions of several
     calls are decided first, as in the sequential build (:func:`_rewrite_regions`). Kernel
     candidates are costed analytically; with ``measure_kernels`` and a ``work_dir`` those
-    holding a linear primitive are timed untuned (:class:`~.cost.LinearMeasuredCost`, cached
+    holding a linear primitive are timed untuned
+    (:class:`~tvm_ollie.orchestrate.cost.LinearMeasuredCost`, cached
     there): about 0.4 s a candidate here, thousands of them in a model of a few dozen convs,
     so not the default.
 
@@ -185,11 +176,6 @@ def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
     and a ``plan_tuner`` metered by it, which builds and tunes the plans; the Decider tunes
     with its own, or with ``opts["tuner"]``): as in the module docstring.
     """
-    # pylint: disable=import-outside-toplevel
-    from ..transform.report import OptimizeReport
-    from ..tune.metaschedule import STATS, normalize_target
-    from .fission import fission
-
     start, tuning0, calls0 = time.perf_counter(), STATS.seconds, STATS.calls
     tgt = normalize_target(target)
     tuned = trials > 0 and budget is not None and plan_tuner is not None
@@ -216,7 +202,7 @@ def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
     plans = PlanBuilder(tgt, cost, plan_tuner if tuned else None,
                         {"given": given, "regions": mod, "folded": folded, "offered": offered},
                         decided, table)
-    report = OptimizeReport(target=tgt.kind.name, budget=budget if tuned else None)
+    report = OptimizeReport(target=kind_name(tgt), budget=budget if tuned else None)
     final = budget.final() if tuned else 0  # what is left of the budget: the kept plan's
     if guard:
         ex, winner, report.plans = _guarded(plans, plan_timer)
@@ -244,8 +230,6 @@ def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
 
 def _report_decisions(report, decided: list, table: JointTable, winner: str) -> None:
     """One decision per heavy call (and the regions) as the kept plan has them."""
-    from ..transform.report import OpDecision  # pylint: disable=import-outside-toplevel
-
     if winner == "orchestration":  # the module as given: no region rewritten either
         for r in report.regions:
             if r.rewritten:
@@ -271,10 +255,6 @@ def _report_decisions(report, decided: list, table: JointTable, winner: str) -> 
 def _guarded(plans: PlanBuilder, plan_timer) -> Tuple[object, str, object]:
     """``(executable, winner, GuardReport)``: every plan of :data:`PLANS` built from the same
     decisions (with the records the decisions left, when tuned), the fastest kept."""
-    # pylint: disable=import-outside-toplevel
-    from .cost import sample_args
-    from .guard import GuardReport, guard_plans
-
     try:
         args = sample_args(plans.modules["regions"]["main"])
     except Exception as err:  # pylint: disable=broad-except
