@@ -79,7 +79,8 @@ def run_bench(
         ``<out_dir>/work``); reusing it skips re-tuning.
     threads : int, optional
         Threads for every system (default: all cores). Sets ``TVM_NUM_THREADS`` and passive
-        waiting for the thread pools if unset (see :mod:`.env`).
+        waiting for the thread pools if unset (see :mod:`.env`); the isolated mode's workers
+        get the thread count but keep each runtime's own waiting.
     time_budget_s : float, optional
         Timing budget per model (default 2 s quick, 10 s full).
     min_rounds : int, optional
