@@ -1,4 +1,7 @@
-"""The harness end to end on a tiny model, with fake systems covering every outcome."""
+"""The harness end to end on a tiny model, with fake systems covering every outcome.
+
+These run the interleaved mode (every system in this process, where the fake systems live);
+the isolated mode, the default, has its own tests in test_bench_isolated.py."""
 
 import json
 import os
@@ -71,7 +74,7 @@ def test_every_outcome_is_reported(tmp_path):
     systems.append("test_built_only")
     results = run_bench(models=["infogan"], quick=True, systems=systems, reference="torch",
                         out_dir=str(tmp_path), time_budget_s=0.05, min_rounds=4,
-                        log=lambda _: None)  # fmt: skip
+                        log=lambda _: None, mode="interleaved")  # fmt: skip
     entry = results["models"]["infogan"]
     status = {name: r["status"] for name, r in entry["systems"].items()}
     assert status == {"torch": "ok", "test_close": "ok", "test_wrong": "mismatch",
@@ -89,14 +92,15 @@ def test_every_outcome_is_reported(tmp_path):
         assert json.load(f)["models"]["infogan"]["systems"]["test_missing"]["reason"]
     report = (tmp_path / "results.md").read_text()
     assert "| infogan |" in report and "mismatch" in report and "fakepkg" in report
-    assert "Spread: first and third quartiles" in report
+    assert "Spread: first and third quartiles" in report and "interleaved mode" in report
+    assert results["config"]["mode"] == "interleaved"
     assert os.path.getsize(tmp_path / "speedups.png") > 0
 
 
 def test_tvm_and_torch_agree_through_the_harness(tmp_path):
     results = run_bench(models=["csrnet"], quick=True, systems=["tvm", "torch"],
                         reference="tvm", out_dir=str(tmp_path), time_budget_s=0.05, plot=False,
-                        log=lambda _: None)  # fmt: skip
+                        log=lambda _: None, mode="interleaved")  # fmt: skip
     systems = results["models"]["csrnet"]["systems"]
     assert systems["tvm"]["status"] == "ok", systems["tvm"]
     assert systems["torch"]["status"] == "ok"
@@ -108,7 +112,7 @@ def test_tvm_and_torch_agree_through_the_harness(tmp_path):
 def test_ollie_column_agrees_and_is_the_default_reference(tmp_path):
     results = run_bench(models=["infogan"], quick=True, systems=["ollie", "tvm", "torch"],
                         out_dir=str(tmp_path), time_budget_s=0.05, plot=False,
-                        log=lambda _: None)  # fmt: skip
+                        log=lambda _: None, mode="interleaved")  # fmt: skip
     systems = results["models"]["infogan"]["systems"]
     assert systems["ollie"]["status"] == "ok", systems["ollie"]
     assert systems["ollie"]["rel_err"] < 1e-4
@@ -125,7 +129,8 @@ def test_cli_list_and_bad_model(capsys):
 def test_cuda_target_builds_tvm_and_skips_what_cannot_run(tmp_path):
     results = run_bench(models=["infogan"], quick=True, target="cuda",
                         systems=["tvm", "torch", "onnxruntime"], out_dir=str(tmp_path),
-                        time_budget_s=0.05, plot=False, log=lambda _: None)  # fmt: skip
+                        time_budget_s=0.05, plot=False, log=lambda _: None,
+                        mode="interleaved")  # fmt: skip
     systems = results["models"]["infogan"]["systems"]
     if results["peaks"] is None:  # no GPU here: TVM is compiled for CUDA but not run
         assert systems["tvm"]["status"] == "built" and systems["tvm"]["compile_s"] > 0

@@ -24,10 +24,14 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
     parser.add_argument("--systems", nargs="+", help="systems to compare (default: all baselines)")
     parser.add_argument("--reference", default="ollie", help="system the ratios are relative to")
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--weights", choices=("params", "constants"), default="params",
-                        help="TVM-based systems: weights as runtime parameters of main "
-                             "(default) or bound as constants, as a TVM user importing a "
-                             "model gets them (transformations of them fold at compile time)")
+    parser.add_argument("--weights", choices=("constants", "params"), default="constants",
+                        help="TVM-based systems: weights bound as constants (default), as "
+                             "TVM's importers and tvm-ollie compile give them (transformations "
+                             "of them fold at compile time), or runtime parameters of main")
+    parser.add_argument("--mode", choices=("isolated", "interleaved"), default="isolated",
+                        help="isolated (default): each system prepared and timed in a worker "
+                             "process of its own, the workers taking turns; interleaved: all "
+                             "systems in one process, every thread pool waiting passively")
     parser.add_argument("--threads", type=int, help="threads per system (default: all cores)")
     parser.add_argument("--budget", type=float, help="timing budget per model in seconds")
     parser.add_argument("--min-rounds", type=int,
@@ -53,7 +57,7 @@ def restart_with_thread_env(threads: int, restart_argv: Optional[List[str]]) -> 
     its start; a marker variable prevents a second restart. Library calls (``restart_argv`` is
     None) never restart.
     """
-    from .env import PASSIVE_WAIT  # pylint: disable=import-outside-toplevel
+    from .env import ADDED_VAR, PASSIVE_WAIT  # pylint: disable=import-outside-toplevel
 
     if (restart_argv is None or "torch" not in sys.modules
             or all(key in os.environ for key in PASSIVE_WAIT)
@@ -61,6 +65,7 @@ def restart_with_thread_env(threads: int, restart_argv: Optional[List[str]]) -> 
         return
     env = dict(os.environ, TVM_OLLIE_BENCH_RESTARTED="1")
     env.setdefault("TVM_NUM_THREADS", str(int(threads)))
+    env[ADDED_VAR] = ",".join(key for key in PASSIVE_WAIT if key not in env)
     for key, value in PASSIVE_WAIT.items():
         env.setdefault(key, value)
     sys.stdout.flush()
@@ -97,7 +102,7 @@ def run_from_args(args: argparse.Namespace, restart_argv: Optional[List[str]] = 
         out_dir=args.out, systems=args.systems, reference=args.reference, batch=args.batch,
         work_dir=args.work_dir, threads=args.threads, time_budget_s=args.budget,
         min_rounds=getattr(args, "min_rounds", None), plot=not args.no_plot,
-        weights=getattr(args, "weights", "params"),
+        weights=getattr(args, "weights", "constants"), mode=getattr(args, "mode", "isolated"),
     )  # fmt: skip
     print(f"\nwrote {args.out}/results.json, results.md")
     failed = [(m, s) for m, e in results["models"].items() for s, r in e["systems"].items()

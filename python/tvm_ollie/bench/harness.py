@@ -1,10 +1,13 @@
-"""``run_bench``: build every model in every system, check outputs, time them interleaved.
+"""``run_bench``: build every model in every system, check outputs, time them in rounds.
 
 For each model: PyTorch eager on CPU gives the reference outputs; every system is prepared
 (a missing package or device marks its column skipped; any other failure is recorded as an
 error and the run goes on); each system's outputs are compared with the reference
-(:mod:`.check`) and only systems that agree are timed, all together in interleaved rounds
-(:mod:`.timing`). Each system's ratio to the reference system is the median of per-round ratios.
+(:mod:`.check`) and only systems that agree are timed, in rounds with rotating order
+(:mod:`.timing`). In the isolated mode (the default) each system is prepared and timed in a
+worker process of its own, the workers taking turns (:mod:`.isolated`); in the interleaved
+mode all systems share this process. Each system's ratio to the reference system is the median
+of per-round ratios.
 The model's FLOPs and bytes come from its Relax module (:mod:`.roofline`); the machine's peaks
 are measured once at the start. Results are written after every model (JSON + Markdown) and
 plotted at the end.
@@ -16,17 +19,21 @@ import gc
 import os
 import platform
 import time
-import traceback
 from typing import Callable, Dict, Iterable, List, Optional
 
 from . import report
-from .check import as_numpy_list, compare_outputs
-from .env import configure_threads
+from .check import as_numpy_list
+from .env import configure_threads, runtime_default_environ
+from .isolated import bench_systems_isolated
+from .outcome import check_outcome, prepare_outcome
 from .roofline import count_module, measure_cpu_peaks, measure_cuda_peaks
-from .systems import BenchContext, SystemUnavailable, get_system
+from .systems import BenchContext, get_system
 from .timing import measure_interleaved, paired_ratio, paired_ratio_quartiles
 
 DEFAULT_SYSTEMS = ("ollie", "ollie-lib", "tvm", "onnxruntime", "torch", "torch_compile")
+
+#: How systems are timed: each in a worker process of its own, or all in this process.
+MODES = ("isolated", "interleaved")
 
 
 def run_bench(
@@ -44,7 +51,8 @@ def run_bench(
     min_rounds: Optional[int] = None,
     plot: bool = True,
     log: Callable[[str], None] = print,
-    weights: str = "params",
+    weights: str = "constants",
+    mode: str = "isolated",
 ) -> dict:
     """Run the benchmark and write ``results.json``, ``results.md`` (and ``speedups.png``).
 
@@ -71,7 +79,8 @@ def run_bench(
         ``<out_dir>/work``); reusing it skips re-tuning.
     threads : int, optional
         Threads for every system (default: all cores). Sets ``TVM_NUM_THREADS`` and passive
-        waiting for the thread pools if unset (see :mod:`.env`).
+        waiting for the thread pools if unset (see :mod:`.env`); the isolated mode's workers
+        get the thread count but keep each runtime's own waiting.
     time_budget_s : float, optional
         Timing budget per model (default 2 s quick, 10 s full).
     min_rounds : int, optional
@@ -83,9 +92,15 @@ def run_bench(
     log : callable
         Progress messages.
     weights : str
-        How the TVM-based systems get the weights: ``"params"`` (runtime parameters of
-        ``main``, fed on every call) or ``"constants"`` (bound into the module, as a TVM user
-        importing a model normally gets them; the compiler folds what is computed from them).
+        How the TVM-based systems get the weights: ``"constants"`` (the default: bound into the
+        module, as TVM's importers and ``tvm-ollie compile`` give them; the compiler folds what
+        is computed from them) or ``"params"`` (runtime parameters of ``main``, fed on every
+        call).
+    mode : str
+        ``"isolated"`` (the default): each system prepared and timed in a fresh worker process
+        of its own, one worker running at a time, each runtime with its own thread defaults
+        (:mod:`.isolated`); ``"interleaved"``: all systems in this process, with passive
+        waiting for every thread pool (:mod:`.env`).
 
     Returns
     -------
@@ -94,6 +109,8 @@ def run_bench(
     """
     from ..models import get_model, list_models  # pylint: disable=import-outside-toplevel
 
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
     models = list(models) if models else list_models()
     systems = list(systems) if systems else list(DEFAULT_SYSTEMS)
     for name in systems:
@@ -103,15 +120,18 @@ def run_bench(
     budget = time_budget_s if time_budget_s is not None else (2.0 if quick else 10.0)
     os.makedirs(out_dir, exist_ok=True)
     ctx = BenchContext(target, threads, trials, work_dir or os.path.join(out_dir, "work"),
-                       weights=weights)
+                       weights=weights, ort_spinning=mode == "isolated")
+    worker_env = runtime_default_environ() if mode == "isolated" else None
 
     peaks = measure_cuda_peaks() if target == "cuda" else measure_cpu_peaks()
     results = {
         "config": {
             "models": models, "systems": systems, "reference": reference, "quick": quick,
             "trials": trials, "target": target, "batch": batch, "threads": threads,
-            "weights": weights,
+            "weights": weights, "mode": mode,
             "thread_env": thread_env,
+            "worker_thread_env": None if worker_env is None else {
+                k: worker_env[k] for k in thread_env if k in worker_env},
             "time_budget_s": budget, "min_rounds": min_rounds, "machine": platform.machine(),
             "processor": platform.processor(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         },
@@ -122,7 +142,8 @@ def run_bench(
     for name in models:
         start = time.perf_counter()
         spec = get_model(name, quick=quick, batch=batch)
-        entry = bench_model(spec, systems, reference, ctx, peaks, budget, log, min_rounds)
+        entry = bench_model(spec, systems, reference, ctx, peaks, budget, log, min_rounds,
+                            worker_env=worker_env)
         entry["wall_s"] = time.perf_counter() - start
         results["models"][name] = entry
         report.write_results(results, out_dir)
@@ -140,8 +161,13 @@ def run_bench(
 
 def bench_model(spec, systems: List[str], reference: str, ctx: BenchContext, peaks,
                 budget_s: float, log: Callable[[str], None],
-                min_rounds: Optional[int] = None) -> dict:  # fmt: skip
-    """Prepare, check and time ``systems`` on one model; returns the model's result entry."""
+                min_rounds: Optional[int] = None,
+                worker_env: Optional[Dict[str, str]] = None) -> dict:  # fmt: skip
+    """Prepare, check and time ``systems`` on one model; returns the model's result entry.
+
+    ``worker_env`` given: the isolated mode (each system in a worker with that environment,
+    :func:`.isolated.bench_systems_isolated`); None: every system in this process.
+    """
     import torch  # pylint: disable=import-outside-toplevel
 
     with torch.inference_mode():
@@ -157,15 +183,23 @@ def bench_model(spec, systems: List[str], reference: str, ctx: BenchContext, pea
             entry.update(bound_s=counts.bound_s(peaks), bound_min_s=counts.bound_min_s(peaks))
     except Exception as err:  # pylint: disable=broad-except
         entry["counts_error"] = f"{type(err).__name__}: {err}"
-    runs: Dict[str, Callable] = {}
-    for name in systems:
-        result, run = _prepare_and_check(name, spec, ctx, ref_outputs, log)
-        entry["systems"][name] = result
-        if run is not None:
-            runs[name] = run
     rounds = {} if min_rounds is None else dict(
         min_rounds=min_rounds, hard_min_rounds=min_rounds, max_rounds=max(200, min_rounds))
-    samples = measure_interleaved(runs, budget_s=budget_s, **rounds) if runs else {}
+    if worker_env is not None:
+        ctx_kwargs = dict(target=ctx.target_kind, threads=ctx.threads, trials=ctx.trials,
+                          work_dir=ctx.work_dir, weights=ctx.weights,
+                          ort_spinning=ctx.ort_spinning)  # fmt: skip
+        entry["systems"], samples = bench_systems_isolated(
+            spec, systems, ctx_kwargs, ref_outputs, dict(budget_s=budget_s, **rounds), log,
+            env=worker_env)  # fmt: skip
+    else:
+        runs: Dict[str, Callable] = {}
+        for name in systems:
+            result, run, outputs = prepare_outcome(name, spec, ctx, log)
+            entry["systems"][name] = result
+            if outputs is not None and check_outcome(result, outputs, ref_outputs):
+                runs[name] = run
+        samples = measure_interleaved(runs, budget_s=budget_s, **rounds) if runs else {}
     for name, sample in samples.items():
         result = entry["systems"][name]
         result["median_s"] = sample.median
@@ -178,33 +212,3 @@ def bench_model(spec, systems: List[str], reference: str, ctx: BenchContext, pea
             result["roofline_fraction"] = entry["bound_s"] / sample.median
             result["roofline_min_fraction"] = entry["bound_min_s"] / sample.median
     return entry
-
-
-def _prepare_and_check(name, spec, ctx, ref_outputs, log):
-    """Prepare one system and check its outputs; returns ``(result dict, run or None)``."""
-    system = get_system(name)
-    start = time.perf_counter()
-    try:
-        prepared = system.prepare(spec, ctx)
-    except SystemUnavailable as err:
-        return {"status": "skipped", "reason": str(err)}, None
-    except Exception as err:  # pylint: disable=broad-except
-        log(f"  {spec.name}/{name}: error\n{traceback.format_exc(limit=6)}")
-        return {"status": "error", "reason": f"{type(err).__name__}: {err}"[:500]}, None
-    result = {"status": "built", "prepare_s": time.perf_counter() - start,
-              "compile_s": prepared.compile_s, **prepared.info}  # fmt: skip
-    if prepared.tune_s is not None:
-        result["tune_s"] = prepared.tune_s
-    if prepared.run is None:
-        return result, None
-    try:
-        agreement = compare_outputs(as_numpy_list(prepared.run()), ref_outputs)
-    except Exception as err:  # pylint: disable=broad-except
-        result.update(status="error", reason=f"run failed: {type(err).__name__}: {err}"[:500])
-        return result, None
-    result["max_abs_err"], result["rel_err"] = agreement.max_abs_err, agreement.rel_err
-    if not agreement.ok:
-        result.update(status="mismatch", reason=agreement.reason)
-        return result, None
-    result["status"] = "ok"
-    return result, prepared.run

@@ -7,6 +7,12 @@ import os
 from typing import List, Optional
 
 
+_MODES = {
+    "isolated": "isolated mode (each system in its own process, one at a time)",
+    "interleaved": "interleaved mode (all systems in one process)",
+}
+
+
 def describe_peaks(peaks) -> str:
     """One line: measured peak GFLOP/s and GB/s."""
     if peaks is None:
@@ -49,7 +55,8 @@ def markdown(results: dict) -> str:
         "",
         f"target `{cfg['target']}`, {'quick' if cfg['quick'] else 'paper'} sizes, batch "
         f"{cfg['batch']}, {cfg['threads']} threads, MetaSchedule trials per model "
-        f"{cfg['trials']}, weights as {cfg.get('weights', 'params')}; started "
+        f"{cfg['trials']}, weights as {cfg.get('weights', 'params')}, "
+        f"{_MODES.get(cfg.get('mode', 'interleaved'), cfg.get('mode'))}; started "
         f"{cfg['started']}.",
         f"Peaks: {describe_peaks(_Peaks.of(results.get('peaks')))}.",
         "",

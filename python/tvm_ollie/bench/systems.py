@@ -110,15 +110,21 @@ class BenchContext:
         How every TVM-based system imports the weights (:func:`~tvm_ollie.models.to_relax`):
         ``"params"`` (runtime parameters of ``main``) or ``"constants"`` (bound into the
         module, as a TVM user importing a model normally gets them).
+    ort_spinning : bool
+        Leave ONNX Runtime's intra-op threads spinning after each run (its default): right for
+        a process where ONNX Runtime runs alone (the isolated mode), wrong where the next
+        system's call follows on the same cores (the interleaved mode).
     """
 
     def __init__(self, target: str = "llvm", threads: Optional[int] = None, trials: int = 0,
-                 work_dir: str = "bench_work", weights: str = "params"):  # fmt: skip
+                 work_dir: str = "bench_work", weights: str = "params",
+                 ort_spinning: bool = False):  # fmt: skip
         from ..models.export import WEIGHTS  # pylint: disable=import-outside-toplevel
 
         if weights not in WEIGHTS:
             raise ValueError(f"weights must be one of {WEIGHTS}, not {weights!r}")
         self.weights = weights
+        self.ort_spinning = bool(ort_spinning)
         self.target_kind = target
         self.threads = int(threads or os.cpu_count() or 1)
         self.trials = int(trials)
@@ -394,11 +400,14 @@ def prepare_onnxruntime(spec, ctx: BenchContext) -> Prepared:
     # here); in an interleaved run that spinning steals the cores from the next system (torch
     # eager went from 1 ms to 28 ms right after ORT). Spinning only helps back-to-back ORT calls,
     # so it is the one ORT default changed.
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # (the isolated mode keeps the default: there the next system runs in another process,
+    # after this one's threads have gone idle).
+    if not ctx.ort_spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(path, options, providers=[provider])
     compile_s = time.perf_counter() - start
     run = ort_runner(session, spec.example_inputs, "cuda" if ctx.target_kind == "cuda" else "cpu")
-    return Prepared(run, compile_s, info={"provider": provider})
+    return Prepared(run, compile_s, info={"provider": provider, "spinning": ctx.ort_spinning})
 
 
 def ort_runner(session, inputs, device: str = "cpu") -> Callable[[], object]:

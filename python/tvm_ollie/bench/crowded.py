@@ -1,0 +1,222 @@
+"""``python -m tvm_ollie.bench.crowded``: ollie's library in a process shared with other runtimes.
+
+A user's process often holds PyTorch or ONNX Runtime beside the model tvm-ollie compiled, and
+their thread pools compete for the same cores: ONNX Runtime's intra-op threads spin after every
+run by default, PyTorch's OpenMP threads wait actively for a while, TVM's pool spins between
+kernels. This benchmark builds a model's ollie library once (in a fresh process), then, for
+each thread setting, starts a fresh process with that environment which loads the library and
+times one call of it in these situations (rotating rounds, :func:`.timing.measure_rounds`):
+
+* ``alone``: nothing else runs;
+* ``after torch``: PyTorch eager runs the same model right before each of our calls;
+* ``beside a torch thread``: a thread runs PyTorch eager in a loop while we are timed;
+* ``after ORT (spinning)``: an ONNX Runtime session (its defaults) runs right before each call;
+* ``after ORT (no spinning)``: the same with ``session.intra_op.allow_spinning=0``.
+
+Only our call is timed. The settings are the runtimes' defaults and TVM's pool without spinning
+(``TVM_THREAD_POOL_SPIN_COUNT=0``); ``docs/threads.md`` says what to set::
+
+    python -m tvm_ollie.bench.crowded --model resnet18 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from typing import Callable, Dict, List, Optional
+
+from .exported import build_and_export, load_exported
+from .timing import measure_rounds
+from .worker import Worker, WorkerFailed, wait_idle
+
+#: Thread settings, each timed in a fresh process: name -> variables set (None: removed).
+SETTINGS = {
+    "defaults": {"TVM_THREAD_POOL_SPIN_COUNT": None},
+    "TVM pool not spinning": {"TVM_THREAD_POOL_SPIN_COUNT": "0"},
+}
+
+SCENARIOS = ("alone", "after torch", "beside a torch thread", "after ORT (spinning)",
+             "after ORT (no spinning)")  # fmt: skip
+
+
+class BesideSampler:
+    """Samples of ``run`` with ``before()`` called (untimed) before each call, or with
+    ``background()`` looping on a thread for the whole sample."""
+
+    def __init__(self, run: Callable[[], object], before: Optional[Callable[[], object]] = None,
+                 background: Optional[Callable[[], object]] = None):  # fmt: skip
+        self.run, self.before, self.background = run, before, background
+
+    def calibrate(self, min_sample_s: float) -> int:
+        """One warm-up call (after ``before``); calls per sample that last ``min_sample_s``."""
+        if self.before is not None:
+            self.before()
+        start = time.perf_counter()
+        self.run()
+        once = time.perf_counter() - start
+        return max(1, min(1000, int(min_sample_s / max(once, 1e-9)) + 1))
+
+    def sample(self, number: int) -> float:
+        """Mean seconds of our ``number`` calls (only they are timed)."""
+        stop = threading.Event()
+        thread = None
+        if self.background is not None:
+            thread = threading.Thread(target=self._loop, args=(stop,), daemon=True)
+            thread.start()
+        total = 0.0
+        try:
+            for _ in range(number):
+                if self.before is not None:
+                    self.before()
+                start = time.perf_counter()
+                self.run()
+                total += time.perf_counter() - start
+        finally:
+            stop.set()
+            if thread is not None:
+                thread.join()
+        return total / number
+
+    def _loop(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self.background()
+
+
+def crowded_outcome(path: str, onnx_path: str, model: str, threads: int, budget_s: float,
+                    min_rounds: int) -> tuple:  # fmt: skip
+    """A worker's factory: load the library, PyTorch's model and two ONNX Runtime sessions in
+    this process, time our call in every scenario; ``(result, None, None)``."""
+    # pylint: disable=import-outside-toplevel
+    import onnxruntime as ort
+    import torch
+
+    from ..models import get_model
+    from .systems import ort_runner
+
+    result, run, _ = load_exported(path, model)
+    spec = get_model(model, quick=True)
+    torch.set_num_threads(threads)
+
+    def torch_run():
+        with torch.inference_mode():
+            spec.module(*spec.example_inputs)
+
+    ort_runs = {}
+    for spinning in (True, False):
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        if not spinning:
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        session = ort.InferenceSession(onnx_path, options, providers=["CPUExecutionProvider"])
+        ort_runs[spinning] = ort_runner(session, spec.example_inputs)
+    samplers = {
+        "alone": BesideSampler(run),
+        "after torch": BesideSampler(run, before=torch_run),
+        "beside a torch thread": BesideSampler(run, background=torch_run),
+        "after ORT (spinning)": BesideSampler(run, before=ort_runs[True]),
+        "after ORT (no spinning)": BesideSampler(run, before=ort_runs[False]),
+    }
+    samples = measure_rounds(samplers, budget_s=budget_s, min_rounds=min_rounds,
+                             settle=lambda _: wait_idle(os.getpid()))  # fmt: skip
+    result["median_s"] = {name: s.median for name, s in samples.items()}
+    result["rounds"] = min(len(s.seconds) for s in samples.values())
+    result["env"] = {k: os.environ.get(k, "unset") for k in
+                     ("TVM_NUM_THREADS", "TVM_THREAD_POOL_SPIN_COUNT", "OMP_WAIT_POLICY")}
+    return result, None, None
+
+
+def crowded_table(rows: Dict[str, dict]) -> str:
+    """Markdown: a row per scenario, a column per setting: median ms (and x alone)."""
+    names = list(rows)
+    lines = ["| our call | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
+    for scenario in SCENARIOS:
+        cells = []
+        for name in names:
+            medians = rows[name].get("median_s") or {}
+            value, alone = medians.get(scenario), medians.get("alone")
+            text = "-" if value is None else f"{value * 1e3:.3f}"
+            cells.append(text + (f" ({value / alone:.2f}x)" if value and alone else ""))
+        lines.append(f"| {scenario} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _environment(changes: Dict[str, Optional[str]], threads: int) -> Dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("TVM_NUM_THREADS", str(threads))
+    for key, value in changes.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+def run_crowded(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict:
+    """Build once, time every setting in its own process; writes crowded.json / crowded.md."""
+    from ..models import get_model, to_onnx  # pylint: disable=import-outside-toplevel
+
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    lib = os.path.join(out, "work", f"{args.model}.so")
+    build = Worker("build", build_and_export,
+                   dict(system="ollie", model=args.model, path=lib, threads=args.threads,
+                        work_dir=os.path.join(out, "work", "ollie")),
+                   env=_environment({}, args.threads))  # fmt: skip
+    try:
+        built = build.ready()[0]
+    finally:
+        build.close()
+    log(f"built {args.model} in {built['compile_s']:.1f} s")
+    onnx_path = to_onnx(get_model(args.model, quick=True),
+                        os.path.join(out, "work", f"{args.model}.onnx"))  # fmt: skip
+    rows: Dict[str, dict] = {}
+    for name, changes in SETTINGS.items():
+        worker = Worker(name, crowded_outcome,
+                        dict(path=lib, onnx_path=onnx_path, model=args.model,
+                             threads=args.threads, budget_s=args.budget,
+                             min_rounds=args.min_rounds),
+                        env=_environment(changes, args.threads))  # fmt: skip
+        try:
+            rows[name] = worker.ready()[0]
+        except WorkerFailed as err:
+            rows[name] = {"status": "error", "reason": str(err)}
+        finally:
+            worker.close()
+        log(f"{name}: {rows[name].get('median_s', rows[name].get('reason'))}")
+    results = {"config": vars(args), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+               "build": built, "settings": rows}  # fmt: skip
+    table = crowded_table(rows)
+    with open(os.path.join(out, "crowded.json"), "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=1, default=str)
+    with open(os.path.join(out, "crowded.md"), "w", encoding="utf-8") as f:
+        f.write(f"# {args.model} (quick) in a crowded process, {args.threads} threads\n\n"
+                + table)
+    log(table)
+    return results
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's options."""
+    parser = argparse.ArgumentParser(prog="python -m tvm_ollie.bench.crowded",
+                                     description=__doc__.split("\n\n")[0])  # fmt: skip
+    parser.add_argument("--model", default="resnet18", help="zoo model (quick size)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                        help="threads of every runtime (default: all cores)")
+    parser.add_argument("--budget", type=float, default=3.0, help="timing seconds per setting")
+    parser.add_argument("--min-rounds", type=int, default=15, help="timing rounds at least")
+    parser.add_argument("--out", default="bench_crowded", help="output directory")
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run the crowded-process benchmark; 1 when a setting failed."""
+    results = run_crowded(build_parser().parse_args(argv))
+    return 1 if any("median_s" not in r for r in results["settings"].values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""``python -m tvm_ollie.bench.stability``: how far apart repeated builds of one model run.
+
+The ollie build decides between alternatives by measuring them (untuned: timings of the
+machine at build time), so two builds of the same model can differ. For each model this builds
+it ``--builds`` times (default 3), each in a fresh process with a fresh work dir (nothing
+measured by one build is reused by the next), exports each library, then loads every library
+in a process of its own and times them in rotating rounds, one process at a time
+(:mod:`.worker`, :func:`.timing.measure_rounds`), after checking each one's outputs against
+PyTorch eager. The table gives each build's median, the fastest and the slowest, and
+slowest / fastest (1.00: the builds run alike)::
+
+    python -m tvm_ollie.bench.stability --models resnet18 yolox --builds 3 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from typing import Callable, Dict, List, Optional
+
+from .exported import EXPORTABLE, build_and_export, load_exported
+from .outcome import check_outcome
+from .timing import measure_rounds
+from .worker import Worker, WorkerFailed
+
+
+def _ms(seconds: Optional[float]) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.3f}"
+
+
+def stability_row(model: str, builds: List[dict]) -> dict:
+    """The table's row of one model from its builds (each with ``median_s`` when timed)."""
+    times = [b["median_s"] for b in builds if b.get("median_s")]
+    row = {"model": model, "builds": builds, "timed": len(times)}
+    if times:
+        row.update(fastest_s=min(times), slowest_s=max(times), spread=max(times) / min(times))
+    return row
+
+
+def stability_table(rows: List[dict], system: str, weights: str) -> str:
+    """Markdown: per model each build's median (ms), fastest, slowest and slowest / fastest."""
+    width = max((len(r["builds"]) for r in rows), default=0)
+    header = ["model"] + [f"build {i + 1} ms" for i in range(width)]
+    header += ["fastest ms", "slowest ms", "slowest / fastest"]
+    lines = [f"`{system}` builds, weights as {weights}; each library timed alone in its own "
+             "process, the processes taking turns.", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]  # fmt: skip
+    for row in rows:
+        cells = [row["model"]]
+        for build in row["builds"]:
+            cells.append(_ms(build["median_s"]) if build.get("median_s") else
+                         build.get("status", "-"))  # fmt: skip
+        cells += ["-"] * (width - len(row["builds"]))
+        spread = row.get("spread")
+        cells += [_ms(row.get("fastest_s")), _ms(row.get("slowest_s")),
+                  "-" if spread is None else f"{spread:.2f}"]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _build_all(model: str, args, out: str, log: Callable[[str], None]) -> List[dict]:
+    builds = []
+    for i in range(args.builds):
+        base = os.path.join(out, "work", model, f"build-{i + 1}")
+        shutil.rmtree(base, ignore_errors=True)  # a fresh work dir: nothing reused
+        kwargs = dict(system=args.system, model=model, path=os.path.join(base, "model.so"),
+                      work_dir=os.path.join(base, "work"), quick=True, weights=args.weights,
+                      threads=args.threads, trials=args.trials)  # fmt: skip
+        worker = Worker(f"{model}-build-{i + 1}", build_and_export, kwargs)
+        try:
+            result = worker.ready()[0]
+        except WorkerFailed as err:
+            result = {"status": "error", "reason": str(err)}
+        finally:
+            worker.close()
+        log(f"  {model} build {i + 1}: {result.get('status')} "
+            f"({result.get('compile_s', 0):.1f} s)")  # fmt: skip
+        builds.append(result)
+    return builds
+
+
+def _time_all(model: str, builds: List[dict], args, log: Callable[[str], None]) -> None:
+    """Load every built library in its own worker, check it, time the workers in turns."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    from ..models import get_model  # pylint: disable=import-outside-toplevel
+
+    from .check import as_numpy_list  # pylint: disable=import-outside-toplevel
+
+    spec = get_model(model, quick=True)
+    with torch.inference_mode():
+        reference = as_numpy_list(spec.module(*spec.example_inputs))
+    workers: Dict[int, Worker] = {}
+    try:
+        for i, build in enumerate(builds):
+            if build.get("status") != "built":
+                continue
+            worker = Worker(f"{model}-{i + 1}", load_exported,
+                            dict(path=build["path"], model=model, weights=args.weights))
+            try:
+                result, outputs = worker.ready()
+            except WorkerFailed as err:
+                result, outputs = {"status": "error", "reason": str(err)}, None
+            build.update(load_s=result.get("load_s"))
+            if outputs is not None and check_outcome(result, outputs, reference):
+                workers[i] = worker
+            else:
+                worker.close()
+            build.update(status=result["status"], rel_err=result.get("rel_err"),
+                         reason=result.get("reason"))  # fmt: skip
+        failures: Dict[int, str] = {}
+
+        def settle(previous):
+            if previous in workers:
+                workers[previous].settle()
+
+        samples = measure_rounds(workers, budget_s=args.budget, min_rounds=args.min_rounds,
+                                 settle=settle, failures=failures)  # fmt: skip
+        for i, sample in samples.items():
+            builds[i].update(median_s=sample.median, rounds=len(sample.seconds))
+        for i, reason in failures.items():
+            builds[i].update(status="error", reason=f"timing failed: {reason}")
+            log(f"  {model} build {i + 1}: timing failed: {reason}")
+    finally:
+        for worker in workers.values():
+            worker.close()
+
+
+def run_stability(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict:
+    """Build, time and tabulate every model of ``args``; writes ``stability.json`` and
+    ``stability.md`` into ``args.out`` and returns what the JSON holds."""
+    os.environ.setdefault("TVM_NUM_THREADS", str(args.threads))  # the workers inherit it
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    results = {"config": {k: v for k, v in vars(args).items() if k != "func"},
+               "started": time.strftime("%Y-%m-%d %H:%M:%S"), "models": []}  # fmt: skip
+    for model in args.models:
+        builds = _build_all(model, args, out, log)
+        _time_all(model, builds, args, log)
+        results["models"].append(stability_row(model, builds))
+        table = stability_table(results["models"], args.system, args.weights)
+        with open(os.path.join(out, "stability.json"), "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=1, default=str)
+        with open(os.path.join(out, "stability.md"), "w", encoding="utf-8") as f:
+            f.write("# Build stability\n\n" + table)
+    log(stability_table(results["models"], args.system, args.weights))
+    return results
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's options."""
+    parser = argparse.ArgumentParser(prog="python -m tvm_ollie.bench.stability",
+                                     description=__doc__.split("\n\n")[0])  # fmt: skip
+    parser.add_argument("--models", nargs="+", required=True, help="zoo models (quick sizes)")
+    parser.add_argument("--builds", type=int, default=3, help="builds per model (default 3)")
+    parser.add_argument("--system", choices=EXPORTABLE, default="ollie")
+    parser.add_argument("--weights", choices=("constants", "params"), default="constants")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--trials", type=int, default=0, help="tuning trials per build")
+    parser.add_argument("--budget", type=float, default=2.0, help="timing seconds per model")
+    parser.add_argument("--min-rounds", type=int, default=10, help="timing rounds at least")
+    parser.add_argument("--out", default="bench_stability", help="output directory")
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run the stability benchmark; 1 when a build failed or disagreed with eager."""
+    results = run_stability(build_parser().parse_args(argv))
+    bad = [b for r in results["models"] for b in r["builds"] if not b.get("median_s")]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""Benchmark worker processes: something prepared and timed in a fresh process of its own.
+
+A :class:`Worker` spawns a fresh interpreter (``multiprocessing``'s spawn context: nothing of
+the coordinator's runtimes, thread pools or memory is inherited) that calls a factory, ships the
+result and the first outputs back, and then takes timing commands: ``calibrate`` (one warm-up
+call, returns the calls per sample) and ``sample`` (``number`` back-to-back calls timed in the
+worker, returns seconds per call); a call that raises is answered with ``failed`` and the
+worker exits. A worker is a sampler of :func:`.timing.measure_rounds`, so
+a coordinator times several workers in rotating rounds, one at a time, while the others block
+on their pipes. :meth:`Worker.settle` waits until the worker's threads have stopped running
+(spinning thread pools included) so that the next worker starts on idle cores.
+
+A worker that dies (a crash, an abort in native code) or fails raises :class:`WorkerFailed`
+in the coordinator; the coordinator goes on with the others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import importlib
+import multiprocessing
+import os
+import time
+from typing import Callable, Dict, Iterable, Iterator, Optional
+
+from .timing import CallSampler
+
+
+class WorkerFailed(Exception):
+    """The worker process died or broke the protocol; the message says how."""
+
+
+def serve(conn, factory: Callable[..., tuple], kwargs: dict, modules: Iterable[str]) -> None:
+    """The worker's main loop (runs in the spawned process).
+
+    ``modules`` are imported first (where the systems or models that ``factory`` looks up are
+    registered, when that is outside the package). ``factory(**kwargs)`` returns
+    ``(result dict, run or None, outputs or None)`` (:data:`.outcome.Outcome`); the reply is
+    ``("ready", result, outputs)``. Then, while ``run`` exists, one reply per command.
+    """
+    for module in modules:
+        importlib.import_module(module)
+    result, run, outputs = factory(**kwargs)
+    conn.send(("ready", result, outputs))
+    sampler = CallSampler(run) if run is not None else None
+    while True:
+        try:
+            command, arg = conn.recv()
+        except EOFError:  # the coordinator went away
+            return
+        if command == "stop" or sampler is None:
+            return
+        try:
+            if command == "calibrate":
+                conn.send(("calibrated", sampler.calibrate(arg)))
+            elif command == "sample":
+                conn.send(("sampled", sampler.sample(arg)))
+            else:
+                conn.send(("failed", f"unknown command {command!r}"))
+        except Exception as err:  # pylint: disable=broad-except
+            conn.send(("failed", f"{type(err).__name__}: {err}"[:500]))
+            return
+
+
+@contextlib.contextmanager
+def _environ(env: Optional[Dict[str, str]]) -> Iterator[None]:
+    """``os.environ`` replaced by ``env`` for the duration (a spawned child copies it)."""
+    if env is None:
+        yield
+        return
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def cpu_seconds(pid: int) -> Optional[float]:
+    """CPU time of every thread of process ``pid`` (nanosecond resolution, from Linux's
+    ``/proc/<pid>/task/*/schedstat``); None where that is not available."""
+    total = 0
+    found = False
+    for path in glob.glob(f"/proc/{pid}/task/*/schedstat"):
+        try:
+            with open(path, encoding="ascii") as f:
+                total += int(f.read().split()[0])
+            found = True
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile
+    return total * 1e-9 if found else None
+
+
+def wait_idle(pid: int, window_s: float = 0.002, busy: float = 0.05, max_wait_s: float = 0.5,
+              fallback_s: float = 0.005) -> float:  # fmt: skip
+    """Wait until process ``pid`` uses less than ``busy`` of one core over ``window_s`` (its
+    thread pools stopped spinning), at most ``max_wait_s``; returns the seconds waited.
+    Without per-thread CPU times, waits ``fallback_s``."""
+    start = time.perf_counter()
+    before = cpu_seconds(pid)
+    if before is None:
+        time.sleep(fallback_s)
+        return fallback_s
+    while time.perf_counter() - start < max_wait_s:
+        time.sleep(window_s)
+        now = cpu_seconds(pid)
+        if now is None or now - before < busy * window_s:
+            break
+        before = now
+    return time.perf_counter() - start
+
+
+class Worker:
+    """A fresh process that runs ``factory(**kwargs)`` and serves timing commands.
+
+    Parameters
+    ----------
+    name : str
+        What the worker holds (for messages).
+    factory : callable
+        A module-level function (spawn pickles it by name) returning an
+        :data:`.outcome.Outcome`.
+    kwargs : dict
+        Its arguments (picklable).
+    modules : iterable of str
+        Modules the worker imports first.
+    env : dict, optional
+        The worker's whole environment (default: this process's).
+    reply_timeout_s : float
+        Longest wait for a timing reply; the first reply (preparing, tuning) has none.
+    """
+
+    def __init__(self, name: str, factory: Callable[..., tuple], kwargs: dict,
+                 modules: Iterable[str] = (), env: Optional[Dict[str, str]] = None,
+                 reply_timeout_s: float = 600.0):  # fmt: skip
+        self.name = name
+        self.reply_timeout_s = reply_timeout_s
+        context = multiprocessing.get_context("spawn")
+        self._conn, child = context.Pipe()
+        self.process = context.Process(target=serve, args=(child, factory, kwargs, list(modules)),
+                                       name=f"bench-worker-{name}", daemon=True)  # fmt: skip
+        with _environ(env):
+            self.process.start()
+        child.close()  # the child's end lives in the child: its exit ends our reads
+
+    def _receive(self, expect: str, timeout_s: Optional[float]):
+        start = time.perf_counter()
+        while not self._conn.poll(0.2):
+            if not self.process.is_alive() and not self._conn.poll(0.2):
+                raise WorkerFailed(f"worker {self.name} exited with code {self.process.exitcode}")
+            if timeout_s is not None and time.perf_counter() - start > timeout_s:
+                raise WorkerFailed(f"worker {self.name}: no reply in {timeout_s:.0f} s")
+        try:
+            reply = self._conn.recv()
+        except (EOFError, OSError) as err:
+            self.process.join(5)
+            raise WorkerFailed(f"worker {self.name} exited with code {self.process.exitcode}") \
+                from err
+        if reply[0] == "failed":
+            raise WorkerFailed(f"worker {self.name}: {reply[1]}")
+        if reply[0] != expect:
+            raise WorkerFailed(f"worker {self.name}: expected {expect!r}, got {reply[0]!r}")
+        return reply[1:]
+
+    def ready(self) -> tuple:
+        """``(result, outputs)`` once the factory has returned (waits as long as it takes)."""
+        return self._receive("ready", None)
+
+    def calibrate(self, min_sample_s: float) -> int:
+        """One warm-up call in the worker; the calls per sample (see :class:`.CallSampler`)."""
+        self._send("calibrate", min_sample_s)
+        return self._receive("calibrated", self.reply_timeout_s)[0]
+
+    def sample(self, number: int) -> float:
+        """Seconds per call over ``number`` calls, timed in the worker."""
+        self._send("sample", number)
+        return self._receive("sampled", self.reply_timeout_s)[0]
+
+    def settle(self) -> float:
+        """Wait until the worker's threads are idle (:func:`wait_idle`); the seconds waited."""
+        return wait_idle(self.process.pid) if self.process.is_alive() else 0.0
+
+    def _send(self, command: str, arg) -> None:
+        try:
+            self._conn.send((command, arg))
+        except (BrokenPipeError, OSError) as err:
+            raise WorkerFailed(f"worker {self.name} is gone ({err})") from err
+
+    def close(self) -> None:
+        """Ask the worker to exit; terminate it if it does not within a few seconds."""
+        with contextlib.suppress(BrokenPipeError, OSError):
+            self._conn.send(("stop", None))
+        self.process.join(5)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(5)
+        self._conn.close()

@@ -1,0 +1,25 @@
+"""The crowded-process benchmark's parts: timing beside another runtime, and its table."""
+
+from tvm_ollie.bench.crowded import SCENARIOS, BesideSampler, crowded_table
+
+
+def test_only_our_call_is_timed_beside_the_others():
+    calls = []
+    sampler = BesideSampler(lambda: calls.append("run"), before=lambda: calls.append("other"))
+    assert sampler.calibrate(0.0) == 1
+    assert sampler.sample(2) >= 0
+    assert calls == ["other", "run", "other", "run", "other", "run"]
+    busy = []
+    beside = BesideSampler(lambda: busy.append("run"), background=lambda: busy.append("bg"))
+    beside.sample(3)
+    assert busy.count("run") == 3
+
+
+def test_table_has_a_row_per_scenario_and_ratios_to_alone():
+    medians = {name: 1e-3 * (i + 1) for i, name in enumerate(SCENARIOS)}
+    table = crowded_table({"defaults": {"median_s": medians}, "other": {"status": "error"}})
+    assert "| alone | 1.000 (1.00x) | - |" in table
+    assert "| after torch | 2.000 (2.00x) | - |" in table
+    assert len(table.strip().splitlines()) == 2 + len(SCENARIOS)
+    lonely = crowded_table({"x": {"median_s": {"after torch": 1e-3}}})  # no "alone" measured
+    assert "| after torch | 1.000 |" in lonely and "| alone | - |" in lonely
