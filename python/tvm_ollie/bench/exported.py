@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 
+from ..pipeline import build as ollie_build
 from .check import as_numpy_list
 from .outcome import Outcome
 from .tvm_build import build_tvm, make_target
@@ -22,7 +23,7 @@ EXPORTABLE = ("ollie", "tvm")
 def build_and_export(system: str, model: str, path: str, work_dir: str, quick: bool = True,
                      batch: int = 1, weights: str = "constants", threads: int = 1,
                      trials: int = 0) -> Outcome:  # fmt: skip
-    """Import ``model``, build it with ``system`` (``"ollie"``: :func:`tvm_ollie.transform.build`
+    """Import ``model``, build it with ``system`` (``"ollie"``: :func:`tvm_ollie.pipeline.build`
     with ``work_dir`` for its measurements and records; ``"tvm"``: TVM's pipeline) and write
     the library to ``path``. Returns ``({"status": "built", "compile_s", "import_s"}, None,
     None)``: nothing to run here."""
@@ -38,8 +39,6 @@ def build_and_export(system: str, model: str, path: str, work_dir: str, quick: b
     target = make_target("llvm", threads)
     start = time.perf_counter()
     if system == "ollie":
-        from ..transform import build as ollie_build
-
         ex, _ = ollie_build(mod, target=target, trials=trials, work_dir=work_dir)
     else:
         ex = build_tvm(mod, target, trials, work_dir).executable

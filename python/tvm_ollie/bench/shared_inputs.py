@@ -104,7 +104,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="TVM_NUM_THREADS, unless already set")
     opts = parser.parse_args(argv)
     # No spinning thread pools: TVM kernels around a oneDNN call otherwise measure 4-10 ms
-    # instead of ~0.15 (docs/benchmarks.md), and the pass would decide on that noise.
+    # instead of ~0.15 (docs/benchmarks-history.md), and the pass would decide on that noise.
     configure_threads(opts.threads)
     mod, params = MODELS[opts.model]()
     if opts.weights == "constants":

@@ -59,7 +59,7 @@ PlanTimer = Callable[[Dict[str, Callable[[], object]]], Union[Dict[str, float], 
 
 #: A plan beats another when its median is this much lower (relative) and the medians'
 #: intervals are disjoint; closer plans are tied (two builds of one plan timed by these rounds
-#: agreed within 0.4-2% here, docs/benchmarks.md).
+#: agreed within 0.4-2% here, docs/benchmarks-history.md).
 GUARD_MARGIN = 0.03
 
 
