@@ -36,6 +36,30 @@ import types
 import warnings
 from typing import Iterator, List, NoReturn, Optional
 
+import numpy as np
+
+from . import transform
+from .bench.__main__ import build_parser as bench_parser, run_from_args
+from .bundle import BundleSizeError, build_bundle, case_names
+from .bundle.sizes import MIB
+from .compat import tvm
+from .compile_profile import profile_scope, stage
+from .config import ConfigError, DEFAULTS, OllieConfig
+from .demo import print_lifted_ops, run_demo, run_roundtrip
+from .frontend.errors import FrontendError, first_line
+from .frontend.explain import (decision_details, decision_table, format_time, other_operators,
+                               region_lines, summary_line)
+from .frontend.inputs import (arrange_inputs, load_signature, module_signature, read_input_files,
+                              save_signature, signature_path)
+from .frontend.loader import load_module
+from .frontend.progress import Stages
+from .frontend.runner import ModelRunner, load_library, pick_device
+from .frontend.targets import is_gpu, parse_target
+from .pipeline import build
+from .profiler import profile_model
+from .tune.rpc import RPCConfig
+from .tune.workdir import prepare_work_dir, work_dir_lock
+
 #: Exit status of user errors (bad input) and of other failures.
 EXIT_USER_ERROR = 2
 EXIT_FAILURE = 1
@@ -59,15 +83,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _compile(args: argparse.Namespace) -> int:
-    # pylint: disable=import-outside-toplevel
-    from .compat import tvm
-    from .compile_profile import profile_scope
-    from .frontend.explain import summary_line
-    from .frontend.inputs import module_signature, save_signature
-    from .frontend.progress import Stages
-    from .frontend.targets import is_gpu
-    from .pipeline import build
-
     target = _target(args.target)
     config = _config(args, target, orchestrate=args.orchestrate, dtype=args.dtype)
     out = args.output or os.path.splitext(os.path.basename(args.model.split(":")[0]))[0] + ".so"
@@ -93,11 +108,6 @@ def _compile(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    # pylint: disable=import-outside-toplevel
-    from .frontend.explain import format_time
-    from .frontend.inputs import arrange_inputs, load_signature, read_input_files
-    from .frontend.runner import ModelRunner, load_library, pick_device
-
     if args.repeat < 0:
         raise UserError("--repeat must be >= 0")
     if args.output and not args.output.endswith((".npz", ".npy")):
@@ -126,13 +136,6 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    # pylint: disable=import-outside-toplevel
-    from .frontend.explain import (decision_details, decision_table, other_operators,
-                                   region_lines, summary_line)
-    from .compile_profile import profile_scope
-    from .frontend.progress import Stages
-    from .tune.workdir import prepare_work_dir, work_dir_lock
-
     target = _target(args.target)
     config = _config(args, target)
     with profile_scope() as prof, Stages(["loading model", "optimizing"]) as stages:
@@ -170,8 +173,6 @@ def _explain(args: argparse.Namespace) -> int:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from .profiler import profile_model  # pylint: disable=import-outside-toplevel
-
     if args.runs < 1:
         raise UserError("--runs must be >= 1")
     if args.trace:
@@ -191,10 +192,6 @@ def _profile(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo  # pylint: disable=import-outside-toplevel
-
-    from .frontend.targets import parse_target  # pylint: disable=import-outside-toplevel
-
     parse_target(args.target)  # fail on a bad target before building anything
     if args.channels < 1 or args.size < 2:
         raise UserError("--channels must be >= 1 and --size >= 2")
@@ -207,8 +204,6 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _roundtrip(args: argparse.Namespace) -> int:
-    from .demo import run_roundtrip  # pylint: disable=import-outside-toplevel
-
     ok = run_roundtrip(
         batch=args.batch, channels=args.channels, size=args.size, filters=args.filters,
         out=sys.stdout,
@@ -217,23 +212,15 @@ def _roundtrip(args: argparse.Namespace) -> int:
 
 
 def _lift(args: argparse.Namespace) -> int:
-    from .demo import print_lifted_ops  # pylint: disable=import-outside-toplevel
-
     print_lifted_ops(_load(args), out=sys.stdout)
     return 0
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .bench.__main__ import run_from_args  # pylint: disable=import-outside-toplevel
-
     return run_from_args(args, restart_argv=args.restart_argv)
 
 
 def _bundle(args: argparse.Namespace) -> int:
-    # pylint: disable=import-outside-toplevel
-    from .bundle import BundleSizeError, build_bundle, case_names
-    from .bundle.sizes import MIB
-
     if args.list_models:
         print("\n".join(case_names()))
         return 0
@@ -282,7 +269,6 @@ class _Output:
         if os.path.isdir(out):
             raise UserError(f"cannot write {out}: it is a directory")
         self.path = _temp_beside(out)
-        from .frontend.inputs import signature_path  # pylint: disable=import-outside-toplevel
 
         self._temps = [self.path, signature_path(self.path)]
         self._final = [out, signature_path(out)]
@@ -317,8 +303,6 @@ _CLEANUP: List[str] = []
 
 
 def _target(text: str):
-    from .frontend.targets import parse_target  # pylint: disable=import-outside-toplevel
-
     target, note = parse_target(text)
     if note:
         print(f"note: {note}", file=sys.stderr)
@@ -326,10 +310,6 @@ def _target(text: str):
 
 
 def _load(args: argparse.Namespace):
-    # pylint: disable=import-outside-toplevel
-    from .compile_profile import stage
-    from .frontend.loader import load_module
-
     with stage("import"):
         mod = load_module(args.model, shapes=args.shape)
     if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
@@ -339,14 +319,12 @@ def _load(args: argparse.Namespace):
 
 def _transform():
     """``tvm_ollie.transform``, imported when a command needs it (it imports MetaSchedule)."""
-    from . import transform  # pylint: disable=import-outside-toplevel
 
     return transform
 
 
 def _config(args: argparse.Namespace, target, **fields):
     """The one :class:`~tvm_ollie.config.OllieConfig` of the command's flags."""
-    from .config import DEFAULTS, ConfigError, OllieConfig  # pylint: disable=C0415
 
     if args.trials < 0 or args.max_depth < 0 or args.time_budget <= 0:
         raise UserError("--trials and --max-depth must be >= 0 and --time-budget > 0")
@@ -385,7 +363,6 @@ def _rpc_config(args: argparse.Namespace):
         raise UserError("--rpc-tracker needs --rpc-key KEY (the key the RPC servers registered)")
     if workers is not None and workers < 1:
         raise UserError("--rpc-workers must be >= 1")
-    from .tune.rpc import RPCConfig  # pylint: disable=import-outside-toplevel
 
     try:
         config = RPCConfig.from_address(tracker, key, workers=workers or 1)
@@ -421,7 +398,6 @@ def _check_writable(path: str) -> None:
 
 def _save_outputs(path: str, outputs) -> None:
     """``.npz`` with ``output_0``, ``output_1``...; ``.npy`` for a single output."""
-    import numpy as np  # pylint: disable=import-outside-toplevel
 
     if path.endswith(".npy") and len(outputs) != 1:
         raise UserError(f"main has {len(outputs)} outputs: save them with --output FILE.npz")
@@ -443,8 +419,6 @@ def _save_outputs(path: str, outputs) -> None:
 
 
 def _describe_array(value) -> str:
-    import numpy as np  # pylint: disable=import-outside-toplevel
-
     text = f"{value.dtype}{list(value.shape)}"
     if value.size and np.issubdtype(value.dtype, np.number):
         data = value.astype("float64")
@@ -474,8 +448,6 @@ def _add_model_options(parser: argparse.ArgumentParser, target: bool = True) -> 
 
 
 def _add_search_options(parser: argparse.ArgumentParser) -> None:
-    from .config import DEFAULTS  # pylint: disable=import-outside-toplevel
-
     parser.add_argument("--trials", type=int, default=DEFAULTS.trials,
                         help="MetaSchedule trials for the whole model, shared by its kernels "
                         "by expected gain (0: no tuning, the cost model decides)")
@@ -609,7 +581,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     cmd = sub.add_parser("bench", parents=[common],
                          help="benchmark against other systems (see tvm-ollie bench --help)")
-    from .bench.__main__ import build_parser as bench_parser  # pylint: disable=C0415
 
     bench_parser(cmd)
     cmd.set_defaults(func=_bench)
@@ -747,7 +718,6 @@ def _workers_in_own_process_group(enabled: bool) -> Iterator[None]:
 
 def _report_error(err: Exception) -> int:
     """One line on stderr: the message of a user error, or the type and gist of a failure."""
-    from .frontend.errors import FrontendError, first_line  # pylint: disable=C0415
 
     if isinstance(err, (UserError, FrontendError)):
         print(f"tvm-ollie: error: {first_line(err)}", file=sys.stderr)

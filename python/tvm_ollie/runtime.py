@@ -19,6 +19,7 @@ import os
 from typing import Union
 
 from . import native, native_cuda
+from .compat import tvm
 
 __all__ = ["load_module"]
 
@@ -39,7 +40,6 @@ def load_module(path: Union[str, "os.PathLike[str]"]):
     tvm.runtime.Module
         The loaded module (wrap it in ``tvm.relax.VirtualMachine`` to run it).
     """
-    import tvm  # pylint: disable=import-outside-toplevel
 
     path = os.fspath(path)
     native.load()

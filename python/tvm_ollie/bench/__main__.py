@@ -7,6 +7,11 @@ import os
 import sys
 from typing import List, Optional
 
+from ..models import list_models
+from .env import ADDED_VAR, PASSIVE_WAIT, configure_threads
+from .harness import run_bench
+from .systems import list_systems
+
 
 def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.ArgumentParser:
     """Add the bench options to ``parser`` (or a new one); the CLI reuses this."""
@@ -57,7 +62,6 @@ def restart_with_thread_env(threads: int, restart_argv: Optional[List[str]]) -> 
     its start; a marker variable prevents a second restart. Library calls (``restart_argv`` is
     None) never restart.
     """
-    from .env import ADDED_VAR, PASSIVE_WAIT  # pylint: disable=import-outside-toplevel
 
     if (restart_argv is None or "torch" not in sys.modules
             or all(key in os.environ for key in PASSIVE_WAIT)
@@ -80,14 +84,9 @@ def run_from_args(args: argparse.Namespace, restart_argv: Optional[List[str]] = 
     command line (``restart_argv``: the arguments after the interpreter that rerun the same
     command) the process restarts itself with it set when torch is already loaded.
     """
-    # pylint: disable=import-outside-toplevel
-    from .env import configure_threads
 
     restart_with_thread_env(args.threads or os.cpu_count() or 1, restart_argv)
     configure_threads(args.threads or os.cpu_count() or 1)
-    from ..models import list_models
-    from .harness import run_bench
-    from .systems import list_systems
 
     if args.list:
         print("models: " + " ".join(list_models()))

@@ -18,11 +18,17 @@ time): on a shared machine other processes' load disturbs it much less.
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import statistics
 import sys
 import time
 import warnings
 from typing import Callable, Dict, List, Optional, Sequence
+
+from ..frontend import torch_backend
+from ..frontend.torch_entry import to_tvm
+from ..models.registry import get_model
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
@@ -40,9 +46,6 @@ def variant(spec, freeze: bool, opts: dict) -> Dict[str, Callable[[], object]]:
     """Compile ``spec.module`` with the backend; the timed layers of its first graph."""
     # pylint: disable=import-outside-toplevel
     import torch
-
-    from ..frontend import torch_backend
-    from ..frontend.torch_entry import to_tvm
 
     graphs = []
 
@@ -85,12 +88,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="derivation time per build (seconds)")
     args = parser.parse_args(argv)
     # pylint: disable=import-outside-toplevel
-    import logging
-    import os
-
     import torch
-
-    from ..models.registry import get_model
 
     logging.getLogger("tvm_ollie").setLevel(logging.ERROR)
     warnings.simplefilter("ignore")

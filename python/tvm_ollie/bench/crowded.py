@@ -29,7 +29,9 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional
 
+from ..models import get_model, to_onnx
 from .exported import build_and_export, load_exported
+from .systems import ort_runner
 from .timing import measure_rounds
 from .worker import Worker, WorkerFailed, wait_idle
 
@@ -94,9 +96,6 @@ def crowded_outcome(path: str, onnx_path: str, model: str, threads: int, budget_
     import onnxruntime as ort
     import torch
 
-    from ..models import get_model
-    from .systems import ort_runner
-
     result, run, _ = load_exported(path, model)
     spec = get_model(model, quick=True)
     torch.set_num_threads(threads)
@@ -157,7 +156,6 @@ def _environment(changes: Dict[str, Optional[str]], threads: int) -> Dict[str, s
 
 def run_crowded(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict:
     """Build once, time every setting in its own process; writes crowded.json / crowded.md."""
-    from ..models import get_model, to_onnx  # pylint: disable=import-outside-toplevel
 
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)

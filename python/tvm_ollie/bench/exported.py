@@ -11,7 +11,10 @@ from __future__ import annotations
 import os
 import time
 
+from ..compat import relax, tvm
+from ..models import get_model, to_relax
 from ..pipeline import build as ollie_build
+from ..runtime import load_module
 from .check import as_numpy_list
 from .outcome import Outcome
 from .tvm_build import build_tvm, make_target
@@ -27,8 +30,6 @@ def build_and_export(system: str, model: str, path: str, work_dir: str, quick: b
     with ``work_dir`` for its measurements and records; ``"tvm"``: TVM's pipeline) and write
     the library to ``path``. Returns ``({"status": "built", "compile_s", "import_s"}, None,
     None)``: nothing to run here."""
-    # pylint: disable=import-outside-toplevel
-    from ..models import get_model, to_relax
 
     if system not in EXPORTABLE:
         raise ValueError(f"system must be one of {EXPORTABLE}, not {system!r}")
@@ -53,12 +54,6 @@ def load_exported(path: str, model: str, quick: bool = True, batch: int = 1,
                   weights: str = "constants") -> Outcome:  # fmt: skip
     """Load the library at ``path`` and run it once on ``model``'s example inputs (and its
     weights, imported again, when they are parameters of ``main``)."""
-    # pylint: disable=import-outside-toplevel
-    import tvm
-    from tvm import relax
-
-    from ..models import get_model, to_relax
-    from ..runtime import load_module
 
     spec = get_model(model, quick=quick, batch=batch)
     params = to_relax(spec, weights="params")[1] if weights == "params" else []

@@ -21,6 +21,7 @@ import platform
 import time
 from typing import Callable, Dict, Iterable, List, Optional
 
+from ..models import get_model, list_models
 from . import report
 from .check import as_numpy_list
 from .env import configure_threads, runtime_default_environ
@@ -107,7 +108,6 @@ def run_bench(
     dict
         The results (as written to ``results.json``).
     """
-    from ..models import get_model, list_models  # pylint: disable=import-outside-toplevel
 
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")

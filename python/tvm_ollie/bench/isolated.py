@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List, Optional
 
+from ..models import get_model
 from .outcome import Outcome, check_outcome, prepare_outcome
 from .systems import BenchContext, get_system
 from .timing import Samples, measure_rounds
@@ -27,7 +28,6 @@ from .worker import Worker, WorkerFailed
 def system_outcome(system: str, model: str, quick: bool, batch: int, ctx_kwargs: dict) -> Outcome:
     """The worker's factory: build the model (seeded: the coordinator's weights and inputs)
     and prepare ``system`` on it (:func:`.outcome.prepare_outcome`)."""
-    from ..models import get_model  # pylint: disable=import-outside-toplevel
 
     spec = get_model(model, quick=quick, batch=batch)
     return prepare_outcome(system, spec, BenchContext(**ctx_kwargs))

@@ -19,7 +19,14 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
+import numpy as np
+import tvm_ffi
+
+from .. import native
+from ..compat import relax, tvm
+from .env import configure_threads
 from .table import pivot_table
+from .timing import measure_interleaved
 
 #: GEMM shapes (M, K, N, label): Out[M, N] = A[M, K] @ B[K, N].
 GEMM_SHAPES: List[Tuple[int, int, int, str]] = [
@@ -44,11 +51,6 @@ TVM_MAX_RUN_S = 2.0
 
 
 def _gemm_runs(m, k, n, threads, skip: List[str]) -> Dict[str, Callable[[], object]]:
-    import numpy as np
-    import tvm_ffi
-
-    from .. import native
-
     rng = np.random.default_rng(0)
     a = rng.standard_normal((m, k)).astype("float32")
     b = rng.standard_normal((k, n)).astype("float32")
@@ -74,8 +76,6 @@ def _gemm_runs(m, k, n, threads, skip: List[str]) -> Dict[str, Callable[[], obje
         runs["onnxruntime"] = lambda: ort.run(None, {"A": a, "B": b})
 
     def tvm_build():
-        from tvm import relax
-
         bb = relax.BlockBuilder()
         va = relax.Var("a", relax.TensorType((m, k), "float32"))
         vb = relax.Var("b", relax.TensorType((k, n), "float32"))
@@ -90,11 +90,6 @@ def _gemm_runs(m, k, n, threads, skip: List[str]) -> Dict[str, Callable[[], obje
 
 
 def _conv_runs(n, c, h, w, o, k, pad, groups, threads, skip) -> Dict[str, Callable[[], object]]:
-    import numpy as np
-    import tvm_ffi
-
-    from .. import native
-
     rng = np.random.default_rng(0)
     x = rng.standard_normal((n, c, h, w)).astype("float32")
     wt = rng.standard_normal((o, c // groups, k, k)).astype("float32")
@@ -137,8 +132,6 @@ def _conv_runs(n, c, h, w, o, k, pad, groups, threads, skip) -> Dict[str, Callab
         runs["onnxruntime"] = lambda: ort.run(None, {"X": x})
 
     def tvm_build():
-        from tvm import relax
-
         bb = relax.BlockBuilder()
         vx = relax.Var("x", relax.TensorType((n, c, h, w), "float32"))
         vw = relax.Var("w", relax.TensorType((o, c // groups, k, k), "float32"))
@@ -178,9 +171,6 @@ def _ort_session(op, inputs, out_shape, attrs, threads, skip, initializer=None):
 
 
 def _add_tvm(runs, build, threads, skip, label):
-    import tvm
-    from tvm import relax
-
     mod, arrays = build()
     ex = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm", "num-cores": threads}))
     vm = relax.VirtualMachine(ex, tvm.cpu())
@@ -203,13 +193,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="timing budget per shape (interleaved rounds)")
     parser.add_argument("--only", choices=["gemm", "conv"], default=None)
     opts = parser.parse_args(argv)
-    from .. import native
-    from .env import configure_threads
 
     # TVM_NUM_THREADS, no spinning in TVM's pool (its workers would steal the cores from the
     # next system in the interleaved rounds); OMP_WAIT_POLICY=PASSIVE is set by native.load().
     configure_threads(opts.threads)
-    from .timing import measure_interleaved
 
     if native.available():
         native.set_num_threads(opts.threads)

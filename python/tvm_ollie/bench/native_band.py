@@ -27,6 +27,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .. import native
+from ..codegen.lower import to_te
 from ..compat import relax, tvm
 from ..derive.search import derive
 from ..ir.parser import parse
@@ -65,7 +66,6 @@ def band_expr(kind: str, batch: int, length: int, inner: int, width: int, dil: i
 
 def _build(expr, program, impl: str):
     """A VM function ``main(A, B)`` computing ``program`` (None: ``expr`` as one TE kernel)."""
-    from ..codegen.lower import to_te  # pylint: disable=import-outside-toplevel
 
     a_t, b_t = expr.inputs
     out_shape = tuple(iv.extent for iv in expr.loops)

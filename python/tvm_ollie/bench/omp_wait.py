@@ -23,7 +23,12 @@ import subprocess
 import sys
 from typing import Dict, List, Optional, Sequence
 
+import numpy as np
+
+from .. import native
+from ..compat import relax, tvm
 from .table import markdown_table
+from .timing import measure_interleaved
 
 #: The three modules of one process, in table order.
 PARTS = ("mm", "ew", "mm+ew")
@@ -31,9 +36,6 @@ PARTS = ("mm", "ew", "mm+ew")
 
 def _build(parts: str, n: int):
     """``main(a, b, c)``: ``a @ b`` on the native matmul (``mm``), then 4x relu(y * c + c)."""
-    # pylint: disable=import-outside-toplevel
-    from .. import native
-    from ..compat import relax, tvm
 
     bb = relax.BlockBuilder()
     a, b, c = (relax.Var(name, relax.TensorType((n, n), "float32")) for name in "abc")
@@ -56,12 +58,6 @@ def _build(parts: str, n: int):
 
 def child(n: int, rounds: int) -> Dict[str, float]:
     """In this process: ``{part: median ms}`` of the three modules at size ``n``."""
-    # pylint: disable=import-outside-toplevel
-    import numpy as np
-
-    from .. import native
-    from ..compat import tvm
-    from .timing import measure_interleaved
 
     if not native.load():
         raise RuntimeError(f"native library unavailable: {native.unavailable_reason()}")

@@ -31,13 +31,17 @@ os.environ.setdefault("TVM_NUM_THREADS", "2")
 
 import numpy as np  # noqa: E402
 
+from ..codegen.builder import single_function_module as module  # noqa: E402
+from ..codegen.builder import tensor_var as var  # noqa: E402
+from ..compat import relax, tvm  # noqa: E402
+from ..pipeline import build  # noqa: E402
+from ..target import normalize_target  # noqa: E402
+from ..tune import STATS  # noqa: E402
+from .timing import measure_interleaved  # noqa: E402
+from .tvm_build import build_tvm  # noqa: E402
+
 
 def _models():
-    from tvm import relax  # pylint: disable=import-outside-toplevel
-
-    from ..codegen.builder import single_function_module as module  # pylint: disable=C0415
-    from ..codegen.builder import tensor_var as var  # pylint: disable=C0415
-
     def conv512():
         return module([var("x", (1, 512, 7, 7)), var("w", (512, 512, 3, 3))],
                       lambda bb, x, w: relax.op.nn.conv2d(x, w, padding=1))
@@ -59,14 +63,6 @@ def _models():
 def bench_model(name: str, mod, trials: int, work_root: str, time_budget_s: float,
                 max_measured: int) -> dict:
     """Compile ``mod`` four ways and time them; returns a row of the table."""
-    import tvm  # pylint: disable=import-outside-toplevel
-    from tvm import relax  # pylint: disable=import-outside-toplevel
-
-    from ..pipeline import build  # pylint: disable=import-outside-toplevel
-    from ..tune import STATS  # pylint: disable=import-outside-toplevel
-    from ..target import normalize_target  # pylint: disable=C0415
-    from .timing import measure_interleaved  # pylint: disable=import-outside-toplevel
-    from .tvm_build import build_tvm  # pylint: disable=import-outside-toplevel
 
     target = normalize_target("llvm")
     rng = np.random.default_rng(0)

@@ -19,6 +19,13 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
+from ..compat import relax, tvm
+from ..models.export import to_relax
+from ..models.registry import get_model
+from ..pipeline import build
+from ..transform.precision import to_precision
+from ..tune.measure import time_main
+
 __all__ = ["PrecisionRow", "compare_precision", "main"]
 
 #: Conv models of the zoo measured by default.
@@ -48,9 +55,6 @@ HEADER = ("| model | build | median latency (ms) | max abs err vs ollie-fp32 | r
 
 
 def _run(ex, args: Sequence[np.ndarray], repeat: int):
-    from ..compat import relax, tvm  # pylint: disable=import-outside-toplevel
-    from ..tune.measure import time_main  # pylint: disable=import-outside-toplevel
-
     vm = relax.VirtualMachine(ex, tvm.cpu())
     out = vm["main"](*[tvm.runtime.tensor(a) for a in args])
     out = out[0] if not hasattr(out, "numpy") else out
@@ -62,12 +66,6 @@ def _run(ex, args: Sequence[np.ndarray], repeat: int):
 def compare_precision(model: str, repeat: int = 20, time_budget_s: float = 20.0,
                       quick: bool = True) -> List[PrecisionRow]:
     """The three builds of ``model`` (see the module docstring)."""
-    # pylint: disable=import-outside-toplevel
-    from ..compat import tvm
-    from ..models.export import to_relax
-    from ..models.registry import get_model
-    from ..pipeline import build
-    from ..transform.precision import to_precision
 
     spec = get_model(model, quick=quick)
     mod, params = to_relax(spec)

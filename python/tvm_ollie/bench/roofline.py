@@ -33,6 +33,8 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
+from ..compat import relax, tvm
+
 _MOVEMENT = {
     "relax.reshape", "relax.permute_dims", "relax.take", "relax.concat", "relax.split",
     "relax.strided_slice", "relax.dynamic_strided_slice", "relax.broadcast_to",
@@ -109,7 +111,6 @@ def _tensor_bytes(ty) -> float:
     shape, dtype = _shape(ty), getattr(ty, "dtype", None)
     if shape is None or not dtype:
         return 0.0
-    import tvm  # pylint: disable=import-outside-toplevel
 
     return float(np.prod(shape, dtype=np.float64)) * tvm.runtime.DataType(str(dtype)).bits / 8
 
@@ -176,9 +177,6 @@ def op_bytes(name: str, call, out_ty) -> float:
 
 def _constant_bytes(func) -> float:
     """Bytes of the distinct non-scalar tensor constants ``func`` reads (bound weights)."""
-    # pylint: disable=import-outside-toplevel
-    import tvm
-    from tvm import relax
 
     found: Dict[int, float] = {}
 
@@ -197,9 +195,6 @@ def count_module(mod, func_name: str = "main") -> ModelCounts:
     Calls to anything other than a Relax operator (``call_tir`` and friends after legalization,
     calls to other functions) are counted as unknown ops with bytes but no FLOPs.
     """
-    # pylint: disable=import-outside-toplevel
-    import tvm
-    from tvm import relax
 
     func = mod[func_name]
     per_op: Dict[str, OpCount] = {}

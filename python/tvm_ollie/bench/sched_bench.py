@@ -20,9 +20,10 @@ from typing import Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from ..compat import relax, te, tvm
+from ..compat import relax, te, tirx, tvm
+from ..models import get_model, to_relax
 from ..target import normalize_target
-from ..tune.cpu_schedule import cpu_pipeline
+from ..tune.cpu_schedule import cpu_pipeline, default_rules
 from .timing import measure_interleaved, paired_ratio
 
 R = relax.op
@@ -73,8 +74,6 @@ def _kernel_module(params, body) -> "tvm.IRModule":
 
 
 def _model_module(name: str) -> Tuple["tvm.IRModule", List[np.ndarray]]:
-    from ..models import get_model, to_relax  # pylint: disable=import-outside-toplevel
-
     spec = get_model(name, quick=True)
     mod, params = to_relax(spec)
     inputs = [x.detach().numpy() for x in spec.example_inputs]
@@ -117,7 +116,6 @@ def threshold_sweep(target, sizes: Sequence[int], budget_s: float) -> None:
     Both builds use the same rules (inlined, vectorized); only ``min_parallel_work`` differs
     (0: always parallel; above n: never).
     """
-    from ..tune.cpu_schedule import default_rules  # pylint: disable=import-outside-toplevel
 
     print("| elements | serial (us) | parallel (us) | parallel speedup |")
     print("|---:|---:|---:|---:|", flush=True)
@@ -155,7 +153,6 @@ def _prim_func_call(func, target) -> Callable[[], object]:
 
 def per_kernel(model: str, target, top: int, budget_s: float) -> None:
     """Each PrimFunc of a zoo model timed alone (interleaved), TVM's lowering vs ours."""
-    from ..compat import tirx  # pylint: disable=import-outside-toplevel
 
     mod, _ = _model_module(model)
     lowered = {"tvm": relax.get_default_pipeline(target)(mod), "sched": cpu_pipeline(target)(mod)}

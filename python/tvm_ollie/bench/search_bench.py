@@ -20,6 +20,7 @@ import sys
 import time
 from typing import Callable, Dict, NamedTuple, Optional, Sequence
 
+from ..derive.search import derive, verify_candidate
 from ..ir.nodes import BinOp, Call, Const, IterVar, Scope, Tensor, Var
 
 
@@ -128,7 +129,6 @@ def run_case(name: str, depth: int, quick: bool, budget: Optional[float]) -> Dic
     The search runs without its own verification (a benchmark of the search); the best program
     of the expected form is then verified here, so "found" always means found AND verified.
     """
-    from ..derive.search import derive, verify_candidate  # pylint: disable=import-outside-toplevel
 
     case = CASES[name]
     expr = case.build(quick)

@@ -22,6 +22,8 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional
 
+from ..models import get_model
+from .check import as_numpy_list
 from .exported import EXPORTABLE, build_and_export, load_exported
 from .outcome import check_outcome
 from .timing import measure_rounds
@@ -86,10 +88,6 @@ def _build_all(model: str, args, out: str, log: Callable[[str], None]) -> List[d
 def _time_all(model: str, builds: List[dict], args, log: Callable[[str], None]) -> None:
     """Load every built library in its own worker, check it, time the workers in turns."""
     import torch  # pylint: disable=import-outside-toplevel
-
-    from ..models import get_model  # pylint: disable=import-outside-toplevel
-
-    from .check import as_numpy_list  # pylint: disable=import-outside-toplevel
 
     spec = get_model(model, quick=True)
     with torch.inference_mode():

@@ -25,6 +25,13 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
+from ..compat import relax, tvm
+from ..models import to_onnx
+from ..models.export import WEIGHTS
+from ..orchestrate import orchestrate_pipeline
+from ..orchestrate.tuned import tuned_orchestrate_build
+from ..pipeline import build as ollie_build
+from ..tune.metaschedule import STATS, Tuner
 from .tvm_build import build_tvm, make_target
 
 
@@ -119,7 +126,6 @@ class BenchContext:
     def __init__(self, target: str = "llvm", threads: Optional[int] = None, trials: int = 0,
                  work_dir: str = "bench_work", weights: str = "params",
                  ort_spinning: bool = False):  # fmt: skip
-        from ..models.export import WEIGHTS  # pylint: disable=import-outside-toplevel
 
         if weights not in WEIGHTS:
             raise ValueError(f"weights must be one of {WEIGHTS}, not {weights!r}")
@@ -141,7 +147,6 @@ class BenchContext:
 
     def tvm_device(self):
         """The TVM device of the target."""
-        import tvm  # pylint: disable=import-outside-toplevel
 
         return tvm.cuda(0) if self.target_kind == "cuda" else tvm.cpu(0)
 
@@ -167,9 +172,6 @@ def prepare_tvm_executable(
     tune_s: Optional[float] = None, info: Optional[dict] = None,
 ) -> Prepared:  # fmt: skip
     """Wrap a Relax executable as a :class:`Prepared` (inputs converted once, outside timing)."""
-    # pylint: disable=import-outside-toplevel
-    import tvm
-    from tvm import relax
 
     dev = ctx.tvm_device()
     if not dev.exist:
@@ -202,10 +204,6 @@ def prepare_tvm(spec, ctx: BenchContext) -> Prepared:
 def prepare_tvm_orch(spec, ctx: BenchContext) -> Prepared:
     """TVM's default pipeline with kernel orchestration (BLP, analytic cost) for FuseOps; with
     trials, the chosen kernels tuned by MetaSchedule with the same total budget as ``tvm``."""
-    # pylint: disable=import-outside-toplevel
-    import tvm
-
-    from ..orchestrate import orchestrate_pipeline
 
     mod, params, import_s = ctx.relax_module(spec)
     reports: list = []
@@ -246,9 +244,6 @@ def _tuned_orchestrated(spec, ctx: BenchContext, mod, reports: list) -> tuple:
     """``(executable, tune_s, trials spent)``: TVM's pipeline with orchestration, the chosen
     kernels tuned with ``ctx.trials`` by the project's tuner (records kept in the model's
     work dir: a rerun tunes only what has no record)."""
-    # pylint: disable=import-outside-toplevel
-    from ..orchestrate.tuned import tuned_orchestrate_build
-    from ..tune.metaschedule import STATS, Tuner
 
     trials0, seconds0 = STATS.trials, STATS.seconds
     tuner = Tuner(ctx.target, ctx.model_dir(spec, "tvm-orch"))
@@ -265,7 +260,6 @@ UNTUNED_SHARED = "ollie-untuned"
 
 def _prepare_ollie(spec, ctx: BenchContext, system: str, **opts) -> Prepared:
     """The ollie build of ``spec`` with pass options ``opts``, tuning records in work_dir."""
-    from ..pipeline import build as ollie_build  # pylint: disable=import-outside-toplevel
 
     mod, params, import_s = ctx.relax_module(spec)
     # untuned, the ollie systems share one measurement cache per model (UNTUNED_SHARED): each
@@ -387,7 +381,6 @@ def prepare_onnxruntime(spec, ctx: BenchContext) -> Prepared:
         import onnxruntime as ort  # pylint: disable=import-outside-toplevel
     except ImportError as err:
         raise SystemUnavailable("onnxruntime is not installed") from err
-    from ..models import to_onnx  # pylint: disable=import-outside-toplevel
 
     provider = "CUDAExecutionProvider" if ctx.target_kind == "cuda" else "CPUExecutionProvider"
     if provider not in ort.get_available_providers():

@@ -29,6 +29,10 @@ import shutil
 import time
 from typing import Optional
 
+import tvm_ffi
+
+from ..compat import relax, tvm
+
 _TUNE_RELAX = "tvm.s_tir.meta_schedule.tune_relax"
 _MARKER = "tuned.json"
 
@@ -51,7 +55,6 @@ def fast_build(mod, target, _params):
     tensorized schedules need it; the llvm search space here does not tensorize).
     """
     # pylint: disable=import-outside-toplevel
-    import tvm
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
@@ -60,7 +63,6 @@ def fast_build(mod, target, _params):
 
 def make_target(kind: str, threads: int):
     """``llvm`` -> ``{"kind": "llvm", "num-cores": threads}``; ``cuda`` -> the H100 tag."""
-    import tvm  # pylint: disable=import-outside-toplevel
 
     if kind == "llvm":
         return tvm.target.Target({"kind": "llvm", "num-cores": int(threads)})
@@ -86,7 +88,6 @@ def _install_fast_tuning_builder() -> None:
     if _ORIGINAL_TUNE_RELAX is not None:
         return
     # pylint: disable=import-outside-toplevel
-    import tvm_ffi
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule import relax_integration
 
@@ -119,8 +120,6 @@ def count_tasks(mod, target) -> int:
     docstring recommends setting both). Runs the pipeline's own pre-tuning passes.
     """
     # pylint: disable=import-outside-toplevel
-    import tvm
-    from tvm import relax
     from tvm.s_tir import meta_schedule as ms
 
     with target:
@@ -136,7 +135,6 @@ def count_tasks(mod, target) -> int:
 
 def database_key(mod, target) -> str:
     """What a tuning database is valid for: the module's structure and the exact target."""
-    import tvm_ffi  # pylint: disable=import-outside-toplevel
 
     return f"{tvm_ffi.structural_hash(mod)}:{target}"
 
@@ -163,9 +161,6 @@ def build_tvm(mod, target, trials: int = 0, work_dir: Optional[str] = None) -> T
     work_dir : str, optional
         Tuning database directory for this model and target (required when ``trials > 0``).
     """
-    # pylint: disable=import-outside-toplevel
-    import tvm
-    from tvm import relax
 
     if trials <= 0:
         start = time.perf_counter()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import statistics
 import sys
@@ -33,6 +34,14 @@ from dataclasses import asdict, dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+import tvm_ffi
+
+from ..compat import relax, tvm
+from ..frontend import torch_backend
+from ..frontend.loader import load_module
+from ..frontend.torch_entry import from_tvm, to_tvm
+from ..models.registry import get_model, list_models
+from ..pipeline import build
 
 #: relative tolerance of "equal to eager" (float32, a few hundred accumulated terms)
 RTOL = 1e-4
@@ -188,13 +197,6 @@ def _export(spec, path: str, opset: int, dynamo: bool) -> None:
 def onnx_row(spec, opset: int, ref, eager: Callable[[], object], opts: dict, runs: int,
              dynamo: bool = False) -> Row:
     """Export ``spec`` at ``opset``, load it as the CLI does, build with ollie, compare, time."""
-    # pylint: disable=import-outside-toplevel
-    import tvm_ffi
-
-    from ..compat import relax, tvm
-    from ..frontend.loader import load_module
-    from ..frontend.torch_entry import from_tvm, to_tvm
-    from ..pipeline import build
 
     row = Row(spec.name, f"onnx-{opset}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -243,8 +245,6 @@ def compile_row(spec, ref, eager: Callable[[], object], opts: dict, runs: int) -
     """``torch.compile(model, backend="tvm_ollie")``: every graph compiled?, compare, time."""
     import torch  # pylint: disable=import-outside-toplevel
 
-    from ..frontend import torch_backend  # pylint: disable=import-outside-toplevel
-
     torch_backend.register()
     torch._dynamo.reset()  # pylint: disable=protected-access
     row = Row(spec.name, "torch.compile")
@@ -280,8 +280,6 @@ def model_rows(name: str, paths: Sequence[str], opts: dict, runs: int,
                dynamo: bool = False) -> List[Row]:
     """Every requested path of one zoo model (quick size)."""
     import torch  # pylint: disable=import-outside-toplevel
-
-    from ..models.registry import get_model  # pylint: disable=import-outside-toplevel
 
     spec = get_model(name, quick=True)
     with torch.no_grad():
@@ -330,9 +328,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(render(load_rows(args.render)))
         return 0
     CLOCK["now"] = CLOCKS[args.clock]
-    import logging  # pylint: disable=import-outside-toplevel
-
-    from ..models.registry import list_models  # pylint: disable=import-outside-toplevel
 
     import torch  # pylint: disable=import-outside-toplevel
 

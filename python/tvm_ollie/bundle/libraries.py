@@ -23,6 +23,8 @@ import shutil
 import subprocess
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+from .. import native
+from ..compat import tvm
 from .sizes import BundleError
 
 __all__ = ["DRIVER_PREFIXES", "NativeLibrary", "SYSTEM_PREFIXES", "cuda_library_dirs",
@@ -54,8 +56,6 @@ def runtime_libraries(kind: str) -> List[str]:
     tvm-ffi and runtime libraries, plus ``libtvm_runtime_cuda.so`` for CUDA."""
     # pylint: disable=import-outside-toplevel
     import tvm_ffi.libinfo
-
-    from ..compat import tvm
 
     runtime = tvm.libinfo.find_libtvm_runtime()
     files = [tvm_ffi.libinfo.find_libtvm_ffi(), runtime]
@@ -139,7 +139,6 @@ def native_libraries() -> List[NativeLibrary]:
     CPU library with oneDNN and OpenBLAS (:func:`tvm_ollie.native.library_files`) and a CUDA
     library (``$TVM_OLLIE_CUDA_LIB``, or ``libtvm_ollie_cuda.so`` beside the CPU library)
     when one exists."""
-    from .. import native  # pylint: disable=import-outside-toplevel
 
     out = []
     cpu_files = native.library_files()

@@ -59,6 +59,7 @@ from ..ir.printer import to_text
 from ..ir.rewrite import rewrite
 from .canon import canonicalize
 from .program import Program, Stage, Step
+from .rules import ALL_RULES, SEARCH_RULES
 
 __all__ = ["CACHE_ENV", "CachedSearch", "DerivationCache", "rules_version", "user_cache_dir"]
 
@@ -93,7 +94,6 @@ def rules_version() -> str:
     The source, not a hand-kept version constant: a rule (or the matcher, the instantiation,
     the canonical form) edited without bumping a constant would otherwise serve stale programs.
     """
-    from .rules import ALL_RULES, SEARCH_RULES  # pylint: disable=import-outside-toplevel
 
     digest = hashlib.sha256()
     digest.update(",".join(r.name for r in ALL_RULES).encode())

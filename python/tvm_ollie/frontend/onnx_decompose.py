@@ -22,6 +22,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, FrozenSet, List, Optional, Tuple
 
+import numpy as np
+
 from .onnx_rules import RULES, RuleContext
 
 #: Function expansions and rule rewrites per call at most (an expansion may expose a node that
@@ -300,7 +302,6 @@ def _at_opset(function, opset: int) -> bool:
 def _constant_as_tensor(node) -> None:
     """``Constant`` with ``value_float(s)``/``value_int(s)`` (what function bodies write) as a
     ``value`` tensor, the one form TVM's importer reads (in place)."""
-    import numpy as np  # pylint: disable=import-outside-toplevel
     from onnx import helper, numpy_helper  # pylint: disable=import-outside-toplevel
 
     if node.op_type != "Constant" or len(node.attribute) != 1:

@@ -47,7 +47,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from ..compat import relax, tvm
+from ..target import target_device
 from ..tune.compare import Comparison, calls_per_sample, clocked, compare, from_seconds, judge
+from ..verify.tolerance import narrowest_float, tolerance
 
 __all__ = ["GUARD_MARGIN", "GuardError", "GuardReport", "PlanOutcome", "PlanSkipped",
            "PlanTimer", "alternating", "alternating_medians", "guard_plans", "plan_tolerance"]
@@ -119,7 +122,6 @@ def plan_tolerance(dtypes: Sequence[str]) -> float:
     """Relative error (of the reference's largest magnitude) within which two plans agree:
     ten times the per-operator check's tolerance of the narrowest float type involved, since
     a whole model regroups many reductions; a wrong plan errs by the values' own size."""
-    from ..verify.tolerance import narrowest_float, tolerance  # pylint: disable=C0415
 
     return 10.0 * tolerance(narrowest_float(dtypes))
 
@@ -227,9 +229,6 @@ def guard_plans(plans: Sequence[Tuple[str, Callable[[], object]]], args: Sequenc
     (executable, name, GuardReport)
         The winner. Raises :class:`GuardError` when no plan built and ran.
     """
-    # pylint: disable=import-outside-toplevel
-    from ..compat import relax, tvm
-    from ..target import target_device
 
     dev = device if device is not None else target_device(target)
     sync = dev.dlpack_device_type() != tvm.cpu(0).dlpack_device_type()

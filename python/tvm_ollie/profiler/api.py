@@ -17,9 +17,11 @@ from typing import Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ..compat import relax, tvm
+from ..config import OllieConfig
 from ..frontend.inputs import arrange_inputs, module_signature
 from ..frontend.loader import ModelLoadError, load_module
 from ..frontend.targets import parse_target
+from ..models import get_model, to_onnx
 from ..pipeline import build
 from .ort import profile_onnxruntime
 from .result import STATS, ProfileResult, SystemProfile
@@ -32,8 +34,6 @@ ZOO_PREFIX = "zoo:"
 def zoo_onnx(model: str, folder: str) -> Tuple[str, dict]:
     """Export the zoo model ``zoo:NAME[@full]`` to ``folder/NAME.onnx``; returns the path and
     its input shapes (``input0``, ...)."""
-    # pylint: disable=import-outside-toplevel
-    from ..models import get_model, to_onnx  # lazy: the zoo imports torch
 
     name, _, size = model[len(ZOO_PREFIX):].partition("@")
     try:
@@ -46,7 +46,6 @@ def zoo_onnx(model: str, folder: str) -> Tuple[str, dict]:
 
 
 def _threads() -> int:
-
     env = os.environ.get("TVM_NUM_THREADS")
     return int(env) if env and env.isdigit() else int(tvm.runtime.num_threads())
 
@@ -59,13 +58,11 @@ def _inputs(mod, given: Optional[Mapping[str, np.ndarray]], seed: int):
 
 
 def _build_ollie(mod, target, config):
-
     ex, _report = build(mod, target=target, config=config)
     return ex
 
 
 def _build_tvm(mod, target):
-
     return tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
 
 
@@ -170,6 +167,4 @@ def profile_model(
 
 
 def _config(target, options: dict):
-    from ..config import OllieConfig  # pylint: disable=import-outside-toplevel
-
     return OllieConfig(target=target, **options)
