@@ -99,6 +99,7 @@ def profile_model(model, **kwargs: Any):
     See :func:`tvm_ollie.profiler.profile_model`; the result has ``.to_text()`` and
     ``.to_chrome_trace()``.
     """
+    # lazy: keeps `import tvm_ollie` from loading the profiler and frontend
     from .profiler import profile_model as _profile  # pylint: disable=import-outside-toplevel
 
     return _profile(model, **kwargs)

@@ -698,6 +698,7 @@ def _workers_in_own_process_group(enabled: bool) -> Iterator[None]:
         yield
         return
     try:
+        # lazy: tvm.support.popen_pool is optional (absent from some TVM builds)
         from tvm.support import popen_pool  # pylint: disable=import-outside-toplevel
     except ImportError:
         yield

@@ -10,6 +10,7 @@ from tvm import tirx  # noqa: F401  (was tvm.tir before 0.27)
 from tvm import sym  # noqa: F401  (was tvm.arith before 0.27: Analyzer, ConstIntBound)
 from tvm.ir import Op  # noqa: F401
 from tvm.s_tir import dlight  # noqa: F401  (was tvm.dlight)
+from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock  # noqa: F401  (was tvm.tir)
 
 #: The op of a tensor read inside a ``te.compute`` body (0.27 has no ProducerLoad).
 TENSOR_LOAD = Op.get("te.tensor_load")
@@ -20,6 +21,7 @@ BufferLoadNode = tvm.ir.expr.TensorLoad
 
 def meta_schedule():
     """``tvm.s_tir.meta_schedule``, imported lazily (its import pulls in heavy modules)."""
+    # lazy: MetaSchedule is slow to import (compat keeps it lazy)
     from tvm.s_tir import meta_schedule  # pylint: disable=import-outside-toplevel
 
     return meta_schedule
@@ -27,6 +29,7 @@ def meta_schedule():
 
 def rpc_module():
     """``tvm.rpc`` (client, server and the tracker protocol in ``.base``), imported lazily."""
+    # lazy: tvm.rpc loads only for remote tuning
     from tvm import rpc  # pylint: disable=import-outside-toplevel
 
     return rpc

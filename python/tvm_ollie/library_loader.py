@@ -134,6 +134,7 @@ class LibraryLoader:
         """The global function ``name``; raises RuntimeError when the library is unavailable."""
         if not self.load():
             raise RuntimeError(f"{self.what} unavailable: {self.state.reason}")
+        # lazy: tvm_ffi loads libtvm_ffi.so; this module imports no TVM until a library loads
         import tvm_ffi  # pylint: disable=import-outside-toplevel
 
         return tvm_ffi.get_global_func(name)
@@ -142,6 +143,7 @@ class LibraryLoader:
         """Whether the loaded library registers the global function ``name``."""
         if not self.load():
             return False
+        # lazy: tvm_ffi loads libtvm_ffi.so; this module imports no TVM until a library loads
         import tvm_ffi  # pylint: disable=import-outside-toplevel
 
         return tvm_ffi.get_global_func(name, allow_missing=True) is not None

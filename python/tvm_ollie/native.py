@@ -91,6 +91,7 @@ def _dependency_paths() -> List[str]:
         raise OSError("libdnnl.so.3 not found (pip install onednn-cpu-gomp==2023.2.0)")
     paths.append(dnnl)
     try:
+        # lazy: scipy-openblas32 is optional (only the native library's BLAS needs it)
         import scipy_openblas32  # pylint: disable=import-outside-toplevel
     except ImportError as err:
         raise OSError("scipy-openblas32 is not installed") from err
@@ -115,6 +116,7 @@ def _open(state: LoadState) -> bool:
             + ", site-packages/tvm_ollie/lib)"
         )
         return False
+    # lazy: tvm_ffi loads libtvm_ffi.so; this module imports no TVM until the library loads
     import tvm_ffi  # pylint: disable=import-outside-toplevel  (loads libtvm_ffi.so first)
 
     policy = os.environ.get("TVM_OLLIE_OMP_WAIT_POLICY", DEFAULT_OMP_WAIT_POLICY or "unset")

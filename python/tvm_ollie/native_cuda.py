@@ -74,6 +74,7 @@ def _open(state: LoadState) -> bool:
                         "found at install; looked in "
                         + ", ".join(str(p.parent) for p in paths[:3]) + ", ...)")
         return False
+    # lazy: tvm_ffi loads libtvm_ffi.so; this module imports no TVM until the library loads
     import tvm_ffi  # pylint: disable=import-outside-toplevel  (loads libtvm_ffi.so first)
 
     _point_at_wheels()

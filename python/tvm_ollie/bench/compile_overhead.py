@@ -45,6 +45,7 @@ def per_call_ms(fn: Callable[[], object], calls: int, clock: Callable[[], float]
 def variant(spec, freeze: bool, opts: dict) -> Dict[str, Callable[[], object]]:
     """Compile ``spec.module`` with the backend; the timed layers of its first graph."""
     # pylint: disable=import-outside-toplevel
+    # lazy: torch is a heavy, optional dependency
     import torch
 
     graphs = []
@@ -88,6 +89,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="derivation time per build (seconds)")
     args = parser.parse_args(argv)
     # pylint: disable=import-outside-toplevel
+    # lazy: torch is a heavy, optional dependency
     import torch
 
     logging.getLogger("tvm_ollie").setLevel(logging.ERROR)

@@ -93,6 +93,7 @@ def crowded_outcome(path: str, onnx_path: str, model: str, threads: int, budget_
     """A worker's factory: load the library, PyTorch's model and two ONNX Runtime sessions in
     this process, time our call in every scenario; ``(result, None, None)``."""
     # pylint: disable=import-outside-toplevel
+    # lazy: onnxruntime is an optional dependency; torch is a heavy, optional dependency
     import onnxruntime as ort
     import torch
 

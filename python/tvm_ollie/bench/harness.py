@@ -168,6 +168,7 @@ def bench_model(spec, systems: List[str], reference: str, ctx: BenchContext, pea
     ``worker_env`` given: the isolated mode (each system in a worker with that environment,
     :func:`.isolated.bench_systems_isolated`); None: every system in this process.
     """
+    # lazy: torch is a heavy, optional dependency
     import torch  # pylint: disable=import-outside-toplevel
 
     with torch.inference_mode():

@@ -64,6 +64,7 @@ def _gemm_runs(m, k, n, threads, skip: List[str]) -> Dict[str, Callable[[], obje
         runs["ollie-default"] = lambda: f("", ta, tb, to)
     runs["numpy"] = lambda: np.matmul(a, b, out=out)
     try:
+        # lazy: torch is a heavy, optional dependency
         import torch
 
         torch.set_num_threads(threads)
@@ -118,6 +119,7 @@ def _conv_runs(n, c, h, w, o, k, pad, groups, threads, skip) -> Dict[str, Callab
                 lambda a=f"{attrs};wpacked=1;kernel={k},{k}", xk=xk, pk=f"p{lay}", ok=ok:
                 f(a, t[xk], t[pk], t[ok]))
     try:
+        # lazy: torch is a heavy, optional dependency
         import torch
 
         torch.set_num_threads(threads)
@@ -147,6 +149,7 @@ def _conv_runs(n, c, h, w, o, k, pad, groups, threads, skip) -> Dict[str, Callab
 
 def _ort_session(op, inputs, out_shape, attrs, threads, skip, initializer=None):
     try:
+        # lazy: onnx is an optional dependency; onnxruntime is an optional dependency
         import onnx
         import onnxruntime as ort
         from onnx import TensorProto, helper, numpy_helper

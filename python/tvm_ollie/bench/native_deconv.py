@@ -59,6 +59,7 @@ def _native(x: np.ndarray, w: np.ndarray, s: int, p: int, ref: np.ndarray) -> Ca
 
 
 def _torch(x: np.ndarray, w: np.ndarray, s: int, p: int, ref: np.ndarray) -> Callable:
+    # lazy: torch is a heavy, optional dependency
     import torch  # pylint: disable=import-outside-toplevel
 
     torch.set_num_threads(int(os.environ.get("TVM_NUM_THREADS", "1")))

@@ -153,9 +153,11 @@ def plot_ratios(results: dict, path: str) -> Optional[str]:
     Returns a note instead of plotting when matplotlib is missing or nothing was measured.
     """
     try:
+        # lazy: matplotlib is a heavy, optional dependency
         import matplotlib  # pylint: disable=import-outside-toplevel
 
         matplotlib.use("Agg")
+        # lazy: matplotlib is a heavy, optional dependency
         from matplotlib import pyplot as plt  # pylint: disable=import-outside-toplevel
     except ImportError:
         return "matplotlib is not installed: no plot"

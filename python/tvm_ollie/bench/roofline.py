@@ -247,6 +247,7 @@ def measure_cpu_peaks(
 def measure_cuda_peaks(matmul_size: int = 8192, copy_mib: int = 1024, repeats: int = 5):
     """Peak FLOP/s and bandwidth of GPU 0 via torch (fp32, TF32 off); None without CUDA torch."""
     try:
+        # lazy: torch is a heavy, optional dependency
         import torch  # pylint: disable=import-outside-toplevel
     except ImportError:
         return None

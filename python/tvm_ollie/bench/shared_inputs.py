@@ -57,6 +57,7 @@ def bert_separate_qkv(seq: int = 32, hidden: int = 128, heads: int = 2,
                       ffn: int = 512) -> ModelAndParams:
     """One post-LN BERT layer with separate Q/K/V linears (quick size by default)."""
     # pylint: disable=import-outside-toplevel
+    # lazy: torch is a heavy, optional dependency
     import torch
     from torch import nn
 

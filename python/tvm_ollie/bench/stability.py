@@ -87,6 +87,7 @@ def _build_all(model: str, args, out: str, log: Callable[[str], None]) -> List[d
 
 def _time_all(model: str, builds: List[dict], args, log: Callable[[str], None]) -> None:
     """Load every built library in its own worker, check it, time the workers in turns."""
+    # lazy: torch is a heavy, optional dependency
     import torch  # pylint: disable=import-outside-toplevel
 
     spec = get_model(model, quick=True)

@@ -26,7 +26,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 
 from ..compat import relax, tvm
-from ..models import to_onnx
+from ..models import to_onnx, to_relax
 from ..models.export import WEIGHTS
 from ..orchestrate import orchestrate_pipeline
 from ..orchestrate.tuned import tuned_orchestrate_build
@@ -153,8 +153,6 @@ class BenchContext:
     def relax_module(self, spec) -> tuple:
         """``(mod, params, import_s)`` of ``spec``, imported once per run and shared."""
         if spec.key not in self._relax_cache:
-            from ..models import to_relax  # pylint: disable=import-outside-toplevel
-
             start = time.perf_counter()
             mod, params = to_relax(spec, weights=self.weights)
             self._relax_cache[spec.key] = (mod, params, time.perf_counter() - start)
@@ -324,6 +322,7 @@ def prepare_ollie_joint(spec, ctx: BenchContext) -> Prepared:
 
 def _torch_device(ctx: BenchContext):
     try:
+        # lazy: torch is a heavy, optional dependency
         import torch  # pylint: disable=import-outside-toplevel
     except ImportError as err:
         raise SystemUnavailable("torch is not installed") from err
@@ -378,6 +377,7 @@ def prepare_torch_compile(spec, ctx: BenchContext) -> Prepared:
 def prepare_onnxruntime(spec, ctx: BenchContext) -> Prepared:
     """ONNX Runtime on the model exported by ``torch.onnx`` (CPU, or CUDA provider)."""
     try:
+        # lazy: onnxruntime is an optional dependency
         import onnxruntime as ort  # pylint: disable=import-outside-toplevel
     except ImportError as err:
         raise SystemUnavailable("onnxruntime is not installed") from err
@@ -409,6 +409,7 @@ def ort_runner(session, inputs, device: str = "cpu") -> Callable[[], object]:
     IO binding keeps host-to-device copies of the inputs out of the timed call on GPUs, as for
     the other systems; outputs are allocated on ``device`` by each run.
     """
+    # lazy: onnxruntime is an optional dependency
     import onnxruntime as ort  # pylint: disable=import-outside-toplevel
 
     binding = session.io_binding()

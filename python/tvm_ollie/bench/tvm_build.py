@@ -31,7 +31,7 @@ from typing import Optional
 
 import tvm_ffi
 
-from ..compat import relax, tvm
+from ..compat import RemoveWeightLayoutRewriteBlock, relax, tvm
 
 _TUNE_RELAX = "tvm.s_tir.meta_schedule.tune_relax"
 _MARKER = "tuned.json"
@@ -54,9 +54,6 @@ def fast_build(mod, target, _params):
     Same as MetaSchedule's ``default_build`` without ``import tvm.s_tir.tensor_intrin`` (only
     tensorized schedules need it; the llvm search space here does not tensorize).
     """
-    # pylint: disable=import-outside-toplevel
-    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
-
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
     return tvm.compile(mod, target=target).mod
 
@@ -88,6 +85,7 @@ def _install_fast_tuning_builder() -> None:
     if _ORIGINAL_TUNE_RELAX is not None:
         return
     # pylint: disable=import-outside-toplevel
+    # lazy: MetaSchedule is slow to import (compat keeps it lazy)
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule import relax_integration
 
@@ -120,6 +118,7 @@ def count_tasks(mod, target) -> int:
     docstring recommends setting both). Runs the pipeline's own pre-tuning passes.
     """
     # pylint: disable=import-outside-toplevel
+    # lazy: MetaSchedule is slow to import (compat keeps it lazy)
     from tvm.s_tir import meta_schedule as ms
 
     with target:

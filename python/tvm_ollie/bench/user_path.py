@@ -177,6 +177,7 @@ def render(rows: Sequence[Row]) -> str:
 
 
 def _export(spec, path: str, opset: int, dynamo: bool) -> None:
+    # lazy: torch is a heavy, optional dependency
     import torch  # pylint: disable=import-outside-toplevel
 
     names = [f"input{i}" for i in range(len(spec.example_inputs))]
@@ -243,6 +244,7 @@ def onnx_row(spec, opset: int, ref, eager: Callable[[], object], opts: dict, run
 
 def compile_row(spec, ref, eager: Callable[[], object], opts: dict, runs: int) -> Row:
     """``torch.compile(model, backend="tvm_ollie")``: every graph compiled?, compare, time."""
+    # lazy: torch is a heavy, optional dependency
     import torch  # pylint: disable=import-outside-toplevel
 
     torch_backend.register()
@@ -279,6 +281,7 @@ def compile_row(spec, ref, eager: Callable[[], object], opts: dict, runs: int) -
 def model_rows(name: str, paths: Sequence[str], opts: dict, runs: int,
                dynamo: bool = False) -> List[Row]:
     """Every requested path of one zoo model (quick size)."""
+    # lazy: torch is a heavy, optional dependency
     import torch  # pylint: disable=import-outside-toplevel
 
     spec = get_model(name, quick=True)
@@ -329,6 +332,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     CLOCK["now"] = CLOCKS[args.clock]
 
+    # lazy: torch is a heavy, optional dependency
     import torch  # pylint: disable=import-outside-toplevel
 
     logging.getLogger("tvm_ollie").setLevel(logging.ERROR)

@@ -23,6 +23,8 @@ import shutil
 import subprocess
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+import tvm_ffi.libinfo
+
 from .. import native
 from ..compat import tvm
 from .sizes import BundleError
@@ -54,9 +56,6 @@ class NativeLibrary:
 def runtime_libraries(kind: str) -> List[str]:
     """Paths of TVM's runtime libraries for a device kind (``"cpu"`` or ``"cuda"``): the
     tvm-ffi and runtime libraries, plus ``libtvm_runtime_cuda.so`` for CUDA."""
-    # pylint: disable=import-outside-toplevel
-    import tvm_ffi.libinfo
-
     runtime = tvm.libinfo.find_libtvm_runtime()
     files = [tvm_ffi.libinfo.find_libtvm_ffi(), runtime]
     if kind == "cuda":

@@ -14,6 +14,8 @@ import shutil
 import subprocess
 from typing import List, Sequence, Tuple
 
+import tvm_ffi.libinfo
+
 from .sizes import MIB, BundleError, size_table
 
 __all__ = ["RUNNER_SOURCE", "compile_runner", "write_readme", "write_run_script"]
@@ -26,8 +28,6 @@ def compile_runner(bundle: str, cxx: str = "") -> str:
     """Compile the runner into ``bundle/runner`` (C++17, ``-O2``, stripped) against
     ``bundle/lib``; the source goes beside it as ``runner.cc`` (rebuild line in the README).
     Returns its path."""
-    import tvm_ffi.libinfo  # pylint: disable=import-outside-toplevel
-
     cxx = cxx or os.environ.get("CXX", "") or shutil.which("g++") or shutil.which("c++") or ""
     if not cxx:
         raise BundleError("no C++ compiler (g++ or $CXX) to build the bundle's runner")

@@ -44,6 +44,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..ir.fingerprint import fingerprint
 from ..ir.interp import evaluate, random_inputs
 from ..ir.nodes import Scope
 from ..verify.sampled import check_program_sampled, work
@@ -152,11 +153,6 @@ class _Limits(Exception):
 
 
 def _state_key(expr: Scope):
-    try:
-        # lazy: optional fallback kept as written (identity without the fingerprint module)
-        from ..ir.fingerprint import fingerprint  # pylint: disable=import-outside-toplevel
-    except ImportError:  # pragma: no cover - fingerprint module missing: identity of canon form
-        return expr
     return fingerprint(expr)
 
 

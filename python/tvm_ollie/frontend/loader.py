@@ -32,6 +32,7 @@ import numpy as np
 from ..compat import relax, tvm
 from .errors import FrontendError, first_line
 from .onnx_decompose import importer_ops
+from .onnx_prep import prepare_onnx
 from .onnx_rules import RULES
 from .torch_entry import from_torch
 
@@ -142,8 +143,6 @@ def load_onnx(model, shapes: ShapeSpecs = None, simplifier: str = "auto") -> "tv
     if not shapes and _dynamic_inputs(model):
         refused = _decomposable_without_shapes(model)
     if shapes or not _dynamic_inputs(model):
-        from .onnx_prep import prepare_onnx  # pylint: disable=import-outside-toplevel
-
         with _quiet_stderr():
             model, prep = prepare_onnx(model, shapes, simplifier=simplifier)
         refused = prep.decomposed.refused

@@ -71,6 +71,7 @@ def importer_ops() -> FrozenSet[str]:
     """
     try:
         # pylint: disable=import-outside-toplevel
+        # lazy: TVM's ONNX importer imports onnx
         from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
         return frozenset(_get_convert_map()) | {"Constant", "If"}
@@ -97,6 +98,7 @@ def decompose_onnx(model, supported: Optional[FrozenSet[str]] = None
     info : DecomposeInfo
         What was rewritten, and the unrolled step counts.
     """
+    # lazy: onnx is an optional dependency
     import onnx  # pylint: disable=import-outside-toplevel
 
     supported = importer_ops() if supported is None else supported
@@ -139,6 +141,7 @@ def _foreign_nodes(model, supported: FrozenSet[str]) -> List[object]:
 
 def _infer(model):
     """The model with inferred shapes (the input when inference fails: rules then refuse)."""
+    # lazy: onnx is an optional dependency
     import onnx  # pylint: disable=import-outside-toplevel
 
     try:
@@ -160,6 +163,7 @@ def _expand_functions(model, supported, ruled, info: DecomposeInfo) -> bool:
     types); :func:`onnx.inliner.inline_local_functions` then substitutes it, attributes and
     names included. Returns True when anything was inlined.
     """
+    # lazy: onnx is an optional dependency
     import onnx  # pylint: disable=import-outside-toplevel
     import onnx.inliner  # pylint: disable=import-outside-toplevel
 
@@ -192,6 +196,7 @@ def _expand_functions(model, supported, ruled, info: DecomposeInfo) -> bool:
 
 def _function_body(node, opset: int, types):
     """The node's schema function at ``opset`` as a FunctionProto, or None when it has none."""
+    # lazy: onnx is an optional dependency
     import onnx  # pylint: disable=import-outside-toplevel
 
     try:
@@ -245,6 +250,7 @@ def _bind_attributes(function, node) -> None:
 def _fill_default_attributes(node, opset: int) -> None:
     """Give the node the schema's default for every attribute it does not set (in place): the
     inliner drops a body attribute that refers to an attribute the node lacks."""
+    # lazy: onnx is an optional dependency
     import onnx  # pylint: disable=import-outside-toplevel
 
     try:
@@ -267,6 +273,7 @@ def _at_opset(function, opset: int) -> bool:
     operators mean the same at both opsets (the same schema versions) is relabelled; otherwise
     onnx's version converter rewrites it (its adapters, or its refusal).
     """
+    # lazy: onnx is an optional dependency
     import onnx  # pylint: disable=import-outside-toplevel
     import onnx.version_converter  # pylint: disable=import-outside-toplevel
     from onnx import helper  # pylint: disable=import-outside-toplevel
@@ -302,6 +309,7 @@ def _at_opset(function, opset: int) -> bool:
 def _constant_as_tensor(node) -> None:
     """``Constant`` with ``value_float(s)``/``value_int(s)`` (what function bodies write) as a
     ``value`` tensor, the one form TVM's importer reads (in place)."""
+    # lazy: onnx is an optional dependency
     from onnx import helper, numpy_helper  # pylint: disable=import-outside-toplevel
 
     if node.op_type != "Constant" or len(node.attribute) != 1:
@@ -320,6 +328,7 @@ def _value_types(model) -> Dict[str, object]:
     graph = model.graph
     types = {v.name: v.type for v in list(graph.input) + list(graph.value_info)
              + list(graph.output)}  # fmt: skip
+    # lazy: onnx is an optional dependency
     import onnx  # pylint: disable=import-outside-toplevel
 
     for tensor in graph.initializer:

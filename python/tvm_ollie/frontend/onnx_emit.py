@@ -28,6 +28,7 @@ class Rule:
 
 def attributes(node) -> Dict[str, Any]:
     """The node's attributes as Python values (strings decoded)."""
+    # lazy: onnx is an optional dependency
     from onnx import helper  # pylint: disable=import-outside-toplevel
 
     values = {}
@@ -50,6 +51,7 @@ class RuleContext:
     """Facts about the model for the rules, and the sink of what they emit."""
 
     def __init__(self, model) -> None:
+        # lazy: onnx is an optional dependency
         from onnx import numpy_helper  # pylint: disable=import-outside-toplevel
 
         graph = model.graph
@@ -94,6 +96,7 @@ class RuleContext:
 
     def dtype(self, name: str) -> Optional[np.dtype]:
         """The numpy element type of ``name``, or None when unknown."""
+        # lazy: onnx is an optional dependency
         from onnx import helper  # pylint: disable=import-outside-toplevel
 
         elem = self.types.get(name)
@@ -122,6 +125,7 @@ class RuleContext:
     def add(self, op: str, inputs: Sequence[str], outputs: Union[int, Sequence[str]] = 1,
             domain: str = "", **attrs) -> Union[str, List[str]]:  # fmt: skip
         """Append ``op(inputs)``; its output name (or names when ``outputs`` is a list or > 1)."""
+        # lazy: onnx is an optional dependency
         from onnx import helper  # pylint: disable=import-outside-toplevel
 
         names = [self.fresh(op.lower()) for _ in range(outputs)] if isinstance(
@@ -133,6 +137,7 @@ class RuleContext:
 
     def const(self, value, hint: str = "c", dtype=None) -> str:
         """A new initializer holding ``value``; its name."""
+        # lazy: onnx is an optional dependency
         from onnx import numpy_helper  # pylint: disable=import-outside-toplevel
 
         array = np.asarray(value, dtype=dtype)
@@ -181,6 +186,7 @@ class RuleContext:
 
 
 def _tensor_type(dtype: np.dtype) -> int:
+    # lazy: onnx is an optional dependency
     from onnx import helper  # pylint: disable=import-outside-toplevel
 
     try:

@@ -80,6 +80,7 @@ def prepare_onnx(model, shapes: Optional[Mapping[str, Sequence[int]]] = None,
     info : PrepInfo
         Which simplifier ran, node counts, time and why any simplifier was skipped.
     """
+    # lazy: onnx is an optional dependency
     import onnx  # pylint: disable=import-outside-toplevel
 
     start = time.perf_counter()
@@ -175,6 +176,7 @@ def _complete_output_types(model) -> None:
 
     The onnx checker, which the simplifiers run, rejects an output type without a shape.
     """
+    # lazy: onnx is an optional dependency
     import onnx  # pylint: disable=import-outside-toplevel
 
     missing = [o for o in model.graph.output if not o.type.tensor_type.HasField("shape")]
@@ -203,6 +205,7 @@ def _simplifier_order(simplifier: str) -> Tuple[str, ...]:
 
 
 def _with_onnxslim(model):
+    # lazy: onnxslim is an optional dependency
     import onnxslim  # pylint: disable=import-outside-toplevel
 
     with warnings.catch_warnings():
@@ -214,6 +217,7 @@ def _with_onnxslim(model):
 
 
 def _with_onnxsim(model):
+    # lazy: onnxsim is an optional dependency
     import onnxsim  # pylint: disable=import-outside-toplevel
 
     simplified, ok = onnxsim.simplify(model, check_n=0)
@@ -234,6 +238,7 @@ def fold_constants(model):
     earlier folded value) or when it is ``Shape``/``Size`` of a tensor whose inferred shape is
     fully static. Folded outputs become initializers; nodes nothing reads are removed.
     """
+    # lazy: onnx is an optional dependency
     import onnx  # pylint: disable=import-outside-toplevel
 
     for _ in range(_MAX_ROUNDS):
@@ -246,6 +251,7 @@ def fold_constants(model):
 
 def _fold_once(model) -> bool:
     """One pass over the nodes in order; True when anything folded."""
+    # lazy: onnx is an optional dependency
     from onnx import numpy_helper  # pylint: disable=import-outside-toplevel
 
     graph = model.graph
@@ -288,6 +294,7 @@ def _evaluate_node(node, consts, static, opsets) -> Optional[List[np.ndarray]]:
         return None
     try:
         # pylint: disable=import-outside-toplevel
+        # lazy: onnx is an optional dependency
         from onnx.reference import ReferenceEvaluator
 
         feeds = {name: consts[name] for name in inputs}
@@ -302,6 +309,7 @@ def _evaluate_node(node, consts, static, opsets) -> Optional[List[np.ndarray]]:
 
 def _node_model(node, feeds: Mapping[str, np.ndarray], opsets: Mapping[str, int]):
     """A one-node model at the model's opsets (a bare node would run at the newest opset)."""
+    # lazy: onnx is an optional dependency
     from onnx import helper  # pylint: disable=import-outside-toplevel
 
     inputs = [helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(value.dtype),
@@ -313,6 +321,7 @@ def _node_model(node, feeds: Mapping[str, np.ndarray], opsets: Mapping[str, int]
 
 
 def _constant_value(node) -> Optional[np.ndarray]:
+    # lazy: onnx is an optional dependency
     from onnx import helper, numpy_helper  # pylint: disable=import-outside-toplevel
 
     for attr in node.attribute:

@@ -233,6 +233,7 @@ def _requantize(ctx: RuleContext, acc: str, scale: Optional[str], zero_point: st
     low = ctx.const(np.float32(info.min), "lo")
     high = ctx.const(np.float32(info.max), "hi")
     saturated = ctx.add("Min", [ctx.add("Max", [rounded, low]), high])
+    # lazy: onnx is an optional dependency
     from onnx import helper  # pylint: disable=import-outside-toplevel
 
     return ctx.add("Cast", [saturated], to=helper.np_dtype_to_tensor_dtype(dtype))

@@ -126,7 +126,7 @@ class Node:
         return tuple(_iter_nodes(self._args))
 
     def __str__(self) -> str:
-        # deferred: cycle: the printer imports the node classes defined here
+        # lazy: cycle: the printer imports the node classes defined here
         from .printer import to_text  # pylint: disable=import-outside-toplevel
 
         return to_text(self)

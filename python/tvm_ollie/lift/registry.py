@@ -59,7 +59,7 @@ def registered_ops() -> List[str]:
 
 
 def _load_builtin_lifts() -> None:
-    # deferred: cycle (relax_ops imports every lift module, and they register here)
+    # lazy: cycle (relax_ops imports every lift module, and they register here)
     from . import relax_ops  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
 
 

@@ -103,6 +103,7 @@ def get_model(name: str, quick: bool = False, batch: int = 1, seed: int = 0) -> 
     seed : int
         Seed of the weights and of the inputs.
     """
+    # lazy: torch is a heavy, optional dependency
     import torch  # pylint: disable=import-outside-toplevel
 
     _load_all()
@@ -135,5 +136,6 @@ def _entry(name: str) -> _Entry:
 def _load_all() -> None:
     """Import the model modules (each registers itself on import)."""
     # pylint: disable=import-outside-toplevel,unused-import,cyclic-import
+    # lazy: the zoo's model modules import torch (and register here)
     from . import gan, fsrcnn, gcn, resnet, csrnet, longformer  # noqa: F401
     from . import candy, yolox, segformer, efficientvit, bert  # noqa: F401

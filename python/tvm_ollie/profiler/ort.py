@@ -63,6 +63,7 @@ class OrtProfile:
 
 
 def _session(path: str, threads: int, profile_prefix: Optional[str] = None):
+    # lazy: onnxruntime is an optional dependency
     import onnxruntime as ort  # pylint: disable=import-outside-toplevel
 
     options = ort.SessionOptions()

@@ -69,7 +69,7 @@ def reaches_target(stage: Scope, ctx: RuleContext) -> List:
     key = ("reaches_target", ctx.targets)
     hit = cache.get(key)
     if hit is None:
-        # deferred: cycle: canon/focus/match import the rules package
+        # lazy: cycle: canon/focus/match import the rules package
         from ..canon import canonicalize  # pylint: disable=import-outside-toplevel
         from ..focus import apply_eager, compute_scopes  # pylint: disable=import-outside-toplevel
         from ..targets import match_scope  # pylint: disable=import-outside-toplevel
