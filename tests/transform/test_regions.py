@@ -17,7 +17,8 @@ from tvm import relax  # noqa: E402
 
 from tvm_ollie.ir.interp import evaluate  # noqa: E402
 from tvm_ollie.transform.optimize import optimize_module  # noqa: E402
-from tvm_ollie.transform.regions import find_regions, isolated_region_module  # noqa: E402
+from tvm_ollie.transform.regions import (dataflow_blocks, find_regions,  # noqa: E402
+                                         isolated_region_module)
 
 R = relax.op
 F32 = "float32"
@@ -214,3 +215,10 @@ def test_explain_lists_regions():
     text = region_lines([reg])
     assert "lv1=take" in text and "became:     g2bmm[2x16x4, w=2, d=2]" in text
     assert "1/1 regions rewritten" in OptimizeReport(regions=[reg]).to_text()
+
+
+def test_dataflow_blocks_yields_each_block_with_its_function():
+    mod = _banded_module()
+    found = list(dataflow_blocks(mod))
+    assert [gv.name_hint for gv, _ in found] == ["main"]
+    assert len(found[0][1].bindings) == len(mod["main"].body.blocks[0].bindings)

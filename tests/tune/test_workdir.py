@@ -206,3 +206,21 @@ def test_database_that_parses_but_does_not_load_starts_empty(tmp_path, caplog):
     assert "cannot be loaded" in message and "starting an empty one" in message
     assert len(_corrupt_files(tmp_path)) == 2
     assert not workdir.lock_is_held(str(tmp_path))
+
+
+class _Notes(workdir.JsonRecords):
+    FILE = "notes.json"
+
+
+def test_json_records_round_trip_and_corruption(tmp_path):
+    notes = _Notes(str(tmp_path))
+    notes.data["a"] = 1.5
+    notes.save()
+    assert _Notes(str(tmp_path)).data == {"a": 1.5}
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]  # written atomically
+    (tmp_path / "notes.json").write_text('{"a": 1.')  # cut short
+    assert _Notes(str(tmp_path)).data == {}
+    memory = _Notes(None)
+    memory.data["b"] = 2
+    memory.save()  # without a work dir: nothing written, nothing raised
+    assert memory.path is None

@@ -24,9 +24,7 @@ share nothing a common protocol could type, so the names differ.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-import os
 import time
 from abc import ABC, abstractmethod
 from typing import Callable, Dict, Optional
@@ -42,6 +40,7 @@ from ..tune.compare import Sampler
 from ..tune.measure import compile_module, main_sampler, random_args, time_main
 from ..tune.metaschedule import STATS, Tuner
 from ..tune.rpc import RPCConfig
+from ..tune.workdir import MEASURE_FILE, JsonRecords
 from .alternatives import Alternative
 from .emit import EmitError
 from .units import constant_inputs, is_group, is_region, unit_module, unit_signature
@@ -176,20 +175,10 @@ class CallableTiming(ModuleTiming):
         return self.timer(module, label)
 
 
-class MeasureCache:
+class MeasureCache(JsonRecords):
     """Measured seconds per (target, signature, implementation, mode), kept in ``work_dir``."""
 
-    FILE = "ollie_measurements.json"
-
-    def __init__(self, work_dir: Optional[str]):
-        self.path = os.path.join(work_dir, self.FILE) if work_dir else None
-        self.data: Dict[str, float] = {}
-        if self.path and os.path.exists(self.path):
-            try:
-                with open(self.path, encoding="utf-8") as f:
-                    self.data = json.load(f)
-            except (OSError, ValueError):
-                self.data = {}
+    FILE = MEASURE_FILE
 
     @staticmethod
     def key(*parts: str) -> str:
@@ -201,14 +190,9 @@ class MeasureCache:
         return self.data.get(key)
 
     def put(self, key: str, seconds: float) -> None:
-        """Record and save (atomically: other processes may read the file)."""
+        """Record and save."""
         self.data[key] = float(seconds)
-        if self.path:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            tmp = f"{self.path}.{os.getpid()}.tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(self.data, f, indent=1, sort_keys=True)
-            os.replace(tmp, self.path)
+        self.save()
 
 
 class UntunedTiming(ModuleTiming):

@@ -27,8 +27,8 @@ from ..derive.program import Program
 from ..derive.rules.inter import merge_shared_inputs, merge_shared_inputs_bias
 from ..ir.nodes import Scope
 from .epilogue import fuse_epilogues
-from .regions import (BlockFacts, Region, inputs_text, outside_uses, rebind_arg, static_tensor,
-                      used_vars, var_name)
+from .regions import (BlockFacts, Region, dataflow_blocks, inputs_text, rebind_arg,
+                      static_tensor, used_vars, var_name)
 from .units import build_isolated_module, original_form
 
 __all__ = ["GROUP_OPS", "MAX_GROUP", "SharedInputGroup", "find_shared_input_groups",
@@ -400,18 +400,11 @@ def find_shared_input_groups(mod: "tvm.IRModule", max_ops: int = MAX_GROUP,
     out: List[SharedInputGroup] = []
     if max_ops < 2:
         return out
-    for gv, func in mod.functions_items():
-        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
-            continue
-        outside = outside_uses(func)
-        for block in func.body.blocks:
-            if not isinstance(block, relax.DataflowBlock):
-                continue
-            blk = BlockFacts(block, outside, mod)
-            seeds = [k for k, b in enumerate(blk.bindings) if blk.kind(k) == "heavy" and
-                     b.value.op.name in ops and hash(b.var) not in blk.shape_read]
-            for members, position in _block_groups(blk, seeds, max_ops):
-                out.append(_group(gv.name_hint, blk, members, position, mod, bias))
+    for gv, blk in dataflow_blocks(mod):
+        seeds = [k for k, b in enumerate(blk.bindings) if blk.kind(k) == "heavy" and
+                 b.value.op.name in ops and hash(b.var) not in blk.shape_read]
+        for members, position in _block_groups(blk, seeds, max_ops):
+            out.append(_group(gv.name_hint, blk, members, position, mod, bias))
     return out
 
 

@@ -14,13 +14,12 @@ search no longer finds the recorded winner).
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-import os
 from typing import Dict, List, Optional
 
 from ..compile_profile import stage
 from ..tune.compare import Comparison, Margin, compare
+from ..tune.workdir import JsonRecords
 from .alternatives import Alternative
 from .costing import ModuleTiming, UnitCostModel
 
@@ -33,7 +32,7 @@ LOG = logging.getLogger("tvm_ollie.transform")
 PROTOCOL = dict(min_rounds=5, max_rounds=15, time_s=2.0)
 
 
-class DecisionRecords:
+class DecisionRecords(JsonRecords):
     """The evidence of every timed decision, kept in ``work_dir`` (``FILE``), keyed by the
     cost model (target, device, mode) and the unit's signature.
 
@@ -43,16 +42,6 @@ class DecisionRecords:
     taken again otherwise."""
 
     FILE = "ollie_decisions.json"
-
-    def __init__(self, work_dir: Optional[str]):
-        self.path = os.path.join(work_dir, self.FILE) if work_dir else None
-        self.data: Dict[str, dict] = {}
-        if self.path and os.path.exists(self.path):
-            try:
-                with open(self.path, encoding="utf-8") as f:
-                    self.data = json.load(f)
-            except (OSError, ValueError):
-                self.data = {}
 
     @staticmethod
     def key(model: str, signature: str) -> str:
@@ -70,14 +59,9 @@ class DecisionRecords:
         return res if res is not None and res.winner in labels else None
 
     def put(self, key: str, signature: str, comparison: Comparison) -> None:
-        """Record and save (atomically: other processes may read the file)."""
+        """Record and save."""
         self.data[key] = {"signature": signature, "comparison": comparison.to_dict()}
-        if self.path:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            tmp = f"{self.path}.{os.getpid()}.tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(self.data, f, indent=1, sort_keys=True)
-            os.replace(tmp, self.path)
+        self.save()
 
 
 class DecisionTiming:

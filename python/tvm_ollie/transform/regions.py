@@ -28,7 +28,7 @@ groups of :mod:`.groups`, which are built on regions.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -44,7 +44,7 @@ from .units import build_isolated_module
 
 __all__ = ["BlockFacts", "HEAVY_OPS", "MAX_CALLS", "MOVE_OPS", "Region", "find_regions",
            "flatten", "inputs_text", "isolated_region_module", "outside_uses", "rebind_arg",
-           "static_tensor", "used_vars", "var_name"]
+           "static_tensor", "used_vars", "var_name", "dataflow_blocks"]
 
 #: Operators a region is built around.
 HEAVY_OPS = (
@@ -620,33 +620,38 @@ def find_regions(mod: "tvm.IRModule", max_calls: int = MAX_CALLS,
         Operators regions are built around.
     """
     out: List[Region] = []
+    for gv, blk in dataflow_blocks(mod):
+        seeds = [k for k, b in enumerate(blk.bindings) if blk.kind(k) == "heavy" and
+                 (b.value.op.name in heavy_ops or b.value.op.name == "relax.call_tir")]
+        # producers first, for every heavy call: data movement in front of a heavy call
+        # belongs to the call that reads through it, not to an earlier call's epilogue
+        taken: set = set(seeds)
+        grown = {}
+        for k in seeds:
+            grown[k] = _grow_producers(blk, k, taken, max(1, max_calls))
+            taken.update(grown[k])
+        for k in seeds:
+            # a heavy call that reads no data movement is decided alone, as it always was
+            # (its epilogues are folded into library kernels by the epilogue pass)
+            members = grown[k] if len(grown[k]) == 1 else \
+                _grow_consumers(blk, grown[k], k, taken, max(1, max_calls))
+            taken.update(members)
+            keep = _kept(blk, members)
+            out.append(Region(gv.name_hint, [blk.bindings[m] for m in members],
+                              blk.bindings[k].var, mod, keep=keep))
+    return out
+
+
+def dataflow_blocks(mod: "tvm.IRModule") -> Iterator[Tuple["relax.GlobalVar", BlockFacts]]:
+    """Every dataflow block of every Relax function of ``mod``, in order, with its function's
+    global var: the blocks regions and shared-input groups are found in."""
     for gv, func in mod.functions_items():
         if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
             continue
         outside = outside_uses(func)
         for block in func.body.blocks:
-            if not isinstance(block, relax.DataflowBlock):
-                continue
-            blk = BlockFacts(block, outside, mod)
-            seeds = [k for k, b in enumerate(blk.bindings) if blk.kind(k) == "heavy" and
-                     (b.value.op.name in heavy_ops or b.value.op.name == "relax.call_tir")]
-            # producers first, for every heavy call: data movement in front of a heavy call
-            # belongs to the call that reads through it, not to an earlier call's epilogue
-            taken: set = set(seeds)
-            grown = {}
-            for k in seeds:
-                grown[k] = _grow_producers(blk, k, taken, max(1, max_calls))
-                taken.update(grown[k])
-            for k in seeds:
-                # a heavy call that reads no data movement is decided alone, as it always was
-                # (its epilogues are folded into library kernels by the epilogue pass)
-                members = grown[k] if len(grown[k]) == 1 else \
-                    _grow_consumers(blk, grown[k], k, taken, max(1, max_calls))
-                taken.update(members)
-                keep = _kept(blk, members)
-                out.append(Region(gv.name_hint, [blk.bindings[m] for m in members],
-                                  blk.bindings[k].var, mod, keep=keep))
-    return out
+            if isinstance(block, relax.DataflowBlock):
+                yield gv, BlockFacts(block, outside, mod)
 
 
 def isolated_region_module(region: Region, program: Optional[Program] = None,

@@ -15,7 +15,8 @@ disk can leave any of them cut short, and MetaSchedule then refuses to open the 
 * :func:`work_dir_lock` is an exclusive ``fcntl.flock`` on ``.ollie.lock`` in the work dir, so
   that processes sharing a work dir tune and write one at a time; it is re-entrant within a
   process.
-* :func:`atomic_write_bytes` writes through a temporary file and ``os.replace``.
+* :func:`atomic_write_bytes` writes through a temporary file and ``os.replace``;
+  :class:`JsonRecords` keeps one JSON object in a work dir's file that way.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from ..compat import meta_schedule
 
 __all__ = ["WORKLOAD_FILE", "RECORD_FILE", "MEASURE_FILE", "LOCK_FILE", "atomic_write_bytes",
            "quarantine", "repair_database", "repair_measurements", "open_database",
-           "prepare_work_dir", "work_dir_lock", "lock_is_held"]
+           "prepare_work_dir", "work_dir_lock", "lock_is_held", "JsonRecords"]
 
 LOG = logging.getLogger("tvm_ollie.tune")
 
@@ -203,6 +204,32 @@ def repair_measurements(work_dir: str) -> List[str]:
             "measurements are taken again")  # fmt: skip
     _warn(note)
     return [note]
+
+
+class JsonRecords:
+    """One JSON object kept in a work dir's file ``FILE``, read once and saved whole after
+    every change (atomically: other processes sharing the work dir may read it). Without a work
+    dir the records live in memory only; an unreadable file reads as empty, and is replaced by
+    the next save."""
+
+    FILE = ""
+
+    def __init__(self, work_dir: Optional[str]):
+        self.path = os.path.join(work_dir, self.FILE) if work_dir else None
+        self.data: dict = {}
+        if self.path and os.path.exists(self.path):
+            try:
+                with open(self.path, encoding="utf-8") as f:
+                    self.data = json.load(f)
+            except (OSError, ValueError):
+                self.data = {}
+
+    def save(self) -> None:
+        """Write :attr:`data` to the file (nothing without a work dir)."""
+        if self.path:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            atomic_write_bytes(self.path, json.dumps(self.data, indent=1,
+                                                     sort_keys=True).encode("utf-8"))
 
 
 def prepare_work_dir(work_dir: Optional[str]) -> List[str]:
