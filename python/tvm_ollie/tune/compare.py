@@ -3,7 +3,7 @@
 On a shared machine one timing can be off by 10-100x, and a decision taken on it is frozen into
 the executable: the same model built twice then runs at different speeds. Every timed decision
 (a unit's alternatives in :mod:`tvm_ollie.transform`, the joint build's whole plans in
-:mod:`tvm_ollie.orchestrate`) goes through :func:`compare`:
+:mod:`tvm_ollie.pipeline.guard`) goes through :func:`compare`:
 
 * **interleaved rounds**: round ``r`` takes one sample of every alternative, in an order rotated
   by ``r``, so that load drifting over time falls on all of them alike; a sample of a kernel
