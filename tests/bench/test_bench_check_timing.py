@@ -31,24 +31,8 @@ def test_as_numpy_list_flattens_nested_outputs():
     assert [a.shape for a in out] == [(2,), (3,), ()]
 
 
-class _FakeTime:
-    """A clock that only the timed calls advance (the machine's load cannot move it)."""
-
-    def __init__(self):
-        self.now = 0.0
-
-    def perf_counter(self):
-        return self.now
-
-    def sleep(self, seconds):
-        self.now += seconds
-
-
-def test_interleaved_timing_ratios_and_bounds(monkeypatch):
-    from tvm_ollie.bench import timing
-
-    clock = _FakeTime()
-    monkeypatch.setattr(timing, "time", clock)
+def test_interleaved_timing_ratios_and_bounds(fake_clock):
+    clock = fake_clock
 
     def sleeper(seconds):
         return lambda: clock.sleep(seconds)

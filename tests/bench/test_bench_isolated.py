@@ -123,17 +123,6 @@ def test_isolated_mode_merges_workers_and_survives_failing_ones(tmp_path):
     assert "isolated mode" in (tmp_path / "results.md").read_text()
 
 
-class _FakeClock:
-    def __init__(self):
-        self.now = 0.0
-
-    def perf_counter(self):
-        return self.now
-
-    def sleep(self, seconds):
-        self.now += seconds
-
-
 class _FakeWorker:
     """Records when it runs; each sample advances the shared clock by its latency."""
 
@@ -154,11 +143,8 @@ class _FakeWorker:
         return self.latency
 
 
-def test_rounds_rotate_one_worker_at_a_time(monkeypatch):
-    from tvm_ollie.bench import timing
-
-    clock = _FakeClock()
-    monkeypatch.setattr(timing, "time", clock)
+def test_rounds_rotate_one_worker_at_a_time(fake_clock):
+    clock = fake_clock
     log, settled = [], []
     workers = {name: _FakeWorker(name, lat, clock, log)
                for name, lat in (("a", 0.001), ("b", 0.002), ("c", 0.003))}  # fmt: skip
