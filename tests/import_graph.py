@@ -2,7 +2,8 @@
 
 ``python tests/import_graph.py`` prints every floor's modules and the imports that leave the
 module's own package, then the offending edges (none, when the layout holds). ``--counts`` adds
-the deferred imports (an import inside a function body) and the functions over 60 lines.
+the deferred imports (an import inside a function body) and the functions over 60 lines;
+``--long`` prints only the count of those functions and their list.
 ``tests/test_layers.py`` runs the same scan and fails on an offending edge.
 
 The scan reads the source with :mod:`ast` and imports nothing: top-level imports, imports under
@@ -161,7 +162,18 @@ def long_functions(limit: int = LONG_FUNCTION) -> list[tuple[str, str, int]]:
     return out
 
 
+def print_long_functions() -> None:
+    """The count of functions over :data:`LONG_FUNCTION` lines, then each (longest first)."""
+    longs = long_functions()
+    print(f"functions over {LONG_FUNCTION} lines: {len(longs)}")
+    for module, name, n in sorted(longs, key=lambda t: -t[2]):
+        print(f"  {n:4d}  {module}.{name}")
+
+
 def main(argv: list[str]) -> int:
+    if "--long" in argv:
+        print_long_functions()
+        return 0
     edges, deferred = scan()
     by_floor: dict[int, list[str]] = {}
     for module in modules():
@@ -183,12 +195,9 @@ def main(argv: list[str]) -> int:
         print(f"  {e}")
     if "--counts" in argv:
         internal = sum(e.deferred for e in edges)
-        longs = long_functions()
         print(f"\ndeferred imports (inside a function): {sum(deferred.values())}, of which "
               f"{internal} import from {PACKAGE}")
-        print(f"functions over {LONG_FUNCTION} lines: {len(longs)}")
-        for module, name, n in sorted(longs, key=lambda t: -t[2]):
-            print(f"  {n:4d}  {module}.{name}")
+        print_long_functions()
     return 1 if bad else 0
 
 

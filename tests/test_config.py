@@ -15,8 +15,13 @@ from tvm_ollie.codegen.builder import single_function_module, tensor_var
 from tvm_ollie.config import OrchestrateConfig
 from tvm_ollie.transform import decide, optimize
 from tvm_ollie.transform.report import OptimizeReport
+from tvm_ollie.tune.calibrate import EFFICIENCY, Calibration
 
 build_mod = importlib.import_module("tvm_ollie.pipeline.build")
+joint_plans = importlib.import_module("tvm_ollie.pipeline.joint_plans")
+
+#: A fixed calibration (deciders built here measure nothing).
+LLVM_CALIB = Calibration("llvm", 1e11, 2e10, dict(EFFICIENCY["cuda"]), "given")
 
 
 def _tiny():
@@ -24,24 +29,91 @@ def _tiny():
                                   lambda bb, x: relax.op.add(x, x))
 
 
+#: Every entry point that takes the options: ``config=`` and keyword overrides of its fields.
+ENTRY_POINTS = {
+    "optimize_module": lambda **kw: optimize.optimize_module(_tiny(), **kw),
+    "OllieOptimize": lambda **kw: optimize.OllieOptimize(**kw),
+    "Decider": lambda **kw: decide.Decider("llvm", **kw),
+    "build": lambda **kw: build_mod.build(_tiny(), "llvm", **kw),
+    "ollie_pipeline": lambda **kw: build_mod.ollie_pipeline(**kw),
+    "joint_build": lambda **kw: joint_plans.joint_build(_tiny(), "llvm", **kw),
+    "run_demo": lambda **kw: demo.run_demo(**kw),
+}
+
+
 def test_defaults_live_in_one_place():
-    """The decider and the command line take their defaults from DEFAULTS."""
+    """The command line takes its defaults from DEFAULTS; no entry point restates a config
+    field as a parameter (each takes ``config=`` and the fields as ``**options``), so that a
+    new field needs no edit in their signatures."""
     assert DEFAULTS == OllieConfig() and current_config() is DEFAULTS
-    params = inspect.signature(decide.Decider).parameters
-    for name, field in [("max_depth", "max_depth"), ("search_budget_s", "search_time_s"),
-                        ("max_states", "max_states"), ("max_measured", "max_measured"),
-                        ("max_candidates", "max_candidates"), ("derive", "derive")]:
-        assert params[name].default == getattr(DEFAULTS, field), name
     args = cli.build_parser().parse_args(["explain", "m.onnx"])
-    assert (args.trials, args.max_depth, args.time_budget) == \
+    assert (args.trials, args.max_depth, args.search_time) == \
         (DEFAULTS.trials, DEFAULTS.max_depth, DEFAULTS.search_time_s)
-    # the entry points' own keywords default to "from the config"
-    for func in (optimize.optimize_module, build_mod.build, optimize.OllieOptimize,
-                 build_mod.ollie_pipeline, demo.run_demo):
+    fields = set(OllieConfig.__dataclass_fields__) - {"target"}
+    torch_entry = importlib.import_module("tvm_ollie.frontend.torch_entry")
+    for func in (optimize.optimize_module, optimize.OllieOptimize, decide.Decider,
+                 build_mod.build, build_mod.ollie_pipeline, joint_plans.joint_build,
+                 demo.run_demo, torch_entry.compile_torch):
         params = inspect.signature(func).parameters
-        for name in ("trials", "max_depth", "time_budget_s", "derive"):
-            if name in params:
-                assert params[name].default is None, (func, name)
+        assert not fields & set(params), (func, fields & set(params))
+        assert "config" in params, func
+        assert any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()), func
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
+def test_entry_points_reject_an_unknown_option(entry):
+    with pytest.raises(ConfigError, match="unknown OllieConfig option 'depth'"):
+        ENTRY_POINTS[entry](config=OllieConfig(max_depth=2), depth=3)
+
+
+def test_entry_point_overrides_win_over_the_config(monkeypatch):
+    """``optimize_module``, ``Decider`` and ``joint_build``: a keyword beats ``config``."""
+    seen = []
+    monkeypatch.setattr(optimize, "_optimize", lambda mod, cfg, tgt, budget, **hooks:
+                        seen.append(cfg) or (mod, OptimizeReport()))
+    optimize.optimize_module(_tiny(), "llvm", config=OllieConfig(max_depth=2), max_depth=4)
+    assert seen[-1].max_depth == 4 and seen[-1].target == "llvm"
+
+    class Stop(Exception):
+        pass
+
+    def stop(mod, cfg, budget, hooks):
+        seen.append(cfg)
+        raise Stop
+
+    monkeypatch.setattr(joint_plans, "_rewrite_regions", stop)
+    with pytest.raises(Stop):
+        joint_plans.joint_build(_tiny(), "llvm", config=OllieConfig(region_calls=2),
+                                region_calls=3, trials=4)
+    assert seen[-1].region_calls == 3 and seen[-1].trials == 0  # not tuned: no budget given
+    dec = decide.Decider("llvm", OllieConfig(max_measured=1, search_time_s=5.0),
+                         max_measured=2, calibration=LLVM_CALIB, library=False)
+    assert (dec.max_measured, dec.search_time_s, dec.library) == (2, 5.0, False)
+
+
+def test_former_option_names_warn_and_still_work(monkeypatch, capsys):
+    """``time_budget_s=`` / ``search_budget_s=`` and ``--time-budget``: the former names of
+    ``search_time_s`` and ``--search-time``, accepted with a DeprecationWarning."""
+    with pytest.warns(DeprecationWarning, match="time_budget_s= is deprecated"):
+        assert resolve_config(time_budget_s=2.5).search_time_s == 2.5
+    with pytest.warns(DeprecationWarning, match="search_budget_s= is deprecated"):
+        dec = decide.Decider("llvm", search_budget_s=3.0, calibration=LLVM_CALIB,
+                             library=False)
+    assert dec.search_time_s == 3.0
+    with pytest.warns(DeprecationWarning, match="time_budget_s= is deprecated"):
+        pipe = optimize.OllieOptimize(time_budget_s=1.5)
+    assert resolve_config(pipe.config, search_time_s=pipe.overrides["time_budget_s"]) \
+        .search_time_s == 1.5
+    seen = {}
+    monkeypatch.setattr(cli, "_load", lambda args: _tiny())
+    monkeypatch.setattr(cli, "_transform", lambda: types.SimpleNamespace(
+        optimize_module=lambda mod, config=None: seen.update(cfg=config) or
+        (mod, OptimizeReport())))
+    with pytest.warns(DeprecationWarning, match="--time-budget is deprecated"):
+        assert cli.main(["explain", "m.onnx", "--time-budget", "1.5"]) == 0
+    assert seen["cfg"].search_time_s == 1.5
+    assert "--time-budget is deprecated; use --search-time" in capsys.readouterr().err
+    assert "--time-budget" not in cli.build_parser().format_help()
 
 
 def test_replace_from_dict_and_overrides():
@@ -166,7 +238,7 @@ def test_cli_flags_build_one_config(monkeypatch, capsys):
     monkeypatch.setattr(cli, "_transform",
                         lambda: types.SimpleNamespace(optimize_module=fake_optimize))
     assert cli.main(["explain", "m.onnx", "--trials", "3", "--max-depth", "2",
-                     "--time-budget", "1.5", "--max-states", "40", "--no-library"]) == 0
+                     "--search-time", "1.5", "--max-states", "40", "--no-library"]) == 0
     cfg = seen["config"]
     assert isinstance(cfg, OllieConfig)
     assert (cfg.trials, cfg.max_depth, cfg.search_time_s, cfg.max_states, cfg.library) == \

@@ -326,14 +326,14 @@ def _transform():
 def _config(args: argparse.Namespace, target, **fields):
     """The one :class:`~tvm_ollie.config.OllieConfig` of the command's flags."""
 
-    if args.trials < 0 or args.max_depth < 0 or args.time_budget <= 0:
-        raise UserError("--trials and --max-depth must be >= 0 and --time-budget > 0")
+    if args.trials < 0 or args.max_depth < 0 or args.search_time <= 0:
+        raise UserError("--trials and --max-depth must be >= 0 and --search-time > 0")
     if args.max_states is not None and args.max_states < 1:
         raise UserError("--max-states must be >= 1")
     try:
         return OllieConfig(
             target=target, trials=args.trials, work_dir=args.work_dir,
-            max_depth=args.max_depth, search_time_s=args.time_budget,
+            max_depth=args.max_depth, search_time_s=args.search_time,
             max_states=args.max_states if args.max_states is not None else
             DEFAULTS.max_states, library=False if args.no_library else None,
             derive=not args.no_derive, rpc=_rpc_config(args),
@@ -447,6 +447,18 @@ def _add_model_options(parser: argparse.ArgumentParser, target: bool = True) -> 
         )
 
 
+class _DeprecatedFlag(argparse.Action):
+    """A flag's former name: stores into the new flag's destination and says it is
+    deprecated (on stderr, and as a :class:`DeprecationWarning`)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        new = "--" + self.dest.replace("_", "-")
+        message = f"{option_string} is deprecated; use {new}"
+        print(f"warning: {message}", file=sys.stderr)
+        warnings.warn(message, DeprecationWarning, stacklevel=2)
+        setattr(namespace, self.dest, values)
+
+
 def _add_search_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trials", type=int, default=DEFAULTS.trials,
                         help="MetaSchedule trials for the whole model, shared by its kernels "
@@ -454,10 +466,13 @@ def _add_search_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--work-dir", help="tuning database directory (reused across runs)")
     parser.add_argument("--max-depth", type=int, default=DEFAULTS.max_depth,
                         help=f"derivation search depth (default: {DEFAULTS.max_depth})")
-    parser.add_argument("--time-budget", type=float, default=DEFAULTS.search_time_s,
+    parser.add_argument("--search-time", type=float, default=DEFAULTS.search_time_s,
                         metavar="SECONDS",
                         help="derivation search time for the whole model, shared by its "
                         f"operators (default: {DEFAULTS.search_time_s:g})")
+    # the flag's former name, kept for one release (hidden; warns)
+    parser.add_argument("--time-budget", type=float, dest="search_time", metavar="SECONDS",
+                        action=_DeprecatedFlag, help=argparse.SUPPRESS)
     parser.add_argument("--max-states", type=int, metavar="N",
                         help="derivation states visited per operator signature (default: "
                         f"{DEFAULTS.max_states})")

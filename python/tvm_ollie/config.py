@@ -4,8 +4,8 @@ The options of a run (target, derivation limits, trial budget, work dir, which i
 compete, orchestration) used to be keyword arguments repeated, with drifting defaults, by the
 CLI, :func:`~tvm_ollie.pipeline.build`, :func:`~tvm_ollie.transform.optimize_module`, the
 ``"ollie"`` pipeline, :class:`~tvm_ollie.transform.OllieOptimize`, the demo and the tuner. They
-now live here, once; every entry point takes ``config=`` and keeps its old keywords as
-overrides of it::
+now live here, once; every entry point takes ``config=`` and keywords that override its fields
+(validated by :meth:`OllieConfig.replace`; an unknown name is a :class:`ConfigError`)::
 
     cfg = OllieConfig(trials=64, work_dir="db", max_depth=5)
     ex, report = build(mod, "llvm", config=cfg)
@@ -25,6 +25,7 @@ import contextlib
 import contextvars
 import dataclasses
 import numbers
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Optional, Tuple
 
@@ -237,8 +238,9 @@ class OllieConfig:
 #: Least derivation time per signature, however small the module's share is.
 MIN_SEARCH_S = 0.5
 
-#: Keyword arguments of the entry points that are spelled differently from the field.
-KEYWORD_ALIASES = {"time_budget_s": "search_time_s"}
+#: Former names of config fields, still accepted as keywords of the entry points (with a
+#: :class:`DeprecationWarning`) for one release: ``{old name: field}``.
+KEYWORD_ALIASES = {"time_budget_s": "search_time_s", "search_budget_s": "search_time_s"}
 
 _SCOPE: contextvars.ContextVar = contextvars.ContextVar("tvm_ollie_config", default=None)
 
@@ -266,10 +268,11 @@ def config_scope(config: Optional[OllieConfig] = None, **changes: Any) -> Iterat
 def resolve_config(config: Optional[OllieConfig] = None, **overrides: Any) -> OllieConfig:
     """``config`` (or :func:`current_config`) with every override that is not None applied.
 
-    This is how the entry points keep their old keywords: ``build(mod, trials=8)`` is
+    This is how the entry points take their keywords: ``build(mod, trials=8)`` is
     ``build(mod, config=current_config().replace(trials=8))``. None means "from the config"
     (for ``library``/``check_untuned``/``work_dir``, whose None is also a value, set the
-    config field instead).
+    config field instead); an unknown name is a :class:`ConfigError`, a former name
+    (:data:`KEYWORD_ALIASES`) a :class:`DeprecationWarning`.
     """
     if config is None:
         config = current_config()
@@ -278,8 +281,21 @@ def resolve_config(config: Optional[OllieConfig] = None, **overrides: Any) -> Ol
     elif not isinstance(config, OllieConfig):
         raise ConfigError(f"config must be an OllieConfig or a dict, not "
                           f"{type(config).__name__}")
-    changes = {KEYWORD_ALIASES.get(k, k): v for k, v in overrides.items() if v is not None}
+    changes = {}
+    for keyword, value in overrides.items():  # (a loop: the warning's stack level is fixed)
+        if value is not None:
+            changes[_field_name(keyword)] = value
     return config.replace(**changes) if changes else config
+
+
+def _field_name(keyword: str) -> str:
+    """The config field a keyword names (a former name warns: :data:`KEYWORD_ALIASES`)."""
+    field = KEYWORD_ALIASES.get(keyword)
+    if field is None:
+        return keyword
+    # stacklevel: the caller of the entry point that resolves its options
+    warnings.warn(f"{keyword}= is deprecated; use {field}=", DeprecationWarning, stacklevel=4)
+    return field
 
 
 def _check_names(changes: Mapping[str, Any]) -> None:

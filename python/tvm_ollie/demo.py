@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Optional, TextIO, Tuple
+from typing import Any, Optional, TextIO, Tuple
 
 import numpy as np
 
@@ -69,30 +69,24 @@ def run_demo(
     channels: int = 16,
     size: int = 32,
     target: Optional[str] = None,
-    trials: Optional[int] = None,
-    work_dir: Optional[str] = None,
-    max_depth: Optional[int] = None,
-    time_budget_s: Optional[float] = None,
+    config: Optional[OllieConfig] = None,
+    *,
     repeat: int = 20,
     explain: bool = False,
     out: TextIO = sys.stdout,
     progress: bool = True,
-    library: Optional[bool] = None,
-    derive: Optional[bool] = None,
-    config: Optional[OllieConfig] = None,
+    **options: Any,
 ) -> bool:
     """Build the demo model with TVM and with tvm-ollie, compare, and report.
 
     Returns whether the optimized build's output matches TVM's (relative error below 1e-4).
     With ``explain`` the rule path of every decision is printed too. The ollie build's options
     are ``config`` (:class:`~tvm_ollie.config.OllieConfig`; default target llvm), overridden
-    by ``target``, ``trials``, ``work_dir``, ``max_depth``, ``time_budget_s``, ``library`` and
-    ``derive`` when given.
+    by ``target`` and ``options`` (its fields: ``trials``, ``max_depth``, ``search_time_s``...)
+    when given.
     """
 
-    cfg = resolve_config(config, target=target, trials=trials, work_dir=work_dir,
-                         max_depth=max_depth, time_budget_s=time_budget_s, library=library,
-                         derive=derive)
+    cfg = resolve_config(config, target=target, **options)
     raw = cfg.target if cfg.target is not None else "llvm"
     tgt, note = parse_target(raw) if isinstance(raw, str) else (tvm.target.Target(raw), "")
     if note:

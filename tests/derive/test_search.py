@@ -22,6 +22,13 @@ def _g2bmm(dil=2, m=16, w=1, k=4):
                  [IterVar(vk, 0, k)], a[b, vm, vk] * bt[b, vm + dil * (vw - w), vk])
 
 
+def test_former_time_keyword_warns_and_still_bounds_the_search():
+    """``time_budget_s=`` is the former name of ``search_time_s`` (one release, warns)."""
+    with pytest.warns(DeprecationWarning, match="use search_time_s="):
+        res = derive(_g2bmm(), targets=("g2bmm",), max_depth=2, time_budget_s=1e-9)
+    assert res.stats.stop_reason == StopReason.TIME_BUDGET
+
+
 def _tconv(n=2, h=2, c=4, f=3):
     vn, vh, vw, vc, vf, vi, vj = (Var(x) for x in "nhwcfij")
     a = Tensor("A", (n, h, h, f))

@@ -39,11 +39,13 @@ from __future__ import annotations
 import enum
 import logging
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..config import DEFAULTS
 from ..ir.fingerprint import fingerprint
 from ..ir.interp import evaluate, random_inputs
 from ..ir.nodes import Scope
@@ -394,8 +396,8 @@ def _program_key(prog) -> str:
 def derive(
     expr: Scope,
     targets: Sequence[str] = DEFAULT_TARGETS,
-    max_depth: int = 7,
-    time_budget_s: Optional[float] = None,
+    max_depth: int = DEFAULTS.max_depth,
+    search_time_s: Optional[float] = None,
     max_states: Optional[int] = None,
     seed: int = 0,
     rules: Optional[Sequence[Rule]] = None,
@@ -406,6 +408,8 @@ def derive(
     guided: bool = True,
     cost_target: Optional[str] = None,
     instantiate_all_scopes: bool = False,
+    *,
+    time_budget_s: Optional[float] = None,
 ) -> DeriveResult:
     """Derive programs equivalent to ``expr`` built from target operators and eOperators.
 
@@ -419,8 +423,9 @@ def derive(
     max_depth : int
         Most explorative rule steps on a path (eager stage merging and guided instantiation are
         free).
-    time_budget_s, max_states : optional
-        Wall-clock and visited-state limits of the exploration.
+    search_time_s, max_states : optional
+        Wall-clock and visited-state limits of the exploration (``time_budget_s``: the former
+        name of ``search_time_s``, deprecated).
     seed : int
         Seed of the verification inputs. The exploration itself is deterministic.
     rules : sequence of Rule, optional
@@ -446,7 +451,7 @@ def derive(
 
     Notes
     -----
-    ``time_budget_s`` bounds the whole call, verification included: with ``verify`` the
+    ``search_time_s`` bounds the whole call, verification included: with ``verify`` the
     exploration stops at ``(1 - VERIFY_SHARE)`` of it, and verification gets the rest. The
     first candidate is always verified (nothing unverified is returned), further ones only
     while time remains; when the budget cuts verification short, ``stats.stop_reason`` is
@@ -458,22 +463,26 @@ def derive(
     """
     if not isinstance(expr, Scope):
         raise TypeError(f"derive needs a Scope, got {type(expr).__name__}")
+    if time_budget_s is not None:
+        warnings.warn("derive(time_budget_s=) is deprecated; use search_time_s=",
+                      DeprecationWarning, stacklevel=2)
+        search_time_s = time_budget_s if search_time_s is None else search_time_s
     widened, retyped = widen_reads(expr)
     if retyped:  # inputs read under widening casts: derive over their widened copies
-        res = derive(widened, targets, max_depth, time_budget_s, max_states, seed, rules, ctx,
+        res = derive(widened, targets, max_depth, search_time_s, max_states, seed, rules, ctx,
                      verify, max_candidates, stop_on_first, guided, cost_target,
                      instantiate_all_scopes)
         progs = [restore_program(p, expr, retyped) for p in res.candidates]
         return DeriveResult(progs, res.stats, expr)
     ctx = ctx or RuleContext(targets=tuple(targets))
-    explore_s = time_budget_s
-    if verify and time_budget_s is not None:
-        explore_s = time_budget_s * (1 - VERIFY_SHARE)
+    explore_s = search_time_s
+    if verify and search_time_s is not None:
+        explore_s = search_time_s * (1 - VERIFY_SHARE)
     search = _Search(expr, targets, max_depth, explore_s, max_states,
                      rules if rules is not None else SEARCH_RULES, ctx, stop_on_first, guided,
                      instantiate_all_scopes)
     search.run()
-    deadline = None if time_budget_s is None else search.t0 + time_budget_s
+    deadline = None if search_time_s is None else search.t0 + search_time_s
     stats = search.stats
     cost_target = cost_target or _current_target_kind()
     costs = {id(p): (_cost(p, cost_target), repr(p)) for p in search.candidates.values()}

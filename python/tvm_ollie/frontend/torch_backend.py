@@ -19,8 +19,9 @@ Options (``torch.compile(..., options={...})``): ``freeze`` (default True; False
 weight an input of the compiled graph, which then follows in-place weight updates without
 falling back), ``config`` (an :class:`~tvm_ollie.config.OllieConfig`) and any keyword of
 :func:`tvm_ollie.pipeline.build` overriding its fields (``target``, default llvm; ``trials``,
-default 0; ``work_dir``, ``max_depth``, ``time_budget_s``, ``library``, ``derive``,
-``calibration``...).
+default 0; ``work_dir``, ``max_depth``, ``search_time_s``, ``library``, ``derive``,
+``calibration``...), validated when a graph is built (an invalid option is a graph that runs in
+eager PyTorch, its warning naming the option).
 
 The backend is found by name through the ``torch_dynamo_backends`` entry point of the package;
 :func:`register` (called by ``import tvm_ollie`` when TorchDynamo is already imported, and by

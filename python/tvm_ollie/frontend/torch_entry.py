@@ -14,7 +14,7 @@ import dataclasses
 from typing import Any, Optional, Sequence, Tuple
 
 from ..compat import relax, tvm
-from ..config import resolve_config
+from ..config import OllieConfig, resolve_config
 from ..pipeline import build
 from ..target import kind_name, normalize_target
 from .errors import FrontendError, first_line
@@ -100,18 +100,18 @@ class TorchCompiled:
 
 
 def compile_torch(module, example_inputs: Sequence[Any], target=None,
-                  trials: Optional[int] = None, work_dir: Optional[str] = None,
-                  **options) -> TorchCompiled:  # fmt: skip
+                  config: Optional[OllieConfig] = None, **options) -> TorchCompiled:
     """:func:`from_torch`, then the ollie pass and TVM's build; returns a torch-callable model.
 
-    ``options`` go to :func:`tvm_ollie.pipeline.build` (``config``, an
-    :class:`~tvm_ollie.config.OllieConfig`, and overrides of its fields: ``max_depth``,
-    ``time_budget_s``, ``library``, ``derive``...); the target defaults to llvm.
+    ``config`` (an :class:`~tvm_ollie.config.OllieConfig`), ``target`` and ``options``
+    (overrides of its fields: ``trials``, ``work_dir``, ``max_depth``, ``search_time_s``...,
+    and :func:`tvm_ollie.pipeline.build`'s test hooks) go to :func:`tvm_ollie.pipeline.build`;
+    the target defaults to llvm.
     """
 
     mod = from_torch(module, example_inputs)
-    target = resolve_config(options.get("config"), target=target).target or "llvm"
-    executable, report = build(mod, target=target, trials=trials, work_dir=work_dir, **options)
+    target = resolve_config(config, target=target).target or "llvm"
+    executable, report = build(mod, target=target, config=config, **options)
     kind = kind_name(normalize_target(target))
     device = tvm.cuda(0) if kind == "cuda" else tvm.cpu(0)
     return TorchCompiled(mod, executable, report, device)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 from ..compat import relax, tvm
 from ..compile_profile import profile_scope, stage
@@ -28,7 +28,6 @@ from ..transform.precision import to_precision
 from ..transform.report import OptimizeReport
 from ..tune.budget import TrialBudget
 from ..tune.metaschedule import Tuner
-from ..tune.rpc import RPCConfig
 from ..tune.workdir import prepare_work_dir, work_dir_lock
 from .compile import compile_module, default_pipeline
 from .joint_plans import joint_build
@@ -40,21 +39,17 @@ LOG = logging.getLogger("tvm_ollie.transform")  # the name it logged under befor
 PIPELINE_NAME = "ollie"
 
 
-def build(mod: "tvm.IRModule", target=None, trials: Optional[int] = None,
-          work_dir: Optional[str] = None, rpc: Optional[RPCConfig] = None,
-          orchestrate: Optional[bool] = None, config: Optional[OllieConfig] = None,
-          dtype: Optional[str] = None, **opts
-          ) -> Tuple["tvm.runtime.Executable", OptimizeReport]:
+def build(mod: "tvm.IRModule", target=None, config: Optional[OllieConfig] = None, *,
+          timer=None, checker=None, chooser=None, tuner=None, cost_model=None, plan_timer=None,
+          **options: Any) -> Tuple["tvm.runtime.Executable", OptimizeReport]:
     """Rewrite ``mod`` with the pass, then compile it to a Relax executable.
 
     The options are one :class:`~tvm_ollie.config.OllieConfig` (``config``, default: the
-    :func:`~tvm_ollie.config.config_scope`'s, else the defaults); the keywords that are not
-    None override its fields.
+    :func:`~tvm_ollie.config.config_scope`'s, else the defaults); ``target`` and the other
+    keywords that are not None override its fields (validated by
+    :meth:`~tvm_ollie.config.OllieConfig.replace`: an unknown name is a
+    :class:`~tvm_ollie.config.ConfigError`). The fields :func:`build` reads itself:
 
-    Parameters
-    ----------
-    mod : IRModule
-        The Relax module.
     target : str | dict | Target, optional
         ``"llvm"``, ``"cuda"`` (sm_90, llvm host; builds without a GPU), a tag or a Target
         (default: the config's, else ``Target.current()``, else llvm).
@@ -76,26 +71,25 @@ def build(mod: "tvm.IRModule", target=None, trials: Optional[int] = None,
         (:mod:`tvm_ollie.orchestrate`) instead of TVM's greedy fusion; with ``trials``, the
         chosen kernels are the ones tuned with the final task's share of the budget
         (:mod:`tvm_ollie.orchestrate.tuned`).
-    config : OllieConfig, optional
-        The options.
     dtype : str, optional
         ``"float16"``: convert the model with TVM's ``ToMixedPrecision`` (float16 operators,
         convolutions and matmuls accumulating in float32) before the pass; its inputs and
         outputs keep their types (:func:`~tvm_ollie.transform.precision.to_precision`). Default
-        (or ``"float32"``): the model as given. Overrides ``config.dtype``.
-    **opts
-        Other config fields (``max_depth``, ``time_budget_s``, ``calibration``...) and the
-        test hooks of :func:`optimize_module` (``timer``, ``checker``, ``chooser``, ``tuner``,
-        ``cost_model``) and of the joint build's never-worse guard (``plan_timer``, a
-        :data:`~tvm_ollie.pipeline.guard.PlanTimer`).
+        (or ``"float32"``): the model as given.
+
+    The others (``max_depth``, ``search_time_s``, ``calibration``...) go to the pass.
+    ``timer``, ``checker``, ``chooser``, ``tuner`` and ``cost_model`` are the test hooks of
+    :func:`optimize_module`, ``plan_timer`` the joint build's never-worse guard's (a
+    :data:`~tvm_ollie.pipeline.guard.PlanTimer`).
 
     Returns
     -------
     (Executable, OptimizeReport)
     """
-    hooks = {k: opts.pop(k) for k in list(opts) if k in _HOOKS}
-    cfg = resolve_config(config, target=target, trials=trials, work_dir=work_dir, rpc=rpc,
-                         orchestrate=orchestrate, dtype=dtype, **opts)
+    hooks = {k: v for k, v in dict(timer=timer, checker=checker, chooser=chooser, tuner=tuner,
+                                   cost_model=cost_model, plan_timer=plan_timer).items()
+             if v is not None}
+    cfg = resolve_config(config, target=target, **options)
     tgt = normalize_target(cfg.target)
     cfg = cfg.replace(target=tgt)
     mod = to_precision(mod, cfg.dtype)
@@ -111,10 +105,6 @@ def build(mod: "tvm.IRModule", target=None, trials: Optional[int] = None,
     report.compile_profile = prof  # (the whole build's: the pass's stages and TVM's build)
     return ex, report
 
-
-#: Keywords of :func:`build` that go to :func:`optimize_module` as they are (not options);
-#: ``plan_timer`` goes to the joint build's never-worse guard only.
-_HOOKS = ("timer", "checker", "chooser", "tuner", "cost_model", "plan_timer")
 
 #: Share of the trial budget kept for the rewritten module's kernels (the final task).
 FINAL_SHARE = 0.5
@@ -169,17 +159,14 @@ def _joint(mod: "tvm.IRModule", cfg: OllieConfig, hooks: dict):
     # present here, on the target's device; joint builds are local already)
     guard = cfg.joint_guard and cfg.rpc is None and (
         is_llvm(cfg.target) or gpu_available(cfg.target))
-    opts = dict(max_depth=cfg.max_depth, time_budget_s=cfg.search_time_s,
-                calibration=cfg.calibration,
-                max_measured=cfg.max_measured, check_untuned=cfg.check_untuned,
-                library=cfg.library, derive=cfg.derive, guard=guard, **hooks)
+    opts = dict(config=cfg, guard=guard, **hooks)
     if cfg.trials > 0:  # one budget: the decisions first, then the kept plan's kernels
         budget = TrialBudget(cfg.trials, final_share=FINAL_SHARE)
         opts.update(trials=cfg.trials, budget=budget,
                     plan_tuner=budget.metered(Tuner(cfg.target, cfg.work_dir)))
     try:  # derivation and kernel boundaries chosen together (docs/orchestration.md)
         with stage("orchestration"):
-            return tuple(joint_build(mod, cfg.target, cfg.work_dir, **opts)[:2])
+            return tuple(joint_build(mod, **opts)[:2])
     except Exception as err:  # pylint: disable=broad-except
         LOG.warning("ollie: joint selection failed (%s: %s); sequential build",
                     type(err).__name__, str(err).splitlines()[0][:200] if str(err) else "")
@@ -197,20 +184,21 @@ def cuda_source(ex: "tvm.runtime.Executable") -> str:
     return "\n".join(found)
 
 
-def ollie_pipeline(target=None, orchestrate: Optional[bool] = None,
-                   config: Optional[OllieConfig] = None, **opts) -> "tvm.transform.Pass":
+def ollie_pipeline(target=None, config: Optional[OllieConfig] = None, *, timer=None,
+                   checker=None, chooser=None, cost_model=None,
+                   **options: Any) -> "tvm.transform.Pass":
     """:class:`OllieOptimize` followed by TVM's default pipeline for the target (with
     ``orchestrate``: fission and kernel orchestration in place of TVM's greedy fusion).
 
     ``relax.get_pipeline("ollie", config=cfg)`` or ``relax_pipeline="ollie"`` (then the config
-    of :func:`~tvm_ollie.config.config_scope`, read when the pipeline runs). ``opts`` are config
-    fields and :class:`OllieOptimize`'s hooks. The target is read from ``Target.current()``
-    when the pipeline runs (``tvm.compile`` runs its pipeline under ``with target``) unless the
-    config or ``target`` gives one.
+    of :func:`~tvm_ollie.config.config_scope`, read when the pipeline runs). ``options``
+    override the config's fields (validated here); ``timer``, ``checker``, ``chooser`` and
+    ``cost_model`` are :class:`OllieOptimize`'s hooks. The target is read from
+    ``Target.current()`` when the pipeline runs (``tvm.compile`` runs its pipeline under
+    ``with target``) unless the config or ``target`` gives one.
     """
-    hooks = {k: opts.pop(k) for k in list(opts) if k in _HOOKS}
-    hooks.pop("plan_timer", None)  # (the pipeline never builds jointly)
-    overrides = dict(target=target, orchestrate=orchestrate, **opts)
+    hooks = dict(timer=timer, checker=checker, chooser=chooser, cost_model=cost_model)
+    overrides = dict(target=target, **options)
     resolve_config(config, **overrides)  # invalid options fail here, not inside tvm.compile
 
     @tvm.transform.module_pass(opt_level=0, name="OlliePipeline")

@@ -20,9 +20,10 @@ so the tuned plan is never slower than the untuned one the guard timed.
 from __future__ import annotations
 
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..compat import relax, tvm
+from ..config import MIN_SEARCH_S, OllieConfig, resolve_config
 from ..orchestrate.cost import AnalyticCost, LinearMeasuredCost, MeasuredCost, sample_args
 from ..orchestrate.fission import fission
 from ..orchestrate.joint import JointTable, apply_picked, keep_alternatives
@@ -31,17 +32,14 @@ from ..orchestrate.tuned import tuned_orchestrate_build
 from ..target import kind_name, normalize_target
 from ..transform.decide import DERIVABLE_OPS, Alternative, call_signature
 from ..transform.optimize import apply_call_choices, optimize_module
-from ..transform.report import OpDecision, OptimizeReport
+from ..transform.decision import Decision
+from ..transform.report import OptimizeReport
 from ..tune.metaschedule import STATS
 from .compile import compile_module
 from .guard import GuardReport, PlanSkipped, guard_plans
 from .joint import make_decider, offer_alternatives, offer_folded, static_call
 
 __all__ = ["GUARD_PREFERENCE", "GUARD_REFERENCE", "PLANS", "PlanBuilder", "joint_build"]
-
-#: :class:`~tvm_ollie.transform.decide.Decider` options that :func:`joint_build` passes on.
-_DECIDER_OPTS = ("max_depth", "calibration", "max_measured", "max_states", "check_untuned",
-                 "library", "derive", "timer", "checker", "chooser", "cost_model", "tuner")
 
 #: The plans of the guard, in the order they are built (ties: :data:`GUARD_PREFERENCE`).
 PLANS = ("joint", "refined", "sequential", "derivation", "orchestration")
@@ -122,7 +120,7 @@ class PlanBuilder:
                                        fission=_split_composites, reports=reports)
 
 
-def _rewrite_regions(mod, tgt, work_dir, opts):
+def _rewrite_regions(mod, cfg: OllieConfig, budget, hooks: dict):
     """The sequential pass with every single call held to the original: regions of several
     calls and groups of matmuls sharing an operand (:mod:`tvm_ollie.transform.regions`) are
     decided and rewritten as in the sequential build; the heavy calls are left for the joint
@@ -130,8 +128,8 @@ def _rewrite_regions(mod, tgt, work_dir, opts):
     def regions_only(sig: str, _alts):
         return None if sig.startswith(("region[", "group[")) else Alternative(None, "tvm", 0.0)
 
-    ropts = {k: v for k, v in opts.items() if k != "chooser"}
-    return optimize_module(mod, tgt, work_dir=work_dir, chooser=regions_only, **ropts)
+    hooks = {k: v for k, v in hooks.items() if k != "chooser"}
+    return optimize_module(mod, config=cfg, budget=budget, chooser=regions_only, **hooks)
 
 
 def _heavy_calls(mod: "tvm.IRModule") -> Dict[str, str]:
@@ -149,15 +147,17 @@ def _heavy_calls(mod: "tvm.IRModule") -> Dict[str, str]:
     return calls
 
 
-def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
-                max_alternatives: int = 2, guard: bool = False, plan_timer=None,
-                trials: int = 0, budget=None, plan_tuner=None, measure_kernels: bool = False,
-                **opts):
+def joint_build(mod: "tvm.IRModule", target=None, config: Optional[OllieConfig] = None, *,
+                max_alternatives: int = 2, guard: bool = False, plan_timer=None, budget=None,
+                plan_tuner=None, measure_kernels: bool = False, timer=None, checker=None,
+                chooser=None, cost_model=None, tuner=None, **options: Any):
     """Build ``mod`` with joint selection; return ``(executable, OptimizeReport,
     OrchestrationReport)``.
 
-    The Decider of ``opts`` (``time_budget_s`` shared by the call signatures, as in
-    :func:`~tvm_ollie.transform.optimize.optimize_module`) offers the alternatives, the
+    The options are ``config`` with ``target`` and ``options`` overriding its fields (as in
+    :func:`~tvm_ollie.transform.optimize.optimize_module`; ``timer``, ``checker``,
+    ``chooser``, ``cost_model`` and ``tuner`` are its test hooks). Its Decider
+    (``search_time_s`` shared by the call signatures) offers the alternatives, the
     orchestration chooses among them and the kernel boundaries at once. Regions of several
     calls are decided first, as in the sequential build (:func:`_rewrite_regions`). Kernel
     candidates are costed analytically; with ``measure_kernels`` and a ``work_dir`` those
@@ -172,23 +172,27 @@ def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
     timing); ``OptimizeReport.plans`` says which and why, and the orchestration report is the
     winner's (None for derivation only).
 
-    Tuned (``trials > 0`` with a ``budget`` (:class:`~tvm_ollie.tune.budget.TrialBudget`)
-    and a ``plan_tuner`` metered by it, which builds and tunes the plans; the Decider tunes
-    with its own, or with ``opts["tuner"]``): as in the module docstring.
+    Tuned (the config's ``trials > 0`` with a ``budget``
+    (:class:`~tvm_ollie.tune.budget.TrialBudget`) and a ``plan_tuner`` metered by it, which
+    builds and tunes the plans; the Decider tunes with its own, or with ``tuner``): as in the
+    module docstring. Otherwise nothing is tuned (the decisions take ``trials=0``).
     """
     start, tuning0, calls0 = time.perf_counter(), STATS.seconds, STATS.calls
-    tgt = normalize_target(target)
-    tuned = trials > 0 and budget is not None and plan_tuner is not None
-    tuning = dict(trials=trials, budget=budget) if tuned else {}
+    cfg = resolve_config(config, target=target, **options)
+    tgt = normalize_target(cfg.target)
+    work_dir = cfg.work_dir
+    tuned = cfg.trials > 0 and budget is not None and plan_tuner is not None
+    cfg = cfg.replace(target=tgt, trials=cfg.trials if tuned else 0)
+    budget = budget if tuned else None
+    hooks = dict(timer=timer, checker=checker, chooser=chooser, cost_model=cost_model,
+                 tuner=tuner)
     given = mod
-    mod, regions = _rewrite_regions(mod, tgt, work_dir, {**opts, **tuning})
-    dopts = {k: opts[k] for k in _DECIDER_OPTS if k in opts}
-    decider = make_decider(tgt, work_dir=work_dir, **tuning, **dopts)
+    mod, regions = _rewrite_regions(mod, cfg, budget, hooks)
+    decider = make_decider(tgt, cfg, budget=budget, **hooks)
     # the calls of the module as given (not those a rewritten region emitted: the sequential
     # build does not decide them either) share the search time per signature
     calls = _heavy_calls(given)
-    search_s = max(0.5, float(opts.get("time_budget_s", 20.0)) / max(len(set(calls.values())),
-                                                                      1))
+    search_s = max(MIN_SEARCH_S, cfg.search_time_s / max(len(set(calls.values())), 1))
     offered, table, decided = offer_alternatives(mod, decider, max_alternatives, search_s,
                                                  only=set(calls))
     # epilogues fold before fission splits activations (as in the sequential build); fission
@@ -202,7 +206,7 @@ def joint_build(mod: "tvm.IRModule", target, work_dir: Optional[str] = None,
     plans = PlanBuilder(tgt, cost, plan_tuner if tuned else None,
                         {"given": given, "regions": mod, "folded": folded, "offered": offered},
                         decided, table)
-    report = OptimizeReport(target=kind_name(tgt), budget=budget if tuned else None)
+    report = OptimizeReport(target=kind_name(tgt), budget=budget)
     final = budget.final() if tuned else 0  # what is left of the budget: the kept plan's
     if guard:
         ex, winner, report.plans = _guarded(plans, plan_timer)
@@ -244,7 +248,7 @@ def _report_decisions(report, decided: list, table: JointTable, winner: str) -> 
         after = (got.measured_s or got.estimate_s) if got else before
         how = f"joint selection among {len(infos) or 1} alternatives" if winner == "joint" \
             else f"the {winner} plan, kept by the never-worse guard"
-        report.decisions.append(OpDecision(
+        report.decisions.append(Decision(
             "main", name, sig.split(" ", 1)[0], sig, chosen=label,
             reason=f"{how} (sequential: {choice.label}; {choice.reason})",
             explain=choice.explain if label == choice.label else "", before_s=before,

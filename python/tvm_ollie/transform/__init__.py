@@ -5,6 +5,8 @@
     from tvm_ollie.transform import OllieOptimize, optimize_module
     mod2 = OllieOptimize(target="llvm")(mod)              # a tvm.transform module pass
     mod2, report = optimize_module(mod, target="llvm")   # same, with the report
+    for d in report.regions + report.decisions:           # one Decision per unit decided
+        print(d.kind, d.var_name, d.chosen, d.reason)
 
 ``build``, ``cuda_source``, ``ollie_pipeline`` and ``PIPELINE_NAME`` moved to
 :mod:`tvm_ollie.pipeline` (which registers the ``"ollie"`` Relax pipeline on ``import
@@ -16,7 +18,8 @@ pipeline, which sits a floor above it).
 from .decide import DERIVABLE_OPS, call_signature, isolated_module  # noqa: F401
 from .emit import EmitError, emit_program  # noqa: F401
 from .optimize import OllieOptimize, optimize_module  # noqa: F401
+from .decision import Decision  # noqa: F401
 from .report import OpDecision, OptimizeReport  # noqa: F401
 
-__all__ = ["OllieOptimize", "optimize_module", "OptimizeReport", "OpDecision", "DERIVABLE_OPS",
-           "call_signature", "emit_program", "EmitError", "isolated_module"]
+__all__ = ["OllieOptimize", "optimize_module", "OptimizeReport", "Decision", "OpDecision",
+           "DERIVABLE_OPS", "call_signature", "emit_program", "EmitError", "isolated_module"]

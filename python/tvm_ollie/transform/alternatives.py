@@ -131,7 +131,7 @@ class Candidates:
                 return hit.programs, f", search cached (stop={hit.stop})"
         t0 = time.perf_counter()
         with stage("search"):
-            res = derive(expr, max_depth=self.max_depth, time_budget_s=budget_s,
+            res = derive(expr, max_depth=self.max_depth, search_time_s=budget_s,
                          max_states=self.max_states, verify=False,
                          max_candidates=self.max_candidates, cost_target=self.cost_target)
         self.search_s += time.perf_counter() - t0

@@ -2,7 +2,8 @@
 
 Never worse: an alternative is chosen only when it is cheaper than the original by
 :data:`MARGIN` under the deciding cost (``t_alt < t_original * (1 - MARGIN)``) and held up under
-the check; anything else keeps the original and says why (the :class:`Choice`'s ``reason``).
+the check; anything else keeps the original and says why (the
+:class:`~.decision.Decision`'s ``reason``).
 
 The analytic estimate shortlists (:func:`shortlist`); :func:`choose_analytic` takes the first
 shortlisted alternative that holds up, :func:`choose_measured` times the checked ones together
@@ -18,17 +19,17 @@ and compares.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
 from ..derive.program import Program
 from ..tune.compare import Comparison, Margin, compare
 from .alternatives import Alternative
+from .decision import Decision
 
-__all__ = ["MARGIN", "MAX_VERIFY", "NATIVE_MARGIN", "Choice", "Chooser", "TimingStep",
-           "choose_analytic", "choose_forced", "choose_measured", "chosen", "decision_margin",
-           "format_seconds", "kept_by_estimate", "kind_leaders", "preference", "sampled",
-           "shortlist"]
+__all__ = ["MARGIN", "MAX_VERIFY", "NATIVE_MARGIN", "Choice", "Chooser", "Decision",
+           "TimingStep", "choose_analytic", "choose_forced", "choose_measured", "chosen",
+           "decided", "decision_margin", "format_seconds", "kept_by_estimate", "kind_leaders",
+           "preference", "sampled", "shortlist"]
 
 LOG = logging.getLogger("tvm_ollie.transform")
 
@@ -55,29 +56,19 @@ MeasureStep = Callable[[Alternative], Optional[float]]
 TimingStep = Callable[[List[Alternative], List[str], Margin], Comparison]
 
 
-@dataclass
-class Choice:
-    """The decision for one signature (shared by every unit with it)."""
+def decided(program: Optional[Program], names, reason: str, before_s: float = 0.0,
+            after_s: float = 0.0, measured: bool = False, candidates: int = 0,
+            explain: str = "", impl: str = "tvm") -> Decision:
+    """The :class:`~.decision.Decision` of one signature (no unit yet): ``program`` on
+    ``impl`` replaces the unit (``program=None, impl="tvm"``: the original is kept)."""
+    return Decision(chosen=Alternative(program, impl).label, reason=reason, explain=explain,
+                    before_s=before_s, after_s=after_s, measured=measured,
+                    candidates=candidates, program=program, names=list(names), impl=impl)
 
-    program: Optional[Program]
-    names: List[str]
-    reason: str
-    before_s: float = 0.0
-    after_s: float = 0.0
-    measured: bool = False
-    candidates: int = 0
-    explain: str = ""
-    impl: str = "tvm"
 
-    @property
-    def rewritten(self) -> bool:
-        """Whether the unit is replaced (by a program, or by its native kernel)."""
-        return self.program is not None or self.impl != "tvm"
-
-    @property
-    def label(self) -> str:
-        """What runs in place of the unit (``"original"`` when it is kept)."""
-        return Alternative(self.program, self.impl).label
+#: The signature's decision under its name before calls, regions and groups shared one record
+#: (:func:`decided`, same positional order); kept for one release.
+Choice = decided
 
 
 def kind_leaders(alts: List[Alternative]) -> List[Alternative]:
@@ -116,16 +107,16 @@ def shortlist(base: Alternative, others: List[Alternative], region: bool,
 
 
 def kept_by_estimate(base: Alternative, others: List[Alternative], names, n_cand: int,
-                     note: str) -> Choice:
+                     note: str) -> Decision:
     """The original kept: nothing on the shortlist."""
     best = format_seconds(others[0].estimate) if others else "none"
-    return Choice(None, names, f"no candidate beats the original by the analytic cost "
-                  f"({format_seconds(base.estimate)} vs best {best}; {n_cand} candidates{note})",
-                  base.estimate, base.estimate, False, n_cand)
+    why = (f"no candidate beats the original by the analytic cost "
+           f"({format_seconds(base.estimate)} vs best {best}; {n_cand} candidates{note})")
+    return decided(None, names, why, base.estimate, base.estimate, False, n_cand)
 
 
 def choose_analytic(base: Alternative, better: List[Alternative], names, n_cand: int,
-                    check: CheckStep) -> Choice:
+                    check: CheckStep) -> Decision:
     """The first of the :data:`MAX_VERIFY` cheapest shortlisted alternatives that holds up."""
     failures = []
     for alt in better[:MAX_VERIFY]:
@@ -136,13 +127,13 @@ def choose_analytic(base: Alternative, better: List[Alternative], names, n_cand:
                           False, n_cand)
         failures.append(f"{alt.label}: {why}")
         LOG.warning("ollie: candidate rejected: %s: %s", alt.label, why)
-    return Choice(None, names, "no cheaper candidate held up: " + "; ".join(failures),
-                  base.estimate, base.estimate, False, n_cand)
+    return decided(None, names, "no cheaper candidate held up: " + "; ".join(failures),
+                   base.estimate, base.estimate, False, n_cand)
 
 
 def choose_measured(base: Alternative, better: List[Alternative], names, n_cand: int,
                     check: CheckStep, measure: MeasureStep, max_measured: int,
-                    mode: str, timing: Optional[TimingStep] = None) -> Choice:
+                    mode: str, timing: Optional[TimingStep] = None) -> Decision:
     """The fastest of the original and the first ``max_measured`` shortlisted alternatives
     that hold up and build, timed together (``mode`` heads the reason).
 
@@ -168,8 +159,8 @@ def choose_measured(base: Alternative, better: List[Alternative], names, n_cand:
                                        decision_margin(alts))
     t_base = res.seconds(base.label)
     if t_base is None:
-        return Choice(None, names, "the original operator failed to build or run",
-                      base.estimate, base.estimate, False, n_cand)
+        return decided(None, names, "the original operator failed to build or run",
+                       base.estimate, base.estimate, False, n_cand)
     failures += [f"{a.label}: failed to build, tune or run" for a in alts[1:]
                  if a.label in res.timings and res.seconds(a.label) is None]
     tail = ("; rejected: " + "; ".join(failures)) if failures else ""
@@ -178,7 +169,7 @@ def choose_measured(base: Alternative, better: List[Alternative], names, n_cand:
     summary = f"{mode}: {res.to_text(format_seconds)}{ties}{tail}"
     won = next((a for a in alts if a.label == res.winner), base)
     if won is base:
-        return Choice(None, names, summary, t_base, t_base, True, n_cand)
+        return decided(None, names, summary, t_base, t_base, True, n_cand)
     return chosen(won, names, summary, t_base, res.seconds(won.label), True, n_cand)
 
 
@@ -217,25 +208,26 @@ def sampled(measure: MeasureStep, **protocol) -> TimingStep:
 
 
 def choose_forced(base: Alternative, alt: Alternative, names, n_cand: int,
-                  check: CheckStep) -> Choice:
+                  check: CheckStep) -> Decision:
     """The chooser's alternative if it holds up (the original otherwise)."""
     if alt.is_baseline:
-        return Choice(None, names, "forced: original", base.estimate, base.estimate,
-                      False, n_cand)
+        return decided(None, names, "forced: original", base.estimate, base.estimate,
+                       False, n_cand)
     ok, why = check(alt)
     if not ok:
-        return Choice(None, names, f"forced {alt.label} rejected: {why}", base.estimate,
-                      base.estimate, False, n_cand)
+        return decided(None, names, f"forced {alt.label} rejected: {why}", base.estimate,
+                       base.estimate, False, n_cand)
     return chosen(alt, names, "forced by the chooser", base.estimate, alt.estimate, False,
                   n_cand)
 
 
 def chosen(alt: Alternative, names, reason: str, before: float, after: float, measured: bool,
-           n_cand: int) -> Choice:
-    """The :class:`Choice` replacing a unit by ``alt`` (with its explanation)."""
+           n_cand: int) -> Decision:
+    """The decision replacing a unit by ``alt`` (with its explanation)."""
     explain = _explain(alt.program) if alt.program is not None else \
         f"original operator on the native {alt.impl} kernel"
-    return Choice(alt.program, names, reason, before, after, measured, n_cand, explain, alt.impl)
+    return decided(alt.program, names, reason, before, after, measured, n_cand, explain,
+                   alt.impl)
 
 
 def _explain(prog: Program) -> str:

@@ -41,17 +41,16 @@ from typing import Dict, List, Optional, Tuple, Union
 from .. import native, native_cuda
 from ..codegen import library as lib
 from ..compile_profile import stage
-from ..config import DEFAULTS
+from ..config import OllieConfig, resolve_config
 from ..derive.cache import DerivationCache
 from ..target import gpu_available, is_gpu_target, normalize_target
 from ..tune.budget import TrialBudget
-from ..tune.calibrate import Calibration, calibrate
+from ..tune.calibrate import calibrate
 from ..tune.metaschedule import Tuner
-from ..tune.rpc import RPCConfig
 from .alternatives import Alternative, Candidates, UnitAlternatives
 from .checking import RTOL, Checker, CheckFn, check_exact, checked
-from .choosing import (MARGIN, Choice, Chooser, choose_analytic, choose_forced,
-                       choose_measured, kept_by_estimate, shortlist)
+from .choosing import (MARGIN, Choice, Chooser, Decision, choose_analytic, choose_forced,
+                       choose_measured, decided, kept_by_estimate, shortlist)
 from .costing import (AnalyticUnitCost, CallableTiming, Timer, TunedTiming, UnitCostModel,
                       UntunedTiming)
 from .measuring import DecisionRecords, DecisionTiming
@@ -59,7 +58,7 @@ from .units import (call_signature, constant_inputs, is_region, isolated_module,
                     unit_operands, unit_signature)
 
 __all__ = ["DERIVABLE_OPS", "MARGIN", "RTOL", "Alternative", "Checker", "Choice", "Chooser",
-           "Decider", "Timer", "call_signature", "check_exact", "constant_inputs",
+           "Decider", "Decision", "Timer", "call_signature", "check_exact", "constant_inputs",
            "isolated_module", "unit_module", "unit_operands", "unit_signature"]
 
 LOG = logging.getLogger("tvm_ollie.transform")
@@ -77,46 +76,30 @@ class Decider:
 
     Parameters
     ----------
-    target : Target
-        The compilation target.
-    trials : int
-        MetaSchedule trials for everything this decider tunes (0: analytic cost, plus the
-        untuned check on CPUs), drawn from ``budget``.
-    work_dir : str, optional
-        Tuning database and measurement cache directory (a temporary one when tuning without).
-    max_depth : int
-        Derivation depth.
-    search_budget_s : float
-        Derivation time of a signature when :meth:`decide` is given none.
-    calibration : Calibration, optional
-        Analytic cost calibration (measured for the target when None).
-    max_measured : int
-        Alternatives (cheapest by the analytic cost) verified and measured per signature.
-    max_states : int, optional
-        Derivation states per signature.
-    check_untuned : bool, optional
-        With ``trials=0``, time the original and the alternatives untuned before choosing
-        (default: on for CPU targets unless ``calibration`` is given).
-    library : bool, optional
-        Consider native library kernels (default: when the native library is loaded and the
-        target is a CPU). ``True`` asks for them: a missing library is then reported once.
-    derive : bool
-        Consider derived programs (``False``: only the original operator's implementations).
+    target : Target, optional
+        The compilation target (default: the config's, else ``Target.current()``, else llvm).
+    config : OllieConfig, optional
+        The options (default: the :func:`~tvm_ollie.config.config_scope`'s, else the
+        defaults). The decider reads ``trials`` (drawn from ``budget``; 0: the analytic cost,
+        plus the untuned check on CPUs), ``work_dir`` (a temporary one when tuning without),
+        ``max_depth``, ``search_time_s`` (the derivation time of a signature when
+        :meth:`decide` is given none), ``calibration``, ``max_measured``, ``max_states``,
+        ``max_candidates``, ``check_untuned``, ``library`` (``True`` asks for the native
+        kernels: a missing library is then reported once), ``derive``, ``rpc`` (checked once
+        here so an unreachable tracker fails before any work) and ``derivation_cache``.
+    **options
+        Overrides of the config's fields (:meth:`~tvm_ollie.config.OllieConfig.replace`:
+        an unknown name is a :class:`~tvm_ollie.config.ConfigError`).
     timer : Timer, optional
         Replaces the measurement (as a :class:`~.costing.CallableTiming`).
     checker : Checker or CheckFn, optional
         The check; a bare ``(reference, candidate) -> (ok, why)`` replaces its numeric
         comparison (the finite-field check still follows).
-    rpc : RPCConfig, optional
-        Run every measurement (tuning trials, untuned and tuned timings) on the devices behind
-        this RPC tracker; checked once here so an unreachable tracker fails before any work.
     chooser : Chooser, optional
         Forces the choice per signature (for differential tests; see
         :data:`~.choosing.Chooser`).
     tuner : Tuner, optional
         Replaces the MetaSchedule tuner of the default timing (used when ``trials > 0``).
-    max_candidates : int, optional
-        Derived programs kept per signature (None: all).
     budget : TrialBudget, optional
         The module's trial budget; each tuned measurement is granted a part of the current
         task's allotment (default: a budget of ``trials`` for this decider alone).
@@ -127,59 +110,53 @@ class Decider:
     estimator : UnitCostModel, optional
         The cost that ranks and shortlists (default :class:`~.costing.AnalyticUnitCost` of
         the calibration).
-    derivation_cache : bool or DerivationCache
-        Where search results are reused from and stored (:mod:`tvm_ollie.derive.cache`):
-        True, the ``work_dir``'s and the per-user cache; False, search every signature.
-
-    The defaults are :data:`tvm_ollie.config.DEFAULTS`.
+    derivations : DerivationCache, optional
+        Where search results are reused from and stored (:mod:`tvm_ollie.derive.cache`;
+        default: with the config's ``derivation_cache``, the ``work_dir``'s and the per-user
+        cache).
     """
 
-    def __init__(self, target, trials: int = DEFAULTS.trials, work_dir: Optional[str] = None,
-                 max_depth: int = DEFAULTS.max_depth,
-                 search_budget_s: float = DEFAULTS.search_time_s,
-                 calibration: Optional[Calibration] = None,
-                 max_measured: int = DEFAULTS.max_measured,
-                 max_states: Optional[int] = DEFAULTS.max_states,
-                 check_untuned: Optional[bool] = None, library: Optional[bool] = None,
-                 derive: bool = DEFAULTS.derive, timer: Optional[Timer] = None,
-                 checker: Union[Checker, CheckFn, None] = None, rpc: Optional[RPCConfig] = None,
+    def __init__(self, target=None, config: Optional[OllieConfig] = None, *,
+                 timer: Optional[Timer] = None, checker: Union[Checker, CheckFn, None] = None,
                  chooser: Optional[Chooser] = None, tuner: Optional[Tuner] = None,
-                 max_candidates: Optional[int] = DEFAULTS.max_candidates,
                  budget: Optional[TrialBudget] = None,
                  cost_model: Optional[UnitCostModel] = None,
                  estimator: Optional[UnitCostModel] = None,
-                 derivation_cache: Union[bool, DerivationCache] = True):
+                 derivations: Optional[DerivationCache] = None, **options):
         if timer is not None and cost_model is not None:
             raise ValueError("give a timer or a cost_model, not both")
+        cfg = resolve_config(config, **options)
+        target = target if target is not None else cfg.target
+        check_untuned, calibration, work_dir = cfg.check_untuned, cfg.calibration, cfg.work_dir
         self.target = normalize_target(target)
         gpu = is_gpu_target(self.target)
         if check_untuned is None:
             check_untuned = not gpu and calibration is None
         self.check_untuned = bool(check_untuned)
-        self.library = _library_enabled(library, self.target)
+        self.library = _library_enabled(cfg.library, self.target)
         with stage("calibration"):
             self.calib = calibration or calibrate(self.target)
-        self.trials = int(trials)
-        self.search_budget_s = search_budget_s
-        self.max_measured = max_measured
+        self.trials = int(cfg.trials)
+        self.search_time_s = cfg.search_time_s
+        self.max_measured = cfg.max_measured
         self.budget = budget if budget is not None else TrialBudget(self.trials)
-        self.derive = bool(derive)
+        self.derive = cfg.derive
         self.can_measure = self.trials > 0 and (not gpu or gpu_available(self.target))
-        self.rpc = rpc
+        self.rpc = rpc = cfg.rpc
         if rpc is not None:
             self.can_measure = self.trials > 0  # the remote devices measure, not this machine
             if self.can_measure or self.check_untuned:
                 rpc.check()
         self.work_dir = work_dir
-        if derivation_cache is True:
-            derivation_cache = DerivationCache.for_run(work_dir)
+        if derivations is None and cfg.derivation_cache:
+            derivations = DerivationCache.for_run(work_dir)
         if self.can_measure and not work_dir:
             self.work_dir = tempfile.mkdtemp(prefix="ollie_tune_")
         self.chooser = chooser
         # the stages
-        self.candidates = Candidates(self.library, self.derive, max_depth, max_states,
-                                     max_candidates, self.calib.kind,
-                                     derivation_cache or None)
+        self.candidates = Candidates(self.library, self.derive, cfg.max_depth, cfg.max_states,
+                                     cfg.max_candidates, self.calib.kind,
+                                     derivations)
         if cost_model is not None and not cost_model.measured and estimator is None:
             estimator, cost_model = cost_model, None  # decide by that estimate
         self.estimator: UnitCostModel = estimator or AnalyticUnitCost(self.calib)
@@ -189,7 +166,7 @@ class Decider:
         #: the measured decisions: alternatives timed together, evidence kept in work_dir
         self.timing = DecisionTiming(self.cost_model, DecisionRecords(self.work_dir)) \
             if self.measures else None
-        self.cache: Dict[str, Choice] = {}
+        self.cache: Dict[str, Decision] = {}
         self.verify_s = 0.0
 
     def _cost_model(self, cost_model, timer, tuner) -> Optional[UnitCostModel]:
@@ -213,7 +190,7 @@ class Decider:
 
     # -- public ----------------------------------------------------------------------------
 
-    def decide(self, unit, budget_s: Optional[float] = None) -> Choice:
+    def decide(self, unit, budget_s: Optional[float] = None) -> Decision:
         """The choice for ``unit`` (computed on the first unit of its signature).
 
         ``unit`` is a Relax call, or a region (:class:`~tvm_ollie.transform.regions.Region`:
@@ -225,10 +202,10 @@ class Decider:
         if hit is None:
             try:
                 with lib.kernel_device(lib.device_of(self.target)):
-                    hit = self._decide(unit, sig, budget_s or self.search_budget_s)
+                    hit = self._decide(unit, sig, budget_s or self.search_time_s)
             except Exception as err:  # pylint: disable=broad-except
                 LOG.warning("ollie: %s kept: unexpected %s: %s", sig, type(err).__name__, err)
-                hit = Choice(None, [], f"internal error: {type(err).__name__}: {err}")
+                hit = decided(None, [], f"internal error: {type(err).__name__}: {err}")
             self.cache[sig] = hit
         return hit
 
@@ -267,7 +244,7 @@ class Decider:
 
     # -- the pipeline -----------------------------------------------------------------------
 
-    def _decide(self, unit, sig: str, budget_s: float) -> Choice:
+    def _decide(self, unit, sig: str, budget_s: float) -> Decision:
         names, _ = unit_operands(unit)
         alts, n_cand, note = self.alternatives(unit, budget_s)  # candidates -> cost (estimate)
         base = alts[0]

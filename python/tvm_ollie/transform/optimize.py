@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
 from ..codegen import library as lib
 from ..compat import relax, tvm
@@ -26,7 +26,6 @@ from ..tune import analytic
 from ..tune.budget import TrialBudget
 from ..tune.calibrate import Calibration
 from ..tune.metaschedule import STATS, Tuner
-from ..tune.rpc import RPCConfig
 from .checking import Checker, CheckFn
 from .choosing import Chooser
 from .costing import Timer, UnitCostModel, region_seconds
@@ -36,8 +35,9 @@ from .epilogue import fuse_epilogues
 from .groups import find_shared_input_groups
 from .inference_fold import fold_inference
 from .regions import Region, find_regions, static_tensor, used_vars
-from .report import OpDecision, OptimizeReport, RegionDecision
-from .units import call_signature, operand_values, original_form
+from .decision import Decision
+from .report import OptimizeReport
+from .units import call_signature, is_group, is_region, operand_values, original_form
 
 __all__ = ["OllieOptimize", "apply_call_choices", "optimize_module"]
 
@@ -175,35 +175,39 @@ class _Rewriter(relax.PyExprMutator):
                             name=f"ollie_{short}")
 
 
-def optimize_module(mod: "tvm.IRModule", target=None, trials: Optional[int] = None,
-                    work_dir: Optional[str] = None, max_depth: Optional[int] = None,
-                    time_budget_s: Optional[float] = None, targets=None,
-                    verbose: Optional[bool] = None, calibration: Optional[Calibration] = None,
-                    max_measured: Optional[int] = None, check_untuned: Optional[bool] = None,
-                    library: Optional[bool] = None, derive: Optional[bool] = None,
-                    timer: Optional[Timer] = None,
+def optimize_module(mod: "tvm.IRModule", target=None, config: Optional[OllieConfig] = None, *,
+                    budget: Optional[TrialBudget] = None, timer: Optional[Timer] = None,
                     checker: Union[Checker, CheckFn, None] = None,
-                    rpc: Optional[RPCConfig] = None, chooser: Optional[Chooser] = None,
-                    tuner: Optional[Tuner] = None, region_calls: Optional[int] = None,
-                    merge_group: Optional[int] = None,
-                    config: Optional[OllieConfig] = None, budget: Optional[TrialBudget] = None,
-                    cost_model: Optional[UnitCostModel] = None,
+                    chooser: Optional[Chooser] = None, tuner: Optional[Tuner] = None,
+                    cost_model: Optional[UnitCostModel] = None, **options: Any,
                     ) -> Tuple["tvm.IRModule", OptimizeReport]:
     """Run the derivation rewrite on ``mod``; return the new module and the report.
 
     The options are one :class:`~tvm_ollie.config.OllieConfig` (``config``, default: the
-    :func:`~tvm_ollie.config.config_scope`'s, else the defaults); every other keyword that is
-    not None overrides the field of the same name (``time_budget_s`` is ``search_time_s``).
+    :func:`~tvm_ollie.config.config_scope`'s, else the defaults); ``target`` and every other
+    keyword that is not None override the field of the same name
+    (:meth:`~tvm_ollie.config.OllieConfig.replace`: an unknown name is a
+    :class:`~tvm_ollie.config.ConfigError`). ``trials`` is the budget of the whole module: the
+    tuned measurements of the decisions share it by expected gain (:mod:`tvm_ollie.tune.budget`).
+    ``region_calls`` bounds the calls of one region (:mod:`.regions`; 1 decides every call
+    alone): a region of several calls is lifted, derived, verified and replaced as a whole, and
+    when it is kept its heavy call is still decided alone. ``merge_group`` bounds the
+    independent matmuls reading one operand decided as one group
+    (:func:`~.groups.find_shared_input_groups`): the merged program (one GEMM over concatenated
+    operands, then slices) competes with the calls as they are; when the group is kept, its
+    calls are decided as usual.
 
     Parameters
     ----------
     mod : IRModule
         A Relax module with static shapes (dynamic-shape calls are left alone).
-    target, trials, work_dir, max_depth, time_budget_s, targets, verbose, calibration,
-    max_measured, check_untuned, library, derive, rpc, region_calls
-        Overrides of the config's fields (see :class:`~tvm_ollie.config.OllieConfig`).
-        ``trials`` is the budget of the whole module: the tuned measurements of the decisions
-        share it by expected gain (:mod:`tvm_ollie.tune.budget`).
+    target : str | dict | Target, optional
+        Overrides the config's target.
+    config : OllieConfig, optional
+        The options.
+    budget : TrialBudget, optional
+        The module's trial budget when a caller spends part of it after the pass (``build``
+        keeps a share for the rewritten module's kernels); default: one of ``trials``.
     timer, checker, cost_model : optional
         Replace the measurement (a ``timer(module, label) -> seconds`` or a
         :class:`~.costing.UnitCostModel`) and the check (a :class:`~.checking.Checker`, or a
@@ -213,26 +217,10 @@ def optimize_module(mod: "tvm.IRModule", target=None, trials: Optional[int] = No
         :mod:`.decide`).
     tuner : Tuner, optional
         Replaces the pass's MetaSchedule tuner (``trials > 0``; fault-injection tests).
-    region_calls : int, optional
-        Most calls in one region (:mod:`.regions`); 1 decides every call alone. A region of
-        several calls is lifted, derived, verified and replaced as a whole; when it is kept,
-        its heavy call is still decided alone.
-    merge_group : int, optional
-        Most independent matmuls that read the same operand decided as one group
-        (:func:`~.groups.find_shared_input_groups`): the merged program (one GEMM over
-        concatenated operands, then slices) competes with the calls as they are; when the
-        group is kept, its calls are decided as usual. Below 2: no groups.
-    config : OllieConfig, optional
-        The options.
-    budget : TrialBudget, optional
-        The module's trial budget when a caller spends part of it after the pass (``build``
-        keeps a share for the rewritten module's kernels); default: one of ``trials``.
+    **options
+        Overrides of the config's fields (``trials``, ``max_depth``, ``search_time_s``...).
     """
-    cfg = resolve_config(config, target=target, trials=trials, work_dir=work_dir,
-                         max_depth=max_depth, time_budget_s=time_budget_s, targets=targets,
-                         verbose=verbose, calibration=calibration, max_measured=max_measured,
-                         check_untuned=check_untuned, library=library, derive=derive, rpc=rpc,
-                         region_calls=region_calls, merge_group=merge_group)
+    cfg = resolve_config(config, target=target, **options)
     tgt = normalize_target(cfg.target)
     # the library kernels of the target's device; the stages timed into the open profile
     with lib.kernel_device(lib.device_of(tgt)), profile_scope() as prof:
@@ -253,12 +241,7 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
         calls, regions, groups = _find_units(mod, cfg)
     if budget is None:
         budget = TrialBudget(cfg.trials)
-    decider = Decider(tgt, trials=cfg.trials, work_dir=cfg.work_dir, max_depth=cfg.max_depth,
-                      calibration=cfg.calibration, max_measured=cfg.max_measured,
-                      max_states=cfg.max_states, max_candidates=cfg.max_candidates,
-                      check_untuned=cfg.check_untuned, library=cfg.library, derive=cfg.derive,
-                      rpc=cfg.rpc, budget=budget, derivation_cache=cfg.derivation_cache,
-                      **hooks)
+    decider = Decider(tgt, cfg, budget=budget, **hooks)
     report = OptimizeReport(target=kind_name(tgt),
                             budget=budget, calibration=decider.calib.describe())
     tuning0, calls0 = STATS.seconds, STATS.calls
@@ -279,19 +262,11 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
             choices[sig] = _decide(decider, unit, sig, search, budget)
         return choices[sig]
 
-    region_decisions, rewritten_groups, inside = _decide_groups(groups, choose, cfg.verbose)
-    regions = [r for r in regions if not any(hash(c) in inside for c in r.calls)]
-    rows, rewritten_regions, in_regions = _decide_regions(regions, choose, cfg.verbose)
-    region_decisions += rows
-    inside |= in_regions
-    calls = [c for c in calls if hash(c[2]) not in inside]
-    decisions = _decide_calls(calls, choose, cfg.verbose)
-    call_choices = {call_signature(c): choices[call_signature(c)] for _, _, c in calls}
+    decided = _decide_units(groups + regions + calls, choose, cfg.verbose)
     with stage("emit"):
-        new_mod, report.epilogues = _rewritten(mod, rewritten_regions, rewritten_groups,
-                                               call_choices)
-    report.decisions = decisions
-    report.regions = region_decisions
+        new_mod, report.epilogues = _rewritten(mod, decided)
+    report.decisions = [d for _, d in decided if d.kind == "call"]
+    report.regions = [d for _, d in decided if d.kind != "call"]
     report.inference_folds = folds
     report.search_s = decider.search_s
     report.derivations = {"cached": decider.candidates.cached,
@@ -321,82 +296,86 @@ def _find_units(mod: "tvm.IRModule", cfg: OllieConfig):
     return calls, regions, groups
 
 
-def _rewritten(mod: "tvm.IRModule", regions, groups, call_choices: Dict[str, object]):
-    """``mod`` with the rewritten ``(region, choice)`` and ``(group, choice)`` pairs replaced
-    and each call's choice applied (:func:`apply_call_choices`); also the epilogue counts."""
+def _rewritten(mod: "tvm.IRModule", decided: List[Tuple[object, Decision]]):
+    """``mod`` with the rewritten regions and groups of ``decided`` (``(unit, decision)``)
+    replaced and each call's decision applied (:func:`apply_call_choices`); also the epilogue
+    counts."""
+    regions = [(u, d) for u, d in decided if d.kind == "region" and d.rewritten]
+    groups = [(u, d) for u, d in decided if d.kind == "group" and d.rewritten]
     if regions or groups:
         rewriter = _RegionRewriter(mod, regions, groups)
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function):
                 rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
         mod = rewriter.builder_.get()
+    calls = {d.signature: d for _, d in decided if d.kind == "call"}
     # (a merged group on a library GEMM takes its one bias add as the kernel's epilogue)
-    return apply_call_choices(mod, call_choices, any(ch.impl == "native" for _, ch in groups))
+    return apply_call_choices(mod, calls, any(d.impl == "native" for _, d in groups))
 
 
-def _decide_groups(groups, choose, verbose: bool):
-    """Decide each shared-input group: its report rows, the ``(group, choice)`` of those
-    rewritten, and the hashes of the calls inside them (decided no further)."""
-    rows, rewritten, inside = [], [], set()
-    for group in groups:
-        ch = choose(group, group.signature())
-        apart = ch.program is None and ch.rewritten
-        rows.append(RegionDecision(
-            group.function, ", ".join(_var_name(v) for v in group.outputs), group.describe(),
-            " ; ".join(str(e) for e in group.lifts()),
-            chosen="original" if apart else ch.label,
-            reason=("the calls apart on native kernels win, each decided alone; " if apart
-                    else "") + ch.reason,
-            explain=ch.explain, before_s=ch.before_s, after_s=ch.after_s, measured=ch.measured,
-            candidates=ch.candidates))
-        log = LOG.info if (verbose or ch.rewritten) else LOG.debug
-        log("ollie: group %s.%s [%s] -> %s (%s)", group.function, _var_name(group.output),
-            group.describe(), rows[-1].chosen, rows[-1].reason)
-        if ch.program is not None:  # (the calls apart on native kernels: decided alone)
-            rewritten.append((group, ch))
-            inside.update(hash(c) for c in group.original_calls)
-    return rows, rewritten, inside
+#: The reason of a group whose calls apart on native kernels won: the group is kept and its
+#: calls are decided alone (each then on its native kernel).
+_APART = "the calls apart on native kernels win, each decided alone; "
 
 
-def _decide_regions(regions, choose, verbose: bool):
-    """Decide each region: its report rows, the ``(region, choice)`` of those rewritten, and
-    the hashes of the calls inside them (decided no further)."""
-    rows, rewritten, inside = [], [], set()
-    for region in regions:
-        ch = choose(region, region.signature())
-        rows.append(RegionDecision(
-            region.function, _var_name(region.output), region.describe(), str(region.lift()),
-            chosen=ch.label, reason=ch.reason, explain=ch.explain, before_s=ch.before_s,
-            after_s=ch.after_s, measured=ch.measured, candidates=ch.candidates))
-        log = LOG.info if (verbose or ch.rewritten) else LOG.debug
-        log("ollie: region %s.%s [%s] -> %s (%s)", region.function, _var_name(region.output),
-            region.describe(), ch.label, ch.reason)
-        if ch.rewritten:
-            rewritten.append((region, ch))
-            inside.update(hash(b.value) for b in region.bindings)
-    return rows, rewritten, inside
-
-
-def _decide_calls(calls, choose, verbose: bool) -> List[OpDecision]:
-    """Decide each ``(function, variable, call)`` left outside rewritten groups and regions."""
-    decisions = []
-    for fname, vname, call in calls:
-        sig = call_signature(call)
-        ch = choose(call, sig)
-        d = OpDecision(fname, vname, call.op.name, sig,
-                       chosen=ch.label,
-                       reason=ch.reason, explain=ch.explain, before_s=ch.before_s,
-                       after_s=ch.after_s, measured=ch.measured, candidates=ch.candidates)
-        decisions.append(d)
+def _decide_units(units: list, choose, verbose: bool) -> List[Tuple[object, Decision]]:
+    """Decide each unit in order (groups, regions, then ``(function, variable, call)``
+    entries), skipping a unit that overlaps one rewritten before it: ``(unit, decision)``
+    pairs, each decision its signature's bound to the unit (:meth:`Decision.for_unit`)."""
+    decided: List[Tuple[object, Decision]] = []
+    inside: Set[int] = set()  # the calls (and region bindings) rewritten units replace
+    for entry in units:
+        unit, identity = _identity(entry)
+        replaced = _replaced(unit)
+        if replaced & inside:
+            continue
+        d = choose(unit, identity["signature"]).for_unit(**identity)
+        if d.kind == "group" and d.program is None and d.rewritten:
+            d = d.kept(_APART)
+        decided.append((unit, d))
         log = LOG.info if (verbose or d.rewritten) else LOG.debug
-        log("ollie: %s.%s %s -> %s (%s)", fname, vname, sig, d.chosen, d.reason)
-    return decisions
+        if d.kind == "call":
+            log("ollie: %s.%s %s -> %s (%s)", d.function, d.var_name, d.signature, d.chosen,
+                d.reason)
+        else:
+            log("ollie: %s %s.%s [%s] -> %s (%s)", d.kind, d.function, d.var_name, d.contents,
+                d.chosen, d.reason)
+        if d.rewritten:
+            inside |= replaced
+    return decided
+
+
+def _identity(entry) -> Tuple[object, Dict[str, str]]:
+    """The unit of an entry (a region, a group, or a ``(function, variable, call)``) and the
+    fields that name it in its :class:`~.decision.Decision`."""
+    if isinstance(entry, tuple):
+        fname, vname, call = entry
+        return call, dict(kind="call", function=fname, var_name=vname, op_name=call.op.name,
+                          signature=call_signature(call))
+    if is_group(entry):
+        return entry, dict(kind="group", function=entry.function,
+                           var_name=", ".join(_var_name(v) for v in entry.outputs),
+                           signature=entry.signature(), contents=entry.describe(),
+                           expression=" ; ".join(str(e) for e in entry.lifts()))
+    return entry, dict(kind="region", function=entry.function,
+                       var_name=_var_name(entry.output), signature=entry.signature(),
+                       contents=entry.describe(), expression=str(entry.lift()))
+
+
+def _replaced(unit) -> Set[int]:
+    """Hashes of the expressions ``unit`` replaces when rewritten: a group's calls, a region's
+    bindings (its calls and what lies between them), a call itself."""
+    if is_group(unit):
+        return {hash(c) for c in unit.original_calls}
+    if is_region(unit):
+        return {hash(b.value) for b in unit.bindings}
+    return {hash(unit)}
 
 
 def apply_call_choices(mod: "tvm.IRModule", choices: Dict[str, object],
                        fold: bool = False) -> Tuple["tvm.IRModule", Dict[str, int]]:
     """Replace every static derivable call whose signature has a rewriting choice in
-    ``choices`` (``{call_signature: Choice}``) by its program, then fold the consumers of
+    ``choices`` (``{call_signature: Decision}``) by its program, then fold the consumers of
     library kernels into them (:func:`~.epilogue.fuse_epilogues`; also when ``fold``).
 
     The last step of :func:`optimize_module`, apart so that a caller holding the decisions
@@ -460,31 +439,21 @@ def _plan_budget(budget: TrialBudget, decider: Decider, regions, calls,
 class OllieOptimize:
     """The derivation rewrite as a module pass (see :func:`optimize_module`).
 
-    ``OllieOptimize(config=OllieConfig(...))``, or the config's fields as keywords
-    (``OllieOptimize(target="llvm", trials=0)``); without ``config`` the pass reads
+    ``OllieOptimize(config=OllieConfig(...))``, or overrides of the config's fields as keywords
+    (``OllieOptimize(target="llvm", trials=0)``, validated here by
+    :meth:`~tvm_ollie.config.OllieConfig.replace`); without ``config`` the pass reads
     :func:`~tvm_ollie.config.current_config` when it runs, so ``with config_scope(cfg):``
     configures it inside ``tvm.compile``. The target defaults to ``Target.current()`` when the
-    pass runs (llvm if none). The report of the last run is ``.last_report``.
+    pass runs (llvm if none). ``timer``, ``checker``, ``chooser`` and ``cost_model`` are the
+    test hooks of :func:`optimize_module`. The report of the last run is ``.last_report``.
     """
 
-    def __init__(self, target=None, trials: Optional[int] = None,
-                 work_dir: Optional[str] = None, max_depth: Optional[int] = None,
-                 time_budget_s: Optional[float] = None, targets=None,
-                 verbose: Optional[bool] = None, calibration: Optional[Calibration] = None,
-                 max_measured: Optional[int] = None, check_untuned: Optional[bool] = None,
-                 library: Optional[bool] = None, derive: Optional[bool] = None,
+    def __init__(self, target=None, config: Optional[OllieConfig] = None, *,
                  timer: Optional[Timer] = None, checker: Union[Checker, CheckFn, None] = None,
-                 rpc: Optional[RPCConfig] = None, chooser: Optional[Chooser] = None,
-                 region_calls: Optional[int] = None, merge_group: Optional[int] = None,
-                 config: Optional[OllieConfig] = None,
-                 cost_model: Optional[UnitCostModel] = None):
+                 chooser: Optional[Chooser] = None,
+                 cost_model: Optional[UnitCostModel] = None, **options: Any):
         self.config = config
-        self.overrides = dict(
-            target=target, trials=trials, work_dir=work_dir, max_depth=max_depth,
-            time_budget_s=time_budget_s, targets=targets, verbose=verbose,
-            calibration=calibration, max_measured=max_measured, check_untuned=check_untuned,
-            library=library, derive=derive, rpc=rpc, region_calls=region_calls,
-            merge_group=merge_group)
+        self.overrides = dict(target=target, **options)
         resolve_config(config, **self.overrides)  # invalid options fail here, not mid-compile
         self.hooks = dict(timer=timer, checker=checker, chooser=chooser, cost_model=cost_model)
         self.last_report: Optional[OptimizeReport] = None

@@ -5,105 +5,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List
 
-__all__ = ["OpDecision", "OptimizeReport", "RegionDecision"]
+from .decision import Decision, format_us
+
+__all__ = ["Decision", "OpDecision", "OptimizeReport", "RegionDecision"]
+
+#: The name of a call's :class:`~.decision.Decision` before calls, regions and groups shared one
+#: record (same fields, same positional order: function, var_name, op_name, signature).
+OpDecision = Decision
 
 
-class _Outcome:
-    """``rewritten`` and ``speedup`` of a decision (fields ``chosen``, ``before_s``,
-    ``after_s``)."""
-
-    @property
-    def rewritten(self) -> bool:
-        """Whether the call or region was replaced."""
-        return self.chosen != "original"
-
-    @property
-    def speedup(self) -> float:
-        """``before_s / after_s`` (1.0 when kept or unknown)."""
-        if self.after_s <= 0 or not self.rewritten:
-            return 1.0
-        return self.before_s / self.after_s
-
-
-@dataclass
-class OpDecision(_Outcome):
-    """The decision for one call of a derivable operator.
-
-    Attributes
-    ----------
-    function, var_name : str
-        The Relax function and the variable bound to the call.
-    op_name : str
-        The Relax operator (``relax.nn.conv2d``...).
-    signature : str
-        Operator, operand shapes/dtypes and attributes: calls with equal signatures share one
-        derivation and one tuning.
-    chosen : str
-        ``"original"``; ``"original [native]"`` (the operator on its native library kernel);
-        or ``repr(program)`` of the derived program that replaced the call, followed by
-        ``[native]`` when its matched operators run on library kernels.
-    reason : str
-        Why (the costs compared, or what failed).
-    explain : str
-        The rule path of the chosen program (``""`` when the original was kept).
-    before_s, after_s : float
-        Cost of the original and of the chosen implementation (equal when kept), measured
-        seconds when ``measured`` else the calibrated analytic estimate.
-    measured : bool
-        Whether MetaSchedule-tuned kernels were timed (``trials > 0`` on a runnable target).
-    candidates : int
-        Derived programs considered.
-    """
-
-    function: str
-    var_name: str
-    op_name: str
-    signature: str
-    chosen: str = "original"
-    reason: str = ""
-    explain: str = ""
-    before_s: float = 0.0
-    after_s: float = 0.0
-    measured: bool = False
-    candidates: int = 0
-
-
-@dataclass
-class RegionDecision(_Outcome):
-    """The decision for one region (several calls lifted, derived and replaced as a whole).
-
-    Attributes
-    ----------
-    function, var_name : str
-        The Relax function and the variable of the region's result.
-    contents : str
-        The region's calls in order (``var=op, ...``).
-    expression : str
-        The region lifted as one expression.
-    chosen, reason, explain, before_s, after_s, measured, candidates
-        As in :class:`OpDecision`. When a region is kept, its heavy call is decided alone
-        (and has its own :class:`OpDecision`).
-    """
-
-    function: str
-    var_name: str
-    contents: str
-    expression: str
-    chosen: str = "original"
-    reason: str = ""
-    explain: str = ""
-    before_s: float = 0.0
-    after_s: float = 0.0
-    measured: bool = False
-    candidates: int = 0
-
-    def to_text(self) -> str:
-        """Two or three lines: what the region contained and what it became."""
-        became = self.chosen if self.rewritten else f"original ({self.reason})"
-        return (f"region {self.function}.{self.var_name} [{self.contents}]\n"
-                f"    lifted: {self.expression}\n"
-                f"    -> {became}  ({_us(self.before_s)} -> {_us(self.after_s)}, "
-                f"{'measured' if self.measured else 'analytic'})")
+def RegionDecision(function: str, var_name: str, contents: str, expression: str,  # noqa: N802
+                   **outcome: Any) -> Decision:
+    """A region's :class:`~.decision.Decision` (the positional order of the former
+    ``RegionDecision`` record; ``outcome``: ``chosen``, ``reason``, ``before_s``...)."""
+    return Decision(function, var_name, kind="region", contents=contents,
+                    expression=expression, **outcome)
 
 
 @dataclass
@@ -111,9 +27,11 @@ class OptimizeReport:
     """Decisions of one run of the pass plus where its time went."""
 
     target: str = ""
-    decisions: List[OpDecision] = field(default_factory=list)
-    #: one per region of several calls (:mod:`.regions`)
-    regions: List[RegionDecision] = field(default_factory=list)
+    #: one per call decided alone (``kind == "call"``)
+    decisions: List[Decision] = field(default_factory=list)
+    #: one per region of several calls and per shared-input group (:mod:`.regions`,
+    #: :mod:`.groups`; ``kind`` ``"region"`` or ``"group"``), groups first
+    regions: List[Decision] = field(default_factory=list)
     search_s: float = 0.0
     tuning_s: float = 0.0
     verify_s: float = 0.0
@@ -152,7 +70,7 @@ class OptimizeReport:
         return self.budget.total if self.budget is not None else 0
 
     @property
-    def rewritten(self) -> List[OpDecision]:
+    def rewritten(self) -> List[Decision]:
         """The decisions that replaced their call."""
         return [d for d in self.decisions if d.rewritten]
 
@@ -167,7 +85,8 @@ class OptimizeReport:
             if len(chosen) > width:
                 chosen = chosen[:width - 3] + "..."
             rows.append(f"{d.function[:10]:<10} {d.var_name[:10]:<10} {sig:<44} "
-                        f"{_us(d.before_s):>10} {_us(d.after_s):>10} {d.speedup:>6.2f} "
+                        f"{format_us(d.before_s):>10} {format_us(d.after_s):>10} "
+                        f"{d.speedup:>6.2f} "
                         f"{'M' if d.measured else 'A'}  {chosen}")
         rows.append("-" * len(head))
         rows.append(f"{len(self.rewritten)}/{len(self.decisions)} calls rewritten; search "
@@ -203,13 +122,3 @@ class OptimizeReport:
 
     def __str__(self) -> str:
         return self.to_text()
-
-
-def _us(seconds: float) -> str:
-    if seconds <= 0:
-        return "-"
-    if seconds < 1e-6:
-        return f"{seconds * 1e9:.0f}ns"
-    if seconds < 1e-3:
-        return f"{seconds * 1e6:.1f}us"
-    return f"{seconds * 1e3:.2f}ms"
