@@ -188,7 +188,7 @@ def joint_build(mod: "tvm.IRModule", target=None, config: Optional[OllieConfig] 
                  tuner=tuner)
     given = mod
     mod, regions = _rewrite_regions(mod, cfg, budget, hooks)
-    decider = make_decider(tgt, cfg, budget=budget, **hooks)
+    decider = make_decider(tgt, config=cfg, budget=budget, **hooks)
     # the calls of the module as given (not those a rewritten region emitted: the sequential
     # build does not decide them either) share the search time per signature
     calls = _heavy_calls(given)
