@@ -95,25 +95,24 @@ def test_former_option_names_warn_and_still_work(monkeypatch, capsys):
     """``time_budget_s=`` / ``search_budget_s=`` and ``--time-budget``: the former names of
     ``search_time_s`` and ``--search-time``, accepted with a DeprecationWarning."""
     with pytest.warns(DeprecationWarning, match="time_budget_s= is deprecated"):
-        assert resolve_config(time_budget_s=2.5).search_time_s == 2.5
+        assert resolve_config(time_budget_s=2.5).search_time_s == 2.5  # former name
     with pytest.warns(DeprecationWarning, match="search_budget_s= is deprecated"):
-        dec = decide.Decider("llvm", search_budget_s=3.0, calibration=LLVM_CALIB,
-                             library=False)
+        dec = decide.Decider("llvm", calibration=LLVM_CALIB, library=False,
+                             search_budget_s=3.0)  # former name
     assert dec.search_time_s == 3.0
     with pytest.warns(DeprecationWarning, match="time_budget_s= is deprecated"):
-        pipe = optimize.OllieOptimize(time_budget_s=1.5)
-    assert resolve_config(pipe.config, search_time_s=pipe.overrides["time_budget_s"]) \
-        .search_time_s == 1.5
+        pipe = optimize.OllieOptimize(time_budget_s=1.5)  # former name
+        assert resolve_config(pipe.config, **pipe.overrides).search_time_s == 1.5
     seen = {}
     monkeypatch.setattr(cli, "_load", lambda args: _tiny())
     monkeypatch.setattr(cli, "_transform", lambda: types.SimpleNamespace(
         optimize_module=lambda mod, config=None: seen.update(cfg=config) or
         (mod, OptimizeReport())))
     with pytest.warns(DeprecationWarning, match="--time-budget is deprecated"):
-        assert cli.main(["explain", "m.onnx", "--time-budget", "1.5"]) == 0
+        assert cli.main(["explain", "m.onnx", "--time-budget", "1.5"]) == 0  # former name
     assert seen["cfg"].search_time_s == 1.5
     assert "--time-budget is deprecated; use --search-time" in capsys.readouterr().err
-    assert "--time-budget" not in cli.build_parser().format_help()
+    assert "--time-budget" not in cli.build_parser().format_help()  # (former name: hidden)
 
 
 def test_replace_from_dict_and_overrides():

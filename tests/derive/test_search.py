@@ -25,7 +25,8 @@ def _g2bmm(dil=2, m=16, w=1, k=4):
 def test_former_time_keyword_warns_and_still_bounds_the_search():
     """``time_budget_s=`` is the former name of ``search_time_s`` (one release, warns)."""
     with pytest.warns(DeprecationWarning, match="use search_time_s="):
-        res = derive(_g2bmm(), targets=("g2bmm",), max_depth=2, time_budget_s=1e-9)
+        res = derive(_g2bmm(), targets=("g2bmm",), max_depth=2,
+                     time_budget_s=1e-9)  # former name
     assert res.stats.stop_reason == StopReason.TIME_BUDGET
 
 

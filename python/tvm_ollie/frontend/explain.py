@@ -1,8 +1,8 @@
 """Readable text of an optimization report: what was chosen for each operator, and why.
 
 Used by ``tvm-ollie explain``, ``compile`` and ``demo``. Reads only the documented fields of
-``tvm_ollie.transform.OpDecision`` (function, var_name, op_name, signature, chosen, reason,
-explain, before_s, after_s, measured, candidates).
+``tvm_ollie.transform.Decision`` (function, var_name, op_name, signature, chosen, reason,
+explain, before_s, after_s, measured, candidates; contents and expression of a region).
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def decision_details(decisions: Sequence[Any]) -> str:
 
 def region_lines(regions: Sequence[Any]) -> str:
     """Per region (several calls decided as a whole): what it contained, the expression it
-    lifted into, and what it became (fields of ``tvm_ollie.transform.RegionDecision``)."""
+    lifted into, and what it became (fields of ``tvm_ollie.transform.Decision``)."""
     blocks: List[str] = []
     for index, reg in enumerate(regions, 1):
         chosen = str(getattr(reg, "chosen", "original"))
