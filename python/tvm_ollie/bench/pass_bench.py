@@ -34,6 +34,7 @@ import numpy as np  # noqa: E402
 from ..codegen.builder import single_function_module as module  # noqa: E402
 from ..codegen.builder import tensor_var as var  # noqa: E402
 from ..compat import relax, tvm  # noqa: E402
+from ..config import DEFAULTS  # noqa: E402
 from ..pipeline import build  # noqa: E402
 from ..target import normalize_target  # noqa: E402
 from ..tune import STATS  # noqa: E402
@@ -116,7 +117,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=32, help="MetaSchedule trials N")
     parser.add_argument("--models", default="conv512,demo")
-    parser.add_argument("--time-budget", type=float, default=20.0,
+    parser.add_argument("--time-budget", type=float, default=DEFAULTS.search_time_s,
                         help="derivation seconds per model")
     parser.add_argument("--max-measured", type=int, default=1,
                         help="candidates tuned and measured per distinct operator")

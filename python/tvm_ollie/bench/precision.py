@@ -20,6 +20,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from ..compat import relax, tvm
+from ..config import DEFAULTS
 from ..models.export import to_relax
 from ..models.registry import get_model
 from ..pipeline import build
@@ -63,7 +64,8 @@ def _run(ex, args: Sequence[np.ndarray], repeat: int):
     return value, seconds * 1e3
 
 
-def compare_precision(model: str, repeat: int = 20, time_budget_s: float = 20.0,
+def compare_precision(model: str, repeat: int = 20,
+                      time_budget_s: float = DEFAULTS.search_time_s,
                       quick: bool = True) -> List[PrecisionRow]:
     """The three builds of ``model`` (see the module docstring)."""
 
@@ -95,7 +97,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS))
     parser.add_argument("--repeat", type=int, default=20, help="timed runs per build")
-    parser.add_argument("--time-budget", type=float, default=20.0,
+    parser.add_argument("--time-budget", type=float, default=DEFAULTS.search_time_s,
                         help="derivation time per model build (seconds)")
     parser.add_argument("--full", action="store_true", help="paper sizes instead of quick ones")
     args = parser.parse_args(argv)
