@@ -48,11 +48,27 @@ def build(mod: "tvm.IRModule", target=None, config: Optional[OllieConfig] = None
     :func:`~tvm_ollie.config.config_scope`'s, else the defaults); ``target`` and the other
     keywords that are not None override its fields (validated by
     :meth:`~tvm_ollie.config.OllieConfig.replace`: an unknown name is a
-    :class:`~tvm_ollie.config.ConfigError`). The fields :func:`build` reads itself:
+    :class:`~tvm_ollie.config.ConfigError`).
 
+    Parameters
+    ----------
+    mod : IRModule
+        The Relax module.
     target : str | dict | Target, optional
         ``"llvm"``, ``"cuda"`` (sm_90, llvm host; builds without a GPU), a tag or a Target
         (default: the config's, else ``Target.current()``, else llvm).
+    config : OllieConfig, optional
+        The options.
+    timer, checker, chooser, tuner, cost_model : optional
+        The test hooks of :func:`optimize_module`.
+    plan_timer : PlanTimer, optional
+        The joint build's never-worse guard's (:data:`~tvm_ollie.pipeline.guard.PlanTimer`).
+    **options
+        Overrides of the config's fields: those below, which :func:`build` reads itself, and
+        the pass's (``max_depth``, ``search_time_s``, ``calibration``...).
+
+    Other Parameters
+    ----------------
     trials : int, optional
         MetaSchedule trials for the whole module (0: no tuning; GPU targets are never tuned
         without a GPU): the pass's tuned measurements and the rewritten module's kernels share
@@ -76,11 +92,6 @@ def build(mod: "tvm.IRModule", target=None, config: Optional[OllieConfig] = None
         convolutions and matmuls accumulating in float32) before the pass; its inputs and
         outputs keep their types (:func:`~tvm_ollie.transform.precision.to_precision`). Default
         (or ``"float32"``): the model as given.
-
-    The others (``max_depth``, ``search_time_s``, ``calibration``...) go to the pass.
-    ``timer``, ``checker``, ``chooser``, ``tuner`` and ``cost_model`` are the test hooks of
-    :func:`optimize_module`, ``plan_timer`` the joint build's never-worse guard's (a
-    :data:`~tvm_ollie.pipeline.guard.PlanTimer`).
 
     Returns
     -------
