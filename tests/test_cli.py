@@ -19,7 +19,7 @@ import tiny_models  # noqa: E402  pylint: disable=wrong-import-position
 
 
 #: A short derivation search: the tiny models need no more, and each test stays a few seconds.
-FAST = ("--time-budget", "3")
+FAST = ("--search-time", "3")
 
 
 def cli(*args, cwd=None, timeout=300):

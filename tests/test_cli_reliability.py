@@ -341,7 +341,7 @@ _API_SCRIPT = textwrap.dedent("""
     from tvm_ollie.tune import STATS
 
     ex, report = build(tiny_models.relax_module(), "llvm", trials=1, work_dir=sys.argv[1],
-                       time_budget_s=2.0)
+                       search_time_s=2.0)
     assert STATS.calls >= 1, "nothing was tuned"
     print("built", flush=True)
 """)

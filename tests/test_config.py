@@ -128,7 +128,7 @@ def test_replace_from_dict_and_overrides():
     assert got.orchestrate_config().max_kernel_size == 4
     assert DEFAULTS.orchestrate_config() == OrchestrateConfig()
     # keywords override the config when given; None means "from the config"
-    merged = resolve_config(cfg, max_depth=None, time_budget_s=2.5, library=False)
+    merged = resolve_config(cfg, max_depth=None, search_time_s=2.5, library=False)
     assert (merged.max_depth, merged.search_time_s, merged.library) == (3, 2.5, False)
     assert resolve_config({"trials": 2}).trials == 2
 
@@ -186,7 +186,7 @@ def test_pipeline_and_pass_read_the_config(fake_pass):
     mod = _tiny()
     cfg = OllieConfig(max_depth=2, trials=0, library=False)
     tvm.compile(mod, "llvm", relax_pipeline=relax.get_pipeline("ollie", config=cfg,
-                                                                 time_budget_s=3.0))
+                                                                 search_time_s=3.0))
     got, _ = fake_pass[-1]
     assert (got.max_depth, got.search_time_s, got.library) == (2, 3.0, False)
     assert got.target.kind.name == "llvm"

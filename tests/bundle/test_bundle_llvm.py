@@ -21,7 +21,7 @@ from tvm_ollie.tune.calibrate import EFFICIENCY, Calibration
 
 #: Given roofline (no calibration measurements), short derivation: a cheap ollie build.
 OLLIE = dict(calibration=Calibration("llvm", 1e11, 2e10, dict(EFFICIENCY["llvm"]), "given"),
-             max_depth=2, time_budget_s=2.0, library=False)
+             max_depth=2, search_time_s=2.0, library=False)
 
 
 def tiny_case() -> Case:

@@ -27,7 +27,7 @@ LIMITS = dict(max_depth=2, targets=("matmul", "conv2d"), max_states=None)
 def found():
     """A real search result: the lifted-like conv and its programs."""
     expr = parse(CONV)
-    res = derive(expr, max_depth=2, time_budget_s=3.0, verify=False)
+    res = derive(expr, max_depth=2, search_time_s=3.0, verify=False)
     progs = [p for p in res.candidates if not p.multi]
     assert progs
     return expr, progs
@@ -116,7 +116,7 @@ def test_concurrent_writers_leave_one_whole_entry(tmp_path, found):
 
 def _put_in_process(folder):
     expr = parse(CONV)
-    res = derive(expr, max_depth=2, time_budget_s=3.0, verify=False)
+    res = derive(expr, max_depth=2, search_time_s=3.0, verify=False)
     for _ in range(3):
         DerivationCache([folder]).put(expr, LIMITS, [p for p in res.candidates if not p.multi])
 

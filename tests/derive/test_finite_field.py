@@ -27,7 +27,7 @@ def _matmul(m=4, k=6, n=5, reducer="sum", relu=False):
 
 def test_derived_programs_agree_mod_p_with_a_bound():
     conv = conv2d_nhwc(h=5, r=3, c=2, f=2)
-    res = derive(conv, max_depth=2, time_budget_s=5.0, max_states=200, verify=False,
+    res = derive(conv, max_depth=2, search_time_s=5.0, max_states=200, verify=False,
                  max_candidates=None)
     progs = res.candidates[:12]
     assert progs

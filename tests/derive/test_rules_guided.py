@@ -79,7 +79,7 @@ def test_search_finds_conv5x5_as_conv3x3_at_depth_3_verified():
     expr = _conv5x5_nchw()
     pattern = re.compile(r"conv2d\[\S+ \* \d+x\d+x3x3[ \]]")
     res = derive(expr, targets=("conv2d",), max_depth=3, max_candidates=None,
-                 time_budget_s=120, stop_on_first=False)
+                 search_time_s=120, stop_on_first=False)
     assert res.stats.candidates_rejected == 0  # derive verified every candidate it returns
     hits = [p for p in res.candidates if pattern.search(repr(p))]
     assert hits, res.stats.summary()

@@ -116,7 +116,7 @@ def test_split_phase_applied_in_random_cases():
 
 def test_derive_finds_sub_pixel_form_of_stride2_conv_transpose():
     e = conv_transpose_gather(1, 8, 4, (4, 4), (4, 4), (2, 2), (1, 1), (1, 1), (0, 0))
-    res = derive(e, targets=("conv2d",), max_depth=1, time_budget_s=20, verify=False,
+    res = derive(e, targets=("conv2d",), max_depth=1, search_time_s=20, verify=False,
                  max_candidates=None)
     compact = [p for p in res.candidates
                if p.kinds.count("conv2d") == 4

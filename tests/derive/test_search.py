@@ -70,7 +70,7 @@ def test_dilated_g2bmm_to_undilated():
 
 def test_conv_transpose_to_matmul():
     tc = _tconv()
-    res = derive(tc, targets=("matmul",), max_depth=4, time_budget_s=60)
+    res = derive(tc, targets=("matmul",), max_depth=4, search_time_s=60)
     # the compact forms: a matmul over the channels then an offset-add of the taps, or one
     # matmul per output phase (split_phase, cheaper: no tap lands outside the kernel)
     assert any("matmul" in repr(p) and ("offset-add" in repr(p) or "split_phase" in p.explain())
@@ -145,7 +145,7 @@ def test_limits_are_reported():
     res = derive(conv, targets=("matmul",), max_depth=7, max_states=5)
     assert res.stats.stop_reason is StopReason.MAX_STATES
     assert res.stats.states_visited == 5
-    res = derive(conv, targets=("matmul",), max_depth=7, time_budget_s=0.0)
+    res = derive(conv, targets=("matmul",), max_depth=7, search_time_s=0.0)
     assert res.stats.stop_reason is StopReason.TIME_BUDGET
     res = derive(conv, targets=("matmul",), max_depth=1)
     assert res.stats.stop_reason is StopReason.MAX_DEPTH
@@ -160,7 +160,7 @@ def test_limits_are_reported():
 def test_time_budget_bounds_the_search():
     conv = conv2d_nhwc(h=4, c=8, f=8)
     t0 = time.perf_counter()
-    res = derive(conv, targets=("matmul",), max_depth=9, time_budget_s=1.0)
+    res = derive(conv, targets=("matmul",), max_depth=9, search_time_s=1.0)
     elapsed = time.perf_counter() - t0
     assert res.stats.stop_reason is StopReason.TIME_BUDGET
     assert res.candidates  # what was found before the budget ran out is returned, verified
@@ -181,7 +181,7 @@ def test_time_budget_hit_during_verification(monkeypatch):
 
     monkeypatch.setattr(search._Verifier, "check", slow_check)
     conv = conv2d_nhwc()
-    res = derive(conv, targets=("matmul",), max_depth=2, time_budget_s=0.5)
+    res = derive(conv, targets=("matmul",), max_depth=2, search_time_s=0.5)
     assert res.stats.stop_reason is StopReason.TIME_BUDGET
     assert 1 <= len(res.candidates) < res.stats.candidates_found
     st = res.stats

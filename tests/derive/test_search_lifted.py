@@ -54,7 +54,7 @@ def lifted(make, inputs):
 def derive_expect(expr, targets, pattern, max_depth, accept=lambda prog: True):
     """Derive; return the first program matching ``pattern`` and ``accept`` (and the depth at
     which it was found), verified against ``expr``."""
-    res = derive(expr, targets=targets, max_depth=max_depth, time_budget_s=60, verify=False,
+    res = derive(expr, targets=targets, max_depth=max_depth, search_time_s=60, verify=False,
                  max_candidates=None)
     rx = re.compile(pattern)
     progs = {repr(p): p for p in res.candidates if rx.search(repr(p)) and accept(p)}

@@ -28,7 +28,7 @@ import torch_models as tm  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")
 #: The pass's options in these tests: reproducible decisions, a short search.
-OPTS = dict(max_depth=2, time_budget_s=2.0, calibration=sm.LLVM_CALIB)
+OPTS = dict(max_depth=2, search_time_s=2.0, calibration=sm.LLVM_CALIB)
 RTOL = ATOL = 1e-5
 
 
@@ -228,7 +228,7 @@ def test_cli_compile_python_factory(tmp_path, capsys):
     """))
     out = str(tmp_path / "m.so")
     assert main(["compile", f"{tmp_path / 'model.py'}:factory", "-o", out,
-                 "--time-budget", "2"]) == 0
+                 "--search-time", "2"]) == 0
     assert os.path.exists(out)
 
 

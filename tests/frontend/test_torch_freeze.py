@@ -23,7 +23,7 @@ import small_models as sm  # noqa: E402
 import torch_models as tm  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")
-OPTS = dict(max_depth=2, time_budget_s=2.0, calibration=sm.LLVM_CALIB)
+OPTS = dict(max_depth=2, search_time_s=2.0, calibration=sm.LLVM_CALIB)
 
 
 class ConvBN(torch.nn.Module):

@@ -34,7 +34,7 @@ from tvm_ollie.tune.calibrate import EFFICIENCY, Calibration
 #: llvm roofline with the GPU efficiency table: fixed (no timing), derived programs look cheap
 CALIB = Calibration("llvm", 1e11, 2e10, dict(EFFICIENCY["cuda"]), "given")
 #: decision options: shallow, state-limited search (deterministic alternatives), no timing
-OPTS = dict(trials=0, max_depth=2, time_budget_s=30.0, calibration=CALIB, check_untuned=False)
+OPTS = dict(trials=0, max_depth=2, search_time_s=30.0, calibration=CALIB, check_untuned=False)
 #: float32 rounding per accumulated term, relative to the output's largest magnitude
 EPS_PER_TERM = 2e-6
 

@@ -156,7 +156,7 @@ def test_joint_build_matches_tvm_with_real_alternatives():
     """The Decider's alternatives (derived programs, library kernel when loaded) offered for a
     conv with an epilogue: the joint build computes what TVM computes."""
     ex, report, orch = joint_build(_conv_module(), "llvm", calibration=CALIB,
-                                   check_untuned=False, time_budget_s=1.0, max_depth=3)
+                                   check_untuned=False, search_time_s=1.0, max_depth=3)
     assert [d.var_name for d in report.decisions] == ["y"]
     assert orch is not None and orch.partitions
     args = _args(2)
@@ -195,7 +195,7 @@ def test_build_joint_option_reaches_the_joint_selection(caplog):
     from tvm_ollie.pipeline import build
 
     ex, report = build(_conv_module(), "llvm", orchestrate=True, joint=True, calibration=CALIB,
-                       check_untuned=False, time_budget_s=0.5, max_depth=1, derive=False)
+                       check_untuned=False, search_time_s=0.5, max_depth=1, derive=False)
     assert [d.var_name for d in report.decisions] == ["y"]
     assert "joint selection failed" not in caplog.text  # not the sequential fallback
     args = _args(3)

@@ -261,7 +261,7 @@ def _conv_module() -> "tvm.IRModule":
 
 
 _BUILD = dict(orchestrate=True, joint=True, calibration=CALIB, check_untuned=False,
-              time_budget_s=0.5, max_depth=1, derive=False, library=False)
+              search_time_s=0.5, max_depth=1, derive=False, library=False)
 
 
 @pytest.mark.parametrize("fastest", ["sequential", "derivation", "orchestration"])

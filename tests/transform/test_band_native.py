@@ -92,7 +92,7 @@ def _packed_calls(mod):
 @pytest.mark.parametrize("kind", ["g2bmm", "gbmm"])
 def test_band_region_runs_on_the_library_kernel(kind):
     mod = _module(kind)
-    new, report = optimize_module(mod, "llvm", time_budget_s=2.0, library=True, max_measured=2,
+    new, report = optimize_module(mod, "llvm", search_time_s=2.0, library=True, max_measured=2,
                                   calibration=CALIB, timer=_prefer_native(kind))
     (reg,) = report.regions
     assert reg.rewritten, reg.reason

@@ -16,7 +16,7 @@ from tvm_ollie.transform.decide import isolated_module
 
 logging.getLogger("tvm_ollie.derive").setLevel(logging.CRITICAL)
 
-OPTS = dict(max_depth=2, time_budget_s=4.0, calibration=sm.LLVM_CALIB)
+OPTS = dict(max_depth=2, search_time_s=4.0, calibration=sm.LLVM_CALIB)
 
 
 def test_pipeline_registered():
@@ -48,7 +48,7 @@ def test_build_llvm():
 
 def test_build_cuda_without_gpu(tmp_path):
     mod = sm.conv3x3()
-    ex, report = build(mod, target="cuda", max_depth=2, time_budget_s=4.0)
+    ex, report = build(mod, target="cuda", max_depth=2, search_time_s=4.0)
     assert report.target == "cuda"
     (d,) = report.decisions
     assert d.rewritten and not d.measured, d.reason  # dlight has no conv rule: matmul wins

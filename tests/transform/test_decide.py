@@ -16,7 +16,7 @@ from tvm_ollie.tune.calibrate import Calibration
 #: the tests' fixed calibration, with the native kernels at a high (GEMM-like) efficiency
 CALIB = Calibration("llvm", sm.LLVM_CALIB.peak_flops, sm.LLVM_CALIB.bandwidth,
                     dict(sm.LLVM_CALIB.efficiency, native_conv2d=0.7, native_matmul=0.7), "given")
-OPTS = dict(max_depth=2, time_budget_s=4.0, calibration=CALIB)
+OPTS = dict(max_depth=2, search_time_s=4.0, calibration=CALIB)
 needs_native = pytest.mark.skipif(not native.load(), reason="native library not loaded")
 
 logging.getLogger("tvm_ollie.derive").setLevel(logging.CRITICAL)

@@ -97,7 +97,7 @@ def test_build_chooses_the_native_kernel_when_it_is_fastest():
         labels.append(alt)
         return 1e-4 if alt == NATIVE else 10e-3
 
-    ex, report = build(mod, "llvm", timer=timer, max_depth=1, time_budget_s=2.0,
+    ex, report = build(mod, "llvm", timer=timer, max_depth=1, search_time_s=2.0,
                        calibration=CALIB)
     (d,) = [d for d in report.decisions if d.op_name == "relax.nn.conv2d_transpose"]
     assert NATIVE in labels and d.chosen == NATIVE, d.reason

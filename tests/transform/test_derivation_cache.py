@@ -13,7 +13,7 @@ from tvm_ollie.derive import cache as dcache
 from tvm_ollie.derive import search as dsearch
 from tvm_ollie.transform import optimize_module
 
-OPTS = dict(max_depth=2, time_budget_s=4.0, calibration=sm.LLVM_CALIB, region_calls=1)
+OPTS = dict(max_depth=2, search_time_s=4.0, calibration=sm.LLVM_CALIB, region_calls=1)
 
 logging.getLogger("tvm_ollie.derive").setLevel(logging.CRITICAL)
 

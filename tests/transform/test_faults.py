@@ -16,7 +16,7 @@ from tvm_ollie.pipeline import build
 from tvm_ollie.transform import OllieOptimize, optimize_module
 from tvm_ollie.tune.metaschedule import Tuner
 
-OPTS = dict(max_depth=1, time_budget_s=2.0, calibration=sm.LLVM_CALIB)
+OPTS = dict(max_depth=1, search_time_s=2.0, calibration=sm.LLVM_CALIB)
 
 logging.getLogger("tvm_ollie.derive").setLevel(logging.CRITICAL)
 
@@ -134,7 +134,7 @@ def test_native_library_missing():
         "logging.basicConfig(level=logging.WARNING)\n"
         "assert not native.load()\n"
         "mod = sm.conv3x3()\n"
-        "ex, report = build(mod, 'llvm', library=True, max_depth=1, time_budget_s=2.0,\n"
+        "ex, report = build(mod, 'llvm', library=True, max_depth=1, search_time_s=2.0,\n"
         "                   calibration=sm.LLVM_CALIB,\n"
         "                   chooser=lambda sig, alts: alts[0] if alts else None)\n"
         "assert not any('[native]' in d.chosen for d in report.decisions)\n"

@@ -88,7 +88,7 @@ def test_merge_of_three_reads_the_product_once_per_output():
 def test_qkv_merged_through_optimize_matches_tvm():
     mod = _linears(attention=False, shared_reshape=True)
     new, rep = optimize_module(mod, "llvm", calibration=LLVM_CALIB, library=False,
-                               chooser=_merged, time_budget_s=2.0)
+                               chooser=_merged, search_time_s=2.0)
     (group,) = [r for r in rep.regions if " share " in r.contents]
     assert group.rewritten, group.reason
     # the regions around the merged calls (permute_dims + matmul + bias) are not decided again
@@ -106,7 +106,7 @@ def test_qkv_merged_in_attention_block_matches_tvm():
     """The projections' readers (bias, attention) sit between them and move after the merge."""
     mod = _linears()
     new, rep = optimize_module(mod, "llvm", calibration=LLVM_CALIB, library=False,
-                               region_calls=1, chooser=_merged, time_budget_s=2.0)
+                               region_calls=1, chooser=_merged, search_time_s=2.0)
     (group,) = [r for r in rep.regions if "share x" in r.contents]
     assert group.rewritten, group.reason
     assert new["main"].script().count("R.matmul(") == 3  # the attention keeps its two
@@ -126,7 +126,7 @@ def test_views_of_one_input_are_one_shared_input():
 def test_views_of_one_input_merged_through_optimize_match_tvm():
     mod = _linears(n_proj=2, widths=[16, 32], shared_reshape=True, attention=False)
     new, rep = optimize_module(mod, "llvm", calibration=LLVM_CALIB, library=False,
-                               region_calls=1, chooser=_merged, time_budget_s=2.0)
+                               region_calls=1, chooser=_merged, search_time_s=2.0)
     assert any(r.rewritten for r in rep.regions)
     x = np.random.default_rng(3).standard_normal((1, N, C)).astype("float32")
     np.testing.assert_allclose(_run(new, x), _run(mod, x), rtol=1e-4, atol=1e-4)
@@ -196,7 +196,7 @@ def test_conv3x3_branches_do_not_merge():
 def test_conv1x1_branches_through_optimize_match_tvm():
     mod = _branches()
     new, rep = optimize_module(mod, "llvm", calibration=LLVM_CALIB, library=False,
-                               region_calls=1, chooser=_merged, time_budget_s=2.0)
+                               region_calls=1, chooser=_merged, search_time_s=2.0)
     assert any(r.rewritten for r in rep.regions)
     assert "conv2d" not in new["main"].script()
     x = np.random.default_rng(4).standard_normal((1, 16, 6, 6)).astype("float32")

@@ -95,7 +95,7 @@ def test_bias_adds_stay_out_when_not_every_product_has_one_alone(case):
 def test_merged_projections_with_bias_match_tvm(constants):
     mod, arrays = _projections(constants=constants)
     new, rep = optimize_module(mod, "llvm", calibration=LLVM_CALIB, library=False,
-                               chooser=_merged, time_budget_s=1.0)
+                               chooser=_merged, search_time_s=1.0)
     (group,) = [r for r in rep.regions if " share " in r.contents]
     assert group.rewritten, group.reason
     script = new["main"].script()

@@ -18,7 +18,7 @@ from tvm_ollie.transform.measuring import DecisionRecords, DecisionTiming
 
 logging.getLogger("tvm_ollie.derive").setLevel(logging.CRITICAL)
 
-OPTS = dict(max_depth=2, time_budget_s=4.0, calibration=sm.LLVM_CALIB)
+OPTS = dict(max_depth=2, search_time_s=4.0, calibration=sm.LLVM_CALIB)
 
 
 def _call(mod):

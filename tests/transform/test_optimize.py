@@ -12,7 +12,7 @@ from tvm_ollie.transform import OllieOptimize, OptimizeReport, optimize_module
 from tvm_ollie.transform import checking
 from tvm_ollie.tune.calibrate import Calibration
 
-OPTS = dict(max_depth=2, time_budget_s=4.0, calibration=sm.LLVM_CALIB)
+OPTS = dict(max_depth=2, search_time_s=4.0, calibration=sm.LLVM_CALIB)
 
 logging.getLogger("tvm_ollie.derive").setLevel(logging.CRITICAL)
 
@@ -45,7 +45,7 @@ def test_no_winning_candidate_leaves_module_unchanged():
     calib = Calibration("llvm", 1e11, 1e9, {"conv2d": 1.0, "matmul": 1.0, "eop": 0.01,
                                             "tir": 1.0, "batch_matmul": 1.0})
     mod = sm.conv3x3()
-    new, report = optimize_module(mod, "llvm", max_depth=2, time_budget_s=4.0,
+    new, report = optimize_module(mod, "llvm", max_depth=2, search_time_s=4.0,
                                   calibration=calib)
     tvm.ir.assert_structural_equal(new, mod)
     (d,) = report.decisions

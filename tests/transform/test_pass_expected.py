@@ -17,7 +17,7 @@ from tvm_ollie.transform.costing import UnitCostModel
 
 logging.getLogger("tvm_ollie.derive").setLevel(logging.CRITICAL)
 
-OPTS = dict(target="llvm", library=False, max_depth=2, time_budget_s=2.0,
+OPTS = dict(target="llvm", library=False, max_depth=2, search_time_s=2.0,
             calibration=sm.LLVM_CALIB)
 
 

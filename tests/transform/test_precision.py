@@ -13,7 +13,7 @@ from tvm_ollie.transform import emit_program
 from tvm_ollie.transform.precision import to_precision
 from tvm_ollie.verify.tolerance import tolerance
 
-OPTS = dict(max_depth=2, time_budget_s=4.0, calibration=sm.LLVM_CALIB)
+OPTS = dict(max_depth=2, search_time_s=4.0, calibration=sm.LLVM_CALIB)
 
 
 def test_float16_build_matches_float32_within_float16_tolerance():

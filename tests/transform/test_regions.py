@@ -109,7 +109,7 @@ def test_banded_attention_becomes_g2bmm_end_to_end():
     """pad + take + matmul is derived into a g2bmm stage, verified against TVM and emitted;
     the result equals plain ``tvm.compile`` of the original."""
     mod = _banded_module(relu=False)
-    new, report = optimize_module(mod, "llvm", time_budget_s=8.0, library=False,
+    new, report = optimize_module(mod, "llvm", search_time_s=8.0, library=False,
                                   timer=_prefer("g2bmm"))
     (reg,) = report.regions
     assert reg.rewritten, reg.reason
@@ -122,7 +122,7 @@ def test_banded_attention_becomes_g2bmm_end_to_end():
 
 def test_region_that_fails_is_left_exactly_as_it_was():
     mod = _banded_module(relu=False)
-    new, report = optimize_module(mod, "llvm", time_budget_s=3.0, library=False,
+    new, report = optimize_module(mod, "llvm", search_time_s=3.0, library=False,
                                   timer=_prefer("g2bmm"),
                                   checker=lambda ref, cand: (False, "rejected by the test"))
     assert not report.regions[0].rewritten
@@ -144,7 +144,7 @@ def test_multi_output_program_is_emitted_as_a_tuple():
     for w in (w1, w2):
         call = relax.BlockBuilder().normalize(R.matmul(x, w))
         res = derive(lift_relax_call(call), targets=("matmul",), max_depth=1,
-                     time_budget_s=5.0)
+                     search_time_s=5.0)
         progs.append(next(p for p in res.candidates if "matmul" in p.kinds))
     prog = combine_programs(*progs)
     assert prog.multi
@@ -197,7 +197,7 @@ def test_onnx_form_becomes_g2bmm():
     (region,) = [r for r in find_regions(mod) if r.size > 1]
     assert any("gather_nd" in op for op in region.op_names)
     assert any(op.startswith("relax.call_tir:einsum") for op in region.op_names)
-    new, report = optimize_module(mod, "llvm", time_budget_s=8.0, library=False,
+    new, report = optimize_module(mod, "llvm", search_time_s=8.0, library=False,
                                   timer=_prefer("g2bmm"))
     (reg,) = report.regions
     assert reg.rewritten and "g2bmm" in reg.chosen, reg.reason

@@ -37,7 +37,7 @@ def check_model(name: str, budget_s: float = 10.0) -> Tuple[int, int, float, dic
         ref = spec.module(*spec.example_inputs).numpy().astype(np.float64)
     mod, params = to_relax(spec)
     t0 = time.perf_counter()
-    ex, report = build(mod, "llvm", trials=0, max_depth=2, time_budget_s=budget_s,
+    ex, report = build(mod, "llvm", trials=0, max_depth=2, search_time_s=budget_s,
                        calibration=CALIB, check_untuned=False, chooser=cheapest)
     build_s = time.perf_counter() - t0
     units = list(report.regions) + list(report.decisions)

@@ -100,7 +100,7 @@ def test_build_spends_the_module_budget_once(tmp_path, monkeypatch):
     monkeypatch.setattr(build_mod, "Tuner", FakeTuner)
     mod = sm.conv3x3()
     _, report = build_mod.build(mod, "llvm", trials=12, work_dir=str(tmp_path), max_depth=1,
-                                time_budget_s=2.0, calibration=sm.LLVM_CALIB, max_measured=1,
+                                search_time_s=2.0, calibration=sm.LLVM_CALIB, max_measured=1,
                                 library=False, tuner=FakeTuner("llvm", str(tmp_path)))
     (d,) = report.decisions
     assert d.measured

@@ -174,7 +174,7 @@ def test_tuning_uses_both_servers_and_matches_local(tmp_path):
     with LocalCluster(2, log_dir=str(tmp_path / "logs")) as c:
         cfg = c.config(workers=2)
         ex, report = build(mod, "llvm", trials=4, work_dir=str(tmp_path / "db"), rpc=cfg,
-                           time_budget_s=3, max_measured=1)
+                           search_time_s=3, max_measured=1)
         loads = c.loads()
         assert all(n >= 1 for n in loads.values()), loads  # both servers measured trials
         remote_s = time_main(ex, args, rpc=cfg, target="llvm")
@@ -183,7 +183,7 @@ def test_tuning_uses_both_servers_and_matches_local(tmp_path):
     from tvm_ollie.tune.metaschedule import legalize_and_fuse  # pylint: disable=C0415
 
     assert not tuner.untuned(legalize_and_fuse(mod, "llvm"))  # valid records in work_dir
-    local, _ = build(mod, "llvm", trials=0, time_budget_s=3)
+    local, _ = build(mod, "llvm", trials=0, search_time_s=3)
     np.testing.assert_allclose(sm.run(ex, args), sm.run(local, args), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(sm.run(ex, args), args[0] @ args[1], rtol=1e-4, atol=1e-4)
 

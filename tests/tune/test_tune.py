@@ -103,7 +103,7 @@ def test_build_with_trials_reuses_database(tmp_path):
     from tvm_ollie.pipeline import build
 
     mod = sm.conv3x3()
-    opts = dict(max_depth=1, time_budget_s=3.0, calibration=sm.LLVM_CALIB, max_measured=1)
+    opts = dict(max_depth=1, search_time_s=3.0, calibration=sm.LLVM_CALIB, max_measured=1)
     calls = STATS.calls
     ex, report = build(mod, "llvm", trials=4, work_dir=str(tmp_path), **opts)
     assert STATS.calls > calls

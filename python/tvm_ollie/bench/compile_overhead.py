@@ -85,7 +85,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--calls", type=int, default=50, help="calls per round and layer")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu")
-    parser.add_argument("--time-budget", type=float, default=2.0,
+    parser.add_argument("--search-time", type=float, default=2.0,
                         help="derivation time per build (seconds)")
     args = parser.parse_args(argv)
     # pylint: disable=import-outside-toplevel
@@ -100,7 +100,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         spec = get_model(name, quick=True)
         layers: Dict[str, Callable[[], object]] = {}
         for freeze in ((True, False) if args.unfrozen else (True,)):
-            for layer, fn in variant(spec, freeze, dict(time_budget_s=args.time_budget)).items():
+            for layer, fn in variant(spec, freeze, dict(search_time_s=args.search_time)).items():
                 layers[f"freeze={freeze} {layer}"] = fn
         layers["eager"] = lambda spec=spec: spec.module(*spec.example_inputs)
         times: Dict[str, List[float]] = {k: [] for k in layers}

@@ -90,7 +90,7 @@ def systems(kind: str, batch: int, length: int, inner: int, width: int, dil: int
             budget_s: float) -> Tuple[Dict[str, Callable[[], object]], Dict[str, list]]:
     """``({name: zero-argument call}, {kind of program: [derived programs]})``, all checked."""
     expr = band_expr(kind, batch, length, inner, width, dil)
-    res = derive(expr, time_budget_s=budget_s, verify=False, max_candidates=64,
+    res = derive(expr, search_time_s=budget_s, verify=False, max_candidates=64,
                  cost_target="llvm")
     unique = list({repr(p): p for p in res.candidates}.values())
     band = [p for p in unique if kind in p.kinds]

@@ -61,7 +61,7 @@ def _models():
     return {"conv512": conv512, "demo": demo}
 
 
-def bench_model(name: str, mod, trials: int, work_root: str, time_budget_s: float,
+def bench_model(name: str, mod, trials: int, work_root: str, search_time_s: float,
                 max_measured: int) -> dict:
     """Compile ``mod`` four ways and time them; returns a row of the table."""
 
@@ -82,7 +82,7 @@ def bench_model(name: str, mod, trials: int, work_root: str, time_budget_s: floa
         exes["tvm-ms"] = built.executable
         row["compile:tvm-ms"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    exes["ollie-analytic"], rep0 = build(mod, target, trials=0, time_budget_s=time_budget_s)
+    exes["ollie-analytic"], rep0 = build(mod, target, trials=0, search_time_s=search_time_s)
     row["compile:ollie-analytic"] = time.perf_counter() - t0
     row["report:ollie-analytic"] = rep0.to_text()
     if trials > 0:
@@ -91,7 +91,7 @@ def bench_model(name: str, mod, trials: int, work_root: str, time_budget_s: floa
         # the same module budget as TVM's tuned build (one budget, spent by expected gain)
         exes["ollie-ms"], rep = build(mod, target, trials=trials,
                                       work_dir=os.path.join(work_root, f"{name}_ollie"),
-                                      time_budget_s=time_budget_s, max_measured=max_measured)
+                                      search_time_s=search_time_s, max_measured=max_measured)
         row["compile:ollie-ms"] = time.perf_counter() - t0
         row["ollie_trials_spent"] = STATS.trials - before
         row["ollie_trials_budget"] = rep.trials_budget
@@ -117,7 +117,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=32, help="MetaSchedule trials N")
     parser.add_argument("--models", default="conv512,demo")
-    parser.add_argument("--time-budget", type=float, default=DEFAULTS.search_time_s,
+    parser.add_argument("--search-time", type=float, default=DEFAULTS.search_time_s,
                         help="derivation seconds per model")
     parser.add_argument("--max-measured", type=int, default=1,
                         help="candidates tuned and measured per distinct operator")
@@ -129,7 +129,7 @@ def main(argv=None) -> int:
     models = _models()
     rows = []
     for name in args.models.split(","):
-        row = bench_model(name, models[name](), args.trials, work_root, args.time_budget,
+        row = bench_model(name, models[name](), args.trials, work_root, args.search_time,
                           args.max_measured)
         rows.append(row)
         _print_row(row)

@@ -65,7 +65,7 @@ def _run(ex, args: Sequence[np.ndarray], repeat: int):
 
 
 def compare_precision(model: str, repeat: int = 20,
-                      time_budget_s: float = DEFAULTS.search_time_s,
+                      search_time_s: float = DEFAULTS.search_time_s,
                       quick: bool = True) -> List[PrecisionRow]:
     """The three builds of ``model`` (see the module docstring)."""
 
@@ -77,7 +77,7 @@ def compare_precision(model: str, repeat: int = 20,
                          ("tvm-fp16", "float16")):
         t0 = time.perf_counter()
         if label.startswith("ollie"):
-            ex, report = build(mod, target="llvm", dtype=dtype, time_budget_s=time_budget_s)
+            ex, report = build(mod, target="llvm", dtype=dtype, search_time_s=search_time_s)
             rewritten = len(report.rewritten)
         else:
             ex, rewritten = tvm.compile(to_precision(mod, dtype), target="llvm"), 0
@@ -97,13 +97,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS))
     parser.add_argument("--repeat", type=int, default=20, help="timed runs per build")
-    parser.add_argument("--time-budget", type=float, default=DEFAULTS.search_time_s,
+    parser.add_argument("--search-time", type=float, default=DEFAULTS.search_time_s,
                         help="derivation time per model build (seconds)")
     parser.add_argument("--full", action="store_true", help="paper sizes instead of quick ones")
     args = parser.parse_args(argv)
     print(HEADER, flush=True)
     for model in args.models:
-        for row in compare_precision(model, args.repeat, args.time_budget, not args.full):
+        for row in compare_precision(model, args.repeat, args.search_time, not args.full):
             print(row.line(), flush=True)
     return 0
 

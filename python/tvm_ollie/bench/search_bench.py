@@ -133,7 +133,7 @@ def run_case(name: str, depth: int, quick: bool, budget: Optional[float]) -> Dic
     case = CASES[name]
     expr = case.build(quick)
     cpu0 = time.process_time()
-    res = derive(expr, targets=case.targets, max_depth=depth, time_budget_s=budget,
+    res = derive(expr, targets=case.targets, max_depth=depth, search_time_s=budget,
                  verify=False, max_candidates=None)
     cpu = time.process_time() - cpu0
     st = res.stats

@@ -319,7 +319,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
     parser.add_argument("--dynamo", action="store_true", help="the dynamo ONNX exporter")
     parser.add_argument("--runs", type=int, default=5, help="timed runs (median)")
-    parser.add_argument("--time-budget", type=float, default=5.0,
+    parser.add_argument("--search-time", type=float, default=5.0,
                         help="derivation time per build (seconds)")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                         help="latency clock: wall time, or the process's CPU time (a shared "
@@ -339,7 +339,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     threads = os.environ.get("TVM_NUM_THREADS")
     if threads:  # eager PyTorch on as many threads as TVM's runtime
         torch.set_num_threads(int(threads))
-    opts = dict(time_budget_s=args.time_budget)
+    opts = dict(search_time_s=args.search_time)
     rows = []
     for name in args.models or list_models():
         for row in model_rows(name, args.paths, opts, args.runs, args.dynamo):
