@@ -119,10 +119,10 @@ class OllieConfig:
     joint_guard : bool
         With ``joint`` on a target that runs here (local CPU): also build the refined,
         sequential (derive, then orchestrate), derivation-only and orchestration-only plans
-        from the joint build's decisions, time them whole on the same inputs and keep the
-        fastest (:mod:`tvm_ollie.pipeline.guard`; ``report.plans`` says which; with
-        ``trials``, the rest of the budget then tunes the kept plan). False: the joint plan as
-        selected, no extra builds.
+        from the joint build's decisions and the module as given by TVM alone, time them
+        whole on the same inputs and keep the fastest (:mod:`tvm_ollie.pipeline.guard`;
+        ``report.plans`` says which; with ``trials``, the rest of the budget then tunes the
+        kept plan). False: the joint plan as selected, no extra builds.
     model_guard : bool, optional
         Never slower than TVM alone for the whole model: when the pass rewrote something
         (sequential build, on a target that runs here: the local CPU or a GPU present here;
