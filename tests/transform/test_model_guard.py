@@ -2,13 +2,11 @@
 original, the faster kept (ties: the original), every decision reverted when the original is
 kept. A fake ``plan_timer`` stands for the timing."""
 
-import numpy as np
 import pytest
 import tvm
 from tvm import relax
 
 import small_models as sm
-from tvm_ollie.bench.harness import guard_agreement
 from tvm_ollie.codegen.builder import single_function_module as _module, tensor_var
 from tvm_ollie.config import ConfigError, OllieConfig
 from tvm_ollie.frontend.explain import guard_line
@@ -141,17 +139,6 @@ def test_where_the_guard_runs():
     assert OllieConfig.from_dict({"ollie.model_guard": False}).model_guard is False
     with pytest.raises(ConfigError, match="model_guard"):
         OllieConfig(model_guard=1)
-
-
-def test_the_benchmark_sets_the_guards_timing_beside_the_fresh_one():
-    result = {"median_s": 2e-3, "model_guard": {"winner": "original", "kept_s": 1e-3},
-              "plans": {"winner": "joint", "kept_s": None}}
-    guard_agreement(result)
-    assert result["guard_vs_fresh"] == {"model_guard": pytest.approx(0.5)}
-    untimed = {"median_s": 2e-3}
-    guard_agreement(untimed)
-    assert "guard_vs_fresh" not in untimed
-    assert np.isfinite(result["guard_vs_fresh"]["model_guard"])
 
 
 def test_compile_flag_turns_the_guard_off_and_the_summary_names_the_kept_build(
