@@ -74,6 +74,23 @@ def test_the_guard_times_both_builds_with_the_protocol_by_default():
     _check_equals_tvm(ex, mod)
 
 
+def test_the_verdict_is_kept_in_the_work_dir_and_read_back(tmp_path):
+    """A second build of the same model with the same work dir times nothing: it reads the
+    first build's comparison back and keeps the same build."""
+    first = _timer({"rewritten": 2e-3, "original": 1e-3})
+    _, report = build(sm.conv1x1(), "llvm", plan_timer=first, work_dir=str(tmp_path), **OPTS)
+    assert first.seen and report.model_guard.winner == "original"
+    assert "whole model" in (tmp_path / "ollie_decisions.json").read_text()
+
+    def timer(_runs):
+        raise AssertionError("the verdict is recorded")
+
+    _, again = build(sm.conv1x1(), "llvm", plan_timer=timer, work_dir=str(tmp_path), **OPTS)
+    assert again.model_guard.winner == "original" and not again.decisions[0].rewritten
+    assert again.model_guard.times() == report.model_guard.times()
+    assert any("read back" in note for note in again.model_guard.notes)
+
+
 def test_a_tie_keeps_the_original():
     assert MODEL_PREFERENCE[0] == "original"
     _, report = build(sm.conv1x1(), "llvm", plan_timer=_timer({"rewritten": 1e-3,

@@ -24,7 +24,8 @@ of the original, so it wins ties::
 
 When the original is kept, every rewritten decision and region is reported reverted with the
 guard's verdict as the reason; ``report.model_guard`` holds the evidence
-(``OllieConfig.model_guard``, test hook ``plan_timer``).
+(``OllieConfig.model_guard``, test hook ``plan_timer``), and ``work_dir`` keeps the verdict
+(:class:`RecordedVerdict`) for the next build of the same model.
 """
 
 from __future__ import annotations
@@ -34,23 +35,28 @@ import os
 import tempfile
 from typing import Optional, Tuple
 
+import tvm_ffi
+
 from ..compat import relax, tvm
 from ..compile_profile import profile_scope, stage
 from ..config import OllieConfig, resolve_config
 from ..orchestrate.cost import sample_args
 from ..target import gpu_available, is_gpu_target, is_llvm, kind_name, normalize_target
+from ..transform.measuring import DecisionRecords
 from ..transform.optimize import OllieOptimize, optimize_module
 from ..transform.precision import to_precision
 from ..transform.report import OptimizeReport
 from ..tune.budget import TrialBudget
+from ..tune.compare import Comparison, from_seconds
 from ..tune.metaschedule import Tuner
 from ..tune.rpc import RPCConfig
 from ..tune.workdir import prepare_work_dir, work_dir_lock
 from .compile import compile_module, default_pipeline
-from .guard import GuardError, GuardReport, guard_plans
+from .guard import GUARD_MARGIN, GuardError, GuardReport, alternating, guard_plans
 from .joint_plans import joint_build
 
-__all__ = ["MODEL_PREFERENCE", "PIPELINE_NAME", "build", "cuda_source", "ollie_pipeline"]
+__all__ = ["MODEL_PREFERENCE", "PIPELINE_NAME", "RecordedVerdict", "build", "cuda_source",
+           "model_guard_on", "ollie_pipeline"]
 
 LOG = logging.getLogger("tvm_ollie.transform")  # the name it logged under before the move
 
@@ -178,7 +184,9 @@ def _build(mod: "tvm.IRModule", cfg: OllieConfig, hooks: dict
                                       orchestrate_config=orch)
 
             with stage("model guard"):
-                ex = _model_guard(mod, ex, original, report, tgt, plan_timer)
+                timer = RecordedVerdict(DecisionRecords(work_dir), mod, new_mod, cfg,
+                                        plan_timer)
+                ex = _model_guard(mod, ex, original, report, tgt, timer)
     report.budget = budget
     return ex, report
 
@@ -223,12 +231,50 @@ def _model_guard(given: "tvm.IRModule", ex, original, report: OptimizeReport, tg
         guard = GuardReport(winner="rewritten", notes=[f"not timed: {err}"])
         kept, winner = ex, "rewritten"
     guard.title = title
+    if getattr(timer, "read_back", False):
+        guard.notes.append(f"verdict read back from work_dir/{DecisionRecords.FILE} (timed by "
+                           "an earlier build of the same two modules)")
     report.model_guard = guard
     if winner == "original":
         why = _reverted_because(guard)
         LOG.info("ollie: %s", why)
         _revert(report, why)
     return kept
+
+
+class RecordedVerdict:
+    """The whole-model guard's timer (a :data:`~.guard.PlanTimer`) with its verdict kept in
+    ``work_dir`` (:class:`~tvm_ollie.transform.measuring.DecisionRecords`), as the unit
+    decisions keep theirs: a later build of the same two modules (structural hashes) for the
+    same target, ``orchestrate`` and ``trials`` reads the comparison back and times nothing,
+    so the same model compiled twice keeps the same build. ``timer``: None, the protocol
+    (:func:`~.guard.alternating`); else a test's. ``read_back``: whether it did."""
+
+    def __init__(self, records: DecisionRecords, given: "tvm.IRModule",
+                 rewritten: "tvm.IRModule", cfg: OllieConfig, timer=None):
+        self.records, self.timer, self.read_back = records, timer, False
+        self.modules = (given, rewritten)
+        self.model = f"model guard {cfg.target} orchestrate={cfg.orchestrate} " \
+                     f"trials={cfg.trials}"
+
+    def _key(self) -> Tuple[str, str]:
+        """``(key, signature)``: hashed when the guard times (the modules may be large)."""
+        given, rewritten = (int(tvm_ffi.structural_hash(m)) for m in self.modules)
+        signature = f"whole model {given} -> {rewritten}"
+        return DecisionRecords.key(self.model, signature), signature
+
+    def __call__(self, runs) -> Comparison:
+        key, signature = self._key()
+        recorded = self.records.get(key, list(runs))
+        if recorded is not None and set(recorded.timings) == set(runs):
+            self.read_back = True
+            return recorded
+        timed = self.timer(runs) if self.timer is not None else \
+            alternating(runs, prefer=MODEL_PREFERENCE, margin=GUARD_MARGIN)
+        if not isinstance(timed, Comparison):
+            timed = from_seconds(timed, MODEL_PREFERENCE, GUARD_MARGIN)
+        self.records.put(key, signature, timed)
+        return timed
 
 
 def _reverted_because(guard: GuardReport) -> str:
