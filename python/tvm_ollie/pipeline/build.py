@@ -343,7 +343,8 @@ def ollie_pipeline(target=None, orchestrate: Optional[bool] = None,
     of :func:`~tvm_ollie.config.config_scope`, read when the pipeline runs). ``opts`` are config
     fields and :class:`OllieOptimize`'s hooks. The target is read from ``Target.current()``
     when the pipeline runs (``tvm.compile`` runs its pipeline under ``with target``) unless the
-    config or ``target`` gives one.
+    config or ``target`` gives one. A pipeline transforms one module and cannot build another
+    to compare with, so it has no whole-model guard (:func:`build` has).
     """
     hooks = {k: opts.pop(k) for k in list(opts) if k in _HOOKS}
     hooks.pop("plan_timer", None)  # (the pipeline never builds jointly)
