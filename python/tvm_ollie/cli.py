@@ -47,8 +47,8 @@ from .compile_profile import profile_scope, stage
 from .config import ConfigError, DEFAULTS, OllieConfig
 from .demo import print_lifted_ops, run_demo, run_roundtrip
 from .frontend.errors import FrontendError, first_line
-from .frontend.explain import (decision_details, decision_table, format_time, other_operators,
-                               region_lines, summary_line)
+from .frontend.explain import (decision_details, decision_table, format_time, guard_line,
+                               other_operators, region_lines, summary_line)
 from .frontend.inputs import (arrange_inputs, load_signature, module_signature, read_input_files,
                               save_signature, signature_path)
 from .frontend.loader import load_module
@@ -84,7 +84,8 @@ class _Parser(argparse.ArgumentParser):
 
 def _compile(args: argparse.Namespace) -> int:
     target = _target(args.target)
-    config = _config(args, target, orchestrate=args.orchestrate, dtype=args.dtype)
+    config = _config(args, target, orchestrate=args.orchestrate, dtype=args.dtype,
+                     model_guard=False if args.no_model_guard else None)
     out = args.output or os.path.splitext(os.path.basename(args.model.split(":")[0]))[0] + ".so"
     with _Output(out) as tmp_out, profile_scope(), Stages(
             ["loading model", "optimizing and building", "exporting"]) as stages:
@@ -99,6 +100,9 @@ def _compile(args: argparse.Namespace) -> int:
           f"{summary_line(list(report.decisions))}; search {_secs(report, 'search_s')}, "
           f"tuning {_secs(report, 'tuning_s')}{_trials(report)} "
           "(details: tvm-ollie explain)")  # fmt: skip
+    guard = guard_line(report)
+    if guard:
+        print(guard)
     if args.explain:
         print(report.to_text())
     if is_gpu(target) and not tvm.cuda(0).exist:
@@ -524,6 +528,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "operators, convolutions and matmuls accumulating in float32) before "
                           "optimizing; the library still takes and returns the model's own "
                           "types, so `run` is called with the same inputs (default: float32)")
+    cmd.add_argument("--no-model-guard", action="store_true",
+                     help="do not build the model as given too and time it against the "
+                          "rewritten one (the whole-model guard keeps the rewrite only when it "
+                          "is measurably faster; on by default where the target runs here)")
     cmd.add_argument("--explain", action="store_true",
                      help="also print the optimizer's report: each decision, the derivations "
                           "cached or searched and the compile time per stage")

@@ -120,10 +120,20 @@ class OllieConfig:
     joint_guard : bool
         With ``joint`` on a target that runs here (local CPU): also build the refined,
         sequential (derive, then orchestrate), derivation-only and orchestration-only plans
-        from the joint build's decisions, time them whole on the same inputs and keep the
-        fastest (:mod:`tvm_ollie.pipeline.guard`; ``report.plans`` says which; with
-        ``trials``, the rest of the budget then tunes the kept plan). False: the joint plan as
-        selected, no extra builds.
+        from the joint build's decisions and the module as given by TVM alone, time them
+        whole on the same inputs and keep the fastest (:mod:`tvm_ollie.pipeline.guard`;
+        ``report.plans`` says which; with ``trials``, the rest of the budget then tunes the
+        kept plan). False: the joint plan as selected, no extra builds.
+    model_guard : bool, optional
+        Never slower than TVM alone for the whole model: when the pass rewrote something
+        (sequential build, on a target that runs here: the local CPU or a GPU present here;
+        not with ``rpc``), also build the module as given the same way, time both whole under
+        the guard's protocol (:mod:`tvm_ollie.pipeline.guard`) and keep the rewrite only when
+        it computes the same and is separated faster; otherwise TVM's build is kept and every
+        decision is reported reverted (``report.model_guard`` says why). Decisions are timed
+        one unit at a time, and their sum can lose. None: on unless ``calibration`` is given
+        (a calibration asks for reproducible decisions, and the guard's outcome depends on
+        the machine's load); True: on wherever timing is possible; False: off.
     orchestration : OrchestrateConfig, optional
         Limits of orchestration (:class:`OrchestrateConfig`; None: its defaults).
     calibration : Calibration, optional
@@ -159,6 +169,7 @@ class OllieConfig:
     orchestrate: bool = False
     joint: bool = False
     joint_guard: bool = True
+    model_guard: Optional[bool] = None
     orchestration: Optional[OrchestrateConfig] = None
     calibration: Any = None
     rpc: Any = None
@@ -190,7 +201,7 @@ class OllieConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"OllieConfig.{name} must be True or False, not "
                                   f"{getattr(self, name)!r}")
-        for name in ("library", "check_untuned"):
+        for name in ("library", "check_untuned", "model_guard"):
             if not any(getattr(self, name) is v for v in (None, True, False)):
                 raise ConfigError(f"OllieConfig.{name} must be None, True or False, not "
                                   f"{getattr(self, name)!r}")

@@ -12,7 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tvm_ollie.bench import __main__ as cli  # noqa: E402
-from tvm_ollie.bench.harness import run_bench  # noqa: E402
+from tvm_ollie.bench.harness import guard_agreement, run_bench  # noqa: E402
+from tvm_ollie.bench.report import markdown  # noqa: E402
 from tvm_ollie.bench.systems import (  # noqa: E402
     Prepared,
     SystemUnavailable,
@@ -151,3 +152,24 @@ def test_thread_environment_defaults_and_overrides(monkeypatch):
     assert state["TVM_THREAD_POOL_SPIN_COUNT"] == "0"
     assert state["OMP_WAIT_POLICY"] == "ACTIVE"  # the user's choice is kept
     assert state["torch_preloaded"] == "True"
+
+
+def test_the_guards_timing_of_the_kept_plan_is_set_beside_the_fresh_one():
+    """``kept_s`` (the never-worse guard's median of the plan it kept) over the benchmark's
+    median of the finished executable, per guard, and a table of them in the report."""
+    result = {"status": "ok", "median_s": 2e-3,
+              "model_guard": {"winner": "original", "kept_s": 1e-3},
+              "plans": {"winner": "joint", "kept_s": None}}
+    guard_agreement(result)
+    assert result["guard_vs_fresh"] == {"model_guard": pytest.approx(0.5)}
+    untimed = {"status": "ok", "median_s": 2e-3}
+    guard_agreement(untimed)
+    assert "guard_vs_fresh" not in untimed
+    cfg = dict(systems=["ollie"], reference="ollie", target="llvm", quick=True, batch=1,
+               threads=1, trials=0, started="now")
+    text = markdown({"config": cfg, "models": {"m": {"systems": {"ollie": result}}}})
+    row = next(line for line in text.splitlines() if "whole model" in line)
+    assert "| m | ollie | whole model | original | 1.000 | 2.000 | 0.50 |" in row, text
+    assert "## Never-worse guards" in text
+    assert "Never-worse guards" not in markdown(
+        {"config": cfg, "models": {"m": {"systems": {"ollie": untimed}}}})

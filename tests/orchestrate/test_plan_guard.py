@@ -226,6 +226,16 @@ def test_guard_ties_go_to_the_preferred_plan_not_the_luckier_median():
     assert winner == "joint" and report.kept_s == times["joint"]
 
 
+def test_a_joint_tie_with_tvm_alone_keeps_tvm_alone():
+    """The joint build is never slower than TVM alone: its plan ``original`` wins every tie."""
+    assert GUARD_PREFERENCE[0] == "original"
+    built = {}
+    plans = [(n, _builder(1.0, built, n)) for n in ("joint", "derivation", "original")]
+    times = {"joint": 1e-3, "derivation": 1e-3, "original": 1e-3}
+    ex, winner, _ = guard_plans(plans, ARGS, timer=_fixed(times), prefer=GUARD_PREFERENCE)
+    assert winner == "original" and ex is built["original"]
+
+
 def test_the_guard_times_with_the_protocol_by_default():
     built = {}
     plans = [(n, _builder(1.0, built, n)) for n in ("joint", "derivation")]
@@ -264,18 +274,19 @@ _BUILD = dict(orchestrate=True, joint=True, calibration=CALIB, check_untuned=Fal
               search_time_s=0.5, max_depth=1, derive=False, library=False)
 
 
-@pytest.mark.parametrize("fastest", ["sequential", "derivation", "orchestration"])
+@pytest.mark.parametrize("fastest", ["sequential", "derivation", "orchestration", "original"])
 def test_build_keeps_the_plan_the_timer_finds_fastest(fastest):
     """``build(orchestrate=True, joint=True)``: the guard times the plans of the same
     decisions and the report names the one kept (the refined plan is skipped: the joint
     selection had nothing to pick)."""
     from tvm_ollie.pipeline import build
 
-    times = {"joint": 3e-3, "sequential": 2e-3, "derivation": 2e-3, "orchestration": 2e-3}
+    times = {"joint": 3e-3, "sequential": 2e-3, "derivation": 2e-3, "orchestration": 2e-3,
+             "original": 2e-3}
     times[fastest] = 1e-3
     timer = _fixed(times)
     ex, report = build(_conv_module(), "llvm", plan_timer=timer, **_BUILD)
-    assert timer.seen == [["derivation", "joint", "orchestration", "sequential"]]
+    assert timer.seen == [["derivation", "joint", "orchestration", "original", "sequential"]]
     refined = next(p for p in report.plans.plans if p.name == "refined")
     assert refined.dropped.startswith("skipped: "), refined
     assert report.orchestration.partitions  # the joint selection's statistics, kept or not
@@ -326,14 +337,15 @@ def test_tuned_joint_build_tunes_the_plan_the_guard_kept(monkeypatch, guard):
             return fused
 
     monkeypatch.setattr(build_mod, "Tuner", Recording)
-    times = {"joint": 3e-3, "sequential": 1e-3, "derivation": 2e-3, "orchestration": 2e-3}
+    times = {"joint": 3e-3, "sequential": 1e-3, "derivation": 2e-3, "orchestration": 2e-3,
+             "original": 2e-3}
     ex, report = build_mod.build(_conv_module(), "llvm", trials=4, plan_timer=_fixed(times),
                                  tuner=Recording(), joint_guard=guard, **_BUILD)
     assert (report.plans.winner if guard else report.plans) == ("sequential" if guard else None)
     decisions, plans = made  # the Decider's tuner (the hook), the plans' (made by build)
     assert decisions.trials  # the call's measurement tuned first
     assert plans.trials == [report.budget.tasks["build"].allotted]
-    assert plans.applied == (4 + 1 if guard else 1)  # four plans built, then the kept one tuned
+    assert plans.applied == (5 + 1 if guard else 1)  # five plans built, then the kept one tuned
     assert report.budget.spent == report.budget.total == 4
     args = [np.random.default_rng(2).standard_normal(s).astype("float32")
             for s in ((1, 4, 6, 6), (4, 4, 3, 3))]

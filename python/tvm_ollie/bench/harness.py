@@ -212,4 +212,18 @@ def bench_model(spec, systems: List[str], reference: str, ctx: BenchContext, pea
         if "bound_s" in entry:
             result["roofline_fraction"] = entry["bound_s"] / sample.median
             result["roofline_min_fraction"] = entry["bound_min_s"] / sample.median
+        guard_agreement(result)
     return entry
+
+
+def guard_agreement(result: dict) -> None:
+    """Set ``guard_vs_fresh`` (per guard of the build: ``{"plans": ratio, "model_guard":
+    ratio}``) to the guard's timing of the plan it kept (``kept_s``) over the benchmark's fresh
+    timing of the finished executable (``median_s``): near 1 when the guard's rounds measured
+    what the benchmark measures; far from 1, the guard decided on other conditions (load, a
+    cold machine, tuning after the guard), and its verdict is to be read with that in mind."""
+    fresh = result.get("median_s")
+    ratios = {key: result[key]["kept_s"] / fresh for key in ("plans", "model_guard")
+              if fresh and isinstance(result.get(key), dict) and result[key].get("kept_s")}
+    if ratios:
+        result["guard_vs_fresh"] = ratios

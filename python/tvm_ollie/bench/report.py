@@ -99,12 +99,36 @@ def markdown(results: dict) -> str:
             row.append(text)
         rows.append(row)
     lines += _table(["model"] + systems, rows)
+    lines += _guard_lines(models)
     problems = [f"- `{m}` / `{s}`: {r.get('status')}: {r.get('reason', '')}"
                 for m, e in models.items() for s, r in e["systems"].items()
                 if r.get("status") not in ("ok", "built")]  # fmt: skip
     if problems:
         lines += ["", "## Not measured", ""] + problems
     return "\n".join(lines) + "\n"
+
+
+def _guard_lines(models: dict) -> List[str]:
+    """The never-worse guards' choices and their timing of the kept plan beside the fresh one
+    (``guard_vs_fresh``, :func:`tvm_ollie.bench.harness.guard_agreement`); none: no lines."""
+    rows = []
+    for m, e in models.items():
+        for s, r in e["systems"].items():
+            for key in ("model_guard", "plans"):
+                guard = r.get(key)
+                if isinstance(guard, dict):
+                    ratio = (r.get("guard_vs_fresh") or {}).get(key)
+                    rows.append([m, s, "whole model" if key == "model_guard" else "joint",
+                                 str(guard.get("winner") or "-"), _ms(guard.get("kept_s")),
+                                 _ms(r.get("median_s")),
+                                 "-" if ratio is None else f"{ratio:.2f}"])
+    if not rows:
+        return []
+    return ["", "## Never-worse guards", "",
+            "The plan each guard kept, its timing by the guard (ms) and the benchmark's fresh "
+            "timing of the finished executable; a ratio far from 1: the guard decided on other "
+            "conditions.", ""] + _table(["model", "system", "guard", "kept", "guard ms",
+                                        "fresh ms", "guard/fresh"], rows)
 
 
 class _Peaks:  # pylint: disable=too-few-public-methods

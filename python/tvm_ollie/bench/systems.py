@@ -277,10 +277,12 @@ def _prepare_ollie(spec, ctx: BenchContext, system: str, **opts) -> Prepared:
             "regions": [f"{r.var_name} [{r.contents}]: {r.chosen}"
                         for r in getattr(report, "regions", [])]}
     info["rewritten"] += [r.var_name for r in getattr(report, "regions", []) if r.rewritten]
-    if getattr(report, "plans", None) is not None:  # the joint build's never-worse guard
-        info["plans"] = {"winner": report.plans.winner, "times_s": report.plans.times(),
-                         "kept_s": report.plans.kept_s,  # the guard's timing of the kept plan
-                         "text": report.plans.to_text()}
+    for key in ("plans", "model_guard"):  # the never-worse guards: joint build, whole model
+        guard = getattr(report, key, None)
+        if guard is not None:
+            info[key] = {"winner": guard.winner, "times_s": guard.times(),
+                         "kept_s": guard.kept_s,  # the guard's timing of the kept plan
+                         "text": guard.to_text()}
     info.update(orchestration_info(getattr(report, "orchestration", None)))
     return prepare_tvm_executable(ex, params, spec, ctx, total_s - (tune_s or 0.0), tune_s, info)
 

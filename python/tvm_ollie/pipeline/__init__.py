@@ -9,7 +9,8 @@
 
 :mod:`tvm_ollie.transform` (the derivation pass) and :mod:`tvm_ollie.orchestrate` (kernel
 orchestration) sit side by side one floor below and never import each other; everything that
-needs both is here: :mod:`.build` (``build`` and the ``"ollie"`` pipeline), :mod:`.compile`
+needs both is here: :mod:`.build` (``build``, its whole-model guard against TVM's build of
+the original, and the ``"ollie"`` pipeline), :mod:`.compile`
 (TVM's fusion or orchestration, tuned or not), :mod:`.joint` (offering derivation alternatives
 to the orchestration), :mod:`.joint_plans` (the joint build) and :mod:`.guard` (its
 never-worse guard). Importing this package registers the ``"ollie"`` Relax pipeline.

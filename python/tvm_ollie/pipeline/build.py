@@ -10,6 +10,22 @@ MetaSchedule database from an earlier compile) the rewritten module is legalized
 records are tuned with what the pass left of the module's trial budget
 (:mod:`tvm_ollie.tune.budget`), and ``MetaScheduleApplyDatabase`` puts the best schedules in
 before TVM's default pipeline builds it.
+
+Never slower than TVM alone, measured: the pass decides one unit at a time, and units that each
+won can lose together (a mobile classifier built 7% slower than TVM alone with 32 of 54 calls
+rewritten). When the pass rewrote something and the build can time here (the local CPU, or a
+GPU present here; not over RPC), :func:`build` also builds the module as given the same way
+(same compile path, tuning records and ``orchestrate`` flag; nothing more is tuned for it) and
+times the two executables whole under the guard's protocol (:func:`~.guard.guard_plans`:
+alternating rounds, outputs checked against the original's). The simplest plan is TVM's build
+of the original, so it wins ties::
+
+    kept = rewritten if rewritten computes the same and is separated faster, else original
+
+When the original is kept, every rewritten decision and region is reported reverted with the
+guard's verdict as the reason; ``report.model_guard`` holds the evidence
+(``OllieConfig.model_guard``, test hook ``plan_timer``), and ``work_dir`` keeps the verdict
+(:class:`RecordedVerdict`) for the next build of the same model.
 """
 
 from __future__ import annotations
@@ -19,20 +35,27 @@ import os
 import tempfile
 from typing import Any, Optional, Tuple
 
+import tvm_ffi
+
 from ..compat import relax, tvm
 from ..compile_profile import profile_scope, stage
 from ..config import OllieConfig, resolve_config
+from ..orchestrate.cost import sample_args
 from ..target import gpu_available, is_gpu_target, is_llvm, kind_name, normalize_target
+from ..transform.measuring import DecisionRecords
 from ..transform.optimize import OllieOptimize, optimize_module
 from ..transform.precision import to_precision
 from ..transform.report import OptimizeReport
 from ..tune.budget import TrialBudget
+from ..tune.compare import Comparison, from_seconds
 from ..tune.metaschedule import Tuner
 from ..tune.workdir import prepare_work_dir, work_dir_lock
 from .compile import compile_module, default_pipeline
+from .guard import GUARD_MARGIN, GuardError, GuardReport, alternating, guard_plans
 from .joint_plans import joint_build
 
-__all__ = ["build", "cuda_source", "ollie_pipeline", "PIPELINE_NAME"]
+__all__ = ["MODEL_PREFERENCE", "PIPELINE_NAME", "RecordedVerdict", "build", "cuda_source",
+           "model_guard_on", "ollie_pipeline"]
 
 LOG = logging.getLogger("tvm_ollie.transform")  # the name it logged under before the move
 
@@ -62,7 +85,8 @@ def build(mod: "tvm.IRModule", target=None, config: Optional[OllieConfig] = None
     timer, checker, chooser, tuner, cost_model : optional
         The test hooks of :func:`optimize_module`.
     plan_timer : PlanTimer, optional
-        The joint build's never-worse guard's (:data:`~tvm_ollie.pipeline.guard.PlanTimer`).
+        The never-worse guards' (the joint build's and the whole model's,
+        :data:`~tvm_ollie.pipeline.guard.PlanTimer`).
     **options
         Overrides of the config's fields: those below, which :func:`build` reads itself, and
         the pass's (``max_depth``, ``search_time_s``, ``calibration``...).
@@ -120,6 +144,10 @@ def build(mod: "tvm.IRModule", target=None, config: Optional[OllieConfig] = None
 #: Share of the trial budget kept for the rewritten module's kernels (the final task).
 FINAL_SHARE = 0.5
 
+#: Who wins a tie of the whole-model guard: the original (TVM's build, the simplest plan)
+#: unless the rewritten module is separated faster.
+MODEL_PREFERENCE = ("original", "rewritten")
+
 
 def _build(mod: "tvm.IRModule", cfg: OllieConfig, hooks: dict
            ) -> Tuple["tvm.runtime.Executable", OptimizeReport]:
@@ -130,7 +158,8 @@ def _build(mod: "tvm.IRModule", cfg: OllieConfig, hooks: dict
         joint = _joint(mod, cfg, hooks)
         if joint is not None:
             return joint
-    hooks = {k: v for k, v in hooks.items() if k != "plan_timer"}
+    hooks = dict(hooks)
+    plan_timer = hooks.pop("plan_timer", None)
     budget = TrialBudget(trials, final_share=FINAL_SHARE if tunable else 0.0)
     if trials > 0 and not tunable:
         budget.notes.append(f"no {kind_name(tgt)} device here to measure on: nothing tuned")
@@ -148,11 +177,120 @@ def _build(mod: "tvm.IRModule", cfg: OllieConfig, hooks: dict
         why = f"the rewritten module failed to build for {kind_name(tgt)}: " \
               f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:200]}"
         LOG.warning("ollie: %s; building the original module", why)
-        for d in report.rewritten:
-            d.chosen, d.after_s, d.explain, d.reason = "original", d.before_s, "", why
+        _revert(report, why)
         ex = _compile_final(mod, cfg, tuner, budget, tunable, orch)
+    else:
+        if _rewritten_units(report) and model_guard_on(cfg):
+            def original():  # built as the rewritten module was, with the records it left
+                return compile_module(mod, tgt, budget.metered(tuner), 0, cfg.orchestrate,
+                                      orchestrate_config=orch)
+
+            with stage("model guard"):
+                timer = RecordedVerdict(DecisionRecords(work_dir), mod, new_mod, cfg,
+                                        plan_timer)
+                ex = _model_guard(mod, ex, original, report, tgt, timer)
     report.budget = budget
     return ex, report
+
+
+def model_guard_on(cfg: OllieConfig) -> bool:
+    """Whether the whole-model guard runs for ``cfg`` (:attr:`OllieConfig.model_guard`): asked
+    for (or by default, without a fixed ``calibration``), and the executables run here (the
+    local CPU, or a GPU present here; RPC builds are timed remotely, whole models are not)."""
+    if cfg.model_guard is False or cfg.model_guard is None and cfg.calibration is not None:
+        return False
+    return cfg.rpc is None and (is_llvm(cfg.target) or gpu_available(cfg.target))
+
+
+def _rewritten_units(report: OptimizeReport) -> list:
+    """The decisions and regions that replaced their calls."""
+    return list(report.rewritten) + [r for r in report.regions if r.rewritten]
+
+
+def _revert(report: OptimizeReport, why: str) -> None:
+    """Report every rewritten unit as kept original (the original module is what is built)."""
+    for unit in _rewritten_units(report):
+        unit.chosen, unit.after_s, unit.explain, unit.reason = "original", unit.before_s, "", why
+    report.epilogues = {}  # (folded into kernels of the rewritten module only)
+
+
+def _model_guard(given: "tvm.IRModule", ex, original, report: OptimizeReport, tgt,
+                 timer=None):
+    """The rewritten executable ``ex`` or ``original()``, whichever the whole-model guard keeps
+    (module docstring); the evidence goes to ``report.model_guard``."""
+    title = "whole-model guard: rewritten vs TVM's build of the original"
+    try:
+        args = sample_args(given["main"])
+    except Exception as err:  # pylint: disable=broad-except
+        report.model_guard = GuardReport(winner="rewritten", title=title, notes=[
+            f"not timed: no main with static tensor inputs ({type(err).__name__})"])
+        return ex
+    plans = [("rewritten", lambda: ex), ("original", original)]
+    try:
+        kept, winner, guard = guard_plans(plans, args, reference="original", timer=timer,
+                                          target=tgt, prefer=MODEL_PREFERENCE)
+    except GuardError as err:  # neither ran here: keep what the pass built
+        guard = GuardReport(winner="rewritten", notes=[f"not timed: {err}"])
+        kept, winner = ex, "rewritten"
+    guard.title = title
+    if getattr(timer, "read_back", False):
+        guard.notes.append(f"verdict read back from work_dir/{DecisionRecords.FILE} (timed by "
+                           "an earlier build of the same two modules)")
+    report.model_guard = guard
+    if winner == "original":
+        why = _reverted_because(guard)
+        LOG.info("ollie: %s", why)
+        _revert(report, why)
+    return kept
+
+
+class RecordedVerdict:
+    """The whole-model guard's timer (a :data:`~.guard.PlanTimer`) with its verdict kept in
+    ``work_dir`` (:class:`~tvm_ollie.transform.measuring.DecisionRecords`), as the unit
+    decisions keep theirs: a later build of the same two modules (structural hashes) for the
+    same target, ``orchestrate`` and ``trials`` reads the comparison back and times nothing,
+    so the same model compiled twice keeps the same build. ``timer``: None, the protocol
+    (:func:`~.guard.alternating`); else a test's. ``read_back``: whether it did."""
+
+    def __init__(self, records: DecisionRecords, given: "tvm.IRModule",
+                 rewritten: "tvm.IRModule", cfg: OllieConfig, timer=None):
+        self.records, self.timer, self.read_back = records, timer, False
+        self.modules = (given, rewritten)
+        self.model = f"model guard {cfg.target} orchestrate={cfg.orchestrate} " \
+                     f"trials={cfg.trials}"
+
+    def _key(self) -> Tuple[str, str]:
+        """``(key, signature)``: hashed when the guard times (the modules may be large)."""
+        given, rewritten = (int(tvm_ffi.structural_hash(m)) for m in self.modules)
+        signature = f"whole model {given} -> {rewritten}"
+        return DecisionRecords.key(self.model, signature), signature
+
+    def __call__(self, runs) -> Comparison:
+        key, signature = self._key()
+        recorded = self.records.get(key, list(runs))
+        if recorded is not None and set(recorded.timings) == set(runs):
+            self.read_back = True
+            return recorded
+        timed = self.timer(runs) if self.timer is not None else \
+            alternating(runs, prefer=MODEL_PREFERENCE, margin=GUARD_MARGIN)
+        if not isinstance(timed, Comparison):
+            timed = from_seconds(timed, MODEL_PREFERENCE, GUARD_MARGIN)
+        self.records.put(key, signature, timed)
+        return timed
+
+
+def _reverted_because(guard: GuardReport) -> str:
+    """The reason given to every reverted unit when the guard kept the original."""
+    rewritten = next(p for p in guard.plans if p.name == "rewritten")
+    if rewritten.dropped:
+        return f"whole-model guard: the rewritten module {rewritten.dropped}; TVM's build of " \
+               "the original kept"
+    times = guard.times()
+    how = "separated" if guard.comparison is not None and guard.comparison.separated \
+        else "not separated: a tie keeps the original"
+    return f"whole-model guard: the rewritten module took {times['rewritten'] * 1e3:.3f}ms, " \
+           f"the original {times['original'] * 1e3:.3f}ms ({how}); TVM's build of the " \
+           "original kept"
 
 
 def _compile_final(mod, cfg: OllieConfig, tuner, budget: TrialBudget, tunable: bool, orch):
@@ -206,7 +344,9 @@ def ollie_pipeline(target=None, config: Optional[OllieConfig] = None, *, timer=N
     override the config's fields (validated here); ``timer``, ``checker``, ``chooser`` and
     ``cost_model`` are :class:`OllieOptimize`'s hooks. The target is read from
     ``Target.current()`` when the pipeline runs (``tvm.compile`` runs its pipeline under
-    ``with target``) unless the config or ``target`` gives one.
+    ``with target``) unless the config or ``target`` gives one. A pipeline transforms one
+    module and cannot build another to compare with, so it has no whole-model guard
+    (:func:`build` has).
     """
     hooks = dict(timer=timer, checker=checker, chooser=chooser, cost_model=cost_model)
     overrides = dict(target=target, **options)

@@ -18,6 +18,8 @@ already made (no second derivation search), the plans it competes with
 * ``derivation``: the same module with TVM's greedy fusion (the ``ollie`` system);
 * ``orchestration``: the module as given (no derivation, no library kernel), fission and
   orchestration (orchestration alone);
+* ``original``: the module as given, built by TVM's own pipeline (greedy fusion): TVM alone,
+  so that the joint build is never slower than TVM alone either;
 
 and :func:`guard_plans` keeps the fastest. Each plan is built and run once on the same sample
 inputs; a plan that fails to build or to run, or whose outputs differ from the reference plan's
@@ -29,14 +31,18 @@ order-statistic intervals of the medians and :data:`GUARD_MARGIN` apart) or the 
 spent. A plan whose fastest of two samples is more than 3x the leader's slowest cannot win and
 leaves the rounds (two samples, not one: on a loaded machine one sample can be 10-100x off).
 When the leaders do not separate, the tie goes to the first of them in the order of
-preference (``prefer``: the joint build prefers the derivation-only plan, the simplest), never
-to the luckier sample::
+preference (``prefer``: the joint build prefers the simplest plans, TVM alone first, then the
+derivation-only plan), never to the luckier sample::
 
     winner = fastest if separated, else the first tied plan in ``prefer`` order
 
 The :class:`GuardReport` (``OptimizeReport.plans``) lists the medians, the winner, the
 guard's own timing of it (:attr:`GuardReport.kept_s`, for comparison with a fresh timing of the
 finished executable), the rounds, separated or tied, and why any plan was dropped.
+
+The sequential build (:func:`~.build.build` without ``joint``) uses the same protocol as its
+whole-model guard: the rewritten module against the original built alike (``report.model_guard``,
+:mod:`.build`).
 """
 
 from __future__ import annotations
@@ -94,6 +100,8 @@ class GuardReport:
     notes: List[str] = field(default_factory=list)
     #: the timing evidence (None: fewer than two plans were timed)
     comparison: Optional[Comparison] = None
+    #: what the first line of :meth:`to_text` calls the guard
+    title: str = "never-worse guard"
 
     def times(self) -> Dict[str, float]:
         """Median seconds of each timed plan."""
@@ -110,7 +118,7 @@ class GuardReport:
         (rounds, separated or tied) after it."""
         parts = [f"{p.name} {p.seconds * 1e3:.3f}ms" if p.seconds is not None
                  else f"{p.name} dropped ({p.dropped})" for p in self.plans]
-        text = f"never-worse guard (whole modules timed here): {', '.join(parts)}; " \
+        text = f"{self.title} (whole modules timed here): {', '.join(parts)}; " \
                f"kept {self.winner or 'none'}"
         if self.comparison is not None:
             text += f" ({self.comparison.rounds} rounds, stop: {self.comparison.stop}; " \

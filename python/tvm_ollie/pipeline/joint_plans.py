@@ -5,8 +5,8 @@ heavy call's verified alternatives (:mod:`.joint`, :mod:`tvm_ollie.orchestrate.j
 builds the joint plan: one binary
 program chooses the alternatives and the kernel boundaries together. With the never-worse guard
 (:mod:`.guard`) it also builds the plans the joint one competes with, from the same decisions
-(:class:`PlanBuilder`): ``refined``, ``sequential``, ``derivation`` and ``orchestration``,
-and keeps the fastest, timed whole.
+(:class:`PlanBuilder`): ``refined``, ``sequential``, ``derivation``, ``orchestration`` and
+``original`` (the module as given, built by TVM alone), and keeps the fastest, timed whole.
 
 Tuned (``trials > 0``), one trial budget serves the whole build (:mod:`tvm_ollie.tune.budget`):
 the Decider's tuned measurements of the regions and of every call's alternatives draw on it
@@ -42,15 +42,17 @@ from .joint import make_decider, offer_alternatives, offer_folded, static_call
 __all__ = ["GUARD_PREFERENCE", "GUARD_REFERENCE", "PLANS", "PlanBuilder", "joint_build"]
 
 #: The plans of the guard, in the order they are built (ties: :data:`GUARD_PREFERENCE`).
-PLANS = ("joint", "refined", "sequential", "derivation", "orchestration")
+PLANS = ("joint", "refined", "sequential", "derivation", "orchestration", "original")
 
 #: The plan whose outputs the others must match in the guard: TVM's own fusion of the
 #: verified rewrite (orchestration is what the guard doubts, not the per-call checks).
 GUARD_REFERENCE = "derivation"
 
 #: Who wins when the guard's timing does not separate the leaders: the simplest plan first
-#: (derivation only, what the ``ollie`` system builds), the module as given last.
-GUARD_PREFERENCE = ("derivation", "sequential", "refined", "joint", "orchestration")
+#: (TVM alone, then derivation only, what the ``ollie`` system builds), so that a rewrite is
+#: kept only when it is separated faster than TVM's build of the module as given.
+GUARD_PREFERENCE = ("original", "derivation", "sequential", "refined", "joint",
+                    "orchestration")
 
 
 class PlanBuilder:
@@ -66,7 +68,8 @@ class PlanBuilder:
     tuner : Tuner or None
         Tuning database of the build (``tune(fused, trials)``, ``apply(fused)``).
     modules : dict
-        ``"given"``: the module as given; ``"regions"``: with its regions rewritten;
+        ``"given"``: the module as given (the ``original`` plan: TVM alone, and the
+        ``orchestration`` plan); ``"regions"``: with its regions rewritten;
         ``"folded"``: with the alternatives offered (:func:`~.joint.offer_folded`);
         ``"offered"``: the same after fission.
     decided : list
@@ -100,6 +103,8 @@ class PlanBuilder:
             return compile_module(self.sequential_module, self.target, self.tuner, trials)
         if plan == "orchestration":
             return self._orchestrated(self.modules["given"], plan, trials)
+        if plan == "original":  # TVM alone: its greedy fusion of the module as given
+            return compile_module(self.modules["given"], self.target, self.tuner, trials)
         raise ValueError(f"unknown plan {plan!r}; plans: {', '.join(PLANS)}")
 
     def _joint(self, trials: int):
@@ -167,10 +172,10 @@ def joint_build(mod: "tvm.IRModule", target=None, config: Optional[OllieConfig] 
     so not the default.
 
     With ``guard`` (a target that runs here), the refined, sequential, derivation-only and
-    orchestration-only plans are built from the same decisions and the fastest of them and
-    the joint plan, timed whole, is returned (:mod:`.guard`; ``plan_timer`` replaces the
-    timing); ``OptimizeReport.plans`` says which and why, and the orchestration report is the
-    winner's (None for derivation only).
+    orchestration-only plans are built from the same decisions, and the module as given by
+    TVM alone; the fastest of them and the joint plan, timed whole, is returned (:mod:`.guard`;
+    ``plan_timer`` replaces the timing); ``OptimizeReport.plans`` says which and why, and the
+    orchestration report is the winner's (None for derivation only and TVM alone).
 
     Tuned (the config's ``trials > 0`` with a ``budget``
     (:class:`~tvm_ollie.tune.budget.TrialBudget`) and a ``plan_tuner`` metered by it, which
@@ -234,15 +239,16 @@ def joint_build(mod: "tvm.IRModule", target=None, config: Optional[OllieConfig] 
 
 def _report_decisions(report, decided: list, table: JointTable, winner: str) -> None:
     """One decision per heavy call (and the regions) as the kept plan has them."""
-    if winner == "orchestration":  # the module as given: no region rewritten either
+    as_given = winner in ("orchestration", "original")
+    if as_given:  # the module as given: no region rewritten either
         for r in report.regions:
             if r.rewritten:
                 r.chosen, r.after_s = "original", r.before_s
-                r.reason = "the orchestration plan, kept by the never-worse guard"
+                r.reason = f"the {winner} plan, kept by the never-worse guard"
     for name, sig, choice in decided:
         infos = {a.label: a for a in table.alts.get(name, [])}
         label = table.chosen.get(name, "original") if winner in ("joint", "refined") \
-            else "original" if winner == "orchestration" else choice.label
+            else "original" if as_given else choice.label
         base, got = infos.get("original"), infos.get(label)
         before = (base.measured_s or base.estimate_s) if base else choice.before_s
         after = (got.measured_s or got.estimate_s) if got else before

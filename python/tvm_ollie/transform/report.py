@@ -58,6 +58,9 @@ class OptimizeReport:
     derivations: Dict[str, int] = field(default_factory=dict)
     #: wall seconds per compile stage (:class:`tvm_ollie.compile_profile.CompileProfile`)
     compile_profile: Any = None
+    #: the sequential build's whole-model guard: the rewritten module and the original timed
+    #: whole, the one kept (:class:`tvm_ollie.pipeline.guard.GuardReport`; None: not run)
+    model_guard: Any = None
 
     @property
     def trials_spent(self) -> int:
@@ -112,6 +115,8 @@ class OptimizeReport:
             rows.append(self.budget.to_text())
         if self.plans is not None:
             rows.append(self.plans.to_text())
+        if self.model_guard is not None:
+            rows.append(self.model_guard.to_text())
         if self.inference_folds:
             folded = ", ".join(f"{k} {v}" for k, v in sorted(self.inference_folds.items()))
             rows.append(f"inference folds before deciding: {folded}")

@@ -1,0 +1,199 @@
+"""build()'s whole-model guard: the rewritten module timed whole against TVM's build of the
+original, the faster kept (ties: the original), every decision reverted when the original is
+kept. A fake ``plan_timer`` stands for the timing."""
+
+import pytest
+import tvm
+from tvm import relax
+
+import small_models as sm
+from tvm_ollie.codegen.builder import single_function_module as _module, tensor_var
+from tvm_ollie.config import ConfigError, OllieConfig
+from tvm_ollie.frontend.explain import guard_line
+from tvm_ollie.pipeline import build
+from tvm_ollie.pipeline.build import MODEL_PREFERENCE, _revert, model_guard_on
+from tvm_ollie.pipeline.guard import GuardReport, PlanOutcome
+from tvm_ollie.transform.report import OpDecision, OptimizeReport, RegionDecision
+
+#: conv1x1 is rewritten (a matmul) at once under the fixed calibration, without the library
+OPTS = dict(max_depth=2, time_budget_s=1.0, calibration=sm.LLVM_CALIB, library=False,
+            model_guard=True)
+
+
+def _timer(seconds):
+    """A plan timer reporting ``seconds[plan]``; records the plans it was given."""
+    def timer(runs):
+        timer.seen.append(sorted(runs))
+        return {name: seconds[name] for name in runs}
+
+    timer.seen = []
+    return timer
+
+
+def _check_equals_tvm(ex, mod):
+    args = sm.random_inputs(mod, seed=3)
+    sm.assert_close(sm.run(ex, args), sm.run(tvm.compile(mod, target="llvm"), args))
+
+
+def test_a_faster_rewrite_is_kept():
+    timer = _timer({"rewritten": 1e-3, "original": 2e-3})
+    ex, report = build(sm.conv1x1(), "llvm", plan_timer=timer, **OPTS)
+    assert timer.seen == [["original", "rewritten"]]
+    assert report.model_guard.winner == "rewritten" and report.model_guard.kept_s == 1e-3
+    (d,) = report.decisions
+    assert d.rewritten and "whole-model guard" not in d.reason
+    assert "conv2d" not in ex.as_text()
+    assert "model guard" in report.compile_profile.seconds
+    assert "kept rewritten" in report.to_text()
+    assert guard_line(report).startswith("whole-model guard: kept rewritten (rewritten 1.000 ms")
+
+
+def test_a_faster_original_is_kept_and_every_decision_reverted():
+    timer = _timer({"rewritten": 2e-3, "original": 1e-3})
+    mod = sm.conv1x1()
+    ex, report = build(mod, "llvm", plan_timer=timer, **OPTS)
+    assert report.model_guard.winner == "original"
+    (d,) = report.decisions
+    assert not d.rewritten and d.after_s == d.before_s and not d.explain
+    assert d.reason.startswith("whole-model guard: the rewritten module took 2.000ms, the "
+                               "original 1.000ms (separated)"), d.reason
+    assert "conv2d" in ex.as_text()  # TVM's build of the module as given
+    _check_equals_tvm(ex, mod)
+
+
+def test_the_guard_times_both_builds_with_the_protocol_by_default():
+    """No fake timer: the two executables are timed in alternating rounds; whichever is kept,
+    the report agrees with it and the model computes what TVM's build computes."""
+    mod = sm.conv1x1()
+    ex, report = build(mod, "llvm", **OPTS)
+    guard = report.model_guard
+    assert guard.comparison is not None and guard.comparison.rounds >= 7
+    assert set(guard.times()) == {"rewritten", "original"}
+    assert report.decisions[0].rewritten == (guard.winner == "rewritten")
+    assert guard.kept_s == guard.times()[guard.winner]
+    _check_equals_tvm(ex, mod)
+
+
+def test_the_verdict_is_kept_in_the_work_dir_and_read_back(tmp_path):
+    """A second build of the same model with the same work dir times nothing: it reads the
+    first build's comparison back and keeps the same build."""
+    first = _timer({"rewritten": 2e-3, "original": 1e-3})
+    _, report = build(sm.conv1x1(), "llvm", plan_timer=first, work_dir=str(tmp_path), **OPTS)
+    assert first.seen and report.model_guard.winner == "original"
+    assert "whole model" in (tmp_path / "ollie_decisions.json").read_text()
+
+    def timer(_runs):
+        raise AssertionError("the verdict is recorded")
+
+    _, again = build(sm.conv1x1(), "llvm", plan_timer=timer, work_dir=str(tmp_path), **OPTS)
+    assert again.model_guard.winner == "original" and not again.decisions[0].rewritten
+    assert again.model_guard.times() == report.model_guard.times()
+    assert any("read back" in note for note in again.model_guard.notes)
+
+
+def test_a_tie_keeps_the_original():
+    assert MODEL_PREFERENCE[0] == "original"
+    _, report = build(sm.conv1x1(), "llvm", plan_timer=_timer({"rewritten": 1e-3,
+                                                               "original": 1e-3}), **OPTS)
+    assert report.model_guard.winner == "original"
+    assert "a tie keeps the original" in report.decisions[0].reason
+
+
+def test_a_rewrite_that_computes_something_else_is_never_kept(monkeypatch):
+    """The rewritten module's outputs are checked against the original's before timing."""
+    build_mod = __import__("tvm_ollie.pipeline.build", fromlist=["optimize_module"])
+    real = build_mod.optimize_module
+
+    def off_by_one(mod, **kw):
+        _, report = real(mod, **kw)
+        wrong = _module([tensor_var("x", (1, 16, 6, 6)), tensor_var("w", (8, 16, 1, 1))],
+                        lambda bb, x, w: relax.op.add(relax.op.nn.conv2d(x, w),
+                                                      relax.const(1.0, "float32")))
+        return wrong, report
+
+    monkeypatch.setattr(build_mod, "optimize_module", off_by_one)
+    timer = _timer({"rewritten": 1e-3, "original": 2e-3})
+    mod = sm.conv1x1()
+    ex, report = build(mod, "llvm", plan_timer=timer, **OPTS)
+    assert timer.seen == []  # one plan left: nothing to time
+    assert report.model_guard.winner == "original"
+    assert "outputs differ from original's" in report.decisions[0].reason
+    _check_equals_tvm(ex, mod)
+
+
+def test_the_guard_is_off_by_config_and_by_default_with_a_calibration():
+    def timer(_runs):
+        raise AssertionError("the guard is off")
+
+    for off in (dict(OPTS, model_guard=False), dict(OPTS, model_guard=None)):
+        _, report = build(sm.conv1x1(), "llvm", plan_timer=timer, **off)
+        assert report.rewritten and report.model_guard is None
+        assert "model guard" not in report.compile_profile.seconds
+    assert guard_line(report) == ""
+
+
+def test_no_rewrite_builds_nothing_more():
+    def timer(_runs):
+        raise AssertionError("nothing was rewritten")
+
+    _, report = build(sm.conv1x1(), "llvm", plan_timer=timer,
+                      **dict(OPTS, targets=("relax.matmul",)))
+    assert not report.decisions and report.model_guard is None
+    assert "model guard" not in report.compile_profile.seconds
+
+
+def test_where_the_guard_runs():
+    assert model_guard_on(OllieConfig(target=tvm.target.Target("llvm")))
+    assert not model_guard_on(OllieConfig(target=tvm.target.Target("llvm"),
+                                          calibration=sm.LLVM_CALIB))
+    assert model_guard_on(OllieConfig(target=tvm.target.Target("llvm"),
+                                      calibration=sm.LLVM_CALIB, model_guard=True))
+    assert not model_guard_on(OllieConfig(target=tvm.target.Target("llvm"), rpc=object(),
+                                          model_guard=True))
+    if not tvm.cuda(0).exist:
+        assert not model_guard_on(OllieConfig(target=tvm.target.Target("cuda"),
+                                              model_guard=True))
+    assert OllieConfig.from_dict({"ollie.model_guard": False}).model_guard is False
+    with pytest.raises(ConfigError, match="model_guard"):
+        OllieConfig(model_guard=1)
+
+
+def test_compile_flag_turns_the_guard_off_and_the_summary_names_the_kept_build(
+        monkeypatch, tmp_path, capsys):
+    from tvm_ollie import cli  # pylint: disable=import-outside-toplevel
+
+    seen = []
+
+    class Executable:  # pylint: disable=too-few-public-methods
+        def export_library(self, path):
+            with open(path, "wb") as f:
+                f.write(b"lib")
+
+    def fake_build(_mod, config=None):
+        seen.append(config.model_guard)
+        guard = GuardReport([PlanOutcome("rewritten", 2e-3), PlanOutcome("original", 1e-3)],
+                            winner="original")
+        return Executable(), OptimizeReport(target="llvm", model_guard=guard)
+
+    monkeypatch.setattr(cli, "_load", lambda _args: sm.conv1x1())
+    monkeypatch.setattr(cli, "build", fake_build)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["compile", "m.json", "-o", "m.so"]) == 0
+    assert "whole-model guard: kept original (rewritten 2.000 ms, original 1.000 ms)" in \
+        capsys.readouterr().out
+    assert cli.main(["compile", "m.json", "-o", "m.so", "--no-model-guard"]) == 0
+    assert seen == [None, False]
+
+
+def test_reverting_covers_regions_and_folded_epilogues():
+    report = OptimizeReport(
+        decisions=[OpDecision("main", "y", "relax.nn.conv2d", "sig", chosen="matmul[...]",
+                              explain="rules", before_s=2.0, after_s=1.0)],
+        regions=[RegionDecision("main", "r", "conv2d, add", "e", chosen="matmul[...]",
+                                before_s=3.0, after_s=1.5)],
+        epilogues={"conv": 1})
+    _revert(report, "why")
+    assert not report.rewritten and not any(r.rewritten for r in report.regions)
+    assert [(u.after_s, u.reason, u.explain) for u in report.decisions + report.regions] == \
+        [(2.0, "why", ""), (3.0, "why", "")]
+    assert report.epilogues == {}
