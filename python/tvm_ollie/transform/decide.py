@@ -49,7 +49,7 @@ from ..tune.calibrate import Calibration, calibrate
 from ..tune.metaschedule import Tuner
 from ..tune.rpc import RPCConfig
 from .alternatives import Alternative, Candidates, UnitAlternatives
-from .checking import RTOL, Checker, CheckFn, check_exact, checked
+from .checking import RTOL, Checker, CheckFn, VerdictCache, check_exact, checked
 from .choosing import (MARGIN, Choice, Chooser, choose_analytic, choose_forced,
                        choose_measured, kept_by_estimate, shortlist)
 from .costing import (AnalyticUnitCost, CallableTiming, Timer, TunedTiming, UnitCostModel,
@@ -129,7 +129,9 @@ class Decider:
         the calibration).
     derivation_cache : bool or DerivationCache
         Where search results are reused from and stored (:mod:`tvm_ollie.derive.cache`):
-        True, the ``work_dir``'s and the per-user cache; False, search every signature.
+        True, the ``work_dir``'s and the per-user cache; False, search every signature. When
+        on, the default checker's verdicts are kept beside it too
+        (:class:`~.checking.VerdictCache`); False checks every candidate.
 
     The defaults are :data:`tvm_ollie.config.DEFAULTS`.
     """
@@ -184,7 +186,9 @@ class Decider:
             estimator, cost_model = cost_model, None  # decide by that estimate
         self.estimator: UnitCostModel = estimator or AnalyticUnitCost(self.calib)
         self.cost_model = self._cost_model(cost_model, timer, tuner)
-        self.checker = checker if isinstance(checker, Checker) else Checker(checker)
+        self.checker = checker if isinstance(checker, Checker) else Checker(
+            checker, cache=VerdictCache.for_run(work_dir, self.target)
+            if derivation_cache else None)
         self.measures = self.cost_model is not None and self.cost_model.measured
         #: the measured decisions: alternatives timed together, evidence kept in work_dir
         self.timing = DecisionTiming(self.cost_model, DecisionRecords(self.work_dir)) \
