@@ -81,8 +81,9 @@ class OllieConfig:
     max_depth : int
         Derivation depth (explorative rule steps on a path).
     search_time_s : float
-        Derivation time for the whole module, shared by its distinct operator signatures
-        (each gets at least :data:`MIN_SEARCH_S`).
+        Derivation time for the whole module, shared by its distinct operator signatures in
+        proportion to their estimated time (each gets at least :data:`MIN_SEARCH_S`; what a
+        search that stops early leaves flows on to the next).
     max_states : int, optional
         Derivation states visited per signature (None: only the time limits).
     max_candidates : int, optional

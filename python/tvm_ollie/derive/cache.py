@@ -21,6 +21,9 @@ and the search limits, which is what the key holds:
 * the limits that shape the result: ``max_depth``, ``targets``, ``max_states``,
   ``max_candidates`` and the cost target that ranks the programs. The time budget is not part of
   the key: a result is reused whatever the budget (clear the cache to search again longer).
+  Nor is the early stop near the roofline bound (:class:`~.search.CostBound`): like the budget
+  it only ends a search sooner, and its bound depends on the machine's calibration, which
+  would make every key differ from one process to the next.
 
 Programs are stored as JSON text: the expressions of all of an entry's programs as one table of
 nodes (the hash-consed DAG: a sub-expression shared by many programs is stored and rebuilt once,

@@ -181,7 +181,7 @@ class Decider:
         # the stages
         self.candidates = Candidates(self.library, self.derive, max_depth, max_states,
                                      max_candidates, self.calib.kind,
-                                     derivation_cache or None)
+                                     derivation_cache or None, self.calib, MARGIN)
         if cost_model is not None and not cost_model.measured and estimator is None:
             estimator, cost_model = cost_model, None  # decide by that estimate
         self.estimator: UnitCostModel = estimator or AnalyticUnitCost(self.calib)
