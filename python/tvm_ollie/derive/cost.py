@@ -29,8 +29,8 @@ import numpy as np
 from ..ir.nodes import Access, BinOp, Call, Node, Scope, Tensor, is_index, iter_nodes
 from .targets import operator_flops
 
-__all__ = ["EOP_COMPUTE_EFFICIENCY", "TARGET_DEFAULTS", "StageCost", "ProgramCost", "stage_cost", "program_cost",
-           "expr_cost", "least_work"]
+__all__ = ["EOP_COMPUTE_EFFICIENCY", "TARGET_DEFAULTS", "StageCost", "ProgramCost", "stage_cost",
+           "program_cost", "expr_cost", "least_work"]
 
 #: ``target -> (peak FLOP/s, bytes/s)``. "cuda" is H200-like fp32 without tensor cores; "llvm"
 #: is a small multi-core CPU (what the 2-core development machines reach with a tuned GEMM).
