@@ -2,7 +2,13 @@
 gets the floor, and what a search leaves unspent flows on."""
 
 import pytest
+from tvm import relax
 
+import small_models as sm
+from tvm_ollie.codegen.builder import single_function_module as _module
+from tvm_ollie.codegen.builder import tensor_var as _var
+from tvm_ollie.transform.alternatives import Candidates
+from tvm_ollie.transform.choosing import MARGIN
 from tvm_ollie.transform.optimize import _SearchShare
 
 
@@ -41,3 +47,20 @@ def test_no_weights_split_equally_and_overspent_time_leaves_the_floor():
     late = _SearchShare(9.0, {"a": 1.0, "b": 1.0}, floor_s=0.5)
     assert late.next("a", 30.0) == 0.5 and late.next("b", 30.0) == 0.5
     assert _SearchShare(4.0, {}, floor_s=0.5).next("unknown", 0.0) == pytest.approx(4.0)
+
+
+def _call(mod):
+    return mod["main"].body.blocks[0].bindings[0].value
+
+
+def test_the_pass_search_says_why_it_stopped():
+    """A memory-bound convolution ends at its roofline bound at once (without the bound, it
+    runs until nothing is left); a 3x3 convolution explores to the asked depth."""
+    wide = _module([_var("x", (1, 2, 32, 32)), _var("w", (2, 2, 1, 1))],
+                   lambda bb, x, w: relax.op.nn.conv2d(x, w))
+    bounded = Candidates(False, True, max_depth=2, calibration=sm.LLVM_CALIB, margin=MARGIN)
+    found = bounded(_call(wide), 10.0)
+    assert found.note.endswith("stop=near_bound") and found.candidates >= 1
+    plain = Candidates(False, True, max_depth=1)
+    assert plain(_call(wide), 10.0).note.endswith("stop=exhausted")
+    assert plain(_call(sm.conv3x3()), 10.0).note.endswith("stop=max_depth")
