@@ -21,21 +21,22 @@ Repeats are pruned by fingerprint twice: first the raw rewritten expression (a r
 before the expensive normalization: eager rules + :func:`tvm_ollie.derive.canon.canonicalize`),
 then the canonical form. The time spent per phase is in ``SearchStats.phase_s``.
 
-Every search has explicit limits (depth, time, states) and reports which one stopped it. It also
-stops on its own once searching on cannot pay: when every state up to the asked depth is expanded
-(``max_depth``; ``exhausted`` when no state remained at all), and, given a :class:`CostBound`, once
-its best candidate costs within the bound's slack of the least any program of the expression can
-cost (``near_bound``: no candidate still to be found could beat it by more than a measurement can
-tell). The time budget covers verification too: a share of it (:data:`VERIFY_SHARE`) is reserved for
-verification, so that a search that explores until its deadline still returns what it found.
-Verification goes in order of value: first the cheapest candidate of every target kind (the best
-matmul form, the best conv2d form...), then the cheapest others; the stats count the candidates
-found, verified, rejected and those the budget left unverified. The exploration is deterministic: no
-iteration over hash-ordered sets; ``seed`` only draws the verification inputs. Candidates are
-deduplicated, sorted by the analytic cost of the target compiled for, and each is checked against
-the original expression with the reference interpreter (on sampled output points when the expression
-is too large to evaluate whole) before it is returned; a candidate that fails is a bug: it is logged
-and dropped.
+Every search has explicit limits (depth, time, states) and reports which one stopped it. It
+also stops on its own once searching on cannot pay: when every state up to the asked depth is
+expanded (``max_depth``; ``exhausted`` when no state remained at all), and, given a
+:class:`CostBound`, once its best candidate costs within the bound's slack of the least any
+program of the expression can cost (``near_bound``: no candidate still to be found could beat
+it by more than a measurement can tell). The time budget covers verification too: a share of
+it (:data:`VERIFY_SHARE`) is reserved for verification, so that a search that explores until
+its deadline still returns what it found.
+Verification goes in order of value: first the cheapest candidate of every target kind (the
+best matmul form, the best conv2d form...), then the cheapest others; the stats count the
+candidates found, verified, rejected and those the budget left unverified. The exploration is
+deterministic: no iteration over hash-ordered sets; ``seed`` only draws the verification
+inputs. Candidates are deduplicated, sorted by the analytic cost of the target compiled for,
+and each is checked against the original expression with the reference interpreter (on
+sampled output points when the expression is too large to evaluate whole) before it is
+returned; a candidate that fails is a bug: it is logged and dropped.
 """
 
 from __future__ import annotations
