@@ -21,6 +21,9 @@ and the search limits, which is what the key holds:
 * the limits that shape the result: ``max_depth``, ``targets``, ``max_states``,
   ``max_candidates`` and the cost target that ranks the programs. The time budget is not part of
   the key: a result is reused whatever the budget (clear the cache to search again longer).
+  Nor is the early stop near the roofline bound (:class:`~.search.CostBound`): like the budget
+  it only ends a search sooner, and its bound depends on the machine's calibration, which
+  would make every key differ from one process to the next.
 
 Programs are stored as JSON text: the expressions of all of an entry's programs as one table of
 nodes (the hash-consed DAG: a sub-expression shared by many programs is stored and rebuilt once,
@@ -61,7 +64,8 @@ from .canon import canonicalize
 from .program import Program, Stage, Step
 from .rules import ALL_RULES, SEARCH_RULES
 
-__all__ = ["CACHE_ENV", "CachedSearch", "DerivationCache", "rules_version", "user_cache_dir"]
+__all__ = ["CACHE_ENV", "CachedSearch", "DerivationCache", "EntryStore", "rules_version",
+           "user_cache_dir"]
 
 LOG = logging.getLogger(__name__)
 
@@ -77,13 +81,109 @@ _PREFIX = "X"  # canonical input names: X0, X1, ...
 _WARNED: set = set()  # (kind, path) already warned about, once per process
 
 
-def user_cache_dir() -> Optional[str]:
-    """The per-user derivation cache directory, or None when ``TVM_OLLIE_CACHE_DIR`` is empty."""
+def user_cache_dir(subdir: str = _SUBDIR) -> Optional[str]:
+    """The per-user directory of a cache (``subdir``: the derivation cache's by default), or
+    None when ``TVM_OLLIE_CACHE_DIR`` is empty."""
     env = os.environ.get(CACHE_ENV)
     if env is not None:
-        return os.path.join(os.path.expanduser(env), _SUBDIR) if env.strip() else None
+        return os.path.join(os.path.expanduser(env), subdir) if env.strip() else None
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "tvm_ollie", _SUBDIR)
+    return os.path.join(base, "tvm_ollie", subdir)
+
+
+def run_dirs(work_dir: Optional[str], subdir: str) -> List[str]:
+    """A compile's directories of a cache: ``<work_dir>/<subdir>`` (if given), then the
+    per-user one (if on)."""
+    dirs = [os.path.join(work_dir, subdir)] if work_dir else []
+    user = user_cache_dir(subdir)
+    if user:
+        dirs.append(user)
+    return dirs
+
+
+class EntryStore:
+    """JSON entries by digest, in a few directories: the storage of the on-disk caches.
+
+    Every entry is a JSON object whose ``"key"`` is the full key text it was stored under (a
+    reader compares it: a digest collision or an older layout is a miss). Reads go through the
+    directories in order (first hit wins), writes go to every one, atomically (a temporary
+    file renamed into place: readers and concurrent writers see whole files). A corrupt entry
+    (unreadable JSON, or one the caller's ``decode`` rejects by raising) is ignored with one
+    warning and removed; a directory that cannot be written is skipped with one warning. Each
+    directory is bounded by ``max_bytes``, the least recently used entries going first.
+
+    Parameters
+    ----------
+    dirs : sequence of str
+        Directories to read and write.
+    max_bytes : int, optional
+        Size bound of each directory (default ``TVM_OLLIE_CACHE_MAX_MB`` MiB, else 256 MiB).
+    what : str
+        The cache's name in warnings.
+    """
+
+    def __init__(self, dirs: Sequence[str], max_bytes: Optional[int] = None,
+                 what: str = "derivation cache"):
+        self.dirs = [d for d in dict.fromkeys(dirs) if d]
+        if max_bytes is None:
+            max_bytes = int(float(os.environ.get(MAX_MB_ENV) or DEFAULT_MAX_MB) * 2 ** 20)
+        self.max_bytes = max_bytes
+        self.what = what
+
+    def load(self, digest: str, material: str, decode=lambda entry: entry):
+        """``decode(entry)`` of the first entry stored under ``digest`` with key ``material``
+        (None when there is none, or ``decode`` returns None everywhere)."""
+        for folder in self.dirs:
+            path = os.path.join(folder, digest + ".json")
+            try:
+                with open(path, "rb") as fh:
+                    data = fh.read()
+            except OSError:  # absent (or evicted meanwhile), or unreadable: a miss
+                continue
+            try:
+                entry = json.loads(data.decode("utf-8"))
+                if entry.get("key") != material:  # another format, or a digest collision
+                    continue
+                found = decode(entry)
+            except Exception as err:  # pylint: disable=broad-except
+                _warn_once("corrupt", path, "ollie: ignoring a corrupt %s entry %s (%s: %s); "
+                           "it is computed again", self.what, path, type(err).__name__,
+                           str(err)[:120])
+                _remove(path)
+                continue
+            if found is not None:
+                _touch(path)
+                return found
+        return None
+
+    def store(self, digest: str, entry: Mapping[str, object]) -> bool:
+        """Write ``entry`` (a JSON-able mapping with its ``"key"``) under ``digest`` in every
+        directory; False when no directory took it."""
+        payload = json.dumps(dict(entry))
+        wrote = False
+        for folder in self.dirs:
+            if _write(folder, digest + ".json", payload, self.what):
+                wrote = True
+                self._evict(folder)
+        return wrote
+
+    def _evict(self, folder: str) -> None:
+        """Remove the least recently used entries until ``folder`` holds ``max_bytes``."""
+        try:
+            entries = []
+            with os.scandir(folder) as it:
+                for e in it:
+                    if e.name.endswith(".json") and e.is_file():
+                        st = e.stat()
+                        entries.append((st.st_mtime, st.st_size, e.path))
+        except OSError:
+            return
+        total = sum(size for _, size, _ in entries)
+        for _, size, path in sorted(entries):
+            if total <= self.max_bytes:
+                break
+            if _remove(path):
+                total -= size
 
 
 @functools.lru_cache(maxsize=1)
@@ -137,22 +237,17 @@ class DerivationCache:
 
     def __init__(self, dirs: Sequence[str], version: Optional[str] = None,
                  max_bytes: Optional[int] = None):
-        self.dirs = [d for d in dict.fromkeys(dirs) if d]
+        self.store = EntryStore(dirs, max_bytes)
+        self.dirs = self.store.dirs
         self.version = version if version is not None else rules_version()
-        if max_bytes is None:
-            max_bytes = int(float(os.environ.get(MAX_MB_ENV) or DEFAULT_MAX_MB) * 2 ** 20)
-        self.max_bytes = max_bytes
+        self.max_bytes = self.store.max_bytes
         #: lookups that found an entry / did not / entries written
         self.hits = self.misses = self.stores = 0
 
     @classmethod
     def for_run(cls, work_dir: Optional[str] = None) -> "DerivationCache":
         """The cache of a compile: ``<work_dir>/derivations`` (if given) and the per-user one."""
-        dirs = [os.path.join(work_dir, _SUBDIR)] if work_dir else []
-        user = user_cache_dir()
-        if user:
-            dirs.append(user)
-        return cls(dirs)
+        return cls(run_dirs(work_dir, _SUBDIR))
 
     # -- keys --------------------------------------------------------------------------------
 
@@ -184,38 +279,12 @@ class DerivationCache:
             return None
         digest, material, names = keyed
         back = {v: k for k, v in names.items()}
-        for folder in self.dirs:
-            path = os.path.join(folder, digest + ".json")
-            found = self._read(path, material, expr, back)
-            if found is not None:
-                self.hits += 1
-                _touch(path)
-                return found
-        self.misses += 1
-        return None
-
-    def _read(self, path: str, material: str, expr: Scope,
-              back: Dict[str, str]) -> Optional[CachedSearch]:
-        try:
-            with open(path, "rb") as fh:
-                data = fh.read()
-        except OSError:  # absent (or evicted meanwhile), or unreadable: a miss
-            return None
-        try:
-            entry = json.loads(data.decode("utf-8"))
-            if entry.get("key") != material:  # another format, or a digest collision
-                return None
-            if set(back.values()) & {s["name"] for p in entry["programs"]
-                                       for s in p["stages"]}:
-                return None  # a stage name would shadow one of this expression's inputs
-            programs = _load_programs(entry, back, expr)
-            return CachedSearch(programs, str(entry.get("stop", "")), entry.get("budget_s"))
-        except Exception as err:  # pylint: disable=broad-except
-            _warn_once("corrupt", path, "ollie: ignoring a corrupt derivation cache entry %s "
-                       "(%s: %s); it is searched again", path, type(err).__name__,
-                       str(err)[:120])
-            _remove(path)
-            return None
+        found = self.store.load(digest, material, lambda entry: _decode(entry, back, expr))
+        if found is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return found
 
     def put(self, expr: Scope, limits: Mapping[str, object], programs: Sequence[Program],
             stop: str = "", budget_s: Optional[float] = None) -> bool:
@@ -240,32 +309,18 @@ class DerivationCache:
         except Exception as err:  # pylint: disable=broad-except
             LOG.debug("ollie: derivation not cached (%s: %s)", type(err).__name__, err)
             return False
-        payload = json.dumps({"key": material, "stop": stop, "budget_s": budget_s, **stored})
-        wrote = False
-        for folder in self.dirs:
-            if _write(folder, digest + ".json", payload):
-                wrote = True
-                self._evict(folder)
+        wrote = self.store.store(digest, {"key": material, "stop": stop, "budget_s": budget_s,
+                                          **stored})
         self.stores += wrote
         return wrote
 
-    def _evict(self, folder: str) -> None:
-        """Remove the least recently used entries until ``folder`` holds ``max_bytes``."""
-        try:
-            entries = []
-            with os.scandir(folder) as it:
-                for e in it:
-                    if e.name.endswith(".json") and e.is_file():
-                        st = e.stat()
-                        entries.append((st.st_mtime, st.st_size, e.path))
-        except OSError:
-            return
-        total = sum(size for _, size, _ in entries)
-        for _, size, path in sorted(entries):
-            if total <= self.max_bytes:
-                break
-            if _remove(path):
-                total -= size
+
+def _decode(entry: Mapping, back: Dict[str, str], expr: Scope) -> Optional[CachedSearch]:
+    """The search result an entry holds, over ``expr``'s names (None: it does not fit)."""
+    if set(back.values()) & {s["name"] for p in entry["programs"] for s in p["stages"]}:
+        return None  # a stage name would shadow one of this expression's inputs
+    programs = _load_programs(entry, back, expr)
+    return CachedSearch(programs, str(entry.get("stop", "")), entry.get("budget_s"))
 
 
 # -- text form of programs ---------------------------------------------------------------------
@@ -420,7 +475,7 @@ def _plain(limits: Mapping[str, object]) -> dict:
 # -- files -------------------------------------------------------------------------------------
 
 
-def _write(folder: str, name: str, payload: str) -> bool:
+def _write(folder: str, name: str, payload: str, what: str = "derivation cache") -> bool:
     """Write ``folder/name`` atomically (temporary file, then rename); False on any OSError."""
     tmp = None
     try:
@@ -431,8 +486,8 @@ def _write(folder: str, name: str, payload: str) -> bool:
         os.replace(tmp, os.path.join(folder, name))
         return True
     except OSError as err:
-        _warn_once("unwritable", folder, "ollie: derivation cache %s is not writable (%s); "
-                   "compiling without storing there", folder, err)
+        _warn_once("unwritable", folder, "ollie: %s %s is not writable (%s); "
+                   "compiling without storing there", what, folder, err)
         if tmp is not None:
             _remove(tmp)
         return False

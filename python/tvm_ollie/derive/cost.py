@@ -26,11 +26,11 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-from ..ir.nodes import Access, BinOp, Call, Node, Scope, Tensor, is_index
+from ..ir.nodes import Access, BinOp, Call, Node, Scope, Tensor, is_index, iter_nodes
 from .targets import operator_flops
 
-__all__ = ["EOP_COMPUTE_EFFICIENCY", "TARGET_DEFAULTS", "StageCost", "ProgramCost", "stage_cost", "program_cost",
-           "expr_cost"]
+__all__ = ["EOP_COMPUTE_EFFICIENCY", "TARGET_DEFAULTS", "StageCost", "ProgramCost", "stage_cost",
+           "program_cost", "expr_cost", "least_work"]
 
 #: ``target -> (peak FLOP/s, bytes/s)``. "cuda" is H200-like fp32 without tensor cores; "llvm"
 #: is a small multi-core CPU (what the 2-core development machines reach with a tuned GEMM).
@@ -174,6 +174,36 @@ def expr_cost(expr: Scope) -> Tuple[float, float]:
         t = tensors[name]
         moved += min(n, _size(t.shape)) * _itemsize(t.dtype)
     return flops, float(moved)
+
+
+def least_work(expr: Scope) -> Tuple[float, float]:
+    """``(flops, bytes)`` that every program of ``expr`` does at least, in its operators.
+
+    Bytes: the output written once and every input read once (at most its reads), as
+    :func:`expr_cost` counts one kernel. Flops: the expression's arithmetic (:func:`expr_cost`)
+    when it is a plain sum of products: one summing scope whose body is arithmetic on reads of
+    unpadded tensors (the rules reorder, split and regroup such a sum, and instantiation
+    computes its products in the matched operator, so none drops a product); else 0, because
+    derivation may skip work that the expression counts (the zero taps behind the ``select`` of
+    a strided transposed convolution, the padded margins a tightened boundary leaves out, a
+    nested stage computed once), and then only the bytes bound the program.
+    """
+    flops, moved = expr_cost(expr)
+    return (flops if _plain_sum(expr) else 0.0), moved
+
+
+def _plain_sum(expr: Scope) -> bool:
+    """Whether ``expr`` is one summing scope of arithmetic on reads of unpadded tensors."""
+    if expr.reducer != "sum" or any(lo or hi for lo, hi in expr.pad):
+        return False
+    for node in iter_nodes(expr.body):
+        if isinstance(node, (Call, Scope)):
+            return False
+        if isinstance(node, Access) and not (
+                isinstance(node.source, Tensor) and not any(lo or hi for lo, hi in
+                                                            node.source.pad)):
+            return False
+    return True
 
 
 def stage_cost(stage, peak_flops: float, bandwidth: float) -> StageCost:

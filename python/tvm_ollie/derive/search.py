@@ -21,9 +21,14 @@ Repeats are pruned by fingerprint twice: first the raw rewritten expression (a r
 before the expensive normalization: eager rules + :func:`tvm_ollie.derive.canon.canonicalize`),
 then the canonical form. The time spent per phase is in ``SearchStats.phase_s``.
 
-Every search has explicit limits (depth, time, states) and reports which one stopped it; the
-time budget covers verification too: a share of it (:data:`VERIFY_SHARE`) is reserved for
-verification, so that a search that explores until its deadline still returns what it found.
+Every search has explicit limits (depth, time, states) and reports which one stopped it. It
+also stops on its own once searching on cannot pay: when every state up to the asked depth is
+expanded (``max_depth``; ``exhausted`` when no state remained at all), and, given a
+:class:`CostBound`, once its best candidate costs within the bound's slack of the least any
+program of the expression can cost (``near_bound``: no candidate still to be found could beat
+it by more than a measurement can tell). The time budget covers verification too: a share of
+it (:data:`VERIFY_SHARE`) is reserved for verification, so that a search that explores until
+its deadline still returns what it found.
 Verification goes in order of value: first the cheapest candidate of every target kind (the
 best matmul form, the best conv2d form...), then the cheapest others; the stats count the
 candidates found, verified, rejected and those the budget left unverified. The exploration is
@@ -41,7 +46,7 @@ import logging
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -60,7 +65,7 @@ from .rule import Rule, RuleContext
 from .rules import EAGER_RULES, GUIDED_RULES, SEARCH_RULES
 from .targets import TARGET_NAMES, match_scope
 
-__all__ = ["derive", "DeriveResult", "SearchStats", "StopReason", "DEFAULT_TARGETS",
+__all__ = ["derive", "CostBound", "DeriveResult", "SearchStats", "StopReason", "DEFAULT_TARGETS",
            "VERIFY_SHARE", "best_of_each_kind_first", "verify_candidate"]
 
 LOG = logging.getLogger(__name__)
@@ -80,6 +85,38 @@ class StopReason(enum.Enum):
     TIME_BUDGET = "time_budget"
     MAX_STATES = "max_states"
     FIRST_FOUND = "first_found"  # stop_on_first: every target has a candidate
+    NEAR_BOUND = "near_bound"  # the best candidate is within the CostBound's slack of its floor
+
+
+@dataclass(frozen=True)
+class CostBound:
+    """When a search has found all that a measurement could tell apart.
+
+    ``seconds(program)`` is the caller's estimate of a candidate, ``lower_s`` a lower bound of
+    it over every program of the expression (a roofline:
+    :func:`tvm_ollie.tune.analytic.least_seconds`), ``margin`` the relative margin by which a
+    measured program must beat another to be preferred (:func:`tvm_ollie.tune.compare.beats`:
+    ``median(a) < (1 - margin) * median(b)``). The search stops once its best candidate
+    ``b`` has::
+
+        seconds(b) <= (1 + slack) * lower_s,   slack = margin / (1 - margin)
+
+    since then every program ``p`` has ``seconds(p) >= lower_s >= seconds(b) / (1 + slack)
+    = (1 - margin) * seconds(b)``: none can beat ``b`` by the margin.
+    """
+
+    seconds: Callable[[object], float]
+    lower_s: float
+    margin: float
+
+    @property
+    def slack(self) -> float:
+        """How far above ``lower_s`` a candidate may be and still end the search."""
+        return self.margin / (1.0 - self.margin)
+
+    def reached(self, best_s: float) -> bool:
+        """Whether a candidate of ``best_s`` seconds ends the search."""
+        return self.lower_s > 0 and best_s <= self.lower_s * (1.0 + self.slack)
 
 
 @dataclass
@@ -111,6 +148,9 @@ class SearchStats:
     candidates_unverified: int = 0
     #: guided rewrites taken (each led to an instantiated target)
     guided_steps: int = 0
+    #: the best candidate's and the bound's seconds under a CostBound (None without one)
+    best_s: Optional[float] = None
+    bound_s: Optional[float] = None
     stop_reason: StopReason = StopReason.EXHAUSTED
 
     def summary(self) -> str:
@@ -160,7 +200,8 @@ def _state_key(expr: Scope):
 
 class _Search:
     def __init__(self, expr: Scope, targets, max_depth, time_budget_s, max_states,
-                 rules, ctx, stop_on_first, guided, instantiate_all_scopes):
+                 rules, ctx, stop_on_first, guided, instantiate_all_scopes,
+                 bound: Optional[CostBound] = None):
 
         self.program_mod = program_mod
         self.expr = expr
@@ -180,6 +221,9 @@ class _Search:
         self.candidates: Dict[str, object] = {}
         self.key_fn = _state_key
         self.phase = self.stats.phase_s
+        self.bound = bound
+        if bound is not None:
+            self.stats.bound_s = bound.lower_s
 
     # -- guided instantiation -----------------------------------------------------------------
     def _matches(self, scope: Scope) -> list:
@@ -214,6 +258,7 @@ class _Search:
                       self.program_mod.instantiate_all(state, group, path))
         self.phase["instantiate"] += time.perf_counter() - t
         self._check_first()
+        self._check_bound()
 
     def _add(self, path: Tuple, depth: int, kind: str, build) -> None:
         """Record the program ``build()`` makes (a candidate of operator ``kind``), once."""
@@ -226,6 +271,10 @@ class _Search:
         if key in self.candidates:
             return
         self.candidates[key] = prog
+        if self.bound is not None:
+            cost = _bound_seconds(self.bound, prog)
+            if self.stats.best_s is None or cost < self.stats.best_s:
+                self.stats.best_s = cost
         now = time.perf_counter() - self.t0
         self.stats.candidates_found += 1
         self.stats.found_log.append((now, depth, repr(prog)))
@@ -237,6 +286,11 @@ class _Search:
     def _check_first(self) -> None:
         if self.stop_on_first and all(t in self.stats.first_found_s for t in self._reachable()):
             raise _Limits(StopReason.FIRST_FOUND)
+
+    def _check_bound(self) -> None:
+        if self.bound is not None and self.stats.best_s is not None and \
+                self.bound.reached(self.stats.best_s):
+            raise _Limits(StopReason.NEAR_BOUND)
 
     def _guided(self, state: Scope, path: Tuple, depth: int, parent: Optional[Scope]) -> None:
         """Guided rules at the compute scopes of ``state`` that its parent did not have.
@@ -386,6 +440,13 @@ def sibling_matches(matched: Sequence[Tuple[Scope, list]]) -> List[Tuple[str, Di
     return out
 
 
+def _bound_seconds(bound: CostBound, prog) -> float:
+    try:
+        return float(bound.seconds(prog))
+    except Exception:  # pylint: disable=broad-except
+        return float("inf")
+
+
 def _program_key(prog) -> str:
     try:
         return ";".join(str(s.expr) for s in prog.stages)
@@ -408,6 +469,7 @@ def derive(
     guided: bool = True,
     cost_target: Optional[str] = None,
     instantiate_all_scopes: bool = False,
+    bound: Optional[CostBound] = None,
     *,
     time_budget_s: Optional[float] = None,
 ) -> DeriveResult:
@@ -448,6 +510,9 @@ def derive(
     instantiate_all_scopes : bool
         Match every scope of every state, not only the scopes a state does not share with its
         parent (more candidates that differ only in their eOperators; slower).
+    bound : CostBound, optional
+        Stop (``near_bound``) once the best candidate is as cheap as a measurement could tell
+        any program to be (:class:`CostBound`).
 
     Notes
     -----
@@ -471,7 +536,7 @@ def derive(
     if retyped:  # inputs read under widening casts: derive over their widened copies
         res = derive(widened, targets, max_depth, search_time_s, max_states, seed, rules, ctx,
                      verify, max_candidates, stop_on_first, guided, cost_target,
-                     instantiate_all_scopes)
+                     instantiate_all_scopes, bound)
         progs = [restore_program(p, expr, retyped) for p in res.candidates]
         return DeriveResult(progs, res.stats, expr)
     ctx = ctx or RuleContext(targets=tuple(targets))
@@ -480,7 +545,7 @@ def derive(
         explore_s = search_time_s * (1 - VERIFY_SHARE)
     search = _Search(expr, targets, max_depth, explore_s, max_states,
                      rules if rules is not None else SEARCH_RULES, ctx, stop_on_first, guided,
-                     instantiate_all_scopes)
+                     instantiate_all_scopes, bound)
     search.run()
     deadline = None if search_time_s is None else search.t0 + search_time_s
     stats = search.stats

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import AbstractSet, List, Optional, Tuple
 
 from ..codegen import library as lib
 from ..compile_profile import stage
 from ..derive.cache import DerivationCache
 from ..derive.program import Program
-from ..derive.search import DEFAULT_TARGETS, derive
+from ..derive.search import DEFAULT_TARGETS, CostBound, derive
 from ..lift import LiftError, lift_relax_call
-from .units import is_group, is_region
+from ..tune import analytic
+from ..tune.calibrate import Calibration
+from .units import constant_inputs, is_group, is_region
 
 __all__ = ["Alternative", "Candidates", "UnitAlternatives"]
 
@@ -74,11 +76,19 @@ class Candidates:
     cache : DerivationCache, optional
         Where search results are looked up before searching and stored after
         (:mod:`tvm_ollie.derive.cache`); None: always search.
+    calibration : Calibration, optional
+        With ``margin``, the search of a unit stops once its best program's estimate is
+        within what a measurement resolves of the roofline lower bound
+        (:class:`~tvm_ollie.derive.search.CostBound`,
+        :func:`~tvm_ollie.tune.analytic.least_seconds`); None: no such stop.
+    margin : float
+        The relative margin of a measured decision (the choose stage's).
     """
 
     def __init__(self, library: bool, derive: bool, max_depth: int, max_states=None,
                  max_candidates=None, cost_target: str = "llvm",
-                 cache: Optional[DerivationCache] = None):
+                 cache: Optional[DerivationCache] = None,
+                 calibration: Optional[Calibration] = None, margin: float = 0.0):
         self.library = bool(library)
         self.derive = bool(derive)
         self.max_depth = max_depth
@@ -86,6 +96,8 @@ class Candidates:
         self.max_candidates = max_candidates
         self.cost_target = cost_target
         self.cache = cache
+        self.calibration = calibration
+        self.margin = margin
         #: seconds spent in derivation search
         self.search_s = 0.0
         #: expressions whose programs came from the cache / from a search
@@ -107,7 +119,7 @@ class Candidates:
             alts.append(Alternative(None, "native"))
         if not self.derive:
             return UnitAlternatives(alts)
-        programs, note = self.search(expr, budget_s)
+        programs, note = self.search(expr, budget_s, constant_inputs(unit))
         seen = set()
         for prog in programs:
             if repr(prog) in seen:
@@ -116,9 +128,11 @@ class Candidates:
             alts.extend(self.program_alternatives(prog))
         return UnitAlternatives(alts, len(seen), note)
 
-    def search(self, expr, budget_s: float) -> Tuple[List[Program], str]:
+    def search(self, expr, budget_s: float,
+               constants: AbstractSet[str] = frozenset()) -> Tuple[List[Program], str]:
         """The derived programs of ``expr`` (from the cache when it holds them, else searched
-        within ``budget_s`` seconds and stored) and a note on where they came from."""
+        within ``budget_s`` seconds and stored) and a note on where they came from
+        (``constants``: the inputs that are constants, for the estimates of the bound)."""
 
         limits = dict(max_depth=self.max_depth, targets=tuple(DEFAULT_TARGETS),
                       max_states=self.max_states, max_candidates=self.max_candidates,
@@ -133,7 +147,8 @@ class Candidates:
         with stage("search"):
             res = derive(expr, max_depth=self.max_depth, search_time_s=budget_s,
                          max_states=self.max_states, verify=False,
-                         max_candidates=self.max_candidates, cost_target=self.cost_target)
+                         max_candidates=self.max_candidates, cost_target=self.cost_target,
+                         bound=self.bound(expr, constants))
         self.search_s += time.perf_counter() - t0
         self.searched += 1
         programs = [p for p in res.candidates if not p.multi]
@@ -142,6 +157,20 @@ class Candidates:
             with stage("derivation cache"):
                 self.cache.put(expr, limits, programs, stop, budget_s)
         return programs, f", search stop={stop}"
+
+    def bound(self, expr, constants: AbstractSet[str] = frozenset()) -> Optional[CostBound]:
+        """The early stop of the search of ``expr``: a program's estimate on its cheaper
+        implementation (:meth:`program_alternatives`) against the roofline lower bound."""
+        calib = self.calibration
+        if calib is None or self.margin <= 0:
+            return None
+        impls = ("tvm", "native") if self.library else ("tvm",)
+
+        def seconds(prog: Program) -> float:
+            return min(analytic.program_seconds(prog, calib, impl, constants) for impl in impls)
+
+        return CostBound(seconds, analytic.least_seconds(expr, calib, self.library),
+                         self.margin)
 
     def _group(self, group) -> UnitAlternatives:
         """A group of calls sharing an operand: the calls as they are, and the merged programs

@@ -7,26 +7,47 @@ float type of the inputs and outputs (:func:`~tvm_ollie.verify.tolerance.toleran
 for float32); then, for a small polynomial program, exactly over a finite field
 (:func:`check_exact`): a float comparison cannot tell a wrong index from rounding noise when
 the wrong term is small, the finite field can.
+
+The verdicts are kept (:class:`VerdictCache`, in ``work_dir`` and the per-user cache beside
+the derivation cache): a second compile of the same model checks nothing again. Only a PASS
+stored under an identical key skips a check, and the key holds everything the verdict depends
+on (:meth:`VerdictCache.key`): both isolated modules as TVM sees them (structural hashes, the
+constants' values included), the program's text, the unit's signature, the target, the native
+library's identity, the TVM version and the checker's own version (the source of this module,
+of :mod:`tvm_ollie.verify`, of the random inputs' generator and of the ``derive`` and ``ir``
+packages that evaluate the exact check). Nothing unverified is applied: a verdict reused is
+the verdict of the very same comparison, run before.
 """
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Tuple, Union
+import functools
+import hashlib
+import json
+import logging
+import os
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
+import tvm_ffi
 
+from .. import native
 from ..codegen import library as lib
 from ..compat import relax, tvm
+from ..compile_profile import stage
+from ..derive.cache import EntryStore, rules_version, run_dirs
 from ..derive.program import Program
 from ..tune.measure import random_args
 from ..verify.finite_field import check_program_mod_p
 from ..verify.tolerance import narrowest_float, tolerance
 from .alternatives import Alternative
 from .emit import EmitError
-from .units import unit_module
+from .units import unit_module, unit_signature
 
-__all__ = ["EXACT_CHECK_MAX_WORK", "RTOL", "CheckFn", "Checker", "check_exact",
-           "check_numerics", "checked"]
+__all__ = ["EXACT_CHECK_MAX_WORK", "RTOL", "CheckFn", "Checker", "VerdictCache", "check_exact",
+           "check_numerics", "checked", "checker_version", "native_identity"]
+
+LOG = logging.getLogger("tvm_ollie.transform")
 
 #: Numerical tolerance of the acceptance check (relative to the largest output magnitude).
 RTOL = tolerance("float32")
@@ -42,29 +63,45 @@ def check_numerics(ref_mod: "tvm.IRModule", cand_mod: "tvm.IRModule") -> Tuple[b
     :func:`~tvm_ollie.verify.tolerance.tolerance` of the narrowest float type of the inputs and
     outputs, :data:`RTOL` for float32, of the reference's largest magnitude); every result of a
     tuple-valued ``main``."""
+    ok, why, _ = numeric_evidence(ref_mod, cand_mod)
+    return ok, why
+
+
+def numeric_evidence(ref_mod: "tvm.IRModule",
+                     cand_mod: "tvm.IRModule") -> Tuple[bool, str, Dict[str, object]]:
+    """:func:`check_numerics` with its evidence: the tolerance and, per result, the largest
+    absolute error and the reference's largest magnitude."""
     args = random_args(ref_mod["main"], seed=1)
     refs, dtypes = _run_llvm(ref_mod, args)
     gots, _ = _run_llvm(cand_mod, args)
     rtol = tolerance(narrowest_float(dtypes + [str(a.dtype) for a in args]))
+    evidence: Dict[str, object] = {"rtol": rtol, "results": []}
     if isinstance(refs, list) or isinstance(gots, list):
         if not (isinstance(refs, list) and isinstance(gots, list)) or len(refs) != len(gots):
-            return False, "the candidate returns another number of results"
+            return False, "the candidate returns another number of results", evidence
         for k, (ref, got) in enumerate(zip(refs, gots)):
-            ok, why = _compare(ref, got, rtol)
+            ok, why = _compare(ref, got, rtol, evidence["results"])
             if not ok:
-                return False, f"result {k}: {why}"
-        return True, ""
-    return _compare(refs, gots, rtol)
+                return False, f"result {k}: {why}", evidence
+        return True, "", evidence
+    ok, why = _compare(refs, gots, rtol, evidence["results"])
+    return ok, why, evidence
 
 
-def _compare(ref: np.ndarray, got: np.ndarray, rtol: float) -> Tuple[bool, str]:
+def _compare(ref: np.ndarray, got: np.ndarray, rtol: float,
+             log: Optional[list] = None) -> Tuple[bool, str]:
     if got.shape != ref.shape:
         return False, f"shape {got.shape} != {ref.shape}"
     err = float(np.max(np.abs(got - ref))) if ref.size else 0.0
     scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+    if log is not None:
+        log.append({"max_abs_err": err, "scale": scale})
     if not np.isfinite(err) or err > rtol * max(scale, 1e-6):
         return False, f"numerics differ: max abs err {err:.3g} (scale {scale:.3g})"
     return True, ""
+
+
+_DEFAULT_NUMERIC = check_numerics  # (a comparison patched in its place is not cached)
 
 
 def _run_llvm(mod, args) -> Tuple[Union[np.ndarray, List[np.ndarray]], List[str]]:
@@ -91,6 +128,142 @@ def check_exact(prog: Program) -> Tuple[bool, str]:
     return True, ""
 
 
+#: Layout of a verdict entry and meaning of a verdict; bump when either changes.
+VERDICT_FORMAT = 1
+_VERDICT_SUBDIR = "verdicts"
+
+
+@functools.lru_cache(maxsize=1)
+def checker_version() -> str:
+    """A hash of what a verdict depends on besides its modules: :data:`VERDICT_FORMAT`, the
+    source of this module, of :mod:`tvm_ollie.verify` and of the random inputs' generator
+    (:mod:`tvm_ollie.tune.measure`), and :func:`~tvm_ollie.derive.cache.rules_version` (the
+    ``derive`` and ``ir`` packages, which evaluate the exact check)."""
+    digest = hashlib.sha256(f"{VERDICT_FORMAT}|{rules_version()}".encode())
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    paths = [os.path.abspath(__file__), os.path.join(pkg, "tune", "measure.py")]
+    verify_dir = os.path.join(pkg, "verify")
+    paths += [os.path.join(verify_dir, n) for n in sorted(os.listdir(verify_dir))
+              if n.endswith(".py")]
+    for path in paths:
+        digest.update(os.path.relpath(path, pkg).encode())
+        with open(path, "rb") as fh:
+            digest.update(fh.read())
+    return digest.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=8)
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:  # noqa: ARG001 (cache key)
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def native_identity() -> str:
+    """The loaded native library's identity: a hash of its file's content (and the path, size
+    and modification time of the vendor libraries it opens), or ``"none"``."""
+    if not native.available():
+        return "none"
+    try:
+        path = native.library_path()
+        st = os.stat(path)
+        parts = [_file_digest(path, st.st_size, st.st_mtime_ns)]
+        for dep in native.library_files()[:-1]:
+            dst = os.stat(dep)
+            parts.append(f"{dep}:{dst.st_size}:{dst.st_mtime_ns}")
+        return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+    except (OSError, TypeError):
+        return "unknown"
+
+
+class VerdictCache:
+    """The checker's verdicts by everything they depend on (module docstring), kept in
+    ``<work_dir>/verdicts`` and the per-user cache (:func:`~tvm_ollie.derive.cache.run_dirs`;
+    the storage is the derivation cache's :class:`~tvm_ollie.derive.cache.EntryStore`: atomic
+    writes, size bound, a corrupt entry ignored with one warning, an unwritable directory
+    skipped).
+
+    Parameters
+    ----------
+    dirs : sequence of str
+        Directories to read (first hit wins) and write (every one).
+    target : str
+        The compilation target (part of every key).
+    version : str, optional
+        The checker's version in every key (default :func:`checker_version`).
+    library : str, optional
+        The native library's identity in every key (default :func:`native_identity`).
+    """
+
+    def __init__(self, dirs, target: str, version: Optional[str] = None,
+                 library: Optional[str] = None):
+        self.store = EntryStore(dirs, what="verification cache")
+        self.target = str(target)
+        self.version = version if version is not None else checker_version()
+        self.library = library if library is not None else native_identity()
+        #: PASS verdicts reused / checks run and stored
+        self.hits = self.stores = 0
+
+    @classmethod
+    def for_run(cls, work_dir: Optional[str], target) -> "VerdictCache":
+        """The cache of a compile: ``<work_dir>/verdicts`` (if given) and the per-user one."""
+        return cls(run_dirs(work_dir, _VERDICT_SUBDIR), target)
+
+    def key(self, unit_sig: str, alt: Alternative, ref_mod, cand_mod,
+            exact: bool) -> Tuple[str, str]:
+        """``(digest, key text)`` of the check of ``alt`` (module ``cand_mod``) against the unit
+        (signature ``unit_sig``, module ``ref_mod``)."""
+        prog = alt.program
+        material = json.dumps({
+            "format": VERDICT_FORMAT, "checker": self.version, "tvm": tvm.__version__,
+            "native": self.library, "target": self.target, "unit": unit_sig,
+            "lifted": "" if prog is None else _digest(str(prog.original)),
+            "program": "original" if prog is None else _program_text(prog),
+            "impl": alt.impl, "exact": bool(exact),
+            "reference": str(tvm_ffi.structural_hash(ref_mod)),
+            "candidate": str(tvm_ffi.structural_hash(cand_mod))}, sort_keys=True)
+        return hashlib.sha256(material.encode()).hexdigest(), material
+
+    def passed(self, keyed: Tuple[str, str]) -> bool:
+        """Whether a PASS verdict is stored under exactly this key (a FAIL never skips a
+        check: it is checked again)."""
+        with stage("verification cache"):
+            found = self.store.load(*keyed, decode=_verdict)
+        if found is True:
+            self.hits += 1
+            return True
+        return False
+
+    def put(self, keyed: Tuple[str, str], ok: bool, why: str,
+            evidence: Dict[str, object]) -> None:
+        """Store a verdict with its evidence."""
+        digest, material = keyed
+        with stage("verification cache"):
+            wrote = self.store.store(digest, {"key": material, "ok": bool(ok), "why": why,
+                                              "evidence": evidence})
+        self.stores += wrote
+
+
+def _verdict(entry: Dict[str, object]) -> Optional[bool]:
+    """The verdict of an entry (a malformed one raises: the store drops it as corrupt)."""
+    ok = entry["ok"]
+    if not isinstance(ok, bool):
+        raise ValueError(f"verdict {ok!r} is not a bool")
+    return ok
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _program_text(prog: Program) -> str:
+    """The program's stages as text (names, kinds, attributes and canonical expressions)."""
+    return ";".join(f"{s.name}={s.kind}{sorted(dict(s.attrs).items())}:{s.expr}"
+                    for s in prog.stages) + f"->{prog.output}"
+
+
 class Checker:
     """Whether an alternative computes what its unit computes (see the module docstring).
 
@@ -102,11 +275,16 @@ class Checker:
     exact : bool
         Also check a derived single-output program exactly (:func:`check_exact`) once the
         numeric check passed (a multi-output program's results were all compared numerically).
+    cache : VerdictCache, optional
+        Where verdicts are kept and PASS verdicts reused; used only with the default
+        comparison (another comparison's verdicts are its own).
     """
 
-    def __init__(self, numeric: Optional[CheckFn] = None, exact: bool = True):
+    def __init__(self, numeric: Optional[CheckFn] = None, exact: bool = True,
+                 cache: Optional[VerdictCache] = None):
         self.numeric: CheckFn = numeric or check_numerics
         self.exact = bool(exact)
+        self.cache = cache if self.numeric is _DEFAULT_NUMERIC else None
 
     def check(self, unit, alt: Alternative) -> Tuple[bool, str]:
         """``(ok, why)``: ``alt`` against ``unit``, each alone; may raise (see :func:`checked`).
@@ -115,11 +293,31 @@ class Checker:
         library's: the CUDA kernels take the same attributes and compute the same function
         (their own tests compare them with numpy on a GPU)."""
         with lib.kernel_device("cpu"):
-            ok, why = self.numeric(unit_module(unit),
-                                   unit_module(unit, alt.program, None, alt.impl))
+            ref_mod = unit_module(unit)
+            cand_mod = unit_module(unit, alt.program, None, alt.impl)
+            keyed = self._key(unit, alt, ref_mod, cand_mod)
+            if keyed is not None and self.cache.passed(keyed):
+                return True, ""
+            if keyed is not None:
+                ok, why, evidence = numeric_evidence(ref_mod, cand_mod)
+            else:
+                (ok, why), evidence = self.numeric(ref_mod, cand_mod), {}
         if ok and self.exact and alt.program is not None and not alt.program.multi:
             ok, why = check_exact(alt.program)
+            evidence["exact"] = why or "passed or not applicable"
+        if keyed is not None:
+            self.cache.put(keyed, ok, why, evidence)
         return ok, why
+
+    def _key(self, unit, alt: Alternative, ref_mod, cand_mod) -> Optional[Tuple[str, str]]:
+        """The verdict key of this check, or None (no cache, or no key: then it runs)."""
+        if self.cache is None:
+            return None
+        try:
+            return self.cache.key(unit_signature(unit), alt, ref_mod, cand_mod, self.exact)
+        except Exception as err:  # pylint: disable=broad-except
+            LOG.debug("ollie: no verdict key (%s: %s)", type(err).__name__, err)
+            return None
 
 
 def checked(checker: Checker, unit, alt: Alternative) -> Tuple[bool, str]:

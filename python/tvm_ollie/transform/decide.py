@@ -48,7 +48,7 @@ from ..tune.budget import TrialBudget
 from ..tune.calibrate import calibrate
 from ..tune.metaschedule import Tuner
 from .alternatives import Alternative, Candidates, UnitAlternatives
-from .checking import RTOL, Checker, CheckFn, check_exact, checked
+from .checking import RTOL, Checker, CheckFn, VerdictCache, check_exact, checked
 from .choosing import (MARGIN, Choice, Chooser, Decision, choose_analytic, choose_forced,
                        choose_measured, decided, kept_by_estimate, shortlist)
 from .costing import (AnalyticUnitCost, CallableTiming, Timer, TunedTiming, UnitCostModel,
@@ -113,7 +113,8 @@ class Decider:
     derivations : DerivationCache, optional
         Where search results are reused from and stored (:mod:`tvm_ollie.derive.cache`;
         default: with the config's ``derivation_cache``, the ``work_dir``'s and the per-user
-        cache).
+        cache). With the config's ``derivation_cache`` on, the default checker's verdicts are
+        kept beside it too (:class:`~.checking.VerdictCache`); off, every candidate is checked.
     """
 
     def __init__(self, target=None, config: Optional[OllieConfig] = None, *,
@@ -156,12 +157,14 @@ class Decider:
         # the stages
         self.candidates = Candidates(self.library, self.derive, cfg.max_depth, cfg.max_states,
                                      cfg.max_candidates, self.calib.kind,
-                                     derivations)
+                                     derivations, self.calib, MARGIN)
         if cost_model is not None and not cost_model.measured and estimator is None:
             estimator, cost_model = cost_model, None  # decide by that estimate
         self.estimator: UnitCostModel = estimator or AnalyticUnitCost(self.calib)
         self.cost_model = self._cost_model(cost_model, timer, tuner)
-        self.checker = checker if isinstance(checker, Checker) else Checker(checker)
+        self.checker = checker if isinstance(checker, Checker) else Checker(
+            checker, cache=VerdictCache.for_run(work_dir, self.target)
+            if cfg.derivation_cache else None)
         self.measures = self.cost_model is not None and self.cost_model.measured
         #: the measured decisions: alternatives timed together, evidence kept in work_dir
         self.timing = DecisionTiming(self.cost_model, DecisionRecords(self.work_dir)) \

@@ -248,12 +248,13 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
     sigs = list(dict.fromkeys([call_signature(c) for _, _, c in calls] +
                               [r.signature() for r in regions] +
                               [g.signature() for g in groups]))
+    weights = _signature_weights(decider.calib, regions, calls)
     if decider.can_measure:
-        _plan_budget(budget, decider, regions, calls, cfg.max_measured)
+        _plan_budget(budget, weights, cfg.max_measured)
     elif cfg.trials > 0 and not budget.notes:
         budget.notes.append(f"no {kind_name(tgt)} device here to measure on: the pass decided "
                             "by the analytic cost")
-    search = _SearchShare(cfg.search_time_s, len(sigs))
+    search = _SearchShare(cfg.search_time_s, {s: weights.get(s, 0.0) for s in sigs})
     choices: Dict[str, object] = {}
 
     def choose(unit, sig: str):
@@ -395,22 +396,38 @@ def apply_call_choices(mod: "tvm.IRModule", choices: Dict[str, object],
 
 
 class _SearchShare:
-    """The module's derivation time shared by the signatures still to decide (each at least
-    :data:`~tvm_ollie.config.MIN_SEARCH_S`)."""
+    """The module's derivation time shared by the signatures still to decide, by their
+    estimated time (``weights``: the seconds their calls take), each at least ``floor_s``.
 
-    def __init__(self, total_s: float, signatures: int):
-        self.total_s, self.pending = total_s, max(signatures, 1)
+    Of the time left ``R`` (the total less what the searches so far spent), a signature of
+    weight ``w`` among the pending ones ``P`` (itself included) gets::
 
-    def next(self, spent_s: float) -> float:
-        share = max(MIN_SEARCH_S, (self.total_s - spent_s) / max(self.pending, 1))
-        self.pending -= 1
-        return share
+        share = floor_s + max(0, R - floor_s * |P|) * w / sum(w_p for p in P)
+
+    (equal parts when no pending signature has a weight). A 1 MFLOP convolution thus gets the
+    floor while a 1 GFLOP one gets the rest; what a search leaves unspent (it stopped early)
+    flows on to the signatures after it.
+    """
+
+    def __init__(self, total_s: float, weights: Dict[str, float],
+                 floor_s: float = MIN_SEARCH_S):
+        self.total_s, self.floor_s = float(total_s), float(floor_s)
+        self.pending = {sig: max(float(w), 0.0) for sig, w in weights.items()}
+
+    def next(self, sig: str, spent_s: float) -> float:
+        """The search seconds of ``sig`` (decided now), given ``spent_s`` spent so far."""
+        weight = self.pending.pop(sig, 0.0)
+        count = len(self.pending) + 1
+        total_w = sum(self.pending.values()) + weight
+        spare = max(0.0, self.total_s - spent_s - self.floor_s * count)
+        part = weight / total_w if total_w > 0 else 1.0 / count
+        return self.floor_s + spare * part
 
 
 def _decide(decider: Decider, unit, sig: str, search: _SearchShare, budget: TrialBudget):
     """The decider's choice for a unit, its trials drawn from the unit's task of ``budget``."""
     with budget.task(sig):
-        return decider.decide(unit, search.next(decider.search_s))
+        return decider.decide(unit, search.next(sig, decider.search_s))
 
 
 def _unit_seconds(unit, calib: Calibration) -> float:
@@ -423,14 +440,18 @@ def _unit_seconds(unit, calib: Calibration) -> float:
         return 0.0
 
 
-def _plan_budget(budget: TrialBudget, decider: Decider, regions, calls,
-                 max_measured: int) -> None:
-    """One task per signature, weighted by its calls' estimated time (the time at stake in its
-    choice), split among the original and up to ``max_measured`` measured alternatives."""
+def _signature_weights(calib: Calibration, regions, calls) -> Dict[str, float]:
+    """Per signature, its calls' estimated seconds (the time at stake in its choice)."""
     weights: Dict[str, float] = {}
     for unit in list(regions) + [c for _, _, c in calls]:
         sig = unit.signature() if getattr(unit, "is_region", False) else call_signature(unit)
-        weights[sig] = weights.get(sig, 0.0) + _unit_seconds(unit, decider.calib)
+        weights[sig] = weights.get(sig, 0.0) + _unit_seconds(unit, calib)
+    return weights
+
+
+def _plan_budget(budget: TrialBudget, weights: Dict[str, float], max_measured: int) -> None:
+    """One task per signature, weighted by its calls' estimated time (``weights``), split
+    among the original and up to ``max_measured`` measured alternatives."""
     for sig, weight in weights.items():
         budget.add_task(sig, weight, parts=1 + max_measured)
 

@@ -23,13 +23,13 @@ from typing import AbstractSet, FrozenSet, Optional
 import numpy as np
 
 from ..codegen import library as lib
-from ..derive.cost import expr_cost, stage_cost
+from ..derive.cost import expr_cost, least_work, stage_cost
 from ..derive.program import Program
 from ..derive.targets import target_op
 from ..ir.nodes import Scope
 from .calibrate import Calibration
 
-__all__ = ["NATIVE_KIND", "ORIGINAL_KIND", "folded_stages", "original_seconds",
+__all__ = ["NATIVE_KIND", "ORIGINAL_KIND", "folded_stages", "least_seconds", "original_seconds",
            "program_seconds", "stage_seconds", "useful_flops"]
 
 #: Kernel kind of an original Relax operator (keys of :data:`.calibrate.EFFICIENCY`).
@@ -119,3 +119,15 @@ def original_seconds(expr: Scope, op_name: str, calib: Calibration, impl: str = 
         kind = NATIVE_KIND[op_name]
         flops = useful_flops(expr, op_name) or flops
     return _roof(flops, moved, calib, kind)
+
+
+def least_seconds(expr: Scope, calib: Calibration, library: bool = True) -> float:
+    """The roofline lower bound of any derived program of ``expr``: its
+    :func:`~tvm_ollie.derive.cost.least_work` at the calibration's best operator efficiency
+    (every kind but the eOperators'; the native library's kinds only with ``library``) and at
+    the full bandwidth. Each program :func:`program_seconds` costs is at least this (its
+    operators do those flops, each at its kind's efficiency; its stages move those bytes)."""
+    flops, moved = least_work(expr)
+    kinds = [k for k in calib.efficiency if k != "eop" and (library or not k.startswith("native"))]
+    best = max([calib.eff(k) for k in kinds] + [calib.eff("tir")])
+    return max(flops / (calib.peak_flops * best), moved / calib.bandwidth)

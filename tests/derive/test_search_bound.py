@@ -1,0 +1,81 @@
+"""The search stops once searching on cannot pay: the depth exhausted, or its best candidate
+within what a measurement resolves of the roofline lower bound (CostBound)."""
+
+import pytest
+
+from rulecheck import conv2d_nhwc
+from tvm_ollie.derive import StopReason, derive
+from tvm_ollie.derive.cost import least_work
+from tvm_ollie.derive.search import CostBound
+from tvm_ollie.ir.nodes import IterVar, Scope, Tensor, Var
+from tvm_ollie.tune import analytic
+from tvm_ollie.tune.calibrate import EFFICIENCY, Calibration
+from tvm_ollie.tune.compare import Timing, beats
+
+CALIB = Calibration("llvm", 1e11, 2e10, dict(EFFICIENCY["llvm"]), "given")
+
+
+def _matmul(m=8, k=8, n=8) -> Scope:
+    i, j, r = Var("i"), Var("j"), Var("r")
+    a, b = Tensor("A", (m, k)), Tensor("B", (k, n))
+    return Scope([IterVar(i, 0, m), IterVar(j, 0, n)], [IterVar(r, 0, k)], a[i, r] * b[r, j])
+
+
+def _seconds(prog):
+    return analytic.program_seconds(prog, CALIB)
+
+
+def test_slack_is_what_the_timing_margin_cannot_resolve():
+    bound = CostBound(_seconds, lower_s=1.0, margin=0.03)
+    assert bound.slack == pytest.approx(0.03 / 0.97)
+    assert bound.reached(1.0 + bound.slack) and not bound.reached(1.0 + 1.01 * bound.slack)
+    assert not CostBound(_seconds, lower_s=0.0, margin=0.03).reached(0.0)
+    # at the edge, a program at the lower bound cannot beat the best by the margin
+    best, other = Timing("best", [1.0 + bound.slack] * 9), Timing("other", [1.0] * 9)
+    assert not beats(other, best, 0.03)
+
+
+def test_near_bound_stops_at_the_first_candidate_that_reaches_it():
+    expr = conv2d_nhwc(h=4, c=4, f=4)
+    full = derive(expr, max_depth=2, verify=False, max_candidates=None)
+    assert full.stats.stop_reason is StopReason.MAX_DEPTH
+    first = next(p for p in full.candidates if repr(p) == full.stats.found_log[0][2])
+    res = derive(expr, max_depth=2, verify=False, max_candidates=None,
+                 bound=CostBound(_seconds, _seconds(first), 0.03))
+    assert res.stats.stop_reason is StopReason.NEAR_BOUND
+    assert res.stats.best_s <= _seconds(first) and res.stats.bound_s == _seconds(first)
+    assert res.stats.states_visited < full.stats.states_visited
+    assert "near_bound" in res.stats.summary()
+
+
+def test_exhausted_matmul_stops_at_once():
+    res = derive(_matmul(), max_depth=7, verify=False)
+    assert res.stats.stop_reason is StopReason.EXHAUSTED and res.stats.states_visited == 1
+
+
+def test_an_unreachable_bound_changes_nothing():
+    expr = conv2d_nhwc(h=4, c=4, f=4)
+    plain = derive(expr, max_depth=2, verify=False, max_candidates=None)
+    low = derive(expr, max_depth=2, verify=False, max_candidates=None,
+                 bound=CostBound(_seconds, 1e-12, 0.03))
+    assert low.stats.stop_reason is plain.stats.stop_reason is StopReason.MAX_DEPTH
+    assert [repr(p) for p in low.candidates] == [repr(p) for p in plain.candidates]
+
+
+def test_least_work_counts_flops_only_for_a_plain_sum_of_products():
+    flops, moved = least_work(_matmul(4, 5, 6))
+    assert flops == 2 * 4 * 5 * 6 and moved == 4 * (4 * 5 + 5 * 6 + 4 * 6)
+    # padded reads: a tightened boundary may skip the margins, so only the bytes bound it
+    assert least_work(conv2d_nhwc(h=4, c=3, f=2))[0] == 0.0
+    assert least_work(conv2d_nhwc(h=4, c=3, f=2, r=1, pad=0))[0] > 0
+
+
+@pytest.mark.parametrize("expr", [_matmul(16, 32, 8), conv2d_nhwc(h=6, c=8, f=4, r=1, pad=0),
+                                  conv2d_nhwc(h=4, c=4, f=4)])
+def test_the_lower_bound_holds_for_every_candidate(expr):
+    res = derive(expr, max_depth=3, verify=False, max_candidates=None)
+    lower = analytic.least_seconds(expr, CALIB)
+    assert lower > 0
+    for prog in res.candidates:
+        for impl in ("tvm", "native"):
+            assert analytic.program_seconds(prog, CALIB, impl) >= lower * (1 - 1e-9), prog
