@@ -24,7 +24,8 @@ measures the rest, within a budget:
   through the VM (:func:`~.cost.build_and_time`, or ``rpc``) and ``overhead`` the time of a
   one-element kernel the same way (the VM call and output allocation, which a kernel inside
   a whole model does not pay alone); cached by structural hash in ``work_dir``
-  (:class:`~.cost.MeasuredCost`), in this process when there is none.
+  (:class:`~.cost.MeasuredCost`) and in this process (a kernel is timed once per process
+  even across work dirs: a second time would only add noise to the same decision).
 * **Unmeasured** (past the budget): the analytic estimate times the median measured/analytic
   ratio of the measured candidates of its class in this orchestration, else of all measured
   candidates, else 1.
@@ -45,6 +46,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from ..codegen.builder import single_function_module, tensor_var
 from ..compat import relax, tvm
 from ..compile_profile import stage
 from ..config import OrchestrateConfig
@@ -89,13 +91,9 @@ def needs_profile(graph: PrimitiveGraph, cand: Candidate, analytic_s: float,
 def _overhead_module() -> "tvm.IRModule":
     """A one-element negation as a fused one-kernel module: what timing any kernel alone
     costs beyond the kernel."""
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorStructInfo((1,), "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            out = bb.emit_output(bb.call_te(tvm.topi.negative, x))
-        bb.emit_func_output(out)
-    return bb.get()
+    mod = single_function_module([tensor_var("x", (1,))],
+                                 lambda bb, x: relax.op.negative(x))
+    return relax.transform.LegalizeOps()(mod)
 
 
 class _Budget:
@@ -146,8 +144,8 @@ class ProfiledCost(CostModel):
         self.launch_s = getattr(self.analytic, "launch_s", 0.0)
         self.floor_s = float(config.profile_floor_s)
         self.measured = MeasuredCost(target, config.work_dir, rpc=config.rpc, timer=timer)
-        if not config.work_dir and timer is None:  # (a fake timer's times stay its own)
-            self.measured.cache, self.measured.spent = _MEMORY["cache"], _MEMORY["spent"]
+        # the process's times (a fake timer's stay its own)
+        self.memory = _MEMORY if timer is None else {"cache": {}, "spent": {}}
         self.budget = _Budget(config.profile_budget_s, config.profile_max_kernels)
         self.overhead_s = overhead_s
         self.stats = ProfileReport(budget_s=float(config.profile_budget_s),
@@ -200,10 +198,9 @@ class ProfiledCost(CostModel):
             key, fused = self.measured.prepare(graph, cand)
         except Exception:  # pylint: disable=broad-except
             return None  # the selection's own check bans it if it is chosen
-        cache = self.measured.cache
-        if key in cache:
+        if self._recall(key):
             self.stats.cached += 1
-            seconds = cache[key]
+            seconds = self.measured.cache[key]
         else:
             start = time.perf_counter()
             with stage("orchestration profiling"):
@@ -214,6 +211,7 @@ class ProfiledCost(CostModel):
                     self._note_failure(graph, cand, err)
             self.stats.profiled += 1
             self.stats.profile_s += time.perf_counter() - start
+            self._remember(key)
         spent = self.measured.spent.get(key, 0.0)
         if not math.isfinite(seconds):
             self.stats.failed += 1
@@ -228,6 +226,22 @@ class ProfiledCost(CostModel):
         self.stats.ratios.append(ratio)
         return spent
 
+    def _recall(self, key: str) -> bool:
+        """Whether ``key`` was measured (in the work dir, or earlier in this process: then
+        copied into the work dir's cache)."""
+        if key in self.measured.cache:
+            return True
+        if key not in self.memory["cache"]:
+            return False
+        self.measured.cache[key] = self.memory["cache"][key]
+        self.measured.spent[key] = self.memory["spent"].get(key, 0.0)
+        self.measured._save()  # pylint: disable=protected-access
+        return True
+
+    def _remember(self, key: str) -> None:
+        self.memory["cache"][key] = self.measured.cache[key]
+        self.memory["spent"][key] = self.measured.spent.get(key, 0.0)
+
     def _note_failure(self, graph: PrimitiveGraph, cand: Candidate, err: Exception) -> None:
         names = "+".join(graph.nodes[i].name for i in cand.nodes)
         first = str(err).splitlines()[0][:160] if str(err) else ""
@@ -239,14 +253,17 @@ class ProfiledCost(CostModel):
         if self.overhead_s is None:
             key = f"{target_kind(self.target)}" \
                   f"{'@rpc' if self.measured.rpc else ''}:timing-overhead"
-            if key not in self.measured.cache:
+            if not self._recall(key):
                 start = time.perf_counter()
                 with stage("orchestration profiling"):
                     try:
                         self.measured.measure(key, _overhead_module())
-                    except Exception:  # pylint: disable=broad-except
+                    except Exception as err:  # pylint: disable=broad-except
                         self.measured.cache[key] = 0.0
+                        self.stats.failures.append(f"timing overhead (taken as 0): "
+                                                   f"{type(err).__name__}: {err}"[:200])
                 self.stats.profile_s += time.perf_counter() - start
+                self._remember(key)
             value = self.measured.cache[key]
             self.overhead_s = value if math.isfinite(value) else 0.0
         self.stats.overhead_s = self.overhead_s

@@ -1,0 +1,179 @@
+"""Profiled kernel costs: what is measured first, the budget, the cache, failures, the report."""
+
+import time
+
+import numpy as np
+import pytest
+
+from tvm_ollie.compat import relax, tvm
+from tvm_ollie.codegen.builder import single_function_module, tensor_var
+from tvm_ollie.compile_profile import profile_scope
+from tvm_ollie.orchestrate import (AnalyticCost, OrchestrateConfig, ProfiledCost, build_graph,
+                                   enumerate_candidates, orchestrate_module,
+                                   orchestrate_pipeline)
+from tvm_ollie.orchestrate.profiled import UNCERTAINTY, cost_class, make_cost, needs_profile
+
+from orch_helpers import CALIB, const, random_args, run
+
+
+def conv_softmax():
+    """conv + bias + relu, a softmax over the last axis, then a residual add."""
+    def body(bb, x, w):
+        c = bb.emit(relax.op.nn.conv2d(x, w, padding=1))
+        r = bb.emit(relax.op.nn.relu(relax.op.add(c, const((1, 4, 1, 1), 1))))
+        s = bb.emit(relax.op.nn.softmax(r, axis=-1))
+        return relax.op.add(s, x)
+
+    return single_function_module([tensor_var("x", (1, 4, 8, 8)),
+                                   tensor_var("w", (4, 4, 3, 3))], body)
+
+
+class FakeTimer:
+    """Times a kernel module by its PrimFuncs' names (no build): a fused kernel costs
+    ``fused_s``, a single primitive ``single_s``; names containing ``fail`` raise."""
+
+    def __init__(self, fused_s=1e-6, single_s=3e-6, fail=(), sleep_s=0.0):
+        self.fused_s, self.single_s, self.fail, self.sleep_s = fused_s, single_s, fail, sleep_s
+        self.calls = []
+
+    def __call__(self, fused, _target, _rpc):
+        names = [g.name_hint for g, f in fused.functions_items()
+                 if isinstance(f, tvm.tirx.PrimFunc)]
+        self.calls.append(names)
+        time.sleep(self.sleep_s)
+        if any(all(part in n for part in self.fail) for n in names) and self.fail:
+            raise RuntimeError(f"kernel {names} crashed")
+        return self.fused_s if any(n.startswith("orch_") for n in names) else self.single_s
+
+
+def _config(tmp_path, **kwargs):
+    return OrchestrateConfig(profile_floor_s=0.0, work_dir=str(tmp_path), **kwargs)
+
+
+def _cost(tmp_path, timer, **kwargs):
+    return ProfiledCost("llvm", _config(tmp_path, **kwargs), AnalyticCost("llvm", CALIB),
+                        timer=timer, overhead_s=0.0)
+
+
+def _graph_and_candidates():
+    mod = conv_softmax()
+    with tvm.target.Target("llvm"):
+        mod = tvm.transform.Sequential([relax.transform.LegalizeOps(),
+                                        relax.transform.AnnotateTIROpPattern()])(mod)
+    graph = build_graph(mod["main"].body.blocks[0], mod)
+    return graph, enumerate_candidates(graph, 8).candidates
+
+
+def test_rule_keeps_single_elementwise_primitives_analytic():
+    graph, cands = _graph_and_candidates()
+    for cand in cands:
+        kinds = {graph.nodes[i].kind for i in cand.nodes}
+        profiled = needs_profile(graph, cand, 1.0, 0.0)
+        if cand.size == 1 and kinds <= {"elementwise", "layout"}:
+            assert not profiled and cost_class(graph, cand) == "simple"
+        elif all(graph.nodes[i].fusable for i in cand.nodes):
+            assert profiled
+        assert not needs_profile(graph, cand, 1e-7, 1e-6)  # below the floor: analytic
+
+
+def test_largest_uncertainty_times_estimate_first_within_the_kernel_budget(tmp_path):
+    graph, cands = _graph_and_candidates()
+    timer = FakeTimer()
+    cost = _cost(tmp_path, timer, profile_max_kernels=3)
+    costs = cost.costs(graph, cands)
+    analytic = AnalyticCost("llvm", CALIB).costs(graph, cands)
+    eligible = [k for k, c in enumerate(cands) if needs_profile(graph, c, analytic[k], 0.0)]
+    order = sorted(eligible, key=lambda k: -UNCERTAINTY[cost_class(graph, cands[k])]
+                   * analytic[k])
+    assert len(eligible) > 3 and len(timer.calls) == 3
+    stats = cost.stats
+    assert (stats.profiled, stats.cached, stats.stopped) == (3, 0, "budget")
+    assert stats.scaled == len(eligible) - 3 and len(stats.ratios) == 3
+    measured = [k for k in eligible if costs[k] in (cost.launch_s + 1e-6, cost.launch_s + 3e-6)]
+    assert sorted(measured) == sorted(order[:3])
+    # the rest: the analytic estimate times the median ratio of the measured ones
+    ratio = float(np.median(stats.ratios))
+    for k in order[3:]:
+        cls = cost_class(graph, cands[k])
+        assert costs[k] == pytest.approx(analytic[k] * (cost._ratio(cls)))  # noqa: SLF001
+    assert any(costs[k] == pytest.approx(analytic[k] * ratio) for k in order[3:])
+    # single elementwise primitives keep the analytic cost
+    for k, c in enumerate(cands):
+        if k not in eligible:
+            assert costs[k] == analytic[k]
+
+
+def test_nothing_is_profiled_past_the_seconds_budget(tmp_path):
+    graph, cands = _graph_and_candidates()
+    timer = FakeTimer(sleep_s=0.03)
+    cost = _cost(tmp_path, timer, profile_budget_s=0.05)
+    cost.costs(graph, cands)
+    # checked before each build: the first two start within the budget, none after it
+    assert 1 <= len(timer.calls) <= 2 and cost.stats.stopped == "budget"
+    assert cost.stats.profile_s >= 0.03 * len(timer.calls)
+
+
+def test_second_orchestration_times_nothing(tmp_path):
+    timer = FakeTimer()
+    first = orchestrate_module(conv_softmax(), "llvm",
+                               cost=_cost(tmp_path, timer, profile_max_kernels=4))[1]
+    assert len(timer.calls) == 4 and first.profile.profiled == 4
+    again = FakeTimer()
+    second = orchestrate_module(conv_softmax(), "llvm",
+                                cost=_cost(tmp_path, again, profile_max_kernels=4))[1]
+    assert again.calls == []
+    assert (second.profile.profiled, second.profile.cached) == (0, 4)
+    assert [k.primitives for p in second.partitions for k in p.kernels] == \
+        [k.primitives for p in first.partitions for k in p.kernels]
+
+
+def test_failing_candidate_is_banned_and_the_build_completes(tmp_path):
+    mod = conv_softmax()
+    timer = FakeTimer(fused_s=1e-9, fail=("orch_", "relu"))  # every fused kernel with relu
+    reports = []
+    ex = tvm.compile(mod, "llvm", relax_pipeline=orchestrate_pipeline(
+        "llvm", cost=_cost(tmp_path, timer), reports=reports))
+    rep = reports[-1]
+    assert rep.profile.failed > 0 and rep.profile.failures
+    assert any("banned" in f for p in rep.partitions for f in p.fallbacks), rep.to_text()
+    kernels = [k.primitives for p in rep.partitions for k in p.kernels]
+    assert not any(len(k) > 1 and "relu" in k for k in kernels), rep.to_text()
+    assert any(len(k) > 1 for k in kernels)  # the other fused kernels (nearly free) stay
+    args = random_args(mod)
+    for got, want in zip(run(ex, args), run(tvm.compile(mod, "llvm"), args)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_analytic_costs_are_unchanged():
+    config = OrchestrateConfig(costs="analytic")
+    assert type(make_cost("llvm", config)) is AnalyticCost  # pylint: disable=C0123
+    _, report = orchestrate_module(conv_softmax(), "llvm", config=config)
+    assert report.cost_model == "analytic" and report.profile is None
+    _, given = orchestrate_module(conv_softmax(), "llvm", cost=AnalyticCost("llvm"))
+    assert [k.primitives for p in report.partitions for k in p.kernels] == \
+        [k.primitives for p in given.partitions for k in p.kernels]
+
+
+def test_report_counts_and_profile_stage(tmp_path):
+    timer = FakeTimer(fail=("orch_", "softmax"))
+    with profile_scope() as prof:
+        _, report = orchestrate_module(conv_softmax(), "llvm", cost=_cost(tmp_path, timer))
+    stats = report.profile
+    assert stats.profiled == len(timer.calls) == stats.eligible - stats.cached
+    assert stats.failed > 0 and len(stats.ratios) == stats.profiled - stats.failed
+    q = stats.quartiles()
+    assert q[0] <= q[1] <= q[2] <= q[3] <= q[4]
+    text = report.to_text()
+    assert f"{stats.profiled} profiled" in text and "measured/analytic min" in text
+    assert "orchestration profiling" in prof.seconds
+
+
+def test_default_costs_build_and_time_real_kernels(tmp_path):
+    """The default timer: builds untuned kernels and times them here (two, in budget)."""
+    config = _config(tmp_path, profile_max_kernels=2)
+    _, report = orchestrate_module(conv_softmax(), "llvm", config=config)
+    stats = report.profile
+    assert report.cost_model == "profiled" and stats.profiled == 2 and not stats.failed
+    assert all(r > 0 for r in stats.ratios) and stats.overhead_s > 0
+    _, again = orchestrate_module(conv_softmax(), "llvm", config=config)
+    assert (again.profile.profiled, again.profile.cached) == (0, 2)
