@@ -115,10 +115,10 @@ def format_table(rows: Sequence[OrchCostRow]) -> str:
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         q = " ".join(f"{v:.2f}" for v in r.quartiles) if r.quartiles else "-"
-        base = r.latency_s.get("tvm", float("nan"))
-        lat = [f"{r.latency_s[s] * 1e3:.2f}" + ("" if s == "tvm" else
-                                                f" ({r.latency_s[s] / base:.2f})")
-               for s in SYSTEMS]
+        base = r.latency_s.get("tvm")
+        lat = ["-" if s not in r.latency_s else f"{r.latency_s[s] * 1e3:.2f}" + (
+            "" if s == "tvm" or not base else f" ({r.latency_s[s] / base:.2f})")
+            for s in SYSTEMS]
         lines.append(
             f"| {r.model} | {r.candidates} | {r.eligible} | {r.profiled} | {r.cached} | "
             f"{r.failed} | {r.profile_s:.1f} | {r.solve_s.get('analytic', 0):.2f} / "

@@ -12,9 +12,13 @@ measures the rest, within a budget:
   ``reduce`` (a reduction) or ``fused`` (several primitives). A single elementwise or layout
   primitive (class ``simple``) is memory-bound with a regular access, which the calibrated
   roofline ranks well: it stays analytic.
-* **Order**: largest ``UNCERTAINTY[class] x analytic estimate`` first (:data:`UNCERTAINTY`:
-  how far the roofline is typically off per class), so the budget goes where an error costs
-  most time.
+* **One scale**: measured and estimated costs meet in one program, so the estimates must be
+  on the measurements' scale: the :data:`SIMPLE_SAMPLES` largest ``simple`` primitives of an
+  orchestration (above the floor) are timed first, and every other ``simple`` primitive costs
+  its analytic estimate times their median measured/analytic ratio (1 before any sample).
+* **Order**: those samples, then largest ``UNCERTAINTY[class] x analytic estimate`` first
+  (:data:`UNCERTAINTY`: how far the roofline is typically off per class), so the budget goes
+  where an error costs most time.
 * **Budget**: ``profile_budget_s`` seconds of building and timing and ``profile_max_kernels``
   kernels per orchestration of a module, shared between its partitions in proportion to their
   primitives (a partition's unused share carries over). A kernel found in the cache is charged
@@ -56,12 +60,16 @@ from .cost import AnalyticCost, CostModel, KernelTimer, MeasuredCost
 from .graph import PrimitiveGraph
 from .report import ProfileReport
 
-__all__ = ["ProfiledCost", "UNCERTAINTY", "cost_class", "make_cost", "needs_profile"]
+__all__ = ["ProfiledCost", "SIMPLE_SAMPLES", "UNCERTAINTY", "cost_class", "make_cost",
+           "needs_profile", "timeable"]
 
 #: How far the roofline is typically off, per candidate class (a factor): untuned linear
 #: loop nests most, reductions next, fused groups of memory-bound primitives less; a single
 #: elementwise/layout primitive is what the ``eop`` efficiency was calibrated on.
 UNCERTAINTY: Dict[str, float] = {"linear": 4.0, "reduce": 3.0, "fused": 2.0, "simple": 1.0}
+
+#: ``simple`` primitives timed per orchestration to put their class on the measured scale.
+SIMPLE_SAMPLES = 3
 
 #: Caches of the runs without a work dir, per process (``{key: seconds}``, ``{key: spent}``).
 _MEMORY: Dict[str, Dict[str, float]] = {"cache": {}, "spent": {}}
@@ -78,14 +86,20 @@ def cost_class(graph: PrimitiveGraph, cand: Candidate) -> str:
     return "fused" if cand.size > 1 else "simple"
 
 
-def needs_profile(graph: PrimitiveGraph, cand: Candidate, analytic_s: float,
-                  floor_s: float) -> bool:
-    """The module docstring's rule: fusable primitives only, not a lone view, an estimate of
-    at least ``floor_s``, and a class other than ``simple``."""
+def timeable(graph: PrimitiveGraph, cand: Candidate, analytic_s: float,
+             floor_s: float) -> bool:
+    """Fusable primitives only, not a lone view, an estimate of at least ``floor_s``: a
+    kernel whose measurement means something."""
     nodes = [graph.nodes[i] for i in cand.nodes]
     if not all(n.fusable for n in nodes) or (cand.size == 1 and nodes[0].view):
         return False
-    return analytic_s >= floor_s and cost_class(graph, cand) != "simple"
+    return analytic_s >= floor_s
+
+
+def needs_profile(graph: PrimitiveGraph, cand: Candidate, analytic_s: float,
+                  floor_s: float) -> bool:
+    """The module docstring's rule: :func:`timeable` and of a class other than ``simple``."""
+    return timeable(graph, cand, analytic_s, floor_s) and cost_class(graph, cand) != "simple"
 
 
 def _overhead_module() -> "tvm.IRModule":
@@ -164,17 +178,20 @@ class ProfiledCost(CostModel):
         cands = list(cands)
         analytic = self.analytic.costs(graph, cands)
         out = list(analytic)
-        eligible = [k for k, c in enumerate(cands)
-                    if needs_profile(graph, c, analytic[k], self.floor_s)]
+        classes = [cost_class(graph, c) for c in cands]
+        timed = [k for k, c in enumerate(cands) if timeable(graph, c, analytic[k], self.floor_s)]
+        eligible = [k for k in timed if classes[k] != "simple"]
+        simple = [k for k in timed if classes[k] == "simple"]
+        samples = sorted(simple, key=lambda k: -analytic[k])[:max(0, SIMPLE_SAMPLES
+                                                                   - self.stats.samples)]
         self.stats.candidates += len(cands)
-        self.stats.eligible += len(eligible)
-        order = sorted(eligible, key=lambda k: -UNCERTAINTY[cost_class(graph, cands[k])]
-                       * analytic[k])
+        self.stats.eligible += len(eligible) + len(samples)
+        order = samples + sorted(eligible, key=lambda k: -UNCERTAINTY[classes[k]] * analytic[k])
         nodes = set()
         for c in cands:
             nodes.update(c.nodes)
         seconds, kernels = self.budget.share(len(nodes))
-        left = set(eligible)
+        done = set()
         for k in order:
             if seconds <= 0 or kernels <= 0:
                 self.stats.stopped = "budget"
@@ -184,10 +201,15 @@ class ProfiledCost(CostModel):
                 continue  # not profiled (does not fuse alone): scaled below
             seconds, kernels = seconds - spent, kernels - 1
             self.budget.charge(spent)
-            left.discard(k)
-        for k in sorted(left):
-            out[k] = analytic[k] * self._ratio(cost_class(graph, cands[k]))
-            self.stats.scaled += 1
+            done.add(k)
+            self.stats.samples += classes[k] == "simple"
+        for k in eligible:
+            if k not in done:
+                out[k] = analytic[k] * self._ratio(classes[k])
+                self.stats.scaled += 1
+        for k in simple:
+            if k not in done:
+                out[k] = analytic[k] * self._ratio("simple")
         return out
 
     def _profile(self, graph: PrimitiveGraph, cand: Candidate, analytic_s: float,
@@ -270,8 +292,11 @@ class ProfiledCost(CostModel):
         return self.overhead_s
 
     def _ratio(self, cls: str) -> float:
-        """Median measured/analytic ratio of the class, else of all, else 1."""
-        ratios = self._ratios.get(cls) or [r for rs in self._ratios.values() for r in rs]
+        """Median measured/analytic ratio of the class, else of all (except for ``simple``:
+        its samples or nothing), else 1."""
+        ratios = self._ratios.get(cls)
+        if not ratios and cls != "simple":
+            ratios = [r for rs in self._ratios.values() for r in rs]
         return float(np.median(ratios)) if ratios else 1.0
 
 

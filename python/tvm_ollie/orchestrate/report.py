@@ -57,6 +57,7 @@ class ProfileReport:
     cached: int = 0
     failed: int = 0
     scaled: int = 0
+    samples: int = 0  # single elementwise/layout primitives timed to scale their class
     profile_s: float = 0.0
     overhead_s: float = 0.0
     budget_s: float = 0.0
@@ -81,9 +82,9 @@ class ProfileReport:
         stop = f"; budget ({self.budget_s:g} s, {self.max_kernels} kernels) reached" \
             if self.stopped == "budget" else ""
         lines = [f"profiled costs{where}: {self.candidates} candidates, {self.eligible} to "
-                 f"profile: {self.profiled} profiled in {self.profile_s:.2f} s, {self.cached} "
-                 f"from cache, {self.failed} failed (banned), {self.scaled} scaled "
-                 f"estimates{stop}; {err}"]
+                 f"profile ({self.samples} simple samples): {self.profiled} profiled in "
+                 f"{self.profile_s:.2f} s, {self.cached} from cache, {self.failed} failed "
+                 f"(banned), {self.scaled} scaled estimates{stop}; {err}"]
         lines += [f"  profiling failed: {f}" for f in self.failures]
         return "\n".join(lines)
 
