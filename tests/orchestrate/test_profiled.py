@@ -182,11 +182,13 @@ def test_report_counts_and_profile_stage(tmp_path):
 
 
 def test_default_costs_build_and_time_real_kernels(tmp_path):
-    """The default timer: builds untuned kernels and times them here (two, in budget)."""
+    """The default timer: builds untuned kernels and times them here (four, the budget)."""
     config = _config(tmp_path, profile_max_kernels=SIMPLE_SAMPLES + 1)
     _, report = orchestrate_module(conv_softmax(), "llvm", config=config)
     stats = report.profile
-    assert report.cost_model == "profiled" and stats.profiled == SIMPLE_SAMPLES + 1
+    # (an earlier test of this process may have timed one of them: the process cache)
+    assert report.cost_model == "profiled"
+    assert stats.profiled + stats.cached == SIMPLE_SAMPLES + 1 and stats.profiled > 0
     assert not stats.failed and all(r > 0 for r in stats.ratios) and stats.overhead_s > 0
     _, again = orchestrate_module(conv_softmax(), "llvm", config=config)
     assert (again.profile.profiled, again.profile.cached) == (0, SIMPLE_SAMPLES + 1)
