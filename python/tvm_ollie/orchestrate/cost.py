@@ -223,12 +223,12 @@ class MeasuredCost(CostModel):
         except Exception:
             self.cache[key] = math.inf
             raise
+        else:
+            self.cache[key] = seconds
         finally:
             self.spent[key] = time.perf_counter() - start
             self.builds += 1
             self._save()
-        self.cache[key] = seconds
-        self._save()
         return seconds
 
     def kernel_seconds(self, graph: PrimitiveGraph, cand: Candidate) -> float:

@@ -8,11 +8,12 @@ list with ``FuseOps`` replaced by :class:`Orchestrate` (and an optional fission 
 ``LegalizeOps``), so everything around the grouping decision is TVM's own.
 
 :class:`Orchestrate` works on a legalized module (primitives are ``call_tir`` bindings): per
-dataflow block it builds the primitive graph, partitions it, enumerates candidates, costs them,
-selects kernels by the binary program, checks each multi-primitive kernel (``FuseTIR`` on it
-alone, or a full build), and emits the plan. A failing kernel is banned and the program solved
-again (at most ``max_rounds`` times); after that, or when the solver has no solution, the
-partition keeps its primitives as single kernels, and the report says why.
+dataflow block it builds the primitive graph, partitions it, enumerates candidates, costs them
+(profiled by default, :mod:`.profiled`; a candidate that fails to build or run while profiled
+is banned), selects kernels by the binary program, checks each multi-primitive kernel
+(``FuseTIR`` on it alone, or a full build), and emits the plan. A failing kernel is banned and
+the program solved again (at most ``max_rounds`` times); after that, or when the solver has no
+solution, the partition keeps its primitives as single kernels, and the report says why.
 """
 
 from __future__ import annotations
@@ -162,7 +163,7 @@ def _ban_failed(costs: List[float]) -> Tuple[List[float], List[int]]:
         return list(costs), []
     finite = [c for c in costs if math.isfinite(c)]
     top = max(finite) if finite else 1.0
-    return [top if j in set(banned) else c for j, c in enumerate(costs)], banned
+    return [c if math.isfinite(c) else top for c in costs], banned
 
 
 class _Selector:

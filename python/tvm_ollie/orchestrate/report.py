@@ -84,7 +84,7 @@ class ProfileReport:
         lines = [f"profiled costs{where}: {self.candidates} candidates, {self.eligible} to "
                  f"profile ({self.samples} simple samples): {self.profiled} profiled in "
                  f"{self.profile_s:.2f} s, {self.cached} from cache, {self.failed} failed "
-                 f"(banned), {self.scaled} scaled estimates{stop}; {err}"]
+                 f"(fused ones banned), {self.scaled} scaled estimates{stop}; {err}"]
         lines += [f"  profiling failed: {f}" for f in self.failures]
         return "\n".join(lines)
 
