@@ -1,5 +1,6 @@
 """Profiled kernel costs: what is measured first, the budget, the cache, failures, the report."""
 
+import dataclasses
 import time
 
 import numpy as np
@@ -200,3 +201,26 @@ def test_no_device_and_no_rpc_falls_back_to_analytic_with_a_note():
     notes = []
     cost = make_cost("cuda", OrchestrateConfig(), notes)
     assert type(cost) is AnalyticCost and "analytic" in notes[0]  # pylint: disable=C0123
+
+
+def test_rpc_and_work_dir_reach_the_profiled_costs(tmp_path):
+    from tvm_ollie.config import OllieConfig  # pylint: disable=C0415
+    from tvm_ollie.tune.rpc import RPCConfig  # pylint: disable=C0415
+
+    rpc = RPCConfig("127.0.0.1", 9190, "board")
+    orch = OllieConfig(work_dir=str(tmp_path), rpc=rpc).orchestrate_config()
+    assert (orch.work_dir, orch.rpc) == (str(tmp_path), rpc)
+    assert isinstance(make_cost("cuda", orch), ProfiledCost)  # timed remotely: no GPU needed
+    seen = []
+
+    def remote(fused, target, given):
+        seen.append(given)
+        return 1e-6
+
+    graph, cands = _graph_and_candidates()
+    cost = ProfiledCost("llvm", dataclasses.replace(orch, profile_floor_s=0.0),
+                        AnalyticCost("llvm", CALIB), timer=remote, overhead_s=0.0)
+    cost.costs(graph, cands)
+    assert seen and all(r is rpc for r in seen)
+    assert all("@rpc:board" in k for k in cost.measured.cache)
+    assert "profiled costs through rpc" in cost.stats.to_text()
