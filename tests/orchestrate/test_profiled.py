@@ -224,3 +224,13 @@ def test_rpc_and_work_dir_reach_the_profiled_costs(tmp_path):
     assert seen and all(r is rpc for r in seen)
     assert all("@rpc:board" in k for k in cost.measured.cache)
     assert "profiled costs through rpc" in cost.stats.to_text()
+
+
+def test_a_cost_asked_again_is_not_costed_twice(tmp_path):
+    graph, cands = _graph_and_candidates()
+    timer = FakeTimer()
+    cost = _cost(tmp_path, timer)
+    costs = cost.costs(graph, cands)
+    calls, counted = len(timer.calls), cost.stats.candidates
+    assert [cost.kernel_seconds(graph, c) for c in cands] == costs
+    assert (len(timer.calls), cost.stats.candidates) == (calls, counted)

@@ -166,12 +166,18 @@ class ProfiledCost(CostModel):
                                    max_kernels=int(config.profile_max_kernels),
                                    rpc=config.rpc is not None)
         self._ratios: Dict[str, List[float]] = {}
+        # costs already given, by (graph, candidate): a fallback plan's singletons asked again
+        # are neither re-costed nor counted twice
+        self._known: Dict[tuple, tuple] = {}
 
     def expect(self, primitives: int) -> None:
         """The module has about ``primitives`` primitives to cost (shares the budget)."""
         self.budget.primitives = int(primitives)
 
     def kernel_seconds(self, graph: PrimitiveGraph, cand: Candidate) -> float:
+        known = self._known.get((id(graph), cand.mask))
+        if known is not None and known[0] is graph:
+            return known[1]
         return self.costs(graph, [cand])[0]
 
     def costs(self, graph: PrimitiveGraph, cands) -> list:
@@ -210,6 +216,8 @@ class ProfiledCost(CostModel):
         for k in simple:
             if k not in done:
                 out[k] = analytic[k] * self._ratio("simple")
+        for cand, value in zip(cands, out):
+            self._known[(id(graph), cand.mask)] = (graph, value)
         return out
 
     def _profile(self, graph: PrimitiveGraph, cand: Candidate, analytic_s: float,
