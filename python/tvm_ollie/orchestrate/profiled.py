@@ -281,8 +281,9 @@ class ProfiledCost(CostModel):
     def _overhead(self) -> float:
         """Seconds of timing a one-element kernel (measured once per target, cached)."""
         if self.overhead_s is None:
-            key = f"{target_kind(self.target)}" \
-                  f"{'@rpc' if self.measured.rpc else ''}:timing-overhead"
+            rpc = self.measured.rpc
+            key = f"{target_kind(self.target)}{f'@rpc:{rpc.key}' if rpc else ''}" \
+                  f":timing-overhead"
             if not self._recall(key):
                 start = time.perf_counter()
                 with stage("orchestration profiling"):
