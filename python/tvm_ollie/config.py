@@ -53,6 +53,16 @@ class OrchestrateConfig:
     :func:`tvm_ollie.orchestrate.blp.solve_blp` (None: HiGHS), so that a solver that times out
     or finds nothing can be given through the public pipeline (the fault tests do; the build
     then keeps the primitives as single kernels and says why).
+
+    Kernel costs (:mod:`tvm_ollie.orchestrate.profiled`): ``costs="profiled"`` builds and
+    times, untuned, the candidates the roofline cannot bound tightly (the rule is
+    :func:`~tvm_ollie.orchestrate.profiled.needs_profile`: not a view, an analytic estimate of
+    at least ``profile_floor_s``, and a linear or reduction primitive or several primitives),
+    largest uncertainty x estimate first, until ``profile_budget_s`` seconds of building and
+    timing or ``profile_max_kernels`` kernels are spent; the rest keep the analytic cost
+    scaled by the measured/analytic ratio of their class. ``costs="analytic"``: the roofline
+    only. Times are cached by structural hash in ``work_dir`` (None: in this process only),
+    and taken through ``rpc`` (a :class:`~tvm_ollie.tune.rpc.RPCConfig`) when given.
     """
 
     max_kernel_size: int = 8
@@ -63,6 +73,19 @@ class OrchestrateConfig:
     max_partition_candidates: int = 1000
     max_rounds: int = 4
     solver: Optional[Callable[[Any, float], Any]] = None
+    costs: str = "profiled"
+    profile_budget_s: float = 60.0
+    profile_max_kernels: int = 256
+    profile_floor_s: float = 5e-6
+    work_dir: Optional[str] = None
+    rpc: Any = None
+
+    def __post_init__(self):
+        if self.costs not in ("profiled", "analytic"):
+            raise ConfigError(f"OrchestrateConfig.costs must be 'profiled' or 'analytic', not "
+                              f"{self.costs!r}")
+        if self.work_dir is not None and not isinstance(self.work_dir, str):
+            object.__setattr__(self, "work_dir", str(self.work_dir))  # a pathlib.Path
 
 
 @dataclass(frozen=True)
@@ -241,10 +264,12 @@ class OllieConfig:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     def orchestrate_config(self) -> OrchestrateConfig:
-        """:attr:`orchestration`, or the orchestration defaults."""
-        if self.orchestration is not None:
-            return self.orchestration
-        return OrchestrateConfig()
+        """:attr:`orchestration`, or the orchestration defaults; its ``work_dir`` and ``rpc``
+        default to this config's (the profiled kernel costs are cached and timed there)."""
+        orch = self.orchestration if self.orchestration is not None else OrchestrateConfig()
+        fill = {k: getattr(self, k) for k in ("work_dir", "rpc")
+                if getattr(orch, k) is None and getattr(self, k) is not None}
+        return dataclasses.replace(orch, **fill) if fill else orch
 
 
 #: Least derivation time per signature, however small its share of the module's estimated

@@ -15,12 +15,14 @@ from .pipeline import (Orchestrate, build_check, default_check, fuse_check,
                        orchestrate_legalized, orchestrate_module, orchestrate_pipeline,
                        schedule_check)
 from .primitives import KINDS, OP_KIND, kind_of
-from .report import KernelReport, OrchestrationReport, PartitionReport
+from .profiled import ProfiledCost
+from .report import KernelReport, OrchestrationReport, PartitionReport, ProfileReport
 
 __all__ = ["AnalyticCost", "BLPProblem", "BLPResult", "Candidate", "CostModel", "Enumeration",
            "FISSION_RULES", "Fission", "FissionReport", "KINDS", "KernelReport", "MeasuredCost",
            "Node", "OP_KIND", "Orchestrate", "OrchestrateConfig", "OrchestrationReport",
-           "PartitionReport", "PrimitiveGraph", "brute_force", "build_check", "build_graph",
-           "default_check", "enumerate_candidates", "fission", "fuse_check", "is_convex",
+           "PartitionReport", "PrimitiveGraph", "ProfileReport", "ProfiledCost", "brute_force",
+           "build_check", "build_graph", "default_check", "enumerate_candidates", "fission",
+           "fuse_check", "is_convex",
            "kind_of", "orchestrate_legalized", "orchestrate_module", "orchestrate_pipeline",
            "schedule_check", "solve_blp"]

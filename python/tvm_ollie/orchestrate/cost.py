@@ -17,8 +17,10 @@
 from __future__ import annotations
 
 import json
+import math
 import os
-from typing import Dict, Optional
+import time
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 import tvm_ffi
@@ -32,8 +34,8 @@ from .candidates import Candidate
 from .emit import kernel_module
 from .graph import PrimitiveGraph
 
-__all__ = ["AnalyticCost", "CostModel", "LinearMeasuredCost", "MeasuredCost", "LAUNCH_S",
-           "kernel_traffic", "sample_args"]
+__all__ = ["AnalyticCost", "CostModel", "KernelTimer", "LinearMeasuredCost", "MeasuredCost",
+           "LAUNCH_S", "build_and_time", "kernel_traffic", "sample_args"]
 
 #: Per-kernel launch overhead (seconds) by target kind: a CUDA kernel launch, a CPU parallel
 #: region's fork/join.
@@ -125,6 +127,21 @@ def sample_args(func) -> list:
     return out
 
 
+#: ``timer(fused_module, target, rpc) -> seconds``: builds and times a one-kernel module
+#: (raises when it cannot); :func:`build_and_time` by default, a fake in tests.
+KernelTimer = Callable[["tvm.IRModule", object, object], float]
+
+
+def build_and_time(fused: "tvm.IRModule", target, rpc=None, number: int = 3,
+                   repeat: int = 3) -> float:
+    """Seconds of ``main`` of a fused one-kernel module, built untuned with the project's
+    default pipeline for ``target`` and timed here (or through ``rpc``)."""
+    tgt = normalize_target(target)
+    ex = tvm.compile(fused, target=tgt, relax_pipeline=default_pipeline(tgt))
+    return float(time_main(ex, sample_args(fused["main"]), number=number, repeat=repeat,
+                           target=tgt, rpc=rpc))
+
+
 class MeasuredCost(CostModel):
     """Time of the candidate built alone, cached by the structural hash of its PrimFunc.
 
@@ -138,59 +155,96 @@ class MeasuredCost(CostModel):
         Used when a candidate cannot be built alone (default: :class:`AnalyticCost`).
     number, repeat : int
         ``time_main`` settings.
+    rpc : RPCConfig, optional
+        Time through this RPC tracker (the cache key says so: remote times are not local ones).
+    timer : KernelTimer, optional
+        Builds and times one fused kernel module (default :func:`build_and_time`).
+
+    The cache maps a key to seconds; ``inf`` marks a kernel that failed to build or run (the
+    profiled costs ban it, :mod:`.profiled`; here it falls back). ``spent`` (saved beside it,
+    ``orchestrate_profile_s.json``) is what building and timing each key took, so that a
+    profiling budget can be charged the same from the cache as when measuring.
     """
 
     name = "measured"
     FILE = "orchestrate_costs.json"
+    SPENT_FILE = "orchestrate_profile_s.json"
 
     def __init__(self, target="llvm", work_dir: Optional[str] = None,
-                 fallback: Optional[CostModel] = None, number: int = 3, repeat: int = 3):
+                 fallback: Optional[CostModel] = None, number: int = 3, repeat: int = 3,
+                 rpc=None, timer: Optional[KernelTimer] = None):
         self.target = target
         self.work_dir = work_dir
         self.fallback = fallback
         self.number, self.repeat = number, repeat
-        self.cache: Dict[str, float] = {}
+        self.rpc, self.timer = rpc, timer
+        self.cache: Dict[str, float] = self._load(self.FILE)
+        self.spent: Dict[str, float] = self._load(self.SPENT_FILE)
         self.hits = self.builds = 0
         self.failures: list = []  # why a candidate fell back to the analytic cost
-        if work_dir and os.path.exists(self._path()):
-            with open(self._path(), encoding="utf-8") as fh:
-                self.cache = {str(k): float(v) for k, v in json.load(fh).items()}
 
-    def _path(self) -> str:
-        return os.path.join(self.work_dir or ".", self.FILE)
+    def _path(self, name: Optional[str] = None) -> str:
+        return os.path.join(self.work_dir or ".", name or self.FILE)
+
+    def _load(self, name: str) -> Dict[str, float]:
+        if not self.work_dir or not os.path.exists(self._path(name)):
+            return {}
+        with open(self._path(name), encoding="utf-8") as fh:
+            return {str(k): float(v) for k, v in json.load(fh).items()}
 
     def _save(self) -> None:
         if not self.work_dir:
             return
         os.makedirs(self.work_dir, exist_ok=True)
-        tmp = self._path() + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(self.cache, fh, indent=0, sort_keys=True)
-        os.replace(tmp, self._path())
+        for name, table in ((self.FILE, self.cache), (self.SPENT_FILE, self.spent)):
+            tmp = self._path(name) + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump(table, fh, indent=0, sort_keys=True)
+            os.replace(tmp, self._path(name))
+
+    def prepare(self, graph: PrimitiveGraph, cand: Candidate) -> Tuple[str, "tvm.IRModule"]:
+        """``(cache key, fused module)`` of a candidate built alone (raises when it does not
+        fuse): the target kind (and RPC key) and the structural hashes of its PrimFuncs."""
+        fused = tvm.relax.transform.FuseTIR()(kernel_module(graph, cand))
+        prims = [f for _, f in fused.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+        where = target_kind(self.target) + (f"@rpc:{self.rpc.key}" if self.rpc else "")
+        return f"{where}:" + ":".join(str(tvm_ffi.structural_hash(p)) for p in prims), fused
+
+    def measure(self, key: str, fused: "tvm.IRModule") -> float:
+        """Build and time ``fused`` and cache it under ``key``; a failure is cached as ``inf``
+        and raised again."""
+        start = time.perf_counter()
+        try:
+            if self.timer is not None:
+                seconds = float(self.timer(fused, self.target, self.rpc))
+            else:
+                seconds = build_and_time(fused, self.target, self.rpc, self.number,
+                                         self.repeat)
+        except Exception:
+            self.cache[key] = math.inf
+            raise
+        else:
+            self.cache[key] = seconds
+        finally:
+            self.spent[key] = time.perf_counter() - start
+            self.builds += 1
+            self._save()
+        return seconds
 
     def kernel_seconds(self, graph: PrimitiveGraph, cand: Candidate) -> float:
         try:
-            mod = kernel_module(graph, cand)
-            fused = tvm.relax.transform.FuseTIR()(mod)
-            prims = [f for _, f in fused.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
-            key = f"{target_kind(self.target)}:" + ":".join(
-                str(tvm_ffi.structural_hash(p)) for p in prims)
+            key, fused = self.prepare(graph, cand)
         except Exception as err:  # pylint: disable=broad-except
             return self._fallback(graph, cand, err)
-        if key in self.cache:
+        if key in self.cache and math.isfinite(self.cache[key]):
             self.hits += 1
             return self.cache[key]
+        if key in self.cache:
+            return self._fallback(graph, cand, RuntimeError("failed to build or run before"))
         try:
-            tgt = normalize_target(self.target)
-            ex = tvm.compile(fused, target=tgt, relax_pipeline=default_pipeline(tgt))
-            seconds = time_main(ex, sample_args(fused["main"]), number=self.number,
-                                repeat=self.repeat, target=tgt)
+            return self.measure(key, fused)
         except Exception as err:  # pylint: disable=broad-except
             return self._fallback(graph, cand, err)
-        self.builds += 1
-        self.cache[key] = float(seconds)
-        self._save()
-        return float(seconds)
 
     def _fallback(self, graph: PrimitiveGraph, cand: Candidate, err: Exception) -> float:
         self.failures.append(f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"

@@ -329,8 +329,19 @@ class JointCost(CostModel):
         return self.inner.kernel_seconds(graph, cand)
 
     def kernel_seconds(self, graph: PrimitiveGraph, cand: Candidate) -> float:
-        extra = sum(c for last, c in self.correction.items() if cand.mask >> last & 1)
-        return self._seconds(graph, cand) + extra
+        return self._seconds(graph, cand) + self._extra(cand)
+
+    def _extra(self, cand: Candidate) -> float:
+        return sum(c for last, c in self.correction.items() if cand.mask >> last & 1)
+
+    def costs(self, graph: PrimitiveGraph, cands) -> list:
+        """The inner model's costs of all candidates at once (a profiled model orders its
+        measurements over them), the library estimates and corrections applied."""
+        cands = list(cands)
+        fixed = [c.size == 1 and c.nodes[0] in self.fixed for c in cands]
+        inner = iter(self.inner.costs(graph, [c for c, f in zip(cands, fixed) if not f]))
+        return [(self.fixed[c.nodes[0]] if f else next(inner)) + self._extra(c)
+                for c, f in zip(cands, fixed)]
 
 
 def apply_picked(mod: "tvm.IRModule", table: JointTable) -> "tvm.IRModule":

@@ -8,16 +8,18 @@ list with ``FuseOps`` replaced by :class:`Orchestrate` (and an optional fission 
 ``LegalizeOps``), so everything around the grouping decision is TVM's own.
 
 :class:`Orchestrate` works on a legalized module (primitives are ``call_tir`` bindings): per
-dataflow block it builds the primitive graph, partitions it, enumerates candidates, costs them,
-selects kernels by the binary program, checks each multi-primitive kernel (``FuseTIR`` on it
-alone, or a full build), and emits the plan. A failing kernel is banned and the program solved
-again (at most ``max_rounds`` times); after that, or when the solver has no solution, the
-partition keeps its primitives as single kernels, and the report says why.
+dataflow block it builds the primitive graph, partitions it, enumerates candidates, costs them
+(profiled by default, :mod:`.profiled`; a candidate that fails to build or run while profiled
+is banned), selects kernels by the binary program, checks each multi-primitive kernel
+(``FuseTIR`` on it alone, or a full build), and emits the plan. A failing kernel is banned and
+the program solved again (at most ``max_rounds`` times); after that, or when the solver has no
+solution, the partition keeps its primitives as single kernels, and the report says why.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Callable, List, Optional, Sequence, Tuple
 import importlib
@@ -29,13 +31,14 @@ from ..target import is_llvm, kind_name, normalize_target, target_kind
 from ..tune.cpu_schedule import cpu_pipeline
 from .blp import BLPProblem, BLPResult, solve_blp
 from .candidates import Candidate, enumerate_candidates, make_candidate
-from .cost import AnalyticCost, CostModel
+from .cost import CostModel
 from .emit import KernelCycle, emit_bindings, kernel_module, plan_kernels
 from .fission import fission
 from .graph import PrimitiveGraph, build_graph
 from .joint import (Group, JointCost, JointTable, alt_nodes, banned_for, canon_map,
                     chosen_alternative, find_groups, keep_alternatives)
 from .partition import partition, split_in_two
+from .profiled import ProfiledCost, make_cost
 from .report import KernelReport, OrchestrationReport, PartitionReport
 
 __all__ = ["Orchestrate", "OrchestrateConfig", "orchestrate_legalized", "orchestrate_module",
@@ -150,6 +153,19 @@ def _solve(config: OrchestrateConfig, problem: BLPProblem) -> BLPResult:
                          len(problem.costs), 0, f"solver raised {type(err).__name__}: {err}")
 
 
+def _ban_failed(costs: List[float]) -> Tuple[List[float], List[int]]:
+    """Costs without ``inf`` (a candidate that failed to build or run while profiled) and the
+    positions of those candidates, which the selection bans; a banned candidate's cost is
+    irrelevant (never chosen) and set to the largest finite one, which keeps the solver's
+    scaling."""
+    banned = [j for j, c in enumerate(costs) if not math.isfinite(c)]
+    if not banned:
+        return list(costs), []
+    finite = [c for c in costs if math.isfinite(c)]
+    top = max(finite) if finite else 1.0
+    return [c if math.isfinite(c) else top for c in costs], banned
+
+
 class _Selector:
     """Selection of one partition, with the fallback loop of the module docstring."""
 
@@ -224,11 +240,15 @@ class _Selector:
                                         nodes=self.nodes)
         cands = enum.candidates
         rep.candidates, rep.enumeration = len(cands), enum.stop_reason
-        costs = self.cost.costs(graph, cands)
+        costs, banned = _ban_failed(self.cost.costs(graph, cands))
         skip = alt_nodes(self.groups)
         rep.singleton_cost_s = sum(c for c, k in zip(costs, cands)
                                    if k.size == 1 and k.nodes[0] not in skip)
         problem = self._problem(cands, costs)
+        if banned:
+            problem.extra_cuts.extend(frozenset([j]) for j in banned)
+            rep.fallbacks.append(f"{len(banned)} candidate kernel(s) failed to build or run "
+                                 f"while profiled; banned")
         if self.groups:
             self._guard(problem, cands)
         for _ in range(config.max_rounds):
@@ -379,6 +399,9 @@ def orchestrate_legalized(mod: "tvm.IRModule", cost: CostModel,
     alternatives offered before legalization (:func:`.joint.offer_alternatives`)."""
     start = time.perf_counter()
     report = report or OrchestrationReport(cost_model=getattr(cost, "name", "custom"))
+    if isinstance(cost, ProfiledCost):  # the profiling budget is shared by the primitives
+        cost.expect(_primitive_count(mod))
+        report.profile = cost.stats
     builder = relax.BlockBuilder(mod)
     updates = {}
     for gv, func in mod.functions_items():
@@ -404,8 +427,24 @@ def orchestrate_legalized(mod: "tvm.IRModule", cost: CostModel,
     return new_mod, report
 
 
-def _cost_for(cost, target) -> CostModel:
-    return cost if isinstance(cost, CostModel) else AnalyticCost(target)
+def _primitive_count(mod: "tvm.IRModule") -> int:
+    """Bindings in the dataflow blocks orchestration will see (about its primitives)."""
+    count = 0
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr) and not (
+                func.attrs is not None and ("Primitive" in func.attrs
+                                            or "Codegen" in func.attrs)):
+            count += sum(len(b.bindings) for b in func.body.blocks
+                         if isinstance(b, relax.DataflowBlock))
+    return count
+
+
+def _cost_for(cost, target, config: Optional[OrchestrateConfig] = None,
+              notes: Optional[list] = None) -> CostModel:
+    """``cost``, or the model ``config.costs`` names (:func:`.profiled.make_cost`)."""
+    if isinstance(cost, CostModel):
+        return cost
+    return make_cost(target, config or OrchestrateConfig(), notes)
 
 
 @tvm.transform.module_pass(opt_level=0, name="Orchestrate")
@@ -413,8 +452,10 @@ class Orchestrate:
     """Kernel orchestration in place of ``FuseOps`` (input: legalized, pattern-annotated).
 
     ``Orchestrate(target=None, cost=None, config=OrchestrateConfig(), check=None)``;
-    the cost defaults to :class:`~.cost.AnalyticCost` of the target (``Target.current()`` or
-    llvm), the per-kernel check to :func:`default_check`. The last report is ``.last_report``.
+    the cost defaults to what ``config.costs`` names for the target (``Target.current()`` or
+    llvm): :class:`~.profiled.ProfiledCost` (a new one per run, so each run has its own
+    budget and statistics) or :class:`~.cost.AnalyticCost`; the per-kernel check to
+    :func:`default_check`. The last report is ``.last_report``.
     """
 
     def __init__(self, target=None, cost: Optional[CostModel] = None,
@@ -426,11 +467,13 @@ class Orchestrate:
 
     def transform_module(self, mod: "tvm.IRModule", ctx) -> "tvm.IRModule":  # noqa: ARG002
         target = self.target or tvm.target.Target.current(allow_none=True) or "llvm"
-        self.cost = _cost_for(self.cost, target)
-        report = OrchestrationReport(target=target_kind(target), cost_model=self.cost.name)
+        notes: List[str] = []
+        cost = _cost_for(self.cost, target, self.config, notes)
+        report = OrchestrationReport(target=target_kind(target), cost_model=cost.name,
+                                     notes=notes)
         check = self.check if self.check is not None else default_check(target)
         with stage("orchestration"):
-            new_mod, self.last_report = orchestrate_legalized(mod, self.cost, self.config,
+            new_mod, self.last_report = orchestrate_legalized(mod, cost, self.config,
                                                               check, report, self.joint)
         return new_mod
 
@@ -469,14 +512,16 @@ def orchestrate_module(mod: "tvm.IRModule", target="llvm", cost: Optional[CostMo
     tgt = _normalize(target)
     if config is None:
         config = OrchestrateConfig(max_kernel_size=max_kernel_size, time_limit_s=time_limit_s)
-    cost = _cost_for(cost, tgt)
+    notes: List[str] = []
+    cost = _cost_for(cost, tgt, config, notes)
     with tgt:
         if fission is not None:
             mod = fission(mod)
         mod = tvm.transform.Sequential([relax.transform.LegalizeOps(),
                                         relax.transform.AnnotateTIROpPattern(),
                                         relax.transform.FoldConstant()])(mod)
-        report = OrchestrationReport(target=target_kind(tgt), cost_model=cost.name)
+        report = OrchestrationReport(target=target_kind(tgt), cost_model=cost.name,
+                                     notes=notes)
         mod, report = orchestrate_legalized(mod, cost, config,
                                             check if check is not None else default_check(tgt),
                                             report)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List
+from typing import List, Optional
 
-__all__ = ["KernelReport", "OrchestrationReport", "PartitionReport"]
+import numpy as np
+
+__all__ = ["KernelReport", "OrchestrationReport", "PartitionReport", "ProfileReport"]
 
 
 @dataclass
@@ -43,6 +45,51 @@ class PartitionReport:
 
 
 @dataclass
+class ProfileReport:
+    """What the profiled kernel costs did (:mod:`.profiled`): candidates costed, those the
+    rule sent to profiling, how many were measured now, found in the cache, failed (banned) or
+    left to the scaled estimate, the seconds spent measuring, and the measured/analytic ratio
+    of every measured candidate."""
+
+    candidates: int = 0
+    eligible: int = 0
+    profiled: int = 0
+    cached: int = 0
+    failed: int = 0
+    scaled: int = 0
+    samples: int = 0  # single elementwise/layout primitives timed to scale their class
+    profile_s: float = 0.0
+    overhead_s: float = 0.0
+    budget_s: float = 0.0
+    max_kernels: int = 0
+    rpc: bool = False
+    stopped: str = ""  # "budget" when the budget left candidates unmeasured
+    ratios: List[float] = field(default_factory=list)
+    failures: List[str] = field(default_factory=list)
+
+    def quartiles(self) -> Optional[tuple]:
+        """``(min, q1, median, q3, max)`` of the measured/analytic ratios (None if none)."""
+        if not self.ratios:
+            return None
+        return tuple(float(q) for q in np.quantile(self.ratios, [0, 0.25, 0.5, 0.75, 1]))
+
+    def to_text(self) -> str:
+        """One line, plus a line per recorded failure."""
+        q = self.quartiles()
+        err = ("measured/analytic min {:.2f} q1 {:.2f} median {:.2f} q3 {:.2f} max {:.2f}"
+               .format(*q)) if q else "no measured/analytic ratio"
+        where = " through rpc" if self.rpc else ""
+        stop = f"; budget ({self.budget_s:g} s, {self.max_kernels} kernels) reached" \
+            if self.stopped == "budget" else ""
+        lines = [f"profiled costs{where}: {self.candidates} candidates, {self.eligible} to "
+                 f"profile ({self.samples} simple samples): {self.profiled} profiled in "
+                 f"{self.profile_s:.2f} s, {self.cached} from cache, {self.failed} failed "
+                 f"(fused ones banned), {self.scaled} scaled estimates{stop}; {err}"]
+        lines += [f"  profiling failed: {f}" for f in self.failures]
+        return "\n".join(lines)
+
+
+@dataclass
 class OrchestrationReport:
     """All partitions, plus the totals."""
 
@@ -51,6 +98,7 @@ class OrchestrationReport:
     partitions: List[PartitionReport] = field(default_factory=list)
     total_s: float = 0.0
     notes: List[str] = field(default_factory=list)
+    profile: Optional[ProfileReport] = None  # with profiled kernel costs
 
     @property
     def kernels(self) -> int:
@@ -68,6 +116,8 @@ class OrchestrationReport:
                  f"{self.primitives} primitives -> {self.kernels} kernels in "
                  f"{len(self.partitions)} partitions, {self.total_s:.2f} s"]
         lines += [f"  note: {n}" for n in self.notes]
+        if self.profile is not None:
+            lines += ["  " + line for line in self.profile.to_text().splitlines()]
         for p in self.partitions:
             lines.append(
                 f"  [{p.function} block {p.block} part {p.index}] prims={p.primitives} "

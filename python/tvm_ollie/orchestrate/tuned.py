@@ -29,7 +29,7 @@ from ..target import is_llvm
 from ..tune.cpu_schedule import cpu_pipeline
 from .cost import CostModel
 from .joint import keep_alternatives
-from .pipeline import (KernelCheck, Orchestrate, _backend, _cost_for, _fission_pass, _normalize,
+from .pipeline import (KernelCheck, Orchestrate, _backend, _fission_pass, _normalize,
                        _split_composites)
 
 __all__ = ["finish_pipeline", "ollie_tuned_build", "orchestrated_kernels",
@@ -71,8 +71,7 @@ def orchestrated_kernels(mod: "tvm.IRModule", target, cost: Optional[CostModel] 
     already done) the selection is the joint one."""
 
     tgt = _normalize(target)
-    orch = Orchestrate(tgt, _cost_for(cost, tgt), config or OrchestrateConfig(), check,
-                       joint=joint)
+    orch = Orchestrate(tgt, cost, config or OrchestrateConfig(), check, joint=joint)
     wrap = {"FoldConstant": keep_alternatives} if joint else None
     with tgt:
         out = tvm.transform.Sequential(_front_passes(tgt, orch, fission, wrap))(mod)
@@ -128,6 +127,7 @@ def ollie_tuned_build(mod: "tvm.IRModule", target, tuner, trials: int,
                       reports: Optional[list] = None) -> "tvm.runtime.Executable":
     """The tuned build of ``orchestrate=True``: :func:`tuned_orchestrate_build` with the
     untuned build's choices (:func:`.pipeline.ollie_orchestration`): composite operators
-    split by fission, analytic kernel costs, default CPU schedules on llvm."""
+    split by fission, the kernel costs ``config.costs`` names, default CPU schedules on
+    llvm."""
     return tuned_orchestrate_build(mod, target, tuner, trials, config=config,
                                    fission=_split_composites, reports=reports)

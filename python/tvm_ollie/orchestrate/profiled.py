@@ -1,0 +1,334 @@
+"""Profiled kernel costs: the candidates a roofline cannot rank are built and timed.
+
+Korch profiles every candidate kernel and lets the binary program choose on measured times;
+a roofline (:class:`~.cost.AnalyticCost`) misses what decides real kernels: an untuned linear
+loop nest with a fused epilogue, a reduction fused with what follows it, several primitives
+whose loops fuse badly. :class:`ProfiledCost` keeps the roofline where it is tight and
+measures the rest, within a budget:
+
+* **What is profiled** (:func:`needs_profile`): a candidate of fusable primitives, not a lone
+  view, whose analytic estimate is at least ``floor_s`` (below it the launch and call overhead
+  dominate and a measurement is mostly noise), and of class ``linear`` (a linear primitive),
+  ``reduce`` (a reduction) or ``fused`` (several primitives). A single elementwise or layout
+  primitive (class ``simple``) is memory-bound with a regular access, which the calibrated
+  roofline ranks well: it stays analytic.
+* **One scale**: measured and estimated costs meet in one program, so the estimates must be
+  on the measurements' scale: the :data:`SIMPLE_SAMPLES` largest ``simple`` primitives of an
+  orchestration (above the floor) are timed first, and every other ``simple`` primitive costs
+  its analytic estimate times their median measured/analytic ratio (1 before any sample).
+* **Order**: those samples, then largest ``UNCERTAINTY[class] x analytic estimate`` first
+  (:data:`UNCERTAINTY`: how far the roofline is typically off per class), so the budget goes
+  where an error costs most time.
+* **Budget**: ``profile_budget_s`` seconds of building and timing and ``profile_max_kernels``
+  kernels per orchestration of a module, shared between its partitions in proportion to their
+  primitives (a partition's unused share carries over). A kernel found in the cache is charged
+  what measuring it cost the first time (kept with it), so a second orchestration of the same
+  module stops at the same candidate and times nothing.
+* **Measured cost**: ``launch + max(0, t - overhead)`` with ``t`` the untuned kernel's time
+  through the VM (:func:`~.cost.build_and_time`, or ``rpc``) and ``overhead`` the time of a
+  one-element kernel the same way (the VM call and output allocation, which a kernel inside
+  a whole model does not pay alone); cached by structural hash in ``work_dir``
+  (:class:`~.cost.MeasuredCost`) and in this process (a kernel is timed once per process
+  even across work dirs: a second time would only add noise to the same decision).
+* **Unmeasured** (past the budget): the analytic estimate times the median measured/analytic
+  ratio of the measured candidates of its class in this orchestration, else of all measured
+  candidates, else 1.
+* **Failures**: a multi-primitive candidate that fails to build or run while profiled costs
+  ``inf``: the selection bans it (a cut) and solves without it. A single primitive is built
+  whatever its cost (it is the fallback of every plan): it keeps its scaled estimate and the
+  failure is noted.
+
+The statistics (profiled, from cache, failed, seconds, the measured/analytic ratios) are a
+:class:`~.report.ProfileReport` in the orchestration report.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from ..codegen.builder import single_function_module, tensor_var
+from ..compat import relax, tvm
+from ..compile_profile import stage
+from ..config import OrchestrateConfig
+from ..target import normalize_target, target_kind
+from .candidates import Candidate
+from .cost import AnalyticCost, CostModel, KernelTimer, MeasuredCost
+from .graph import PrimitiveGraph
+from .report import ProfileReport
+
+__all__ = ["ProfiledCost", "SIMPLE_SAMPLES", "UNCERTAINTY", "cost_class", "make_cost",
+           "needs_profile", "timeable"]
+
+#: How far the roofline is typically off, per candidate class (a factor): untuned linear
+#: loop nests most, reductions next, fused groups of memory-bound primitives less; a single
+#: elementwise/layout primitive is what the ``eop`` efficiency was calibrated on.
+UNCERTAINTY: Dict[str, float] = {"linear": 4.0, "reduce": 3.0, "fused": 2.0, "simple": 1.0}
+
+#: ``simple`` primitives timed per orchestration to put their class on the measured scale.
+SIMPLE_SAMPLES = 3
+
+#: Caches of the runs without a work dir, per process (``{key: seconds}``, ``{key: spent}``).
+_MEMORY: Dict[str, Dict[str, float]] = {"cache": {}, "spent": {}}
+
+
+def cost_class(graph: PrimitiveGraph, cand: Candidate) -> str:
+    """``linear`` (holds a linear primitive), ``reduce`` (a reduction), ``fused`` (several
+    primitives), else ``simple``."""
+    kinds = {graph.nodes[i].kind for i in cand.nodes}
+    if "linear" in kinds:
+        return "linear"
+    if "reduce" in kinds:
+        return "reduce"
+    return "fused" if cand.size > 1 else "simple"
+
+
+def timeable(graph: PrimitiveGraph, cand: Candidate, analytic_s: float,
+             floor_s: float) -> bool:
+    """Fusable primitives only, not a lone view, an estimate of at least ``floor_s``: a
+    kernel whose measurement means something."""
+    nodes = [graph.nodes[i] for i in cand.nodes]
+    if not all(n.fusable for n in nodes) or (cand.size == 1 and nodes[0].view):
+        return False
+    return analytic_s >= floor_s
+
+
+def needs_profile(graph: PrimitiveGraph, cand: Candidate, analytic_s: float,
+                  floor_s: float) -> bool:
+    """The module docstring's rule: :func:`timeable` and of a class other than ``simple``."""
+    return timeable(graph, cand, analytic_s, floor_s) and cost_class(graph, cand) != "simple"
+
+
+def _overhead_module() -> "tvm.IRModule":
+    """A one-element negation as a fused one-kernel module: what timing any kernel alone
+    costs beyond the kernel."""
+    mod = single_function_module([tensor_var("x", (1,))],
+                                 lambda bb, x: relax.op.negative(x))
+    return relax.transform.LegalizeOps()(mod)
+
+
+class _Budget:
+    """Seconds and kernels left, shared between partitions by their primitives."""
+
+    def __init__(self, seconds: float, kernels: int):
+        self.seconds, self.kernels = float(seconds), int(kernels)
+        self.primitives = 0  # primitives not yet costed (0: unknown, everything now)
+
+    def share(self, primitives: int) -> tuple:
+        """``(seconds, kernels)`` this partition of ``primitives`` primitives may spend."""
+        part = 1.0 if self.primitives <= primitives else primitives / self.primitives
+        self.primitives = max(0, self.primitives - primitives)
+        return self.seconds * part, max(1, round(self.kernels * part)) if self.kernels else 0
+
+    def charge(self, seconds: float) -> None:
+        """One kernel measured (or found in the cache), taking ``seconds``."""
+        self.seconds -= seconds
+        self.kernels -= 1
+
+
+class ProfiledCost(CostModel):
+    """Measured costs where the roofline is loose, analytic elsewhere (module docstring).
+
+    Parameters
+    ----------
+    target : str | dict | Target
+        Build and timing target.
+    config : OrchestrateConfig
+        ``profile_budget_s``, ``profile_max_kernels``, ``profile_floor_s``, ``work_dir``,
+        ``rpc``.
+    analytic : CostModel, optional
+        The estimate (default :class:`~.cost.AnalyticCost` of ``target``).
+    timer : KernelTimer, optional
+        Builds and times one fused kernel module (default
+        :func:`~.cost.build_and_time`; tests give a fake).
+    overhead_s : float, optional
+        The timing overhead to subtract; None: measured once (and cached).
+    """
+
+    name = "profiled"
+
+    def __init__(self, target="llvm", config: OrchestrateConfig = OrchestrateConfig(),
+                 analytic: Optional[CostModel] = None, timer: Optional[KernelTimer] = None,
+                 overhead_s: Optional[float] = None):
+        self.target = target
+        self.analytic = analytic or AnalyticCost(target)
+        self.launch_s = getattr(self.analytic, "launch_s", 0.0)
+        self.floor_s = float(config.profile_floor_s)
+        self.measured = MeasuredCost(target, config.work_dir, rpc=config.rpc, timer=timer)
+        # the process's times (a fake timer's stay its own)
+        self.memory = _MEMORY if timer is None else {"cache": {}, "spent": {}}
+        self.budget = _Budget(config.profile_budget_s, config.profile_max_kernels)
+        self.overhead_s = overhead_s
+        self.stats = ProfileReport(budget_s=float(config.profile_budget_s),
+                                   max_kernels=int(config.profile_max_kernels),
+                                   rpc=config.rpc is not None)
+        self._ratios: Dict[str, List[float]] = {}
+        # costs already given, by (graph, candidate): a fallback plan's singletons asked again
+        # are neither re-costed nor counted twice
+        self._known: Dict[tuple, tuple] = {}
+
+    def expect(self, primitives: int) -> None:
+        """The module has about ``primitives`` primitives to cost (shares the budget)."""
+        self.budget.primitives = int(primitives)
+
+    def kernel_seconds(self, graph: PrimitiveGraph, cand: Candidate) -> float:
+        known = self._known.get((id(graph), cand.mask))
+        if known is not None and known[0] is graph:
+            return known[1]
+        return self.costs(graph, [cand])[0]
+
+    def costs(self, graph: PrimitiveGraph, cands) -> list:
+        cands = list(cands)
+        analytic = self.analytic.costs(graph, cands)
+        out = list(analytic)
+        classes = [cost_class(graph, c) for c in cands]
+        timed = [k for k, c in enumerate(cands) if timeable(graph, c, analytic[k], self.floor_s)]
+        eligible = [k for k in timed if classes[k] != "simple"]
+        simple = [k for k in timed if classes[k] == "simple"]
+        samples = sorted(simple, key=lambda k: -analytic[k])[:max(0, SIMPLE_SAMPLES
+                                                                   - self.stats.samples)]
+        self.stats.candidates += len(cands)
+        self.stats.eligible += len(eligible) + len(samples)
+        order = samples + sorted(eligible, key=lambda k: -UNCERTAINTY[classes[k]] * analytic[k])
+        nodes = set()
+        for c in cands:
+            nodes.update(c.nodes)
+        seconds, kernels = self.budget.share(len(nodes))
+        done = set()
+        for k in order:
+            if seconds <= 0 or kernels <= 0:
+                self.stats.stopped = "budget"
+                break
+            spent = self._profile(graph, cands[k], analytic[k], out, k)
+            if spent is None:
+                continue  # not profiled (does not fuse alone): scaled below
+            seconds, kernels = seconds - spent, kernels - 1
+            self.budget.charge(spent)
+            done.add(k)
+            self.stats.samples += classes[k] == "simple"
+        for k in eligible:
+            if k not in done:
+                out[k] = analytic[k] * self._ratio(classes[k])
+                self.stats.scaled += 1
+        for k in simple:
+            if k not in done:
+                out[k] = analytic[k] * self._ratio("simple")
+        for cand, value in zip(cands, out):
+            self._known[(id(graph), cand.mask)] = (graph, value)
+        return out
+
+    def _profile(self, graph: PrimitiveGraph, cand: Candidate, analytic_s: float,
+                 out: list, k: int) -> Optional[float]:
+        """Measure (or look up) ``cand`` into ``out[k]``; the budget seconds it is charged,
+        None when it cannot be built alone (then it is left to the scaled estimate)."""
+        try:
+            key, fused = self.measured.prepare(graph, cand)
+        except Exception:  # pylint: disable=broad-except
+            return None  # the selection's own check bans it if it is chosen
+        if self._recall(key):
+            self.stats.cached += 1
+            seconds = self.measured.cache[key]
+        else:
+            start = time.perf_counter()
+            with stage("orchestration profiling"):
+                try:
+                    seconds = self.measured.measure(key, fused)
+                except Exception as err:  # pylint: disable=broad-except
+                    seconds = math.inf
+                    self._note_failure(graph, cand, err)
+            self.stats.profiled += 1
+            self.stats.profile_s += time.perf_counter() - start
+            self._remember(key)
+        spent = self.measured.spent.get(key, 0.0)
+        if not math.isfinite(seconds):
+            self.stats.failed += 1
+            # a single primitive is built whatever it costs: keep its (scaled) estimate
+            out[k] = math.inf if cand.size > 1 else \
+                analytic_s * self._ratio(cost_class(graph, cand))
+            return spent
+        cost = self.launch_s + max(0.0, seconds - self._overhead())
+        out[k] = cost
+        ratio = cost / analytic_s if analytic_s > 0 else 1.0
+        self._ratios.setdefault(cost_class(graph, cand), []).append(ratio)
+        self.stats.ratios.append(ratio)
+        return spent
+
+    def _recall(self, key: str) -> bool:
+        """Whether ``key`` was measured (in the work dir, or earlier in this process: then
+        copied into the work dir's cache)."""
+        if key in self.measured.cache:
+            return True
+        if key not in self.memory["cache"]:
+            return False
+        self.measured.cache[key] = self.memory["cache"][key]
+        self.measured.spent[key] = self.memory["spent"].get(key, 0.0)
+        self.measured._save()  # pylint: disable=protected-access
+        return True
+
+    def _remember(self, key: str) -> None:
+        self.memory["cache"][key] = self.measured.cache[key]
+        self.memory["spent"][key] = self.measured.spent.get(key, 0.0)
+
+    def _note_failure(self, graph: PrimitiveGraph, cand: Candidate, err: Exception) -> None:
+        names = "+".join(graph.nodes[i].name for i in cand.nodes)
+        first = str(err).splitlines()[0][:160] if str(err) else ""
+        if len(self.stats.failures) < 8:
+            self.stats.failures.append(f"{names}: {type(err).__name__}: {first}")
+
+    def _overhead(self) -> float:
+        """Seconds of timing a one-element kernel (measured once per target, cached)."""
+        if self.overhead_s is None:
+            rpc = self.measured.rpc
+            key = f"{target_kind(self.target)}{f'@rpc:{rpc.key}' if rpc else ''}" \
+                  f":timing-overhead"
+            if not self._recall(key):
+                start = time.perf_counter()
+                with stage("orchestration profiling"):
+                    try:
+                        self.measured.measure(key, _overhead_module())
+                    except Exception as err:  # pylint: disable=broad-except
+                        self.measured.cache[key] = 0.0
+                        self.stats.failures.append(f"timing overhead (taken as 0): "
+                                                   f"{type(err).__name__}: {err}"[:200])
+                self.stats.profile_s += time.perf_counter() - start
+                self._remember(key)
+            value = self.measured.cache[key]
+            self.overhead_s = value if math.isfinite(value) else 0.0
+        self.stats.overhead_s = self.overhead_s
+        return self.overhead_s
+
+    def _ratio(self, cls: str) -> float:
+        """Median measured/analytic ratio of the class, else of all (except for ``simple``:
+        its samples or nothing), else 1."""
+        ratios = self._ratios.get(cls)
+        if not ratios and cls != "simple":
+            ratios = [r for rs in self._ratios.values() for r in rs]
+        return float(np.median(ratios)) if ratios else 1.0
+
+
+def _is_local_or_reachable(target, rpc) -> bool:
+    """Whether a kernel of ``target`` can be timed: through ``rpc``, or a local device of its
+    kind (the CPU; a GPU present here)."""
+    if rpc is not None:
+        return True
+    tgt = normalize_target(target)
+    if target_kind(tgt) == "llvm":
+        return True
+    dev = tvm.device(target_kind(tgt), 0)
+    return bool(dev.exist)
+
+
+def make_cost(target, config: OrchestrateConfig, note: Optional[list] = None) -> CostModel:
+    """The cost model ``config.costs`` asks for: :class:`ProfiledCost` (when kernels of
+    ``target`` can be timed here or through ``config.rpc``; otherwise the analytic cost, with
+    a line in ``note``), or :class:`~.cost.AnalyticCost`."""
+    if config.costs == "profiled":
+        if _is_local_or_reachable(target, config.rpc):
+            return ProfiledCost(target, config)
+        if note is not None:
+            note.append(f"no {target_kind(target)} device here and no rpc: analytic kernel "
+                        f"costs instead of profiled ones")
+    return AnalyticCost(target)
