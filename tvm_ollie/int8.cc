@@ -481,16 +481,30 @@ void MatmulInt8(ffi::PackedArgs args, ffi::Any* rv) {
   Execute(e->prim, e->scratch_md, &margs);
 }
 
+// Whether oneDNN's int8 kernels here sum u8 x s8 products exactly: with VNNI (vpdpbusd) they do;
+// without it they add pairs of products in saturating int16 (pmaddubsw), exact only for weights
+// in [-64, 63].
+bool ExactProducts() {
+  const int isa = static_cast<int>(dnnl::get_effective_cpu_isa());
+  const int avx2_vnni = static_cast<int>(dnnl::cpu_isa::avx2_vnni);
+  const int avx512_vnni = static_cast<int>(dnnl::cpu_isa::avx512_core_vnni);
+  return (isa & avx2_vnni) == avx2_vnni || (isa & avx512_vnni) == avx512_vnni;
+}
+
 }  // namespace
 
 std::string Int8Info() {
-  return "conv2d_int8/matmul_int8: oneDNN int8 (u8/s8 x s8), zero points and scales as runtime "
-         "arguments; conv on oneDNN's blocked formats with reorders inside the call";
+  return std::string("conv2d_int8/matmul_int8: oneDNN int8 (u8/s8 x s8), zero points and scales "
+                     "as runtime arguments, conv on oneDNN's blocked formats; exact products: ") +
+         (ExactProducts() ? "yes (VNNI)" : "only for weights in [-64, 63] (no VNNI)");
 }
 
 TVM_FFI_STATIC_INIT_BLOCK() {
   namespace refl = tvm::ffi::reflection;
-  refl::GlobalDef().def_packed(kConvName, Conv2dInt8).def_packed(kMatmulName, MatmulInt8);
+  refl::GlobalDef()
+      .def_packed(kConvName, Conv2dInt8)
+      .def_packed(kMatmulName, MatmulInt8)
+      .def("tvm_ollie.cpu.int8_exact_products", []() -> bool { return ExactProducts(); });
 }
 
 }  // namespace tvm_ollie

@@ -35,6 +35,7 @@ from .emit import emit_program
 from .epilogue import fuse_epilogues
 from .groups import find_shared_input_groups
 from .inference_fold import fold_inference
+from .int8_kernels import int8_kernels
 from .regions import Region, find_regions, static_tensor, used_vars
 from .report import OpDecision, OptimizeReport, RegionDecision
 from .units import call_signature, operand_values, original_form
@@ -249,8 +250,6 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
     t_start = time.perf_counter()
     with stage("inference fold"):
         mod, folds = fold_inference(mod) if cfg.fold_inference else (mod, {})
-    with stage("regions"):
-        calls, regions, groups = _find_units(mod, cfg)
     if budget is None:
         budget = TrialBudget(cfg.trials)
     decider = Decider(tgt, trials=cfg.trials, work_dir=cfg.work_dir, max_depth=cfg.max_depth,
@@ -259,6 +258,12 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
                       check_untuned=cfg.check_untuned, library=cfg.library, derive=cfg.derive,
                       rpc=cfg.rpc, budget=budget, derivation_cache=cfg.derivation_cache,
                       **hooks)
+    if decider.library and lib.current_device() == "cpu":
+        with stage("int8 kernels"):
+            mod, int8 = int8_kernels(mod)
+        folds = {**folds, **int8}
+    with stage("regions"):
+        calls, regions, groups = _find_units(mod, cfg)
     report = OptimizeReport(target=kind_name(tgt),
                             budget=budget, calibration=decider.calib.describe())
     tuning0, calls0 = STATS.seconds, STATS.calls
