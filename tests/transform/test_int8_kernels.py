@@ -80,6 +80,31 @@ def test_guards_keep_the_int32_form(why, weight, zp):
     tvm.ir.assert_structural_equal(after, before)
 
 
+def test_centered_matmul_becomes_the_int8_kernel():
+    _require_int8()
+    weight = _weight(shape=(16, 5))
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType((4, 16), "int8"))
+    with bb.function("main", [a]):
+        with bb.dataflow():
+            wide = bb.emit(relax.op.astype(a, "int32"))
+            centered = bb.emit(relax.op.subtract(wide, relax.const(-3, "int32")))
+            out = bb.emit_output(bb.emit(relax.op.matmul(centered, relax.const(weight))))
+        bb.emit_func_output(out)
+    after, counts = int8_kernels(bb.get())
+    assert counts == {"int8_matmul": 1}
+    bb = relax.BlockBuilder()
+    with bb.function("main", [a]):
+        with bb.dataflow():
+            call = lib.emit_call(lib.matmul_int8_call(xzp=True),
+                                 [a, relax.const(weight.astype(np.int8)),
+                                  relax.const(np.array([-3], np.int32))], (4, 5), "int32")
+            out = bb.emit_output(bb.emit(call))
+        bb.emit_func_output(out)
+    canonical = relax.transform.CanonicalizeBindings()
+    tvm.ir.assert_structural_equal(canonical(after), canonical(bb.get()))
+
+
 def test_accumulator_bound():
     w = np.array([[1, -2], [3, 0]], np.int32)  # [K=2, N=2], output axis 1
     assert accumulator_bound(w, 1, 0, 255, 100) == 4 * 155
