@@ -35,7 +35,7 @@ import numpy as np
 
 from .. import native
 from ..codegen import library as lib
-from ..compat import relax, tvm
+from ..compat import relax, tirx, tvm
 from .inference_fold import FoldRule, fold_inference
 
 __all__ = ["INT8_RULES", "int8_kernels", "accumulator_bound"]
@@ -98,8 +98,11 @@ def accumulator_bound(weight: np.ndarray, axis: int, lo: int, hi: int, zp: int) 
 
 
 def _int32_out(call) -> bool:
+    """An int32 result of static shape (the kernel's output is allocated by the caller)."""
     out_dtype = str(getattr(call.attrs, "out_dtype", "") or "")
-    return out_dtype in ("", "void", "int32") and _dtype(call) == "int32"
+    shape = call.ty.shape
+    static = shape is not None and all(isinstance(d, tirx.IntImm) for d in shape)
+    return out_dtype in ("", "void", "int32") and _dtype(call) == "int32" and static
 
 
 def _extreme_input(shape, lo: int, hi: int, dtype: str) -> np.ndarray:
