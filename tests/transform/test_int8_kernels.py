@@ -33,7 +33,8 @@ def _centered_conv(x_dtype: str, zp: int, weight: np.ndarray, padding=(1, 1, 1, 
     with bb.function("main", [x]):
         with bb.dataflow():
             wide = bb.emit(relax.op.astype(x, "int32"))
-            centered = bb.emit(relax.op.subtract(wide, relax.const(zp, "int32")))
+            centered = wide if zp is None else bb.emit(
+                relax.op.subtract(wide, relax.const(zp, "int32")))
             y = bb.emit(relax.op.nn.conv2d(centered, relax.const(weight), padding=padding))
             out = bb.emit_output(y)
         bb.emit_func_output(out)
@@ -58,14 +59,16 @@ def _weight(low=-60, high=60, shape=(4, 3, 3, 3)):
     return np.random.default_rng(0).integers(low, high, shape).astype(np.int32)
 
 
-def test_centered_conv_becomes_the_int8_kernel():
+@pytest.mark.parametrize("x_dtype, zp", [("uint8", 128), ("int8", None)])
+def test_centered_conv_becomes_the_int8_kernel(x_dtype, zp):
+    """Without a zero point (ConvInteger's default) the kernel gets 0."""
     _require_int8()
     weight = _weight()
-    after, counts = int8_kernels(_centered_conv("uint8", 128, weight))
+    after, counts = int8_kernels(_centered_conv(x_dtype, zp, weight))
     assert counts == {"int8_conv2d": 1}
     canonical = relax.transform.CanonicalizeBindings()
     tvm.ir.assert_structural_equal(canonical(after),
-                                   canonical(_expected_conv("uint8", 128, weight)))
+                                   canonical(_expected_conv(x_dtype, zp or 0, weight)))
 
 
 @pytest.mark.parametrize("why, weight, zp", [
