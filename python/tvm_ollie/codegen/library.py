@@ -52,11 +52,11 @@ CONV2D_TRANSPOSE = "tvm_ollie.cpu.conv2d_transpose"
 G2BMM = "tvm_ollie.cpu.g2bmm"
 GBMM = "tvm_ollie.cpu.gbmm"
 CUDA_MATMUL = "tvm_ollie.cuda.matmul"
+CUDA_CONV2D = "tvm_ollie.cuda.conv2d"
 #: The 8-bit integer kernels (u8/s8 data, s8 weights, int32 out here): the integer convolutions
 #: and matmuls of quantized ONNX models (:mod:`tvm_ollie.transform.int8_kernels`).
 CONV2D_INT8 = "tvm_ollie.cpu.conv2d_int8"
 MATMUL_INT8 = "tvm_ollie.cpu.matmul_int8"
-CUDA_CONV2D = "tvm_ollie.cuda.conv2d"
 #: The kernels that take the ``bias``/``res``/``act`` epilogue keys.
 EPILOGUE_KERNELS = (MATMUL, CONV2D, CONV2D_TRANSPOSE, CUDA_MATMUL, CUDA_CONV2D)
 #: The banded matmul kernels, by target operator name.
