@@ -27,6 +27,7 @@ std::string Info() {
      << Conv2dInfo() << "\n"
      << Conv2dTransposeInfo() << "\n"
      << BandInfo() << "\n"
+     << Int8Info() << "\n"
      << "cached primitives: " << PrimitiveCache::Global().size() << "\n";
   return os.str();
 }

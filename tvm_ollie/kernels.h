@@ -11,6 +11,7 @@ std::string MatmulInfo();
 std::string Conv2dInfo();
 std::string Conv2dTransposeInfo();
 std::string BandInfo();
+std::string Int8Info();
 
 }  // namespace tvm_ollie
 

@@ -38,6 +38,9 @@ __all__ = [
     "CACHE_STATS",
     "CONV2D_PACKED_SIZE",
     "CONV2D_PACK_WEIGHT",
+    "CONV2D_INT8",
+    "MATMUL_INT8",
+    "INT8_EXACT_PRODUCTS",
     "LIBRARY_NAME",
     "load",
     "available",
@@ -49,6 +52,7 @@ __all__ = [
     "info",
     "conv2d_packed_size",
     "provides",
+    "int8_exact_products",
 ]
 
 #: Global function names (tvm-ffi) registered by the library.
@@ -65,6 +69,11 @@ CACHE_STATS = "tvm_ollie.cpu.cache_stats"
 #: Optional weight prepacking for conv2d (see docs/native-library.md): size query and DPS packer.
 CONV2D_PACKED_SIZE = "tvm_ollie.cpu.conv2d_packed_size"
 CONV2D_PACK_WEIGHT = "tvm_ollie.cpu.conv2d_pack_weight"
+#: 8-bit integer convolution and matmul (oneDNN int8), see docs/native-library.md; and whether
+#: their u8 x s8 products are exact on this CPU (VNNI) or only for weights in [-64, 63].
+CONV2D_INT8 = "tvm_ollie.cpu.conv2d_int8"
+MATMUL_INT8 = "tvm_ollie.cpu.matmul_int8"
+INT8_EXACT_PRODUCTS = "tvm_ollie.cpu.int8_exact_products"
 
 LIBRARY_NAME = "libtvm_ollie_native.so"
 
@@ -178,6 +187,15 @@ def provides(name: str) -> bool:
     the pass asks before it offers one, so that a stale build degrades to TVM's kernels.
     """
     return _LOADER.provides(name)
+
+
+def int8_exact_products() -> bool:
+    """Whether the int8 kernels sum ``u8 x s8`` products exactly on this CPU for any int8
+    weight (VNNI); without VNNI oneDNN adds pairs of products in saturating int16, exact only
+    for weights in ``[-64, 63]``. False when the library lacks the int8 kernels."""
+    if not provides(INT8_EXACT_PRODUCTS):
+        return False
+    return bool(_LOADER.func(INT8_EXACT_PRODUCTS)())
 
 
 def set_num_threads(n: int) -> None:

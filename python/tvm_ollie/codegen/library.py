@@ -40,10 +40,11 @@ from ..compat import relax, tvm
 from ..derive.targets import target_op
 from ..target import target_kind
 
-__all__ = ["BAND_KERNELS", "CONV2D", "CONV2D_TRANSPOSE", "CUDA_CONV2D", "CUDA_MATMUL",
-           "EPILOGUE_KERNELS", "G2BMM", "GBMM", "KERNELS", "MATMUL", "LibCall", "band_call",
-           "call_form", "conv2d_transpose_call", "current_device", "device_of", "emit_call",
-           "kernel_device", "parse_attrs", "stage_form"]
+__all__ = ["BAND_KERNELS", "CONV2D", "CONV2D_INT8", "CONV2D_TRANSPOSE", "CUDA_CONV2D",
+           "CUDA_MATMUL", "EPILOGUE_KERNELS", "G2BMM", "GBMM", "KERNELS", "MATMUL", "MATMUL_INT8",
+           "LibCall", "band_call", "call_form", "conv2d_int8_call", "conv2d_transpose_call",
+           "current_device", "device_of", "emit_call", "kernel_device", "matmul_int8_call",
+           "parse_attrs", "stage_form"]
 
 MATMUL = "tvm_ollie.cpu.matmul"
 CONV2D = "tvm_ollie.cpu.conv2d"
@@ -52,6 +53,10 @@ G2BMM = "tvm_ollie.cpu.g2bmm"
 GBMM = "tvm_ollie.cpu.gbmm"
 CUDA_MATMUL = "tvm_ollie.cuda.matmul"
 CUDA_CONV2D = "tvm_ollie.cuda.conv2d"
+#: The 8-bit integer kernels (u8/s8 data, s8 weights, int32 out here): the integer convolutions
+#: and matmuls of quantized ONNX models (:mod:`tvm_ollie.transform.int8_kernels`).
+CONV2D_INT8 = "tvm_ollie.cpu.conv2d_int8"
+MATMUL_INT8 = "tvm_ollie.cpu.matmul_int8"
 #: The kernels that take the ``bias``/``res``/``act`` epilogue keys.
 EPILOGUE_KERNELS = (MATMUL, CONV2D, CONV2D_TRANSPOSE, CUDA_MATMUL, CUDA_CONV2D)
 #: The banded matmul kernels, by target operator name.
@@ -169,6 +174,20 @@ def conv2d_transpose_call(stride, padding, output_padding, dilation, groups: int
                                       ("stride", _ints(stride)), ("pad", _ints(padding)),
                                       ("opad", _ints(output_padding)), ("dil", _ints(dilation)),
                                       ("groups", str(int(groups)))))
+
+
+def conv2d_int8_call(stride, padding, dilation, groups: int, xzp: bool) -> LibCall:
+    """The int8 conv2d kernel, NCHW data and OIHW weight (``padding`` as top, left, bottom,
+    right; ``xzp``: the source zero point is an operand)."""
+    return LibCall(CONV2D_INT8, (("stride", _ints(stride)), ("pad", _ints(padding)),
+                                 ("dil", _ints(dilation)), ("groups", str(int(groups))),
+                                 ("xzp", str(int(bool(xzp))))))
+
+
+def matmul_int8_call(xzp: bool) -> LibCall:
+    """The int8 matmul kernel, ``B`` as ``[K, N]`` (``xzp``: the source zero point is an
+    operand)."""
+    return LibCall(MATMUL_INT8, (("xzp", str(int(bool(xzp)))),))
 
 
 def band_call(kind: str, width: int, dilation: int) -> LibCall:

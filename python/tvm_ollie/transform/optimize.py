@@ -30,12 +30,13 @@ from .checking import Checker, CheckFn
 from .choosing import Chooser
 from .costing import Timer, UnitCostModel, region_seconds
 from .decide import DERIVABLE_OPS, Decider
+from .decision import Decision
 from .emit import emit_program
 from .epilogue import fuse_epilogues
 from .groups import find_shared_input_groups
 from .inference_fold import fold_inference
+from .int8_kernels import int8_kernels
 from .regions import Region, find_regions, static_tensor, used_vars
-from .decision import Decision
 from .report import OptimizeReport
 from .units import call_signature, is_group, is_region, operand_values, original_form
 
@@ -237,11 +238,15 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
     t_start = time.perf_counter()
     with stage("inference fold"):
         mod, folds = fold_inference(mod) if cfg.fold_inference else (mod, {})
-    with stage("regions"):
-        calls, regions, groups = _find_units(mod, cfg)
     if budget is None:
         budget = TrialBudget(cfg.trials)
     decider = Decider(tgt, cfg, budget=budget, **hooks)
+    if decider.library and lib.current_device() == "cpu":
+        with stage("int8 kernels"):
+            mod, int8 = int8_kernels(mod)
+        folds = {**folds, **int8}
+    with stage("regions"):
+        calls, regions, groups = _find_units(mod, cfg)
     report = OptimizeReport(target=kind_name(tgt),
                             budget=budget, calibration=decider.calib.describe())
     tuning0, calls0 = STATS.seconds, STATS.calls

@@ -1,0 +1,170 @@
+"""The int8 kernels ``tvm_ollie.cpu.conv2d_int8`` / ``matmul_int8`` against numpy's integers.
+
+    Out = saturate(round(scale * sum (x - xzp) * w + bias) + yzp)
+
+The references sum in int64 (exact); an int32 Out must match exactly, an 8-bit Out within one
+step (oneDNN adds the destination zero point before it rounds, so a tie can round the other
+way, and it applies the scale to the float32 accumulator in its own order).
+"""
+
+import numpy as np
+import pytest
+
+from native_util import require_native
+from tvm_ollie import native
+
+
+@pytest.fixture(autouse=True)
+def _native():
+    require_native()
+    if not native.provides(native.CONV2D_INT8) or not native.provides(native.MATMUL_INT8):
+        pytest.skip("the loaded native library predates the int8 kernels")
+
+
+def _call(name, attrs, arrays, out):
+    import tvm_ffi
+
+    func = tvm_ffi.get_global_func(name)
+    func(attrs, *[tvm_ffi.from_dlpack(np.ascontiguousarray(a)) for a in arrays],
+         tvm_ffi.from_dlpack(out))
+    return out
+
+
+def _ints(rng, dtype, shape, lo=None, hi=None):
+    info = np.iinfo(dtype)
+    lo = info.min if lo is None else lo
+    hi = info.max if hi is None else hi
+    return rng.integers(lo, hi + 1, shape).astype(dtype)
+
+
+def _weights(rng, shape):
+    """int8 weights, in [-64, 63] where the CPU lacks VNNI (the kernels' exact range there)."""
+    return _ints(rng, np.int8, shape, *((-128, 127) if native.int8_exact_products() else
+                                        (-64, 63)))
+
+
+def conv_ref(x, w, zp, stride, pad, dil, groups):
+    """int64 ``conv2d(x - zp, w)``, NCHW/OIHW, padding reading ``zp`` (zero after centering)."""
+    xc = np.pad(x.astype(np.int64) - zp, ((0, 0), (0, 0), (pad[0], pad[2]), (pad[1], pad[3])))
+    n, _, h, wd = xc.shape
+    o, i, kh, kw = w.shape
+    oh = (h - (kh - 1) * dil[0] - 1) // stride[0] + 1
+    ow = (wd - (kw - 1) * dil[1] - 1) // stride[1] + 1
+    out = np.zeros((n, o, oh, ow), np.int64)
+    per_group = o // groups
+    for c in range(o):
+        g = c // per_group
+        for r in range(kh):
+            for s in range(kw):
+                patch = xc[:, g * i:(g + 1) * i, r * dil[0]:r * dil[0] + stride[0] * oh:stride[0],
+                           s * dil[1]:s * dil[1] + stride[1] * ow:stride[1]]
+                out[:, c] += np.einsum("nchw,c->nhw", patch, w[c, :, r, s].astype(np.int64))
+    return out
+
+
+CONV_CASES = {
+    "u8-plain": (np.uint8, 1, (1, 1), (0, 0, 0, 0), (1, 1)),
+    "s8-group2-stride2-pads": (np.int8, 2, (2, 2), (1, 1, 2, 1), (1, 1)),
+    "u8-depthwise-dilated": (np.uint8, 4, (1, 1), (2, 2, 2, 2), (2, 2)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONV_CASES))
+def test_conv2d_int8_int32_out_is_exact(name):
+    xtype, groups, stride, pad, dil = CONV_CASES[name]
+    rng = np.random.default_rng(0)
+    x = _ints(rng, xtype, (2, 4, 7, 6))
+    w = _weights(rng, (8, 4 // groups, 3, 3))
+    zp = np.array([100 if xtype == np.uint8 else -7], np.int32)
+    ref = conv_ref(x, w, int(zp[0]), stride, pad, dil, groups)
+    attrs = (f"stride={stride[0]},{stride[1]};pad={','.join(map(str, pad))};"
+             f"dil={dil[0]},{dil[1]};groups={groups};xzp=1")
+    out = _call(native.CONV2D_INT8, attrs, [x, w, zp], np.zeros(ref.shape, np.int32))
+    assert np.array_equal(out, ref)
+
+
+def test_conv2d_int8_without_zero_point_nhwc():
+    rng = np.random.default_rng(1)
+    x = _ints(rng, np.uint8, (1, 5, 5, 3))
+    w = _weights(rng, (4, 3, 3, 3))
+    ref = conv_ref(x.transpose(0, 3, 1, 2), w, 0, (1, 1), (1, 1, 1, 1), (1, 1), 1)
+    out = _call(native.CONV2D_INT8, "layout=NHWC;pad=1,1,1,1", [x, w],
+                np.zeros((1, 5, 5, 4), np.int32))
+    assert np.array_equal(out.transpose(0, 3, 1, 2), ref)
+
+
+def _requantized(acc, scale, bias, yzp, dtype):
+    info = np.iinfo(dtype)
+    return np.clip(np.round(acc * scale + bias) + yzp, info.min, info.max)
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_conv2d_int8_requantizes_to_u8_within_one_step(per_channel):
+    rng = np.random.default_rng(2)
+    x = _ints(rng, np.uint8, (1, 4, 6, 6))
+    w = _weights(rng, (6, 4, 3, 3))
+    zp, yzp = np.array([128], np.int32), np.array([10], np.int32)
+    scale = (rng.random(6 if per_channel else 1) * 0.01 + 0.002).astype(np.float32)
+    bias = rng.standard_normal(6).astype(np.float32) * 5
+    acc = conv_ref(x, w, 128, (1, 1), (1, 1, 1, 1), (1, 1), 1)
+    shaped = scale.reshape(1, -1, 1, 1).astype(np.float64)
+    ref = _requantized(acc, shaped, bias.reshape(1, -1, 1, 1), 10, np.uint8)
+    attrs = f"pad=1,1,1,1;xzp=1;scale={'channel' if per_channel else 'tensor'};bias=1;yzp=1"
+    out = _call(native.CONV2D_INT8, attrs, [x, w, zp, scale, bias, yzp],
+                np.zeros(ref.shape, np.uint8))
+    assert np.abs(out.astype(np.int64) - ref).max() <= 1
+    assert out.max() > 10 and out.min() < 250  # not all saturated
+
+
+def test_conv2d_int8_float_out_scaled():
+    rng = np.random.default_rng(3)
+    x = _ints(rng, np.int8, (1, 2, 5, 5))
+    w = _weights(rng, (3, 2, 1, 1))
+    scale = np.array([0.5, 0.25, 2.0], np.float32)
+    acc = conv_ref(x, w, 0, (1, 1), (0, 0, 0, 0), (1, 1), 1)
+    out = _call(native.CONV2D_INT8, "scale=channel", [x, w, scale],
+                np.zeros(acc.shape, np.float32))
+    np.testing.assert_allclose(out, acc * scale.reshape(1, 3, 1, 1), rtol=1e-6)
+
+
+@pytest.mark.parametrize("tb", [False, True])
+@pytest.mark.parametrize("xtype", [np.uint8, np.int8])
+def test_matmul_int8_int32_out_is_exact(xtype, tb):
+    rng = np.random.default_rng(4)
+    a = _ints(rng, xtype, (2, 3, 16))
+    b = _weights(rng, (16, 5))
+    zp = np.array([3], np.int32)
+    ref = (a.astype(np.int64) - 3) @ b.astype(np.int64)
+    stored = np.ascontiguousarray(b.T) if tb else b
+    out = _call(native.MATMUL_INT8, f"tb={int(tb)};xzp=1", [a, stored, zp],
+                np.zeros(ref.shape, np.int32))
+    assert np.array_equal(out, ref)
+
+
+def test_matmul_int8_per_column_scale_to_s8():
+    rng = np.random.default_rng(5)
+    a = _ints(rng, np.uint8, (4, 32))
+    b = _weights(rng, (32, 6))
+    scale = (rng.random(6) * 0.002 + 0.0005).astype(np.float32)
+    acc = (a.astype(np.int64) - 120) @ b.astype(np.int64)
+    ref = _requantized(acc, scale.astype(np.float64), 0.0, -3, np.int8)
+    out = _call(native.MATMUL_INT8, "xzp=1;scale=channel;yzp=1",
+                [a, b, np.array([120], np.int32), scale, np.array([-3], np.int32)],
+                np.zeros(ref.shape, np.int8))
+    assert np.abs(out.astype(np.int64) - ref).max() <= 1
+
+
+def test_int8_kernels_reject_float_data_and_wrong_operands():
+    rng = np.random.default_rng(6)
+    w = _weights(rng, (2, 2, 1, 1))
+    with pytest.raises(TypeError, match="uint8 or int8"):
+        _call(native.CONV2D_INT8, "", [np.zeros((1, 2, 3, 3), np.float32), w],
+              np.zeros((1, 2, 3, 3), np.int32))
+    with pytest.raises(TypeError, match="expected 5 arguments"):
+        _call(native.CONV2D_INT8, "xzp=1", [np.zeros((1, 2, 3, 3), np.uint8), w],
+              np.zeros((1, 2, 3, 3), np.int32))
+    with pytest.raises(ValueError, match="scale has shape"):
+        _call(native.MATMUL_INT8, "scale=channel", [np.zeros((2, 4), np.uint8),
+                                                    np.zeros((4, 3), np.int8),
+                                                    np.ones(2, np.float32)],
+              np.zeros((2, 3), np.float32))

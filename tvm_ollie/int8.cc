@@ -1,0 +1,510 @@
+// tvm_ollie.cpu.conv2d_int8 and tvm_ollie.cpu.matmul_int8: 8-bit integer convolution and matmul
+// on oneDNN (u8/s8 source, s8 weights), with the source zero point, the weight (or combined)
+// scales, a bias and the destination zero point applied inside the primitive.
+//
+// Calling convention (destination-passing style, Out last; optional operands in this order):
+//   tvm_ollie.cpu.conv2d_int8(attrs, data, weight, [xzp], [scale], [bias], [yzp], Out)
+//   tvm_ollie.cpu.matmul_int8(attrs, A, B, [xzp], [scale], [bias], [yzp], Out)
+// data/A: uint8 or int8; weight/B: int8 (OIHW or OHWI; B [K, N], or [N, K] with tb=1).
+// xzp, yzp: int32 [1] (source and destination zero points); scale: float32 [1] or [O] (per
+// output channel), the multiplier of the int32 accumulator; bias: float32 [O], added after the
+// scale. Out: int32, float32, uint8 or int8:
+//   Out = saturate(round(scale * Σ (x - xzp) * w + bias) + yzp)
+// (no scale: 1; round and saturate only for 8-bit Out; oneDNN rounds half to even). Padding
+// reads xzp (it contributes zero to the sum), as ONNX's ConvInteger/QLinearConv specify.
+// attrs (conv): layout=NCHW|NHWC, klayout=OIHW|OHWI, stride=SH,SW, pad=TOP,LEFT,BOTTOM,RIGHT,
+//               dil=DH,DW, groups=G; (matmul): tb=0|1; (both): xzp=0|1,
+//               scale=none|tensor|channel, bias=0|1, yzp=0|1.
+// oneDNN converts the int32 accumulator to float32 for its epilogue, also for an int32 Out:
+// an int32 Out is exact while |accumulator| <= 2^24 (the pass only rewrites such calls).
+#include <tvm/ffi/function.h>
+#include <tvm/ffi/reflection/registry.h>
+
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common.h"
+#include "kernels.h"
+
+namespace tvm_ollie {
+
+namespace ffi = tvm::ffi;
+
+namespace {
+
+constexpr const char* kConvName = "tvm_ollie.cpu.conv2d_int8";
+constexpr const char* kMatmulName = "tvm_ollie.cpu.matmul_int8";
+
+using dims = dnnl::memory::dims;
+using dt = dnnl::memory::data_type;
+
+enum class Scale { kNone, kTensor, kChannel };
+
+// The quantization keys both kernels share.
+struct QuantParams {
+  bool xzp = false, bias = false, yzp = false;
+  Scale scale = Scale::kNone;
+  std::string canonical;
+};
+
+QuantParams ParseQuant(Attrs* attrs) {
+  QuantParams q;
+  q.xzp = attrs->GetBool("xzp", false);
+  std::string s = attrs->GetStr("scale", "none", {"none", "tensor", "channel"});
+  q.scale = s == "tensor" ? Scale::kTensor : (s == "channel" ? Scale::kChannel : Scale::kNone);
+  q.bias = attrs->GetBool("bias", false);
+  q.yzp = attrs->GetBool("yzp", false);
+  q.canonical = std::string(";xzp=") + (q.xzp ? "1" : "0") + ";scale=" + s +
+                ";bias=" + (q.bias ? "1" : "0") + ";yzp=" + (q.yzp ? "1" : "0");
+  return q;
+}
+
+// The oneDNN data type of an 8-bit/int32/float32 tensor; throws for anything else.
+dt DataType(const ffi::TensorView& t, const char* kernel, const char* what, bool allow_wide) {
+  DLDataType d = t.dtype();
+  if (d.lanes == 1 && d.bits == 8 && d.code == kDLUInt) return dt::u8;
+  if (d.lanes == 1 && d.bits == 8 && d.code == kDLInt) return dt::s8;
+  if (allow_wide && d.lanes == 1 && d.bits == 32 && d.code == kDLInt) return dt::s32;
+  if (allow_wide && d.lanes == 1 && d.bits == 32 && d.code == kDLFloat) return dt::f32;
+  TVM_FFI_THROW(TypeError) << kernel << ": " << what << " must be uint8 or int8"
+                           << (allow_wide ? ", int32 or float32" : "");
+}
+
+// Checks a CPU, contiguous tensor of `bits`-bit elements; returns its data (byte_offset applied).
+void* CheckTensor(const ffi::TensorView& t, const char* kernel, const char* what, int rank) {
+  if (t.device().device_type != kDLCPU) {
+    TVM_FFI_THROW(ValueError) << kernel << ": " << what << " must be on the CPU";
+  }
+  if (rank >= 0 && t.ndim() != rank) {
+    TVM_FFI_THROW(ValueError) << kernel << ": " << what << " must have rank " << rank
+                              << ", got shape " << ShapeStr(t);
+  }
+  if (!t.IsContiguous()) {
+    TVM_FFI_THROW(ValueError) << kernel << ": " << what << " must be contiguous (row-major)";
+  }
+  if (t.data_ptr() == nullptr && t.numel() > 0) {
+    TVM_FFI_THROW(ValueError) << kernel << ": " << what << " has no data";
+  }
+  return static_cast<char*>(t.data_ptr()) + t.byte_offset();
+}
+
+// The optional operands, checked against their kinds and the output channel count.
+struct QuantOperands {
+  void* xzp = nullptr;
+  void* scale = nullptr;
+  void* bias = nullptr;
+  void* yzp = nullptr;
+};
+
+void CheckKind(const ffi::TensorView& t, const char* kernel, const char* what, DLDataTypeCode code,
+               int64_t n) {
+  DLDataType d = t.dtype();
+  if (d.code != code || d.bits != 32 || d.lanes != 1) {
+    TVM_FFI_THROW(TypeError) << kernel << ": " << what << " must be "
+                             << (code == kDLInt ? "int32" : "float32");
+  }
+  if (t.ndim() != 1 || t.shape()[0] != n) {
+    TVM_FFI_THROW(ValueError) << kernel << ": " << what << " has shape " << ShapeStr(t)
+                              << ", expected [" << n << "]";
+  }
+}
+
+// Reads the optional operands from args[*i...] (advancing *i).
+QuantOperands QuantArgs(ffi::PackedArgs args, int* i, const QuantParams& q, const char* kernel,
+                        int64_t channels) {
+  auto tensor = [&](const char* what) {
+    auto t = args[(*i)++].try_cast<ffi::TensorView>();
+    if (!t.has_value()) TVM_FFI_THROW(TypeError) << kernel << ": " << what << " must be a tensor";
+    return t.value();
+  };
+  QuantOperands o;
+  if (q.xzp) {
+    ffi::TensorView t = tensor("xzp");
+    CheckKind(t, kernel, "xzp", kDLInt, 1);
+    o.xzp = CheckTensor(t, kernel, "xzp", 1);
+  }
+  if (q.scale != Scale::kNone) {
+    ffi::TensorView t = tensor("scale");
+    CheckKind(t, kernel, "scale", kDLFloat, q.scale == Scale::kChannel ? channels : 1);
+    o.scale = CheckTensor(t, kernel, "scale", 1);
+  }
+  if (q.bias) {
+    ffi::TensorView t = tensor("bias");
+    CheckKind(t, kernel, "bias", kDLFloat, channels);
+    o.bias = CheckTensor(t, kernel, "bias", 1);
+  }
+  if (q.yzp) {
+    ffi::TensorView t = tensor("yzp");
+    CheckKind(t, kernel, "yzp", kDLInt, 1);
+    o.yzp = CheckTensor(t, kernel, "yzp", 1);
+  }
+  return o;
+}
+
+int QuantOperandCount(const QuantParams& q) {
+  return (q.xzp ? 1 : 0) + (q.scale != Scale::kNone ? 1 : 0) + (q.bias ? 1 : 0) +
+         (q.yzp ? 1 : 0);
+}
+
+// Zero points and scales as runtime arguments: the primitive is cached per shape, not per value.
+dnnl::primitive_attr QuantAttr(const QuantParams& q, int channel_mask) {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (q.xzp) attr.set_zero_points_mask(DNNL_ARG_SRC, 0);
+  if (q.scale != Scale::kNone) {
+    attr.set_scales_mask(DNNL_ARG_WEIGHTS, q.scale == Scale::kChannel ? channel_mask : 0);
+  }
+  if (q.yzp) attr.set_zero_points_mask(DNNL_ARG_DST, 0);
+  return attr;
+}
+
+void AddQuantArgs(const QuantParams& q, const QuantOperands& o, int64_t channels,
+                  const dnnl::memory::desc& bias_md,
+                  std::unordered_map<int, dnnl::memory>* args) {
+  const dnnl::engine& eng = Engine();
+  const dnnl::memory::desc one_s32(dims{1}, dt::s32, dims{1});
+  if (q.xzp) (*args)[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC] = dnnl::memory(one_s32, eng, o.xzp);
+  if (q.scale != Scale::kNone) {
+    const int64_t n = q.scale == Scale::kChannel ? channels : 1;
+    (*args)[DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS] =
+        dnnl::memory(dnnl::memory::desc(dims{n}, dt::f32, dims{1}), eng, o.scale);
+  }
+  if (q.bias) (*args)[DNNL_ARG_BIAS] = dnnl::memory(bias_md, eng, o.bias);
+  if (q.yzp) (*args)[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST] = dnnl::memory(one_s32, eng, o.yzp);
+}
+
+std::string TypeKey(dt a, dt b, dt c) {
+  return std::to_string(static_cast<int>(a)) + "," + std::to_string(static_cast<int>(b)) + "," +
+         std::to_string(static_cast<int>(c));
+}
+
+void Execute(const dnnl::primitive& prim, const dnnl::memory::desc& scratch_md,
+             std::unordered_map<int, dnnl::memory>* args) {
+  size_t scratch = scratch_md.get_size();
+  if (scratch > 0) {
+    (*args)[DNNL_ARG_SCRATCHPAD] = dnnl::memory(scratch_md, Engine(), ScratchBuffer(0, scratch));
+  }
+  prim.execute(Stream(), *args);
+  Stream().wait();
+}
+
+// ---------------------------------------------------------------------------------------------
+// conv2d_int8
+
+struct ConvParams {
+  bool nhwc = false, ohwi = false;
+  int64_t sh = 1, sw = 1, pt = 0, pl = 0, pb = 0, pr = 0, dh = 1, dw = 1, groups = 1;
+  QuantParams q;
+  std::string canonical;
+};
+
+ConvParams ParseConvAttrs(const std::string& text) {
+  Attrs attrs(kConvName, text);
+  ConvParams p;
+  p.nhwc = attrs.GetStr("layout", "NCHW", {"NCHW", "NHWC"}) == "NHWC";
+  p.ohwi = attrs.GetStr("klayout", "OIHW", {"OIHW", "OHWI"}) == "OHWI";
+  auto s = attrs.GetInts("stride", 2, {1, 1});
+  auto pad = attrs.GetInts("pad", 4, {0, 0, 0, 0});
+  auto d = attrs.GetInts("dil", 2, {1, 1});
+  p.groups = attrs.GetInt("groups", 1);
+  p.q = ParseQuant(&attrs);
+  attrs.CheckAllUsed();
+  p.sh = s[0], p.sw = s[1], p.pt = pad[0], p.pl = pad[1], p.pb = pad[2], p.pr = pad[3];
+  p.dh = d[0], p.dw = d[1];
+  if (p.sh < 1 || p.sw < 1 || p.dh < 1 || p.dw < 1 || p.groups < 1) {
+    TVM_FFI_THROW(ValueError) << kConvName << ": stride, dil and groups must be >= 1";
+  }
+  if (p.pt < 0 || p.pl < 0 || p.pb < 0 || p.pr < 0) {
+    TVM_FFI_THROW(ValueError) << kConvName << ": pad must be >= 0";
+  }
+  p.canonical = std::string(p.nhwc ? "NHWC" : "NCHW") + (p.ohwi ? ";OHWI" : ";OIHW") + ";" +
+                std::to_string(p.sh) + "," + std::to_string(p.sw) + ";" + std::to_string(p.pt) +
+                "," + std::to_string(p.pl) + "," + std::to_string(p.pb) + "," +
+                std::to_string(p.pr) + ";" + std::to_string(p.dh) + "," + std::to_string(p.dw) +
+                ";" + std::to_string(p.groups) + p.q.canonical;
+  return p;
+}
+
+struct ConvShape {
+  int64_t N, C, H, W, O, I, KH, KW, OH, OW;
+};
+
+ConvShape CheckConvShape(const ConvParams& p, const std::vector<int64_t>& x,
+                         const std::vector<int64_t>& w, const std::vector<int64_t>& out) {
+  if (x.size() != 4 || w.size() != 4 || out.size() != 4) {
+    TVM_FFI_THROW(ValueError) << kConvName << ": data, weight and Out must be 4-D";
+  }
+  ConvShape s;
+  s.N = x[0];
+  s.C = p.nhwc ? x[3] : x[1];
+  s.H = p.nhwc ? x[1] : x[2];
+  s.W = p.nhwc ? x[2] : x[3];
+  s.O = w[0];
+  s.I = p.ohwi ? w[3] : w[1];
+  s.KH = p.ohwi ? w[1] : w[2];
+  s.KW = p.ohwi ? w[2] : w[3];
+  if (s.I * p.groups != s.C || s.O % p.groups != 0 || s.O == 0 || s.KH < 1 || s.KW < 1) {
+    TVM_FFI_THROW(ValueError) << kConvName << ": weight does not fit data with groups="
+                              << p.groups << " (need I * groups == C and O % groups == 0)";
+  }
+  const int64_t ekh = (s.KH - 1) * p.dh + 1, ekw = (s.KW - 1) * p.dw + 1;
+  const int64_t hp = s.H + p.pt + p.pb, wp = s.W + p.pl + p.pr;
+  if (hp < ekh || wp < ekw) {
+    TVM_FFI_THROW(ValueError) << kConvName << ": the kernel is larger than the padded input";
+  }
+  s.OH = (hp - ekh) / p.sh + 1;
+  s.OW = (wp - ekw) / p.sw + 1;
+  std::vector<int64_t> want = p.nhwc ? std::vector<int64_t>{s.N, s.OH, s.OW, s.O}
+                                     : std::vector<int64_t>{s.N, s.O, s.OH, s.OW};
+  if (out != want) {
+    TVM_FFI_THROW(ValueError) << kConvName << ": Out has the wrong shape for data and weight";
+  }
+  return s;
+}
+
+dnnl::memory::desc Activation4d(dt type, bool nhwc, int64_t n, int64_t c, int64_t h, int64_t w) {
+  dims st = nhwc ? dims{h * w * c, 1, w * c, c} : dims{c * h * w, h * w, w, 1};
+  return dnnl::memory::desc(dims{n, c, h, w}, type, st);
+}
+
+// The user's s8 weight: dims {O, I, KH, KW} or {G, O/G, I, KH, KW}, strides of its layout.
+dnnl::memory::desc ConvWeightDesc(const ConvParams& p, const ConvShape& s) {
+  const int64_t so = s.I * s.KH * s.KW;
+  const int64_t si = p.ohwi ? 1 : s.KH * s.KW, sh = p.ohwi ? s.KW * s.I : s.KW,
+                sw = p.ohwi ? s.I : 1;
+  if (p.groups == 1) return dnnl::memory::desc(dims{s.O, s.I, s.KH, s.KW}, dt::s8,
+                                               dims{so, si, sh, sw});
+  const int64_t og = s.O / p.groups;
+  return dnnl::memory::desc(dims{p.groups, og, s.I, s.KH, s.KW}, dt::s8,
+                            dims{og * so, so, si, sh, sw});
+}
+
+struct Int8Conv {
+  dnnl::convolution_forward prim;
+  dnnl::memory::desc user_src, user_wei, user_dst, bias_md, src_md, wei_md, dst_md, scratch_md;
+  Reorder src_in, wei_in, dst_out;
+};
+
+std::shared_ptr<Int8Conv> CreateConv(const ConvParams& p, const ConvShape& s, dt src_t,
+                                     dt dst_t) {
+  auto e = std::make_shared<Int8Conv>();
+  e->user_src = Activation4d(src_t, p.nhwc, s.N, s.C, s.H, s.W);
+  e->user_dst = Activation4d(dst_t, p.nhwc, s.N, s.O, s.OH, s.OW);
+  e->user_wei = ConvWeightDesc(p, s);
+  auto any = [](const dnnl::memory::desc& md) {
+    return dnnl::memory::desc(md.get_dims(), md.get_data_type(), dnnl::memory::format_tag::any);
+  };
+  // Per output channel: mask bit 0 of {O, I, ...}, bits 0 and 1 of {G, O/G, I, ...}.
+  const dnnl::primitive_attr attr = QuantAttr(p.q, p.groups == 1 ? 1 : 3);
+  dims strides{p.sh, p.sw}, dil{p.dh - 1, p.dw - 1}, pad_l{p.pt, p.pl}, pad_r{p.pb, p.pr};
+  const auto prop = dnnl::prop_kind::forward_inference;
+  const auto alg = dnnl::algorithm::convolution_direct;
+  dnnl::convolution_forward::primitive_desc pd;
+  if (p.q.bias) {
+    e->bias_md = dnnl::memory::desc(dims{s.O}, dt::f32, dims{1});
+    pd = dnnl::convolution_forward::primitive_desc(Engine(), prop, alg, any(e->user_src),
+                                                   any(e->user_wei), e->bias_md, any(e->user_dst),
+                                                   strides, dil, pad_l, pad_r, attr);
+  } else {
+    pd = dnnl::convolution_forward::primitive_desc(Engine(), prop, alg, any(e->user_src),
+                                                   any(e->user_wei), any(e->user_dst), strides,
+                                                   dil, pad_l, pad_r, attr);
+  }
+  e->src_md = pd.src_desc();
+  e->wei_md = pd.weights_desc();
+  e->dst_md = pd.dst_desc();
+  e->scratch_md = pd.scratchpad_desc();
+  e->prim = dnnl::convolution_forward(pd);
+  e->src_in.Init(e->user_src, e->src_md);
+  e->wei_in.Init(e->user_wei, e->wei_md);
+  e->dst_out.Init(e->dst_md, e->user_dst);
+  return e;
+}
+
+ffi::TensorView Arg(ffi::PackedArgs args, int i, const char* kernel, const char* what) {
+  auto t = args[i].try_cast<ffi::TensorView>();
+  if (!t.has_value()) TVM_FFI_THROW(TypeError) << kernel << ": " << what << " must be a tensor";
+  return t.value();
+}
+
+std::string AttrsArg(ffi::PackedArgs args, const char* kernel) {
+  if (args.size() < 1) TVM_FFI_THROW(TypeError) << kernel << ": missing attrs";
+  auto text = args[0].try_cast<ffi::String>();
+  if (!text.has_value()) {
+    TVM_FFI_THROW(TypeError) << kernel << ": first argument must be the attrs string";
+  }
+  return std::string(text.value());
+}
+
+void Conv2dInt8(ffi::PackedArgs args, ffi::Any* rv) {
+  ThreadScope threads;
+  ConvParams p = ParseConvAttrs(AttrsArg(args, kConvName));
+  const int want = 4 + QuantOperandCount(p.q);
+  if (args.size() != want) {
+    TVM_FFI_THROW(TypeError) << kConvName << ": expected " << want << " arguments for attrs \""
+                             << p.canonical << "\", got " << args.size();
+  }
+  ffi::TensorView X = Arg(args, 1, kConvName, "data");
+  ffi::TensorView Wt = Arg(args, 2, kConvName, "weight");
+  ffi::TensorView Out = Arg(args, args.size() - 1, kConvName, "Out");
+  const dt src_t = DataType(X, kConvName, "data", false);
+  if (DataType(Wt, kConvName, "weight", false) != dt::s8) {
+    TVM_FFI_THROW(TypeError) << kConvName << ": weight must be int8";
+  }
+  const dt dst_t = DataType(Out, kConvName, "Out", true);
+  void* x = CheckTensor(X, kConvName, "data", 4);
+  void* w = CheckTensor(Wt, kConvName, "weight", 4);
+  void* out = CheckTensor(Out, kConvName, "Out", 4);
+  const ConvShape s = CheckConvShape(p, Dims(X), Dims(Wt), Dims(Out));
+  int i = 3;
+  const QuantOperands o = QuantArgs(args, &i, p.q, kConvName, s.O);
+  if (Out.numel() == 0) return;
+  const std::string key = std::string(kConvName) + "|" + p.canonical + "|" +
+                          TypeKey(src_t, dt::s8, dst_t) + "|" + std::to_string(s.N) + "," +
+                          std::to_string(s.C) + "," + std::to_string(s.H) + "," +
+                          std::to_string(s.W) + "|" + std::to_string(s.O) + "," +
+                          std::to_string(s.KH) + "," + std::to_string(s.KW);
+  auto e = CachedGet<Int8Conv>(key, [&]() { return CreateConv(p, s, src_t, dst_t); });
+  const dnnl::engine& eng = Engine();
+  dnnl::memory src(e->user_src, eng, x), wei(e->user_wei, eng, w), user_dst(e->user_dst, eng, out);
+  dnnl::memory dst = user_dst;
+  // Scratch slots: 0 conv scratchpad, 1 src, 2 weights, 3 dst, 5 reorder scratch.
+  if (e->src_in.needed) {
+    dnnl::memory blocked(e->src_md, eng, ScratchBuffer(1, e->src_md.get_size()));
+    e->src_in.Run(src, blocked, 5);
+    src = blocked;
+  }
+  if (e->wei_in.needed) {
+    dnnl::memory blocked(e->wei_md, eng, ScratchBuffer(2, e->wei_md.get_size()));
+    e->wei_in.Run(wei, blocked, 5);
+    wei = blocked;
+  }
+  if (e->dst_out.needed) dst = dnnl::memory(e->dst_md, eng, ScratchBuffer(3, e->dst_md.get_size()));
+  std::unordered_map<int, dnnl::memory> cargs{
+      {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}};
+  AddQuantArgs(p.q, o, s.O, e->bias_md, &cargs);
+  Execute(e->prim, e->scratch_md, &cargs);
+  if (e->dst_out.needed) {
+    e->dst_out.Run(dst, user_dst, 5);
+    Stream().wait();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// matmul_int8: A [..., M, K] (batch folded into M), B [K, N] or [N, K] (tb=1).
+
+struct MatmulParams {
+  bool tb = false;
+  QuantParams q;
+  std::string canonical;
+};
+
+MatmulParams ParseMatmulAttrs(const std::string& text) {
+  Attrs attrs(kMatmulName, text);
+  MatmulParams p;
+  p.tb = attrs.GetBool("tb", false);
+  p.q = ParseQuant(&attrs);
+  attrs.CheckAllUsed();
+  p.canonical = std::string("tb=") + (p.tb ? "1" : "0") + p.q.canonical;
+  return p;
+}
+
+struct Int8Matmul {
+  dnnl::matmul prim;
+  dnnl::memory::desc src_md, wei_md, bias_md, dst_md, scratch_md;
+};
+
+std::shared_ptr<Int8Matmul> CreateMatmul(const MatmulParams& p, int64_t M, int64_t K, int64_t N,
+                                         dt src_t, dt dst_t) {
+  auto e = std::make_shared<Int8Matmul>();
+  e->src_md = dnnl::memory::desc(dims{M, K}, src_t, dims{K, 1});
+  e->wei_md = dnnl::memory::desc(dims{K, N}, dt::s8, p.tb ? dims{1, K} : dims{N, 1});
+  e->dst_md = dnnl::memory::desc(dims{M, N}, dst_t, dims{N, 1});
+  const dnnl::primitive_attr attr = QuantAttr(p.q, 2);  // per column of B: mask bit 1
+  dnnl::matmul::primitive_desc pd;
+  if (p.q.bias) {
+    e->bias_md = dnnl::memory::desc(dims{1, N}, dt::f32, dims{N, 1});
+    pd = dnnl::matmul::primitive_desc(Engine(), e->src_md, e->wei_md, e->bias_md, e->dst_md, attr);
+  } else {
+    pd = dnnl::matmul::primitive_desc(Engine(), e->src_md, e->wei_md, e->dst_md, attr);
+  }
+  e->scratch_md = pd.scratchpad_desc();
+  e->prim = dnnl::matmul(pd);
+  return e;
+}
+
+void MatmulInt8(ffi::PackedArgs args, ffi::Any* rv) {
+  ThreadScope threads;
+  MatmulParams p = ParseMatmulAttrs(AttrsArg(args, kMatmulName));
+  const int want = 4 + QuantOperandCount(p.q);
+  if (args.size() != want) {
+    TVM_FFI_THROW(TypeError) << kMatmulName << ": expected " << want << " arguments for attrs \""
+                             << p.canonical << "\", got " << args.size();
+  }
+  ffi::TensorView A = Arg(args, 1, kMatmulName, "A");
+  ffi::TensorView B = Arg(args, 2, kMatmulName, "B");
+  ffi::TensorView Out = Arg(args, args.size() - 1, kMatmulName, "Out");
+  const dt src_t = DataType(A, kMatmulName, "A", false);
+  if (DataType(B, kMatmulName, "B", false) != dt::s8) {
+    TVM_FFI_THROW(TypeError) << kMatmulName << ": B must be int8";
+  }
+  const dt dst_t = DataType(Out, kMatmulName, "Out", true);
+  void* a = CheckTensor(A, kMatmulName, "A", -1);
+  void* b = CheckTensor(B, kMatmulName, "B", 2);
+  void* out = CheckTensor(Out, kMatmulName, "Out", -1);
+  const std::vector<int64_t> ad = Dims(A), od = Dims(Out);
+  const int64_t K = p.tb ? B.shape()[1] : B.shape()[0], N = p.tb ? B.shape()[0] : B.shape()[1];
+  std::vector<int64_t> want_out(ad);
+  if (ad.size() < 2 || ad.back() != K) {
+    TVM_FFI_THROW(ValueError) << kMatmulName << ": A " << ShapeStr(A) << " does not fit B "
+                              << ShapeStr(B) << (p.tb ? " (tb=1)" : "");
+  }
+  want_out.back() = N;
+  if (od != want_out) {
+    TVM_FFI_THROW(ValueError) << kMatmulName << ": Out has shape " << ShapeStr(Out)
+                              << ", expected A's with the last dim " << N;
+  }
+  const int64_t M = A.numel() / K;
+  int i = 3;
+  const QuantOperands o = QuantArgs(args, &i, p.q, kMatmulName, N);
+  if (Out.numel() == 0) return;
+  const std::string key = std::string(kMatmulName) + "|" + p.canonical + "|" +
+                          TypeKey(src_t, dt::s8, dst_t) + "|" + std::to_string(M) + "x" +
+                          std::to_string(K) + "x" + std::to_string(N);
+  auto e = CachedGet<Int8Matmul>(key, [&]() { return CreateMatmul(p, M, K, N, src_t, dst_t); });
+  const dnnl::engine& eng = Engine();
+  std::unordered_map<int, dnnl::memory> margs{{DNNL_ARG_SRC, dnnl::memory(e->src_md, eng, a)},
+                                              {DNNL_ARG_WEIGHTS, dnnl::memory(e->wei_md, eng, b)},
+                                              {DNNL_ARG_DST, dnnl::memory(e->dst_md, eng, out)}};
+  AddQuantArgs(p.q, o, N, e->bias_md, &margs);
+  Execute(e->prim, e->scratch_md, &margs);
+}
+
+// Whether oneDNN's int8 kernels here sum u8 x s8 products exactly: with VNNI (vpdpbusd) they do;
+// without it they add pairs of products in saturating int16 (pmaddubsw), exact only for weights
+// in [-64, 63].
+bool ExactProducts() {
+  const int isa = static_cast<int>(dnnl::get_effective_cpu_isa());
+  const int avx2_vnni = static_cast<int>(dnnl::cpu_isa::avx2_vnni);
+  const int avx512_vnni = static_cast<int>(dnnl::cpu_isa::avx512_core_vnni);
+  return (isa & avx2_vnni) == avx2_vnni || (isa & avx512_vnni) == avx512_vnni;
+}
+
+}  // namespace
+
+std::string Int8Info() {
+  return std::string("conv2d_int8/matmul_int8: oneDNN int8 (u8/s8 x s8), zero points and scales "
+                     "as runtime arguments, conv on oneDNN's blocked formats; exact products: ") +
+         (ExactProducts() ? "yes (VNNI)" : "only for weights in [-64, 63] (no VNNI)");
+}
+
+TVM_FFI_STATIC_INIT_BLOCK() {
+  namespace refl = tvm::ffi::reflection;
+  refl::GlobalDef()
+      .def_packed(kConvName, Conv2dInt8)
+      .def_packed(kMatmulName, MatmulInt8)
+      .def("tvm_ollie.cpu.int8_exact_products", []() -> bool { return ExactProducts(); });
+}
+
+}  // namespace tvm_ollie
