@@ -20,59 +20,27 @@ batch norm on a random input patch before it is used (:func:`_folds_exactly`).
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 
 from ..compat import relax, tvm
+from .activations import ACTIVATION_RULES
 from .epilogue import use_counts
+from .fold_rule import FoldRule, Matches
+from .fold_rule import const_value as _const
+from .fold_rule import used_once as _used_once
 
 __all__ = ["FOLD_RULES", "FoldRule", "FoldInference", "fold_inference"]
 
 _dpl = relax.dpl
 
-Matches = Dict[object, object]
-#: ``rewrite(matches, uses) -> replacement or None``; ``uses`` counts reads per Relax variable.
-Rewrite = Callable[[Matches, Counter], Optional[object]]
-
-
-@dataclass(frozen=True)
-class FoldRule:
-    """One inference fold: ``pattern`` found in a Relax function becomes ``rewrite``'s result.
-
-    Attributes
-    ----------
-    name : str
-        Reported in the fold counts.
-    pattern : DFPattern
-        The TVM dataflow pattern (it sees through variable bindings).
-    rewrite : callable
-        ``rewrite(matches, uses)``: the replacement expression, or None when a guard fails.
-    """
-
-    name: str
-    pattern: object
-    rewrite: Rewrite
-
 
 # --- guards -------------------------------------------------------------------------------
 
 
-def _const(expr) -> Optional[np.ndarray]:
-    """The value of a Relax constant, else None."""
-    return expr.value.numpy() if isinstance(expr, tvm.ir.expr.Constant) else None
-
-
 def _float(dtype: str) -> bool:
     return dtype in ("float32", "float16", "float64")
-
-
-def _used_once(expr, uses: Counter, binding_of: Dict[object, object]) -> bool:
-    """The value of ``expr`` is read by one consumer only (else the fold would compute it
-    twice)."""
-    var = binding_of.get(expr)
-    return var is None or uses[var] <= 1
 
 
 def _inference_batch_norm(bn) -> bool:
@@ -191,11 +159,12 @@ def _silu(matches: Matches, uses: Counter, binding_of) -> Optional[object]:
     return relax.op.nn.silu(matches[_Y])
 
 
-#: The folds, in the order they are applied.
+#: The folds, in the order they are applied: the batch norms, then the activations as
+#: exporters write them (:mod:`.activations`).
 FOLD_RULES: Tuple[FoldRule, ...] = (
     FoldRule("bn_into_conv", _BN_OUT, _fold_bn),
     FoldRule("silu", _SILU, _silu),
-)
+) + ACTIVATION_RULES
 
 
 # --- driver -------------------------------------------------------------------------------
