@@ -104,6 +104,14 @@ def _chain_ok(matches: Matches, root_pattern, x_pattern, uses, binding_of) -> bo
     return _float_like(root, x) and _inner_used_once(matches, root, x, uses, binding_of)
 
 
+def _operand(matches: Matches, x_pattern, binding_of):
+    """The matched ``x`` as the replacement should read it: its variable when it is bound in
+    the function (the pattern sees through bindings to the value; reusing the value would
+    compute it again)."""
+    x = matches[x_pattern]
+    return binding_of.get(x, x)
+
+
 def _const(value: float, like) -> "relax.Constant":
     """A scalar constant of ``like``'s dtype."""
     return relax.const(value, str(like.ty.dtype))
@@ -178,7 +186,7 @@ def _gelu(matches: Matches, uses: Counter, binding_of) -> Optional[object]:
     wants = ((_G_HALF, 0.5), (_G_ONE, 1.0), (_G_C, c_want))
     if not all(_near(scalar_value(matches[p]), w) for p, w in wants):
         return None
-    return relax.op.nn.gelu(matches[_GX])
+    return relax.op.nn.gelu(_operand(matches, _GX, binding_of))
 
 
 # GELU, tanh form: 0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³)))
@@ -199,7 +207,7 @@ def _gelu_tanh(matches: Matches, uses: Counter, binding_of) -> Optional[object]:
         wants += ((_T_3, 3.0),)
     if not all(_near(scalar_value(matches[p]), w) for p, w in wants):
         return None
-    return relax.op.nn.gelu_tanh(matches[_TX])
+    return relax.op.nn.gelu_tanh(_operand(matches, _TX, binding_of))
 
 
 # clip from minimum/maximum (ReLU6 among them): minimum(maximum(x, lo), hi)
@@ -216,7 +224,7 @@ def _clip_rule(matches: Matches, uses: Counter, binding_of) -> Optional[object]:
         return None
     if not _chain_ok(matches, _MIN_MAX, _CX, uses, binding_of):
         return None
-    return relax.op.clip(matches[_CX], lo, hi)
+    return relax.op.clip(_operand(matches, _CX, binding_of), lo, hi)
 
 
 # hard-sigmoid: clip(x + c, 0, m) / m, and clip(x·a + b, 0, 1) spelled otherwise
@@ -245,14 +253,16 @@ def _unit_clip(bounds, scale: Optional[float]) -> bool:
             and _near(bounds[1], scale))
 
 
-def _canonical_hardsigmoid(matches: Matches) -> bool:
+def _canonical_hardsigmoid(matches: Matches, binding_of) -> bool:
     """The matched ``clip(x·a + b, 0, 1)`` is spelled as :func:`hardsigmoid_composite`
     already: ``add(multiply(x, a), b)`` in that operand order (TVM's patterns match
     ``add``/``multiply`` in either order, so the pattern alone cannot exclude it)."""
     if _H_XD in matches:
         return False
     add, mul = matches[_H_AFFINE], matches[_H_XA]
-    return add.args[1].same_as(matches[_HB]) and mul.args[0].same_as(matches[_HX])
+    x = matches[_HX]
+    return add.args[1].same_as(matches[_HB]) and (mul.args[0].same_as(x) or
+                                                   mul.args[0].same_as(binding_of.get(x)))
 
 
 def _hardsigmoid(matches: Matches, uses: Counter, binding_of) -> Optional[object]:
@@ -266,13 +276,14 @@ def _hardsigmoid(matches: Matches, uses: Counter, binding_of) -> Optional[object
         bounds, c = _clip_bounds(matches[_H_CLIP]), scalar_value(matches[_H_C])
         if not _unit_clip(bounds, scale) or c is None:
             return None
-        return hardsigmoid_composite(matches[_HX], 1 / scale, c / scale)
-    if _clip_bounds(root) != (0.0, 1.0) or _canonical_hardsigmoid(matches):
+        return hardsigmoid_composite(_operand(matches, _HX, binding_of), 1 / scale, c / scale)
+    if _clip_bounds(root) != (0.0, 1.0) or _canonical_hardsigmoid(matches, binding_of):
         return None
     a, b = scalar_value(matches[_HA]), scalar_value(matches[_HB])
     if a is None or b is None or (_H_XD in matches and a == 0):
         return None
-    return hardsigmoid_composite(matches[_HX], 1 / a if _H_XD in matches else a, b)
+    x = _operand(matches, _HX, binding_of)
+    return hardsigmoid_composite(x, 1 / a if _H_XD in matches else a, b)
 
 
 # hard-swish: x · clip(x + c, 0, m) / m
@@ -291,7 +302,7 @@ def _hardswish(matches: Matches, uses: Counter, binding_of) -> Optional[object]:
     bounds, c = _clip_bounds(matches[_S_CLIP]), scalar_value(matches[_S_C])
     if not _unit_clip(bounds, scale) or c is None:
         return None
-    return hardswish_composite(matches[_SX], 1 / scale, c / scale)
+    return hardswish_composite(_operand(matches, _SX, binding_of), 1 / scale, c / scale)
 
 
 # leaky ReLU: where(x > 0, x, x·a) = maximum(x, x·a), 0 < a < 1
@@ -311,7 +322,7 @@ def _leaky_relu(matches: Matches, uses: Counter, binding_of) -> Optional[object]
         return None
     if not _chain_ok(matches, _LEAKY, _LX, uses, binding_of):
         return None
-    return relax.op.nn.leakyrelu(matches[_LX], a)
+    return relax.op.nn.leakyrelu(_operand(matches, _LX, binding_of), a)
 
 
 #: The activation rules, in the order they are applied (``clip`` first: the hard-sigmoid and
