@@ -146,6 +146,117 @@ def _fold_bn(matches: Matches, uses: Counter, binding_of) -> Optional[object]:
     return relax.op.add(folded, relax.const(new_bias.astype(dtype).reshape(1, channels, 1, 1)))
 
 
+# batch norm with parameters given at run time (or a weight that is): the same fold, computed
+# by Relax ops on the small per-channel vectors and the weight
+_RX, _RW, _RB = _dpl.wildcard(), _dpl.wildcard(), _dpl.wildcard()
+_RGAMMA, _RBETA, _RMEAN, _RVAR = (_dpl.wildcard() for _ in range(4))
+_RPROD = (_dpl.is_op("relax.nn.conv2d")(_RX, _RW) | _dpl.is_op("relax.nn.conv2d_transpose")(_RX, _RW)
+          | _dpl.is_op("relax.matmul")(_RX, _RW))
+_RPROD_BIAS = _dpl.is_op("relax.add")(_RPROD, _RB)
+_RBN = _dpl.is_op("relax.nn.batch_norm")(_RPROD | _RPROD_BIAS, _RGAMMA, _RBETA, _RMEAN, _RVAR)
+_RBN_OUT = _dpl.is_tuple_get_item(_RBN, 0)
+
+
+def _weight_channel_axis(prod, bn) -> Optional[int]:
+    """The weight axis of the output channels the batch norm normalizes, else None: a conv2d
+    in NCHW (``O`` of its kernel layout), a conv2d_transpose in NCHW with one group, a matmul
+    normalized along its last axis (its weight's last axis)."""
+    rank = len(prod.ty.shape)
+    axis = int(bn.attrs.axis) % rank
+    name = prod.op.name
+    if name == "relax.matmul":
+        weight_rank = len(prod.args[1].ty.shape)
+        return weight_rank - 1 if axis == rank - 1 and weight_rank >= 2 else None
+    attrs = prod.attrs
+    if attrs.data_layout != "NCHW" or attrs.out_layout not in ("NCHW", "") or axis != 1:
+        return None
+    if name == "relax.nn.conv2d_transpose" and int(attrs.groups) != 1:
+        return None
+    return str(attrs.kernel_layout).index("O")
+
+
+def _static(expr) -> bool:
+    """``expr`` is a tensor of known static shape."""
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return False
+    try:
+        [int(d) for d in ty.shape]
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _vector(expr, channels: int, dtype: str):
+    """``expr`` (a per-channel tensor) as a vector of ``channels``: a constant is reshaped
+    now, a variable by a reshape op; None when it is not one value per channel."""
+    if not _static(expr):
+        return None
+    shape = tuple(int(d) for d in expr.ty.shape)
+    if int(np.prod(shape)) != channels or sum(d != 1 for d in shape) > 1 or \
+            str(expr.ty.dtype) != dtype:
+        return None
+    value = _const(expr)
+    if value is not None:
+        return relax.const(value.reshape(channels).astype(dtype))
+    return expr if shape == (channels,) else relax.op.reshape(expr, (channels,))
+
+
+def _runtime_scale_shift(bn, matches: Matches, channels: int, dtype: str):
+    """``(s, t)`` of :func:`_bn_scale_shift` as Relax expressions on vectors (the conv's bias
+    ``b`` included: ``t = (b − μ)·s + β``); None when a parameter is not per channel."""
+    gamma, beta, mean, var = (_vector(matches[p], channels, dtype)
+                              for p in (_RGAMMA, _RBETA, _RMEAN, _RVAR))
+    bias = _vector(matches[_RB], channels, dtype) if _RB in matches else None
+    if any(v is None for v in (gamma, beta, mean, var)) or (_RB in matches and bias is None):
+        return None
+    op, attrs = relax.op, bn.attrs
+    scale = op.rsqrt(op.add(var, relax.const(float(attrs.epsilon), dtype)))
+    if bool(attrs.scale):
+        scale = op.multiply(gamma, scale)
+    centered = op.negative(mean) if bias is None else op.subtract(bias, mean)
+    shift = op.multiply(centered, scale)
+    if bool(attrs.center):
+        shift = op.add(shift, beta)
+    return scale, shift
+
+
+def _fold_bn_runtime(matches: Matches, uses: Counter, binding_of) -> Optional[object]:
+    """``bn_runtime``: ``batch_norm(P(x, W) [+ b])[0] = P(x, W·s) + ((b − μ)·s + β)`` with
+    ``s = γ / √(σ² + ε)`` computed at run time (a weight or batch-norm parameter that is not a
+    constant), ``P`` a conv2d/conv2d_transpose (NCHW) or a matmul along its last axis; the
+    weight is scaled along its output-channel axis, and the shift becomes the bias the native
+    kernels take as an epilogue."""
+    bn, prod = matches[_RBN], matches[_RPROD]
+    dtype = str(prod.ty.dtype)
+    if not (_float(dtype) and not bool(getattr(bn.attrs, "training", False))):
+        return None
+    if not _used_once(prod, uses, binding_of) or not _used_once(bn, uses, binding_of):
+        return None
+    if _RB in matches and not _used_once(matches[_RPROD_BIAS], uses, binding_of):
+        return None
+    weight = matches[_RW]
+    if not (_static(prod) and _static(weight)) or str(weight.ty.dtype) != dtype:
+        return None
+    axis = _weight_channel_axis(prod, bn)
+    if axis is None:
+        return None
+    rank = len(prod.ty.shape)
+    channels = int(prod.ty.shape[int(bn.attrs.axis) % rank])
+    found = _runtime_scale_shift(bn, matches, channels, dtype)
+    if found is None or int(weight.ty.shape[axis]) != channels:
+        return None
+    scale, shift = found
+    view = [1] * len(weight.ty.shape)
+    view[axis] = channels
+    new_weight = relax.op.multiply(binding_of.get(weight, weight), relax.op.reshape(scale, view))
+    folded = relax.Call(prod.op, [binding_of.get(matches[_RX], matches[_RX]), new_weight],
+                        prod.attrs)
+    out_view = [1] * rank
+    out_view[int(bn.attrs.axis) % rank] = channels
+    return relax.op.add(folded, relax.op.reshape(shift, out_view))
+
+
 _Y = _dpl.wildcard()
 _SIGMOID = _dpl.is_op("relax.sigmoid")(_Y)
 _SILU = _dpl.is_op("relax.multiply")(_Y, _SIGMOID) | _dpl.is_op("relax.multiply")(_SIGMOID, _Y)
@@ -163,6 +274,7 @@ def _silu(matches: Matches, uses: Counter, binding_of) -> Optional[object]:
 #: exporters write them (:mod:`.activations`).
 FOLD_RULES: Tuple[FoldRule, ...] = (
     FoldRule("bn_into_conv", _BN_OUT, _fold_bn),
+    FoldRule("bn_runtime", _RBN_OUT, _fold_bn_runtime),
     FoldRule("silu", _SILU, _silu),
 ) + ACTIVATION_RULES
 
