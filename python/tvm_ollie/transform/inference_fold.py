@@ -1,4 +1,4 @@
-"""Inference folding: batch norms into the convolutions before them, SiLU written as one op.
+"""Inference folding: batch norms into the convolutions before them, activations as one op.
 
 Exported models compute, between two convolutions, what inference does not need to compute
 apart. A batch norm in inference mode is a per-channel affine map, so after a convolution
@@ -9,6 +9,12 @@ activation, so the native kernels cannot take the bias and activation as epilogu
 half its time in ``batch_norm + sigmoid + multiply`` next to the library convolutions. ONNX
 Runtime folds both at load time; this pass does it on the Relax module, before the derivation
 decides anything, so the convolutions it weighs are the ones that will run.
+
+The rules (:data:`FOLD_RULES`): ``bn_into_conv`` (constant weight and statistics: the fold is
+computed now), ``bn_runtime`` (a weight or statistics given at run time: ``P(x, W·s) + t`` with
+``s``, ``t`` computed by Relax ops on the per-channel vectors, for conv2d, conv2d_transpose and
+matmul; the output is never scaled, so the kernels need no scale step, and ``t`` becomes their
+bias epilogue), ``silu``, then the activation spellings of :mod:`.activations`.
 
 Each rule is data (:class:`FoldRule`: a name, a TVM dataflow pattern, a rewrite that returns
 ``None`` when a guard fails); :func:`fold_inference` applies them in order with TVM's
