@@ -156,7 +156,8 @@ def _fold_bn(matches: Matches, uses: Counter, binding_of) -> Optional[object]:
 # by Relax ops on the small per-channel vectors and the weight
 _RX, _RW, _RB = _dpl.wildcard(), _dpl.wildcard(), _dpl.wildcard()
 _RGAMMA, _RBETA, _RMEAN, _RVAR = (_dpl.wildcard() for _ in range(4))
-_RPROD = (_dpl.is_op("relax.nn.conv2d")(_RX, _RW) | _dpl.is_op("relax.nn.conv2d_transpose")(_RX, _RW)
+_RPROD = (_dpl.is_op("relax.nn.conv2d")(_RX, _RW)
+          | _dpl.is_op("relax.nn.conv2d_transpose")(_RX, _RW)
           | _dpl.is_op("relax.matmul")(_RX, _RW))
 _RPROD_BIAS = _dpl.is_op("relax.add")(_RPROD, _RB)
 _RBN = _dpl.is_op("relax.nn.batch_norm")(_RPROD | _RPROD_BIAS, _RGAMMA, _RBETA, _RMEAN, _RVAR)
