@@ -17,27 +17,12 @@ from tvm_ollie.transform.epilogue import fuse_epilogues
 from tvm_ollie.transform.inference_fold import fold_inference
 from tvm_ollie.verify.tolerance import tolerance
 
+from test_epilogue import _build, _conv_params, _f32
+
 CONV = lib.conv2d_call((1, 1), (1, 1, 1, 1), (1, 1), 1, "NCHW", "OIHW")
 BIAS = (np.arange(8, dtype="float32") - 4).reshape(1, 8, 1, 1) / 4
 HS = f"hardswish_{np.float32(1 / 6).item()!r}_0.5"
 op = relax.op
-
-
-def _f32(shape):
-    return relax.TensorType(shape, "float32")
-
-
-def _build(params, body):
-    bb = relax.BlockBuilder()
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = bb.emit_output(body(bb, *params))
-        bb.emit_func_output(out)
-    return bb.get()
-
-
-def _conv_params():
-    return [relax.Var("x", _f32((1, 4, 6, 6))), relax.Var("w", _f32((8, 4, 3, 3)))]
 
 
 def _conv_then(act):

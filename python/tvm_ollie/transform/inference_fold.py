@@ -36,6 +36,7 @@ from .epilogue import use_counts
 from .fold_rule import FoldRule, Matches
 from .fold_rule import const_value as _const
 from .fold_rule import used_once as _used_once
+from .regions import static_tensor
 
 __all__ = ["FOLD_RULES", "FoldRule", "FoldInference", "fold_inference"]
 
@@ -182,22 +183,10 @@ def _weight_channel_axis(prod, bn) -> Optional[int]:
     return str(attrs.kernel_layout).index("O")
 
 
-def _static(expr) -> bool:
-    """``expr`` is a tensor of known static shape."""
-    ty = expr.ty
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return False
-    try:
-        [int(d) for d in ty.shape]
-    except (TypeError, ValueError):
-        return False
-    return True
-
-
 def _vector(expr, channels: int, dtype: str):
     """``expr`` (a per-channel tensor) as a vector of ``channels``: a constant is reshaped
     now, a variable by a reshape op; None when it is not one value per channel."""
-    if not _static(expr):
+    if not static_tensor(expr):
         return None
     shape = tuple(int(d) for d in expr.ty.shape)
     if int(np.prod(shape)) != channels or sum(d != 1 for d in shape) > 1 or \
@@ -243,7 +232,7 @@ def _fold_bn_runtime(matches: Matches, uses: Counter, binding_of) -> Optional[ob
     if _RB in matches and not _used_once(matches[_RPROD_BIAS], uses, binding_of):
         return None
     weight = matches[_RW]
-    if not (_static(prod) and _static(weight)) or str(weight.ty.dtype) != dtype:
+    if not (static_tensor(prod) and static_tensor(weight)) or str(weight.ty.dtype) != dtype:
         return None
     axis = _weight_channel_axis(prod, bn)
     if axis is None:
