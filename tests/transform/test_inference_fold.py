@@ -105,6 +105,25 @@ def test_bn_into_conv_with_bias_expected():
     tvm.ir.assert_structural_equal(got, expected)
 
 
+def test_bn_into_conv_with_a_reshaped_bias_expected():
+    """TVM's PyTorch frontend adds the conv bias as reshape(constant)."""
+    bias = np.array([1.0, -3.0], "float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 3, 5, 5), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, _c(WEIGHT), padding=1))
+            y = bb.emit(relax.op.add(y, bb.emit(relax.op.reshape(_c(bias), (1, 2, 1, 1)))))
+            bn = bb.emit(relax.op.nn.batch_norm(y, _c(GAMMA), _c(BETA), _c(MEAN), _c(VAR),
+                                                axis=1, epsilon=EPS, training=False))
+            gv = bb.emit_output(relax.TupleGetItem(bn, 0))
+        bb.emit_func_output(gv)
+    got, counts = fold_inference(bb.get())
+    assert counts == {"bn_into_conv": 1}
+    expected = _conv_bias(WEIGHT * SCALE.reshape(2, 1, 1, 1), (bias - MEAN) * SCALE + BETA)
+    tvm.ir.assert_structural_equal(got, expected)
+
+
 def test_bn_into_conv_transpose_expected():
     weight = np.arange(2 * 2 * 3 * 3, dtype="float32").reshape(2, 2, 3, 3) / 10  # IOHW
     got, counts = fold_inference(_conv_bn(weight=weight, transpose=True))

@@ -227,6 +227,24 @@ def _clip_rule(matches: Matches, uses: Counter, binding_of) -> Optional[object]:
     return relax.op.clip(_operand(matches, _CX, binding_of), lo, hi)
 
 
+# clip of a clip (TVM's PyTorch frontend writes relu6 as clip(clip(x, 0, inf), -inf, 6))
+_KX = _dpl.wildcard()
+_K_INNER = _clip(_KX)
+_CLIP_CLIP = _clip(_K_INNER)
+
+
+def _clip_of_clip(matches: Matches, uses: Counter, binding_of) -> Optional[object]:
+    """``clip_of_clip``: ``clip(clip(x, a, b), c, d) = clip(x, max(a, c), min(b, d))`` when
+    the bounds meet (``max(a, c) ≤ min(b, d)``)."""
+    inner, outer = _clip_bounds(matches[_K_INNER]), _clip_bounds(matches[_CLIP_CLIP])
+    if inner is None or outer is None:
+        return None
+    lo, hi = max(inner[0], outer[0]), min(inner[1], outer[1])
+    if lo > hi or not _chain_ok(matches, _CLIP_CLIP, _KX, uses, binding_of):
+        return None
+    return relax.op.clip(_operand(matches, _KX, binding_of), lo, hi)
+
+
 # hard-sigmoid: clip(x + c, 0, m) / m, and clip(x·a + b, 0, 1) spelled otherwise
 _HX, _H_C, _H_M = _dpl.wildcard(), _dpl.is_const(), _dpl.is_const()
 _H_CLIP = _clip(_comm(_ADD, _HX, _H_C))
@@ -325,10 +343,11 @@ def _leaky_relu(matches: Matches, uses: Counter, binding_of) -> Optional[object]
     return relax.op.nn.leakyrelu(_operand(matches, _LX, binding_of), a)
 
 
-#: The activation rules, in the order they are applied (``clip`` first: the hard-sigmoid and
-#: hard-swish patterns read ReLU6 as a clip).
+#: The activation rules, in the order they are applied (the clips first: the hard-sigmoid and
+#: hard-swish patterns read ReLU6 as one clip).
 ACTIVATION_RULES: Tuple[FoldRule, ...] = (
     FoldRule("clip", _MIN_MAX, _clip_rule),
+    FoldRule("clip_of_clip", _CLIP_CLIP, _clip_of_clip),
     FoldRule("gelu", _GELU, _gelu),
     FoldRule("gelu_tanh", _GELU_TANH, _gelu_tanh),
     FoldRule("hardswish", _HARDSWISH, _hardswish),

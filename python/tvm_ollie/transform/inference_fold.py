@@ -69,7 +69,9 @@ def _nchw_conv(conv) -> bool:
 
 # --- rules --------------------------------------------------------------------------------
 
-_X, _W, _B = _dpl.wildcard(), _dpl.is_const(), _dpl.is_const()
+_X, _W, _B_CONST = _dpl.wildcard(), _dpl.is_const(), _dpl.is_const()
+# the bias as a constant, or as a reshape of one (TVM's PyTorch frontend writes it so)
+_B = _B_CONST | _dpl.is_op("relax.reshape")(_B_CONST, _dpl.wildcard())
 _GAMMA, _BETA, _MEAN, _VAR = (_dpl.is_const() for _ in range(4))
 _CONV = _dpl.is_op("relax.nn.conv2d")(_X, _W) | _dpl.is_op("relax.nn.conv2d_transpose")(_X, _W)
 _CONV_BIAS = _dpl.is_op("relax.add")(_CONV, _B)
@@ -97,7 +99,7 @@ def _conv_bias(matches: Matches, channels: int) -> Optional[np.ndarray]:
     """The constant bias added to the convolution (zeros without one), one per channel."""
     if _B not in matches:
         return np.zeros(channels)
-    bias = _const(matches[_B]).astype(np.float64)
+    bias = _const(matches[_B_CONST]).astype(np.float64)
     if bias.size != channels or bias.shape not in ((channels,), (1, channels, 1, 1),
                                                    (channels, 1, 1)):
         return None
@@ -198,12 +200,15 @@ def _vector(expr, channels: int, dtype: str):
     return expr if shape == (channels,) else relax.op.reshape(expr, (channels,))
 
 
-def _runtime_scale_shift(bn, matches: Matches, channels: int, dtype: str):
+def _runtime_scale_shift(bn, matches: Matches, binding_of, channels: int, dtype: str):
     """``(s, t)`` of :func:`_bn_scale_shift` as Relax expressions on vectors (the conv's bias
     ``b`` included: ``t = (b − μ)·s + β``); None when a parameter is not per channel."""
-    gamma, beta, mean, var = (_vector(matches[p], channels, dtype)
-                              for p in (_RGAMMA, _RBETA, _RMEAN, _RVAR))
-    bias = _vector(matches[_RB], channels, dtype) if _RB in matches else None
+    def vector(pattern):
+        expr = matches[pattern]
+        return _vector(binding_of.get(expr, expr), channels, dtype)
+
+    gamma, beta, mean, var = (vector(p) for p in (_RGAMMA, _RBETA, _RMEAN, _RVAR))
+    bias = vector(_RB) if _RB in matches else None
     if any(v is None for v in (gamma, beta, mean, var)) or (_RB in matches and bias is None):
         return None
     op, attrs = relax.op, bn.attrs
@@ -239,7 +244,7 @@ def _fold_bn_runtime(matches: Matches, uses: Counter, binding_of) -> Optional[ob
         return None
     rank = len(prod.ty.shape)
     channels = int(prod.ty.shape[int(bn.attrs.axis) % rank])
-    found = _runtime_scale_shift(bn, matches, channels, dtype)
+    found = _runtime_scale_shift(bn, matches, binding_of, channels, dtype)
     if found is None or int(weight.ty.shape[axis]) != channels:
         return None
     scale, shift = found
