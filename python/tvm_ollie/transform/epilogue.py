@@ -49,7 +49,8 @@ ACTIVATIONS = {
 #: ``hardsigmoid_A_B``: the composites of :mod:`.activations`).
 CPU_ONLY_ACTIVATIONS = ("leaky_relu", "hardswish", "hardsigmoid")
 
-#: The composite activations: a matcher of the chain's last value, and the kernel's name.
+#: The composite activations: a matcher of the chain's last value, the kernel's name, and how
+#: many times the chain reads its input.
 _COMPOSITES = ((match_hardsigmoid, "hardsigmoid", 1), (match_hardswish, "hardswish", 2))
 #: The longest composite chain (hard-swish: multiply, add, clip, multiply).
 _COMPOSITE_STEPS = 4
@@ -186,9 +187,12 @@ def _composite(kernel: lib.LibCall, var, bindings: List, readers: Dict[object, i
     outside it, every inner step has one reader, and the result has ``var``'s shape."""
     if kernel.func not in lib.EPILOGUE_KERNELS or not _guard_step_order(kernel, "act"):
         return None
+    first = readers.get(var)
+    if first is None or not _is_op(bindings[first].value, "relax.multiply"):
+        return None  # both composites start with y·α
     position = {b.var: j for j, b in enumerate(bindings)}
     value_of = {b.var: b.value for b in bindings}.get
-    at, cur = None, var
+    cur = var
     for _ in range(_COMPOSITE_STEPS):
         at = readers.get(cur)
         if at is None:
@@ -208,6 +212,11 @@ def _composite(kernel: lib.LibCall, var, bindings: List, readers: Dict[object, i
                 return None
             return kernel.with_attrs(act=act), sorted(position[v] for v in inner) + [at]
     return None
+
+
+def _is_op(value, name: str) -> bool:
+    return (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+            and value.op.name == name)
 
 
 def _next_fold(kernel: lib.LibCall, operands: list, var, bindings: List,
