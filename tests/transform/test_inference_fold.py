@@ -124,6 +124,28 @@ def test_bn_into_conv_with_a_reshaped_bias_expected():
     tvm.ir.assert_structural_equal(got, expected)
 
 
+@pytest.mark.parametrize("weight_param", [False, True], ids=["constant", "run-time"])
+def test_bn_guard_a_bias_along_the_width(weight_param):
+    """A (C,) bias added to an NCHW output runs along its width (here W == C): not folded."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 3, 2, 2), "float32"))
+    params = [x] + ([relax.Var("w", relax.TensorType((2, 3, 3, 3), "float32"))]
+                    if weight_param else [])
+    with bb.function("main", params):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, params[-1] if weight_param else _c(WEIGHT),
+                                           padding=1))
+            y = bb.emit(relax.op.add(y, _c([1.0, -3.0])))
+            bn = bb.emit(relax.op.nn.batch_norm(y, _c(GAMMA), _c(BETA), _c(MEAN), _c(VAR),
+                                                axis=1, epsilon=EPS, training=False))
+            gv = bb.emit_output(relax.TupleGetItem(bn, 0))
+        bb.emit_func_output(gv)
+    before = bb.get()
+    got, counts = fold_inference(before)
+    assert counts == {}
+    tvm.ir.assert_structural_equal(got, before)
+
+
 def test_bn_into_conv_transpose_expected():
     weight = np.arange(2 * 2 * 3 * 3, dtype="float32").reshape(2, 2, 3, 3) / 10  # IOHW
     got, counts = fold_inference(_conv_bn(weight=weight, transpose=True))

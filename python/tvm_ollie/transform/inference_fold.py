@@ -100,9 +100,11 @@ def _conv_bias(matches: Matches, channels: int) -> Optional[np.ndarray]:
     if _B not in matches:
         return np.zeros(channels)
     bias = _const(matches[_B_CONST]).astype(np.float64)
-    if bias.size != channels or bias.shape not in ((channels,), (1, channels, 1, 1),
-                                                   (channels, 1, 1)):
+    if not static_tensor(matches[_B]):
         return None
+    shape = tuple(int(d) for d in matches[_B].ty.shape)  # as added (after a reshape)
+    if bias.size != channels or shape not in ((1, channels, 1, 1), (channels, 1, 1)):
+        return None  # (channels,) would run along the output's width
     return bias.reshape(channels)
 
 
@@ -185,14 +187,18 @@ def _weight_channel_axis(prod, bn) -> Optional[int]:
     return str(attrs.kernel_layout).index("O")
 
 
-def _vector(expr, channels: int, dtype: str):
+def _vector(expr, channels: int, dtype: str, along: Optional[Tuple[int, int]] = None):
     """``expr`` (a per-channel tensor) as a vector of ``channels``: a constant is reshaped
-    now, a variable by a reshape op; None when it is not one value per channel."""
+    now, a variable by a reshape op; None when it is not one value per channel. ``along``:
+    ``(axis, rank)`` of an output ``expr`` is added to, whose ``axis`` its values must run
+    along when broadcast (a bias)."""
     if not static_tensor(expr):
         return None
     shape = tuple(int(d) for d in expr.ty.shape)
     if int(np.prod(shape)) != channels or sum(d != 1 for d in shape) > 1 or \
             str(expr.ty.dtype) != dtype:
+        return None
+    if along is not None and not _runs_along(shape, channels, *along):
         return None
     value = _const(expr)
     if value is not None:
@@ -200,15 +206,25 @@ def _vector(expr, channels: int, dtype: str):
     return expr if shape == (channels,) else relax.op.reshape(expr, (channels,))
 
 
+def _runs_along(shape: Tuple[int, ...], channels: int, axis: int, rank: int) -> bool:
+    """A tensor of ``shape`` broadcast against a rank-``rank`` output has its ``channels``
+    values along ``axis``."""
+    offset = rank - len(shape)
+    return offset >= 0 and axis - offset >= 0 and shape[axis - offset] == channels
+
+
 def _runtime_scale_shift(bn, matches: Matches, binding_of, channels: int, dtype: str):
     """``(s, t)`` of :func:`_bn_scale_shift` as Relax expressions on vectors (the conv's bias
     ``b`` included: ``t = (b − μ)·s + β``); None when a parameter is not per channel."""
-    def vector(pattern):
+    rank = len(bn.args[0].ty.shape)
+    along = (int(bn.attrs.axis) % rank, rank)
+
+    def vector(pattern, along=None):
         expr = matches[pattern]
-        return _vector(binding_of.get(expr, expr), channels, dtype)
+        return _vector(binding_of.get(expr, expr), channels, dtype, along)
 
     gamma, beta, mean, var = (vector(p) for p in (_RGAMMA, _RBETA, _RMEAN, _RVAR))
-    bias = vector(_RB) if _RB in matches else None
+    bias = vector(_RB, along) if _RB in matches else None
     if any(v is None for v in (gamma, beta, mean, var)) or (_RB in matches and bias is None):
         return None
     op, attrs = relax.op, bn.attrs
