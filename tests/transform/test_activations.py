@@ -70,6 +70,17 @@ def _gelu_tanh_xxx(bb, x):
     return op.multiply(x, bb.emit(op.multiply(bb.emit(op.add(t, _c(1.0))), _c(0.5))))
 
 
+def _gelu_tanh_fast(bb, x):
+    """onnxruntime's FastGelu as TVM's ONNX frontend writes it."""
+    k = math.sqrt(2 / math.pi)
+    term1 = bb.emit(op.multiply(_c(0.5), x))
+    term2 = bb.emit(op.multiply(_c(k), x))
+    cube = bb.emit(op.multiply(bb.emit(op.multiply(x, x)), x))
+    term3 = bb.emit(op.multiply(_c(0.044715 * k), cube))
+    t = bb.emit(op.tanh(bb.emit(op.add(term2, term3))))
+    return op.multiply(term1, bb.emit(op.add(_c(1.0), t)))
+
+
 def _relu6_min_max(bb, x):
     return op.minimum(bb.emit(op.maximum(x, _c(0.0))), _c(6.0))
 
@@ -125,6 +136,7 @@ CASES = {
     "gelu-erf-half-first": (_gelu_erf_half_first, lambda x: op.nn.gelu(x), "gelu"),
     "gelu-tanh-power": (_gelu_tanh_form, lambda x: op.nn.gelu_tanh(x), "gelu_tanh"),
     "gelu-tanh-xxx": (_gelu_tanh_xxx, lambda x: op.nn.gelu_tanh(x), "gelu_tanh"),
+    "gelu-tanh-fast": (_gelu_tanh_fast, lambda x: op.nn.gelu_tanh(x), "gelu_tanh"),
     "relu6-min-max": (_relu6_min_max, lambda x: op.clip(x, 0.0, 6.0), "clip"),
     "relu6-max-min": (_relu6_max_min, lambda x: op.clip(x, 0.0, 6.0), "clip"),
     "relu6-clip-clip": (_relu6_clip_clip, lambda x: op.clip(x, 0.0, 6.0), "clip_of_clip"),

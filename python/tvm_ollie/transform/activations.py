@@ -193,16 +193,24 @@ def _gelu(matches: Matches, uses: Counter, binding_of) -> Optional[object]:
 _TX, _T_HALF, _T_ONE, _T_K, _T_C, _T_3 = (_dpl.wildcard(), *(_dpl.is_const() for _ in range(5)))
 _T_CUBE = (_op("relax.power", _TX, _T_3) | _comm(_MUL, _comm(_MUL, _TX, _TX), _TX))
 _T_INNER = _comm(_ADD, _TX, _comm(_MUL, _T_CUBE, _T_C))
-_T_TANH = _op("relax.tanh", _comm(_MUL, _T_INNER, _T_K))
+_T_K2, _T_C2 = _dpl.is_const(), _dpl.is_const()
+# onnxruntime's FastGelu distributes √(2/π): √(2/π)·x + (0.044715·√(2/π))·x³
+_T_SPREAD = _comm(_ADD, _comm(_MUL, _TX, _T_K2), _comm(_MUL, _T_CUBE, _T_C2))
+_T_TANH = _op("relax.tanh", _comm(_MUL, _T_INNER, _T_K) | _T_SPREAD)
 _GELU_TANH = _product3(_TX, _T_HALF, _comm(_ADD, _T_TANH, _T_ONE))
 
 
 def _gelu_tanh(matches: Matches, uses: Counter, binding_of) -> Optional[object]:
     """``gelu_tanh``: ``0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) = gelu_tanh(x)`` (``x³`` as
-    ``power(x, 3)`` or ``x·x·x``)."""
+    ``power(x, 3)`` or ``x·x·x``; ``√(2/π)`` distributed over the sum too)."""
     if not _chain_ok(matches, _GELU_TANH, _TX, uses, binding_of):
         return None
-    wants = ((_T_HALF, 0.5), (_T_ONE, 1.0), (_T_K, math.sqrt(2 / math.pi)), (_T_C, 0.044715))
+    k = math.sqrt(2 / math.pi)
+    wants = ((_T_HALF, 0.5), (_T_ONE, 1.0))
+    if _T_SPREAD in matches:
+        wants += ((_T_K2, k), (_T_C2, 0.044715 * k))
+    else:
+        wants += ((_T_K, k), (_T_C, 0.044715))
     if _T_3 in matches:
         wants += ((_T_3, 3.0),)
     if not all(_near(scalar_value(matches[p]), w) for p, w in wants):
