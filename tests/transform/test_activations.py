@@ -189,6 +189,23 @@ def test_rewritten_numerics_match_tvm_build_of_the_chains():
         np.testing.assert_allclose(have, want, rtol=tol, atol=tol * np.abs(want).max())
 
 
+def test_float16_constants_match_with_float16_rounding():
+    """1/sqrt(2) rounded to float16 (0.70703125) still reads as GELU in a float16 model."""
+    def body(bb, x):
+        half = relax.const(np.float16(0.5))
+        erf = bb.emit(op.erf(bb.emit(op.multiply(x, relax.const(np.float16(0.7071068))))))
+        one_erf = bb.emit(op.add(erf, relax.const(np.float16(1.0))))
+        return op.multiply(bb.emit(op.multiply(x, half)), one_erf)
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(SHAPE, "float16"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            gv = bb.emit_output(body(bb, x))
+        bb.emit_func_output(gv)
+    assert fold_inference(bb.get())[1] == {"gelu": 1}
+
+
 def _wrong_constant(bb, x):
     erf = bb.emit(op.erf(bb.emit(op.divide(x, _c(1.5)))))
     return op.multiply(bb.emit(op.multiply(x, bb.emit(op.add(erf, _c(1.0))))), _c(0.5))

@@ -13,8 +13,8 @@ builds as it builds any elementwise chain, and that the epilogue rule recognizes
 kernel (:func:`match_hardsigmoid`, :func:`match_hardswish`). The rules leave a spelling
 that is canonical already, so a rewritten module is a fixed point.
 
-Constants are matched with a relative tolerance (:data:`CONST_RTOL`: exporters print them to
-float32 precision, ``0.70710677`` for ``1/sqrt(2)``); every intermediate value must have no
+Constants are matched with a relative tolerance per element type (:data:`CONST_RTOL`:
+exporters round them to the model's type, ``0.70710677`` for ``1/sqrt(2)`` in float32); every intermediate value must have no
 other reader (else the chain would still be computed for it).
 """
 
@@ -32,8 +32,9 @@ __all__ = ["ACTIVATION_RULES", "CONST_RTOL", "hardsigmoid_composite", "hardswish
 
 _dpl = relax.dpl
 
-#: Relative tolerance of a matched constant against its exact value.
-CONST_RTOL = 1e-4
+#: Relative tolerance of a matched constant against its exact value, per element type (a few
+#: units of the type's rounding: 1/sqrt(2) is 0.70703125 in float16, 1/6 is 0.1665 in bfloat16).
+CONST_RTOL = {"float64": 1e-6, "float32": 1e-4, "float16": 1e-3, "bfloat16": 1e-2}
 
 _MUL, _ADD, _DIV = "relax.multiply", "relax.add", "relax.divide"
 
@@ -60,9 +61,10 @@ def _product3(x, h, p):
 # --- guards -------------------------------------------------------------------------------
 
 
-def _near(value: Optional[float], want: float) -> bool:
-    """``value`` equals ``want`` within :data:`CONST_RTOL`."""
-    return value is not None and abs(value - want) <= CONST_RTOL * abs(want)
+def _near(value: Optional[float], want: float, dtype: str = "float32") -> bool:
+    """``value`` equals ``want`` within :data:`CONST_RTOL` of ``dtype``."""
+    rtol = CONST_RTOL.get(dtype, CONST_RTOL["float32"])
+    return value is not None and abs(value - want) <= rtol * abs(want)
 
 
 def _float_like(root, x) -> bool:
@@ -71,7 +73,7 @@ def _float_like(root, x) -> bool:
     tx, tr = x.ty, root.ty
     if not isinstance(tx, relax.TensorType) or not isinstance(tr, relax.TensorType):
         return False
-    if str(tx.dtype) not in ("float16", "float32", "float64") or tx.dtype != tr.dtype:
+    if str(tx.dtype) not in CONST_RTOL or tx.dtype != tr.dtype:
         return False
     if tx.shape is None or tr.shape is None:
         return False
@@ -184,7 +186,8 @@ def _gelu(matches: Matches, uses: Counter, binding_of) -> Optional[object]:
         return None
     c_want = math.sqrt(2.0) if _G_DIV in matches else 1 / math.sqrt(2.0)
     wants = ((_G_HALF, 0.5), (_G_ONE, 1.0), (_G_C, c_want))
-    if not all(_near(scalar_value(matches[p]), w) for p, w in wants):
+    dtype = str(matches[_GX].ty.dtype)
+    if not all(_near(scalar_value(matches[p]), w, dtype) for p, w in wants):
         return None
     return relax.op.nn.gelu(_operand(matches, _GX, binding_of))
 
@@ -213,7 +216,8 @@ def _gelu_tanh(matches: Matches, uses: Counter, binding_of) -> Optional[object]:
         wants += ((_T_K, k), (_T_C, 0.044715))
     if _T_3 in matches:
         wants += ((_T_3, 3.0),)
-    if not all(_near(scalar_value(matches[p]), w) for p, w in wants):
+    dtype = str(matches[_TX].ty.dtype)
+    if not all(_near(scalar_value(matches[p]), w, dtype) for p, w in wants):
         return None
     return relax.op.nn.gelu_tanh(_operand(matches, _TX, binding_of))
 
