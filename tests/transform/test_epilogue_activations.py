@@ -131,10 +131,10 @@ def _run(mod, args):
 
 
 @pytest.mark.skipif(not native.load(), reason="native library not loaded")
-@pytest.mark.parametrize("kind,matmul_lib", [("conv2d", None), ("matmul", "onednn"),
-                                             ("matmul", "openblas")])
+@pytest.mark.parametrize("kind,matmul_lib", [("conv2d", None), ("matmul", "openblas")])
 def test_folded_activation_numerics(kind, matmul_lib):
-    """Every new activation through the kernel (post-op or scalar loop) against TVM's build."""
+    """Every new activation through the kernel (a oneDNN post-op on the conv, the scalar loop
+    after OpenBLAS) against TVM's build (tests/native checks the oneDNN matmul directly)."""
     rng = np.random.default_rng(0)
     tol = tolerance("float32")
     for name, (act, text) in ACTS.items():
@@ -160,3 +160,37 @@ def test_exporter_spelling_reaches_the_kernel():
     assert counts == {"hardswish": 1}
     got, fused = fuse_epilogues(folded)
     assert fused == {"conv2d": 1} and f"act={HS}" in got.script()
+
+
+@pytest.mark.skipif(not native.load(), reason="native library not loaded")
+def test_build_folds_exporter_activations_into_native_convs():
+    """The whole pass: PyTorch-frontend hard-swish and a where-form leaky ReLU after two
+    convolutions the Decider puts on the library (a fake timer makes it fastest) end up as the
+    kernels' activations, and the build computes what TVM's build of the model does."""
+    import small_models as sm  # pylint: disable=import-outside-toplevel
+    from tvm_ollie.pipeline import build  # pylint: disable=import-outside-toplevel
+
+    rng = np.random.default_rng(5)
+    w1 = relax.const(rng.standard_normal((8, 4, 3, 3)).astype("float32") / 4)
+    w2 = relax.const(rng.standard_normal((8, 8, 3, 3)).astype("float32") / 4)
+
+    def body(bb, x):
+        y = bb.emit(op.nn.conv2d(x, w1, padding=1))
+        r6 = bb.emit(op.clip(bb.emit(op.add(y, relax.const(np.float32(3)))), 0, float("inf")))
+        r6 = bb.emit(op.clip(r6, float("-inf"), 6))
+        h = bb.emit(op.divide(bb.emit(op.multiply(y, r6)), relax.const(np.float32(6))))
+        z = bb.emit(op.nn.conv2d(h, w2, padding=1))
+        cond = bb.emit(op.greater(z, relax.const(np.float32(0))))
+        return op.where(cond, z, bb.emit(op.multiply(z, relax.const(np.float32(0.1)))))
+
+    mod = _build([relax.Var("x", _f32((1, 4, 8, 8)))], body)
+
+    def timer(_mod, label):
+        return 1e-4 if label.split("|")[-1] == "original [native]" else 10e-3
+
+    ex, report = build(mod, "llvm", timer=timer, max_depth=1, time_budget_s=2.0,
+                       calibration=sm.LLVM_CALIB)
+    assert report.inference_folds == {"clip_of_clip": 1, "hardswish": 1, "leaky_relu": 1}
+    assert report.epilogues == {"conv2d": 2}
+    args = sm.random_inputs(mod, seed=1)
+    sm.assert_close(sm.run(ex, args), sm.run(tvm.compile(mod, target="llvm"), args))
