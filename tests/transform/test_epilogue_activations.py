@@ -11,12 +11,14 @@ import tvm
 from tvm import relax
 
 from tvm_ollie import native
+from tvm_ollie.pipeline import build
 from tvm_ollie.codegen import library as lib
 from tvm_ollie.transform.activations import hardsigmoid_composite, hardswish_composite
 from tvm_ollie.transform.epilogue import fuse_epilogues
 from tvm_ollie.transform.inference_fold import fold_inference
 from tvm_ollie.verify.tolerance import tolerance
 
+import small_models as sm
 from test_epilogue import _build, _conv_params, _f32
 
 CONV = lib.conv2d_call((1, 1), (1, 1, 1, 1), (1, 1), 1, "NCHW", "OIHW")
@@ -167,9 +169,6 @@ def test_build_folds_exporter_activations_into_native_convs():
     """The whole pass: PyTorch-frontend hard-swish and a where-form leaky ReLU after two
     convolutions the Decider puts on the library (a fake timer makes it fastest) end up as the
     kernels' activations, and the build computes what TVM's build of the model does."""
-    import small_models as sm  # pylint: disable=import-outside-toplevel
-    from tvm_ollie.pipeline import build  # pylint: disable=import-outside-toplevel
-
     rng = np.random.default_rng(5)
     w1 = relax.const(rng.standard_normal((8, 4, 3, 3)).astype("float32") / 4)
     w2 = relax.const(rng.standard_normal((8, 8, 3, 3)).astype("float32") / 4)
