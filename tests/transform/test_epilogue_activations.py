@@ -11,8 +11,8 @@ import tvm
 from tvm import relax
 
 from tvm_ollie import native
-from tvm_ollie.pipeline import build
 from tvm_ollie.codegen import library as lib
+from tvm_ollie.pipeline import build
 from tvm_ollie.transform.activations import hardsigmoid_composite, hardswish_composite
 from tvm_ollie.transform.epilogue import fuse_epilogues
 from tvm_ollie.transform.inference_fold import fold_inference
