@@ -134,9 +134,46 @@ bool ParseFloat(const std::string& s, float* out) {
   return true;
 }
 
+// The activations with parameters, written PREFIX followed by '_'-separated decimal numbers.
+struct ParamActivation {
+  const char* prefix;
+  Act kind;
+  size_t params;  // alpha[, beta]
+};
+static const ParamActivation kParamActivations[] = {
+    {"hardswish_", Act::kHardswish, 2},
+    {"hardsigmoid_", Act::kHardsigmoid, 2},
+    {"leaky_relu_", Act::kLeakyRelu, 1},
+};
+
+// `n` finite decimal numbers separated by '_' (numbers hold no '_') into out[0..n).
+static bool ParseParams(std::string rest, size_t n, float* out) {
+  for (size_t i = 0; i < n; ++i) {
+    size_t us = i + 1 < n ? rest.find('_') : rest.size();
+    if (us == std::string::npos || !ParseFloat(rest.substr(0, us), &out[i])) return false;
+    if (!std::isfinite(out[i])) return false;
+    rest = us < rest.size() ? rest.substr(us + 1) : "";
+  }
+  return rest.empty();
+}
+
 Activation ParseActivation(const Attrs& attrs, const std::string& value) {
   Activation a;
   a.text = value;
+  for (const ParamActivation& pa : kParamActivations) {
+    const std::string prefix = pa.prefix;
+    if (value.rfind(prefix, 0) != 0) continue;
+    float p[2] = {0.f, 0.f};
+    if (!ParseParams(value.substr(prefix.size()), pa.params, p)) {
+      TVM_FFI_THROW(ValueError) << attrs.kernel() << ": bad activation '" << value
+                                << "' (expected hardswish_A_B, hardsigmoid_A_B or leaky_relu_A "
+                                   "with finite decimal A, B, e.g. leaky_relu_0.1)";
+    }
+    a.kind = pa.kind;
+    a.alpha = p[0];
+    a.beta = p[1];
+    return a;
+  }
   if (value == "none") {
     a.kind = Act::kNone;
   } else if (value == "relu") {
@@ -166,7 +203,8 @@ Activation ParseActivation(const Attrs& attrs, const std::string& value) {
   } else {
     TVM_FFI_THROW(ValueError) << attrs.kernel() << ": bad activation '" << value
                               << "' (expected none, relu, clip_LO_HI, sigmoid, tanh, gelu, "
-                                 "gelu_tanh or silu)";
+                                 "gelu_tanh, silu, hardswish_A_B, hardsigmoid_A_B or "
+                                 "leaky_relu_A)";
   }
   return a;
 }

@@ -40,15 +40,30 @@ class Attrs {
 
 // ---------------------------------------------------------------------------------------------
 // Activations (applied after bias and residual).
-enum class Act { kNone, kRelu, kClip, kSigmoid, kTanh, kGelu, kGeluTanh, kSilu };
+// New kinds go last: the CUDA epilogue's codes (cuda_epilogue.h) are these values.
+enum class Act {
+  kNone,
+  kRelu,
+  kClip,
+  kSigmoid,
+  kTanh,
+  kGelu,
+  kGeluTanh,
+  kSilu,
+  kHardswish,    // x * clip(alpha * x + beta, 0, 1)
+  kHardsigmoid,  // clip(alpha * x + beta, 0, 1)
+  kLeakyRelu,    // x > 0 ? x : alpha * x
+};
 
 struct Activation {
   Act kind = Act::kNone;
-  float lo = 0.f, hi = 0.f;  // clip bounds
+  float lo = 0.f, hi = 0.f;        // clip bounds
+  float alpha = 0.f, beta = 0.f;   // hardswish/hardsigmoid (alpha, beta), leaky_relu (alpha)
   std::string text = "none";
 };
 
-// Parses "none|relu|clip_LO_HI|sigmoid|tanh|gelu|gelu_tanh|silu"; throws ValueError.
+// Parses "none|relu|clip_LO_HI|sigmoid|tanh|gelu|gelu_tanh|silu|hardswish_A_B|
+// hardsigmoid_A_B|leaky_relu_A"; throws ValueError.
 Activation ParseActivation(const Attrs& attrs, const std::string& value);
 // Decimal integer / float parsing of a whole string (false on trailing text or overflow; NaN is
 // rejected, infinities are accepted).

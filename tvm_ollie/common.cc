@@ -4,6 +4,7 @@
 #include <omp.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cmath>
@@ -54,12 +55,21 @@ void AppendActivation(const Activation& act, dnnl::post_ops* ops) {
     case Act::kSilu:
       ops->append_eltwise(alg::eltwise_swish, 1.f, 0.f);
       return;
+    case Act::kHardswish:  // oneDNN 3: d = s * max(0, min(1, alpha * s + beta))
+      ops->append_eltwise(alg::eltwise_hardswish, act.alpha, act.beta);
+      return;
+    case Act::kHardsigmoid:  // d = max(0, min(1, alpha * s + beta))
+      ops->append_eltwise(alg::eltwise_hardsigmoid, act.alpha, act.beta);
+      return;
+    case Act::kLeakyRelu:  // relu with alpha: d = s > 0 ? s : alpha * s
+      ops->append_eltwise(alg::eltwise_relu, act.alpha, 0.f);
+      return;
   }
 }
 
 void ApplyActivation(const Activation& act, float* x, int64_t n) {
   if (act.kind == Act::kNone) return;
-  const float lo = act.lo, hi = act.hi;
+  const float lo = act.lo, hi = act.hi, alpha = act.alpha, beta = act.beta;
   const Act kind = act.kind;
 #pragma omp parallel for schedule(static) if (n > 32768)
   for (int64_t i = 0; i < n; ++i) {
@@ -85,6 +95,15 @@ void ApplyActivation(const Activation& act, float* x, int64_t n) {
         break;
       case Act::kSilu:
         v = v / (1.f + std::exp(-v));
+        break;
+      case Act::kHardswish:
+        v = v * std::min(1.f, std::max(0.f, alpha * v + beta));
+        break;
+      case Act::kHardsigmoid:
+        v = std::min(1.f, std::max(0.f, alpha * v + beta));
+        break;
+      case Act::kLeakyRelu:
+        v = v > 0.f ? v : alpha * v;
         break;
       case Act::kNone:
         break;

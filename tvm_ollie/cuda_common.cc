@@ -244,6 +244,10 @@ void ApplyEpilogue(const Activation& act, float* out, const float* bias, const f
                    int64_t n, int64_t inner, int64_t channels, cudaStream_t stream,
                    const char* kernel) {
   if (bias == nullptr && res == nullptr && act.kind == Act::kNone) return;
+  if (static_cast<int>(act.kind) > kEpiSilu) {  // the CPU library's newer activations
+    TVM_FFI_THROW(ValueError) << kernel << ": activation '" << act.text
+                              << "' is not implemented by the CUDA epilogue";
+  }
   CheckCuda(LaunchEpilogue(out, bias, res, n, inner, channels, static_cast<int>(act.kind),
                            act.lo, act.hi, stream),
             kernel, "epilogue kernel launch");

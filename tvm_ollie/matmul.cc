@@ -4,7 +4,8 @@
 // Calling convention (destination-passing style, Out last):
 //   tvm_ollie.cpu.matmul(attrs: str, A, B, [bias], [residual], Out)
 // attrs: ta=0|1 (A stored [..., K, M]), tb=0|1 (B stored [..., N, K]), bias=0|1, res=0|1,
-//        act=none|relu|clip_LO_HI|sigmoid|tanh|gelu|gelu_tanh|silu, lib=onednn|openblas.
+//        act=none|relu|clip_LO_HI|sigmoid|tanh|gelu|gelu_tanh|silu|hardswish_A_B|hardsigmoid_A_B|
+//        leaky_relu_A, lib=onednn|openblas.
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/reflection/registry.h>
 

@@ -122,10 +122,12 @@ class OllieConfig:
     derive : bool
         Derived programs as alternatives (False: the ``ollie-lib`` ablation).
     fold_inference : bool
-        Before deciding, fold inference-mode batch norms into the constant-weight
-        convolutions before them and write ``x * sigmoid(x)`` as SiLU
-        (:mod:`tvm_ollie.transform.inference_fold`), so that the native kernels take the bias
-        and activation as epilogues. False: the module as imported.
+        Before deciding, fold inference-mode batch norms into the convolutions (and matmuls)
+        before them, write ``x * sigmoid(x)`` as SiLU and the exporters' spellings of GELU,
+        ReLU6, hard-swish, hard-sigmoid and leaky ReLU as one activation each
+        (:mod:`tvm_ollie.transform.inference_fold`, :mod:`tvm_ollie.transform.activations`),
+        so that the native kernels take the bias and activation as epilogues. False: the
+        module as imported.
     check_untuned : bool, optional
         With ``trials=0``, also time the original and accepted candidates untuned (None: on
         for CPU targets unless ``calibration`` is given).

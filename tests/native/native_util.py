@@ -68,8 +68,17 @@ def act_ref(x, act):
         return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
     if act == "silu":
         return x / (1 + np.exp(-x))
+    if act.startswith(("hardswish_", "hardsigmoid_")):
+        alpha, beta = (float(v) for v in act.split("_", 1)[1].split("_"))
+        gate = np.clip(alpha * x + beta, 0, 1)
+        return x * gate if act.startswith("hardswish_") else gate
+    if act.startswith("leaky_relu_"):
+        return np.where(x > 0, x, float(act[len("leaky_relu_"):]) * x)
     raise ValueError(act)
 
 
 ACTS = ["none", "relu", "clip_0_6", "clip_-0.5_0.25", "sigmoid", "tanh", "gelu", "gelu_tanh",
         "silu"]
+#: The activations with parameters (the CPU library's only: the CUDA epilogue lacks them).
+PARAM_ACTS = ["hardswish_0.16666667_0.5", "hardsigmoid_0.2_0.5", "hardsigmoid_-0.25_0.75",
+              "leaky_relu_0.1", "leaky_relu_1e-02"]

@@ -4,7 +4,7 @@ epilogues, both implementations (plain and blocked formats), errors."""
 import numpy as np
 import pytest
 
-from native_util import ACTS, act_ref, call_direct, call_relax, require_native
+from native_util import ACTS, PARAM_ACTS, act_ref, call_direct, call_relax, require_native
 from tvm_ollie import native
 
 
@@ -100,7 +100,7 @@ def test_conv_variants(fmt, layout, case):
           layout=layout, bias=True, fmt=fmt, **case)
 
 
-@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("act", ACTS + PARAM_ACTS)
 def test_epilogues(act):
     rng = np.random.default_rng(len(act))
     for bias, res in [(0, 0), (1, 0), (0, 1), (1, 1)]:

@@ -96,7 +96,9 @@ def test_deconv_variants(fmt, case):
 
 
 @pytest.mark.parametrize("fmt", ["plain", "blocked"])
-@pytest.mark.parametrize("act", ["none", "relu", "clip_0_6", "sigmoid", "tanh"])
+@pytest.mark.parametrize("act", ["none", "relu", "clip_0_6", "sigmoid", "tanh",
+                                 "hardswish_0.16666667_0.5", "hardsigmoid_0.2_0.5",
+                                 "leaky_relu_0.1"])
 def test_epilogues(fmt, act):
     rng = np.random.default_rng(len(act + fmt))
     for bias, res in [(0, 0), (1, 0), (0, 1), (1, 1)]:

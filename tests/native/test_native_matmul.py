@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from native_util import ACTS, act_ref, call_direct, call_relax, require_native
+from native_util import ACTS, PARAM_ACTS, act_ref, call_direct, call_relax, require_native
 from tvm_ollie import native
 
 LIBS = ["onednn", "openblas"]
@@ -76,7 +76,7 @@ def test_batch_broadcast_transposed(lib):
 
 
 @pytest.mark.parametrize("lib", LIBS)
-@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("act", ACTS + PARAM_ACTS)
 def test_epilogues(lib, act):
     rng = np.random.default_rng(len(act))
     for bias, res in [(0, 0), (1, 0), (0, 1), (1, 1)]:
@@ -154,6 +154,11 @@ def test_through_relax_call_dps_packed():
         ("act=clip_a_b", "bad activation"),
         ("act=clip_nan_1", "bad activation"),
         ("act=clip_1", "bad activation"),
+        ("act=leaky_relu_", "bad activation"),
+        ("act=leaky_relu_0.1_2", "bad activation"),
+        ("act=hardswish_0.2", "bad activation"),
+        ("act=hardsigmoid_0.2_inf", "bad activation"),
+        ("act=hardsigmoid_a_0.5", "bad activation"),
         ("lib=mkl", "bad value 'mkl'"),
         ("ta", "expected key=value"),
         ("ta=0;ta=1", "given twice"),

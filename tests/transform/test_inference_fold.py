@@ -7,8 +7,11 @@ import tvm
 from tvm import relax
 from tvm.script import relax as R
 
+from tvm_ollie import native
+from tvm_ollie.codegen import library as lib
 from tvm_ollie.config import OllieConfig
 from tvm_ollie.transform.inference_fold import FOLD_RULES, FoldInference, fold_inference
+from tvm_ollie.transform.epilogue import fuse_epilogues
 from tvm_ollie.transform.optimize import optimize_module
 
 # Values chosen so that every folded number is exact in float32: s = γ / √(σ² + ε) = [1, 2].
@@ -82,7 +85,7 @@ def _x(shape, seed=0):
 
 
 def test_rules_have_names_and_equations():
-    assert [r.name for r in FOLD_RULES] == ["bn_into_conv", "silu"]
+    assert [r.name for r in FOLD_RULES][:3] == ["bn_into_conv", "bn_runtime", "silu"]
     for rule in FOLD_RULES:
         assert "=" in rule.rewrite.__doc__
 
@@ -102,6 +105,47 @@ def test_bn_into_conv_with_bias_expected():
     tvm.ir.assert_structural_equal(got, expected)
 
 
+def test_bn_into_conv_with_a_reshaped_bias_expected():
+    """TVM's PyTorch frontend adds the conv bias as reshape(constant)."""
+    bias = np.array([1.0, -3.0], "float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 3, 5, 5), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, _c(WEIGHT), padding=1))
+            y = bb.emit(relax.op.add(y, bb.emit(relax.op.reshape(_c(bias), (1, 2, 1, 1)))))
+            bn = bb.emit(relax.op.nn.batch_norm(y, _c(GAMMA), _c(BETA), _c(MEAN), _c(VAR),
+                                                axis=1, epsilon=EPS, training=False))
+            gv = bb.emit_output(relax.TupleGetItem(bn, 0))
+        bb.emit_func_output(gv)
+    got, counts = fold_inference(bb.get())
+    assert counts == {"bn_into_conv": 1}
+    expected = _conv_bias(WEIGHT * SCALE.reshape(2, 1, 1, 1), (bias - MEAN) * SCALE + BETA)
+    tvm.ir.assert_structural_equal(got, expected)
+
+
+@pytest.mark.parametrize("weight_param", [False, True], ids=["constant", "run-time"])
+def test_bn_guard_a_bias_along_the_width(weight_param):
+    """A (C,) bias added to an NCHW output runs along its width (here W == C): not folded."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 3, 2, 2), "float32"))
+    params = [x] + ([relax.Var("w", relax.TensorType((2, 3, 3, 3), "float32"))]
+                    if weight_param else [])
+    with bb.function("main", params):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, params[-1] if weight_param else _c(WEIGHT),
+                                           padding=1))
+            y = bb.emit(relax.op.add(y, _c([1.0, -3.0])))
+            bn = bb.emit(relax.op.nn.batch_norm(y, _c(GAMMA), _c(BETA), _c(MEAN), _c(VAR),
+                                                axis=1, epsilon=EPS, training=False))
+            gv = bb.emit_output(relax.TupleGetItem(bn, 0))
+        bb.emit_func_output(gv)
+    before = bb.get()
+    got, counts = fold_inference(before)
+    assert counts == {}
+    tvm.ir.assert_structural_equal(got, before)
+
+
 def test_bn_into_conv_transpose_expected():
     weight = np.arange(2 * 2 * 3 * 3, dtype="float32").reshape(2, 2, 3, 3) / 10  # IOHW
     got, counts = fold_inference(_conv_bn(weight=weight, transpose=True))
@@ -110,9 +154,8 @@ def test_bn_into_conv_transpose_expected():
     assert counts == {"bn_into_conv": 1}
 
 
-@pytest.mark.parametrize("case", [dict(extra_use=True), dict(weight_param=True),
-                                  dict(training=True)],
-                         ids=["conv-read-twice", "weight-is-a-parameter", "training"])
+@pytest.mark.parametrize("case", [dict(extra_use=True), dict(training=True)],
+                         ids=["conv-read-twice", "training"])
 def test_bn_guards_keep_the_module(case):
     before = _conv_bn(**case)
     got, counts = fold_inference(before)
@@ -196,3 +239,120 @@ def _calls(mod):
             if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op):
                 out.append(b.value)
     return out
+
+
+# --- batch norm with run-time weights or parameters (bn_runtime) ----------------------------
+
+
+def _conv_bn_runtime(bn_params=False, bias=False, matmul=False):
+    """main(x, w[, b][, γ, β, μ, σ²]) = batch_norm(P(x, w) [+ b])[0], P a conv2d or a matmul;
+    the weight is a parameter, the batch norm's parameters too with ``bn_params``."""
+    bb = relax.BlockBuilder()
+    xs, ws = ((4, 3), (3, 2)) if matmul else ((1, 3, 5, 5), (2, 3, 3, 3))
+    x, w = relax.Var("x", relax.TensorType(xs, "float32")), relax.Var("w", relax.TensorType(
+        ws, "float32"))
+    params = [x, w]
+    if bias:
+        params.append(relax.Var("b", relax.TensorType((2,) if matmul else (1, 2, 1, 1),
+                                                      "float32")))
+    stats = [_c(GAMMA), _c(BETA), _c(MEAN), _c(VAR)]
+    if bn_params:
+        stats = [relax.Var(n, relax.TensorType((2,), "float32")) for n in ("g", "be", "m", "v")]
+        params += stats
+    with bb.function("main", params):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, w) if matmul else relax.op.nn.conv2d(x, w, padding=1))
+            if bias:
+                y = bb.emit(relax.op.add(y, params[2]))
+            bn = bb.emit(relax.op.nn.batch_norm(y, *stats, axis=1, epsilon=EPS, training=False))
+            gv = bb.emit_output(relax.TupleGetItem(bn, 0))
+        bb.emit_func_output(gv)
+    return bb.get()
+
+
+def _conv_bn_runtime_expected():
+    """The fold of _conv_bn_runtime(): conv(x, w·s) + t, s and t computed by Relax ops."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 3, 5, 5), "float32"))
+    w = relax.Var("w", relax.TensorType((2, 3, 3, 3), "float32"))
+    op = relax.op
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            scale = op.multiply(_c(GAMMA), op.rsqrt(op.add(_c(VAR), relax.const(EPS,
+                                                                               "float32"))))
+            shift = op.add(op.multiply(op.negative(_c(MEAN)), scale), _c(BETA))
+            y = op.nn.conv2d(x, op.multiply(w, op.reshape(scale, (2, 1, 1, 1))), padding=1)
+            gv = bb.emit_output(op.add(y, op.reshape(shift, (1, 2, 1, 1))))
+        bb.emit_func_output(gv)
+    return relax.transform.Normalize()(bb.get())
+
+
+def test_bn_runtime_expected():
+    got, counts = fold_inference(_conv_bn_runtime())
+    assert counts == {"bn_runtime": 1}
+    tvm.ir.assert_structural_equal(got, _conv_bn_runtime_expected())
+
+
+def _runtime_args(mod, seed=2):
+    rng = np.random.default_rng(seed)
+    args = []
+    for p in mod["main"].params:
+        shape = tuple(int(d) for d in p.ty.shape)
+        value = rng.standard_normal(shape).astype("float32")
+        args.append(np.abs(value) + 0.5 if p.name == "v" else value)  # a variance
+    return args
+
+
+def _run_all(mod, args):
+    ex = tvm.compile(mod, target="llvm")
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    return vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+
+
+@pytest.mark.parametrize("case", [dict(bn_params=True, bias=True), dict(matmul=True, bias=True)],
+                         ids=["conv-all-at-run-time", "matmul"])
+def test_bn_runtime_numerics(case):
+    before = _conv_bn_runtime(**case)
+    got, counts = fold_inference(before)
+    assert counts == {"bn_runtime": 1}
+    args = _runtime_args(before)
+    want = _run_all(before, args)
+    np.testing.assert_allclose(_run_all(got, args), want, rtol=1e-5,
+                               atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.skipif(not native.load(), reason="native library not loaded")
+def test_bn_runtime_shift_becomes_the_native_kernels_bias():
+    """After the fold, a native conv takes the run-time shift as its bias epilogue."""
+    before = _conv_bn_runtime(bn_params=True)
+    folded, _ = fold_inference(before)
+    native_mod, swapped = _conv_to_native(folded)
+    assert swapped == 1
+    fused, counts = fuse_epilogues(native_mod)
+    assert counts == {"conv2d": 1}
+    assert "bias=1" in fused.script()
+    args = _runtime_args(before)
+    want = _run_all(before, args)
+    np.testing.assert_allclose(_run_all(fused, args), want, rtol=1e-5,
+                               atol=1e-5 * np.abs(want).max())
+
+
+def _conv_to_native(mod):
+    """``mod`` with its conv2d calls bound to a variable replaced by the native kernel call."""
+    func = mod["main"]
+    blocks, swapped = [], 0
+    for block in func.body.blocks:
+        bindings = []
+        for b in block.bindings:
+            value = b.value
+            if isinstance(value, relax.Call) and getattr(value.op, "name", "") == \
+                    "relax.nn.conv2d":
+                call = lib.emit_call(lib.call_form(value), list(value.args),
+                                     [int(d) for d in value.ty.shape])
+                value = relax.BlockBuilder().normalize(call)
+                swapped += 1
+            bindings.append(relax.VarBinding(b.var, value))
+        blocks.append(relax.DataflowBlock(bindings))
+    new = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty,
+                         func.is_pure, func.attrs)
+    return tvm.IRModule({"main": new}), swapped

@@ -10,6 +10,12 @@ again. One rule, applied in a dataflow block while it matches::
     y = call_dps_packed(K, (attrs, ...));        z = add(y, r)      ->  z = K(attrs+res, .., r)
     y = call_dps_packed(K, (attrs, ...));        z = act(y)         ->  z = K(attrs+act, ...)
 
+``act`` is one Relax activation (:data:`ACTIVATIONS`, leaky ReLU with its slope) or one of the
+canonical composites of :mod:`.activations`, several bindings folded at once: hard-sigmoid
+``clip(y·α + β, 0, 1)`` and hard-swish ``y·clip(y·α + β, 0, 1)`` (Relax has no operator for
+them; TVM builds the composite where no library kernel precedes it). The activations added with
+them (:data:`CPU_ONLY_ACTIVATIONS`) fold into the CPU kernels only: the CUDA epilogue lacks them.
+
 Guards (each named below): ``y`` is used once, by ``z``, in the same block; the epilogue keeps
 the kernel's order (bias, then residual, then activation; each at most once); ``z`` has ``y``'s
 shape and dtype; a bias broadcasts along the output channel only; a residual is float32 of the
@@ -26,15 +32,28 @@ import numpy as np
 
 from ..codegen import library as lib
 from ..compat import relax, tvm
+from .activations import match_hardsigmoid, match_hardswish
 
-__all__ = ["ACTIVATIONS", "FoldedChain", "fold_chain", "fuse_epilogues", "use_counts"]
+__all__ = ["ACTIVATIONS", "CPU_ONLY_ACTIVATIONS", "FoldedChain", "fold_chain",
+           "fuse_epilogues", "use_counts"]
 
-#: Relax activation -> the kernel's ``act`` value (``clip`` takes its bounds from the call).
+#: Relax activation -> the kernel's ``act`` value (``clip`` takes its bounds from the call,
+#: ``leaky_relu`` its slope: ``clip_LO_HI``, ``leaky_relu_A``).
 ACTIVATIONS = {
     "relax.nn.relu": "relu", "relax.sigmoid": "sigmoid", "relax.tanh": "tanh",
     "relax.nn.gelu": "gelu", "relax.nn.gelu_tanh": "gelu_tanh", "relax.nn.silu": "silu",
-    "relax.clip": "clip",
+    "relax.clip": "clip", "relax.nn.leakyrelu": "leaky_relu",
 }
+
+#: Activations the CPU kernels take and the CUDA kernels do not (``hardswish_A_B``,
+#: ``hardsigmoid_A_B``: the composites of :mod:`.activations`).
+CPU_ONLY_ACTIVATIONS = ("leaky_relu", "hardswish", "hardsigmoid")
+
+#: The composite activations: a matcher of the chain's last value, the kernel's name, and how
+#: many times the chain reads its input.
+_COMPOSITES = ((match_hardsigmoid, "hardsigmoid", 1), (match_hardswish, "hardswish", 2))
+#: The longest composite chain (hard-swish: multiply, add, clip, multiply).
+_COMPOSITE_STEPS = 4
 
 #: Epilogue steps in the order the kernel applies them.
 _ORDER = ("bias", "res", "act")
@@ -97,9 +116,12 @@ def _bias_length(bias, out_shape: Tuple[int, ...], axis: int) -> Optional[int]:
 
 
 def _activation(value) -> Optional[str]:
-    """The kernel's ``act`` value for an activation call (clip with its bounds), else None."""
+    """The kernel's ``act`` value for an activation call (clip with its bounds, leaky ReLU with
+    its slope), else None."""
     name = value.op.name
     act = ACTIVATIONS.get(name)
+    if act == "leaky_relu":
+        return f"leaky_relu_{float(value.attrs.alpha)!r}"
     if act != "clip":
         return act
     try:
@@ -107,6 +129,13 @@ def _activation(value) -> Optional[str]:
     except (AttributeError, TypeError, ValueError):
         return None
     return f"clip_{lo!r}_{hi!r}"
+
+
+def _guard_device_has(kernel: lib.LibCall, act: str) -> bool:
+    """The kernel's device implements the activation (CUDA: not :data:`CPU_ONLY_ACTIVATIONS`)."""
+    if kernel.func not in (lib.CUDA_MATMUL, lib.CUDA_CONV2D):
+        return True
+    return not any(act.startswith(name) for name in CPU_ONLY_ACTIVATIONS)
 
 
 def _fold(kernel, operands, consumer, y) -> Optional[Tuple[lib.LibCall, list, list]]:
@@ -123,6 +152,8 @@ def _fold(kernel, operands, consumer, y) -> Optional[Tuple[lib.LibCall, list, li
     if value.op.name in ACTIVATIONS and len(value.args) >= 1 and value.args[0].same_as(y):
         act = _activation(value)
         if act is None or not _guard_step_order(kernel, "act"):
+            return None
+        if not _guard_device_has(kernel, act):
             return None
         return kernel.with_attrs(act=act), operands, []
     if value.op.name != "relax.add" or len(value.args) != 2:
@@ -145,6 +176,62 @@ def _fold(kernel, operands, consumer, y) -> Optional[Tuple[lib.LibCall, list, li
             pre.append(relax.VarBinding(flat, relax.op.reshape(other, (length,))))
             other = flat
     return kernel.with_attrs(bias=1), operands + [other], pre
+
+
+def _composite(kernel: lib.LibCall, var, bindings: List, readers: Dict[object, int],
+               uses: Counter) -> Optional[Tuple[lib.LibCall, List[int]]]:
+    """The kernel with a composite activation of ``var`` folded (:data:`_COMPOSITES`), and the
+    positions of the chain's bindings (the last one's variable is the result); else None.
+
+    Guards: the chain's last value is a composite of ``var`` itself, ``var`` has no reader
+    outside it, every inner step has one reader, and the result has ``var``'s shape."""
+    if kernel.func not in lib.EPILOGUE_KERNELS or not _guard_step_order(kernel, "act"):
+        return None
+    first = readers.get(var)
+    if first is None or not _is_op(bindings[first].value, "relax.multiply"):
+        return None  # both composites start with y·α
+    position = {b.var: j for j, b in enumerate(bindings)}
+    value_of = {b.var: b.value for b in bindings}.get
+    cur = var
+    for _ in range(_COMPOSITE_STEPS):
+        at = readers.get(cur)
+        if at is None:
+            return None
+        cur = bindings[at].var
+        for matcher, name, reads in _COMPOSITES:
+            found = matcher(bindings[at].value, value_of)
+            if found is None or not found[0].same_as(var) or uses[var] != reads:
+                continue
+            _, alpha, beta, inner = found
+            if any(uses[v] != 1 or v not in position for v in inner):
+                continue
+            if _shape(cur) != _shape(var) or not _is_f32(cur):
+                continue
+            act = f"{name}_{alpha!r}_{beta!r}"
+            if not _guard_device_has(kernel, act):
+                return None
+            return kernel.with_attrs(act=act), sorted(position[v] for v in inner) + [at]
+    return None
+
+
+def _is_op(value, name: str) -> bool:
+    return (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+            and value.op.name == name)
+
+
+def _next_fold(kernel: lib.LibCall, operands: list, var, bindings: List,
+               readers: Dict[object, int], uses: Counter):
+    """The kernel computing ``var`` with its next consumer folded in: ``(call, operands,
+    bindings to emit first, positions of the folded bindings)`` (the last position's variable
+    is the call's result); None when nothing folds."""
+    composite = _composite(kernel, var, bindings, readers, uses)
+    if composite is not None:
+        return composite[0], operands, [], composite[1]
+    if uses[var] != 1 or var not in readers:
+        return None
+    at = readers[var]
+    folded = _fold(kernel, operands, bindings[at], var)
+    return None if folded is None else (*folded, [at])
 
 
 @dataclass
@@ -175,18 +262,17 @@ def fold_chain(kernel: lib.LibCall, operands: list, var, bindings: List,
     pre: List = []
     consumers: List[int] = []
     steps: List[str] = []
-    while uses[var] == 1 and var in readers:
-        at = readers[var]
-        folded = _fold(kernel, operands, bindings[at], var)
+    while True:
+        folded = _next_fold(kernel, operands, var, bindings, readers, uses)
         if folded is None:
             break
-        new_kernel, operands, more = folded
+        new_kernel, operands, more, positions = folded
         step = next(k for k in _ORDER if new_kernel.get(k) != kernel.get(k))
         steps.append(new_kernel.get("act") if step == "act" else step)
         kernel = new_kernel
         pre.extend(more)
-        consumers.append(at)
-        var = bindings[at].var
+        consumers.extend(positions)
+        var = bindings[positions[-1]].var
     if not consumers:
         return None
     bb = relax.BlockBuilder()
@@ -223,21 +309,23 @@ def _fuse_block(bindings: List, uses: Counter, counts: Dict[str, int]) -> Tuple[
     changed = False
     for k, binding in enumerate(bindings):
         found = lib.lib_call_of(binding.value)
-        at = readers.get(binding.var)
-        if found is None or uses[binding.var] != 1 or at is None:
+        if found is None or out[k] is not binding:
             continue
-        if out[k] is not binding or out[at] is not bindings[at]:
-            continue  # already folded in this pass
         kernel, operands = found
-        folded = _fold(kernel, operands, bindings[at], binding.var)
+        folded = _next_fold(kernel, operands, binding.var, bindings, readers, uses)
         if folded is None:
             continue
         # the guards keep bias before residual, so appended operands are in the kernel's order
-        new_kernel, new_operands, pre = folded
+        new_kernel, new_operands, pre, positions = folded
+        if any(out[p] is not bindings[p] for p in positions):
+            continue  # already folded in this pass
+        at = positions[-1]
         call = lib.emit_call(new_kernel, new_operands, _shape(binding.var))
         bb = relax.BlockBuilder()
         pre = [relax.VarBinding(p.var, bb.normalize(p.value)) for p in pre]
         out[k] = None
+        for p in positions[:-1]:
+            out[p] = None
         out[at] = pre + [relax.VarBinding(bindings[at].var, bb.normalize(call))]
         counts[kernel.kind] = counts.get(kernel.kind, 0) + 1
         changed = True
