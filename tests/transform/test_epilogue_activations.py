@@ -187,7 +187,7 @@ def test_build_folds_exporter_activations_into_native_convs():
     def timer(_mod, label):
         return 1e-4 if label.split("|")[-1] == "original [native]" else 10e-3
 
-    ex, report = build(mod, "llvm", timer=timer, max_depth=1, time_budget_s=2.0,
+    ex, report = build(mod, "llvm", timer=timer, max_depth=1, search_time_s=2.0,
                        calibration=sm.LLVM_CALIB)
     assert report.inference_folds == {"clip_of_clip": 1, "hardswish": 1, "leaky_relu": 1}
     assert report.epilogues == {"conv2d": 2}

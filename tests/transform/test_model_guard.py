@@ -16,7 +16,7 @@ from tvm_ollie.pipeline.guard import GuardReport, PlanOutcome
 from tvm_ollie.transform.report import OpDecision, OptimizeReport, RegionDecision
 
 #: conv1x1 is rewritten (a matmul) at once under the fixed calibration, without the library
-OPTS = dict(max_depth=2, time_budget_s=1.0, calibration=sm.LLVM_CALIB, library=False,
+OPTS = dict(max_depth=2, search_time_s=1.0, calibration=sm.LLVM_CALIB, library=False,
             model_guard=True)
 
 

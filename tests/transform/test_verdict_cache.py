@@ -14,7 +14,7 @@ from tvm_ollie.transform.checking import Checker, VerdictCache
 
 logging.getLogger("tvm_ollie.derive").setLevel(logging.CRITICAL)
 
-OPTS = dict(max_depth=2, time_budget_s=4.0, calibration=sm.LLVM_CALIB, region_calls=1,
+OPTS = dict(max_depth=2, search_time_s=4.0, calibration=sm.LLVM_CALIB, region_calls=1,
             library=False)
 
 

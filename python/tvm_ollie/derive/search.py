@@ -199,7 +199,7 @@ def _state_key(expr: Scope):
 
 
 class _Search:
-    def __init__(self, expr: Scope, targets, max_depth, time_budget_s, max_states,
+    def __init__(self, expr: Scope, targets, max_depth, search_time_s, max_states,
                  rules, ctx, stop_on_first, guided, instantiate_all_scopes,
                  bound: Optional[CostBound] = None):
 
@@ -208,7 +208,7 @@ class _Search:
         self.targets = tuple(targets)
         self.max_depth = max_depth
         self.t0 = time.perf_counter()
-        self.deadline = None if time_budget_s is None else self.t0 + time_budget_s
+        self.deadline = None if search_time_s is None else self.t0 + search_time_s
         self.max_states = max_states
         self.rules = tuple(rules)
         self.ctx = ctx
