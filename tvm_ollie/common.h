@@ -71,7 +71,9 @@ struct Reorder {
 };
 
 // Process-wide cache of prepared kernels (primitives, descriptors), keyed by a string built from
-// the kernel name, attributes and shapes. Never keyed by data pointers.
+// the kernel name, attributes and shapes, and by the OpenMP thread count in effect (oneDNN sizes
+// a primitive's work split and scratchpad for the count at its creation). Never keyed by data
+// pointers.
 class PrimitiveCache {
  public:
   static PrimitiveCache& Global();
@@ -109,10 +111,20 @@ class ThreadScope {
   ~ThreadScope();
   ThreadScope(const ThreadScope&) = delete;
   ThreadScope& operator=(const ThreadScope&) = delete;
+  // Run the rest of this call on the calling thread alone (no OpenMP region, so no worker to
+  // wake or wait for) when its work, `flops` floating-point operations, is below SerialFlops().
+  // Call it before the primitive is looked up: the cache keys by the thread count in effect.
+  void SerialBelow(double flops);
 
  private:
   int previous_;
 };
+
+// The work below which a kernel call runs single-threaded (ThreadScope::SerialBelow); 0: never.
+// Default from TVM_OLLIE_SERIAL_FLOPS, else kDefaultSerialFlops.
+constexpr int64_t kDefaultSerialFlops = 1000000;
+int64_t SerialFlops();
+void SetSerialFlops(int64_t flops);
 
 // OpenBLAS entry points (prefixed names of scipy-openblas32).
 void BlasSetNumThreads(int n);

@@ -308,6 +308,7 @@ void Matmul(ffi::PackedArgs args, ffi::Any* rv) {
   if (lib == Lib::kOpenBLAS) {
     RunOpenBLAS(p, pr, a, b, bias, res, out);
   } else {
+    threads.SerialBelow(2.0 * pr.count * pr.M * pr.N * pr.K);
     RunOneDNN(p, pr, a, b, bias, res, out);
   }
 }
