@@ -96,6 +96,22 @@ std::shared_ptr<T> CachedGet(const std::string& key, const std::function<std::sh
       key, [&]() -> std::shared_ptr<void> { return create(); }));
 }
 
+// The parsed form of a kernel's attribute string, parsed once per string and thread. A Relax
+// module passes the same literal string on every call, and parsing it (the keys, the numbers,
+// the canonical cache key) took about 4.5 us of CPU per conv2d call, as much as a small kernel
+// (docs/per-call.md). A string that fails to parse is not kept (its error is thrown at every
+// call). The reference is valid until the calling thread's next ParsedAttrs call.
+template <typename T>
+const T& ParsedAttrs(const std::string& text, T (*parse)(const std::string&)) {
+  constexpr size_t kMaxStrings = 1024;  // a bound for processes that build strings at run time
+  thread_local std::unordered_map<std::string, T> parsed;
+  auto it = parsed.find(text);
+  if (it != parsed.end()) return it->second;
+  T value = parse(text);
+  if (parsed.size() >= kMaxStrings) parsed.clear();
+  return parsed.emplace(text, std::move(value)).first->second;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Threads: one count for OpenMP (oneDNN) and OpenBLAS.
 void SetNumThreads(int n);

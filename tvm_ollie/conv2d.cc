@@ -300,13 +300,13 @@ std::vector<int64_t> PackedWeightDims(const ConvParams& p, const std::vector<int
   return {o, p.pkh, p.pkw, i};
 }
 
-ConvParams ParseArgsAttrs(ffi::PackedArgs args, const char* fname) {
+const ConvParams& ParseArgsAttrs(ffi::PackedArgs args, const char* fname) {
   if (args.size() < 1) TVM_FFI_THROW(TypeError) << fname << ": missing attrs";
   auto attrs_opt = args[0].try_cast<ffi::String>();
   if (!attrs_opt.has_value()) {
     TVM_FFI_THROW(TypeError) << fname << ": first argument must be the attrs string";
   }
-  return ParseConvAttrs(std::string(attrs_opt.value()));
+  return ParsedAttrs<ConvParams>(std::string(attrs_opt.value()), ParseConvAttrs);
 }
 
 ffi::TensorView TensorArg(ffi::PackedArgs args, int i, const char* fname, const char* what) {
@@ -317,7 +317,7 @@ ffi::TensorView TensorArg(ffi::PackedArgs args, int i, const char* fname, const 
 
 void Conv2d(ffi::PackedArgs args, ffi::Any* rv) {
   ThreadScope threads;
-  ConvParams p = ParseArgsAttrs(args, kName);
+  const ConvParams& p = ParseArgsAttrs(args, kName);
   const int want = 4 + (p.has_bias ? 1 : 0) + (p.has_res ? 1 : 0);
   if (args.size() != want) {
     TVM_FFI_THROW(TypeError) << kName << ": expected " << want << " arguments (attrs, data, weight"
@@ -449,7 +449,7 @@ int64_t PackedSize(const std::string& attrs, const ffi::Array<int64_t>& x,
 // conv2d_pack_weight(attrs, data, weight, Packed): data only gives its shape.
 void PackWeight(ffi::PackedArgs args, ffi::Any* rv) {
   ThreadScope threads;
-  ConvParams p = ParseArgsAttrs(args, kPackName);
+  const ConvParams& p = ParseArgsAttrs(args, kPackName);
   if (args.size() != 4) {
     TVM_FFI_THROW(TypeError) << kPackName << ": expected 4 arguments (attrs, data, weight, "
                              << "Packed), got " << args.size();

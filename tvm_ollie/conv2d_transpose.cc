@@ -304,7 +304,7 @@ DeconvArgs ParseArgs(ffi::PackedArgs args) {
     TVM_FFI_THROW(TypeError) << kName << ": first argument must be the attrs string";
   }
   DeconvArgs a;
-  a.p = ParseDeconvAttrs(std::string(attrs_opt.value()));
+  a.p = ParsedAttrs<DeconvParams>(std::string(attrs_opt.value()), ParseDeconvAttrs);
   const DeconvParams& p = a.p;
   const int want = 4 + (p.has_bias ? 1 : 0) + (p.has_res ? 1 : 0);
   if (args.size() != want) {
