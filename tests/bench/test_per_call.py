@@ -18,6 +18,10 @@ def test_columns_name_a_system_and_its_environment():
         "ollie", {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "0"})
     with pytest.raises(ValueError, match="KEY=VALUE"):
         per_call.parse_column("ollie@ACTIVE")
+    ctx = {"work_dir": "/w", "threads": 2}
+    assert per_call.column_context("ollie", ctx) is ctx
+    own = per_call.column_context("ollie@TVM_OLLIE_NATIVE_LIB=/a/b.so", ctx)
+    assert own["work_dir"].startswith("/w/columns/") and "/a/" not in own["work_dir"][3:]
 
 
 def test_chains_have_their_layers_and_keys():

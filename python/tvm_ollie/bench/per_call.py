@@ -169,6 +169,16 @@ LIBRARY = "library"
 PROFILED = ("ollie", LIBRARY)
 
 
+def column_context(column: str, ctx_kwargs: dict) -> dict:
+    """The :class:`.BenchContext` arguments of a column: a column with an environment of its own
+    gets a work dir of its own, so that its ollie build measures and decides under that
+    environment instead of reusing the decisions measured under another."""
+    if "@" not in column:
+        return ctx_kwargs
+    safe = "".join(c if c.isalnum() or c in "-_=." else "_" for c in column)[-100:]
+    return dict(ctx_kwargs, work_dir=os.path.join(ctx_kwargs["work_dir"], "columns", safe))
+
+
 def chain_outcome(system: str, chain: str, length: int, ctx_kwargs: dict) -> Outcome:
     """A worker's factory: prepare ``system`` on the chain (:func:`.outcome.prepare_outcome`;
     :func:`prepare_library` for the ``library`` column)."""
@@ -228,7 +238,8 @@ def time_chain(chain: str, length: int, columns: Sequence[str], ctx_kwargs: dict
         for column in columns:
             system, changes = parse_column(column)
             worker = Worker(column, chain_outcome,
-                            dict(system=system, chain=chain, length=length, ctx_kwargs=ctx_kwargs),
+                            dict(system=system, chain=chain, length=length,
+                                 ctx_kwargs=column_context(column, ctx_kwargs)),
                             env=_environment(changes, ctx_kwargs["threads"]))  # fmt: skip
             try:
                 result, outputs = worker.ready()
