@@ -72,3 +72,15 @@ def test_runs_on_a_two_layer_chain(tmp_path, capsys):
     assert "| conv (2) |" in out and "/layer" in out
     assert "| conv library |" in out and "| conv ollie |" in out
     assert (tmp_path / "per_call.json").exists() and (tmp_path / "per_call.md").exists()
+
+
+@needs_native
+def test_serial_sweep_times_both_sides_of_the_threshold():
+    if not native.provides(native.SET_SERIAL_FLOPS):
+        pytest.skip("the loaded native library has no serial threshold")
+    before = native.get_serial_flops()
+    result, run, outputs = per_call.serial_sweep_outcome([4], rounds=1)
+    assert run is None and outputs is None and native.get_serial_flops() == before
+    (row,) = result["rows"]
+    assert row["channels"] == 4 and row["serial_s"] > 0 and row["threaded_s"] > 0
+    assert "| 4 | 0.07 |" in per_call.serial_sweep_table(result)

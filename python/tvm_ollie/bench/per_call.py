@@ -32,9 +32,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import tvm_ffi
 
 from .. import native
 from ..codegen.library import conv2d_call, emit_call
@@ -213,6 +217,52 @@ def profile_outcome(system: str, chain: str, length: int, ctx_kwargs: dict,
             "hook_floor_s": floor, "kinds": rows}, None, None  # fmt: skip
 
 
+def serial_sweep_outcome(channels: Sequence[int], rounds: int) -> Outcome:
+    """A worker's factory: one native conv 3x3 C -> C on 1xCx16x16 per ``channels``, timed
+    single-threaded (the threshold above the call) and with the library's threads (threshold
+    0) in turn, ``rounds`` rounds; ``(result, None, None)``, ``result["rows"]`` holding per C
+    the MFLOP, both medians (s) and the median of the per-round ratios serial / threaded."""
+    if not native.provides(native.SET_SERIAL_FLOPS):
+        return {"status": "skipped", "reason": "the native library has no threshold"}, None, None
+    conv = tvm_ffi.get_global_func(native.CONV2D)
+    attrs = "pad=1,1,1,1;bias=1;act=relu"
+    rng = np.random.default_rng(0)
+    modes = {"serial": 10**15, "threaded": 0}
+    rows, before = [], native.get_serial_flops()
+    try:
+        for c in channels:
+            shapes = ((1, c, SIZE, SIZE), (c, c, 3, 3), (c,), (1, c, SIZE, SIZE))
+            arrays = [rng.standard_normal(s).astype("float32") for s in shapes]
+            args = [tvm_ffi.from_dlpack(a) for a in arrays]
+            calls = max(5, 20000 // (c * c))
+            seconds: Dict[str, List[float]] = {m: [] for m in modes}
+            for _ in range(rounds + 1):  # the first round warms up (primitives created)
+                for mode, flops in modes.items():
+                    native.set_serial_flops(flops)
+                    start = time.perf_counter()
+                    for _ in range(calls):
+                        conv(attrs, *args)
+                    seconds[mode].append((time.perf_counter() - start) / calls)
+            serial, threaded = seconds["serial"][1:], seconds["threaded"][1:]
+            rows.append({"channels": c, "mflop": 2 * c * c * 9 * SIZE * SIZE / 1e6,
+                         "serial_s": statistics.median(serial),
+                         "threaded_s": statistics.median(threaded),
+                         "ratio": statistics.median(a / b for a, b in zip(serial, threaded))})
+    finally:
+        native.set_serial_flops(before)
+    return {"status": "built", "threads": native.get_num_threads(), "rows": rows}, None, None
+
+
+def serial_sweep_table(result: dict) -> str:
+    """Markdown: a row per conv size: MFLOP, both medians in us and the ratio."""
+    rows = [[str(r["channels"]), f"{r['mflop']:.2f}", f"{r['serial_s'] * 1e6:.1f}",
+             f"{r['threaded_s'] * 1e6:.1f}", f"{r['ratio']:.2f}"]
+            for r in result.get("rows", [])]  # fmt: skip
+    threads = result.get("threads", "?")
+    return markdown_table(["C", "MFLOP", "1 thread us", f"{threads} threads us",
+                           "1 thread / threaded (median of round ratios)"], rows)
+
+
 def _reference(chain: str, length: int) -> list:
     # lazy: torch is a heavy, optional dependency
     import torch  # pylint: disable=import-outside-toplevel
@@ -358,8 +408,21 @@ def run_per_call(args: argparse.Namespace, log: Callable[[str], None] = print) -
         text += ("\nCalls by kind, us per run (fastest of "
                  f"{args.profile_runs} runs, net of the instrument)\n\n"
                  + profile_table(profiles) + "\n")
+    sweep = None
+    if args.serial_sweep:
+        worker = Worker("serial sweep", serial_sweep_outcome,
+                        dict(channels=args.serial_sweep, rounds=args.min_rounds),
+                        env=_environment({}, args.threads))  # fmt: skip
+        try:
+            sweep = worker.ready()[0]
+        except WorkerFailed as err:
+            sweep = {"status": "error", "reason": str(err)}
+        finally:
+            worker.close()
+        text += ("\nOne native conv 3x3 C -> C on 1xCx16x16, single-threaded against threaded "
+                 f"(median of {args.min_rounds} rounds)\n\n" + serial_sweep_table(sweep) + "\n")
     results = {"config": vars(args), "started": started, "load_avg": os.getloadavg(),
-               "chains": rows, "profiles": profiles}  # fmt: skip
+               "chains": rows, "profiles": profiles, "serial_sweep": sweep}  # fmt: skip
     with open(os.path.join(out, "per_call.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1, default=str)
     with open(os.path.join(out, "per_call.md"), "w", encoding="utf-8") as f:
@@ -384,6 +447,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sample-s", type=float, default=2e-3, help="seconds per sample")
     parser.add_argument("--profile-runs", type=int, default=20,
                         help="profiled runs of ollie's build per chain (0: no profile)")
+    parser.add_argument("--serial-sweep", type=int, nargs="*", default=[], metavar="C",
+                        help="also time one native conv C -> C per C single-threaded and "
+                             "threaded (the TVM_OLLIE_SERIAL_FLOPS threshold's question)")
     parser.add_argument("--out", default="bench_per_call", help="output directory")
     return parser
 
