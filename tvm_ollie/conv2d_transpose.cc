@@ -347,7 +347,8 @@ void Conv2dTranspose(ffi::PackedArgs args, ffi::Any* rv) {
   const DeconvParams& p = a.p;
   if (a.s.N == 0) return;
   // every input element meets O / groups * KH * KW weights (multiply and add each)
-  threads.SerialBelow(2.0 * a.s.N * a.s.C * a.s.H * a.s.W * (a.s.O / p.groups) * a.s.KH * a.s.KW);
+  const double flops = 2.0 * a.s.N * a.s.C * a.s.H * a.s.W * (a.s.O / p.groups) * a.s.KH * a.s.KW;
+  threads.SerialBelow(flops);
   const Fmt fmt = p.fmt == Fmt::kAuto ? ChooseFormat(p, a.s) : p.fmt;
   auto e = CachedGet<OneDNNDeconv>(DeconvKey(p, a.s, fmt),
                                    [&]() { return CreateDeconv(p, a.s, fmt); });

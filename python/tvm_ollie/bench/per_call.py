@@ -356,8 +356,9 @@ def per_call_table(rows: Dict[str, Dict[str, dict]], lengths: Dict[str, int],
 
 
 def profile_table(profiles: Dict[str, dict]) -> str:
-    """Markdown: per chain and profiled build, the time per kind of call (us per run, net of the instrument),
-    the calls' sum and the model's time (the difference: dispatch between calls)."""
+    """Markdown: per chain and profiled build, the time per kind of call (us per run, net of
+    the instrument), the calls' sum and the model's time (the difference: dispatch between
+    calls, below the instrument's resolution when negative)."""
     kinds: List[str] = []
     for prof in profiles.values():
         kinds += [k for k, _, _ in prof.get("kinds", []) if k not in kinds]
@@ -375,7 +376,8 @@ def profile_table(profiles: Dict[str, dict]) -> str:
         cells += [f"{calls * 1e6:.1f}", f"{prof['model_s'] * 1e6:.1f}",
                   f"{(prof['model_s'] - calls) * 1e6:.1f}"]  # fmt: skip
         body.append(cells)
-    header = ["chain, build"] + [f"{k} us (calls)" for k in kinds] + ["calls us", "model us", "gap us"]
+    header = (["chain, build"] + [f"{k} us (calls)" for k in kinds]
+              + ["calls us", "model us", "gap us"])  # fmt: skip
     return markdown_table(header, body)
 
 
