@@ -43,6 +43,12 @@ def _conv(rng, c):
     return [x, w, b], (1, c, 9, 9)
 
 
+def _deconv(rng, c):
+    x = rng.standard_normal((1, c, 5, 5)).astype("float32")
+    w = rng.standard_normal((c, c, 3, 3)).astype("float32")  # IOHW
+    return [x, w], (1, c, 7, 7)
+
+
 def _gemm(rng, n):
     return [rng.standard_normal((n, n)).astype("float32") for _ in range(2)], (n, n)
 
@@ -50,6 +56,7 @@ def _gemm(rng, n):
 @pytest.mark.parametrize("kernel, attrs, case, size", [
     (native.CONV2D, CONV, _conv, 13),   # 2 * 13*81 * 13*9 = 0.25 MFLOP
     (native.MATMUL, GEMM, _gemm, 37),   # 2 * 37^3 = 0.1 MFLOP
+    (native.CONV2D_TRANSPOSE, "", _deconv, 8),  # 2 * 8*25 * 8*9 = 0.03 MFLOP
 ])
 def test_under_the_threshold_runs_single_threaded_with_equal_numbers(kernel, attrs, case, size):
     rng = np.random.default_rng(0)
