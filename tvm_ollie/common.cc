@@ -177,8 +177,9 @@ PrimitiveCache& PrimitiveCache::Global() {
   return *cache;
 }
 
-std::shared_ptr<void> PrimitiveCache::Get(const std::string& key,
+std::shared_ptr<void> PrimitiveCache::Get(const std::string& name,
                                           const std::function<std::shared_ptr<void>()>& create) {
+  const std::string key = name + "|nthr=" + std::to_string(omp_get_max_threads());
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = map_.find(key);
@@ -232,6 +233,31 @@ ThreadScope::ThreadScope() {
   InitThreadsOnce();
   previous_ = omp_get_max_threads();
   if (previous_ != g_num_threads) omp_set_num_threads(g_num_threads);
+}
+
+void ThreadScope::SerialBelow(double flops) {
+  if (flops < static_cast<double>(SerialFlops()) && omp_get_max_threads() != 1) {
+    omp_set_num_threads(1);
+  }
+}
+
+static std::atomic<int64_t> g_serial_flops{-1};  // -1: not read from the environment yet
+
+int64_t SerialFlops() {
+  int64_t v = g_serial_flops.load();
+  if (v >= 0) return v;
+  v = kDefaultSerialFlops;
+  const char* env = std::getenv("TVM_OLLIE_SERIAL_FLOPS");
+  int64_t parsed;
+  if (env != nullptr && *env && ParseInt(env, &parsed) && parsed >= 0) v = parsed;
+  int64_t unset = -1;
+  g_serial_flops.compare_exchange_strong(unset, v);  // a concurrent setter wins
+  return g_serial_flops.load();
+}
+
+void SetSerialFlops(int64_t flops) {
+  if (flops < 0) TVM_FFI_THROW(ValueError) << "set_serial_flops: expected >= 0, got " << flops;
+  g_serial_flops = flops;
 }
 
 ThreadScope::~ThreadScope() {

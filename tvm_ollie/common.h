@@ -71,7 +71,9 @@ struct Reorder {
 };
 
 // Process-wide cache of prepared kernels (primitives, descriptors), keyed by a string built from
-// the kernel name, attributes and shapes. Never keyed by data pointers.
+// the kernel name, attributes and shapes, and by the OpenMP thread count in effect (oneDNN sizes
+// a primitive's work split and scratchpad for the count at its creation). Never keyed by data
+// pointers.
 class PrimitiveCache {
  public:
   static PrimitiveCache& Global();
@@ -94,6 +96,22 @@ std::shared_ptr<T> CachedGet(const std::string& key, const std::function<std::sh
       key, [&]() -> std::shared_ptr<void> { return create(); }));
 }
 
+// The parsed form of a kernel's attribute string, parsed once per string and thread. A Relax
+// module passes the same literal string on every call, and parsing it (the keys, the numbers,
+// the canonical cache key) took about 4.5 us of CPU per conv2d call, as much as a small kernel
+// (docs/per-call.md). A string that fails to parse is not kept (its error is thrown at every
+// call). The reference is valid until the calling thread's next ParsedAttrs call.
+template <typename T>
+const T& ParsedAttrs(const std::string& text, T (*parse)(const std::string&)) {
+  constexpr size_t kMaxStrings = 1024;  // a bound for processes that build strings at run time
+  thread_local std::unordered_map<std::string, T> parsed;
+  auto it = parsed.find(text);
+  if (it != parsed.end()) return it->second;
+  T value = parse(text);
+  if (parsed.size() >= kMaxStrings) parsed.clear();
+  return parsed.emplace(text, std::move(value)).first->second;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Threads: one count for OpenMP (oneDNN) and OpenBLAS.
 void SetNumThreads(int n);
@@ -109,10 +127,20 @@ class ThreadScope {
   ~ThreadScope();
   ThreadScope(const ThreadScope&) = delete;
   ThreadScope& operator=(const ThreadScope&) = delete;
+  // Run the rest of this call on the calling thread alone (no OpenMP region, so no worker to
+  // wake or wait for) when its work, `flops` floating-point operations, is below SerialFlops().
+  // Call it before the primitive is looked up: the cache keys by the thread count in effect.
+  void SerialBelow(double flops);
 
  private:
   int previous_;
 };
+
+// The work below which a kernel call runs single-threaded (ThreadScope::SerialBelow); 0: never.
+// Default from TVM_OLLIE_SERIAL_FLOPS, else kDefaultSerialFlops.
+constexpr int64_t kDefaultSerialFlops = 1000000;
+int64_t SerialFlops();
+void SetSerialFlops(int64_t flops);
 
 // OpenBLAS entry points (prefixed names of scipy-openblas32).
 void BlasSetNumThreads(int n);

@@ -254,6 +254,11 @@ uint64_t Fnv1a(const std::string& text) {
   return h;
 }
 
+// Floating-point operations of one call (multiply and add per weight tap per output element).
+double ConvFlops(const ConvShape& s) {
+  return 2.0 * s.N * s.O * s.OH * s.OW * s.I * s.KH * s.KW;
+}
+
 std::string ConvKey(const ConvParams& p, const ConvShape& s, Fmt fmt) {
   return std::string(kName) + "|" + p.canonical + "|fmt=" + (fmt == Fmt::kBlocked ? "b" : "p") +
          "|" + std::to_string(s.N) + "," + std::to_string(s.C) + "," + std::to_string(s.H) + "," +
@@ -295,13 +300,13 @@ std::vector<int64_t> PackedWeightDims(const ConvParams& p, const std::vector<int
   return {o, p.pkh, p.pkw, i};
 }
 
-ConvParams ParseArgsAttrs(ffi::PackedArgs args, const char* fname) {
+const ConvParams& ParseArgsAttrs(ffi::PackedArgs args, const char* fname) {
   if (args.size() < 1) TVM_FFI_THROW(TypeError) << fname << ": missing attrs";
   auto attrs_opt = args[0].try_cast<ffi::String>();
   if (!attrs_opt.has_value()) {
     TVM_FFI_THROW(TypeError) << fname << ": first argument must be the attrs string";
   }
-  return ParseConvAttrs(std::string(attrs_opt.value()));
+  return ParsedAttrs<ConvParams>(std::string(attrs_opt.value()), ParseConvAttrs);
 }
 
 ffi::TensorView TensorArg(ffi::PackedArgs args, int i, const char* fname, const char* what) {
@@ -312,7 +317,7 @@ ffi::TensorView TensorArg(ffi::PackedArgs args, int i, const char* fname, const 
 
 void Conv2d(ffi::PackedArgs args, ffi::Any* rv) {
   ThreadScope threads;
-  ConvParams p = ParseArgsAttrs(args, kName);
+  const ConvParams& p = ParseArgsAttrs(args, kName);
   const int want = 4 + (p.has_bias ? 1 : 0) + (p.has_res ? 1 : 0);
   if (args.size() != want) {
     TVM_FFI_THROW(TypeError) << kName << ": expected " << want << " arguments (attrs, data, weight"
@@ -358,6 +363,7 @@ void Conv2d(ffi::PackedArgs args, ffi::Any* rv) {
   if (X.numel() == 0) {
     TVM_FFI_THROW(ValueError) << kName << ": data " << ShapeStr(X) << " is empty";
   }
+  threads.SerialBelow(ConvFlops(s));
   Fmt fmt = p.wpacked ? Fmt::kBlocked : (p.fmt == Fmt::kAuto ? ChooseFormat(p, s) : p.fmt);
   const std::string key = ConvKey(p, s, fmt);
   auto e = CachedGet<OneDNNConv>(key, [&]() { return CreateConv(p, s, fmt); });
@@ -418,11 +424,13 @@ constexpr const char* kPackSizeName = "tvm_ollie.cpu.conv2d_packed_size";
 // The packed problem for (attrs, data dims, weight dims in klayout): the cached blocked conv.
 std::shared_ptr<OneDNNConv> PackedEntry(const char* fname, const ConvParams& p,
                                         const std::vector<int64_t>& x,
-                                        const std::vector<int64_t>& w, std::string* key) {
+                                        const std::vector<int64_t>& w, std::string* key,
+                                        ThreadScope* threads) {
   if (p.wpacked || p.fmt == Fmt::kPlain) {
     TVM_FFI_THROW(ValueError) << fname << ": give the conv2d attrs without wpacked/fmt=plain";
   }
   ConvShape s = CheckConvShapes(p, x, w, nullptr);
+  threads->SerialBelow(ConvFlops(s));  // the entry that conv2d will run with this weight
   *key = ConvKey(p, s, Fmt::kBlocked);
   return CachedGet<OneDNNConv>(*key, [&]() { return CreateConv(p, s, Fmt::kBlocked); });
 }
@@ -434,14 +442,14 @@ int64_t PackedSize(const std::string& attrs, const ffi::Array<int64_t>& x,
   ConvParams p = ParseConvAttrs(attrs);
   std::string key;
   auto e = PackedEntry(kPackSizeName, p, std::vector<int64_t>(x.begin(), x.end()),
-                       std::vector<int64_t>(w.begin(), w.end()), &key);
+                       std::vector<int64_t>(w.begin(), w.end()), &key, &threads);
   return PackedFloats(*e);
 }
 
 // conv2d_pack_weight(attrs, data, weight, Packed): data only gives its shape.
 void PackWeight(ffi::PackedArgs args, ffi::Any* rv) {
   ThreadScope threads;
-  ConvParams p = ParseArgsAttrs(args, kPackName);
+  const ConvParams& p = ParseArgsAttrs(args, kPackName);
   if (args.size() != 4) {
     TVM_FFI_THROW(TypeError) << kPackName << ": expected 4 arguments (attrs, data, weight, "
                              << "Packed), got " << args.size();
@@ -453,7 +461,7 @@ void PackWeight(ffi::PackedArgs args, ffi::Any* rv) {
   float* w = CheckFloatTensor(Wt, kPackName, "weight", 4);
   float* packed = CheckFloatTensor(P, kPackName, "Packed", 1);
   std::string key;
-  auto e = PackedEntry(kPackName, p, Dims(X), Dims(Wt), &key);
+  auto e = PackedEntry(kPackName, p, Dims(X), Dims(Wt), &key, &threads);
   if (P.ndim() != 1 || P.numel() != PackedFloats(*e)) {
     TVM_FFI_THROW(ValueError) << kPackName << ": Packed has shape " << ShapeStr(P)
                               << ", expected [" << PackedFloats(*e)

@@ -304,7 +304,7 @@ DeconvArgs ParseArgs(ffi::PackedArgs args) {
     TVM_FFI_THROW(TypeError) << kName << ": first argument must be the attrs string";
   }
   DeconvArgs a;
-  a.p = ParseDeconvAttrs(std::string(attrs_opt.value()));
+  a.p = ParsedAttrs<DeconvParams>(std::string(attrs_opt.value()), ParseDeconvAttrs);
   const DeconvParams& p = a.p;
   const int want = 4 + (p.has_bias ? 1 : 0) + (p.has_res ? 1 : 0);
   if (args.size() != want) {
@@ -346,6 +346,9 @@ void Conv2dTranspose(ffi::PackedArgs args, ffi::Any* rv) {
   DeconvArgs a = ParseArgs(args);
   const DeconvParams& p = a.p;
   if (a.s.N == 0) return;
+  // every input element meets O / groups * KH * KW weights (multiply and add each)
+  const double flops = 2.0 * a.s.N * a.s.C * a.s.H * a.s.W * (a.s.O / p.groups) * a.s.KH * a.s.KW;
+  threads.SerialBelow(flops);
   const Fmt fmt = p.fmt == Fmt::kAuto ? ChooseFormat(p, a.s) : p.fmt;
   auto e = CachedGet<OneDNNDeconv>(DeconvKey(p, a.s, fmt),
                                    [&]() { return CreateDeconv(p, a.s, fmt); });

@@ -1,4 +1,5 @@
-// tvm_ollie.cpu.info / set_num_threads / get_num_threads / cache_stats.
+// tvm_ollie.cpu.info / set_num_threads / get_num_threads / set_serial_flops /
+// get_serial_flops / cache_stats.
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/reflection/registry.h>
 
@@ -22,7 +23,7 @@ std::string Info() {
      << ", cpu runtime " << (v->cpu_runtime == DNNL_RUNTIME_OMP ? "omp" : "other") << ")\n"
      << "openblas: " << BlasConfig() << "\n"
      << "threads: " << GetNumThreads() << " (OMP_WAIT_POLICY=" << (wait ? wait : "unset")
-     << ")\n"
+     << "), single-threaded below " << SerialFlops() << " flops per call\n"
      << MatmulInfo() << "\n"
      << Conv2dInfo() << "\n"
      << Conv2dTransposeInfo() << "\n"
@@ -40,6 +41,8 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("tvm_ollie.cpu.info", []() -> std::string { return Info(); })
       .def("tvm_ollie.cpu.set_num_threads", [](int64_t n) { SetNumThreads(static_cast<int>(n)); })
       .def("tvm_ollie.cpu.get_num_threads", []() -> int64_t { return GetNumThreads(); })
+      .def("tvm_ollie.cpu.set_serial_flops", [](int64_t f) { SetSerialFlops(f); })
+      .def("tvm_ollie.cpu.get_serial_flops", []() -> int64_t { return SerialFlops(); })
       .def("tvm_ollie.cpu.cache_stats", []() -> std::string {
         PrimitiveCache& c = PrimitiveCache::Global();
         return "size=" + std::to_string(c.size()) + ";hits=" + std::to_string(c.hits()) +

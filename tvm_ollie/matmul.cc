@@ -263,7 +263,8 @@ void Matmul(ffi::PackedArgs args, ffi::Any* rv) {
   if (!attrs_opt.has_value()) {
     TVM_FFI_THROW(TypeError) << kName << ": first argument must be the attrs string";
   }
-  MatmulParams p = ParseMatmulAttrs(std::string(attrs_opt.value()));
+  const MatmulParams& p =
+      ParsedAttrs<MatmulParams>(std::string(attrs_opt.value()), ParseMatmulAttrs);
   const int want = 4 + (p.has_bias ? 1 : 0) + (p.has_res ? 1 : 0);
   if (args.size() != want) {
     TVM_FFI_THROW(TypeError) << kName << ": expected " << want
@@ -309,6 +310,7 @@ void Matmul(ffi::PackedArgs args, ffi::Any* rv) {
   if (lib == Lib::kOpenBLAS) {
     RunOpenBLAS(p, pr, a, b, bias, res, out);
   } else {
+    threads.SerialBelow(2.0 * pr.count * pr.M * pr.N * pr.K);
     RunOneDNN(p, pr, a, b, bias, res, out);
   }
 }

@@ -13,7 +13,10 @@ Environment variables:
 * ``TVM_OLLIE_NATIVE_LIB``: path of the library to load (before the usual locations);
 * ``TVM_OLLIE_DISABLE_NATIVE=1``: do not load it (:func:`available` is then False);
 * ``TVM_NUM_THREADS``: thread count of the kernels, as for TVM's own thread pool (default: the
-  number of cores available to the process).
+  number of cores available to the process);
+* ``TVM_OLLIE_SERIAL_FLOPS``: a oneDNN kernel call of less work (floating-point operations)
+  runs on the calling thread alone, without entering an OpenMP region (default
+  :data:`DEFAULT_SERIAL_FLOPS`; 0: never), see :func:`set_serial_flops` and docs/per-call.md.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ __all__ = [
     "SET_NUM_THREADS",
     "GET_NUM_THREADS",
     "CACHE_STATS",
+    "SET_SERIAL_FLOPS",
+    "GET_SERIAL_FLOPS",
+    "DEFAULT_SERIAL_FLOPS",
     "CONV2D_PACKED_SIZE",
     "CONV2D_PACK_WEIGHT",
     "CONV2D_INT8",
@@ -49,6 +55,8 @@ __all__ = [
     "library_files",
     "set_num_threads",
     "get_num_threads",
+    "set_serial_flops",
+    "get_serial_flops",
     "info",
     "conv2d_packed_size",
     "provides",
@@ -66,6 +74,15 @@ INFO = "tvm_ollie.cpu.info"
 SET_NUM_THREADS = "tvm_ollie.cpu.set_num_threads"
 GET_NUM_THREADS = "tvm_ollie.cpu.get_num_threads"
 CACHE_STATS = "tvm_ollie.cpu.cache_stats"
+SET_SERIAL_FLOPS = "tvm_ollie.cpu.set_serial_flops"
+GET_SERIAL_FLOPS = "tvm_ollie.cpu.get_serial_flops"
+
+#: The library's default of ``TVM_OLLIE_SERIAL_FLOPS`` (``kDefaultSerialFlops`` in common.h):
+#: below this many floating-point operations a kernel call wakes no OpenMP worker. Waking the
+#: workers and joining them costs microseconds per parallel region (and a blocked oneDNN conv
+#: opens several: its reorders and the conv), more than a second thread saves on such a call.
+#: docs/per-call.md has the measurement.
+DEFAULT_SERIAL_FLOPS = 1_000_000
 #: Optional weight prepacking for conv2d (see docs/native-library.md): size query and DPS packer.
 CONV2D_PACKED_SIZE = "tvm_ollie.cpu.conv2d_packed_size"
 CONV2D_PACK_WEIGHT = "tvm_ollie.cpu.conv2d_pack_weight"
@@ -211,6 +228,24 @@ def set_num_threads(n: int) -> None:
 def get_num_threads() -> int:
     """The thread count of the native kernels."""
     return int(_LOADER.func(GET_NUM_THREADS)())
+
+
+def set_serial_flops(flops: int) -> None:
+    """Run kernel calls of fewer than ``flops`` floating-point operations single-threaded
+    (0: every call uses :func:`get_num_threads` threads); for this process, from now on.
+
+    Overrides ``TVM_OLLIE_SERIAL_FLOPS``. Primitives are cached per thread count, so changing it
+    between calls is safe (a call whose side of the threshold changed prepares its kernel once
+    more).
+    """
+    if int(flops) < 0:
+        raise ValueError(f"set_serial_flops: expected flops >= 0, got {flops}")
+    _LOADER.func(SET_SERIAL_FLOPS)(int(flops))
+
+
+def get_serial_flops() -> int:
+    """The work below which a kernel call runs single-threaded (see :func:`set_serial_flops`)."""
+    return int(_LOADER.func(GET_SERIAL_FLOPS)())
 
 
 def info() -> str:
