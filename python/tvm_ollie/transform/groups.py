@@ -31,8 +31,8 @@ from .regions import (BlockFacts, Region, dataflow_blocks, inputs_text, rebind_a
                       static_tensor, used_vars, var_name)
 from .units import build_isolated_module, original_form
 
-__all__ = ["GROUP_OPS", "MAX_GROUP", "MAX_ROW_GROUP", "SharedInputGroup", "find_shared_input_groups",
-           "isolated_group_module"]
+__all__ = ["GROUP_OPS", "MAX_GROUP", "MAX_ROW_GROUP", "SharedInputGroup",
+           "find_shared_input_groups", "isolated_group_module"]
 
 _CONST = tvm.ir.expr.Constant
 
@@ -331,7 +331,7 @@ def _row_source(block: BlockFacts, expr, depth: int = 0):
 
 
 def _row_key(block: BlockFacts, k: int):
-    """Guard ``rows-of-one-tensor``: the tensor call ``k``'s left operand is a slice of
+    """Guard ``rows-of-one-tensor``: the tensor that call ``k``'s left operand is a slice of
     (:func:`_row_source`), or None. Calls with one such key and one right operand are the
     unrolled steps of a recurrence reading one weight: they group first (before calls that
     share their left operand, such as two directions reading one step's input), up to
