@@ -114,15 +114,19 @@ def _run(mod, feeds, names):
     return [o.numpy() for o in ([out] if isinstance(out, tvm.runtime.Tensor) else list(out))]
 
 
-@pytest.mark.parametrize("op", ["LSTM", "GRU"])
-def test_merged_steps_match_onnx_runtime(op):
-    mod, model, feeds = _imported(op, 5)
+@pytest.mark.parametrize("op,direction", [("LSTM", "forward"), ("GRU", "forward"),
+                                          ("RNN", "bidirectional")])
+def test_merged_steps_match_onnx_runtime(op, direction):
+    mod, model, feeds = _imported(op, 5, direction=direction)
     before = mod["main"].script().count("R.matmul(")
     new, rep = optimize_module(mod, "llvm", calibration=LLVM_CALIB, library=False,
                                region_calls=1, chooser=_merged, search_time_s=1.0)
-    (group,) = [r for r in rep.regions if " share " in r.contents]
-    assert group.rewritten, group.reason
-    # five input projections became one; the five recurrent ones stay (they read the state)
-    assert new["main"].script().count("R.matmul(") == before - 4
+    groups = [r for r in rep.regions if " share " in r.contents]
+    directions = 2 if direction == "bidirectional" else 1
+    assert len(groups) == directions and all(g.rewritten for g in groups), \
+        [g.reason for g in groups]
+    # per direction five input projections became one; the recurrent ones stay (they read
+    # the state)
+    assert new["main"].script().count("R.matmul(") == before - 4 * directions
     names = [i.name for i in model.graph.input]
     assert max_error(_run(new, feeds, names), run_ort(model, feeds)) < tolerance("float32")

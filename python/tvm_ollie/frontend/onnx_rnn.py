@@ -107,7 +107,7 @@ def emit_rnn(node, ctx: RuleContext) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# The layer: hoisted projection, directions, steps, outputs
+# The layer: directions, steps (input and recurrent projections), outputs
 # ---------------------------------------------------------------------------------------------
 
 
