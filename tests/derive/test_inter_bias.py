@@ -100,3 +100,29 @@ def test_merge_refuses(case):
         assert merge_shared_inputs_bias([e1]) is None
         return
     assert merge_shared_inputs_bias([e1, e2]) is None
+
+
+def _rows(x: str, b: str, m: int, n: int = 5, k: int = 3) -> object:
+    """``L<i, j> { (L<i, j> Σ<k> X_t[i, k] * W[k, j])[i, j] + B[j] }``: one step's rows through
+    the shared weight ``W`` (the lift of an unrolled recurrence's input projection)."""
+    gemm = f"(L<i:0:{m}, j:0:{n}> Σ<k:0:{k}> {{ {x}[i, k] * W[k, j] }})[i0, j0]"
+    return parse(f"L<i0:0:{m}, j0:0:{n}> {{ {gemm} + {b}[j0] }} where {x}: float32[{m}, {k}]; "
+                 f"W: float32[{k}, {n}]; {b}: float32[{n}]")
+
+
+def test_stacked_rows_of_one_weight_take_one_bias_add():
+    """``X1 @ W + b ; X2 @ W + b ; X3 @ W + b``: the rows stack along M, no bias concat."""
+    exprs = [_rows("X1", "B", 2), _rows("X2", "B", 1), _rows("X3", "B", 2)]
+    prog = MERGE_SHARED_INPUT_BIAS(exprs)
+    assert prog is not None and [s.kind for s in prog.operators] == ["matmul"]
+    assert prog.operators[0].attrs["M"] == 5
+    labels = [s.label for s in prog.stages if not s.is_operator]
+    # one concatenation (of the rows: the pairwise ones fused), one add of the one bias
+    assert labels.count("bias-add") == 1 and labels.count("concat") == 1
+    assert "their one bias" in prog.explain()
+    _check(prog, exprs)
+
+
+def test_stacked_rows_with_different_biases_are_refused():
+    """Guard ``one-bias``: rows stacked along M cannot add a bias per expression in one add."""
+    assert MERGE_SHARED_INPUT_BIAS([_rows("X1", "B1", 2), _rows("X2", "B2", 2)]) is None

@@ -1,12 +1,13 @@
 """ONNX ``LSTM``, ``GRU`` and ``RNN`` unrolled over their static sequence length.
 
-Each layer becomes, per direction, one hoisted input projection for every step and one
-recurrent projection per step, so that derivation and the vendor library see GEMMs:
+Each layer becomes, per direction and step, the specification's two projections, so that
+derivation and the vendor library see GEMMs:
 
-* ``XW = reshape(X, [seq * batch, input]) @ concat_d(W_d^T) + (Wb + Rb)``: ONE ``MatMul`` for
-  all steps and directions;
-* step ``t`` of direction ``d``: ``gates = XW[t, :, d] + H_{t-1} @ R_d^T``, then the gate
-  equations of the specification (in each emitter's docstring).
+* step ``t`` of direction ``d``: ``gates = (X[t] @ W_d^T + (Wb + Rb)) + H_{t-1} @ R_d^T``, then
+  the gate equations of the specification (in each emitter's docstring). The input projections
+  of all steps read one weight and no state: the optimizer batches them into one GEMM (the
+  classic "hoist the input projection", found as a shared-weight group by
+  :mod:`tvm_ollie.transform.groups`, not written here).
 
 ``sequence_lens`` shorter than the sequence mask the steps as the specification says: a padded
 step keeps the state and writes zeros to ``Y``; the reverse direction, which walks from the last
@@ -106,7 +107,7 @@ def emit_rnn(node, ctx: RuleContext) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# The layer: hoisted projection, directions, steps, outputs
+# The layer: directions, steps (input and recurrent projections), outputs
 # ---------------------------------------------------------------------------------------------
 
 
@@ -140,28 +141,21 @@ class _Layer:
 
 def _emit_layer(node, ctx: RuleContext, step) -> None:
     layer = _Layer(node, ctx)
-    gh = layer.gates * layer.hidden
     x = node.input[0]
     if layer.layout:
         x = ctx.add("Transpose", [x], perm=[1, 0, 2])
-    # Input projection of every step and direction: one MatMul.
-    wt = _weights_t(ctx, node.input[1], layer.directions)
-    flat = ctx.reshape(x, [layer.seq * layer.batch, layer.input_size])
-    xw = ctx.add("MatMul", [flat, wt])
-    bias = _hoisted_bias(ctx, node, layer)
-    if bias:
-        xw = ctx.add("Add", [xw, bias])
-    xw = ctx.reshape(xw, [layer.seq, layer.batch, layer.directions * gh])
     masks = _step_masks(ctx, optional_input(node, 4), layer)
     outputs_y, finals_h, finals_c = [], [], []
+    steps = [ctx.gather(x, t, 0, (layer.seq, layer.batch, layer.input_size))
+             for t in range(layer.seq)]  # fmt: skip
     for d in range(layer.directions):
-        xw_d = ctx.slice(xw, 2, d * gh, (d + 1) * gh) if layer.directions > 1 else xw
+        wt, bias = _weights_t(ctx, node.input[1], d), _input_bias(ctx, node, layer, d)
         state = _initial_states(ctx, node, layer, d)
         per_step: List[Optional[str]] = [None] * layer.seq
         rt = _recurrent_t(ctx, node.input[2], d)
         order = range(layer.seq - 1, -1, -1) if layer.reverse(d) else range(layer.seq)
         for t in order:
-            x_t = ctx.gather(xw_d, t, 0, (layer.seq, layer.batch, gh))
+            x_t = _input_projection(ctx, steps[t], wt, bias)
             new = step(ctx, node, layer, d, x_t, rt, state)
             if masks is not None:
                 held = [ctx.add("Where", [masks[t], n, s]) for n, s in zip(new, state)]
@@ -239,13 +233,23 @@ def _rnn_step(ctx, node, layer, d, x_t, rt, state) -> List[str]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _weights_t(ctx: RuleContext, w: str, directions: int) -> str:
-    """``[input, directions * gates * hidden]``: every direction's ``W^T`` side by side."""
+def _weights_t(ctx: RuleContext, w: str, d: int) -> str:
+    """``W_d^T``: ``[input, gates * hidden]`` (one tensor every step of the direction reads)."""
     value = ctx.value(w)
     if value is not None:
-        return ctx.const(np.concatenate([value[d].T for d in range(directions)], axis=1), "wt")
-    parts = [ctx.add("Transpose", [ctx.gather(w, d, 0)], perm=[1, 0]) for d in range(directions)]
-    return parts[0] if directions == 1 else ctx.add("Concat", parts, axis=1)
+        return ctx.const(np.ascontiguousarray(value[d].T), "wt")
+    return ctx.add("Transpose", [ctx.gather(w, d, 0)], perm=[1, 0])
+
+
+def _input_projection(ctx: RuleContext, x_t: str, wt: str, bias: str) -> str:
+    """``Xt W^T + (Wb + Rb)``: the step's input projection, as the specification writes it.
+
+    Every step of a direction reads the same ``W^T`` and bias, and no step's projection reads
+    the recurrence: the optimizer's shared-weight groups
+    (:func:`~tvm_ollie.transform.groups.find_shared_input_groups`) batch them into one GEMM
+    over the steps' rows, verified and costed like any candidate."""
+    xw = ctx.add("MatMul", [x_t, wt])
+    return ctx.add("Add", [xw, bias]) if bias else xw
 
 
 def _recurrent_t(ctx: RuleContext, r: str, d: int) -> str:
@@ -256,9 +260,9 @@ def _recurrent_t(ctx: RuleContext, r: str, d: int) -> str:
     return ctx.add("Transpose", [ctx.gather(r, d, 0)], perm=[1, 0])
 
 
-def _hoisted_bias(ctx: RuleContext, node, layer: _Layer) -> str:
-    """``Wb + Rb`` per direction, concatenated (GRU with ``linear_before_reset`` keeps ``Rbh``
-    out: it is added inside ``r . (H Rh^T + Rbh)``); "" without ``B``."""
+def _input_bias(ctx: RuleContext, node, layer: _Layer, d: int) -> str:
+    """``Wb + Rb`` of direction ``d``, ``[gates * hidden]`` (GRU with ``linear_before_reset``
+    keeps ``Rbh`` out: it is added inside ``r . (H Rh^T + Rbh)``); "" without ``B``."""
     b = optional_input(node, 3)
     if not b:
         return ""
@@ -268,11 +272,10 @@ def _hoisted_bias(ctx: RuleContext, node, layer: _Layer) -> str:
         keep[2 * layer.hidden:] = 0
     value = ctx.value(b)
     if value is not None:
-        return ctx.const(np.concatenate([value[d, :gh] + value[d, gh:] * keep
-                                         for d in range(layer.directions)]), "bias")  # fmt: skip
-    wb, rb = ctx.slice(b, 1, 0, gh), ctx.slice(b, 1, gh, 2 * gh)
-    total = ctx.add("Add", [wb, ctx.add("Mul", [rb, ctx.const(keep, "keep")])])
-    return ctx.reshape(total, [layer.directions * gh])
+        return ctx.const(value[d, :gh] + value[d, gh:] * keep, "bias")
+    row = ctx.gather(b, d, 0)
+    wb, rb = ctx.slice(row, 0, 0, gh), ctx.slice(row, 0, gh, 2 * gh)
+    return ctx.add("Add", [wb, ctx.add("Mul", [rb, ctx.const(keep, "keep")])])
 
 
 def _recurrent_h_bias(ctx: RuleContext, b: str, d: int, layer: _Layer) -> str:

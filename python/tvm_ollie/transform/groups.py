@@ -31,8 +31,8 @@ from .regions import (BlockFacts, Region, dataflow_blocks, inputs_text, rebind_a
                       static_tensor, used_vars, var_name)
 from .units import build_isolated_module, original_form
 
-__all__ = ["GROUP_OPS", "MAX_GROUP", "SharedInputGroup", "find_shared_input_groups",
-           "isolated_group_module"]
+__all__ = ["GROUP_OPS", "MAX_GROUP", "MAX_ROW_GROUP", "SharedInputGroup",
+           "find_shared_input_groups", "isolated_group_module"]
 
 _CONST = tvm.ir.expr.Constant
 
@@ -42,6 +42,11 @@ _CONST = tvm.ir.expr.Constant
 GROUP_OPS = ("relax.matmul", "relax.nn.conv2d")
 #: Default bound on the heavy calls of one group.
 MAX_GROUP = DEFAULTS.merge_group
+#: Bound on a group whose calls share their right operand (a weight) and read slices of one
+#: tensor as their left operand: the unrolled steps of a recurrence (``X[t] @ W`` for every
+#: step ``t``). Their merged GEMM reads the stacked rows once, so a long sequence gains from one
+#: large group; any group still stays within this bound (the merge and its check grow with it).
+MAX_ROW_GROUP = 64
 
 
 @dataclass
@@ -155,7 +160,7 @@ class SharedInputGroup:
         """The merged programs (one GEMM for all calls, with one bias add when the calls have
         bias adds), from the inter-expression rules."""
         merge = merge_shared_inputs_bias if self.epilogues else merge_shared_inputs
-        merged = merge(self.lifts())
+        merged = merge(self.lifts(), max_pairs=self.size - 1)
         return [] if merged is None else [merged]
 
     def signature(self) -> str:
@@ -260,15 +265,23 @@ def _bias_add(block: BlockFacts, k: int) -> Optional[int]:
 
 
 def _with_bias(block: BlockFacts, members: List[int], position: int) -> Optional[List[int]]:
-    """The bias add of each member (:func:`_bias_add`) when every member of a group sharing
-    its left operand has one and the group stays independent with them, else None."""
-    if position != 0:
-        return None
+    """The bias add of each member (:func:`_bias_add`) when every member has one and the group
+    stays independent with them, else None. Members sharing their right operand (their rows
+    stack in the merged product) must add the same bias (one add covers them all)."""
     adds = [_bias_add(block, m) for m in members]
     if any(a is None for a in adds) or \
             not _independent(block, members, [[m, a] for m, a in zip(members, adds)]):
         return None
+    if position == 1 and len({_canonical(block, _bias_of(block, m, a))
+                              for m, a in zip(members, adds)}) != 1:  # fmt: skip
+        return None
     return adds
+
+
+def _bias_of(block: BlockFacts, call: int, add: int):
+    """The operand of bias add ``add`` that is not call ``call``'s result."""
+    var = block.bindings[call].var
+    return next(a for a in block.bindings[add].value.args if not a.same_as(var))
 
 
 #: Operators whose results are equal when their operand and attributes are (pure views).
@@ -293,6 +306,37 @@ def _canonical(block: BlockFacts, expr, depth: int = 0):
     if isinstance(expr, relax.ShapeExpr):
         return ("shape", tuple(int(d) for d in expr.values))
     return ("expr", hash(expr))
+
+
+#: Operators whose result is a part of their first operand (slices), followed with the views
+#: by :func:`_row_source`.
+_SLICE_OPS = ("relax.strided_slice",)
+
+
+def _row_source(block: BlockFacts, expr, depth: int = 0):
+    """The tensor ``expr`` is a slice (or a view of a slice) of, through :data:`_SLICE_OPS` and
+    :data:`_VIEW_OPS` bindings of the block; None when ``expr`` is no such part."""
+    if not isinstance(expr, relax.Var) or depth > 8:
+        return None
+    k = block.index.get(hash(expr))
+    b = block.bindings[k] if k is not None else None
+    v = getattr(b, "value", None)
+    if not (isinstance(b, relax.VarBinding) and isinstance(v, relax.Call) and
+            isinstance(v.op, tvm.ir.Op) and v.op.name in _SLICE_OPS + _VIEW_OPS):
+        return None
+    inner = _row_source(block, v.args[0], depth + 1)
+    if inner is not None:
+        return inner
+    return hash(v.args[0]) if v.op.name in _SLICE_OPS else None
+
+
+def _row_key(block: BlockFacts, k: int):
+    """Guard ``rows-of-one-tensor``: the tensor that call ``k``'s left operand is a slice of
+    (:func:`_row_source`), or None. Calls with one such key and one right operand are the
+    unrolled steps of a recurrence reading one weight: they group first (before calls that
+    share their left operand, such as two directions reading one step's input), up to
+    :data:`MAX_ROW_GROUP` of them."""
+    return _row_source(block, block.bindings[k].value.args[0])
 
 
 def _group_key(block: BlockFacts, k: int, position: int):
@@ -351,19 +395,24 @@ def _reading(binding, position: int, operand, block: Optional[BlockFacts] = None
 
 
 def _block_groups(block: BlockFacts, seeds: List[int], max_ops: int) -> List[Tuple[List[int], int]]:
-    """``(members, position)`` of each group of ``seeds`` sharing an operand (left operand
-    first), at most ``max_ops`` members each, independent of each other."""
+    """``(members, position)`` of each group of ``seeds`` sharing an operand, independent of
+    each other: first the rows of one tensor sharing their right operand (:func:`_row_key`,
+    at most :data:`MAX_ROW_GROUP` members), then a shared left operand, then a shared right
+    one (at most ``max_ops`` members)."""
     out, used = [], set()
-    for position in (0, 1):
+    for position, rows in ((1, True), (0, False), (1, False)):
+        bound = max(max_ops, MAX_ROW_GROUP) if rows else max_ops
         by_key: Dict[object, List[int]] = {}
         for k in seeds:
             key = _group_key(block, k, position)
-            if k not in used and key is not None:
-                by_key.setdefault(key, []).append(k)
+            row = _row_key(block, k) if rows else None
+            if k in used or key is None or (rows and row is None):
+                continue
+            by_key.setdefault((key, row), []).append(k)
         for members in by_key.values():
             members = [m for m in members if m not in used]
             while len(members) >= 2:
-                chunk = members[:max_ops]
+                chunk = members[:bound]
                 while len(chunk) >= 2 and not _independent(block, chunk):
                     chunk = chunk[:-1]
                 if len(chunk) < 2:

@@ -33,7 +33,7 @@ from ..targets import TARGET_NAMES, match_scope
 __all__ = ["InterRule", "SPLIT_OPERATORS", "FUSE_MEMORY_BOUND", "MERGE_SHARED_INPUT",
            "MERGE_SHARED_INPUT_BIAS", "INTER_RULES", "split_operators", "merge_shared_input",
            "merge_gemm_stages", "merge_shared_inputs", "merge_shared_inputs_bias",
-           "inline_views", "combine_programs"]
+           "inline_views", "combine_programs", "guard_one_bias"]
 
 
 @dataclass(frozen=True)
@@ -337,7 +337,16 @@ def merge_shared_inputs(exprs: Sequence[Scope], max_pairs: int = 8) -> Optional[
         merged = nxt
     if merged is None or len(merged.operators) != 1:
         return None
-    return inline_views(merged)
+    return inline_views(_one_concat(merged))
+
+
+def _one_concat(program: Program) -> Program:
+    """``C1 := P1 ⊕ P2; C2 := C1 ⊕ P3; ...  =  C := P1 ⊕ P2 ⊕ ... ⊕ Pn``: the pairwise
+    concatenations of successive merges fused into one eOperator (still a concatenation)."""
+    concats = {s.name for s in program.stages if s.label == "concat"}
+    fused = fuse_memory_bound(program)
+    return fused.with_stages([replace(s, label="concat") if s.name in concats else s
+                              for s in fused.stages])  # fmt: skip
 
 
 def inline_views(program: Program) -> Program:
@@ -558,17 +567,31 @@ def _bias_concat_stage(name: str, parts: Sequence[Tuple[Access, int, int]], tota
     return Stage(name, "eop", Scope([IterVar(n, 0, total)], [], body), {}, "concat")
 
 
+def guard_one_bias(parts: Sequence[_Biased]) -> bool:
+    """Guard ``one-bias``: every expression adds the same bias tensor, read the same way (the
+    merged product's rows are the expressions' stacked, so one add covers them all)."""
+    first = parts[0].bias
+    return all(p.bias.source.name == first.source.name and
+               p.bias.source.shape == first.source.shape and
+               p.bias.source.dtype == first.source.dtype and
+               [isinstance(i, Const) for i in p.bias.indices] ==
+               [isinstance(i, Const) for i in first.indices] for p in parts[1:])
+
+
 def merge_shared_inputs_bias(exprs: Sequence[Scope], max_pairs: int = 8) -> Optional[Program]:
     """``X @ W1 + b1 ; ... ; X @ Wn + bn  =  Z := X @ [W1 | ... | Wn] + [b1 | ... | bn] ;
-    Z[:, :N1] ; ...``: all of ``exprs`` as one multi-output program with a single GEMM and one
+    Z[:, :N1] ; ...`` and ``X1 @ W + b ; ... ; Xn @ W + b  =  Z := [X1 ; ... ; Xn] @ W + b ;
+    Z[:M1] ; ...``: all of ``exprs`` as one multi-output program with a single GEMM and one
     bias add, or None.
 
     Guards (named): ``bias-add`` (:func:`guard_bias_add`) on every expression; the GEMMs merge
     (:func:`merge_shared_inputs`, whose own guards apply) into one product every output is a
-    slice of, along its last axis (``slices-along-last-axis``: a shared left operand, the
-    weights concatenated along N); the slices tile that axis (``slices-tile-axis``), so the
-    biases tile it too; ``bias-along-last-axis`` (:func:`guard_bias_along_last`) for every
-    bias.
+    slice of, along one axis; the slices tile that axis (``slices-tile-axis``);
+    ``bias-along-last-axis`` (:func:`guard_bias_along_last`) for every bias. Slices along the
+    last axis (a shared left operand, the weights concatenated along N) concatenate the
+    biases the same way; slices along another axis (a shared right operand, the left operands
+    stacked along M: the unrolled steps of a recurrence reading one weight) need ``one-bias``
+    (:func:`guard_one_bias`).
     """
     parts = [guard_bias_add(e) for e in exprs]
     if len(exprs) < 2 or any(p is None for p in parts):
@@ -581,39 +604,47 @@ def merge_shared_inputs_bias(exprs: Sequence[Scope], max_pairs: int = 8) -> Opti
     cuts = [_slice_offset(s, mm.name, mm.shape) for s in slices]
     if any(c is None for c in cuts) or len({c[0] for c in cuts}) != 1:
         return None
-    axis = cuts[0][0]
-    if axis != len(mm.shape) - 1:
-        return None  # the merge concatenated along M (a shared right operand): no bias axis
+    axis, last = cuts[0][0], len(mm.shape) - 1
     spans = sorted((start, start + s.shape[axis]) for (_, start), s in zip(cuts, slices))
     if spans[0][0] != 0 or spans[-1][1] != mm.shape[axis] or \
             any(a[1] != b[0] for a, b in zip(spans, spans[1:])):
         return None
-    if not all(guard_bias_along_last(p, s.shape[axis]) for p, s in zip(parts, slices)):
+    if not all(guard_bias_along_last(p, s.shape[last]) for p, s in zip(parts, slices)):
         return None
     taken = {s.name for s in merged.stages} | _input_names(merged) | \
         {t.name for p in parts for t in [p.bias.source]}
-    cat_name = _fresh(taken, "T")
-    add_name = _fresh(taken | {cat_name}, "T")
     dtype = exprs[0].dtype
-    cat = _bias_concat_stage(cat_name, [(p.bias, start, s.shape[axis])
-                                        for p, (_, start), s in zip(parts, cuts, slices)],
-                             mm.shape[axis], dtype)
     dims = [Var(f"d{k}") for k in range(len(mm.shape))]
+    if axis == last:  # a shared left operand: the biases concatenate like the weights
+        cat_name = _fresh(taken, "T")
+        extra = [_bias_concat_stage(cat_name, [(p.bias, start, s.shape[axis])
+                                               for p, (_, start), s in zip(parts, cuts, slices)],
+                                    mm.shape[axis], dtype)]  # fmt: skip
+        bias = Access(Tensor(cat_name, extra[0].shape, dtype), [dims[last]])
+    elif guard_one_bias(parts):  # a shared right operand: the rows stack, one bias for all
+        first = parts[0].bias
+        extra = []
+        bias = Access(first.source, [i if isinstance(i, Const) else dims[last]
+                                     for i in first.indices])  # fmt: skip
+    else:
+        return None
+    add_name = _fresh(taken | {s.name for s in extra}, "T")
     y = Tensor(mm.name, mm.shape, mm.expr.dtype)
-    body = Access(y, dims) + Access(Tensor(cat_name, cat.shape, dtype), [dims[axis]])
+    body = Access(y, dims) + bias
     add = Stage(add_name, "eop", Scope([IterVar(v, 0, n) for v, n in zip(dims, mm.shape)], [],
-                                       body), {"axis": axis}, "bias-add")
+                                       body), {"axis": last}, "bias-add")
     stages = []
     for st in merged.stages:
         if st.name in merged.outputs:
             st = _rename_reads(st, mm.name, add_name)
         stages.append(st)
         if st is mm:
-            stages += [cat, add]
+            stages += extra + [add]
     stages = _toposort(stages)
     if stages is None:
         return None
-    note = f"bias adds of {', '.join(merged.outputs)} as one add along axis {axis}"
+    note = f"bias adds of {', '.join(merged.outputs)} as one add " + \
+        ("of their concatenated biases" if axis == last else "of their one bias")
     return Program(stages, tuple(exprs), merged.outputs,
                    merged.steps + (Step(MERGE_SHARED_INPUT_BIAS.name, note),))
 
@@ -621,7 +652,9 @@ def merge_shared_inputs_bias(exprs: Sequence[Scope], max_pairs: int = 8) -> Opti
 MERGE_SHARED_INPUT_BIAS = InterRule(
     "merge-shared-input-bias",
     "L_{m,n1} (X·W1)[m,n1] + b1[n1] ; L_{m,n2} (X·W2)[m,n2] + b2[n2]  =  "
-    "Z := L_{m,n} (X·(W1 ⊕_n W2))[m,n] + (b1 ⊕ b2)[n] ; Z[m, n1] ; Z[m, N1 + n2]",
+    "Z := L_{m,n} (X·(W1 ⊕_n W2))[m,n] + (b1 ⊕ b2)[n] ; Z[m, n1] ; Z[m, N1 + n2]   and   "
+    "L_{m1,n} (X1·W)[m1,n] + b[n] ; L_{m2,n} (X2·W)[m2,n] + b[n]  =  "
+    "Z := L_{m,n} ((X1 ⊕_m X2)·W)[m,n] + b[n] ; Z[m1, n] ; Z[M1 + m2, n]",
     merge_shared_inputs_bias,
 )
 
