@@ -14,8 +14,9 @@ kernel (:func:`match_hardsigmoid`, :func:`match_hardswish`). The rules leave a s
 that is canonical already, so a rewritten module is a fixed point.
 
 Constants are matched with a relative tolerance per element type (:data:`CONST_RTOL`:
-exporters round them to the model's type, ``0.70710677`` for ``1/sqrt(2)`` in float32); every intermediate value must have no
-other reader (else the chain would still be computed for it).
+exporters round them to the model's type, ``0.70710677`` for ``1/sqrt(2)`` in float32);
+every intermediate value must have no other reader (else the chain would still be computed
+for it).
 """
 
 from __future__ import annotations
