@@ -128,6 +128,19 @@ def _kernel_agrees(func: str, attrs: str, x: np.ndarray, weight: np.ndarray, zp:
 # --- rules --------------------------------------------------------------------------------
 
 
+def _exact_operands(matches: Matches, rank: int, reduce_axis: int):
+    """``(weight, lo, hi, zp)`` when the source is 8-bit with one constant zero point, the
+    rank-``rank`` weight fits the kernel and every accumulator over ``reduce_axis`` stays within
+    :data:`EXACT_LIMIT`; else None (the guards both int8 rules share)."""
+    source, weight = _source_range(matches), _int8_weight(matches, rank)
+    if source is None or weight is None:
+        return None
+    lo, hi, zp = source
+    if accumulator_bound(weight, reduce_axis, lo, hi, zp) > EXACT_LIMIT:
+        return None
+    return weight, lo, hi, zp
+
+
 def _conv_int8(matches: Matches, _uses: Counter, _binding_of) -> Optional[object]:
     """``conv2d_int8``: ``conv2d(int32(x) - zp, W) = conv2d_int8(x, int8(W), zp)`` (NCHW/OIHW,
     int32 result; padding reads ``zp`` on both sides)."""
@@ -137,12 +150,10 @@ def _conv_int8(matches: Matches, _uses: Counter, _binding_of) -> Optional[object
         return None
     if (str(at.out_layout) or "NCHW") != "NCHW" or not _int32_out(conv):
         return None
-    source, weight = _source_range(matches), _int8_weight(matches, 4)
-    if source is None or weight is None:
+    checked = _exact_operands(matches, 4, 0)
+    if checked is None:
         return None
-    lo, hi, zp = source
-    if accumulator_bound(weight, 0, lo, hi, zp) > EXACT_LIMIT:
-        return None
+    weight, lo, hi, zp = checked
     groups, dil = int(at.groups), [int(d) for d in at.dilation]
     call = lib.conv2d_int8_call(at.strides, at.padding, dil, groups, xzp=True)
     if not _conv_patch_agrees(weight, groups, dil, lo, hi, zp, _dtype(matches[_X8])):
@@ -172,12 +183,10 @@ def _matmul_int8(matches: Matches, _uses: Counter, _binding_of) -> Optional[obje
     call = matches[_MATMUL]
     if not _int32_out(call) or len(matches[_X8].ty.shape) < 2:
         return None
-    source, weight = _source_range(matches), _int8_weight(matches, 2)
-    if source is None or weight is None:
+    checked = _exact_operands(matches, 2, 1)
+    if checked is None:
         return None
-    lo, hi, zp = source
-    if accumulator_bound(weight, 1, lo, hi, zp) > EXACT_LIMIT:
-        return None
+    weight, lo, hi, zp = checked
     x = _extreme_input((1, weight.shape[0]), lo, hi, _dtype(matches[_X8]))
     expected = (x.astype(np.int64) - zp) @ weight.astype(np.int64)
     if not _kernel_agrees(lib.MATMUL_INT8, "xzp=1", x, weight, zp, expected,
