@@ -2,6 +2,8 @@
 
 import json
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -12,7 +14,8 @@ from tvm_ollie.bench import __main__ as cli  # noqa: E402
 from tvm_ollie.bench.harness import run_bench  # noqa: E402
 from tvm_ollie.bench.systems import Prepared, register_system  # noqa: E402
 from tvm_ollie.bench.timing import measure_rounds, rotation  # noqa: E402
-from tvm_ollie.bench.worker import Worker, WorkerFailed, cpu_seconds, wait_idle  # noqa: E402
+from tvm_ollie.bench.worker import (  # noqa: E402
+    Worker, WorkerFailed, cpu_seconds, running_threads, wait_idle)  # noqa: E402
 
 _CALLS = {"n": 0}
 
@@ -166,6 +169,32 @@ def test_wait_idle_returns_for_an_idle_process():
     assert cpu_seconds(os.getpid()) > 0
     assert wait_idle(os.getpid(), max_wait_s=0.05) < 1.0  # this test's process: under 50 ms
     assert cpu_seconds(2**22 + 12345) is None  # no such process
+    assert running_threads(2**22 + 12345) is None
+
+
+def _spin(stop: threading.Event) -> None:
+    while not stop.is_set():
+        pass
+
+
+def test_wait_idle_waits_for_a_spinning_thread():
+    """A thread that spins counts as running however short the window (its CPU time would
+    read as unchanged between two scheduler ticks); the wait ends once it stops."""
+    me = threading.get_native_id()
+    stop = threading.Event()
+    thread = threading.Thread(target=_spin, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.01)
+        assert running_threads(os.getpid(), exclude=[me]) >= 1
+        assert wait_idle(os.getpid(), max_wait_s=0.05) >= 0.05  # still spinning: the full wait
+        threading.Timer(0.05, stop.set).start()
+        waited = wait_idle(os.getpid(), max_wait_s=5.0)
+        assert 0.03 <= waited < 5.0
+    finally:
+        stop.set()
+        thread.join()
+    assert running_threads(os.getpid(), exclude=[me]) == 0
 
 
 def test_cli_mode_option():
