@@ -4,7 +4,8 @@ import argparse
 
 import pytest
 
-from tvm_ollie.bench.stability import build_parser, run_stability, stability_row, stability_table
+from tvm_ollie.bench.stability import (
+    build_parser, compare_systems, comparison_table, run_stability, stability_row, stability_table)
 
 
 def test_table_gives_fastest_slowest_and_their_ratio():
@@ -16,13 +17,34 @@ def test_table_gives_fastest_slowest_and_their_ratio():
     assert "| m2 | 1.000 | error | - | 1.000 | 1.000 | 1.00 |" in table
     assert "weights as constants" in table
     args = build_parser().parse_args(["--models", "infogan"])
-    assert args.builds == 3 and args.weights == "constants" and args.system == "ollie"
+    assert args.builds == 3 and args.weights == "constants" and args.systems == ["ollie"]
+    args = build_parser().parse_args(["--models", "candy", "--system", "ollie", "ollie-joint"])
+    assert args.systems == ["ollie", "ollie-joint"]
+
+
+def _row(model, system, *medians):
+    return stability_row(model, [{"median_s": m * 1e-3} for m in medians], system)
+
+
+def test_systems_compared_with_the_first_beyond_or_within_the_spread():
+    rows = [_row("a", "ollie", 2.0, 2.2, 2.1), _row("a", "ollie-joint", 2.5, 2.6, 2.4),
+            _row("b", "ollie", 2.0, 3.0, 2.5), _row("b", "ollie-joint", 2.9, 2.2, 2.4),
+            _row("c", "ollie", 4.0, 4.1), _row("c", "ollie-joint", 3.0, 3.1)]  # fmt: skip
+    found = {c["model"]: c for c in compare_systems(rows)}
+    assert found["a"]["verdict"] == "slower beyond the spread"
+    assert found["a"]["ratio"] == pytest.approx(2.5 / 2.1)
+    assert found["b"]["verdict"] == "within spread" and found["b"]["against"] == "ollie"
+    assert found["c"]["verdict"] == "faster beyond the spread"
+    assert "| a | ollie-joint | ollie | 1.19 | slower beyond the spread |" in comparison_table(
+        compare_systems(rows))
+    table = stability_table(rows, "ollie / ollie-joint", "constants")
+    assert "| a | ollie-joint | 2.500 | 2.600 | 2.400 | 2.400 | 2.600 | 1.08 |" in table
 
 
 @pytest.mark.slow
 def test_two_builds_of_a_tiny_model_each_timed_in_its_own_process(tmp_path):
     pytest.importorskip("torch")
-    args = argparse.Namespace(models=["infogan"], builds=2, system="tvm", weights="params",
+    args = argparse.Namespace(models=["infogan"], builds=2, systems=["tvm"], weights="params",
                               threads=1, trials=0, budget=0.05, min_rounds=3,
                               out=str(tmp_path))  # fmt: skip
     results = run_stability(args, log=lambda _: None)

@@ -20,7 +20,10 @@ from .outcome import Outcome
 from .tvm_build import build_tvm, make_target
 
 #: Systems whose executable can be exported: the ollie pipeline and TVM's default one.
-EXPORTABLE = ("ollie", "tvm")
+EXPORTABLE = ("ollie", "ollie-joint", "tvm")
+
+#: The pass options of each ollie system that can be exported (as in :mod:`.systems`).
+_OLLIE_OPTIONS = {"ollie": {}, "ollie-joint": {"orchestrate": True, "joint": True}}
 
 
 def build_and_export(system: str, model: str, path: str, work_dir: str, quick: bool = True,
@@ -39,8 +42,9 @@ def build_and_export(system: str, model: str, path: str, work_dir: str, quick: b
     import_s = time.perf_counter() - start
     target = make_target("llvm", threads)
     start = time.perf_counter()
-    if system == "ollie":
-        ex, _ = ollie_build(mod, target=target, trials=trials, work_dir=work_dir)
+    if system in _OLLIE_OPTIONS:
+        ex, _ = ollie_build(mod, target=target, trials=trials, work_dir=work_dir,
+                            **_OLLIE_OPTIONS[system])
     else:
         ex = build_tvm(mod, target, trials, work_dir).executable
     compile_s = time.perf_counter() - start

@@ -10,6 +10,12 @@ PyTorch eager. The table gives each build's median, the fastest and the slowest,
 slowest / fastest (1.00: the builds run alike)::
 
     python -m tvm_ollie.bench.stability --models resnet18 yolox --builds 3 --threads 2
+
+With several systems (``--systems ollie ollie-joint``) every build of every system is timed in
+the same rounds, and a second table compares each system with the first: the ratio of the
+medians of their builds, and whether the two ranges of builds overlap ("beyond the spread":
+the faster system's slowest build is faster than the other's fastest), which is how issue 28
+asks that the joint build be never slower than derivation alone.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 import time
 from typing import Callable, Dict, List, Optional
@@ -34,25 +41,30 @@ def _ms(seconds: Optional[float]) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.3f}"
 
 
-def stability_row(model: str, builds: List[dict]) -> dict:
-    """The table's row of one model from its builds (each with ``median_s`` when timed)."""
+def stability_row(model: str, builds: List[dict], system: str = "ollie") -> dict:
+    """The table's row of one model and system from its builds (each with ``median_s`` when
+    timed)."""
     times = [b["median_s"] for b in builds if b.get("median_s")]
-    row = {"model": model, "builds": builds, "timed": len(times)}
+    row = {"model": model, "system": system, "builds": builds, "timed": len(times)}
     if times:
-        row.update(fastest_s=min(times), slowest_s=max(times), spread=max(times) / min(times))
+        row.update(fastest_s=min(times), slowest_s=max(times), spread=max(times) / min(times),
+                   median_s=statistics.median(times))  # fmt: skip
     return row
 
 
 def stability_table(rows: List[dict], system: str, weights: str) -> str:
-    """Markdown: per model each build's median (ms), fastest, slowest and slowest / fastest."""
+    """Markdown: per model (and system, when the rows have several) each build's median (ms),
+    fastest, slowest and slowest / fastest."""
     width = max((len(r["builds"]) for r in rows), default=0)
-    header = ["model"] + [f"build {i + 1} ms" for i in range(width)]
+    several = len({r.get("system", system) for r in rows}) > 1
+    header = ["model"] + (["system"] if several else [])
+    header += [f"build {i + 1} ms" for i in range(width)]
     header += ["fastest ms", "slowest ms", "slowest / fastest"]
     lines = [f"`{system}` builds, weights as {weights}; each library timed alone in its own "
              "process, the processes taking turns.", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]  # fmt: skip
     for row in rows:
-        cells = [row["model"]]
+        cells = [row["model"]] + ([row.get("system", system)] if several else [])
         for build in row["builds"]:
             cells.append(_ms(build["median_s"]) if build.get("median_s") else
                          build.get("status", "-"))  # fmt: skip
@@ -64,22 +76,53 @@ def stability_table(rows: List[dict], system: str, weights: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _build_all(model: str, args, out: str, log: Callable[[str], None]) -> List[dict]:
+def compare_systems(rows: List[dict]) -> List[dict]:
+    """Each model's rows of the second and later systems against its first system's row:
+    ``ratio`` (median of the other's builds / median of the first's; above 1: the other is
+    slower) and ``verdict`` (``slower``/``faster`` beyond the spread when the ranges of builds
+    do not overlap, else ``within spread``)."""
+    firsts: Dict[str, dict] = {}
+    out = []
+    for row in rows:
+        first = firsts.setdefault(row["model"], row)
+        if first is row or "median_s" not in row or "median_s" not in first:
+            continue
+        if row["fastest_s"] > first["slowest_s"]:
+            verdict = "slower beyond the spread"
+        elif row["slowest_s"] < first["fastest_s"]:
+            verdict = "faster beyond the spread"
+        else:
+            verdict = "within spread"
+        out.append({"model": row["model"], "system": row["system"], "against": first["system"],
+                    "ratio": row["median_s"] / first["median_s"], "verdict": verdict})
+    return out
+
+
+def comparison_table(comparisons: List[dict]) -> str:
+    """Markdown of :func:`compare_systems`."""
+    lines = ["| model | system | against | median / median | verdict |", "|---|---|---|---|---|"]
+    lines += [f"| {c['model']} | {c['system']} | {c['against']} | {c['ratio']:.2f} | "
+              f"{c['verdict']} |" for c in comparisons]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def _build_all(model: str, system: str, args, out: str,
+               log: Callable[[str], None]) -> List[dict]:  # fmt: skip
     builds = []
     for i in range(args.builds):
-        base = os.path.join(out, "work", model, f"build-{i + 1}")
+        base = os.path.join(out, "work", model, system, f"build-{i + 1}")
         shutil.rmtree(base, ignore_errors=True)  # a fresh work dir: nothing reused
-        kwargs = dict(system=args.system, model=model, path=os.path.join(base, "model.so"),
+        kwargs = dict(system=system, model=model, path=os.path.join(base, "model.so"),
                       work_dir=os.path.join(base, "work"), quick=True, weights=args.weights,
                       threads=args.threads, trials=args.trials)  # fmt: skip
-        worker = Worker(f"{model}-build-{i + 1}", build_and_export, kwargs)
+        worker = Worker(f"{model}-{system}-build-{i + 1}", build_and_export, kwargs)
         try:
             result = worker.ready()[0]
         except WorkerFailed as err:
             result = {"status": "error", "reason": str(err)}
         finally:
             worker.close()
-        log(f"  {model} build {i + 1}: {result.get('status')} "
+        log(f"  {model} {system} build {i + 1}: {result.get('status')} "
             f"({result.get('compile_s', 0):.1f} s)")  # fmt: skip
         builds.append(result)
     return builds
@@ -138,16 +181,24 @@ def run_stability(args: argparse.Namespace, log: Callable[[str], None] = print) 
     results = {"config": {k: v for k, v in vars(args).items() if k != "func"},
                "started": time.strftime("%Y-%m-%d %H:%M:%S"), "models": []}  # fmt: skip
     for model in args.models:
-        builds = _build_all(model, args, out, log)
-        _time_all(model, builds, args, log)
-        results["models"].append(stability_row(model, builds))
-        table = stability_table(results["models"], args.system, args.weights)
+        builds = {system: _build_all(model, system, args, out, log) for system in args.systems}
+        _time_all(model, [b for system in args.systems for b in builds[system]], args, log)
+        results["models"] += [stability_row(model, builds[system], system)
+                              for system in args.systems]  # fmt: skip
+        results["comparisons"] = compare_systems(results["models"])
         with open(os.path.join(out, "stability.json"), "w", encoding="utf-8") as f:
             json.dump(results, f, indent=1, default=str)
         with open(os.path.join(out, "stability.md"), "w", encoding="utf-8") as f:
-            f.write("# Build stability\n\n" + table)
-    log(stability_table(results["models"], args.system, args.weights))
+            f.write("# Build stability\n\n" + _tables(results, args))
+    log(_tables(results, args))
     return results
+
+
+def _tables(results: dict, args: argparse.Namespace) -> str:
+    text = stability_table(results["models"], " / ".join(args.systems), args.weights)
+    if results.get("comparisons"):
+        text += "\n" + comparison_table(results["comparisons"])
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -156,7 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
                                      description=__doc__.split("\n\n")[0])  # fmt: skip
     parser.add_argument("--models", nargs="+", required=True, help="zoo models (quick sizes)")
     parser.add_argument("--builds", type=int, default=3, help="builds per model (default 3)")
-    parser.add_argument("--system", choices=EXPORTABLE, default="ollie")
+    parser.add_argument("--systems", "--system", nargs="+", choices=EXPORTABLE, default=["ollie"],
+                        help="systems whose builds are compared (default ollie); the first is "
+                        "the one the others are compared with")
     parser.add_argument("--weights", choices=("constants", "params"), default="constants")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--trials", type=int, default=0, help="tuning trials per build")
