@@ -47,6 +47,7 @@ from ..target import gpu_available, is_gpu_target, normalize_target
 from ..tune.budget import TrialBudget
 from ..tune.calibrate import calibrate
 from ..tune.metaschedule import Tuner
+from ..tune.records import MachineStore
 from .alternatives import Alternative, Candidates, UnitAlternatives
 from .checking import RTOL, Checker, CheckFn, VerdictCache, check_exact, checked
 from .choosing import (MARGIN, Choice, Chooser, Decision, choose_analytic, choose_forced,
@@ -136,7 +137,7 @@ class Decider:
         self.check_untuned = bool(check_untuned)
         self.library = _library_enabled(cfg.library, self.target)
         with stage("calibration"):
-            self.calib = calibration or calibrate(self.target)
+            self.calib = calibration or calibrate(self.target, cache=cfg.derivation_cache)
         self.trials = int(cfg.trials)
         self.search_time_s = cfg.search_time_s
         self.max_measured = cfg.max_measured
@@ -167,7 +168,8 @@ class Decider:
             if cfg.derivation_cache else None)
         self.measures = self.cost_model is not None and self.cost_model.measured
         #: the measured decisions: alternatives timed together, evidence kept in work_dir
-        self.timing = DecisionTiming(self.cost_model, DecisionRecords(self.work_dir)) \
+        self.timing = DecisionTiming(self.cost_model, DecisionRecords(
+            self.work_dir, shared_records(self.cost_model, self.target, cfg))) \
             if self.measures else None
         self.cache: Dict[str, Decision] = {}
         self.verify_s = 0.0
@@ -266,6 +268,17 @@ class Decider:
         return choose_measured(base, better, names, n_cand, check,  # check -> cost -> choose
                                functools.partial(self.cost, unit), self.max_measured, mode,
                                self.timing.step(unit, sig))
+
+
+def shared_records(model: Optional[UnitCostModel], target,
+                   cfg: OllieConfig) -> Optional[MachineStore]:
+    """The per-user cache of the timed decisions' evidence (:class:`~.measuring.DecisionRecords`)
+    for ``model``: only the untuned timing of this machine (not the tuned one, whose timings
+    depend on the work dir's tuning records; not a caller's timer; not through ``rpc``, whose
+    devices are not this machine), with the config's ``derivation_cache`` on."""
+    if type(model) is not UntunedTiming or model.rpc is not None:  # pylint: disable=unidiomatic-typecheck
+        return None
+    return MachineStore.for_run(target, "decisions", cfg.derivation_cache)
 
 
 def _library_enabled(library: Optional[bool], target) -> bool:

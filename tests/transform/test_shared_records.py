@@ -1,0 +1,105 @@
+"""The timed decisions' evidence kept per machine (:class:`~tvm_ollie.tune.records.MachineStore`
+behind :class:`~tvm_ollie.transform.measuring.DecisionRecords`): a build in a fresh work dir on
+the same machine takes the same decisions and times nothing; another thread count, or
+``TVM_OLLIE_REMEASURE``, times again; a caller's timer and the tuned timing keep nothing."""
+
+import importlib
+
+import pytest
+
+import small_models as sm
+from tvm_ollie.config import OllieConfig
+from tvm_ollie.transform import optimize_module
+from tvm_ollie.transform.costing import CallableTiming, TunedTiming, UntunedTiming
+from tvm_ollie.transform.decide import shared_records
+from tvm_ollie.tune.machine import REMEASURE_ENV
+
+measuring = importlib.import_module("tvm_ollie.transform.measuring")
+
+#: conv1x1 under the fixed calibration: its matmul form is shortlisted, so the untuned check
+#: times it against the original
+OPTS = dict(max_depth=2, search_time_s=1.0, calibration=sm.LLVM_CALIB, library=False,
+            check_untuned=True, trials=0)
+
+
+@pytest.fixture(name="timed")
+def _timed(monkeypatch):
+    """The decisions timed (each appends its alternatives' labels)."""
+    seen = []
+    real = measuring.compare
+
+    def compare(samplers, *args, **kwargs):
+        seen.append(sorted(samplers))
+        return real(samplers, *args, **kwargs)
+
+    monkeypatch.setattr(measuring, "compare", compare)
+    return seen
+
+
+def _decisions(report):
+    return [(d.chosen, d.after_s) for d in report.decisions]
+
+
+def test_a_fresh_work_dir_reads_the_evidence_back(tmp_path, timed):
+    _, first = optimize_module(sm.conv1x1(), "llvm", work_dir=str(tmp_path / "a"), **OPTS)
+    assert len(timed) == 1
+    _, again = optimize_module(sm.conv1x1(), "llvm", work_dir=str(tmp_path / "b"), **OPTS)
+    assert len(timed) == 1 and _decisions(again) == _decisions(first)
+    _, none = optimize_module(sm.conv1x1(), "llvm", **OPTS)  # no work dir at all
+    assert len(timed) == 1 and _decisions(none) == _decisions(first)
+
+
+@pytest.mark.parametrize("change", ["threads", "remeasure", "cache off"])
+def test_another_thread_count_or_a_remeasure_times_again(tmp_path, monkeypatch, timed, change):
+    optimize_module(sm.conv1x1(), "llvm", work_dir=str(tmp_path / "a"), **OPTS)
+    opts = dict(OPTS)
+    if change == "threads":
+        monkeypatch.setenv("TVM_NUM_THREADS", "5")
+    elif change == "remeasure":
+        monkeypatch.setenv(REMEASURE_ENV, "1")
+    else:
+        opts["derivation_cache"] = False
+    optimize_module(sm.conv1x1(), "llvm", work_dir=str(tmp_path / "b"), **opts)
+    assert len(timed) == 2
+
+
+def test_only_this_machines_untuned_timing_is_shared(tmp_path, monkeypatch):
+    monkeypatch.setenv("TVM_OLLIE_CACHE_DIR", str(tmp_path))
+    cfg = OllieConfig()
+    assert shared_records(UntunedTiming("llvm"), "llvm", cfg) is not None
+    assert shared_records(UntunedTiming("llvm"), "llvm", cfg.replace(derivation_cache=False)) \
+        is None
+    assert shared_records(CallableTiming(lambda _m, _l: 1.0), "llvm", cfg) is None
+    assert shared_records(TunedTiming("llvm", None, 4, None), "llvm", cfg) is None
+    assert shared_records(None, "llvm", cfg) is None
+
+
+def test_a_corrupt_record_is_ignored_with_one_warning(tmp_path, monkeypatch, timed,
+                                                      stand_in_log):
+    dcache = importlib.import_module("tvm_ollie.derive.cache")
+    monkeypatch.setattr(dcache, "LOG", stand_in_log)
+    monkeypatch.setattr(dcache, "_WARNED", set())
+    monkeypatch.setenv("TVM_OLLIE_CACHE_DIR", str(tmp_path / "cache"))
+    _, first = optimize_module(sm.conv1x1(), "llvm", **OPTS)
+    folder = tmp_path / "cache" / "machine"
+    for entry in folder.iterdir():
+        entry.write_text('{"key": ')
+    _, again = optimize_module(sm.conv1x1(), "llvm", **OPTS)
+    assert len(timed) == 2 and [d.chosen for d in again.decisions] == \
+        [d.chosen for d in first.decisions]
+    assert sum("corrupt" in line for line in stand_in_log.lines) == 1
+
+
+def test_an_unwritable_cache_still_compiles(tmp_path, monkeypatch, timed, stand_in_log):
+    dcache = importlib.import_module("tvm_ollie.derive.cache")
+    monkeypatch.setattr(dcache, "LOG", stand_in_log)
+    monkeypatch.setattr(dcache, "_WARNED", set())
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    monkeypatch.setenv("TVM_OLLIE_CACHE_DIR", str(blocker))
+    for _ in range(2):
+        _, report = optimize_module(sm.conv1x1(), "llvm", **OPTS)
+        assert report.decisions[0].chosen
+    assert len(timed) == 2
+    warned = [line for line in stand_in_log.lines if "not writable" in line]
+    assert len(warned) == len(set(warned)) and any("machine" in line for line in warned)
