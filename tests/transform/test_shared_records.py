@@ -6,6 +6,7 @@ the same machine takes the same decisions and times nothing; another thread coun
 import importlib
 
 import pytest
+import tvm_ffi
 
 import small_models as sm
 from tvm_ollie.config import OllieConfig
@@ -81,13 +82,16 @@ def test_a_corrupt_record_is_ignored_with_one_warning(tmp_path, monkeypatch, tim
     monkeypatch.setattr(dcache, "_WARNED", set())
     monkeypatch.setenv("TVM_OLLIE_CACHE_DIR", str(tmp_path / "cache"))
     _, first = optimize_module(sm.conv1x1(), "llvm", **OPTS)
-    folder = tmp_path / "cache" / "machine"
-    for entry in folder.iterdir():
-        entry.write_text('{"key": ')
-    _, again = optimize_module(sm.conv1x1(), "llvm", **OPTS)
-    assert len(timed) == 2 and [d.chosen for d in again.decisions] == \
-        [d.chosen for d in first.decisions]
-    assert sum("corrupt" in line for line in stand_in_log.lines) == 1
+    entries = list((tmp_path / "cache" / "machine").iterdir())
+    assert len(entries) == 2  # the decision's evidence, the decision
+    for _ in range(2):  # (the second time, the entries written again are read back)
+        for entry in entries:
+            entry.write_text('{"key": ')
+        _, again = optimize_module(sm.conv1x1(), "llvm", **OPTS)
+        assert [d.chosen for d in again.decisions] == [d.chosen for d in first.decisions]
+    assert len(timed) == 3
+    warned = [line for line in stand_in_log.lines if "corrupt" in line]
+    assert len(warned) == len(entries) == len(set(warned))  # one each
 
 
 def test_an_unwritable_cache_still_compiles(tmp_path, monkeypatch, timed, stand_in_log):
@@ -103,3 +107,34 @@ def test_an_unwritable_cache_still_compiles(tmp_path, monkeypatch, timed, stand_
     assert len(timed) == 2
     warned = [line for line in stand_in_log.lines if "not writable" in line]
     assert len(warned) == len(set(warned)) and any("machine" in line for line in warned)
+
+
+def test_a_remembered_decision_skips_search_checks_and_timing(tmp_path, monkeypatch, timed):
+    """The whole decision read back: nothing derived, checked or timed, the same module."""
+    checking = importlib.import_module("tvm_ollie.transform.checking")
+    first_mod, first = optimize_module(sm.conv1x1(), "llvm", work_dir=str(tmp_path / "a"),
+                                       **OPTS)
+
+    def fail(*_args, **_kwargs):
+        raise AssertionError("searched, checked or timed again")
+
+    monkeypatch.setattr(checking, "numeric_evidence", fail)
+    monkeypatch.setattr("tvm_ollie.transform.alternatives.derive", fail)
+    monkeypatch.setattr("tvm_ollie.transform.decide.DerivationCache.get", fail)
+    again_mod, again = optimize_module(sm.conv1x1(), "llvm", work_dir=str(tmp_path / "b"),
+                                       **OPTS)
+    assert len(timed) == 1 and again.derivations["decided before"] == 1
+    assert [(d.chosen, d.reason, d.after_s, d.names) for d in again.decisions] == \
+        [(d.chosen, d.reason, d.after_s, d.names) for d in first.decisions]
+    assert again.decisions[0].rewritten
+    assert tvm_ffi.structural_equal(again_mod, first_mod)
+    assert "1 signatures decided before" in again.to_text()
+
+
+def test_a_given_checker_or_timer_decides_again(tmp_path, timed):
+    optimize_module(sm.conv1x1(), "llvm", **OPTS)
+    optimize_module(sm.conv1x1(), "llvm", timer=lambda _m, _l: 1e-3, **OPTS)
+    _, report = optimize_module(sm.conv1x1(), "llvm",
+                                checker=lambda _r, _c: (False, "rejected"), **OPTS)
+    assert len(timed) == 2 and "decided before" not in report.derivations
+    assert not report.decisions[0].rewritten
