@@ -79,7 +79,8 @@ class RememberedDecisions:
     def key(self, unit, signature: str) -> Optional[str]:
         """The key of ``unit``'s decision (None: its module cannot be built or hashed)."""
         try:
-            digest = str(tvm_ffi.structural_hash(unit_module(unit)))
+            with stage("decision cache"):
+                digest = str(tvm_ffi.structural_hash(unit_module(unit)))
         except Exception as err:  # pylint: disable=broad-except
             LOG.debug("ollie: no decision key (%s: %s)", type(err).__name__, err)
             return None
