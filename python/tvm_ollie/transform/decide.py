@@ -310,7 +310,8 @@ def shared_records(model: Optional[UnitCostModel], target,
     for ``model``: only the untuned timing of this machine (not the tuned one, whose timings
     depend on the work dir's tuning records; not a caller's timer; not through ``rpc``, whose
     devices are not this machine), with the config's ``derivation_cache`` on."""
-    if type(model) is not UntunedTiming or model.rpc is not None:  # pylint: disable=unidiomatic-typecheck
+    untuned = isinstance(model, UntunedTiming) and not isinstance(model, TunedTiming)
+    if not untuned or model.rpc is not None:
         return None
     return MachineStore.for_run(target, "decisions", cfg.derivation_cache)
 
