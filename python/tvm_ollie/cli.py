@@ -485,9 +485,11 @@ def _add_search_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-derive", action="store_true",
                         help="no derived programs (only the operators' implementations compete)")
     parser.add_argument("--no-derivation-cache", action="store_true",
-                        help="search every operator signature again (default: reuse the "
-                             "derivations cached in --work-dir and in $TVM_OLLIE_CACHE_DIR, "
-                             "~/.cache/tvm_ollie)")
+                        help="search, check and time every operator signature again "
+                             "(default: reuse the derivations and verdicts cached in "
+                             "--work-dir and in $TVM_OLLIE_CACHE_DIR, ~/.cache/tvm_ollie, and "
+                             "this machine's calibration, timings and decisions kept there; "
+                             "TVM_OLLIE_REMEASURE=1 measures and decides again)")
 
 
 def _add_rpc_options(parser: argparse.ArgumentParser) -> None:
