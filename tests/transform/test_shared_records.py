@@ -138,3 +138,24 @@ def test_a_given_checker_or_timer_decides_again(tmp_path, timed):
                                 checker=lambda _r, _c: (False, "rejected"), **OPTS)
     assert len(timed) == 2 and "decided before" not in report.derivations
     assert not report.decisions[0].rewritten
+
+
+@pytest.mark.parametrize("change", [dict(max_measured=2), dict(max_depth=1),
+                                    dict(calibration="other"), dict(search_time_s=2.0)])
+def test_another_option_or_calibration_decides_again(monkeypatch, change):
+    decide = importlib.import_module("tvm_ollie.transform.decide")
+    taken = []
+    real = decide.Decider._decide  # pylint: disable=protected-access
+
+    def counted(self, *args):
+        taken.append(1)
+        return real(self, *args)
+
+    monkeypatch.setattr(decide.Decider, "_decide", counted)
+    optimize_module(sm.conv1x1(), "llvm", **OPTS)
+    optimize_module(sm.conv1x1(), "llvm", **OPTS)
+    assert taken == [1]
+    if change.get("calibration") == "other":
+        change = dict(calibration=sm.LLVM_CALIB.with_roof(5e10, 2e10))
+    optimize_module(sm.conv1x1(), "llvm", **dict(OPTS, **change))
+    assert taken == [1, 1]
