@@ -177,7 +177,10 @@ def _build(mod: "tvm.IRModule", cfg: OllieConfig, hooks: dict
     tuner = Tuner(tgt, work_dir, rpc=cfg.rpc) if (tunable or has_db) else None
     orch = cfg.orchestrate_config() if cfg.orchestrate else None
     verdict = _recorded_verdict(mod, new_mod, report, cfg, plan_timer)
-    known = verdict.known() if verdict is not None else None
+    known = None
+    if verdict is not None:
+        with stage("model guard"):  # (hashing both modules to look the verdict up)
+            known = verdict.known()
     if known is not None and known.winner == "original":  # TVM's build kept: build only it
         report.model_guard = _read_back(known)
         _revert(report, _reverted_because(report.model_guard))
