@@ -131,18 +131,18 @@ def test_a_remembered_decision_skips_search_checks_and_timing(tmp_path, monkeypa
     assert "1 signatures decided before" in again.to_text()
 
 
-def test_a_given_checker_or_timer_decides_again(tmp_path, timed):
+def test_a_given_checker_or_timer_decides_again(monkeypatch):
+    taken = _count_decisions(monkeypatch)
     optimize_module(sm.conv1x1(), "llvm", **OPTS)
     optimize_module(sm.conv1x1(), "llvm", timer=lambda _m, _l: 1e-3, **OPTS)
     _, report = optimize_module(sm.conv1x1(), "llvm",
                                 checker=lambda _r, _c: (False, "rejected"), **OPTS)
-    assert len(timed) == 2 and "decided before" not in report.derivations
+    assert len(taken) == 3 and "decided before" not in report.derivations
     assert not report.decisions[0].rewritten
 
 
-@pytest.mark.parametrize("change", [dict(max_measured=2), dict(max_depth=1),
-                                    dict(calibration="other"), dict(search_time_s=2.0)])
-def test_another_option_or_calibration_decides_again(monkeypatch, change):
+def _count_decisions(monkeypatch) -> list:
+    """The decisions taken (not read back): one entry each."""
     decide = importlib.import_module("tvm_ollie.transform.decide")
     taken = []
     real = decide.Decider._decide  # pylint: disable=protected-access
@@ -152,6 +152,13 @@ def test_another_option_or_calibration_decides_again(monkeypatch, change):
         return real(self, *args)
 
     monkeypatch.setattr(decide.Decider, "_decide", counted)
+    return taken
+
+
+@pytest.mark.parametrize("change", [dict(max_measured=2), dict(max_depth=1),
+                                    dict(calibration="other"), dict(search_time_s=2.0)])
+def test_another_option_or_calibration_decides_again(monkeypatch, change):
+    taken = _count_decisions(monkeypatch)
     optimize_module(sm.conv1x1(), "llvm", **OPTS)
     optimize_module(sm.conv1x1(), "llvm", **OPTS)
     assert taken == [1]
