@@ -169,9 +169,7 @@ def _explain(args: argparse.Namespace) -> int:
         done = sum(1 for r in regions if r.rewritten)
         print(f"\nregions: {len(regions)}, {done} rewritten")
         print(region_lines(regions))
-    derived = getattr(report, "derivations", {})
-    print(f"\nderivations: {derived.get('cached', 0)} cached, {derived.get('searched', 0)} "
-          f"searched")
+    print(f"\nderivations: {report.derivations_text()}")
     print(prof.to_text())
     return 0
 

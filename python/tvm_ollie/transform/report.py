@@ -78,6 +78,16 @@ class OptimizeReport:
         """The decisions that replaced their call."""
         return [d for d in self.decisions if d.rewritten]
 
+    def derivations_text(self) -> str:
+        """``N cached, M searched`` (and how many signatures were decided before: their
+        decisions read back whole, :mod:`tvm_ollie.transform.remembered`)."""
+        derived = self.derivations
+        text = f"{derived.get('cached', 0)} cached, {derived.get('searched', 0)} searched"
+        if derived.get("decided before"):
+            text += f", {derived['decided before']} signatures decided before (per-machine " \
+                    "cache: no search, check or timing)"
+        return text
+
     def to_text(self, width: int = 60) -> str:
         """A table: one row per call, then the totals."""
         head = (f"{'function':<10} {'var':<10} {'operator':<44} {'before':>10} {'after':>10} "
@@ -106,11 +116,7 @@ class OptimizeReport:
             rows.append(f"{done}/{len(self.regions)} regions rewritten:")
             rows.extend(r.to_text() for r in self.regions)
         if any(self.derivations.values()):
-            rows.append(f"derivations: {self.derivations.get('cached', 0)} cached, "
-                        f"{self.derivations.get('searched', 0)} searched" + (
-                            f", {self.derivations['decided before']} signatures decided "
-                            "before (per-machine cache: no search, check or timing)"
-                            if self.derivations.get("decided before") else ""))
+            rows.append(f"derivations: {self.derivations_text()}")
         if self.compile_profile is not None:
             rows.append(self.compile_profile.to_text())
         if self.calibration:
