@@ -255,17 +255,24 @@ def test_explain_lists_each_operator(work):
     assert "rule path:" in out
 
 
-def test_explain_twice_reuses_the_derivations_and_profiles_the_stages(work):
+def test_explain_twice_reuses_the_derivations_and_profiles_the_stages(work, monkeypatch):
     path, _ = work
     counts = re.compile(r"derivations: (\d+) cached, (\d+) searched")
     first = ok(cli("explain", "tiny.onnx", *FAST, cwd=path))
     cached, searched = map(int, counts.search(first).groups())
     assert cached == 0 and searched >= 1
+    # the decisions remembered per machine are read back first; without them, the
+    # derivations are
+    monkeypatch.setenv("TVM_OLLIE_REMEASURE", "1")
     second = ok(cli("explain", "tiny.onnx", *FAST, cwd=path))
     assert counts.search(second).groups() == (str(searched), "0")
     profile = next(line for line in second.splitlines() if line.startswith("compile profile:"))
     for name in ("import", "lift", "derivation cache", "verify", "total"):
         assert name in profile
+    monkeypatch.delenv("TVM_OLLIE_REMEASURE")
+    third = ok(cli("explain", "tiny.onnx", *FAST, cwd=path))
+    assert counts.search(third).groups() == ("0", "0")
+    assert re.search(r", [1-9]\d* signatures decided before", third)
     off = ok(cli("explain", "tiny.onnx", "--no-derivation-cache", *FAST, cwd=path))
     assert counts.search(off).groups() == ("0", str(searched))
 

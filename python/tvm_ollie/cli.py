@@ -169,9 +169,7 @@ def _explain(args: argparse.Namespace) -> int:
         done = sum(1 for r in regions if r.rewritten)
         print(f"\nregions: {len(regions)}, {done} rewritten")
         print(region_lines(regions))
-    derived = getattr(report, "derivations", {})
-    print(f"\nderivations: {derived.get('cached', 0)} cached, {derived.get('searched', 0)} "
-          f"searched")
+    print(f"\nderivations: {report.derivations_text()}")
     print(prof.to_text())
     return 0
 
@@ -485,9 +483,11 @@ def _add_search_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-derive", action="store_true",
                         help="no derived programs (only the operators' implementations compete)")
     parser.add_argument("--no-derivation-cache", action="store_true",
-                        help="search every operator signature again (default: reuse the "
-                             "derivations cached in --work-dir and in $TVM_OLLIE_CACHE_DIR, "
-                             "~/.cache/tvm_ollie)")
+                        help="search, check and time every operator signature again "
+                             "(default: reuse the derivations and verdicts cached in "
+                             "--work-dir and in $TVM_OLLIE_CACHE_DIR, ~/.cache/tvm_ollie, and "
+                             "this machine's calibration, timings and decisions kept there; "
+                             "TVM_OLLIE_REMEASURE=1 measures and decides again)")
 
 
 def _add_rpc_options(parser: argparse.ArgumentParser) -> None:

@@ -28,9 +28,9 @@ from typing import Dict, Iterator, List, Optional
 __all__ = ["CompileProfile", "current_profile", "profile_scope", "stage"]
 
 #: Stage names in pipeline order (others are listed after these, in order of first use).
-STAGE_ORDER = ("import", "calibration", "regions", "lift", "search", "derivation cache", "verify",
-               "verification cache", "candidate builds", "timing", "orchestration", "tuning",
-               "emit", "tvm build", "model guard")
+STAGE_ORDER = ("import", "calibration", "regions", "decision cache", "lift", "search",
+               "derivation cache", "verify", "verification cache", "candidate builds", "timing",
+               "orchestration", "tuning", "emit", "tvm build", "model guard")
 
 _ACTIVE: contextvars.ContextVar = contextvars.ContextVar("tvm_ollie_profile", default=None)
 

@@ -122,9 +122,7 @@ def run_demo(
     print(f"\noutput {list(got.shape)}: max relative error vs TVM's build {err:.2e} "
           f"[{'ok' if ok else 'MISMATCH'}]", file=out)
     print(f"build time: TVM {base_build_s:.1f} s, ollie {ollie_build_s:.1f} s", file=out)
-    derived = report.derivations
-    print(f"derivations: {derived.get('cached', 0)} cached, {derived.get('searched', 0)} "
-          f"searched; {report.compile_profile}", file=out)
+    print(f"derivations: {report.derivations_text()}; {report.compile_profile}", file=out)
     print(f"latency (median of {repeat}): TVM {base_ms:.3f} ms, ollie {ollie_ms:.3f} ms, "
           f"speedup {base_ms / ollie_ms:.2f}x", file=out)
     print("demo " + ("passed" if ok else "FAILED"), file=out)

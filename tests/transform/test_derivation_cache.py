@@ -18,6 +18,14 @@ OPTS = dict(max_depth=2, search_time_s=4.0, calibration=sm.LLVM_CALIB, region_ca
 logging.getLogger("tvm_ollie.derive").setLevel(logging.CRITICAL)
 
 
+@pytest.fixture(autouse=True)
+def _no_remembered_decisions(monkeypatch):
+    """These tests are about the caches a decision is computed from: with the decisions
+    remembered per machine (:mod:`tvm_ollie.transform.remembered`), a second compile would read
+    the decision back before asking them. ``TVM_OLLIE_REMEASURE`` turns those reads off."""
+    monkeypatch.setenv("TVM_OLLIE_REMEASURE", "1")
+
+
 def _no_search(monkeypatch):
     """Make any derivation search fail the test."""
 

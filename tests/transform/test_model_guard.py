@@ -197,3 +197,65 @@ def test_reverting_covers_regions_and_folded_epilogues():
     assert [(u.after_s, u.reason, u.explain) for u in report.decisions + report.regions] == \
         [(2.0, "why", ""), (3.0, "why", "")]
     assert report.epilogues == {}
+
+
+def _fake_protocol(seconds, seen):
+    """Stands for the guard's default timing protocol (:func:`~.guard.alternating`)."""
+    def alternating(runs, **_kw):
+        seen.append(sorted(runs))
+        return {name: seconds[name] for name in runs}
+
+    return alternating
+
+
+@pytest.mark.parametrize("winner", ["rewritten", "original"])
+def test_the_verdict_is_kept_per_machine_and_the_loser_not_built_again(tmp_path, monkeypatch,
+                                                                       winner):
+    """A build in a fresh work dir on the same machine (the per-user cache kept) reads the
+    guard's verdict back and builds only the module it kept."""
+    build_mod = __import__("tvm_ollie.pipeline.build", fromlist=["alternating"])
+    seen = []
+    seconds = {"rewritten": 1e-3, "original": 2e-3}
+    if winner == "original":
+        seconds = {"rewritten": 2e-3, "original": 1e-3}
+    monkeypatch.setattr(build_mod, "alternating", _fake_protocol(seconds, seen))
+    mod = sm.conv1x1()
+    _, first = build(mod, "llvm", work_dir=str(tmp_path / "a"), **OPTS)
+    assert seen == [["original", "rewritten"]] and first.model_guard.winner == winner
+
+    def refused(*_args, **_kwargs):
+        raise AssertionError("the guard built and timed again")
+
+    built = []
+    real = build_mod._compile_final  # pylint: disable=protected-access
+
+    def compile_final(module, *args):
+        built.append("original" if module is mod else "rewritten")
+        return real(module, *args)
+
+    monkeypatch.setattr(build_mod, "guard_plans", refused)
+    monkeypatch.setattr(build_mod, "_compile_final", compile_final)
+    ex, again = build(mod, "llvm", work_dir=str(tmp_path / "b"), **OPTS)
+    assert built == [winner] and again.model_guard.winner == winner
+    assert again.model_guard.times() == first.model_guard.times()
+    assert any("per-machine cache" in note for note in again.model_guard.notes)
+    assert again.decisions[0].rewritten == (winner == "rewritten")
+    assert [d.reason for d in again.decisions] == [d.reason for d in first.decisions]
+    _check_equals_tvm(ex, mod)
+
+
+def test_a_test_timer_or_an_empty_cache_dir_keeps_nothing_per_machine(tmp_path, monkeypatch):
+    monkeypatch.setenv("TVM_OLLIE_CACHE_DIR", str(tmp_path / "cache"))
+    build(sm.conv1x1(), "llvm", plan_timer=_timer({"rewritten": 1e-3, "original": 2e-3}),
+          **OPTS)
+    stored = [p.read_text() for p in (tmp_path / "cache" / "machine").iterdir()]
+    assert stored and not any('\\"what\\": \\"model guard\\"' in text for text in stored)
+    assert all('\\"what\\": \\"unit decisions\\"' in text for text in stored)
+    monkeypatch.setenv("TVM_OLLIE_CACHE_DIR", "")
+    build_mod = __import__("tvm_ollie.pipeline.build", fromlist=["alternating"])
+    seen = []
+    monkeypatch.setattr(build_mod, "alternating",
+                        _fake_protocol({"rewritten": 1e-3, "original": 2e-3}, seen))
+    for _ in range(2):
+        build(sm.conv1x1(), "llvm", **OPTS)
+    assert len(seen) == 2

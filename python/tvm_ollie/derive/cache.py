@@ -64,8 +64,8 @@ from .canon import canonicalize
 from .program import Program, Stage, Step
 from .rules import ALL_RULES, SEARCH_RULES
 
-__all__ = ["CACHE_ENV", "CachedSearch", "DerivationCache", "EntryStore", "rules_version",
-           "user_cache_dir"]
+__all__ = ["CACHE_ENV", "CachedSearch", "DerivationCache", "EntryStore", "dump_program",
+           "load_program", "rules_version", "run_dirs", "user_cache_dir"]
 
 LOG = logging.getLogger(__name__)
 
@@ -427,7 +427,25 @@ def _dump_programs(programs: Sequence[Program], names: Mapping[str, str]) -> dic
     return {"nodes": table.rows, "programs": out}
 
 
-def _load_programs(data: Mapping, back: Mapping[str, str], expr: Scope) -> List[Program]:
+def dump_program(prog: Program) -> dict:
+    """``prog`` as JSON-able data (:func:`load_program` reads it back node for node); raises
+    ``ValueError``/``TypeError`` when the form cannot carry it exactly (a multi-output
+    program, a node or attribute of another type, or one that does not read back the same)."""
+    data = _dump_programs([prog], {})
+    (back,) = _load_programs(data, {}, prog.original)
+    if not _same_program(prog, back):
+        raise ValueError("the program does not read back the same")
+    return data
+
+
+def load_program(data: Mapping) -> Program:
+    """The program :func:`dump_program` wrote (raises on malformed data)."""
+    (prog,) = _load_programs(data, {}, None)
+    return prog
+
+
+def _load_programs(data: Mapping, back: Mapping[str, str],
+                   expr: Optional[Scope]) -> List[Program]:
     nodes = _load_nodes(data["nodes"], back)
 
     def node(ref):
@@ -438,7 +456,7 @@ def _load_programs(data: Mapping, back: Mapping[str, str], expr: Scope) -> List[
         stages = [Stage(s["name"], s["kind"], node(s["expr"]), ast.literal_eval(s["attrs"]),
                         s["label"]) for s in p["stages"]]
         original = node(p["original"])
-        if not isinstance(original, Scope) or original.shape != expr.shape:
+        if not isinstance(original, Scope) or expr is not None and original.shape != expr.shape:
             raise ValueError("the entry's original expression does not fit")
         steps = [Step(st["rule"], st["note"], node(st["expr"])) for st in p["steps"]]
         programs.append(Program(stages, original, p["output"], steps, node(p["derived"])))

@@ -25,7 +25,13 @@ of the original, so it wins ties::
 When the original is kept, every rewritten decision and region is reported reverted with the
 guard's verdict as the reason; ``report.model_guard`` holds the evidence
 (``OllieConfig.model_guard``, test hook ``plan_timer``), and ``work_dir`` keeps the verdict
-(:class:`RecordedVerdict`) for the next build of the same model.
+(:class:`RecordedVerdict`) for the next build of the same model. With the per-user cache on
+(``derivation_cache``, ``TVM_OLLIE_CACHE_DIR``) the verdict is also kept there, keyed by this
+machine, its threads, the target, TVM, the native library and the code
+(:class:`~tvm_ollie.tune.records.MachineStore`): a later build of the same two modules, in any
+work dir, reads it back, and when the rewritten module had won (its outputs agreed with the
+original's and it was separated faster) it does not build the original at all: the same two
+modules, built by the same code, TVM and library on the same machine, were compared before.
 """
 
 from __future__ import annotations
@@ -49,9 +55,11 @@ from ..transform.report import OptimizeReport
 from ..tune.budget import TrialBudget
 from ..tune.compare import Comparison, from_seconds
 from ..tune.metaschedule import Tuner
+from ..tune.records import MachineStore
 from ..tune.workdir import prepare_work_dir, work_dir_lock
 from .compile import compile_module, default_pipeline
-from .guard import GUARD_MARGIN, GuardError, GuardReport, alternating, guard_plans
+from .guard import (GUARD_MARGIN, GuardError, GuardReport, PlanOutcome, alternating,
+                    guard_plans)
 from .joint_plans import joint_build
 
 __all__ = ["MODEL_PREFERENCE", "PIPELINE_NAME", "RecordedVerdict", "build", "cuda_source",
@@ -168,6 +176,16 @@ def _build(mod: "tvm.IRModule", cfg: OllieConfig, hooks: dict
         f.endswith(".json") and "workload" in f for f in os.listdir(work_dir))
     tuner = Tuner(tgt, work_dir, rpc=cfg.rpc) if (tunable or has_db) else None
     orch = cfg.orchestrate_config() if cfg.orchestrate else None
+    verdict = _recorded_verdict(mod, new_mod, report, cfg, plan_timer)
+    known = None
+    if verdict is not None:
+        with stage("model guard"):  # (hashing both modules to look the verdict up)
+            known = verdict.known()
+    if known is not None and known.winner == "original":  # TVM's build kept: build only it
+        report.model_guard = _read_back(known)
+        _revert(report, _reverted_because(report.model_guard))
+        report.budget = budget
+        return _compile_final(mod, cfg, tuner, budget, tunable, orch), report
     try:
         ex = _compile_final(new_mod, cfg, tuner, budget, tunable, orch)
     except Exception as err:  # pylint: disable=broad-except
@@ -180,17 +198,28 @@ def _build(mod: "tvm.IRModule", cfg: OllieConfig, hooks: dict
         _revert(report, why)
         ex = _compile_final(mod, cfg, tuner, budget, tunable, orch)
     else:
-        if _rewritten_units(report) and model_guard_on(cfg):
+        if verdict is not None:
             def original():  # built as the rewritten module was, with the records it left
                 return compile_module(mod, tgt, budget.metered(tuner), 0, cfg.orchestrate,
                                       orchestrate_config=orch)
 
             with stage("model guard"):
-                timer = RecordedVerdict(DecisionRecords(work_dir), mod, new_mod, cfg,
-                                        plan_timer)
-                ex = _model_guard(mod, ex, original, report, tgt, timer)
+                ex = _model_guard(mod, ex, original, report, tgt, verdict)
     report.budget = budget
     return ex, report
+
+
+def _recorded_verdict(given, rewritten, report: OptimizeReport, cfg: OllieConfig,
+                      plan_timer) -> Optional["RecordedVerdict"]:
+    """The whole-model guard's timer when the guard runs (something rewritten, and
+    :func:`model_guard_on`), its verdict kept in ``work_dir`` and, with the per-user cache on
+    and no test timer, in the per-machine cache; None when the guard does not run."""
+    if not (_rewritten_units(report) and model_guard_on(cfg)):
+        return None
+    shared = MachineStore.for_run(cfg.target, "model guard",
+                                  cfg.derivation_cache and plan_timer is None)
+    return RecordedVerdict(DecisionRecords(cfg.work_dir, shared), given, rewritten, cfg,
+                           plan_timer)
 
 
 def model_guard_on(cfg: OllieConfig) -> bool:
@@ -218,7 +247,11 @@ def _model_guard(given: "tvm.IRModule", ex, original, report: OptimizeReport, tg
                  timer=None):
     """The rewritten executable ``ex`` or ``original()``, whichever the whole-model guard keeps
     (module docstring); the evidence goes to ``report.model_guard``."""
-    title = "whole-model guard: rewritten vs TVM's build of the original"
+    title = GUARD_TITLE
+    known = timer.known() if isinstance(timer, RecordedVerdict) else None
+    if known is not None and known.winner == "rewritten":  # compared here before: no build
+        report.model_guard = _read_back(known)
+        return ex
     try:
         args = sample_args(given["main"])
     except Exception as err:  # pylint: disable=broad-except
@@ -234,14 +267,30 @@ def _model_guard(given: "tvm.IRModule", ex, original, report: OptimizeReport, tg
         kept, winner = ex, "rewritten"
     guard.title = title
     if getattr(timer, "read_back", False):
-        guard.notes.append(f"verdict read back from work_dir/{DecisionRecords.FILE} (timed by "
-                           "an earlier build of the same two modules)")
+        guard.notes.append(f"verdict read back from work_dir/{DecisionRecords.FILE} or the "
+                           "per-machine cache (timed by an earlier build of the same two "
+                           "modules)")
     report.model_guard = guard
     if winner == "original":
         why = _reverted_because(guard)
         LOG.info("ollie: %s", why)
         _revert(report, why)
     return kept
+
+
+#: The first words of the whole-model guard's report.
+GUARD_TITLE = "whole-model guard: rewritten vs TVM's build of the original"
+
+
+def _read_back(comparison: Comparison) -> GuardReport:
+    """The guard's report of a verdict read back from the per-machine cache: the kept module
+    alone was built."""
+    plans = [PlanOutcome(name, comparison.seconds(name)) for name in ("rewritten", "original")]
+    other = "original" if comparison.winner == "rewritten" else "rewritten module"
+    return GuardReport(plans=plans, winner=comparison.winner, reference="original",
+                       comparison=comparison, title=GUARD_TITLE, notes=[
+                           "verdict read back from the per-machine cache (the same two modules "
+                           f"built and compared on this machine before); the {other} not built"])
 
 
 class RecordedVerdict:
@@ -256,14 +305,37 @@ class RecordedVerdict:
                  rewritten: "tvm.IRModule", cfg: OllieConfig, timer=None):
         self.records, self.timer, self.read_back = records, timer, False
         self.modules = (given, rewritten)
+        self._keyed: Optional[Tuple[str, str]] = None
         self.model = f"model guard {cfg.target} orchestrate={cfg.orchestrate} " \
                      f"trials={cfg.trials}"
 
     def _key(self) -> Tuple[str, str]:
-        """``(key, signature)``: hashed when the guard times (the modules may be large)."""
-        given, rewritten = (int(tvm_ffi.structural_hash(m)) for m in self.modules)
-        signature = f"whole model {given} -> {rewritten}"
-        return DecisionRecords.key(self.model, signature), signature
+        """``(key, signature)``: hashed once, when first asked (the modules may be large)."""
+        if self._keyed is None:
+            given, rewritten = (int(tvm_ffi.structural_hash(m)) for m in self.modules)
+            signature = f"whole model {given} -> {rewritten}"
+            self._keyed = DecisionRecords.key(self.model, signature), signature
+        return self._keyed
+
+    def known(self) -> Optional[Comparison]:
+        """The per-machine cache's comparison of these two modules (both ran, their outputs
+        agreed, and the two were timed on this machine, by this code, TVM and library); None
+        when there is none (then the guard builds both and compares, or reads the work dir's
+        verdict back, as before)."""
+        shared = self.records.shared
+        if shared is None:
+            return None
+        key, _ = self._key()
+        entry = shared.get(key)
+        try:
+            res = Comparison.from_dict(entry["comparison"]) if entry else None
+        except (KeyError, TypeError, ValueError):
+            return None
+        if res is None or res.winner not in ("rewritten", "original") or \
+                set(res.medians()) != {"rewritten", "original"}:
+            return None
+        self.read_back = True
+        return res
 
     def __call__(self, runs) -> Comparison:
         key, signature = self._key()

@@ -31,12 +31,12 @@ from typing import Callable, Dict, List, Optional, Tuple, Union
 import numpy as np
 import tvm_ffi
 
-from .. import native
 from ..codegen import library as lib
 from ..compat import relax, tvm
 from ..compile_profile import stage
 from ..derive.cache import EntryStore, rules_version, run_dirs
 from ..derive.program import Program
+from ..tune.machine import native_identity
 from ..tune.measure import random_args
 from ..verify.finite_field import check_program_mod_p
 from ..verify.tolerance import narrowest_float, tolerance
@@ -150,32 +150,6 @@ def checker_version() -> str:
         with open(path, "rb") as fh:
             digest.update(fh.read())
     return digest.hexdigest()[:16]
-
-
-@functools.lru_cache(maxsize=8)
-def _file_digest(path: str, size: int, mtime_ns: int) -> str:  # noqa: ARG001 (cache key)
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
-
-
-def native_identity() -> str:
-    """The loaded native library's identity: a hash of its file's content (and the path, size
-    and modification time of the vendor libraries it opens), or ``"none"``."""
-    if not native.available():
-        return "none"
-    try:
-        path = native.library_path()
-        st = os.stat(path)
-        parts = [_file_digest(path, st.st_size, st.st_mtime_ns)]
-        for dep in native.library_files()[:-1]:
-            dst = os.stat(dep)
-            parts.append(f"{dep}:{dst.st_size}:{dst.st_mtime_ns}")
-        return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
-    except (OSError, TypeError):
-        return "unknown"
 
 
 class VerdictCache:

@@ -47,6 +47,7 @@ from ..target import gpu_available, is_gpu_target, normalize_target
 from ..tune.budget import TrialBudget
 from ..tune.calibrate import calibrate
 from ..tune.metaschedule import Tuner
+from ..tune.records import MachineStore
 from .alternatives import Alternative, Candidates, UnitAlternatives
 from .checking import RTOL, Checker, CheckFn, VerdictCache, check_exact, checked
 from .choosing import (MARGIN, Choice, Chooser, Decision, choose_analytic, choose_forced,
@@ -54,6 +55,7 @@ from .choosing import (MARGIN, Choice, Chooser, Decision, choose_analytic, choos
 from .costing import (AnalyticUnitCost, CallableTiming, Timer, TunedTiming, UnitCostModel,
                       UntunedTiming)
 from .measuring import DecisionRecords, DecisionTiming
+from .remembered import RememberedDecisions
 from .units import (call_signature, constant_inputs, is_region, isolated_module, unit_module,
                     unit_operands, unit_signature)
 
@@ -127,6 +129,8 @@ class Decider:
         if timer is not None and cost_model is not None:
             raise ValueError("give a timer or a cost_model, not both")
         cfg = resolve_config(config, **options)
+        default = all(x is None for x in (timer, checker, chooser, tuner, cost_model, estimator,
+                                          derivations))  # (nothing of the caller's own)
         target = target if target is not None else cfg.target
         check_untuned, calibration, work_dir = cfg.check_untuned, cfg.calibration, cfg.work_dir
         self.target = normalize_target(target)
@@ -136,7 +140,7 @@ class Decider:
         self.check_untuned = bool(check_untuned)
         self.library = _library_enabled(cfg.library, self.target)
         with stage("calibration"):
-            self.calib = calibration or calibrate(self.target)
+            self.calib = calibration or calibrate(self.target, cache=cfg.derivation_cache)
         self.trials = int(cfg.trials)
         self.search_time_s = cfg.search_time_s
         self.max_measured = cfg.max_measured
@@ -167,10 +171,13 @@ class Decider:
             if cfg.derivation_cache else None)
         self.measures = self.cost_model is not None and self.cost_model.measured
         #: the measured decisions: alternatives timed together, evidence kept in work_dir
-        self.timing = DecisionTiming(self.cost_model, DecisionRecords(self.work_dir)) \
+        self.timing = DecisionTiming(self.cost_model, DecisionRecords(
+            self.work_dir, shared_records(self.cost_model, self.target, cfg))) \
             if self.measures else None
         self.cache: Dict[str, Decision] = {}
         self.verify_s = 0.0
+        #: decisions kept per machine (:mod:`.remembered`): only the default decider's
+        self.remembered = self._remembered(cfg) if default else None
 
     def _cost_model(self, cost_model, timer, tuner) -> Optional[UnitCostModel]:
         """The deciding cost: given, the timer's, tuned, untuned, or none (the estimate)."""
@@ -185,6 +192,26 @@ class Decider:
         if self.check_untuned:
             return UntunedTiming(self.target, self.work_dir, self.rpc)
         return None
+
+    def _remembered(self, cfg: OllieConfig) -> Optional[RememberedDecisions]:
+        """The remembered decisions of this decider's options (None: off; module docstring
+        of :mod:`.remembered`): the analytic decision or this machine's untuned timing."""
+        if self.cost_model is not None and shared_records(self.cost_model, self.target,
+                                                          cfg) is None:
+            return None
+        store = MachineStore.for_run(self.target, "unit decisions", cfg.derivation_cache)
+        if store is None:
+            return None
+        calib = self.calib
+        options = dict(max_depth=cfg.max_depth, max_states=cfg.max_states,
+                       max_candidates=cfg.max_candidates, targets=cfg.targets,
+                       search_time_s=cfg.search_time_s, library=self.library,
+                       derive=self.derive, measures=self.measures,
+                       max_measured=self.max_measured, trials=self.trials,
+                       cost=self.cost_model.record_key if self.measures else "analytic",
+                       calibration=[calib.kind, calib.peak_flops, calib.bandwidth,
+                                    sorted(dict(calib.efficiency).items())])
+        return RememberedDecisions(store, options)
 
     @property
     def search_s(self) -> float:
@@ -203,14 +230,23 @@ class Decider:
         sig = unit_signature(unit)
         hit = self.cache.get(sig)
         if hit is None:
-            try:
-                with lib.kernel_device(lib.device_of(self.target)):
-                    hit = self._decide(unit, sig, budget_s or self.search_time_s)
-            except Exception as err:  # pylint: disable=broad-except
-                LOG.warning("ollie: %s kept: unexpected %s: %s", sig, type(err).__name__, err)
-                hit = decided(None, [], f"internal error: {type(err).__name__}: {err}")
+            key = self.remembered.key(unit, sig) if self.remembered is not None else None
+            hit = self.remembered.get(key) if key is not None else None
+            if hit is None:
+                hit = self._decide_safely(unit, sig, budget_s)
+                if key is not None:
+                    self.remembered.put(key, hit)
             self.cache[sig] = hit
         return hit
+
+    def _decide_safely(self, unit, sig: str, budget_s: Optional[float]) -> Decision:
+        """:meth:`_decide`, an unexpected error keeping the original."""
+        try:
+            with lib.kernel_device(lib.device_of(self.target)):
+                return self._decide(unit, sig, budget_s or self.search_time_s)
+        except Exception as err:  # pylint: disable=broad-except
+            LOG.warning("ollie: %s kept: unexpected %s: %s", sig, type(err).__name__, err)
+            return decided(None, [], f"internal error: {type(err).__name__}: {err}")
 
     def alternatives(self, unit, budget_s: float) -> Tuple[List[Alternative], int, str]:
         """Candidates, then cost: the baseline first, then every other alternative, each with
@@ -266,6 +302,18 @@ class Decider:
         return choose_measured(base, better, names, n_cand, check,  # check -> cost -> choose
                                functools.partial(self.cost, unit), self.max_measured, mode,
                                self.timing.step(unit, sig))
+
+
+def shared_records(model: Optional[UnitCostModel], target,
+                   cfg: OllieConfig) -> Optional[MachineStore]:
+    """The per-user cache of the timed decisions' evidence (:class:`~.measuring.DecisionRecords`)
+    for ``model``: only the untuned timing of this machine (not the tuned one, whose timings
+    depend on the work dir's tuning records; not a caller's timer; not through ``rpc``, whose
+    devices are not this machine), with the config's ``derivation_cache`` on."""
+    untuned = isinstance(model, UntunedTiming) and not isinstance(model, TunedTiming)
+    if not untuned or model.rpc is not None:
+        return None
+    return MachineStore.for_run(target, "decisions", cfg.derivation_cache)
 
 
 def _library_enabled(library: Optional[bool], target) -> bool:

@@ -19,6 +19,7 @@ from typing import Dict, List, Optional
 
 from ..compile_profile import stage
 from ..tune.compare import Comparison, Margin, compare
+from ..tune.records import MachineStore
 from ..tune.workdir import JsonRecords
 from .alternatives import Alternative
 from .costing import ModuleTiming, UnitCostModel
@@ -34,14 +35,22 @@ PROTOCOL = dict(min_rounds=5, max_rounds=15, time_s=2.0)
 
 class DecisionRecords(JsonRecords):
     """The evidence of every timed decision, kept in ``work_dir`` (``FILE``), keyed by the
-    cost model (target, device, mode) and the unit's signature.
+    cost model (target, device, mode) and the unit's signature, and in the per-user cache
+    (``shared``, a :class:`~tvm_ollie.tune.records.MachineStore`: keyed by this machine, its
+    threads, the target, TVM, the native library and the code besides), so that a build in a
+    fresh work dir on the same machine reads the evidence back too.
 
     The derivation search runs under a time budget, so a later build may find another set of
     alternatives for the same unit: the recorded decision is reused when its winner is among
     the alternatives checked now (then nothing is timed and the decision is the same), and
-    taken again otherwise."""
+    taken again otherwise. ``TVM_OLLIE_REMEASURE=1`` skips the per-user cache's evidence (the
+    work dir's is the work dir's: delete it to time again)."""
 
     FILE = "ollie_decisions.json"
+
+    def __init__(self, work_dir: Optional[str], shared: Optional[MachineStore] = None):
+        super().__init__(work_dir)
+        self.shared = shared
 
     @staticmethod
     def key(model: str, signature: str) -> str:
@@ -52,6 +61,8 @@ class DecisionRecords(JsonRecords):
         """The recorded comparison if its winner is one of ``labels`` (the alternatives of
         the decision now); None: not decided in this work dir, or the winner is not offered."""
         entry = self.data.get(key)
+        if entry is None and self.shared is not None:
+            entry = self.shared.get(key)
         try:
             res = Comparison.from_dict(entry["comparison"]) if entry else None
         except (KeyError, TypeError, ValueError):  # a record of another version: time again
@@ -62,6 +73,8 @@ class DecisionRecords(JsonRecords):
         """Record and save."""
         self.data[key] = {"signature": signature, "comparison": comparison.to_dict()}
         self.save()
+        if self.shared is not None:
+            self.shared.put(key, self.data[key])
 
 
 class DecisionTiming:

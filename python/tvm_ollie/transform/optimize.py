@@ -277,6 +277,8 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
     report.search_s = decider.search_s
     report.derivations = {"cached": decider.candidates.cached,
                           "searched": decider.candidates.searched}
+    if decider.remembered is not None and decider.remembered.hits:
+        report.derivations["decided before"] = decider.remembered.hits
     report.verify_s = decider.verify_s
     report.tuning_s = STATS.seconds - tuning0
     report.tuning_calls = STATS.calls - calls0

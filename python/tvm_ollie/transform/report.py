@@ -54,7 +54,8 @@ class OptimizeReport:
     #: (:class:`tvm_ollie.orchestrate.report.OrchestrationReport`; None otherwise)
     orchestration: Any = None
     #: expressions whose derivations came from the cache (``cached``) or were searched
-    #: (``searched``) (:mod:`tvm_ollie.derive.cache`)
+    #: (``searched``) (:mod:`tvm_ollie.derive.cache`); ``decided before``: signatures whose
+    #: decision was read back whole (:mod:`tvm_ollie.transform.remembered`; only when some were)
     derivations: Dict[str, int] = field(default_factory=dict)
     #: wall seconds per compile stage (:class:`tvm_ollie.compile_profile.CompileProfile`)
     compile_profile: Any = None
@@ -76,6 +77,16 @@ class OptimizeReport:
     def rewritten(self) -> List[Decision]:
         """The decisions that replaced their call."""
         return [d for d in self.decisions if d.rewritten]
+
+    def derivations_text(self) -> str:
+        """``N cached, M searched`` (and how many signatures were decided before: their
+        decisions read back whole, :mod:`tvm_ollie.transform.remembered`)."""
+        derived = self.derivations
+        text = f"{derived.get('cached', 0)} cached, {derived.get('searched', 0)} searched"
+        if derived.get("decided before"):
+            text += f", {derived['decided before']} signatures decided before (per-machine " \
+                    "cache: no search, check or timing)"
+        return text
 
     def to_text(self, width: int = 60) -> str:
         """A table: one row per call, then the totals."""
@@ -104,9 +115,8 @@ class OptimizeReport:
             done = sum(1 for r in self.regions if r.rewritten)
             rows.append(f"{done}/{len(self.regions)} regions rewritten:")
             rows.extend(r.to_text() for r in self.regions)
-        if self.derivations.get("cached") or self.derivations.get("searched"):
-            rows.append(f"derivations: {self.derivations.get('cached', 0)} cached, "
-                        f"{self.derivations.get('searched', 0)} searched")
+        if any(self.derivations.values()):
+            rows.append(f"derivations: {self.derivations_text()}")
         if self.compile_profile is not None:
             rows.append(self.compile_profile.to_text())
         if self.calibration:

@@ -36,7 +36,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field, replace
-from typing import Dict, Mapping, Optional
+from typing import Dict, Mapping, Optional, Tuple
 
 import numpy as np
 import tvm_ffi
@@ -49,6 +49,7 @@ from ..derive.cost import TARGET_DEFAULTS
 from ..target import gpu_available, normalize_target, target_device, target_kind  # noqa: F401  (re-exported: tune.calibrate.target_kind)
 from . import cuda_calibration as cc
 from .metaschedule import default_pipeline
+from .records import MachineStore
 
 LOG = logging.getLogger(__name__)
 
@@ -272,23 +273,49 @@ def measure_tvm_efficiency(target, repeat: int = 3) -> Dict[str, float]:
 
 
 def calibrate(target, peak_flops: Optional[float] = None,
-              bandwidth: Optional[float] = None) -> Calibration:
+              bandwidth: Optional[float] = None, cache: bool = False) -> Calibration:
     """The calibration of ``target``: measured roof on llvm, defaults on cuda.
 
     ``peak_flops``/``bandwidth`` override the roof (tests use this for reproducible decisions).
+    ``cache``: on llvm, read the measurement back from the per-user cache when this machine,
+    its threads, the target, TVM, the native library and the code measured it before
+    (:class:`~.records.MachineStore`), and store a new one there: the decisions of a later
+    compile then rank the alternatives by the same numbers (the shortlist, the checks and the
+    timings it asks for are the same), and it measures nothing.
     """
     kind = target_kind(target)
     eff = dict(EFFICIENCY[kind])
     if peak_flops is not None and bandwidth is not None:
         return Calibration(kind, float(peak_flops), float(bandwidth), eff, "given")
-    if kind == "llvm":
-        peak, bw = measure_cpu_roofline()
-        eff.update(measure_tvm_efficiency(target))
-        eff.update(measure_native_efficiency())
-        source = "measured"
-    else:
+    if kind != "llvm":
         return _cuda_calibration(target, eff, peak_flops, bandwidth)
-    return Calibration(kind, float(peak_flops or peak), float(bandwidth or bw), eff, source)
+    peak, bw, measured, note = _cpu_calibration(target, cache)
+    eff.update(measured)
+    return Calibration(kind, float(peak_flops or peak), float(bandwidth or bw), eff, "measured",
+                       note)
+
+
+def _cpu_calibration(target, cache: bool) -> Tuple[float, float, Dict[str, float], str]:
+    """``(peak, bandwidth, efficiencies, note)`` measured here, or read back (module docs)."""
+    tgt = normalize_target(target)
+    store = MachineStore.for_run(tgt, "calibration", cache)
+    stored = store.get("llvm", _stored_roof) if store is not None else None
+    if stored is not None:
+        return (*stored, "read from the per-machine cache")
+    peak, bw = measure_cpu_roofline()
+    eff = {**measure_tvm_efficiency(tgt), **measure_native_efficiency()}
+    if store is not None:
+        store.put("llvm", {"peak_flops": peak, "bandwidth": bw, "efficiency": eff})
+    return peak, bw, eff, ""
+
+
+def _stored_roof(value) -> Tuple[float, float, Dict[str, float]]:
+    """``(peak, bandwidth, efficiencies)`` of a stored calibration (raises when malformed)."""
+    eff = {str(k): float(v) for k, v in dict(value["efficiency"]).items()}
+    peak, bw = float(value["peak_flops"]), float(value["bandwidth"])
+    if not all(x > 0 for x in (peak, bw, *eff.values())):
+        raise ValueError("a roof or an efficiency is not positive")
+    return peak, bw, eff
 
 
 def _device_label(target) -> str:

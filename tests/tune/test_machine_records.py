@@ -1,0 +1,116 @@
+"""The per-machine store (:mod:`tvm_ollie.tune.records`) and the calibration kept in it: read
+back under the same machine key, measured again under another (machine, threads, target) or
+with ``TVM_OLLIE_REMEASURE``; a corrupt entry or an unwritable directory never fails."""
+
+import importlib
+import os
+
+import pytest
+
+from tvm_ollie.derive import cache as dcache
+from tvm_ollie.tune import machine
+from tvm_ollie.tune.records import MachineStore
+
+cal = importlib.import_module("tvm_ollie.tune.calibrate")  # (the package exports a function)
+
+
+@pytest.fixture(name="measured")
+def _measured(monkeypatch):
+    """The CPU calibration's measurements, faked and counted."""
+    runs = []
+
+    def roof():
+        runs.append("roof")
+        return 1e11, 2e10
+
+    monkeypatch.setattr(cal, "measure_cpu_roofline", roof)
+    monkeypatch.setattr(cal, "measure_tvm_efficiency", lambda _t: {"matmul": 0.25})
+    monkeypatch.setattr(cal, "measure_native_efficiency", lambda: {"native_matmul": 0.5})
+    return runs
+
+
+def test_machine_key_names_cpu_threads_target_and_versions(monkeypatch):
+    monkeypatch.setenv("TVM_NUM_THREADS", "2")
+    key = machine.machine_key("llvm -num-cores=2")
+    for part in ("cpu=", "TVM_NUM_THREADS=2", "target=llvm -num-cores=2", "tvm=", "native=",
+                 f"code={machine.code_version()}"):
+        assert part in key, part
+    monkeypatch.setenv("TVM_NUM_THREADS", "1")
+    assert machine.machine_key("llvm -num-cores=2") != key
+
+
+def test_calibration_is_measured_once_per_machine(tmp_path, monkeypatch, measured):
+    monkeypatch.setenv("TVM_OLLIE_CACHE_DIR", str(tmp_path))
+    first = cal.calibrate("llvm", cache=True)
+    again = cal.calibrate("llvm", cache=True)
+    assert measured == ["roof"]
+    assert (again.peak_flops, again.bandwidth, again.eff("matmul"),
+            again.eff("native_matmul")) == (1e11, 2e10, 0.25, 0.5)
+    assert again.efficiency == first.efficiency and "per-machine cache" in again.describe()
+    cal.calibrate("llvm")  # without cache: measured, nothing read
+    assert measured == ["roof", "roof"]
+
+
+@pytest.mark.parametrize("change", ["threads", "cpu", "target", "remeasure"])
+def test_calibration_misses_on_another_machine_key(tmp_path, monkeypatch, measured, change):
+    monkeypatch.setenv("TVM_OLLIE_CACHE_DIR", str(tmp_path))
+    cal.calibrate("llvm", cache=True)
+    target = "llvm"
+    if change == "threads":
+        monkeypatch.setenv("TVM_NUM_THREADS", "7")
+    elif change == "cpu":
+        monkeypatch.setattr(machine, "cpu_identity", lambda: "another CPU")
+    elif change == "target":
+        target = {"kind": "llvm", "num-cores": 7}
+    else:
+        monkeypatch.setenv(machine.REMEASURE_ENV, "1")
+    cal.calibrate(target, cache=True)
+    assert measured == ["roof", "roof"]
+
+
+def test_calibration_is_off_with_an_empty_cache_dir(monkeypatch, measured):
+    monkeypatch.setenv("TVM_OLLIE_CACHE_DIR", "")
+    assert MachineStore.for_run("llvm", "calibration") is None
+    cal.calibrate("llvm", cache=True)
+    cal.calibrate("llvm", cache=True)
+    assert measured == ["roof", "roof"]
+
+
+def test_a_corrupt_calibration_is_ignored_with_one_warning(tmp_path, monkeypatch, measured,
+                                                           stand_in_log):
+    monkeypatch.setattr(dcache, "LOG", stand_in_log)
+    monkeypatch.setattr(dcache, "_WARNED", set())
+    monkeypatch.setenv("TVM_OLLIE_CACHE_DIR", str(tmp_path))
+    cal.calibrate("llvm", cache=True)
+    folder = tmp_path / "machine"
+    (entry,) = os.listdir(folder)
+    for broken in ('{"key": ', None):  # unreadable JSON; then a malformed value
+        if broken is None:
+            text = (folder / entry).read_text()
+            broken = text.replace('"bandwidth": 20000000000.0', '"bandwidth": -1')
+            assert broken != text
+        (folder / entry).write_text(broken)
+        assert cal.calibrate("llvm", cache=True).bandwidth == 2e10
+    assert measured == ["roof"] * 3
+    assert sum("corrupt" in line for line in stand_in_log.lines) == 1
+
+
+def test_an_unwritable_cache_still_calibrates(tmp_path, monkeypatch, measured, stand_in_log):
+    monkeypatch.setattr(dcache, "LOG", stand_in_log)
+    monkeypatch.setattr(dcache, "_WARNED", set())
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    monkeypatch.setenv("TVM_OLLIE_CACHE_DIR", str(blocker))
+    for _ in range(2):
+        assert cal.calibrate("llvm", cache=True).peak_flops == 1e11
+    assert measured == ["roof", "roof"]
+    assert sum("not writable" in line for line in stand_in_log.lines) == 1
+
+
+def test_store_values_by_machine(tmp_path):
+    here = MachineStore("llvm", "decisions", dirs=[str(tmp_path)], machine="m1")
+    here.put("k", {"x": 1})
+    assert MachineStore("llvm", "decisions", dirs=[str(tmp_path)], machine="m1").get("k") \
+        == {"x": 1}
+    assert MachineStore("llvm", "decisions", dirs=[str(tmp_path)], machine="m2").get("k") is None
+    assert MachineStore("llvm", "other", dirs=[str(tmp_path)], machine="m1").get("k") is None
