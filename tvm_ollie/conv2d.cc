@@ -6,16 +6,16 @@
 //        dil=DH,DW, groups=G, bias=0|1, res=0|1, act=... (as matmul),
 //        fmt=plain|blocked (implementation: oneDNN on the user's formats, or on the formats
 //        oneDNN prefers with reorders inside the call; default: see ChooseFormat),
-//        src_blk=B;src_c=C / dst_blk=B;dst_c=O (layout=NCHW only; B in 4, 8, 16): data / Out
-//        (and residual) are 5-D blocked activations [N, ceil(C/B), H, W, B], oneDNN's
-//        nChw{B}c, the channel count given by src_c/dst_c, padding channels zero (the kernel
-//        writes zeros there). Default 0: plain. Chains of convolutions keep their activations
-//        in the block oneDNN prefers (tvm_ollie.cpu.conv2d_preferred_block) and skip the
-//        reorders of every call (docs/layouts.md).
+//        src_fmt=F;[src_c=C] / dst_fmt=F;[dst_c=O] (layout=NCHW only): the format of data /
+//        Out (and residual), F one of nchw (default), nhwc (4-D [N, H, W, C]), nChw4c,
+//        nChw8c, nChw16c (5-D [N, ceil(C/B), H, W, B], the channel count given by src_c/dst_c,
+//        padding channels zero: the kernel writes zeros there). Chains of convolutions keep
+//        their activations in the format oneDNN prefers (tvm_ollie.cpu.conv2d_preferred_format)
+//        and skip the reorders of every call (docs/layouts.md).
 //
-//   tvm_ollie.cpu.conv2d_preferred_block(attrs, data_shape, weight_shape) -> [src, dst]: the
-//   block oneDNN picks for src and dst with format_tag::any for this problem on this CPU: B for
-//   nChw{B}c, 0 for plain NCHW, -1 for any other format.
+//   tvm_ollie.cpu.conv2d_preferred_format(attrs, data_shape, weight_shape) -> [src, dst]: the
+//   formats oneDNN picks for src and dst with format_tag::any for this problem on this CPU, as
+//   src_fmt values, or "other".
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/reflection/registry.h>
 
@@ -46,24 +46,38 @@ struct ConvParams {
   Fmt fmt = Fmt::kAuto;
   bool wpacked = false;        // weight given as the output of conv2d_pack_weight
   int64_t pkh = 0, pkw = 0;    // kernel size (attrs "kernel=KH,KW"), required with wpacked=1
-  int64_t src_blk = 0, src_c = 0, dst_blk = 0, dst_c = 0;  // blocked activations (0: plain)
+  int64_t src_blk = 0, src_c = 0, dst_blk = 0, dst_c = 0;  // src_fmt/dst_fmt (FormatBlock)
   std::string canonical;       // every key but fmt/wpacked/kernel (cache and pack key)
 };
 
-// "<side>_blk=B;<side>_c=C": a blocked activation of C channels in blocks of B (B = 0: plain).
+// The activation formats of src_fmt/dst_fmt as a block: 0 plain NCHW, -1 channels-last (NHWC),
+// B > 0 nChw{B}c.
+constexpr int64_t kChannelsLast = -1;
+
+int64_t FormatBlock(const std::string& fmt) {
+  if (fmt == "nchw") return 0;
+  if (fmt == "nhwc") return kChannelsLast;
+  return std::stoll(fmt.substr(4, fmt.size() - 5));  // nChw{B}c
+}
+
+std::string BlockFormat(int64_t blk) {
+  if (blk == 0) return "nchw";
+  if (blk == kChannelsLast) return "nhwc";
+  return "nChw" + std::to_string(blk) + "c";
+}
+
+// "<side>_fmt=F;<side>_c=C": the format of an activation, and its channel count C when blocked.
 void ParseBlock(Attrs* attrs, const std::string& side, int64_t* blk, int64_t* c) {
-  *blk = attrs->GetInt(side + "_blk", 0);
+  *blk = FormatBlock(attrs->GetStr(side + "_fmt", "nchw",
+                                   {"nchw", "nhwc", "nChw4c", "nChw8c", "nChw16c"}));
   *c = attrs->GetInt(side + "_c", 0);
-  if (*blk != 0 && *blk != 4 && *blk != 8 && *blk != 16) {
-    TVM_FFI_THROW(ValueError) << kName << ": " << side << "_blk must be 0, 4, 8 or 16, got "
-                              << *blk;
+  if (*blk > 0 && *c < 1) {
+    TVM_FFI_THROW(ValueError) << kName << ": " << side << "_fmt=" << BlockFormat(*blk)
+                              << " needs " << side << "_c >= 1 (the channel count)";
   }
-  if (*blk != 0 && *c < 1) {
-    TVM_FFI_THROW(ValueError) << kName << ": " << side << "_blk=" << *blk << " needs " << side
-                              << "_c >= 1 (the channel count)";
-  }
-  if (*blk == 0 && *c != 0) {
-    TVM_FFI_THROW(ValueError) << kName << ": " << side << "_c without " << side << "_blk";
+  if (*blk <= 0 && *c != 0) {
+    TVM_FFI_THROW(ValueError) << kName << ": " << side << "_c is only for blocked " << side
+                              << "_fmt (nChw{B}c)";
   }
 }
 
@@ -85,10 +99,10 @@ ConvParams ParseConvAttrs(const std::string& text) {
   ParseBlock(&attrs, "src", &p.src_blk, &p.src_c);
   ParseBlock(&attrs, "dst", &p.dst_blk, &p.dst_c);
   if ((p.src_blk || p.dst_blk) && p.nhwc) {
-    TVM_FFI_THROW(ValueError) << kName << ": src_blk/dst_blk need layout=NCHW";
+    TVM_FFI_THROW(ValueError) << kName << ": src_fmt/dst_fmt need layout=NCHW";
   }
   if ((p.src_blk || p.dst_blk) && p.fmt == Fmt::kPlain) {
-    TVM_FFI_THROW(ValueError) << kName << ": src_blk/dst_blk cannot be combined with fmt=plain";
+    TVM_FFI_THROW(ValueError) << kName << ": src_fmt/dst_fmt cannot be combined with fmt=plain";
   }
   if (attrs.Has("kernel")) {
     auto kk = attrs.GetInts("kernel", 2, {0, 0});
@@ -124,8 +138,12 @@ ConvParams ParseConvAttrs(const std::string& text) {
                 std::to_string(p.dh) + "," + std::to_string(p.dw) +
                 ";groups=" + std::to_string(p.groups) + ";bias=" + (p.has_bias ? "1" : "0") +
                 ";res=" + (p.has_res ? "1" : "0") + ";act=" + p.act.text;
-  if (p.src_blk) p.canonical += ";src=" + std::to_string(p.src_blk) + "c" + std::to_string(p.src_c);
-  if (p.dst_blk) p.canonical += ";dst=" + std::to_string(p.dst_blk) + "c" + std::to_string(p.dst_c);
+  if (p.src_blk) {
+    p.canonical += ";src_fmt=" + BlockFormat(p.src_blk) + ":" + std::to_string(p.src_c);
+  }
+  if (p.dst_blk) {
+    p.canonical += ";dst_fmt=" + BlockFormat(p.dst_blk) + ":" + std::to_string(p.dst_c);
+  }
   return p;
 }
 
@@ -139,11 +157,19 @@ std::string DimsStr(const std::vector<int64_t>& d) {
   return out + "]";
 }
 
-// The logical NCHW dims of an activation given as `d`: itself when plain (blk 0), else the
-// blocked [N, ceil(C/B), H, W, B] checked against the channel count c.
+// The logical NCHW dims of an activation given as `d`: itself when plain (blk 0), [N, H, W, C]
+// when channels-last, else the blocked [N, ceil(C/B), H, W, B] checked against the channel
+// count c.
 std::vector<int64_t> LogicalDims(const std::vector<int64_t>& d, int64_t blk, int64_t c,
                                  const char* what) {
   if (blk == 0) return d;
+  if (blk == kChannelsLast) {
+    if (d.size() != 4) {
+      TVM_FFI_THROW(ValueError) << kName << ": " << what << " has shape " << DimsStr(d)
+                                << ", expected the 4-D [N, H, W, C] of nhwc";
+    }
+    return {d[0], d[3], d[1], d[2]};
+  }
   if (d.size() != 5 || d[1] != (c + blk - 1) / blk || d[4] != blk) {
     TVM_FFI_THROW(ValueError) << kName << ": " << what << " has shape " << DimsStr(d)
                               << ", expected the blocked [N, " << (c + blk - 1) / blk
@@ -202,7 +228,8 @@ using dt = dnnl::memory::data_type;
 dnnl::memory::desc ActivationDesc(bool nhwc, int64_t n, int64_t c, int64_t h, int64_t w,
                                   int64_t blk = 0) {
   dims d{n, c, h, w};
-  if (blk != 0) {
+  if (blk == kChannelsLast) nhwc = true;
+  if (blk > 0) {
     using tag = dnnl::memory::format_tag;
     return dnnl::memory::desc(d, dt::f32,
                               blk == 16 ? tag::nChw16c : (blk == 8 ? tag::nChw8c : tag::nChw4c));
@@ -490,7 +517,7 @@ void Conv2d(ffi::PackedArgs args, ffi::Any* rv) {
   e->prim.execute(Stream(), cargs);
   if (e->dst_out.needed) e->dst_out.Run(dst, user_dst, 5);
   Stream().wait();
-  if (p.dst_blk) ZeroChannelPadding(out, s.N, s.O, s.OH * s.OW, p.dst_blk);
+  if (p.dst_blk > 0) ZeroChannelPadding(out, s.N, s.O, s.OH * s.OW, p.dst_blk);
 }
 
 constexpr const char* kPackName = "tvm_ollie.cpu.conv2d_pack_weight";
@@ -555,38 +582,41 @@ void PackWeight(ffi::PackedArgs args, ffi::Any* rv) {
   }
 }
 
-constexpr const char* kBlockName = "tvm_ollie.cpu.conv2d_preferred_block";
+constexpr const char* kBlockName = "tvm_ollie.cpu.conv2d_preferred_format";
 
-// The block B of a memory descriptor in nChw{B}c (blocked on channels only, B innermost and the
-// outer dims in n, C/B, h, w order), 0 for plain NCHW, -1 for anything else.
-int64_t BlockOf(const dnnl::memory::desc& md) {
+// The activation format of a memory descriptor as a src_fmt/dst_fmt value ("nchw", "nhwc",
+// "nChw{B}c": blocked on channels only, B innermost, outer dims in n, C/B, h, w order), or
+// "other".
+std::string FormatOf(const dnnl::memory::desc& md) {
   const dims d = md.get_dims(), st = md.get_strides();
   const dims blks = md.get_inner_blks(), idxs = md.get_inner_idxs();
-  if (d.size() != 4 || st.size() != 4) return -1;
+  if (d.size() != 4 || st.size() != 4) return "other";
   if (blks.empty()) {
-    return (st[3] == 1 && st[2] == d[3] && st[1] == d[2] * d[3]) ? 0 : -1;
+    if (st[3] == 1 && st[2] == d[3] && st[1] == d[2] * d[3]) return "nchw";
+    if (st[1] == 1 && st[3] == d[1] && st[2] == d[3] * d[1]) return "nhwc";
+    return "other";
   }
-  if (blks.size() != 1 || idxs[0] != 1) return -1;
+  if (blks.size() != 1 || idxs[0] != 1) return "other";
   const int64_t b = blks[0];
   const bool nchwc = st[3] == b && st[2] == d[3] * b && st[1] == d[2] * d[3] * b;
-  return nchwc ? b : -1;
+  return nchwc && (b == 4 || b == 8 || b == 16) ? BlockFormat(b) : "other";
 }
 
-// conv2d_preferred_block(attrs, data_shape, weight_shape) -> [src block, dst block]; the attrs
-// of the call itself (src_blk/dst_blk are ignored: the answer is for format_tag::any).
-ffi::Array<int64_t> PreferredBlock(const std::string& attrs, const ffi::Array<int64_t>& x,
-                                   const ffi::Array<int64_t>& w) {
+// conv2d_preferred_format(attrs, data_shape, weight_shape) -> [src format, dst format]; the
+// attrs of the call itself (src_fmt/dst_fmt ignored: the answer is for format_tag::any).
+ffi::Array<ffi::String> PreferredFormat(const std::string& attrs, const ffi::Array<int64_t>& x,
+                                        const ffi::Array<int64_t>& w) {
   ThreadScope threads;
   ConvParams p = ParseConvAttrs(attrs);
   if (p.wpacked) TVM_FFI_THROW(ValueError) << kBlockName << ": give the attrs without wpacked";
-  if (p.nhwc) return {-1, -1};
+  if (p.nhwc) TVM_FFI_THROW(ValueError) << kBlockName << ": give the attrs with layout=NCHW";
   p.src_blk = p.src_c = p.dst_blk = p.dst_c = 0;
   ConvShape s = CheckConvShapes(p, std::vector<int64_t>(x.begin(), x.end()),
                                 std::vector<int64_t>(w.begin(), w.end()), nullptr);
   threads.SerialBelow(ConvFlops(s));  // the thread count the call itself will run with
-  auto e = CachedGet<OneDNNConv>(ConvKey(p, s, Fmt::kBlocked),
+  auto e = CachedGet<OneDNNConv>(ConvKey(p, s, Fmt::kBlocked) + "|query",
                                  [&]() { return CreateConv(p, s, Fmt::kBlocked); });
-  return {BlockOf(e->src_md), BlockOf(e->dst_md)};
+  return {ffi::String(FormatOf(e->src_md)), ffi::String(FormatOf(e->dst_md))};
 }
 
 }  // namespace
@@ -602,7 +632,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def_packed(kName, Conv2d)
       .def_packed(kPackName, PackWeight)
       .def(kPackSizeName, PackedSize)
-      .def(kBlockName, PreferredBlock);
+      .def(kBlockName, PreferredFormat);
 }
 
 }  // namespace tvm_ollie

@@ -1,5 +1,6 @@
-"""tvm_ollie.cpu.conv2d on blocked activations (src_blk/dst_blk: oneDNN's nChw{B}c as 5-D
-tensors) and tvm_ollie.cpu.conv2d_preferred_block, against numpy."""
+"""tvm_ollie.cpu.conv2d on blocked and channels-last activations (src_fmt/dst_fmt: oneDNN's
+nChw{B}c as 5-D tensors, nhwc as 4-D) and tvm_ollie.cpu.conv2d_preferred_format, against
+numpy."""
 
 import numpy as np
 import pytest
@@ -12,12 +13,15 @@ from tvm_ollie import native
 @pytest.fixture(autouse=True)
 def _native():
     require_native()
-    if not native.provides(native.CONV2D_PREFERRED_BLOCK):
+    if not native.provides(native.CONV2D_PREFERRED_FORMAT):
         pytest.skip("the loaded native library predates blocked activations")
 
 
 def to_blocked(x, b):
-    """NCHW -> [N, ceil(C/b), H, W, b], padding channels zero (numpy's nChw{b}c)."""
+    """NCHW -> [N, ceil(C/b), H, W, b], padding channels zero (numpy's nChw{b}c); b = -1:
+    NHWC."""
+    if b == -1:
+        return np.ascontiguousarray(x.transpose(0, 2, 3, 1))
     n, c, h, w = x.shape
     cb = -(-c // b)
     xp = np.zeros((n, cb * b, h, w), x.dtype)
@@ -26,9 +30,15 @@ def to_blocked(x, b):
 
 
 def from_blocked(y, c):
-    """[N, CB, H, W, b] -> NCHW with the first c channels."""
+    """[N, CB, H, W, b] (or NHWC) -> NCHW with the first c channels."""
+    if y.ndim == 4:
+        return y.transpose(0, 3, 1, 2)
     n, cb, h, w, b = y.shape
     return y.transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, w)[:, :c]
+
+
+def _fmt(blk):
+    return "nhwc" if blk == -1 else f"nChw{blk}c"
 
 
 def _blocked_case(rng, c, o, src_blk, dst_blk, k=3, pad=(1, 1, 1, 1), stride=(1, 1),
@@ -48,11 +58,11 @@ def _blocked_case(rng, c, o, src_blk, dst_blk, k=3, pad=(1, 1, 1, 1), stride=(1,
              f"pad={','.join(map(str, pad))};dil=1,1;groups={groups};bias={int(bias)};"
              f"res={int(res)};act={act}")
     if src_blk:
-        attrs += f";src_blk={src_blk};src_c={c}"
+        attrs += f";src_fmt={_fmt(src_blk)}" + (f";src_c={c}" if src_blk > 0 else "")
         x = to_blocked(x, src_blk)
     out_shape = ref.shape
     if dst_blk:
-        attrs += f";dst_blk={dst_blk};dst_c={o}"
+        attrs += f";dst_fmt={_fmt(dst_blk)}" + (f";dst_c={o}" if dst_blk > 0 else "")
         rv = to_blocked(rv, dst_blk)
         out_shape = to_blocked(ref.astype("float32"), dst_blk).shape
     arrays = [x, wt] + ([bv] if bias else []) + ([rv] if res else [])
@@ -61,7 +71,7 @@ def _blocked_case(rng, c, o, src_blk, dst_blk, k=3, pad=(1, 1, 1, 1), stride=(1,
     return out, ref
 
 
-@pytest.mark.parametrize("blk", [4, 8, 16])
+@pytest.mark.parametrize("blk", [4, 8, 16, -1])
 @pytest.mark.parametrize("c,o", [(16, 32), (13, 21), (3, 16), (32, 5)])
 @pytest.mark.parametrize("sides", ["src", "dst", "both"])
 def test_blocked_layouts(blk, c, o, sides):
@@ -71,7 +81,7 @@ def test_blocked_layouts(blk, c, o, sides):
     out, ref = _blocked_case(rng, c, o, src, dst, bias=True)
     got = from_blocked(out, o) if dst else out
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-3)
-    if dst and o % blk:
+    if dst > 0 and o % blk:
         assert np.all(out[:, -1, :, :, o % blk:] == 0)  # padding channels are zero
 
 
@@ -102,7 +112,7 @@ def test_blocked_garbage_padding_in_src_is_ignored():
     wt = rng.standard_normal((8, 5, 3, 3)).astype("float32")
     xb = to_blocked(x, 8)
     xb[:, -1, :, :, 5:] = 0.5
-    attrs = "layout=NCHW;klayout=OIHW;pad=1,1,1,1;src_blk=8;src_c=5"
+    attrs = "layout=NCHW;klayout=OIHW;pad=1,1,1,1;src_fmt=nChw8c;src_c=5"
     out = call_direct(native.CONV2D, attrs, [xb, wt], (1, 8, 4, 4))
     np.testing.assert_allclose(out, conv_ref(x, wt, pad=(1, 1, 1, 1)), rtol=1e-4, atol=1e-3)
 
@@ -114,7 +124,8 @@ def test_blocked_packed_weight():
     rng = np.random.default_rng(5)
     x = rng.standard_normal((1, 16, 5, 5)).astype("float32")
     wt = rng.standard_normal((16, 16, 3, 3)).astype("float32")
-    attrs = "layout=NCHW;klayout=OIHW;pad=1,1,1,1;src_blk=16;src_c=16;dst_blk=16;dst_c=16"
+    attrs = ("layout=NCHW;klayout=OIHW;pad=1,1,1,1;src_fmt=nChw16c;src_c=16;"
+             "dst_fmt=nChw16c;dst_c=16")
     xb = to_blocked(x, 16)
     size = native.conv2d_packed_size(attrs, x.shape, wt.shape)
     packed = np.zeros(size, "float32")
@@ -126,23 +137,28 @@ def test_blocked_packed_weight():
                                rtol=1e-4, atol=1e-3)
 
 
-def test_preferred_block():
-    """A block the kernel accepts (or 0/-1), and the same answer on a second query."""
+def test_preferred_format():
+    """A format the kernel accepts (or "other"), the same answer on a second query, and a
+    call in the preferred formats that matches numpy."""
     attrs = "layout=NCHW;klayout=OIHW;pad=1,1,1,1"
-    src, dst = native.conv2d_preferred_block(attrs, (1, 64, 28, 28), (64, 64, 3, 3))
-    assert src in (-1, 0, 4, 8, 16) and dst in (-1, 0, 4, 8, 16)
-    assert (src, dst) == native.conv2d_preferred_block(attrs, (1, 64, 28, 28), (64, 64, 3, 3))
-    assert native.conv2d_preferred_block("layout=NHWC;klayout=OHWI", (1, 8, 8, 64),
-                                         (64, 3, 3, 64)) == (-1, -1)
+    formats = ("nchw", "nhwc", "nChw4c", "nChw8c", "nChw16c", "other")
+    for x_shape, w_shape in [((1, 64, 28, 28), (64, 64, 3, 3)), ((1, 3, 32, 32), (16, 3, 3, 3))]:
+        src, dst = native.conv2d_preferred_format(attrs, x_shape, w_shape)
+        assert src in formats and dst in formats
+        assert (src, dst) == native.conv2d_preferred_format(attrs, x_shape, w_shape)
+    with pytest.raises(ValueError, match="layout=NCHW"):
+        native.conv2d_preferred_format("layout=NHWC;klayout=OHWI", (1, 8, 8, 64), (64, 3, 3, 64))
 
 
 @pytest.mark.parametrize("attrs,x_shape,out_shape,match", [
-    ("src_blk=16", (1, 1, 4, 4, 16), (1, 8, 4, 4), "src_c"),
-    ("src_blk=3;src_c=5", (1, 2, 4, 4, 3), (1, 8, 4, 4), "src_blk must be"),
-    ("src_blk=8;src_c=5", (1, 2, 4, 4, 8), (1, 8, 4, 4), "blocked"),
-    ("dst_blk=8;dst_c=8", (1, 5, 4, 4), (1, 8, 4, 4), "blocked"),
-    ("layout=NHWC;src_blk=8;src_c=5", (1, 1, 4, 4, 8), (1, 4, 4, 8), "layout=NCHW"),
-    ("dst_c=8", (1, 5, 4, 4), (1, 8, 4, 4), "without"),
+    ("src_fmt=nChw16c", (1, 1, 4, 4, 16), (1, 8, 4, 4), "src_c"),
+    ("src_fmt=nChw3c;src_c=5", (1, 2, 4, 4, 3), (1, 8, 4, 4), "src_fmt"),
+    ("src_fmt=nChw8c;src_c=5", (1, 2, 4, 4, 8), (1, 8, 4, 4), "blocked"),
+    ("dst_fmt=nChw8c;dst_c=8", (1, 5, 4, 4), (1, 8, 4, 4), "blocked"),
+    ("src_fmt=nhwc", (1, 5, 4, 4, 1), (1, 8, 4, 4), "nhwc"),
+    ("layout=NHWC;src_fmt=nChw8c;src_c=5", (1, 1, 4, 4, 8), (1, 4, 4, 8), "layout=NCHW"),
+    ("dst_c=8", (1, 5, 4, 4), (1, 8, 4, 4), "only for blocked"),
+    ("src_fmt=nhwc;src_c=5", (1, 4, 4, 5), (1, 8, 4, 4), "only for blocked"),
 ])
 def test_blocked_errors(attrs, x_shape, out_shape, match):
     x = np.zeros(x_shape, "float32")
