@@ -30,7 +30,8 @@ Rules (each a guard below, named):
   (:func:`tvm_ollie.native.conv2d_preferred_format`, ``format_tag::any``) for most of its
   convolutions; none (every conv prefers NCHW or another format): the chain is left alone. A
   convolution whose input comes from outside the chain reads it in its own preferred source
-  format (an entry transform) or, when that is NCHW (a 3-channel image), as it is.
+  format (an entry transform) or, when that is NCHW (a 3-channel image), as it is. A format
+  forced by the caller (``fmt``) holds for the entries too.
 
 Exits: a chain value used by anything outside the chain (or returned) is transformed back to
 NCHW right after its binding, under its original variable, so nothing outside changes.
@@ -106,15 +107,18 @@ def to_format(x: "relax.Expr", fmt: str) -> "relax.Expr":
                                      pad_value=0.0)
 
 
-def from_format(x: "relax.Expr", fmt: str, channels: int) -> "relax.Expr":
-    """``layout_transform`` ``fmt`` -> NCHW (then the first ``channels`` when padded)."""
+def from_format(x: "relax.Expr", fmt: str) -> "relax.Expr":
+    """``layout_transform`` ``fmt`` -> NCHW (with the padding channels of ``nChw{B}c``: take the
+    first C with :func:`unpad`)."""
     if fmt == "nhwc":
         return relax.op.layout_transform(x, lambda n, h, w, c: (n, c, h, w))
     b = _block(fmt)
-    y = relax.op.layout_transform(x, lambda n, c1, h, w, c0: (n, c1 * b + c0, h, w))
-    if channels % b:
-        y = relax.op.strided_slice(y, axes=[1], begin=[0], end=[channels])
-    return y
+    return relax.op.layout_transform(x, lambda n, c1, h, w, c0: (n, c1 * b + c0, h, w))
+
+
+def unpad(x: "relax.Expr", channels: int) -> "relax.Expr":
+    """The first ``channels`` channels of an NCHW ``x``."""
+    return relax.op.strided_slice(x, axes=[1], begin=[0], end=[channels])
 
 
 def constant_to_format(value: np.ndarray, fmt: str, channels: int) -> Optional[np.ndarray]:
@@ -309,8 +313,10 @@ def _users(func: "relax.Function") -> Dict["relax.Var", Set[object]]:
 class _Rewriter:
     """Rewrites one function's chains (module docstring)."""
 
-    def __init__(self, func: "relax.Function", chains: List[Chain], report: LayoutReport):
+    def __init__(self, func: "relax.Function", chains: List[Chain], report: LayoutReport,
+                 forced: bool = False):
         self.func = func
+        self.forced = forced  # entries in the chain's format too, whatever oneDNN prefers
         self.bindings = _bindings(func)
         self.users = _users(func)
         self.member_fmt: Dict["relax.Var", str] = {}
@@ -332,7 +338,7 @@ class _Rewriter:
                     out.append(b)
             blocks.append(relax.DataflowBlock(out) if isinstance(block, relax.DataflowBlock)
                           else relax.BindingBlock(out))
-        body = relax.SeqExpr(blocks, self.func.body.body)
+        body = relax.SeqExpr(blocks, self.func.body.body)  # (typed by Normalize at the end)
         return relax.Function(self.func.params, body, self.func.ret_ty, self.func.is_pure,
                               self.func.attrs)
 
@@ -370,21 +376,23 @@ class _Rewriter:
         outside = [u for u in self.users.get(var, ()) if u not in self.member_fmt
                    or not _links(self.bindings[u], var)]
         if outside or not isinstance(var, relax.DataflowVar):
+            back = relax.BlockBuilder().normalize(from_format(new, fmt))
             channels = _static_shape(var)[1]
-            back = relax.BlockBuilder().normalize(from_format(new, fmt, channels))
+            if _static_shape(back)[1] != channels:  # nChw{B}c padding: keep the first C
+                padded = self._bind(out, f"{var.name}_padded", back, dataflow)
+                back = relax.BlockBuilder().normalize(unpad(padded, channels))
             out.append(relax.VarBinding(var, back))
             self.report.exits += 1
 
     def _conv(self, value, conv, fmt: str, out, dataflow: bool):
         call, ops = conv
-        src_pref, _ = preferred(value)
         data = ops[0]
         cin, cout = _static_shape(data)[1], _static_shape(value)[1]
-        if data in self.new and self.member_fmt.get(data) == fmt:
+        if self.forced or data in self.new and self.member_fmt.get(data) == fmt:
             src = fmt
         else:
-            src = fmt if src_pref == fmt else "nchw"
-        updates = {"src_fmt": src, "dst_fmt": fmt}
+            src = fmt if preferred(value)[0] == fmt else "nchw"
+        updates = {"src_fmt": src, "dst_fmt": fmt} if src != "nchw" else {"dst_fmt": fmt}
         if src not in ("nchw", "nhwc"):
             updates["src_c"] = str(cin)
         if fmt != "nhwc":
@@ -444,11 +452,11 @@ def blocked_layout(mod: "tvm.IRModule", fmt: Optional[str] = None
             chains.append(chain)
             report.chains.append((len(chain.convs), chain.fmt))
         if chains:
-            updates[gv] = _Rewriter(func, chains, report).run()
+            updates[gv] = _Rewriter(func, chains, report, forced=fmt is not None).run()
     if not updates:
         return mod, report
     out = mod.shallow_copy() if hasattr(mod, "shallow_copy") else tvm.IRModule(
         dict(mod.functions_items()), attrs=mod.attrs)
     for gv, func in updates.items():
         out[gv] = func
-    return out, report
+    return relax.transform.Normalize()(out), report
