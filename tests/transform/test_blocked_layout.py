@@ -107,6 +107,19 @@ def branch(net, x, c):
     return net.bb.emit(relax.op.add(p, zp))
 
 
+def spatial(net, x, c):
+    """Pooling, resize and a channel concatenation between the convolutions (channels-last
+    chains only; a blocked chain is found again without them)."""
+    y = net.conv(x, c[0], act="relu")
+    p = net.bb.emit(relax.op.nn.max_pool2d(y, pool_size=2, strides=2))
+    z = net.conv(p, c[1], act="relu")
+    a = net.bb.emit(relax.op.nn.avg_pool2d(z, pool_size=3, strides=1, padding=1))
+    u = net.bb.emit(relax.op.image.resize2d(a, (8, 8), method="nearest_neighbor"))
+    cat = net.bb.emit(relax.op.concat([u, y], axis=1))
+    w = net.conv(cat, c[2], act="relu")
+    return net.bb.emit(relax.op.nn.adaptive_avg_pool2d(w, (2, 2)))
+
+
 def _cases(rng, c, o):
     return {
         "relu_chain": (relu_chain, [_w(rng, o, c, 3, 3), _w(rng, o), _w(rng, o, o, 3, 3),
@@ -114,13 +127,15 @@ def _cases(rng, c, o):
         "residual": (residual_block, [_w(rng, o, c, 3, 3), _w(rng, o, o, 3, 3),
                                       _w(rng, 1, o, 1, 1), np.float32(0.25).reshape(())]),
         "branch": (branch, [_w(rng, o, c, 3, 3), _w(rng, o, o, 3, 3)]),
+        "spatial": (spatial, [_w(rng, o, c, 3, 3), _w(rng, o, o, 3, 3),
+                              _w(rng, o, 2 * o, 3, 3)]),
     }
 
 
 # ---------------------------------------------------------------------------------------------
 # Numerics against TVM's build of the original.
 
-@pytest.mark.parametrize("case", ["relu_chain", "residual", "branch"])
+@pytest.mark.parametrize("case", ["relu_chain", "residual", "branch", "spatial"])
 @pytest.mark.parametrize("fmt", [None, "nhwc", "nChw8c", "nChw16c"])
 @pytest.mark.parametrize("c,o", [(16, 16), (5, 13)])
 def test_numerics_vs_tvm(case, fmt, c, o):
@@ -130,8 +145,12 @@ def test_numerics_vs_tvm(case, fmt, c, o):
     new, report = blocked_layout(mod, fmt=fmt)
     x = rng.standard_normal((1, c, 8, 8)).astype("float32")
     want = run(ref_mod, x)
-    if report.chains:  # None: oneDNN's preference, which may be NCHW on another CPU
-        assert report.chains == [(2, fmt or report.chains[0][1])]
+    if case == "spatial" and fmt not in (None, "nhwc"):
+        # without the spatial operators no two convolutions touch: nothing to convert
+        assert report.chains == []
+    elif report.chains:  # None: oneDNN's preference, which may be NCHW on another CPU
+        convs = 3 if case == "spatial" else 2
+        assert report.chains == [(convs, fmt or report.chains[0][1])]
         assert "dst_fmt" in new.script()
     else:
         assert fmt is None

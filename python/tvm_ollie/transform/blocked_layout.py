@@ -24,6 +24,11 @@ Rules (each a guard below, named):
   padding channels zero). The operators commute with a layout change: ``f(T(x)) = T(f(x))`` for
   every element, and map 0 to a finite value, so a blocked tensor's padding channels stay
   finite; the next convolution's weights are zero there and the exit drops them.
+* ``member_spatial`` (channels-last chains only): ``max_pool2d``/``avg_pool2d``/
+  ``adaptive_avg_pool2d``/``image.resize2d`` in NCHW, rewritten with ``layout="NHWC"``, and
+  ``concat`` along channels (axis 1 -> 3), every operand a 4-D float32 tensor, at least one in
+  the chain. In ``nChw{B}c`` a concatenation would mix padding into the channels, so a chain
+  whose format is blocked is found again without these operators.
 * ``chain_length``: a chain with fewer than two convolutions is left alone (it would only move
   the reorder out of the call).
 * ``format``: the chain's format is the destination format oneDNN prefers
@@ -59,6 +64,37 @@ UNARY = ("relax.nn.relu", "relax.nn.relu6", "relax.clip", "relax.sigmoid", "rela
 BINARY = ("relax.add", "relax.subtract", "relax.multiply", "relax.maximum", "relax.minimum")
 
 _FORMATS = ("nhwc", "nChw4c", "nChw8c", "nChw16c")
+
+
+def _pool_nhwc(value, data):
+    at = value.attrs
+    make = {"relax.nn.max_pool2d": relax.op.nn.max_pool2d,
+            "relax.nn.avg_pool2d": relax.op.nn.avg_pool2d}[value.op.name]
+    return make(data, [int(v) for v in at.pool_size], [int(v) for v in at.strides],
+                [int(v) for v in at.padding], [int(v) for v in at.dilation], bool(at.ceil_mode),
+                bool(at.count_include_pad), layout="NHWC", out_layout="NHWC")
+
+
+def _adaptive_nhwc(value, data):
+    size = value.attrs.output_size
+    return relax.op.nn.adaptive_avg_pool2d(
+        data, None if size is None else [int(v) for v in size], layout="NHWC", out_layout="NHWC")
+
+
+def _resize_nhwc(value, data):
+    at = value.attrs
+    return relax.op.image.resize2d(
+        data, value.args[1], [float(v) for v in at.roi], "NHWC", str(at.method),
+        str(at.coordinate_transformation_mode), str(at.rounding_method), float(at.cubic_alpha),
+        int(at.cubic_exclude), float(at.extrapolation_value),
+        None if at.out_dtype is None or str(at.out_dtype) in ("", "None", "void")
+        else str(at.out_dtype))
+
+
+#: Spatial operators a channels-last chain passes through: name -> ``(call, data in NHWC) ->
+#: the call on NHWC data``.
+SPATIAL = {"relax.nn.max_pool2d": _pool_nhwc, "relax.nn.avg_pool2d": _pool_nhwc,
+           "relax.nn.adaptive_avg_pool2d": _adaptive_nhwc, "relax.image.resize2d": _resize_nhwc}
 
 
 @dataclass
@@ -204,6 +240,22 @@ def member_elementwise(value, members: Set["relax.Var"]) -> bool:
     return True
 
 
+def member_spatial(value, members: Set["relax.Var"]) -> bool:
+    """Guard ``member_spatial`` (module docstring)."""
+    name = _op_name(value)
+    if not _f32_4d(value):
+        return False
+    if name == "relax.concat":
+        fields = value.args[0].fields if isinstance(value.args[0], relax.Tuple) else []
+        return (int(value.attrs.axis) in (1, -3) and bool(fields)
+                and all(isinstance(f, relax.Var) and _f32_4d(f) for f in fields)
+                and any(f in members for f in fields))
+    if name not in SPATIAL or value.args[0] not in members:
+        return False
+    at = value.attrs
+    return str(at.layout) == "NCHW" and str(getattr(at, "out_layout", "NCHW") or "NCHW") == "NCHW"
+
+
 @dataclass
 class Chain:
     """Bindings (variables) of one chain, its convolutions and format."""
@@ -211,6 +263,7 @@ class Chain:
     members: List["relax.Var"]
     convs: List["relax.Var"]
     fmt: str = ""
+    spatial: int = 0  # members that need a channels-last format
 
 
 def _bindings(func: "relax.Function") -> Dict["relax.Var", "relax.Expr"]:
@@ -225,19 +278,25 @@ def _bindings(func: "relax.Function") -> Dict["relax.Var", "relax.Expr"]:
 def _operand_vars(value) -> List["relax.Var"]:
     if member_conv(value) is not None:
         return [v for v in member_conv(value)[1] if isinstance(v, relax.Var)]
-    return [a for a in getattr(value, "args", []) if isinstance(a, relax.Var)]
+    args = list(getattr(value, "args", []))
+    if _op_name(value) == "relax.concat":
+        args = list(args[0].fields)
+    return [a for a in args if isinstance(a, relax.Var)]
 
 
-def find_chains(func: "relax.Function") -> List[Chain]:
+def find_chains(func: "relax.Function", spatial: bool = True) -> List[Chain]:
     """The chains of ``func`` (before the ``chain_length`` and ``format`` guards): members in
-    binding order, grouped by connection."""
+    binding order, grouped by connection; ``spatial``: with the channels-last-only members."""
     bindings = _bindings(func)
     members: Set["relax.Var"] = set()
     convs: Set["relax.Var"] = set()
+    spatials: Set["relax.Var"] = set()
     order: List["relax.Var"] = []
     for var, value in bindings.items():
         if member_conv(value) is not None:
             convs.add(var)
+        elif spatial and member_spatial(value, members):
+            spatials.add(var)
         elif not member_elementwise(value, members):
             continue
         members.add(var)
@@ -260,6 +319,7 @@ def find_chains(func: "relax.Function") -> List[Chain]:
         chain.members.append(var)
         if var in convs:
             chain.convs.append(var)
+        chain.spatial += var in spatials
     return list(groups.values())
 
 
@@ -369,6 +429,11 @@ class _Rewriter:
         conv = member_conv(value)
         if conv is not None:
             new_value = self._conv(value, conv, fmt, out, dataflow)
+        elif _op_name(value) == "relax.concat":
+            fields = [self._in_format(f, fmt, out, dataflow) for f in value.args[0].fields]
+            new_value = relax.op.concat(fields, axis=3)
+        elif _op_name(value) in SPATIAL:
+            new_value = SPATIAL[_op_name(value)](value, self.new[value.args[0]])
         else:
             new_value = self._elementwise(value, fmt, out, dataflow)
         new = self._bind(out, f"{var.name}_{fmt}", new_value, dataflow)
@@ -417,6 +482,22 @@ class _Rewriter:
         return relax.Call(value.op, args, value.attrs, value.ty_args)
 
 
+def _formatted_chains(func, fmt: Optional[str], spatial: bool,
+                      report: LayoutReport) -> List[Chain]:
+    """The chains of ``func`` that pass ``chain_length`` and ``format``, with their format."""
+    bindings = _bindings(func)
+    chains = []
+    for chain in find_chains(func, spatial):
+        if len(chain.convs) < 2:
+            continue  # chain_length
+        chain.fmt = fmt or choose_format(chain, bindings)
+        if not chain.fmt:
+            report.skipped.append(f"a chain of {len(chain.convs)} convs: no blocked format")
+            continue
+        chains.append(chain)
+    return chains
+
+
 def blocked_layout(mod: "tvm.IRModule", fmt: Optional[str] = None
                    ) -> Tuple["tvm.IRModule", LayoutReport]:
     """``mod`` with its convolution chains kept in oneDNN's preferred format (module
@@ -440,17 +521,10 @@ def blocked_layout(mod: "tvm.IRModule", fmt: Optional[str] = None
     for gv, func in mod.functions_items():
         if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
             continue
-        bindings = _bindings(func)
-        chains = []
-        for chain in find_chains(func):
-            if len(chain.convs) < 2:
-                continue  # chain_length
-            chain.fmt = fmt or choose_format(chain, bindings)
-            if not chain.fmt:
-                report.skipped.append(f"a chain of {len(chain.convs)} convs: no blocked format")
-                continue
-            chains.append(chain)
-            report.chains.append((len(chain.convs), chain.fmt))
+        chains = _formatted_chains(func, fmt, True, report)
+        if any(c.spatial and c.fmt != "nhwc" for c in chains):
+            chains = _formatted_chains(func, fmt, False, report)
+        report.chains.extend((len(c.convs), c.fmt) for c in chains)
         if chains:
             updates[gv] = _Rewriter(func, chains, report, forced=fmt is not None).run()
     if not updates:
