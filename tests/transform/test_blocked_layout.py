@@ -301,3 +301,36 @@ def test_before_expected(before, fmt, expected):
     new, report = blocked_layout(before, fmt=fmt)
     assert report.chains == [(2, fmt)]
     tvm.ir.assert_structural_equal(new, expected)
+
+
+# ---------------------------------------------------------------------------------------------
+# In the pass (OllieConfig.blocked_layout).
+
+def _relax_chain(rng):
+    weights = [_w(rng, 16, 8, 3, 3), _w(rng, 16), _w(rng, 16, 16, 3, 3), _w(rng, 16)]
+    return build_pair(relu_chain, (1, 8, 8, 8), weights)[1]
+
+
+def _native_everywhere(_sig, alternatives):
+    return next((a for a in alternatives if a.program is None and a.impl == "native"), None)
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_in_optimize_module(on):
+    """With every conv on its native kernel, the option converts the chain (or, off, leaves
+    the convs NCHW), and the result computes what TVM's build of the original does."""
+    from tvm_ollie.transform.optimize import optimize_module
+
+    rng = np.random.default_rng(4)
+    mod = _relax_chain(rng)
+    new, report = optimize_module(mod, target="llvm", trials=0, derive=False,
+                                  chooser=_native_everywhere, blocked_layout=on,
+                                  check_untuned=False)
+    x = rng.standard_normal((1, 8, 8, 8)).astype("float32")
+    np.testing.assert_allclose(run(new, x), run(mod, x), rtol=1e-4, atol=1e-4)
+    if not on:
+        assert report.layouts is None and "dst_fmt" not in new.script()
+    else:
+        assert report.layouts is not None
+        assert ("dst_fmt" in new.script()) == bool(report.layouts.chains)
+        assert "layouts:" in report.to_text()
