@@ -95,13 +95,16 @@ def test_blocked_epilogues(act):
     assert np.all(out[:, -1, :, :, 4:] == 0)
 
 
-def test_blocked_strided_grouped_and_relax():
+@pytest.mark.parametrize("blk", [16, -1])
+def test_blocked_strided_grouped_and_relax(blk):
     rng = np.random.default_rng(7)
-    out, ref = _blocked_case(rng, 32, 32, 16, 16, stride=(2, 2), groups=32, act="relu")
+    out, ref = _blocked_case(rng, 32, 32, blk, blk, stride=(2, 2), groups=32, act="relu")
     np.testing.assert_allclose(from_blocked(out, 32), ref, rtol=1e-4, atol=1e-3)
-    out, ref = _blocked_case(rng, 24, 40, 8, 16, k=1, pad=(0, 0, 0, 0), bias=True,
+    out, ref = _blocked_case(rng, 24, 40, 8, blk, k=1, pad=(0, 0, 0, 0), bias=True,
                              relax_build=True)
     np.testing.assert_allclose(from_blocked(out, 40), ref, rtol=1e-4, atol=1e-3)
+    out, ref = _blocked_case(rng, 6, 9, blk, 4, groups=3, res=True)
+    np.testing.assert_allclose(from_blocked(out, 9), ref, rtol=1e-4, atol=1e-3)
 
 
 def test_blocked_garbage_padding_in_src_is_ignored():

@@ -13,7 +13,8 @@ per-operator decisions, which do not see layouts, cannot split a chain). Outputs
 process (:func:`tvm_ollie.pipeline.guard.alternating_medians`); ``onnxruntime`` (the model's
 ONNX export, all graph optimizations, no spinning) is timed alone after them for reference when
 installed.
-Medians in ms; docs/layouts.md has the results.
+Medians in ms (``--clock cpu``: CPU time of the process, all threads); docs/layouts.md has the
+results.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+import time
 from typing import Dict, List
 
 import numpy as np
@@ -68,8 +70,11 @@ def native_everywhere(_signature: str, alternatives):
     return next((a for a in alternatives if a.program is None and a.impl == "native"), None)
 
 
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
 def measure(name: str, quick: bool, formats: List[str], threads: int,
-            time_s: float, native: bool = False) -> Dict[str, object]:
+            time_s: float, native: bool = False, clock: str = "wall") -> Dict[str, object]:
     """One model's row: chains converted, max difference, median ms per column. ``native``:
     every operator the library has on it (no derivation, no timing of decisions)."""
     spec = get_model(name, quick=quick)
@@ -85,10 +90,12 @@ def measure(name: str, quick: bool, formats: List[str], threads: int,
     runs = {k: _vm_runner(compile_module(m, "llvm"), inputs) for k, m in modules.items()}
     ref = _first(runs["plain"]())
     diff = max(float(np.abs(_first(r()) - ref).max()) for r in runs.values())
-    medians = alternating_medians(runs, time_s=time_s, min_rounds=9, hopeless=float("inf"))
+    medians = alternating_medians(runs, time_s=time_s, min_rounds=9, hopeless=float("inf"),
+                                  clock=CLOCKS[clock])
     ort_run = _onnxruntime(spec, inputs, threads)
     if ort_run is not None:  # alone, after the TVM builds (its pool would slow them)
-        medians.update(alternating_medians({"onnxruntime": ort_run}, time_s=time_s / 2))
+        medians.update(alternating_medians({"onnxruntime": ort_run}, time_s=time_s / 2,
+                                           clock=CLOCKS[clock]))
     return {"model": name, "chains": report.to_text(), "max_diff": diff,
             "ms": {k: v * 1e3 for k, v in medians.items()}}
 
@@ -104,11 +111,15 @@ def main(argv=None) -> None:
     parser.add_argument("--native", action="store_true",
                         help="every operator the library has on its native kernel (no "
                              "derivation): the decisions cannot split a chain")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="wall time, or the process's CPU time (all its threads: the work "
+                             "done, less moved by other processes on a loaded machine)")
     args = parser.parse_args(argv)
     threads = int(os.environ.get("TVM_NUM_THREADS", "1"))
     print(f"load average before: {os.getloadavg()}")
     for name in args.models:
-        row = measure(name, args.quick, args.formats, threads, args.time, args.native)
+        row = measure(name, args.quick, args.formats, threads, args.time, args.native,
+                      args.clock)
         ms = row["ms"]
         cells = "  ".join(f"{k} {v:.3f}" for k, v in ms.items())
         ratio = ms["plain"] / ms["layouts"]
