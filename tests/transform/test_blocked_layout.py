@@ -247,7 +247,8 @@ class ReluChainBlocked:
                                     out_ty=R.Tensor((1, 1, 6, 6, 8), "float32"))
             z_b = R.call_dps_packed("tvm_ollie.cpu.conv2d", (R.str(A_BLK), y_b, w2, b2),
                                     out_ty=R.Tensor((1, 1, 6, 6, 8), "float32"))
-            z_padded = R.layout_transform(z_b, index_map=lambda n, c1, h, w, c0: (n, c1 * 8 + c0, h, w))
+            z_padded = R.layout_transform(
+                z_b, index_map=lambda n, c1, h, w, c0: (n, c1 * 8 + c0, h, w))
             z = R.strided_slice(z_padded, axes=[1], begin=[0], end=[5])
             R.output(z)
         return z

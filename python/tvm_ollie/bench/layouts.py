@@ -9,11 +9,11 @@ Each model (the zoo's, constants as weights) goes through the pass once with the
 off; that module is built as it is (``plain``) and after the layout step (``layouts``; and
 ``layouts:FMT`` for each ``--formats`` forced on every chain), so both columns share every
 other decision (``--native``: every operator the library has on its native kernel, so that the
-per-operator decisions, which do not see layouts, cannot split a chain). Outputs are compared, then the builds are timed in alternating rounds in this
-process (:func:`tvm_ollie.pipeline.guard.alternating_medians`); ``onnxruntime`` (the model's
-ONNX export, all graph optimizations, no spinning) is timed alone after them for reference when
-installed.
-Medians in ms (``--clock cpu``: CPU time of the process, all threads); docs/layouts.md has the
+per-operator decisions, which do not see layouts, cannot split a chain). Outputs are compared,
+then the builds are timed in alternating rounds in this process
+(:func:`tvm_ollie.pipeline.guard.alternating_medians`); ``onnxruntime`` (the model's ONNX
+export, all graph optimizations, no spinning) is timed alone after them for reference when
+installed. Medians in ms (``--clock cpu``: CPU time of the process, all threads); docs/layouts.md has the
 results.
 """
 

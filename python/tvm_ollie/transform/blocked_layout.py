@@ -337,14 +337,10 @@ def _links(value, arg: "relax.Var") -> bool:
 # ---------------------------------------------------------------------------------------------
 # Choosing formats.
 
-def _query_attrs(call: lib.LibCall) -> str:
-    return call.text()
-
-
 def preferred(value) -> Tuple[str, str]:
     """oneDNN's preferred (src, dst) formats of a member conv."""
     call, ops = member_conv(value)
-    return native.conv2d_preferred_format(_query_attrs(call), _static_shape(ops[0]),
+    return native.conv2d_preferred_format(call.text(), _static_shape(ops[0]),
                                           _static_shape(ops[1]))
 
 
@@ -402,13 +398,10 @@ class _Rewriter:
         return relax.Function(self.func.params, body, self.func.ret_ty, self.func.is_pure,
                               self.func.attrs)
 
-    def _var(self, name: str, value, dataflow: bool) -> "relax.Var":
-        ty = value.ty if hasattr(value, "ty") else None
-        return relax.DataflowVar(name, ty) if dataflow else relax.Var(name, ty)
-
     def _bind(self, out, name: str, value, dataflow: bool) -> "relax.Var":
         normalized = relax.BlockBuilder().normalize(value)
-        var = self._var(name, normalized, dataflow)
+        make = relax.DataflowVar if dataflow else relax.Var
+        var = make(name, normalized.ty)
         out.append(relax.VarBinding(var, normalized))
         return var
 
