@@ -335,3 +335,18 @@ def test_in_optimize_module(on):
         assert report.layouts is not None
         assert ("dst_fmt" in new.script()) == bool(report.layouts.chains)
         assert "layouts:" in report.to_text()
+
+
+@pytest.mark.parametrize("fmt", [None, "nhwc", "nChw8c"])
+@pytest.mark.parametrize("case", ["relu_chain", "residual"])
+def test_pack_weights(fmt, case):
+    """``pack_weights``: the chain's constant weights packed at compile time (``wpacked=1``),
+    same numbers as TVM's build of the original."""
+    rng = np.random.default_rng(9)
+    program, weights = _cases(rng, 5, 13)[case]
+    mod, ref_mod = build_pair(program, (1, 5, 8, 8), weights)
+    new, report = blocked_layout(mod, fmt=fmt, pack_weights=True)
+    if report.chains:
+        assert new.script().count("wpacked=1") == 2
+    x = rng.standard_normal((1, 5, 8, 8)).astype("float32")
+    np.testing.assert_allclose(run(new, x), run(ref_mod, x), rtol=1e-4, atol=1e-4)

@@ -74,9 +74,11 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
 def measure(name: str, quick: bool, formats: List[str], threads: int,
-            time_s: float, native: bool = False, clock: str = "wall") -> Dict[str, object]:
+            time_s: float, native: bool = False, clock: str = "wall",
+            pack: bool = False) -> Dict[str, object]:
     """One model's row: chains converted, max difference, median ms per column. ``native``:
-    every operator the library has on it (no derivation, no timing of decisions)."""
+    every operator the library has on it (no derivation, no timing of decisions); ``pack``:
+    also the ``layouts+packed`` column (the chains' constant weights packed at compile time)."""
     spec = get_model(name, quick=quick)
     mod, _ = to_relax(spec, weights="constants")
     inputs = [t.detach().numpy() for t in spec.example_inputs]
@@ -85,6 +87,8 @@ def measure(name: str, quick: bool, formats: List[str], threads: int,
     modules = {"plain": rewritten}
     laid, report = blocked_layout(rewritten)
     modules["layouts"] = laid
+    if pack:
+        modules["layouts+packed"] = blocked_layout(rewritten, pack_weights=True)[0]
     for fmt in formats:
         modules[f"layouts:{fmt}"] = blocked_layout(rewritten, fmt=fmt)[0]
     runs = {k: _vm_runner(compile_module(m, "llvm"), inputs) for k, m in modules.items()}
@@ -111,6 +115,8 @@ def main(argv=None) -> None:
     parser.add_argument("--native", action="store_true",
                         help="every operator the library has on its native kernel (no "
                              "derivation): the decisions cannot split a chain")
+    parser.add_argument("--pack", action="store_true",
+                        help="also the layouts+packed column (weights packed at compile time)")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                         help="wall time, or the process's CPU time (all its threads: the work "
                              "done, less moved by other processes on a loaded machine)")
@@ -119,7 +125,7 @@ def main(argv=None) -> None:
     print(f"load average before: {os.getloadavg()}")
     for name in args.models:
         row = measure(name, args.quick, args.formats, threads, args.time, args.native,
-                      args.clock)
+                      args.clock, args.pack)
         ms = row["ms"]
         cells = "  ".join(f"{k} {v:.3f}" for k, v in ms.items())
         ratio = ms["plain"] / ms["layouts"]

@@ -354,6 +354,26 @@ def choose_format(chain: Chain, bindings) -> str:
 # ---------------------------------------------------------------------------------------------
 # Rewriting.
 
+def pack_weight(call: lib.LibCall, data_shape: Sequence[int], weight: "tvm.ir.expr.Constant"
+                ) -> Tuple[lib.LibCall, "relax.Expr"]:
+    """``call`` with ``wpacked=1`` and its constant weight packed now
+    (``tvm_ollie.cpu.conv2d_pack_weight``: the blocked weight format of this very call, on this
+    machine; a pack made elsewhere is rejected at run time with a clear error)."""
+    import tvm_ffi  # pylint: disable=import-outside-toplevel
+
+    w = np.ascontiguousarray(weight.value.numpy())
+    text = call.text()
+    packed = np.zeros(native.conv2d_packed_size(text, data_shape, w.shape), "float32")
+    fmt = call.get("src_fmt", "nchw")
+    shape = formatted_shape(data_shape, fmt) if fmt != "nchw" else tuple(data_shape)
+    data = np.zeros(shape, "float32")  # (only its shape is read)
+    tvm_ffi.get_global_func(native.CONV2D_PACK_WEIGHT)(
+        text, tvm_ffi.from_dlpack(data), tvm_ffi.from_dlpack(w), tvm_ffi.from_dlpack(packed))
+    kh, kw = (w.shape[2], w.shape[3]) if call.get("klayout", "OIHW") == "OIHW" else (
+        (w.shape[0], w.shape[1]) if call.get("klayout") == "HWIO" else (w.shape[1], w.shape[2]))
+    return call.with_attrs(wpacked=1, kernel=f"{kh},{kw}"), relax.const(packed)
+
+
 def _users(func: "relax.Function") -> Dict["relax.Var", Set[object]]:
     """Variable -> the binding variables that read it (``"<body>"``: the function's result)."""
     users: Dict["relax.Var", Set[object]] = defaultdict(set)
@@ -370,8 +390,9 @@ class _Rewriter:
     """Rewrites one function's chains (module docstring)."""
 
     def __init__(self, func: "relax.Function", chains: List[Chain], report: LayoutReport,
-                 forced: bool = False):
+                 forced: bool = False, pack_weights: bool = False):
         self.func = func
+        self.pack_weights = pack_weights
         self.forced = forced  # entries in the chain's format too, whatever oneDNN prefers
         self.bindings = _bindings(func)
         self.users = _users(func)
@@ -460,8 +481,10 @@ class _Rewriter:
             new_ops[0] = self._in_format(data, src, out, dataflow)
         if call.get("res", "0") == "1":
             new_ops[-1] = self._in_format(ops[-1], fmt, out, dataflow)
-        return lib.emit_call(call.with_attrs(**updates), new_ops,
-                             formatted_shape(_static_shape(value), fmt))
+        new_call = call.with_attrs(**updates)
+        if self.pack_weights and isinstance(ops[1], tvm.ir.expr.Constant):
+            new_call, new_ops[1] = pack_weight(new_call, _static_shape(data), ops[1])
+        return lib.emit_call(new_call, new_ops, formatted_shape(_static_shape(value), fmt))
 
     def _elementwise(self, value, fmt: str, out, dataflow: bool):
         channels = _static_shape(value)[1]
@@ -491,7 +514,7 @@ def _formatted_chains(func, fmt: Optional[str], spatial: bool,
     return chains
 
 
-def blocked_layout(mod: "tvm.IRModule", fmt: Optional[str] = None
+def blocked_layout(mod: "tvm.IRModule", fmt: Optional[str] = None, pack_weights: bool = False
                    ) -> Tuple["tvm.IRModule", LayoutReport]:
     """``mod`` with its convolution chains kept in oneDNN's preferred format (module
     docstring), and what was done. Without the native library's format query, ``mod``.
@@ -503,6 +526,11 @@ def blocked_layout(mod: "tvm.IRModule", fmt: Optional[str] = None
     fmt : str, optional
         Every chain in this format (``"nhwc"``, ``"nChw4c"``, ``"nChw8c"``, ``"nChw16c"``)
         instead of oneDNN's preference (tests, and comparing formats).
+    pack_weights : bool
+        Also pack the constant weights of the chain's convolutions into oneDNN's format for
+        these very calls (``wpacked=1``), so that no call reorders its weights. The packs are
+        made for this machine's CPU and thread count: a module built so runs here only (a
+        pack made elsewhere is rejected at run time with a clear error).
     """
     if fmt is not None and fmt not in _FORMATS:
         raise ValueError(f"blocked_layout: fmt must be one of {_FORMATS}, got {fmt!r}")
@@ -519,7 +547,8 @@ def blocked_layout(mod: "tvm.IRModule", fmt: Optional[str] = None
             chains = _formatted_chains(func, fmt, False, report)
         report.chains.extend((len(c.convs), c.fmt) for c in chains)
         if chains:
-            updates[gv] = _Rewriter(func, chains, report, forced=fmt is not None).run()
+            updates[gv] = _Rewriter(func, chains, report, forced=fmt is not None,
+                                    pack_weights=pack_weights).run()
     if not updates:
         return mod, report
     out = mod.shallow_copy() if hasattr(mod, "shallow_copy") else tvm.IRModule(
