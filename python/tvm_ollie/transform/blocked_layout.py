@@ -31,6 +31,8 @@ Rules (each a guard below, named):
   whose format is blocked is found again without these operators.
 * ``chain_length``: a chain with fewer than two convolutions is left alone (it would only move
   the reorder out of the call).
+* ``saves_reorders`` (:func:`saves_reorders`; not when the caller forces a format): the chain
+  removes more reorders than the entry and exit transforms it adds.
 * ``format``: the chain's format is the destination format oneDNN prefers
   (:func:`tvm_ollie.native.conv2d_preferred_format`, ``format_tag::any``) for most of its
   convolutions; none (every conv prefers NCHW or another format): the chain is left alone. A
@@ -105,6 +107,8 @@ class LayoutReport:
     chains: List[Tuple[int, str]] = field(default_factory=list)
     entries: int = 0
     exits: int = 0
+    #: member convolutions that still read NCHW (and reorder it inside the call)
+    plain_sources: int = 0
     skipped: List[str] = field(default_factory=list)
 
     def to_text(self) -> str:
@@ -472,6 +476,7 @@ class _Rewriter:
         else:
             src = fmt if preferred(value)[0] == fmt else "nchw"
         updates = {"src_fmt": src, "dst_fmt": fmt} if src != "nchw" else {"dst_fmt": fmt}
+        self.report.plain_sources += src == "nchw"
         if src not in ("nchw", "nhwc"):
             updates["src_c"] = str(cin)
         if fmt != "nhwc":
@@ -510,8 +515,23 @@ def _formatted_chains(func, fmt: Optional[str], spatial: bool,
         if not chain.fmt:
             report.skipped.append(f"a chain of {len(chain.convs)} convs: no blocked format")
             continue
+        if fmt is None and not saves_reorders(func, chain):
+            report.skipped.append(f"a chain of {len(chain.convs)} convs: more transforms than "
+                                  "reorders saved")
+            continue
         chains.append(chain)
     return chains
+
+
+def saves_reorders(func: "relax.Function", chain: Chain) -> bool:
+    """Guard ``saves_reorders``: converting ``chain`` removes more passes over a tensor than it
+    adds. Each member convolution in NCHW reorders its source and destination inside the call
+    (oneDNN prefers another format: the ``format`` guard); converted, it reorders only a source
+    it still reads as NCHW, and the chain adds one ``layout_transform`` per entry and exit:
+    ``2 * convs - plain sources > entries + exits``. Counted by rewriting the chain alone."""
+    dry = LayoutReport()
+    _Rewriter(func, [chain], dry).run()
+    return 2 * len(chain.convs) - dry.plain_sources > dry.entries + dry.exits
 
 
 def blocked_layout(mod: "tvm.IRModule", fmt: Optional[str] = None, pack_weights: bool = False
