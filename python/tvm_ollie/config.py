@@ -178,6 +178,11 @@ class OllieConfig:
         layout transforms only at a chain's entries and exits
         (:mod:`tvm_ollie.transform.blocked_layout`, docs/layouts.md); CPU targets with the
         native library only.
+    pack_weights : bool
+        With ``blocked_layout``: also pack the constant weights of the chains' convolutions
+        into oneDNN's format at compile time, so that no call reorders them. The packs are made
+        for this machine (CPU and thread count): a module built so runs here only (elsewhere
+        the kernel stops with a clear error). Default off for that reason.
     derivation_cache : bool
         Reuse derivation search results across compiles and models (in ``work_dir`` and the
         per-user cache, :mod:`tvm_ollie.derive.cache`); False: search every signature.
@@ -209,6 +214,7 @@ class OllieConfig:
     dtype: Optional[str] = None
     derivation_cache: bool = True
     blocked_layout: bool = True
+    pack_weights: bool = False
 
     def __post_init__(self):
         if self.targets is not None and not isinstance(self.targets, tuple):
@@ -230,7 +236,8 @@ class OllieConfig:
             raise ConfigError(f"OllieConfig.search_time_s must be a number > 0, not "
                               f"{self.search_time_s!r}")
         for name in ("derive", "fold_inference", "orchestrate", "joint", "joint_guard",
-                     "verbose", "derivation_cache", "blocked_layout"):
+                     "verbose", "derivation_cache", "blocked_layout",
+                     "pack_weights"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"OllieConfig.{name} must be True or False, not "
                                   f"{getattr(self, name)!r}")

@@ -316,8 +316,8 @@ def _native_everywhere(_sig, alternatives):
     return next((a for a in alternatives if a.program is None and a.impl == "native"), None)
 
 
-@pytest.mark.parametrize("on", [True, False])
-def test_in_optimize_module(on):
+@pytest.mark.parametrize("on,pack", [(True, False), (False, False), (True, True)])
+def test_in_optimize_module(on, pack):
     """With every conv on its native kernel, the option converts the chain (or, off, leaves
     the convs NCHW), and the result computes what TVM's build of the original does."""
     from tvm_ollie.transform.optimize import optimize_module
@@ -326,7 +326,7 @@ def test_in_optimize_module(on):
     mod = _relax_chain(rng)
     new, report = optimize_module(mod, target="llvm", trials=0, derive=False,
                                   chooser=_native_everywhere, blocked_layout=on,
-                                  check_untuned=False)
+                                  pack_weights=pack, check_untuned=False)
     x = rng.standard_normal((1, 8, 8, 8)).astype("float32")
     np.testing.assert_allclose(run(new, x), run(mod, x), rtol=1e-4, atol=1e-4)
     if not on:
@@ -334,6 +334,7 @@ def test_in_optimize_module(on):
     else:
         assert report.layouts is not None
         assert ("dst_fmt" in new.script()) == bool(report.layouts.chains)
+        assert ("wpacked=1" in new.script()) == (pack and bool(report.layouts.chains))
         assert "layouts:" in report.to_text()
 
 

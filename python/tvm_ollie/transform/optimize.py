@@ -274,7 +274,7 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
         new_mod, report.epilogues = _rewritten(mod, decided)
     if cfg.blocked_layout and decider.library and lib.current_device() == "cpu":
         with stage("layouts"):
-            new_mod, report.layouts = blocked_layout(new_mod)
+            new_mod, report.layouts = blocked_layout(new_mod, pack_weights=cfg.pack_weights)
     report.decisions = [d for _, d in decided if d.kind == "call"]
     report.regions = [d for _, d in decided if d.kind != "call"]
     report.inference_folds = folds
