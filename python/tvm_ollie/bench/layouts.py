@@ -13,8 +13,8 @@ per-operator decisions, which do not see layouts, cannot split a chain). Outputs
 then the builds are timed in alternating rounds in this process
 (:func:`tvm_ollie.pipeline.guard.alternating_medians`); ``onnxruntime`` (the model's ONNX
 export, all graph optimizations, no spinning) is timed alone after them for reference when
-installed. Medians in ms (``--clock cpu``: CPU time of the process, all threads); docs/layouts.md has the
-results.
+installed. Medians in ms (``--clock cpu``: CPU time of the process, all threads);
+docs/layouts.md has the results.
 """
 
 from __future__ import annotations
