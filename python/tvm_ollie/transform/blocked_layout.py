@@ -56,7 +56,10 @@ from .. import native
 from ..codegen import library as lib
 from ..compat import relax, tvm
 
-__all__ = ["BINARY", "UNARY", "LayoutReport", "blocked_layout", "find_chains"]
+__all__ = ["BINARY", "SPATIAL", "UNARY", "Chain", "LayoutReport", "blocked_layout",
+           "choose_format", "constant_to_format", "find_chains", "formatted_shape",
+           "from_format", "member_conv", "member_elementwise", "member_spatial", "pack_weight",
+           "preferred", "saves_reorders", "to_format", "unpad"]
 
 #: Unary elementwise operators a chain passes through (finite at 0).
 UNARY = ("relax.nn.relu", "relax.nn.relu6", "relax.clip", "relax.sigmoid", "relax.tanh",
