@@ -349,6 +349,17 @@ def test_dtype_option_reaches_build():
         parser.parse_args(["compile", "m.json", "--dtype", "bfloat16"])
 
 
+def test_no_blocked_layout_option():
+    from tvm_ollie.cli import _config, build_parser  # pylint: disable=import-outside-toplevel
+
+    parser = build_parser()
+    for argv, want in ((["compile", "m.json"], True),
+                       (["compile", "m.json", "--no-blocked-layout"], False)):
+        args = parser.parse_args(argv)
+        assert _config(args, "llvm", blocked_layout=not args.no_blocked_layout
+                       ).blocked_layout is want
+
+
 @pytest.mark.slow
 def test_compile_float16_takes_the_same_inputs(work, capsys):
     """--dtype float16 converts the model inside; the library keeps its float32 signature."""

@@ -5,7 +5,17 @@
 // attrs: layout=NCHW|NHWC, klayout=OIHW|HWIO|OHWI, stride=SH,SW, pad=TOP,LEFT,BOTTOM,RIGHT,
 //        dil=DH,DW, groups=G, bias=0|1, res=0|1, act=... (as matmul),
 //        fmt=plain|blocked (implementation: oneDNN on the user's formats, or on the formats
-//        oneDNN prefers with reorders inside the call; default: see ChooseFormat).
+//        oneDNN prefers with reorders inside the call; default: see ChooseFormat),
+//        src_fmt=F;[src_c=C] / dst_fmt=F;[dst_c=O] (layout=NCHW only): the format of data /
+//        Out (and residual), F one of nchw (default), nhwc (4-D [N, H, W, C]), nChw4c,
+//        nChw8c, nChw16c (5-D [N, ceil(C/B), H, W, B], the channel count given by src_c/dst_c,
+//        padding channels zero: the kernel writes zeros there). Chains of convolutions keep
+//        their activations in the format oneDNN prefers (tvm_ollie.cpu.conv2d_preferred_format)
+//        and skip the reorders of every call (docs/layouts.md).
+//
+//   tvm_ollie.cpu.conv2d_preferred_format(attrs, data_shape, weight_shape) -> [src, dst]: the
+//   formats oneDNN picks for src and dst with format_tag::any for this problem on this CPU, as
+//   src_fmt values, or "other".
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/reflection/registry.h>
 
@@ -36,8 +46,40 @@ struct ConvParams {
   Fmt fmt = Fmt::kAuto;
   bool wpacked = false;        // weight given as the output of conv2d_pack_weight
   int64_t pkh = 0, pkw = 0;    // kernel size (attrs "kernel=KH,KW"), required with wpacked=1
+  int64_t src_blk = 0, src_c = 0, dst_blk = 0, dst_c = 0;  // src_fmt/dst_fmt (FormatBlock)
   std::string canonical;       // every key but fmt/wpacked/kernel (cache and pack key)
 };
+
+// The activation formats of src_fmt/dst_fmt as a block: 0 plain NCHW, -1 channels-last (NHWC),
+// B > 0 nChw{B}c.
+constexpr int64_t kChannelsLast = -1;
+
+int64_t FormatBlock(const std::string& fmt) {
+  if (fmt == "nchw") return 0;
+  if (fmt == "nhwc") return kChannelsLast;
+  return std::stoll(fmt.substr(4, fmt.size() - 5));  // nChw{B}c
+}
+
+std::string BlockFormat(int64_t blk) {
+  if (blk == 0) return "nchw";
+  if (blk == kChannelsLast) return "nhwc";
+  return "nChw" + std::to_string(blk) + "c";
+}
+
+// "<side>_fmt=F;<side>_c=C": the format of an activation, and its channel count C when blocked.
+void ParseBlock(Attrs* attrs, const std::string& side, int64_t* blk, int64_t* c) {
+  *blk = FormatBlock(attrs->GetStr(side + "_fmt", "nchw",
+                                   {"nchw", "nhwc", "nChw4c", "nChw8c", "nChw16c"}));
+  *c = attrs->GetInt(side + "_c", 0);
+  if (*blk > 0 && *c < 1) {
+    TVM_FFI_THROW(ValueError) << kName << ": " << side << "_fmt=" << BlockFormat(*blk)
+                              << " needs " << side << "_c >= 1 (the channel count)";
+  }
+  if (*blk <= 0 && *c != 0) {
+    TVM_FFI_THROW(ValueError) << kName << ": " << side << "_c is only for blocked " << side
+                              << "_fmt (nChw{B}c)";
+  }
+}
 
 ConvParams ParseConvAttrs(const std::string& text) {
   Attrs attrs(kName, text);
@@ -54,6 +96,14 @@ ConvParams ParseConvAttrs(const std::string& text) {
   std::string fmt = attrs.GetStr("fmt", "auto", {"auto", "plain", "blocked"});
   p.fmt = fmt == "plain" ? Fmt::kPlain : (fmt == "blocked" ? Fmt::kBlocked : Fmt::kAuto);
   p.wpacked = attrs.GetBool("wpacked", false);
+  ParseBlock(&attrs, "src", &p.src_blk, &p.src_c);
+  ParseBlock(&attrs, "dst", &p.dst_blk, &p.dst_c);
+  if ((p.src_blk || p.dst_blk) && p.nhwc) {
+    TVM_FFI_THROW(ValueError) << kName << ": src_fmt/dst_fmt need layout=NCHW";
+  }
+  if ((p.src_blk || p.dst_blk) && p.fmt == Fmt::kPlain) {
+    TVM_FFI_THROW(ValueError) << kName << ": src_fmt/dst_fmt cannot be combined with fmt=plain";
+  }
   if (attrs.Has("kernel")) {
     auto kk = attrs.GetInts("kernel", 2, {0, 0});
     p.pkh = kk[0];
@@ -88,6 +138,12 @@ ConvParams ParseConvAttrs(const std::string& text) {
                 std::to_string(p.dh) + "," + std::to_string(p.dw) +
                 ";groups=" + std::to_string(p.groups) + ";bias=" + (p.has_bias ? "1" : "0") +
                 ";res=" + (p.has_res ? "1" : "0") + ";act=" + p.act.text;
+  if (p.src_blk) {
+    p.canonical += ";src_fmt=" + BlockFormat(p.src_blk) + ":" + std::to_string(p.src_c);
+  }
+  if (p.dst_blk) {
+    p.canonical += ";dst_fmt=" + BlockFormat(p.dst_blk) + ":" + std::to_string(p.dst_c);
+  }
   return p;
 }
 
@@ -99,6 +155,27 @@ std::string DimsStr(const std::vector<int64_t>& d) {
   std::string out = "[";
   for (size_t i = 0; i < d.size(); ++i) out += (i ? ", " : "") + std::to_string(d[i]);
   return out + "]";
+}
+
+// The logical NCHW dims of an activation given as `d`: itself when plain (blk 0), [N, H, W, C]
+// when channels-last, else the blocked [N, ceil(C/B), H, W, B] checked against the channel
+// count c.
+std::vector<int64_t> LogicalDims(const std::vector<int64_t>& d, int64_t blk, int64_t c,
+                                 const char* what) {
+  if (blk == 0) return d;
+  if (blk == kChannelsLast) {
+    if (d.size() != 4) {
+      TVM_FFI_THROW(ValueError) << kName << ": " << what << " has shape " << DimsStr(d)
+                                << ", expected the 4-D [N, H, W, C] of nhwc";
+    }
+    return {d[0], d[3], d[1], d[2]};
+  }
+  if (d.size() != 5 || d[1] != (c + blk - 1) / blk || d[4] != blk) {
+    TVM_FFI_THROW(ValueError) << kName << ": " << what << " has shape " << DimsStr(d)
+                              << ", expected the blocked [N, " << (c + blk - 1) / blk
+                              << ", H, W, " << blk << "] of " << c << " channels";
+  }
+  return {d[0], c, d[2], d[3]};
 }
 
 // Shapes given as dims (data, weight in klayout order, Out); `out` may be null (pack_weight).
@@ -148,8 +225,15 @@ ConvShape CheckConvShapes(const ConvParams& p, const std::vector<int64_t>& x,
 using dims = dnnl::memory::dims;
 using dt = dnnl::memory::data_type;
 
-dnnl::memory::desc ActivationDesc(bool nhwc, int64_t n, int64_t c, int64_t h, int64_t w) {
+dnnl::memory::desc ActivationDesc(bool nhwc, int64_t n, int64_t c, int64_t h, int64_t w,
+                                  int64_t blk = 0) {
   dims d{n, c, h, w};
+  if (blk == kChannelsLast) nhwc = true;
+  if (blk > 0) {
+    using tag = dnnl::memory::format_tag;
+    return dnnl::memory::desc(d, dt::f32,
+                              blk == 16 ? tag::nChw16c : (blk == 8 ? tag::nChw8c : tag::nChw4c));
+  }
   dims st = nhwc ? dims{h * w * c, 1, w * c, c} : dims{c * h * w, h * w, w, 1};
   return dnnl::memory::desc(d, dt::f32, st);
 }
@@ -199,8 +283,8 @@ Fmt ChooseFormat(const ConvParams& p, const ConvShape& s) {
 
 std::shared_ptr<OneDNNConv> CreateConv(const ConvParams& p, const ConvShape& s, Fmt fmt) {
   auto e = std::make_shared<OneDNNConv>();
-  e->user_src = ActivationDesc(p.nhwc, s.N, s.C, s.H, s.W);
-  e->user_dst = ActivationDesc(p.nhwc, s.N, s.O, s.OH, s.OW);
+  e->user_src = ActivationDesc(p.nhwc, s.N, s.C, s.H, s.W, p.src_blk);
+  e->user_dst = ActivationDesc(p.nhwc, s.N, s.O, s.OH, s.OW, p.dst_blk);
   e->user_wei = WeightDesc(p, s);
   const bool blocked = fmt == Fmt::kBlocked;
   dnnl::memory::desc src_any = e->user_src, wei_any = e->user_wei, dst_any = e->user_dst;
@@ -315,6 +399,20 @@ ffi::TensorView TensorArg(ffi::PackedArgs args, int i, const char* fname, const 
   return t.value();
 }
 
+// Zeros the padding channels [c, ceil(c/blk)*blk) of a blocked [n, ceil(c/blk), hw, blk] tensor:
+// an activation epilogue maps the conv's zero there to act(0) (0.5 for a sigmoid), and the
+// layout's contract is zero padding (a consumer such as a channel sum may read it).
+void ZeroChannelPadding(float* out, int64_t n, int64_t c, int64_t hw, int64_t blk) {
+  const int64_t rem = c % blk, cb = (c + blk - 1) / blk;
+  if (rem == 0) return;
+  for (int64_t b = 0; b < n; ++b) {
+    float* last = out + ((b * cb + cb - 1) * hw) * blk;
+    for (int64_t i = 0; i < hw; ++i) {
+      std::memset(last + i * blk + rem, 0, sizeof(float) * (blk - rem));
+    }
+  }
+}
+
 void Conv2d(ffi::PackedArgs args, ffi::Any* rv) {
   ThreadScope threads;
   const ConvParams& p = ParseArgsAttrs(args, kName);
@@ -343,14 +441,15 @@ void Conv2d(ffi::PackedArgs args, ffi::Any* rv) {
   }
   ffi::TensorView Out = TensorArg(args, i++, kName, "Out");
   float* out = CheckFloatTensor(Out, kName, "Out", 4);
-  const std::vector<int64_t> out_dims = Dims(Out);
+  const std::vector<int64_t> out_dims = LogicalDims(Dims(Out), p.dst_blk, p.dst_c, "Out");
+  const std::vector<int64_t> x_dims = LogicalDims(Dims(X), p.src_blk, p.src_c, "data");
   const int64_t o = p.nhwc ? out_dims[3] : out_dims[1];
-  const std::vector<int64_t> w_dims = p.wpacked ? PackedWeightDims(p, Dims(X), o) : Dims(Wt);
+  const std::vector<int64_t> w_dims = p.wpacked ? PackedWeightDims(p, x_dims, o) : Dims(Wt);
   if (p.wpacked && Wt.ndim() != 1) {
     TVM_FFI_THROW(ValueError) << kName << ": with wpacked=1 the weight must be the 1-D output of "
                               << "tvm_ollie.cpu.conv2d_pack_weight, got " << ShapeStr(Wt);
   }
-  ConvShape s = CheckConvShapes(p, Dims(X), w_dims, &out_dims);
+  ConvShape s = CheckConvShapes(p, x_dims, w_dims, &out_dims);
   if (Bias.has_value() && (Bias->ndim() != 1 || Bias->shape()[0] != s.O)) {
     TVM_FFI_THROW(ValueError) << kName << ": bias has shape " << ShapeStr(*Bias) << ", expected ["
                               << s.O << "]";
@@ -364,7 +463,9 @@ void Conv2d(ffi::PackedArgs args, ffi::Any* rv) {
     TVM_FFI_THROW(ValueError) << kName << ": data " << ShapeStr(X) << " is empty";
   }
   threads.SerialBelow(ConvFlops(s));
-  Fmt fmt = p.wpacked ? Fmt::kBlocked : (p.fmt == Fmt::kAuto ? ChooseFormat(p, s) : p.fmt);
+  Fmt fmt = p.wpacked || p.src_blk || p.dst_blk
+                ? Fmt::kBlocked
+                : (p.fmt == Fmt::kAuto ? ChooseFormat(p, s) : p.fmt);
   const std::string key = ConvKey(p, s, fmt);
   auto e = CachedGet<OneDNNConv>(key, [&]() { return CreateConv(p, s, fmt); });
   const dnnl::engine& eng = Engine();
@@ -416,6 +517,7 @@ void Conv2d(ffi::PackedArgs args, ffi::Any* rv) {
   e->prim.execute(Stream(), cargs);
   if (e->dst_out.needed) e->dst_out.Run(dst, user_dst, 5);
   Stream().wait();
+  if (p.dst_blk > 0) ZeroChannelPadding(out, s.N, s.O, s.OH * s.OW, p.dst_blk);
 }
 
 constexpr const char* kPackName = "tvm_ollie.cpu.conv2d_pack_weight";
@@ -461,7 +563,8 @@ void PackWeight(ffi::PackedArgs args, ffi::Any* rv) {
   float* w = CheckFloatTensor(Wt, kPackName, "weight", 4);
   float* packed = CheckFloatTensor(P, kPackName, "Packed", 1);
   std::string key;
-  auto e = PackedEntry(kPackName, p, Dims(X), Dims(Wt), &key, &threads);
+  auto e = PackedEntry(kPackName, p, LogicalDims(Dims(X), p.src_blk, p.src_c, "data"), Dims(Wt),
+                       &key, &threads);
   if (P.ndim() != 1 || P.numel() != PackedFloats(*e)) {
     TVM_FFI_THROW(ValueError) << kPackName << ": Packed has shape " << ShapeStr(P)
                               << ", expected [" << PackedFloats(*e)
@@ -479,6 +582,43 @@ void PackWeight(ffi::PackedArgs args, ffi::Any* rv) {
   }
 }
 
+constexpr const char* kBlockName = "tvm_ollie.cpu.conv2d_preferred_format";
+
+// The activation format of a memory descriptor as a src_fmt/dst_fmt value ("nchw", "nhwc",
+// "nChw{B}c": blocked on channels only, B innermost, outer dims in n, C/B, h, w order), or
+// "other".
+std::string FormatOf(const dnnl::memory::desc& md) {
+  const dims d = md.get_dims(), st = md.get_strides();
+  const dims blks = md.get_inner_blks(), idxs = md.get_inner_idxs();
+  if (d.size() != 4 || st.size() != 4) return "other";
+  if (blks.empty()) {
+    if (st[3] == 1 && st[2] == d[3] && st[1] == d[2] * d[3]) return "nchw";
+    if (st[1] == 1 && st[3] == d[1] && st[2] == d[3] * d[1]) return "nhwc";
+    return "other";
+  }
+  if (blks.size() != 1 || idxs[0] != 1) return "other";
+  const int64_t b = blks[0];
+  const bool nchwc = st[3] == b && st[2] == d[3] * b && st[1] == d[2] * d[3] * b;
+  return nchwc && (b == 4 || b == 8 || b == 16) ? BlockFormat(b) : "other";
+}
+
+// conv2d_preferred_format(attrs, data_shape, weight_shape) -> [src format, dst format]; the
+// attrs of the call itself (src_fmt/dst_fmt ignored: the answer is for format_tag::any).
+ffi::Array<ffi::String> PreferredFormat(const std::string& attrs, const ffi::Array<int64_t>& x,
+                                        const ffi::Array<int64_t>& w) {
+  ThreadScope threads;
+  ConvParams p = ParseConvAttrs(attrs);
+  if (p.wpacked) TVM_FFI_THROW(ValueError) << kBlockName << ": give the attrs without wpacked";
+  if (p.nhwc) TVM_FFI_THROW(ValueError) << kBlockName << ": give the attrs with layout=NCHW";
+  p.src_blk = p.src_c = p.dst_blk = p.dst_c = 0;
+  ConvShape s = CheckConvShapes(p, std::vector<int64_t>(x.begin(), x.end()),
+                                std::vector<int64_t>(w.begin(), w.end()), nullptr);
+  threads.SerialBelow(ConvFlops(s));  // the thread count the call itself will run with
+  auto e = CachedGet<OneDNNConv>(ConvKey(p, s, Fmt::kBlocked) + "|query",
+                                 [&]() { return CreateConv(p, s, Fmt::kBlocked); });
+  return {ffi::String(FormatOf(e->src_md)), ffi::String(FormatOf(e->dst_md))};
+}
+
 }  // namespace
 
 std::string Conv2dInfo() {
@@ -491,7 +631,8 @@ TVM_FFI_STATIC_INIT_BLOCK() {
   refl::GlobalDef()
       .def_packed(kName, Conv2d)
       .def_packed(kPackName, PackWeight)
-      .def(kPackSizeName, PackedSize);
+      .def(kPackSizeName, PackedSize)
+      .def(kBlockName, PreferredFormat);
 }
 
 }  // namespace tvm_ollie

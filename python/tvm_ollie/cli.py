@@ -85,7 +85,8 @@ class _Parser(argparse.ArgumentParser):
 def _compile(args: argparse.Namespace) -> int:
     target = _target(args.target)
     config = _config(args, target, orchestrate=args.orchestrate, dtype=args.dtype,
-                     model_guard=False if args.no_model_guard else None)
+                     model_guard=False if args.no_model_guard else None,
+                     blocked_layout=not args.no_blocked_layout)
     out = args.output or os.path.splitext(os.path.basename(args.model.split(":")[0]))[0] + ".so"
     with _Output(out) as tmp_out, profile_scope(), Stages(
             ["loading model", "optimizing and building", "exporting"]) as stages:
@@ -532,6 +533,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="do not build the model as given too and time it against the "
                           "rewritten one (the whole-model guard keeps the rewrite only when it "
                           "is measurably faster; on by default where the target runs here)")
+    cmd.add_argument("--no-blocked-layout", action="store_true",
+                     help="every native convolution takes and returns NCHW (default: chains of "
+                          "them keep the activation format oneDNN prefers, docs/layouts.md)")
     cmd.add_argument("--explain", action="store_true",
                      help="also print the optimizer's report: each decision, the derivations "
                           "cached or searched and the compile time per stage")

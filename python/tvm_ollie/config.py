@@ -172,6 +172,17 @@ class OllieConfig:
     dtype : str, optional
         ``"float16"``: the model is converted by TVM's ``ToMixedPrecision`` before the pass
         (:func:`tvm_ollie.transform.precision.to_precision`); None or ``"float32"``: as given.
+    blocked_layout : bool
+        After the rewrite, keep chains of native convolutions (linked directly or through
+        elementwise operators) in the activation format oneDNN prefers on this CPU, with
+        layout transforms only at a chain's entries and exits
+        (:mod:`tvm_ollie.transform.blocked_layout`, docs/layouts.md); CPU targets with the
+        native library only.
+    pack_weights : bool
+        With ``blocked_layout``: also pack the constant weights of the chains' convolutions
+        into oneDNN's format at compile time, so that no call reorders them. The packs are made
+        for this machine (CPU and thread count): a module built so runs here only (elsewhere
+        the kernel stops with a clear error). Default off for that reason.
     derivation_cache : bool
         Reuse derivation search results across compiles and models (in ``work_dir`` and the
         per-user cache, :mod:`tvm_ollie.derive.cache`); False: search every signature.
@@ -202,6 +213,8 @@ class OllieConfig:
     verbose: bool = False
     dtype: Optional[str] = None
     derivation_cache: bool = True
+    blocked_layout: bool = True
+    pack_weights: bool = False
 
     def __post_init__(self):
         if self.targets is not None and not isinstance(self.targets, tuple):
@@ -223,7 +236,8 @@ class OllieConfig:
             raise ConfigError(f"OllieConfig.search_time_s must be a number > 0, not "
                               f"{self.search_time_s!r}")
         for name in ("derive", "fold_inference", "orchestrate", "joint", "joint_guard",
-                     "verbose", "derivation_cache"):
+                     "verbose", "derivation_cache", "blocked_layout",
+                     "pack_weights"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"OllieConfig.{name} must be True or False, not "
                                   f"{getattr(self, name)!r}")

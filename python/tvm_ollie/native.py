@@ -25,7 +25,7 @@ import ctypes
 import logging
 import os
 import sys
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from .library_loader import LibraryLoader, LoadState, candidate_paths, disabled, find_dist_file
 
@@ -44,6 +44,7 @@ __all__ = [
     "DEFAULT_SERIAL_FLOPS",
     "CONV2D_PACKED_SIZE",
     "CONV2D_PACK_WEIGHT",
+    "CONV2D_PREFERRED_FORMAT",
     "CONV2D_INT8",
     "MATMUL_INT8",
     "INT8_EXACT_PRODUCTS",
@@ -59,6 +60,7 @@ __all__ = [
     "get_serial_flops",
     "info",
     "conv2d_packed_size",
+    "conv2d_preferred_format",
     "provides",
     "int8_exact_products",
 ]
@@ -86,6 +88,9 @@ DEFAULT_SERIAL_FLOPS = 1_000_000
 #: Optional weight prepacking for conv2d (see docs/native-library.md): size query and DPS packer.
 CONV2D_PACKED_SIZE = "tvm_ollie.cpu.conv2d_packed_size"
 CONV2D_PACK_WEIGHT = "tvm_ollie.cpu.conv2d_pack_weight"
+#: The activation formats oneDNN prefers for a conv (``src_fmt``/``dst_fmt`` values: nchw, nhwc,
+#: nChw{B}c; docs/layouts.md).
+CONV2D_PREFERRED_FORMAT = "tvm_ollie.cpu.conv2d_preferred_format"
 #: 8-bit integer convolution and matmul (oneDNN int8), see docs/native-library.md; and whether
 #: their u8 x s8 products are exact on this CPU (VNNI) or only for weights in [-64, 63].
 CONV2D_INT8 = "tvm_ollie.cpu.conv2d_int8"
@@ -265,3 +270,24 @@ def conv2d_packed_size(attrs: str, data_shape, weight_shape) -> int:
     """
     return int(_LOADER.func(CONV2D_PACKED_SIZE)(attrs, [int(d) for d in data_shape],
                                                 [int(d) for d in weight_shape]))
+
+
+def conv2d_preferred_format(attrs: str, data_shape, weight_shape) -> Tuple[str, str]:
+    """The formats oneDNN picks for this convolution's source and destination when it may
+    choose (``format_tag::any``) on this CPU, as ``src_fmt``/``dst_fmt`` values of the conv2d
+    kernel: ``"nchw"``, ``"nhwc"`` (channels-last), ``"nChw{B}c"`` (B in 4, 8, 16), or
+    ``"other"``.
+
+    Chains of convolutions keep their activations in that format
+    (:mod:`tvm_ollie.transform.blocked_layout`), so that no call reorders them.
+
+    Parameters
+    ----------
+    attrs : str
+        The conv2d attributes of the call (``layout=NCHW``; ``src_fmt``/``dst_fmt`` ignored).
+    data_shape, weight_shape : sequence of int
+        The NCHW data shape and the weight shape (in ``klayout``).
+    """
+    src, dst = _LOADER.func(CONV2D_PREFERRED_FORMAT)(
+        attrs, [int(d) for d in data_shape], [int(d) for d in weight_shape])
+    return str(src), str(dst)

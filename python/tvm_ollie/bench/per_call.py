@@ -12,7 +12,8 @@ the kernels. This benchmark isolates that cost on chains of tiny operators:
   16 nested tanh did not finish compiling in 10 minutes);
 * ``empty``: one add of a constant on a 1x8 tensor, the floor of one model call.
 
-The columns are benchmark systems (``ollie``, ``tvm``, ``onnxruntime``...) and ``library``: the
+The columns are benchmark systems (``ollie``, ``tvm``, ``onnxruntime``...), ``library-layouts``
+(``library`` with the chain in oneDNN's activation format, docs/layouts.md) and ``library``: the
 conv chain with the native conv for every layer (what ollie emits when the library wins each
 decision; the ollie build measures and may keep TVM's kernel for such small convolutions).
 A column may carry environment variables of its own worker: ``library@OMP_WAIT_POLICY=ACTIVE``.
@@ -47,6 +48,7 @@ from ..models import to_relax
 from ..models.registry import ModelSpec
 from ..pipeline import build as ollie_build
 from ..profiler.api import profile_executable
+from ..transform.blocked_layout import blocked_layout
 from .check import as_numpy_list
 from .outcome import Outcome, check_outcome, prepare_outcome
 from .systems import UNTUNED_SHARED, BenchContext, prepare_tvm_executable
@@ -154,12 +156,17 @@ def library_chain_module(spec: ModelSpec):
     return bb.get()
 
 
-def prepare_library(spec: ModelSpec, ctx: BenchContext) -> Outcome:
-    """The ``library`` column: :func:`library_chain_module` built by TVM, run once."""
+def prepare_library(spec: ModelSpec, ctx: BenchContext, layouts: bool = False) -> Outcome:
+    """The ``library`` column: :func:`library_chain_module` built by TVM, run once;
+    ``layouts`` (the ``library-layouts`` column): the chain kept in oneDNN's activation format
+    (:func:`tvm_ollie.transform.blocked_layout.blocked_layout`, docs/layouts.md)."""
     if not native.available():
         return {"status": "skipped", "reason": native.unavailable_reason()}, None, None
     start = time.perf_counter()
-    ex = tvm.compile(library_chain_module(spec), target=ctx.target)
+    mod = library_chain_module(spec)
+    if layouts:
+        mod, _ = blocked_layout(mod)
+    ex = tvm.compile(mod, target=ctx.target)
     prepared = prepare_tvm_executable(ex, [], spec, ctx, time.perf_counter() - start)
     outputs = as_numpy_list(prepared.run())
     return {"status": "built", "compile_s": prepared.compile_s}, prepared.run, outputs
@@ -168,6 +175,8 @@ def prepare_library(spec: ModelSpec, ctx: BenchContext) -> Outcome:
 #: The column that calls the native conv for every layer whatever it measures (the ollie
 #: build decides per call and may keep TVM's kernel): only the conv chain has one.
 LIBRARY = "library"
+#: The ``library`` column's module with its chain kept in oneDNN's activation format.
+LIBRARY_LAYOUTS = "library-layouts"
 
 
 #: The builds profiled per chain (the VM instrument sees every call they make).
@@ -188,10 +197,10 @@ def chain_outcome(system: str, chain: str, length: int, ctx_kwargs: dict) -> Out
     """A worker's factory: prepare ``system`` on the chain (:func:`.outcome.prepare_outcome`;
     :func:`prepare_library` for the ``library`` column)."""
     spec, ctx = chain_spec(chain, length), BenchContext(**ctx_kwargs)
-    if system == LIBRARY:
+    if system in (LIBRARY, LIBRARY_LAYOUTS):
         if chain != "conv":
             return {"status": "skipped", "reason": "no library kernel"}, None, None
-        return prepare_library(spec, ctx)
+        return prepare_library(spec, ctx, layouts=system == LIBRARY_LAYOUTS)
     return prepare_outcome(system, spec, ctx)
 
 

@@ -26,6 +26,7 @@ from ..tune import analytic
 from ..tune.budget import TrialBudget
 from ..tune.calibrate import Calibration
 from ..tune.metaschedule import STATS, Tuner
+from .blocked_layout import blocked_layout
 from .checking import Checker, CheckFn
 from .choosing import Chooser
 from .costing import Timer, UnitCostModel, region_seconds
@@ -271,6 +272,9 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
     decided = _decide_units(groups + regions + calls, choose, cfg.verbose)
     with stage("emit"):
         new_mod, report.epilogues = _rewritten(mod, decided)
+    if cfg.blocked_layout and decider.library and lib.current_device() == "cpu":
+        with stage("layouts"):
+            new_mod, report.layouts = blocked_layout(new_mod, pack_weights=cfg.pack_weights)
     report.decisions = [d for _, d in decided if d.kind == "call"]
     report.regions = [d for _, d in decided if d.kind != "call"]
     report.inference_folds = folds

@@ -62,6 +62,9 @@ class OptimizeReport:
     #: the sequential build's whole-model guard: the rewritten module and the original timed
     #: whole, the one kept (:class:`tvm_ollie.pipeline.guard.GuardReport`; None: not run)
     model_guard: Any = None
+    #: chains of native convolutions kept in oneDNN's activation format
+    #: (:class:`tvm_ollie.transform.blocked_layout.LayoutReport`; None: not run)
+    layouts: Any = None
 
     @property
     def trials_spent(self) -> int:
@@ -133,6 +136,8 @@ class OptimizeReport:
         if self.epilogues:
             folded = ", ".join(f"{k} {v}" for k, v in sorted(self.epilogues.items()))
             rows.append(f"epilogues folded into native kernels: {folded}")
+        if self.layouts is not None:
+            rows.append(self.layouts.to_text())
         return "\n".join(rows)
 
     def __str__(self) -> str:

@@ -1,0 +1,581 @@
+"""Keep chains of native convolutions in the activation format oneDNN prefers.
+
+Each native convolution (``tvm_ollie.cpu.conv2d``, :mod:`tvm_ollie.codegen.library`) takes and
+returns NCHW, and oneDNN reorders its source and destination into its own format (nhwc or
+nChw{B}c) on every call. ONNX Runtime keeps whole chains in that format. This pass does the same
+on a Relax module after the rewrite: it finds the *chains*, connected groups of native
+convolutions linked directly or through layout-agnostic elementwise operators, and writes every
+tensor inside a chain in one format ``F``::
+
+    y1 = conv(x, w1); y2 = relu(y1); y3 = conv(y2, w2); z = f(y3)
+  ->
+    x' = layout_transform(x, NCHW -> F)                 # entry (or the conv reads x as NCHW)
+    y1' = conv[src_fmt=F, dst_fmt=F](x', w1); y2' = relu(y1')
+    y3' = conv[src_fmt=F, dst_fmt=F](y2', w2)
+    y3 = layout_transform(y3', F -> NCHW); z = f(y3)    # exit: a consumer needs NCHW
+
+Rules (each a guard below, named):
+
+* ``member_conv``: a native NCHW conv2d, weights not pre-packed, every shape static;
+* ``member_elementwise``: an elementwise operator of :data:`UNARY` or :data:`BINARY` whose
+  output has the shape of each chain operand it reads (no broadcast of a chain value), at least
+  one operand in the chain, the others tensors of the same shape (they enter the format) or
+  per-channel constants ``[1, C, 1, 1]``/``[C, 1, 1]``/scalars (re-laid out with numpy; the
+  padding channels zero). The operators commute with a layout change: ``f(T(x)) = T(f(x))`` for
+  every element, and map 0 to a finite value, so a blocked tensor's padding channels stay
+  finite; the next convolution's weights are zero there and the exit drops them.
+* ``member_spatial`` (channels-last chains only): ``max_pool2d``/``avg_pool2d``/
+  ``adaptive_avg_pool2d``/``image.resize2d`` in NCHW, rewritten with ``layout="NHWC"``, and
+  ``concat`` along channels (axis 1 -> 3), every operand a 4-D float32 tensor, at least one in
+  the chain. In ``nChw{B}c`` a concatenation would mix padding into the channels, so a chain
+  whose format is blocked is found again without these operators.
+* ``chain_length``: a chain with fewer than two convolutions is left alone (it would only move
+  the reorder out of the call).
+* ``saves_reorders`` (:func:`saves_reorders`; not when the caller forces a format): the chain
+  removes more reorders than the entry and exit transforms it adds.
+* ``format``: the chain's format is the destination format oneDNN prefers
+  (:func:`tvm_ollie.native.conv2d_preferred_format`, ``format_tag::any``) for most of its
+  convolutions; none (every conv prefers NCHW or another format): the chain is left alone. A
+  convolution whose input comes from outside the chain reads it in its own preferred source
+  format (an entry transform) or, when that is NCHW (a 3-channel image), as it is. A format
+  forced by the caller (``fmt``) holds for the entries too.
+
+Exits: a chain value used by anything outside the chain (or returned) is transformed back to
+NCHW right after its binding, under its original variable, so nothing outside changes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Set, Tuple
+
+import numpy as np
+
+from .. import native
+from ..codegen import library as lib
+from ..compat import relax, tvm
+
+__all__ = ["BINARY", "SPATIAL", "UNARY", "Chain", "LayoutReport", "blocked_layout",
+           "choose_format", "constant_to_format", "find_chains", "formatted_shape",
+           "from_format", "member_conv", "member_elementwise", "member_spatial", "pack_weight",
+           "preferred", "saves_reorders", "to_format", "unpad"]
+
+#: Unary elementwise operators a chain passes through (finite at 0).
+UNARY = ("relax.nn.relu", "relax.nn.relu6", "relax.clip", "relax.sigmoid", "relax.tanh",
+         "relax.nn.silu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.leakyrelu",
+         "relax.negative", "relax.abs")
+#: Binary elementwise operators a chain passes through.
+BINARY = ("relax.add", "relax.subtract", "relax.multiply", "relax.maximum", "relax.minimum")
+
+_FORMATS = ("nhwc", "nChw4c", "nChw8c", "nChw16c")
+
+
+def _pool_nhwc(value, data):
+    at = value.attrs
+    make = {"relax.nn.max_pool2d": relax.op.nn.max_pool2d,
+            "relax.nn.avg_pool2d": relax.op.nn.avg_pool2d}[value.op.name]
+    return make(data, [int(v) for v in at.pool_size], [int(v) for v in at.strides],
+                [int(v) for v in at.padding], [int(v) for v in at.dilation], bool(at.ceil_mode),
+                bool(at.count_include_pad), layout="NHWC", out_layout="NHWC")
+
+
+def _adaptive_nhwc(value, data):
+    size = value.attrs.output_size
+    return relax.op.nn.adaptive_avg_pool2d(
+        data, None if size is None else [int(v) for v in size], layout="NHWC", out_layout="NHWC")
+
+
+def _resize_nhwc(value, data):
+    at = value.attrs
+    return relax.op.image.resize2d(
+        data, value.args[1], [float(v) for v in at.roi], "NHWC", str(at.method),
+        str(at.coordinate_transformation_mode), str(at.rounding_method), float(at.cubic_alpha),
+        int(at.cubic_exclude), float(at.extrapolation_value),
+        None if at.out_dtype is None or str(at.out_dtype) in ("", "None", "void")
+        else str(at.out_dtype))
+
+
+#: Spatial operators a channels-last chain passes through: name -> ``(call, data in NHWC) ->
+#: the call on NHWC data``.
+SPATIAL = {"relax.nn.max_pool2d": _pool_nhwc, "relax.nn.avg_pool2d": _pool_nhwc,
+           "relax.nn.adaptive_avg_pool2d": _adaptive_nhwc, "relax.image.resize2d": _resize_nhwc}
+
+
+@dataclass
+class LayoutReport:
+    """What the pass did: the chains converted (convolutions each, format) and the entry and
+    exit transforms it inserted."""
+
+    chains: List[Tuple[int, str]] = field(default_factory=list)
+    entries: int = 0
+    exits: int = 0
+    #: member convolutions that still read NCHW (and reorder it inside the call)
+    plain_sources: int = 0
+    skipped: List[str] = field(default_factory=list)
+
+    def to_text(self) -> str:
+        """One line."""
+        if not self.chains:
+            return "layouts: no chain converted" + (
+                f" ({'; '.join(self.skipped)})" if self.skipped else "")
+        convs = ", ".join(f"{n} convs in {f}" for n, f in self.chains)
+        return f"layouts: {len(self.chains)} chains ({convs}); {self.entries} entry and " \
+               f"{self.exits} exit transforms"
+
+
+# ---------------------------------------------------------------------------------------------
+# Formats as shapes and index maps.
+
+def _block(fmt: str) -> int:
+    """The channel block of ``nChw{B}c``; 0 for nhwc."""
+    return 0 if fmt == "nhwc" else int(fmt[4:-1])
+
+
+def formatted_shape(shape: Sequence[int], fmt: str) -> Tuple[int, ...]:
+    """The shape of an NCHW tensor of ``shape`` in ``fmt``."""
+    n, c, h, w = (int(s) for s in shape)
+    if fmt == "nhwc":
+        return (n, h, w, c)
+    b = _block(fmt)
+    return (n, -(-c // b), h, w, b)
+
+
+def to_format(x: "relax.Expr", fmt: str) -> "relax.Expr":
+    """``layout_transform`` NCHW -> ``fmt`` (padding channels zero)."""
+    if fmt == "nhwc":
+        return relax.op.layout_transform(x, lambda n, c, h, w: (n, h, w, c))
+    b = _block(fmt)
+    return relax.op.layout_transform(x, lambda n, c, h, w: (n, c // b, h, w, c % b),
+                                     pad_value=0.0)
+
+
+def from_format(x: "relax.Expr", fmt: str) -> "relax.Expr":
+    """``layout_transform`` ``fmt`` -> NCHW (with the padding channels of ``nChw{B}c``: take the
+    first C with :func:`unpad`)."""
+    if fmt == "nhwc":
+        return relax.op.layout_transform(x, lambda n, h, w, c: (n, c, h, w))
+    b = _block(fmt)
+    return relax.op.layout_transform(x, lambda n, c1, h, w, c0: (n, c1 * b + c0, h, w))
+
+
+def unpad(x: "relax.Expr", channels: int) -> "relax.Expr":
+    """The first ``channels`` channels of an NCHW ``x``."""
+    return relax.op.strided_slice(x, axes=[1], begin=[0], end=[channels])
+
+
+def constant_to_format(value: np.ndarray, fmt: str, channels: int) -> Optional[np.ndarray]:
+    """A per-channel constant (``[1, C, 1, 1]``, ``[C, 1, 1]``, or one element) broadcast
+    against an NCHW tensor of ``channels`` channels, in ``fmt``; None for other shapes."""
+    if value.size == 1:
+        return value
+    if value.shape not in ((1, channels, 1, 1), (channels, 1, 1)):
+        return None
+    vec = value.reshape(channels)
+    if fmt == "nhwc":
+        return np.ascontiguousarray(vec.reshape(1, 1, 1, channels))
+    b = _block(fmt)
+    cb = -(-channels // b)
+    padded = np.zeros(cb * b, value.dtype)
+    padded[:channels] = vec
+    return np.ascontiguousarray(padded.reshape(1, cb, 1, 1, b))
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding the chains.
+
+def _static_shape(expr) -> Optional[Tuple[int, ...]]:
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    dims = list(ty.shape.values) if hasattr(ty.shape, "values") else None
+    if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
+        return None
+    return tuple(int(d) for d in dims)
+
+
+def _f32_4d(expr) -> bool:
+    shape = _static_shape(expr)
+    return shape is not None and len(shape) == 4 and str(expr.ty.dtype) == "float32"
+
+
+def member_conv(value) -> Optional[Tuple[lib.LibCall, list]]:
+    """``(call, operands)`` of a native NCHW conv2d whose shapes are static (guard
+    ``member_conv``), else None."""
+    found = lib.lib_call_of(value)
+    if found is None or found[0].func != lib.CONV2D:
+        return None
+    call, ops = found
+    if call.get("layout", "NCHW") != "NCHW" or call.get("wpacked", "0") == "1":
+        return None
+    if call.get("fmt", "auto") == "plain" or call.get("src_fmt") or call.get("dst_fmt"):
+        return None
+    if not (_f32_4d(ops[0]) and _f32_4d(value) and _static_shape(ops[1]) is not None):
+        return None
+    return call, ops
+
+
+def _op_name(value) -> str:
+    if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
+        return value.op.name
+    return ""
+
+
+def _is_channel_constant(expr, channels: int) -> bool:
+    if not isinstance(expr, tvm.ir.expr.Constant) or str(expr.value.dtype) != "float32":
+        return False
+    shape = tuple(int(s) for s in expr.value.shape)
+    return int(np.prod(shape)) == 1 or shape in ((1, channels, 1, 1), (channels, 1, 1))
+
+
+def member_elementwise(value, members: Set["relax.Var"]) -> bool:
+    """Guard ``member_elementwise`` (module docstring)."""
+    name = _op_name(value)
+    if name not in UNARY and name not in BINARY:
+        return False
+    if not _f32_4d(value):
+        return False
+    out = _static_shape(value)
+    tensors = [a for a in value.args if isinstance(a.ty, relax.TensorType)]
+    if len(tensors) != len(value.args) or not any(a in members for a in tensors):
+        return False
+    for arg in tensors:
+        if isinstance(arg, relax.Var) and _f32_4d(arg) and _static_shape(arg) == out:
+            continue
+        if not _is_channel_constant(arg, out[1]):
+            return False
+    return True
+
+
+def member_spatial(value, members: Set["relax.Var"]) -> bool:
+    """Guard ``member_spatial`` (module docstring)."""
+    name = _op_name(value)
+    if not _f32_4d(value):
+        return False
+    if name == "relax.concat":
+        fields = value.args[0].fields if isinstance(value.args[0], relax.Tuple) else []
+        return (int(value.attrs.axis) in (1, -3) and bool(fields)
+                and all(isinstance(f, relax.Var) and _f32_4d(f) for f in fields)
+                and any(f in members for f in fields))
+    if name not in SPATIAL or value.args[0] not in members:
+        return False
+    at = value.attrs
+    return str(at.layout) == "NCHW" and str(getattr(at, "out_layout", "NCHW") or "NCHW") == "NCHW"
+
+
+@dataclass
+class Chain:
+    """Bindings (variables) of one chain, its convolutions and format."""
+
+    members: List["relax.Var"]
+    convs: List["relax.Var"]
+    fmt: str = ""
+    spatial: int = 0  # members that need a channels-last format
+
+
+def _bindings(func: "relax.Function") -> Dict["relax.Var", "relax.Expr"]:
+    out = {}
+    for block in func.body.blocks:
+        for b in block.bindings:
+            if isinstance(b, relax.VarBinding):
+                out[b.var] = b.value
+    return out
+
+
+def _operand_vars(value) -> List["relax.Var"]:
+    if member_conv(value) is not None:
+        return [v for v in member_conv(value)[1] if isinstance(v, relax.Var)]
+    args = list(getattr(value, "args", []))
+    if _op_name(value) == "relax.concat":
+        args = list(args[0].fields)
+    return [a for a in args if isinstance(a, relax.Var)]
+
+
+def find_chains(func: "relax.Function", spatial: bool = True) -> List[Chain]:
+    """The chains of ``func`` (before the ``chain_length`` and ``format`` guards): members in
+    binding order, grouped by connection; ``spatial``: with the channels-last-only members."""
+    bindings = _bindings(func)
+    members: Set["relax.Var"] = set()
+    convs: Set["relax.Var"] = set()
+    spatials: Set["relax.Var"] = set()
+    order: List["relax.Var"] = []
+    for var, value in bindings.items():
+        if member_conv(value) is not None:
+            convs.add(var)
+        elif spatial and member_spatial(value, members):
+            spatials.add(var)
+        elif not member_elementwise(value, members):
+            continue
+        members.add(var)
+        order.append(var)
+    parent = {v: v for v in order}
+
+    def root(v):
+        while parent[v] is not v:
+            parent[v] = parent[parent[v]]
+            v = parent[v]
+        return v
+
+    for var in order:
+        for arg in _operand_vars(bindings[var]):
+            if arg in members and _links(bindings[var], arg):
+                parent[root(arg)] = root(var)
+    groups: Dict["relax.Var", Chain] = {}
+    for var in order:
+        chain = groups.setdefault(root(var), Chain([], []))
+        chain.members.append(var)
+        if var in convs:
+            chain.convs.append(var)
+        chain.spatial += var in spatials
+    return list(groups.values())
+
+
+def _links(value, arg: "relax.Var") -> bool:
+    """Whether ``arg`` is an operand a member reads in the chain's format: a conv's data or
+    residual, or an elementwise operand (never a conv's weight or bias)."""
+    conv = member_conv(value)
+    if conv is None:
+        return True
+    call, ops = conv
+    data = [ops[0]] + ([ops[-1]] if call.get("res", "0") == "1" else [])
+    return any(arg.same_as(d) for d in data)
+
+
+# ---------------------------------------------------------------------------------------------
+# Choosing formats.
+
+def preferred(value) -> Tuple[str, str]:
+    """oneDNN's preferred (src, dst) formats of a member conv."""
+    call, ops = member_conv(value)
+    return native.conv2d_preferred_format(call.text(), _static_shape(ops[0]),
+                                          _static_shape(ops[1]))
+
+
+def choose_format(chain: Chain, bindings) -> str:
+    """Guard ``format``: the dst format most of the chain's convolutions prefer, or ""."""
+    votes = Counter(preferred(bindings[v])[1] for v in chain.convs)
+    ranked = [f for f, _ in votes.most_common() if f in _FORMATS]
+    return ranked[0] if ranked else ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Rewriting.
+
+def pack_weight(call: lib.LibCall, data_shape: Sequence[int], weight: "tvm.ir.expr.Constant"
+                ) -> Tuple[lib.LibCall, "relax.Expr"]:
+    """``call`` with ``wpacked=1`` and its constant weight packed now
+    (``tvm_ollie.cpu.conv2d_pack_weight``: the blocked weight format of this very call, on this
+    machine; a pack made elsewhere is rejected at run time with a clear error)."""
+    import tvm_ffi  # pylint: disable=import-outside-toplevel
+
+    w = np.ascontiguousarray(weight.value.numpy())
+    text = call.text()
+    packed = np.zeros(native.conv2d_packed_size(text, data_shape, w.shape), "float32")
+    fmt = call.get("src_fmt", "nchw")
+    shape = formatted_shape(data_shape, fmt) if fmt != "nchw" else tuple(data_shape)
+    data = np.zeros(shape, "float32")  # (only its shape is read)
+    tvm_ffi.get_global_func(native.CONV2D_PACK_WEIGHT)(
+        text, tvm_ffi.from_dlpack(data), tvm_ffi.from_dlpack(w), tvm_ffi.from_dlpack(packed))
+    kh, kw = (w.shape[2], w.shape[3]) if call.get("klayout", "OIHW") == "OIHW" else (
+        (w.shape[0], w.shape[1]) if call.get("klayout") == "HWIO" else (w.shape[1], w.shape[2]))
+    return call.with_attrs(wpacked=1, kernel=f"{kh},{kw}"), relax.const(packed)
+
+
+def _users(func: "relax.Function") -> Dict["relax.Var", Set[object]]:
+    """Variable -> the binding variables that read it (``"<body>"``: the function's result)."""
+    users: Dict["relax.Var", Set[object]] = defaultdict(set)
+    for block in func.body.blocks:
+        for b in block.bindings:
+            for v in relax.analysis.free_vars(b.value):
+                users[v].add(b.var)
+    for v in relax.analysis.free_vars(func.body.body):
+        users[v].add("<body>")
+    return users
+
+
+class _Rewriter:
+    """Rewrites one function's chains (module docstring)."""
+
+    def __init__(self, func: "relax.Function", chains: List[Chain], report: LayoutReport,
+                 forced: bool = False, pack_weights: bool = False):
+        self.func = func
+        self.pack_weights = pack_weights
+        self.forced = forced  # entries in the chain's format too, whatever oneDNN prefers
+        self.bindings = _bindings(func)
+        self.users = _users(func)
+        self.member_fmt: Dict["relax.Var", str] = {}
+        for chain in chains:
+            for var in chain.members:
+                self.member_fmt[var] = chain.fmt
+        self.new: Dict["relax.Var", "relax.Var"] = {}  # member -> its value in the format
+        self.entries: Dict[Tuple["relax.Var", str], "relax.Var"] = {}
+        self.report = report
+
+    def run(self) -> "relax.Function":
+        blocks = []
+        for block in self.func.body.blocks:
+            out: List["relax.Binding"] = []
+            for b in block.bindings:
+                if isinstance(b, relax.VarBinding) and b.var in self.member_fmt:
+                    self._rewrite(b, out, isinstance(block, relax.DataflowBlock))
+                else:
+                    out.append(b)
+            blocks.append(relax.DataflowBlock(out) if isinstance(block, relax.DataflowBlock)
+                          else relax.BindingBlock(out))
+        body = relax.SeqExpr(blocks, self.func.body.body)  # (typed by Normalize at the end)
+        return relax.Function(self.func.params, body, self.func.ret_ty, self.func.is_pure,
+                              self.func.attrs)
+
+    def _bind(self, out, name: str, value, dataflow: bool) -> "relax.Var":
+        normalized = relax.BlockBuilder().normalize(value)
+        make = relax.DataflowVar if dataflow else relax.Var
+        var = make(name, normalized.ty)
+        out.append(relax.VarBinding(var, normalized))
+        return var
+
+    def _in_format(self, expr, fmt: str, out, dataflow: bool):
+        """``expr`` (an NCHW tensor) in ``fmt``: the member's own value or an entry."""
+        if expr in self.new and self.member_fmt.get(expr) == fmt:
+            return self.new[expr]
+        key = (expr, fmt)
+        if key not in self.entries:
+            self.entries[key] = self._bind(out, f"{expr.name}_{fmt}", to_format(expr, fmt),
+                                           dataflow)
+            self.report.entries += 1
+        return self.entries[key]
+
+    def _rewrite(self, binding, out, dataflow: bool) -> None:
+        var, value = binding.var, binding.value
+        fmt = self.member_fmt[var]
+        conv = member_conv(value)
+        if conv is not None:
+            new_value = self._conv(value, conv, fmt, out, dataflow)
+        elif _op_name(value) == "relax.concat":
+            fields = [self._in_format(f, fmt, out, dataflow) for f in value.args[0].fields]
+            new_value = relax.op.concat(fields, axis=3)
+        elif _op_name(value) in SPATIAL:
+            new_value = SPATIAL[_op_name(value)](value, self.new[value.args[0]])
+        else:
+            new_value = self._elementwise(value, fmt, out, dataflow)
+        new = self._bind(out, f"{var.name}_{fmt}", new_value, dataflow)
+        self.new[var] = new
+        outside = [u for u in self.users.get(var, ()) if u not in self.member_fmt
+                   or not _links(self.bindings[u], var)]
+        if outside or not isinstance(var, relax.DataflowVar):
+            back = relax.BlockBuilder().normalize(from_format(new, fmt))
+            channels = _static_shape(var)[1]
+            if _static_shape(back)[1] != channels:  # nChw{B}c padding: keep the first C
+                padded = self._bind(out, f"{var.name}_padded", back, dataflow)
+                back = relax.BlockBuilder().normalize(unpad(padded, channels))
+            out.append(relax.VarBinding(var, back))
+            self.report.exits += 1
+
+    def _conv(self, value, conv, fmt: str, out, dataflow: bool):
+        call, ops = conv
+        data = ops[0]
+        cin, cout = _static_shape(data)[1], _static_shape(value)[1]
+        if self.forced or data in self.new and self.member_fmt.get(data) == fmt:
+            src = fmt
+        else:
+            src = fmt if preferred(value)[0] == fmt else "nchw"
+        updates = {"src_fmt": src, "dst_fmt": fmt} if src != "nchw" else {"dst_fmt": fmt}
+        self.report.plain_sources += src == "nchw"
+        if src not in ("nchw", "nhwc"):
+            updates["src_c"] = str(cin)
+        if fmt != "nhwc":
+            updates["dst_c"] = str(cout)
+        new_ops = list(ops)
+        if src != "nchw":
+            new_ops[0] = self._in_format(data, src, out, dataflow)
+        if call.get("res", "0") == "1":
+            new_ops[-1] = self._in_format(ops[-1], fmt, out, dataflow)
+        new_call = call.with_attrs(**updates)
+        if self.pack_weights and isinstance(ops[1], tvm.ir.expr.Constant):
+            new_call, new_ops[1] = pack_weight(new_call, _static_shape(data), ops[1])
+        return lib.emit_call(new_call, new_ops, formatted_shape(_static_shape(value), fmt))
+
+    def _elementwise(self, value, fmt: str, out, dataflow: bool):
+        channels = _static_shape(value)[1]
+        args = []
+        for arg in value.args:
+            if isinstance(arg, tvm.ir.expr.Constant):
+                data = constant_to_format(arg.value.numpy(), fmt, channels)
+                args.append(relax.const(data, "float32"))
+            else:
+                args.append(self._in_format(arg, fmt, out, dataflow))
+        return relax.Call(value.op, args, value.attrs, value.ty_args)
+
+
+def _formatted_chains(func, fmt: Optional[str], spatial: bool,
+                      report: LayoutReport) -> List[Chain]:
+    """The chains of ``func`` that pass ``chain_length`` and ``format``, with their format."""
+    bindings = _bindings(func)
+    chains = []
+    for chain in find_chains(func, spatial):
+        if len(chain.convs) < 2:
+            continue  # chain_length
+        chain.fmt = fmt or choose_format(chain, bindings)
+        if not chain.fmt:
+            report.skipped.append(f"a chain of {len(chain.convs)} convs: no blocked format")
+            continue
+        if fmt is None and not saves_reorders(func, chain):
+            report.skipped.append(f"a chain of {len(chain.convs)} convs: more transforms than "
+                                  "reorders saved")
+            continue
+        chains.append(chain)
+    return chains
+
+
+def saves_reorders(func: "relax.Function", chain: Chain) -> bool:
+    """Guard ``saves_reorders``: converting ``chain`` removes more passes over a tensor than it
+    adds. Each member convolution in NCHW reorders its source and destination inside the call
+    (oneDNN prefers another format: the ``format`` guard); converted, it reorders only a source
+    it still reads as NCHW, and the chain adds one ``layout_transform`` per entry and exit:
+    ``2 * convs - plain sources > entries + exits``. Counted by rewriting the chain alone."""
+    dry = LayoutReport()
+    _Rewriter(func, [chain], dry).run()
+    return 2 * len(chain.convs) - dry.plain_sources > dry.entries + dry.exits
+
+
+def blocked_layout(mod: "tvm.IRModule", fmt: Optional[str] = None, pack_weights: bool = False
+                   ) -> Tuple["tvm.IRModule", LayoutReport]:
+    """``mod`` with its convolution chains kept in oneDNN's preferred format (module
+    docstring), and what was done. Without the native library's format query, ``mod``.
+
+    Parameters
+    ----------
+    mod : IRModule
+        A Relax module after the rewrite (native conv calls as ``call_dps_packed``).
+    fmt : str, optional
+        Every chain in this format (``"nhwc"``, ``"nChw4c"``, ``"nChw8c"``, ``"nChw16c"``)
+        instead of oneDNN's preference (tests, and comparing formats).
+    pack_weights : bool
+        Also pack the constant weights of the chain's convolutions into oneDNN's format for
+        these very calls (``wpacked=1``), so that no call reorders its weights. The packs are
+        made for this machine's CPU and thread count: a module built so runs here only (a
+        pack made elsewhere is rejected at run time with a clear error).
+    """
+    if fmt is not None and fmt not in _FORMATS:
+        raise ValueError(f"blocked_layout: fmt must be one of {_FORMATS}, got {fmt!r}")
+    report = LayoutReport()
+    if not native.available() or not native.provides(native.CONV2D_PREFERRED_FORMAT):
+        report.skipped.append("the native library has no conv2d_preferred_format")
+        return mod, report
+    updates = {}
+    for gv, func in mod.functions_items():
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            continue
+        chains = _formatted_chains(func, fmt, True, report)
+        if any(c.spatial and c.fmt != "nhwc" for c in chains):
+            chains = _formatted_chains(func, fmt, False, report)
+        report.chains.extend((len(c.convs), c.fmt) for c in chains)
+        if chains:
+            updates[gv] = _Rewriter(func, chains, report, forced=fmt is not None,
+                                    pack_weights=pack_weights).run()
+    if not updates:
+        return mod, report
+    out = mod.shallow_copy() if hasattr(mod, "shallow_copy") else tvm.IRModule(
+        dict(mod.functions_items()), attrs=mod.attrs)
+    for gv, func in updates.items():
+        out[gv] = func
+    return relax.transform.Normalize()(out), report
