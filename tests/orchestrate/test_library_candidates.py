@@ -284,3 +284,13 @@ def test_library_that_fails_its_check_is_banned_and_the_program_solved_again():
     for got, ref in zip(flatten(relax.VirtualMachine(ex, tvm.cpu())["main"](
             *[tvm.runtime.tensor(a) for a in args])), want):
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_library_candidates_are_built_and_timed_for_real(tmp_path):
+    """The default timer builds the one-call module of each library candidate (its attribute
+    string stays in the call, its tensor constants become parameters) and times it."""
+    config = OrchestrateConfig(profile_floor_s=0.0, work_dir=str(tmp_path))
+    cost = ProfiledCost("llvm", config, AnalyticCost("llvm", CALIB))
+    _, report = orchestrate_module(conv_bias_act(), "llvm", cost=cost,
+                                   offer=library_offer(calibration=CALIB))
+    assert report.profile.library == 2 and report.profile.failed == 0, report.to_text()

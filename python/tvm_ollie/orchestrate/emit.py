@@ -197,13 +197,16 @@ def kernel_module(graph: PrimitiveGraph, cand: Candidate,
 
 def library_module(graph: PrimitiveGraph, cand: Candidate) -> "tvm.IRModule":
     """``main(inputs..., constants...)`` binding the library call of ``cand`` alone (its
-    constants become parameters, as in :func:`kernel_module`)."""
+    tensor constants become parameters, as in :func:`kernel_module`; the attribute string
+    stays in the call)."""
     node = graph.nodes[cand.nodes[0]]
     env = {var: relax.Var(var.name, var.ty) for var in cand.inputs}
-    consts = {c: relax.Var(f"c{k}", c.ty) for k, c in enumerate(_unique_constants(cand))}
+    tensors = [c for c in _unique_constants(cand) if isinstance(c.ty, relax.TensorType)]
+    consts = {c: relax.Var(f"c{k}", c.ty) for k, c in enumerate(tensors)}
+    consts.update({c: c for c in _unique_constants(cand) if c not in consts})
     call = node.binding.value
     bb = relax.BlockBuilder()
-    with bb.function("main", list(env.values()) + list(consts.values())):
+    with bb.function("main", list(env.values()) + [consts[c] for c in tensors]):
         with bb.dataflow():
             out = bb.emit_output(relax.Call(call.op, [_subst(a, env, consts) for a in call.args],
                                             call.attrs, call.ty_args))

@@ -68,8 +68,8 @@ from .cost import AnalyticCost, CostModel, KernelTimer, MeasuredCost
 from .graph import PrimitiveGraph
 from .report import ProfileReport
 
-__all__ = ["ProfiledCost", "SIMPLE_SAMPLES", "UNCERTAINTY", "cost_class", "make_cost",
-           "needs_profile", "timeable"]
+__all__ = ["ProfiledCost", "SIMPLE_SAMPLES", "UNCERTAINTY", "cost_class", "forget_process_times",
+           "make_cost", "needs_profile", "timeable"]
 
 #: How far the roofline is typically off, per candidate class (a factor): untuned linear
 #: loop nests most, reductions next, fused groups of memory-bound primitives less; a single
@@ -82,6 +82,13 @@ SIMPLE_SAMPLES = 3
 
 #: Caches of the runs without a work dir, per process (``{key: seconds}``, ``{key: spent}``).
 _MEMORY: Dict[str, Dict[str, float]] = {"cache": {}, "spent": {}}
+
+
+def forget_process_times() -> None:
+    """Forget the kernels timed in this process without a work dir's cache (an ablation that
+    compares profiling runs starts each from nothing)."""
+    for table in _MEMORY.values():
+        table.clear()
 
 
 def cost_class(graph: PrimitiveGraph, cand: Candidate) -> str:
