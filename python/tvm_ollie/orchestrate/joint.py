@@ -32,7 +32,8 @@ with one binary program in which
   accept it, and it shares the nodes before the library call with the alternative it extends.
 
 Costs: a library node costs its calibrated analytic estimate (``Alternative.estimate``), folded
-epilogue or not (the kernel applies it in its output pass). When the Decider timed the
+epilogue or not (the kernel applies it in its output pass), or, for the library candidates of
+orchestration alone (``AltInfo.profiled``) under a profiled cost model, its measured time. When the Decider timed the
 alternatives (untuned check on CPUs, or tuned), each alternative's candidates holding its last
 node pay a constant *correction* so that the alternatives' costs alone (sum of their singleton
 kernels) differ as the measured times do, plus the Decider's acceptance margin on every
@@ -300,6 +301,12 @@ class JointCost(CostModel):
     alternative ``k`` then costs ``t_k + [k > 0] MARGIN t_0`` up to a constant, which is what
     the Decider compares (an alternative is taken when ``t_k < (1 - MARGIN) t_0``); ``margin``
     is that ``MARGIN`` (:attr:`JointTable.margin`).
+
+    A library alternative marked ``profiled`` (the library candidates of orchestration alone,
+    :mod:`tvm_ollie.pipeline.library_offers`) is not fixed at its estimate when the inner
+    model times library calls (``times_library``, :class:`~.profiled.ProfiledCost`): its
+    estimate goes to the inner model as the call's analytic cost (:attr:`estimates`), which
+    builds and times it like any candidate.
     """
 
     def __init__(self, inner: CostModel, groups: List[Group], graph: PrimitiveGraph,

@@ -225,6 +225,8 @@ class _Selector:
         plans = {"joint": []}
         plans["sequential"] = banned_for(self.groups, cands, lambda g: g.sequential)
         plans["original"] = banned_for(self.groups, cands, lambda g: 0)
+        if plans["sequential"] == plans["original"]:  # no Decider (library candidates alone)
+            del plans["sequential"]
         found = {}
         for name, bans in plans.items():
             trial = BLPProblem(problem.costs, problem.produces, problem.needs, problem.required,
