@@ -208,7 +208,8 @@ def test_gelu_folds_after_fission():
                                   fission=lambda m: fission(m)[0],
                                   offer=library_offer(calibration=CALIB))
     calls = [b.value for blk in fused["main"].body.blocks for b in blk.bindings
-             if isinstance(b.value, relax.Call) and b.value.op.name == "relax.call_dps_packed"]
+             if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)
+             and b.value.op.name == "relax.call_dps_packed"]
     assert len(calls) == 1 and "act=gelu" in str(calls[0].args[1].fields[0].value)
 
 
@@ -294,3 +295,28 @@ def test_library_candidates_are_built_and_timed_for_real(tmp_path):
     _, report = orchestrate_module(conv_bias_act(), "llvm", cost=cost,
                                    offer=library_offer(calibration=CALIB))
     assert report.profile.library == 2 and report.profile.failed == 0, report.to_text()
+
+
+def test_plain_library_call_with_a_tvm_epilogue_kernel():
+    """When the folded call fails its check, the program mixes: the plain library call, then
+    one TVM kernel of bias + relu reading its result (bound to the original value)."""
+
+    def check(kmod):
+        text = [str(b.value.args[1].fields[0].value) for blk in kmod["main"].body.blocks
+                for b in blk.bindings if isinstance(b.value, relax.Call)
+                and isinstance(b.value.op, tvm.ir.Op)
+                and b.value.op.name == "relax.call_dps_packed"]
+        if any("act=" in t for t in text):
+            raise RuntimeError("no post-ops here")
+
+    mod = matmul_bias_relu()
+    fused, report = orchestrate_module(mod, "llvm", cost=TvmLinearCost(1.0),
+                                       offer=library_offer(calibration=CALIB), check=check)
+    assert _library_calls(fused) == [MATMUL]
+    assert report.library == (1, 1)
+    prims = [g.name_hint for g, f in fused.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert len(prims) == 1 and "add" in prims[0] and "relu" in prims[0]
+    args = random_args(mod)
+    got = run(tvm.compile(fused, "llvm"), args)
+    for g, want in zip(got, _reference(mod, args)):
+        np.testing.assert_allclose(g, want, rtol=1e-4, atol=1e-4)
