@@ -11,6 +11,7 @@ from tvm_ollie import native
 from tvm_ollie.compat import relax, tvm
 from tvm_ollie.orchestrate import (AnalyticCost, OrchestrateConfig, ProfiledCost,
                                    orchestrate_module, orchestrate_pipeline)
+from tvm_ollie.orchestrate.candidates import make_candidate
 from tvm_ollie.orchestrate.cost import CostModel
 from tvm_ollie.orchestrate.fission import fission
 from tvm_ollie.orchestrate.graph import build_graph
@@ -235,7 +236,6 @@ def test_library_cost_class_and_estimate_reach_profiled_cost(tmp_path):
     cost = JointCost(_profiled(tmp_path, LibraryTimer()), groups, graph)
     last = groups[0].lasts[1]
     assert last in cost.estimates and not cost.fixed
-    from tvm_ollie.orchestrate.candidates import make_candidate
     cand = make_candidate(graph, 1 << last)
     assert cost_class(graph, cand) == "library"
     assert cost.kernel_seconds(graph, cand) == pytest.approx(1e-6 + cost.inner.launch_s)

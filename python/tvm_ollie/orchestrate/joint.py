@@ -33,12 +33,12 @@ with one binary program in which
 
 Costs: a library node costs its calibrated analytic estimate (``Alternative.estimate``), folded
 epilogue or not (the kernel applies it in its output pass), or, for the library candidates of
-orchestration alone (``AltInfo.profiled``) under a profiled cost model, its measured time. When the Decider timed the
-alternatives (untuned check on CPUs, or tuned), each alternative's candidates holding its last
-node pay a constant *correction* so that the alternatives' costs alone (sum of their singleton
-kernels) differ as the measured times do, plus the Decider's acceptance margin on every
-alternative but the original (the Decider takes an alternative only when it is ``MARGIN``
-faster); fusion gains stay analytic (:class:`JointCost`). A folded alternative is timed as the
+orchestration alone (``AltInfo.profiled``) under a profiled cost model, its measured time.
+When the Decider timed the alternatives (untuned check on CPUs, or tuned), each alternative's
+candidates holding its last node pay a constant *correction* so that the alternatives' costs
+alone (sum of their singleton kernels) differ as the measured times do, plus the Decider's
+acceptance margin on every alternative but the original (the Decider takes an alternative
+only when it is ``MARGIN`` faster); fusion gains stay analytic (:class:`JointCost`). A folded alternative is timed as the
 alternative it extends.
 """
 

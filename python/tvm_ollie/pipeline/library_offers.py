@@ -42,7 +42,7 @@ from ..tune import analytic
 from ..tune.calibrate import Calibration, calibrate
 from .joint import offer_folded, static_call
 
-__all__ = ["LIBRARY_OPS", "library_offer", "offer_library"]
+__all__ = ["LIBRARY_OPS", "library_form", "library_offer", "offer_library"]
 
 #: The Relax operators whose library kernel is offered (the eligibility is ``call_form``'s).
 LIBRARY_OPS = ("relax.matmul", "relax.nn.conv2d", "relax.nn.conv2d_transpose")
