@@ -121,6 +121,19 @@ def test_ollie_column_agrees_and_is_the_default_reference(tmp_path):
     assert systems["tvm"]["ratio_to_ref"] > 0
 
 
+@pytest.mark.slow
+def test_tvm_orch_lib_agrees_with_tvm_and_chooses_library_kernels(tmp_path):
+    """The ``tvm-orch-lib`` system (orchestration with library candidates, profiled costs)."""
+    results = run_bench(models=["infogan"], quick=True, systems=["tvm", "tvm-orch-lib"],
+                        reference="tvm", out_dir=str(tmp_path), time_budget_s=0.05, plot=False,
+                        log=lambda _: None, mode="interleaved")  # fmt: skip
+    got = results["models"]["infogan"]["systems"]["tvm-orch-lib"]
+    assert got["status"] == "ok", got
+    assert got["rel_err"] < 1e-4
+    offered, chosen = got["library"]
+    assert offered >= 1 and 0 <= chosen <= offered
+
+
 def test_cli_list_and_bad_model(capsys):
     assert cli.main(["--list"]) == 0
     assert "longformer" in capsys.readouterr().out

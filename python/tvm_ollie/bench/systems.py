@@ -31,6 +31,7 @@ from ..models.export import WEIGHTS
 from ..orchestrate import orchestrate_pipeline
 from ..orchestrate.tuned import tuned_orchestrate_build
 from ..pipeline import build as ollie_build
+from ..pipeline.library_offers import library_offer, offer_library
 from ..tune.metaschedule import STATS, Tuner
 from .tvm_build import build_tvm, make_target
 
@@ -200,20 +201,32 @@ def prepare_tvm(spec, ctx: BenchContext) -> Prepared:
 
 @register_system("tvm-orch", tvm_based=True)
 def prepare_tvm_orch(spec, ctx: BenchContext) -> Prepared:
-    """TVM's default pipeline with kernel orchestration (BLP, analytic cost) for FuseOps; with
+    """TVM's default pipeline with kernel orchestration (BLP, profiled costs) for FuseOps; with
     trials, the chosen kernels tuned by MetaSchedule with the same total budget as ``tvm``."""
+    return _prepare_tvm_orch(spec, ctx, "tvm-orch", library=False)
 
+
+@register_system("tvm-orch-lib", tvm_based=True)
+def prepare_tvm_orch_lib(spec, ctx: BenchContext) -> Prepared:
+    """``tvm-orch`` with library candidates: each eligible matmul/conv's native kernel, plain
+    and with its epilogue folded, chosen by the BLP against TVM's kernels (no derivation)."""
+    return _prepare_tvm_orch(spec, ctx, "tvm-orch-lib", library=True)
+
+
+def _prepare_tvm_orch(spec, ctx: BenchContext, system: str, library: bool) -> Prepared:
     mod, params, import_s = ctx.relax_module(spec)
     reports: list = []
     start = time.perf_counter()
     tune_s = None
     info = {"import_s": import_s}
     if ctx.trials > 0:
-        ex, tune_s, info["trials_spent"] = _tuned_orchestrated(spec, ctx, mod, reports)
+        ex, tune_s, info["trials_spent"] = _tuned_orchestrated(spec, ctx, mod, reports, system,
+                                                               library)
         info["trials"] = ctx.trials
     else:
-        ex = tvm.compile(mod, target=ctx.target,
-                         relax_pipeline=orchestrate_pipeline(ctx.target, reports=reports))
+        offer = library_offer(ctx.target) if library else None
+        ex = tvm.compile(mod, target=ctx.target, relax_pipeline=orchestrate_pipeline(
+            ctx.target, reports=reports, offer=offer))
     compile_s = time.perf_counter() - start - (tune_s or 0.0)
     info.update(orchestration_info(reports[-1] if reports else None))
     return prepare_tvm_executable(ex, params, spec, ctx, compile_s, tune_s, info)
@@ -221,7 +234,8 @@ def prepare_tvm_orch(spec, ctx: BenchContext) -> Prepared:
 
 def orchestration_info(rep) -> dict:
     """The selection's statistics of an orchestration report (empty for None): primitives,
-    kernels, candidates, BLP variables and constraints, solve time and gap."""
+    kernels, candidates, BLP variables and constraints, solve time and gap, library calls
+    offered and chosen (None without library candidates)."""
     if rep is None:
         return {}
     parts = rep.partitions
@@ -235,18 +249,23 @@ def orchestration_info(rep) -> dict:
         "statuses": sorted({p.status for p in parts}),
         "enumeration": sorted({p.enumeration for p in parts}),
         "fallbacks": sum(len(p.fallbacks) for p in parts),
-        "orchestrate_s": rep.total_s}
+        "orchestrate_s": rep.total_s,
+        "library": list(rep.library) if rep.library is not None else None}
 
 
-def _tuned_orchestrated(spec, ctx: BenchContext, mod, reports: list) -> tuple:
-    """``(executable, tune_s, trials spent)``: TVM's pipeline with orchestration, the chosen
-    kernels tuned with ``ctx.trials`` by the project's tuner (records kept in the model's
-    work dir: a rerun tunes only what has no record)."""
+def _tuned_orchestrated(spec, ctx: BenchContext, mod, reports: list, system: str = "tvm-orch",
+                        library: bool = False) -> tuple:
+    """``(executable, tune_s, trials spent)``: TVM's pipeline with orchestration (``library``:
+    with library candidates), the chosen kernels tuned with ``ctx.trials`` by the project's
+    tuner (records kept in the model's work dir: a rerun tunes only what has no record)."""
 
     trials0, seconds0 = STATS.trials, STATS.seconds
-    tuner = Tuner(ctx.target, ctx.model_dir(spec, "tvm-orch"))
+    tuner = Tuner(ctx.target, ctx.model_dir(spec, system))
+    table = None
+    if library:
+        mod, table = offer_library(mod, ctx.target)
     ex = tuned_orchestrate_build(mod, ctx.target, tuner, ctx.trials, cpu_schedules=False,
-                                 reports=reports)
+                                 reports=reports, joint=table or None)
     return ex, STATS.seconds - seconds0, STATS.trials - trials0
 
 

@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from typing import Iterable, List, Optional, Tuple
 
 from .graph import PrimitiveGraph
+from .primitives import NATIVE_PREFIX
 
 __all__ = ["Candidate", "Enumeration", "admissible", "enumerate_candidates", "is_convex",
-           "make_candidate"]
+           "is_library_kernel", "make_candidate"]
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,13 @@ def admissible(graph: PrimitiveGraph, nodes: Iterable[int]) -> bool:
     if linear == 1:
         return all(k in ("linear", "elementwise", "layout") for k in kinds)
     return True
+
+
+def is_library_kernel(graph: PrimitiveGraph, cand: Candidate) -> bool:
+    """A single native library call (``call_dps_packed`` of a ``tvm_ollie.`` kernel): a
+    kernel of its own, offered as an alternative (a library candidate, its epilogue folded
+    or not), so it can be built and timed alone and banned when it fails."""
+    return cand.size == 1 and graph.nodes[cand.nodes[0]].name.startswith(NATIVE_PREFIX)
 
 
 def make_candidate(graph: PrimitiveGraph, mask: int) -> Candidate:

@@ -207,6 +207,8 @@ class MeasuredCost(CostModel):
         fuse): the target kind (and RPC key) and the structural hashes of its PrimFuncs."""
         fused = tvm.relax.transform.FuseTIR()(kernel_module(graph, cand))
         prims = [f for _, f in fused.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+        if not prims:  # a library call alone (:func:`~.emit.library_module`): its main
+            prims = [fused["main"]]
         where = target_kind(self.target) + (f"@rpc:{self.rpc.key}" if self.rpc else "")
         return f"{where}:" + ":".join(str(tvm_ffi.structural_hash(p)) for p in prims), fused
 

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..compat import relax, tvm
-from .candidates import Candidate
+from .candidates import Candidate, is_library_kernel
 from .primitives import Constant
 from .graph import PrimitiveGraph
 
 __all__ = ["KernelCycle", "PlannedKernel", "emit_bindings", "kernel_function", "kernel_module",
-           "plan_kernels"]
+           "library_module", "plan_kernels"]
 
 
 class KernelCycle(ValueError):
@@ -174,7 +174,10 @@ def kernel_name(graph: PrimitiveGraph, cand: Candidate, limit: int = 6) -> str:
 def kernel_module(graph: PrimitiveGraph, cand: Candidate,
                   exports: Optional[Sequence[object]] = None) -> "tvm.IRModule":
     """A module whose ``main`` calls only this kernel (its PrimFuncs included): what the
-    per-kernel check and the measured cost build."""
+    per-kernel check and the measured cost build. A library kernel
+    (:func:`~.candidates.is_library_kernel`) is its call in ``main`` itself."""
+    if is_library_kernel(graph, cand):
+        return library_module(graph, cand)
     funcs = {}
     for i in cand.nodes:
         call = graph.nodes[i].binding.value
@@ -188,6 +191,25 @@ def kernel_module(graph: PrimitiveGraph, cand: Candidate,
     with bb.function("main", params):
         with bb.dataflow():
             out = bb.emit_output(relax.Call(kgv, params))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def library_module(graph: PrimitiveGraph, cand: Candidate) -> "tvm.IRModule":
+    """``main(inputs..., constants...)`` binding the library call of ``cand`` alone (its
+    tensor constants become parameters, as in :func:`kernel_module`; the attribute string
+    stays in the call)."""
+    node = graph.nodes[cand.nodes[0]]
+    env = {var: relax.Var(var.name, var.ty) for var in cand.inputs}
+    tensors = [c for c in _unique_constants(cand) if isinstance(c.ty, relax.TensorType)]
+    consts = {c: relax.Var(f"c{k}", c.ty) for k, c in enumerate(tensors)}
+    consts.update({c: c for c in _unique_constants(cand) if c not in consts})
+    call = node.binding.value
+    bb = relax.BlockBuilder()
+    with bb.function("main", list(env.values()) + [consts[c] for c in tensors]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.Call(call.op, [_subst(a, env, consts) for a in call.args],
+                                            call.attrs, call.ty_args))
         bb.emit_func_output(out)
     return bb.get()
 

@@ -32,12 +32,13 @@ with one binary program in which
   accept it, and it shares the nodes before the library call with the alternative it extends.
 
 Costs: a library node costs its calibrated analytic estimate (``Alternative.estimate``), folded
-epilogue or not (the kernel applies it in its output pass). When the Decider timed the
-alternatives (untuned check on CPUs, or tuned), each alternative's candidates holding its last
-node pay a constant *correction* so that the alternatives' costs alone (sum of their singleton
-kernels) differ as the measured times do, plus the Decider's acceptance margin on every
-alternative but the original (the Decider takes an alternative only when it is ``MARGIN``
-faster); fusion gains stay analytic (:class:`JointCost`). A folded alternative is timed as the
+epilogue or not (the kernel applies it in its output pass), or, for the library candidates of
+orchestration alone (``AltInfo.profiled``) under a profiled cost model, its measured time.
+When the Decider timed the alternatives (untuned check on CPUs, or tuned), each alternative's
+candidates holding its last node pay a constant *correction* so that the alternatives' costs
+alone (sum of their singleton kernels) differ as the measured times do, plus the Decider's
+acceptance margin on every alternative but the original (the Decider takes an alternative
+only when it is ``MARGIN`` faster); fusion gains stay analytic (:class:`JointCost`). A folded alternative is timed as the
 alternative it extends.
 """
 
@@ -72,6 +73,9 @@ class AltInfo:
     native: bool = False  # runs library kernels (costed by the estimate, see JointCost)
     base: Optional[int] = None  # a folded epilogue: the alternative whose library call it extends
     stands_for: str = ""  # a folded epilogue: the last folded consumer (its result's value)
+    #: a library alternative that a cost model able to time library calls measures
+    #: (``ProfiledCost.times_library``); ``estimate_s`` is then its analytic estimate only
+    profiled: bool = False
 
 
 @dataclass
@@ -297,17 +301,27 @@ class JointCost(CostModel):
     alternative ``k`` then costs ``t_k + [k > 0] MARGIN t_0`` up to a constant, which is what
     the Decider compares (an alternative is taken when ``t_k < (1 - MARGIN) t_0``); ``margin``
     is that ``MARGIN`` (:attr:`JointTable.margin`).
+
+    A library alternative marked ``profiled`` (the library candidates of orchestration alone,
+    :mod:`tvm_ollie.pipeline.library_offers`) is not fixed at its estimate when the inner
+    model times library calls (``times_library``, :class:`~.profiled.ProfiledCost`): its
+    estimate goes to the inner model as the call's analytic cost (:attr:`estimates`), which
+    builds and times it like any candidate.
     """
 
     def __init__(self, inner: CostModel, groups: List[Group], graph: PrimitiveGraph,
                  margin: float = 0.0):
         self.inner, self.name = inner, f"{inner.name}+joint"
         self.fixed: Dict[int, float] = {}
+        #: library nodes the inner model times, with their estimates (profiled alternatives)
+        self.estimates: Dict[int, float] = {}
+        timed = bool(getattr(inner, "times_library", False))
         for g in groups:
             for k, info in enumerate(g.infos):
                 calls = [i for i in g.nodes[k] if _is_library(graph.nodes[i])]
+                where = self.estimates if info.profiled and timed else self.fixed
                 for i in calls if info.native else []:
-                    self.fixed[i] = info.estimate_s / len(calls)
+                    where[i] = info.estimate_s / len(calls)
         self.correction: Dict[int, float] = {}
         for g in groups:
             if any(info.measured_s is None for info in g.infos):
@@ -326,7 +340,13 @@ class JointCost(CostModel):
     def _seconds(self, graph: PrimitiveGraph, cand: Candidate) -> float:
         if cand.size == 1 and cand.nodes[0] in self.fixed:
             return self.fixed[cand.nodes[0]]
-        return self.inner.kernel_seconds(graph, cand)
+        return self._inner_costs(graph, [cand])[0]
+
+    def _inner_costs(self, graph: PrimitiveGraph, cands: list) -> list:
+        """The inner model's costs; the library nodes it times get their estimates."""
+        if self.estimates:
+            return self.inner.costs(graph, cands, estimates=self.estimates)
+        return self.inner.costs(graph, cands)
 
     def kernel_seconds(self, graph: PrimitiveGraph, cand: Candidate) -> float:
         return self._seconds(graph, cand) + self._extra(cand)
@@ -339,7 +359,7 @@ class JointCost(CostModel):
         measurements over them), the library estimates and corrections applied."""
         cands = list(cands)
         fixed = [c.size == 1 and c.nodes[0] in self.fixed for c in cands]
-        inner = iter(self.inner.costs(graph, [c for c, f in zip(cands, fixed) if not f]))
+        inner = iter(self._inner_costs(graph, [c for c, f in zip(cands, fixed) if not f]))
         return [(self.fixed[c.nodes[0]] if f else next(inner)) + self._extra(c)
                 for c, f in zip(cands, fixed)]
 

@@ -24,13 +24,16 @@ import time
 from typing import Callable, List, Optional, Sequence, Tuple
 import importlib
 
+import tvm_ffi
+
 from ..compat import relax, tvm
 from ..compile_profile import stage
 from ..config import OrchestrateConfig
 from ..target import is_llvm, kind_name, normalize_target, target_kind
 from ..tune.cpu_schedule import cpu_pipeline
 from .blp import BLPProblem, BLPResult, solve_blp
-from .candidates import Candidate, enumerate_candidates, make_candidate
+from .candidates import (Candidate, enumerate_candidates, is_library_kernel,
+                         make_candidate)
 from .cost import CostModel
 from .emit import KernelCycle, emit_bindings, kernel_module, plan_kernels
 from .fission import fission
@@ -50,13 +53,23 @@ LOG = logging.getLogger("tvm_ollie.orchestrate")
 #: ``check(kernel_module) -> None``; raises when the kernel cannot be built as one PrimFunc.
 KernelCheck = Callable[["tvm.IRModule"], None]
 
+#: ``offer(mod) -> (mod, table)``: emits alternatives of calls before legalization and
+#: describes them (:class:`~.joint.JointTable`); the selection chooses among them.
+Offer = Callable[["tvm.IRModule"], Tuple["tvm.IRModule", JointTable]]
+
 
 def fuse_check(mod: "tvm.IRModule") -> None:
-    """The kernel merges into one PrimFunc with ``FuseTIR`` (cheap default check)."""
+    """The kernel merges into one PrimFunc with ``FuseTIR`` (cheap default check); a library
+    kernel's module (:func:`~.emit.library_module`) calls a registered global function."""
     fused = relax.transform.FuseTIR()(mod)
     main = fused["main"]
     calls = [b.value for blk in main.body.blocks for b in blk.bindings
              if isinstance(b.value, relax.Call)]
+    if len(calls) == 1 and calls[0].op.name == "relax.call_dps_packed":
+        name = str(getattr(calls[0].args[0], "global_symbol", ""))
+        if tvm_ffi.get_global_func(name, allow_missing=True) is None:
+            raise ValueError(f"library kernel {name} is not registered")
+        return
     if len(calls) != 1 or calls[0].op.name != "relax.call_tir":
         raise ValueError("FuseTIR did not produce one call_tir")
 
@@ -212,6 +225,8 @@ class _Selector:
         plans = {"joint": []}
         plans["sequential"] = banned_for(self.groups, cands, lambda g: g.sequential)
         plans["original"] = banned_for(self.groups, cands, lambda g: 0)
+        if plans["sequential"] == plans["original"]:  # no Decider (library candidates alone)
+            del plans["sequential"]
         found = {}
         for name, bans in plans.items():
             trial = BLPProblem(problem.costs, problem.produces, problem.needs, problem.required,
@@ -290,8 +305,9 @@ class _Selector:
     def _failures(self, plan):
         failed = []
         for p in plan:
-            if p.cand.size == 1 or self.check is None:
-                continue
+            if self.check is None or p.cand.size == 1 and not is_library_kernel(self.graph,
+                                                                                   p.cand):
+                continue  # a single primitive is every plan's fallback; a library call is not
             try:
                 self.check(kernel_module(self.graph, p.cand, p.exports))
             except Exception as err:  # pylint: disable=broad-except
@@ -465,6 +481,10 @@ class Orchestrate:
         self.joint = joint
         self.last_report: Optional[OrchestrationReport] = None
 
+    def use_alternatives(self, table: Optional[JointTable]) -> None:
+        """The alternatives of the next run (offered by the pipeline before legalization)."""
+        self.joint = table or None
+
     def transform_module(self, mod: "tvm.IRModule", ctx) -> "tvm.IRModule":  # noqa: ARG002
         target = self.target or tvm.target.Target.current(allow_none=True) or "llvm"
         notes: List[str] = []
@@ -499,15 +519,16 @@ def orchestrate_module(mod: "tvm.IRModule", target="llvm", cost: Optional[CostMo
                        fission: Optional[Callable[["tvm.IRModule"], "tvm.IRModule"]] = None,
                        time_limit_s: float = 10.0, max_kernel_size: int = 8,
                        config: Optional[OrchestrateConfig] = None,
-                       check: Optional[KernelCheck] = None,
+                       check: Optional[KernelCheck] = None, offer: Optional[Offer] = None,
                        ) -> Tuple["tvm.IRModule", OrchestrationReport]:
     """Orchestrate a Relax module of standard operators; return it fused and the report.
 
-    Runs ``fission`` (when given), TVM's ``LegalizeOps, AnnotateTIROpPattern, FoldConstant``,
-    :class:`Orchestrate` and ``FuseTIR`` under ``target``: the result holds one PrimFunc per
-    chosen kernel. Finish it with :func:`orchestrate_pipeline`'s remaining passes, e.g.
-    ``tvm.compile(mod, target, relax_pipeline=orchestrate_pipeline(target))`` on the original
-    module does everything at once.
+    Runs ``offer`` and ``fission`` (when given), TVM's ``LegalizeOps, AnnotateTIROpPattern,
+    FoldConstant``, :class:`Orchestrate` and ``FuseTIR`` under ``target``: the result holds
+    one PrimFunc per chosen kernel (and the chosen library calls). Finish it with
+    :func:`orchestrate_pipeline`'s remaining passes, e.g. ``tvm.compile(mod, target,
+    relax_pipeline=orchestrate_pipeline(target))`` on the original module does everything at
+    once.
     """
     tgt = _normalize(target)
     if config is None:
@@ -515,32 +536,73 @@ def orchestrate_module(mod: "tvm.IRModule", target="llvm", cost: Optional[CostMo
     notes: List[str] = []
     cost = _cost_for(cost, tgt, config, notes)
     with tgt:
+        table = None
+        if offer is not None:
+            mod, table = offer(mod)
         if fission is not None:
-            mod = fission(mod)
-        mod = tvm.transform.Sequential([relax.transform.LegalizeOps(),
-                                        relax.transform.AnnotateTIROpPattern(),
-                                        relax.transform.FoldConstant()])(mod)
+            mod = _keep_if(table, _fission_pass(fission))(mod)
+        mod = tvm.transform.Sequential([
+            relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+            _keep_if(table, relax.transform.FoldConstant())])(mod)
         report = OrchestrationReport(target=target_kind(tgt), cost_model=cost.name,
                                      notes=notes)
         mod, report = orchestrate_legalized(mod, cost, config,
                                             check if check is not None else default_check(tgt),
-                                            report)
+                                            report, table or None)
+        _note_library(report, table)
         mod = relax.transform.FuseTIR()(mod)
     return mod, report
+
+
+def _keep_if(table, inner: "tvm.transform.Pass") -> "tvm.transform.Pass":
+    """``inner``, keeping the offered alternatives alive through it when there are some."""
+    return keep_alternatives(inner) if table else inner
+
+
+def _note_library(report: Optional[OrchestrationReport], table) -> None:
+    """A report line: how many calls had library candidates and how many chose one."""
+    if report is None or table is None:
+        return
+    report.notes.extend(table.notes)
+    chosen = sum(1 for name in table.alts if table.picked.get(name, 0))
+    report.library = (len(table.alts), chosen)
+    report.notes.append(f"library candidates: {len(table.alts)} calls offered, {chosen} "
+                        f"chose a library kernel")
+
+
+def _offer_pass(offer: "Offer", orch: "Orchestrate") -> "tvm.transform.Pass":
+    """Runs ``offer`` and hands its table to ``orch`` (a new table per compilation)."""
+
+    @tvm.transform.module_pass(opt_level=0, name="OrchestrateOffer")
+    def _offer(mod, _ctx):
+        mod, table = offer(mod)
+        orch.use_alternatives(table)  # a method: the pass object forwards reads only
+        return mod
+
+    return _offer
 
 
 def orchestrate_pipeline(target="llvm", cost: Optional[CostModel] = None,
                          fission: Optional[Callable[["tvm.IRModule"], "tvm.IRModule"]] = None,
                          config: OrchestrateConfig = OrchestrateConfig(),
                          check: Optional[KernelCheck] = None,
-                         reports: Optional[list] = None) -> "tvm.transform.Pass":
+                         reports: Optional[list] = None,
+                         offer: Optional[Offer] = None) -> "tvm.transform.Pass":
     """TVM's default Relax pipeline for ``target`` with :class:`Orchestrate` instead of
-    ``FuseOps`` (see the module docstring); each run's report is appended to ``reports``."""
+    ``FuseOps`` (see the module docstring); each run's report is appended to ``reports``.
+    ``offer(mod) -> (mod, JointTable)`` runs first (before ``fission``): alternatives the
+    selection chooses between, e.g. the library candidates of
+    :func:`tvm_ollie.pipeline.library_offers.library_offer`."""
     tgt = _normalize(target)
     backend = _backend(tgt)
     orch = Orchestrate(tgt, cost, config, check)
-    legalize = [orch if p.info.name == "FuseOps" else p for p in backend.legalize_passes(tgt)]
-    pre = [_fission_pass(fission)] if fission is not None else []
+    offered = offer is not None
+    legalize = [orch if p.info.name == "FuseOps" else
+                _keep_if(offered and p.info.name == "FoldConstant", p)
+                for p in backend.legalize_passes(tgt)]
+    pre = [_keep_if(offered, _fission_pass(fission))] if fission is not None else []
+    if offered:
+        pre.insert(0, _offer_pass(offer, orch))
 
     @tvm.transform.module_pass(opt_level=0, name="OrchestratePipeline")
     def _pipeline(mod: "tvm.IRModule", _ctx) -> "tvm.IRModule":
@@ -549,6 +611,8 @@ def orchestrate_pipeline(target="llvm", cost: Optional[CostModel] = None,
                 backend.library_dispatch_passes(tgt) + pre + legalize
                 + backend.dataflow_lower_passes(tgt) + backend.finalize_passes(tgt))
             out = seq(mod)
+        if offered:
+            _note_library(orch.last_report, orch.joint)
         if reports is not None:
             reports.append(getattr(orch, "last_report", None))
         return out

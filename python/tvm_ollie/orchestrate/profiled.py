@@ -16,9 +16,17 @@ measures the rest, within a budget:
   on the measurements' scale: the :data:`SIMPLE_SAMPLES` largest ``simple`` primitives of an
   orchestration (above the floor) are timed first, and every other ``simple`` primitive costs
   its analytic estimate times their median measured/analytic ratio (1 before any sample).
-* **Order**: those samples, then largest ``UNCERTAINTY[class] x analytic estimate`` first
-  (:data:`UNCERTAINTY`: how far the roofline is typically off per class), so the budget goes
-  where an error costs most time.
+* **Library candidates** (class ``library``: a native library call offered as an alternative
+  of a heavy call, its epilogue folded or not, :func:`~.candidates.is_library_kernel`): built
+  as a one-call module and timed like the others, with the library's calibrated estimate as
+  their analytic cost (``estimates``, given by :class:`~.joint.JointCost`). They are few (at
+  most a handful per heavy call) and each one decides between a vendor kernel and TVM's, so
+  they are measured right after the samples, largest estimate first. Unmeasured ones keep
+  their estimate scaled by the measured library calls' median ratio (else 1: the estimate is
+  already the library's own calibration, not TVM's roofline).
+* **Order**: those samples, the library candidates, then largest ``UNCERTAINTY[class] x
+  analytic estimate`` first (:data:`UNCERTAINTY`: how far the roofline is typically off per
+  class), so the budget goes where an error costs most time.
 * **Budget**: ``profile_budget_s`` seconds of building and timing and ``profile_max_kernels``
   kernels per orchestration of a module, shared between its partitions in proportion to their
   primitives (a partition's unused share carries over). A kernel found in the cache is charged
@@ -33,10 +41,10 @@ measures the rest, within a budget:
 * **Unmeasured** (past the budget): the analytic estimate times the median measured/analytic
   ratio of the measured candidates of its class in this orchestration, else of all measured
   candidates, else 1.
-* **Failures**: a multi-primitive candidate that fails to build or run while profiled costs
-  ``inf``: the selection bans it (a cut) and solves without it. A single primitive is built
-  whatever its cost (it is the fallback of every plan): it keeps its scaled estimate and the
-  failure is noted.
+* **Failures**: a multi-primitive candidate or a library candidate that fails to build or run
+  while profiled costs ``inf``: the selection bans it (a cut) and solves without it. A single
+  primitive is built whatever its cost (it is the fallback of every plan): it keeps its
+  scaled estimate and the failure is noted.
 
 The statistics (profiled, from cache, failed, seconds, the measured/analytic ratios) are a
 :class:`~.report.ProfileReport` in the orchestration report.
@@ -55,18 +63,19 @@ from ..compat import relax, tvm
 from ..compile_profile import stage
 from ..config import OrchestrateConfig
 from ..target import normalize_target, target_kind
-from .candidates import Candidate
+from .candidates import Candidate, is_library_kernel
 from .cost import AnalyticCost, CostModel, KernelTimer, MeasuredCost
 from .graph import PrimitiveGraph
 from .report import ProfileReport
 
-__all__ = ["ProfiledCost", "SIMPLE_SAMPLES", "UNCERTAINTY", "cost_class", "make_cost",
-           "needs_profile", "timeable"]
+__all__ = ["ProfiledCost", "SIMPLE_SAMPLES", "UNCERTAINTY", "cost_class", "forget_process_times",
+           "make_cost", "needs_profile", "timeable"]
 
 #: How far the roofline is typically off, per candidate class (a factor): untuned linear
 #: loop nests most, reductions next, fused groups of memory-bound primitives less; a single
 #: elementwise/layout primitive is what the ``eop`` efficiency was calibrated on.
-UNCERTAINTY: Dict[str, float] = {"linear": 4.0, "reduce": 3.0, "fused": 2.0, "simple": 1.0}
+UNCERTAINTY: Dict[str, float] = {"linear": 4.0, "reduce": 3.0, "fused": 2.0, "simple": 1.0,
+                                 "library": 2.0}
 
 #: ``simple`` primitives timed per orchestration to put their class on the measured scale.
 SIMPLE_SAMPLES = 3
@@ -75,9 +84,18 @@ SIMPLE_SAMPLES = 3
 _MEMORY: Dict[str, Dict[str, float]] = {"cache": {}, "spent": {}}
 
 
+def forget_process_times() -> None:
+    """Forget the kernels timed in this process without a work dir's cache (an ablation that
+    compares profiling runs starts each from nothing)."""
+    for table in _MEMORY.values():
+        table.clear()
+
+
 def cost_class(graph: PrimitiveGraph, cand: Candidate) -> str:
-    """``linear`` (holds a linear primitive), ``reduce`` (a reduction), ``fused`` (several
-    primitives), else ``simple``."""
+    """``library`` (a native library call alone), ``linear`` (holds a linear primitive),
+    ``reduce`` (a reduction), ``fused`` (several primitives), else ``simple``."""
+    if is_library_kernel(graph, cand):
+        return "library"
     kinds = {graph.nodes[i].kind for i in cand.nodes}
     if "linear" in kinds:
         return "linear"
@@ -88,9 +106,11 @@ def cost_class(graph: PrimitiveGraph, cand: Candidate) -> str:
 
 def timeable(graph: PrimitiveGraph, cand: Candidate, analytic_s: float,
              floor_s: float) -> bool:
-    """Fusable primitives only, not a lone view, an estimate of at least ``floor_s``: a
-    kernel whose measurement means something."""
+    """Fusable primitives only (or a library call alone), not a lone view, an estimate of at
+    least ``floor_s``: a kernel whose measurement means something."""
     nodes = [graph.nodes[i] for i in cand.nodes]
+    if is_library_kernel(graph, cand):
+        return analytic_s >= floor_s
     if not all(n.fusable for n in nodes) or (cand.size == 1 and nodes[0].view):
         return False
     return analytic_s >= floor_s
@@ -149,6 +169,9 @@ class ProfiledCost(CostModel):
     """
 
     name = "profiled"
+    #: library calls alone are built and timed (:class:`~.joint.JointCost` passes their
+    #: estimates instead of fixing their cost)
+    times_library = True
 
     def __init__(self, target="llvm", config: OrchestrateConfig = OrchestrateConfig(),
                  analytic: Optional[CostModel] = None, timer: Optional[KernelTimer] = None,
@@ -180,19 +203,32 @@ class ProfiledCost(CostModel):
             return known[1]
         return self.costs(graph, [cand])[0]
 
-    def costs(self, graph: PrimitiveGraph, cands) -> list:
+    def costs(self, graph: PrimitiveGraph, cands, estimates: Optional[Dict[int, float]] = None
+              ) -> list:
+        """Seconds of every candidate (module docstring); ``estimates``: node -> analytic
+        seconds of the library calls among them (the library's calibrated estimate)."""
         cands = list(cands)
         analytic = self.analytic.costs(graph, cands)
-        out = list(analytic)
         classes = [cost_class(graph, c) for c in cands]
-        timed = [k for k, c in enumerate(cands) if timeable(graph, c, analytic[k], self.floor_s)]
+        offered = set()
+        for k, c in enumerate(cands):
+            if classes[k] == "library" and estimates and c.nodes[0] in estimates:
+                analytic[k] = estimates[c.nodes[0]]
+                offered.add(k)
+        out = list(analytic)
+        # a library call that is no alternative (the derivation put it there) is chosen anyway
+        timed = [k for k, c in enumerate(cands) if timeable(graph, c, analytic[k], self.floor_s)
+                 and (classes[k] != "library" or k in offered)]
         eligible = [k for k in timed if classes[k] != "simple"]
         simple = [k for k in timed if classes[k] == "simple"]
         samples = sorted(simple, key=lambda k: -analytic[k])[:max(0, SIMPLE_SAMPLES
                                                                    - self.stats.samples)]
         self.stats.candidates += len(cands)
         self.stats.eligible += len(eligible) + len(samples)
-        order = samples + sorted(eligible, key=lambda k: -UNCERTAINTY[classes[k]] * analytic[k])
+        first = sorted((k for k in eligible if classes[k] == "library"),
+                       key=lambda k: -analytic[k])
+        order = samples + first + sorted((k for k in eligible if classes[k] != "library"),
+                                         key=lambda k: -UNCERTAINTY[classes[k]] * analytic[k])
         nodes = set()
         for c in cands:
             nodes.update(c.nodes)
@@ -209,6 +245,7 @@ class ProfiledCost(CostModel):
             self.budget.charge(spent)
             done.add(k)
             self.stats.samples += classes[k] == "simple"
+            self.stats.library += classes[k] == "library"
         for k in eligible:
             if k not in done:
                 out[k] = analytic[k] * self._ratio(classes[k])
@@ -245,9 +282,11 @@ class ProfiledCost(CostModel):
         spent = self.measured.spent.get(key, 0.0)
         if not math.isfinite(seconds):
             self.stats.failed += 1
-            # a single primitive is built whatever it costs: keep its (scaled) estimate
-            out[k] = math.inf if cand.size > 1 else \
-                analytic_s * self._ratio(cost_class(graph, cand))
+            # a single primitive is built whatever it costs: keep its (scaled) estimate;
+            # a library call is an alternative, not a fallback: banned like a fused kernel
+            cls = cost_class(graph, cand)
+            out[k] = math.inf if cand.size > 1 or cls == "library" else \
+                analytic_s * self._ratio(cls)
             return spent
         cost = self.launch_s + max(0.0, seconds - self._overhead())
         out[k] = cost
@@ -301,10 +340,10 @@ class ProfiledCost(CostModel):
         return self.overhead_s
 
     def _ratio(self, cls: str) -> float:
-        """Median measured/analytic ratio of the class, else of all (except for ``simple``:
-        its samples or nothing), else 1."""
+        """Median measured/analytic ratio of the class, else of all (except for ``simple``
+        and ``library``: their own or nothing), else 1."""
         ratios = self._ratios.get(cls)
-        if not ratios and cls != "simple":
+        if not ratios and cls not in ("simple", "library"):
             ratios = [r for rs in self._ratios.values() for r in rs]
         return float(np.median(ratios)) if ratios else 1.0
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import numpy as np
 
@@ -58,6 +58,7 @@ class ProfileReport:
     failed: int = 0
     scaled: int = 0
     samples: int = 0  # single elementwise/layout primitives timed to scale their class
+    library: int = 0  # library candidates measured (now or from the cache)
     profile_s: float = 0.0
     overhead_s: float = 0.0
     budget_s: float = 0.0
@@ -82,7 +83,8 @@ class ProfileReport:
         stop = f"; budget ({self.budget_s:g} s, {self.max_kernels} kernels) reached" \
             if self.stopped == "budget" else ""
         lines = [f"profiled costs{where}: {self.candidates} candidates, {self.eligible} to "
-                 f"profile ({self.samples} simple samples): {self.profiled} profiled in "
+                 f"profile ({self.samples} simple samples, {self.library} library calls "
+                 f"measured): {self.profiled} profiled in "
                  f"{self.profile_s:.2f} s, {self.cached} from cache, {self.failed} failed "
                  f"(fused ones banned), {self.scaled} scaled estimates{stop}; {err}"]
         lines += [f"  profiling failed: {f}" for f in self.failures]
@@ -99,6 +101,8 @@ class OrchestrationReport:
     total_s: float = 0.0
     notes: List[str] = field(default_factory=list)
     profile: Optional[ProfileReport] = None  # with profiled kernel costs
+    #: with library candidates: (calls offered one, calls that chose it)
+    library: Optional[Tuple[int, int]] = None
 
     @property
     def kernels(self) -> int:

@@ -12,6 +12,7 @@ groups, their costs). This needs both passes, so it sits above them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Dict, Optional, Tuple
 
 from ..codegen import library as lib
@@ -150,9 +151,8 @@ def _folded_bindings(bindings: list, table: JointTable, uses) -> Optional[list]:
         after.setdefault(chain.consumers[-1], []).extend(
             chain.pre + [relax.VarBinding(folded, call)])
         base = infos[k]
-        infos.append(AltInfo(f"{base.label} + {'+'.join(chain.steps)}", base.estimate_s,
-                             base.measured_s, base.sequential, True, base=k,
-                             stands_for=stop.name))
+        infos.append(dataclasses.replace(base, label=f"{base.label} + {'+'.join(chain.steps)}",
+                                         native=True, base=k, stands_for=stop.name))
     if not after:
         return None
     out = []
