@@ -19,7 +19,7 @@ def test_table_gives_fastest_slowest_and_their_ratio():
     args = build_parser().parse_args(["--models", "infogan"])
     assert args.builds == 3 and args.weights == "constants" and args.systems == ["ollie"]
     args = build_parser().parse_args(["--models", "candy", "--system", "ollie", "ollie-joint"])
-    assert args.systems == ["ollie", "ollie-joint"]
+    assert args.systems == ["ollie", "ollie-joint"] and not args.reuse_records
 
 
 def _row(model, system, *medians):
@@ -45,7 +45,7 @@ def test_systems_compared_with_the_first_beyond_or_within_the_spread():
 def test_two_builds_of_a_tiny_model_each_timed_in_its_own_process(tmp_path):
     pytest.importorskip("torch")
     args = argparse.Namespace(models=["infogan"], builds=2, systems=["tvm"], weights="params",
-                              threads=1, trials=0, budget=0.05, min_rounds=3,
+                              threads=1, trials=0, budget=0.05, min_rounds=3, reuse_records=False,
                               out=str(tmp_path))  # fmt: skip
     results = run_stability(args, log=lambda _: None)
     (row,) = results["models"]

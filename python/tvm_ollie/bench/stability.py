@@ -16,6 +16,13 @@ the same rounds, and a second table compares each system with the first: the rat
 medians of their builds, and whether the two ranges of builds overlap ("beyond the spread":
 the faster system's slowest build is faster than the other's fastest), which is how issue 28
 asks that the joint build be never slower than derivation alone.
+
+A build on a machine that built the model before reads back what that build measured and
+decided (the per-machine records of :mod:`tvm_ollie.tune.records`), so it would repeat the
+first build's decisions and the table would say nothing about them: each build therefore runs
+with ``TVM_OLLIE_REMEASURE=1`` (every timing taken anew); ``--reuse-records`` lets builds read
+the records back, which measures what a user's second build gets. The derivation cache (search
+results, not measurements) stays shared unless ``TVM_OLLIE_CACHE_DIR`` says otherwise.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import time
 from typing import Callable, Dict, List, Optional
 
 from ..models import get_model
+from ..tune.machine import REMEASURE_ENV
 from .check import as_numpy_list
 from .exported import EXPORTABLE, build_and_export, load_exported
 from .outcome import check_outcome
@@ -115,7 +123,10 @@ def _build_all(model: str, system: str, args, out: str,
         kwargs = dict(system=system, model=model, path=os.path.join(base, "model.so"),
                       work_dir=os.path.join(base, "work"), quick=True, weights=args.weights,
                       threads=args.threads, trials=args.trials)  # fmt: skip
-        worker = Worker(f"{model}-{system}-build-{i + 1}", build_and_export, kwargs)
+        env = dict(os.environ)
+        if not args.reuse_records:
+            env[REMEASURE_ENV] = "1"
+        worker = Worker(f"{model}-{system}-build-{i + 1}", build_and_export, kwargs, env=env)
         try:
             result = worker.ready()[0]
         except WorkerFailed as err:
@@ -215,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--trials", type=int, default=0, help="tuning trials per build")
     parser.add_argument("--budget", type=float, default=2.0, help="timing seconds per model")
     parser.add_argument("--min-rounds", type=int, default=10, help="timing rounds at least")
+    parser.add_argument("--reuse-records", action="store_true",
+                        help="builds read back what earlier builds on this machine measured and "
+                        "decided (default: every build measures anew)")
     parser.add_argument("--out", default="bench_stability", help="output directory")
     return parser
 
