@@ -12,9 +12,15 @@
 //   Out = saturate(round(scale * Σ (x - xzp) * w + bias) + yzp)
 // (no scale: 1; round and saturate only for 8-bit Out; oneDNN rounds half to even). Padding
 // reads xzp (it contributes zero to the sum), as ONNX's ConvInteger/QLinearConv specify.
+// With rq=1 the epilogue is ONNX's QLinearConv/QLinearMatMul requantization instead:
+//   Out = saturate(round_half_even(float(Σ (x - xzp) * w + bias) * scale) + yzp)
+// bias (integers held in float32) added before the scale, the scale a binary multiply post-op,
+// the rounding an eltwise_round post-op before the zero point is added (oneDNN would otherwise
+// add yzp to the unrounded value, which moves ties: fl(0.5 + 2^-20 + 200) = 200.5). Exact while
+// |Σ|, |bias| and |Σ + bias| stay within 2^24 (float32 integers), which the caller guarantees.
 // attrs (conv): layout=NCHW|NHWC, klayout=OIHW|OHWI, stride=SH,SW, pad=TOP,LEFT,BOTTOM,RIGHT,
 //               dil=DH,DW, groups=G; (matmul): tb=0|1; (both): xzp=0|1,
-//               scale=none|tensor|channel, bias=0|1, yzp=0|1.
+//               scale=none|tensor|channel, bias=0|1, yzp=0|1, rq=0|1.
 // oneDNN converts the int32 accumulator to float32 for its epilogue, also for an int32 Out:
 // an int32 Out is exact while |accumulator| <= 2^24 (the pass only rewrites such calls).
 #include <tvm/ffi/function.h>
@@ -43,7 +49,7 @@ enum class Scale { kNone, kTensor, kChannel };
 
 // The quantization keys both kernels share.
 struct QuantParams {
-  bool xzp = false, bias = false, yzp = false;
+  bool xzp = false, bias = false, yzp = false, rq = false;
   Scale scale = Scale::kNone;
   std::string canonical;
 };
@@ -55,8 +61,10 @@ QuantParams ParseQuant(Attrs* attrs) {
   q.scale = s == "tensor" ? Scale::kTensor : (s == "channel" ? Scale::kChannel : Scale::kNone);
   q.bias = attrs->GetBool("bias", false);
   q.yzp = attrs->GetBool("yzp", false);
+  q.rq = attrs->GetBool("rq", false);
   q.canonical = std::string(";xzp=") + (q.xzp ? "1" : "0") + ";scale=" + s +
-                ";bias=" + (q.bias ? "1" : "0") + ";yzp=" + (q.yzp ? "1" : "0");
+                ";bias=" + (q.bias ? "1" : "0") + ";yzp=" + (q.yzp ? "1" : "0") +
+                ";rq=" + (q.rq ? "1" : "0");
   return q;
 }
 
@@ -147,12 +155,28 @@ int QuantOperandCount(const QuantParams& q) {
          (q.yzp ? 1 : 0);
 }
 
+// The binary post-op operand holding rq=1's scale: ones but for the channel axis `axis` of a
+// rank-`rank` destination (per channel), or all ones (per tensor).
+dnnl::memory::desc RqScaleDesc(const QuantParams& q, int rank, int axis, int64_t channels) {
+  dims d(rank, 1), strides(rank, 1);
+  if (q.scale == Scale::kChannel) d[axis] = channels;
+  for (int k = rank - 2; k >= 0; --k) strides[k] = strides[k + 1] * d[k + 1];
+  return dnnl::memory::desc(d, dt::f32, strides);
+}
+
 // Zero points and scales as runtime arguments: the primitive is cached per shape, not per value.
-dnnl::primitive_attr QuantAttr(const QuantParams& q, int channel_mask) {
+// rq=1: the scale is a binary multiply post-op (after the bias) and a round post-op follows.
+dnnl::primitive_attr QuantAttr(const QuantParams& q, int channel_mask,
+                               const dnnl::memory::desc& rq_scale) {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (q.xzp) attr.set_zero_points_mask(DNNL_ARG_SRC, 0);
-  if (q.scale != Scale::kNone) {
+  if (q.rq) {
+    dnnl::post_ops ops;
+    if (q.scale != Scale::kNone) ops.append_binary(dnnl::algorithm::binary_mul, rq_scale);
+    ops.append_eltwise(dnnl::algorithm::eltwise_round, 0.f, 0.f);
+    attr.set_post_ops(ops);
+  } else if (q.scale != Scale::kNone) {
     attr.set_scales_mask(DNNL_ARG_WEIGHTS, q.scale == Scale::kChannel ? channel_mask : 0);
   }
   if (q.yzp) attr.set_zero_points_mask(DNNL_ARG_DST, 0);
@@ -160,12 +184,15 @@ dnnl::primitive_attr QuantAttr(const QuantParams& q, int channel_mask) {
 }
 
 void AddQuantArgs(const QuantParams& q, const QuantOperands& o, int64_t channels,
-                  const dnnl::memory::desc& bias_md,
+                  const dnnl::memory::desc& bias_md, const dnnl::memory::desc& rq_scale,
                   std::unordered_map<int, dnnl::memory>* args) {
   const dnnl::engine& eng = Engine();
   const dnnl::memory::desc one_s32(dims{1}, dt::s32, dims{1});
   if (q.xzp) (*args)[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC] = dnnl::memory(one_s32, eng, o.xzp);
-  if (q.scale != Scale::kNone) {
+  if (q.rq && q.scale != Scale::kNone) {
+    (*args)[DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1] =
+        dnnl::memory(rq_scale, eng, o.scale);
+  } else if (q.scale != Scale::kNone) {
     const int64_t n = q.scale == Scale::kChannel ? channels : 1;
     (*args)[DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS] =
         dnnl::memory(dnnl::memory::desc(dims{n}, dt::f32, dims{1}), eng, o.scale);
@@ -283,6 +310,7 @@ dnnl::memory::desc ConvWeightDesc(const ConvParams& p, const ConvShape& s) {
 struct Int8Conv {
   dnnl::convolution_forward prim;
   dnnl::memory::desc user_src, user_wei, user_dst, bias_md, src_md, wei_md, dst_md, scratch_md;
+  dnnl::memory::desc rq_scale;  // rq=1's scale operand
   Reorder src_in, wei_in, dst_out;
 };
 
@@ -296,7 +324,8 @@ std::shared_ptr<Int8Conv> CreateConv(const ConvParams& p, const ConvShape& s, dt
     return dnnl::memory::desc(md.get_dims(), md.get_data_type(), dnnl::memory::format_tag::any);
   };
   // Per output channel: mask bit 0 of {O, I, ...}, bits 0 and 1 of {G, O/G, I, ...}.
-  const dnnl::primitive_attr attr = QuantAttr(p.q, p.groups == 1 ? 1 : 3);
+  e->rq_scale = RqScaleDesc(p.q, 4, 1, s.O);
+  const dnnl::primitive_attr attr = QuantAttr(p.q, p.groups == 1 ? 1 : 3, e->rq_scale);
   dims strides{p.sh, p.sw}, dil{p.dh - 1, p.dw - 1}, pad_l{p.pt, p.pl}, pad_r{p.pb, p.pr};
   const auto prop = dnnl::prop_kind::forward_inference;
   const auto alg = dnnl::algorithm::convolution_direct;
@@ -383,7 +412,7 @@ void Conv2dInt8(ffi::PackedArgs args, ffi::Any* rv) {
   if (e->dst_out.needed) dst = dnnl::memory(e->dst_md, eng, ScratchBuffer(3, e->dst_md.get_size()));
   std::unordered_map<int, dnnl::memory> cargs{
       {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}};
-  AddQuantArgs(p.q, o, s.O, e->bias_md, &cargs);
+  AddQuantArgs(p.q, o, s.O, e->bias_md, e->rq_scale, &cargs);
   Execute(e->prim, e->scratch_md, &cargs);
   if (e->dst_out.needed) {
     e->dst_out.Run(dst, user_dst, 5);
@@ -412,7 +441,7 @@ MatmulParams ParseMatmulAttrs(const std::string& text) {
 
 struct Int8Matmul {
   dnnl::matmul prim;
-  dnnl::memory::desc src_md, wei_md, bias_md, dst_md, scratch_md;
+  dnnl::memory::desc src_md, wei_md, bias_md, dst_md, scratch_md, rq_scale;
 };
 
 std::shared_ptr<Int8Matmul> CreateMatmul(const MatmulParams& p, int64_t M, int64_t K, int64_t N,
@@ -421,7 +450,8 @@ std::shared_ptr<Int8Matmul> CreateMatmul(const MatmulParams& p, int64_t M, int64
   e->src_md = dnnl::memory::desc(dims{M, K}, src_t, dims{K, 1});
   e->wei_md = dnnl::memory::desc(dims{K, N}, dt::s8, p.tb ? dims{1, K} : dims{N, 1});
   e->dst_md = dnnl::memory::desc(dims{M, N}, dst_t, dims{N, 1});
-  const dnnl::primitive_attr attr = QuantAttr(p.q, 2);  // per column of B: mask bit 1
+  e->rq_scale = RqScaleDesc(p.q, 2, 1, N);
+  const dnnl::primitive_attr attr = QuantAttr(p.q, 2, e->rq_scale);  // per column: bit 1
   dnnl::matmul::primitive_desc pd;
   if (p.q.bias) {
     e->bias_md = dnnl::memory::desc(dims{1, N}, dt::f32, dims{N, 1});
@@ -477,7 +507,7 @@ void MatmulInt8(ffi::PackedArgs args, ffi::Any* rv) {
   std::unordered_map<int, dnnl::memory> margs{{DNNL_ARG_SRC, dnnl::memory(e->src_md, eng, a)},
                                               {DNNL_ARG_WEIGHTS, dnnl::memory(e->wei_md, eng, b)},
                                               {DNNL_ARG_DST, dnnl::memory(e->dst_md, eng, out)}};
-  AddQuantArgs(p.q, o, N, e->bias_md, &margs);
+  AddQuantArgs(p.q, o, N, e->bias_md, e->rq_scale, &margs);
   Execute(e->prim, e->scratch_md, &margs);
 }
 
