@@ -12,7 +12,9 @@ chain is a constant, so :func:`prepare_onnx` folds it before the importer runs:
 3. otherwise (or when the tool fails) fold by ourselves: onnx shape inference (with data
    propagation), ``Shape`` of a statically shaped tensor -> constant, then every node whose
    inputs are all constants evaluated with onnx's reference evaluator, repeated to a fixpoint;
-4. decompose the operators TVM's importer has no converter for (LSTM, ConvInteger, ...) into
+4. (first of all) fuse the QDQ groups of quantized models into their integer operators, as
+   ONNX Runtime does (:func:`~tvm_ollie.frontend.onnx_qdq.fuse_qdq`);
+5. decompose the operators TVM's importer has no converter for (LSTM, ConvInteger, ...) into
    ones it has (:func:`~tvm_ollie.frontend.onnx_decompose.decompose_onnx`).
 
 Measured on nine zoo models exported by both torch exporters at opsets 11-18 (31 files; TVM
@@ -30,6 +32,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from .onnx_decompose import DecomposeInfo, decompose_onnx
+from .onnx_qdq import fuse_qdq
 
 #: Simplifiers in the order they are tried by ``simplifier="auto"``.
 SIMPLIFIERS = ("onnxsim", "onnxslim", "builtin")
@@ -91,6 +94,11 @@ def prepare_onnx(model, shapes: Optional[Mapping[str, Sequence[int]]] = None,
     _complete_output_types(prepared)
     order = _simplifier_order(simplifier)
     notes: List[str] = []
+    # Before the simplifier: it would fold DequantizeLinear(weight) into a float weight.
+    fused = fuse_qdq(prepared)
+    if fused:
+        notes.append("QDQ groups fused into integer operators: " +
+                     ", ".join(f"{op} {n}" for op, n in sorted(fused.items())))
     used = "none"
     for name in order:
         try:
