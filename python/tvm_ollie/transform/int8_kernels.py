@@ -26,8 +26,9 @@ only when that result is provably the same integers:
   gives numpy's integers (:func:`_kernel_agrees`).
 
 The requantizing rules add: the bias an int32 constant per output channel (or one value) with
-``max|acc| + max|B| <= 2^24`` (then ``float(acc) + float(B)``, what oneDNN adds, is
-``float(acc + B)``, what ONNX Runtime converts); the multiplier a float32 constant per output
+``max|B| <= 2^24`` (``acc`` and ``B`` then both exact in float32, so the one rounding of
+``float(acc) + float(B)``, what oneDNN adds, is that of ``float(acc + B)``, what ONNX Runtime
+converts); the multiplier a float32 constant per output
 channel or per tensor; the quantize's scale exactly 1 and its zero point one constant of the
 8-bit output type; each intermediate read once; and the fused kernel, probed on one receptive
 field, equal to :func:`requantize_reference`. A chain that fails any of them keeps the int32
@@ -287,10 +288,9 @@ def _channel_vector(value: np.ndarray, channels: int, axis: int, rank: int):
 
 
 def _requant_operands(matches: Matches, pat: _Requantized, uses: Counter, binding_of,
-                      axis: int, bound: int):  # fmt: skip
+                      axis: int):  # fmt: skip
     """``(scale, bias, yzp, kind, out_dtype)`` of the requantization ``pat`` matched when the
-    kernel reproduces it exactly (see the module docstring), else None. ``bound``: the
-    accumulator bound of the plain rule's guard."""
+    kernel reproduces it exactly (see the module docstring), else None."""
     acc = matches[pat.acc]
     out_dtype, rank = _dtype(matches[pat.root]), len(acc.ty.shape)
     channels = int(acc.ty.shape[axis])
@@ -311,7 +311,7 @@ def _requant_operands(matches: Matches, pat: _Requantized, uses: Counter, bindin
         bias = _channel_vector(b, channels, axis, rank) if b.dtype == np.int32 else None
     if scale is None or bias is None or scale[0].dtype != np.float32:
         return None
-    if bound + int(np.abs(bias[0]).max(initial=0)) > EXACT_LIMIT:
+    if int(np.abs(bias[0]).max(initial=0)) > EXACT_LIMIT:
         return None
     kind = "channel" if scale[1] else "tensor"
     scale_arg = scale[0] if scale[1] else scale[0][:1]
@@ -350,8 +350,7 @@ def _conv_int8_requant(matches: Matches, uses: Counter, binding_of) -> Optional[
     if found is None:
         return None
     (strides, padding, dil, groups), weight, lo, hi, zp = found
-    bound = accumulator_bound(weight, 0, lo, hi, zp)
-    rq = _requant_operands(matches, _RQ_CONV, uses, binding_of, 1, bound)
+    rq = _requant_operands(matches, _RQ_CONV, uses, binding_of, 1)
     if rq is None:
         return None
     pat = _RQ_CONV
@@ -373,8 +372,7 @@ def _matmul_int8_requant(matches: Matches, uses: Counter, binding_of) -> Optiona
     weight, lo, hi, zp = found
     acc_expr = matches[_MATMUL]
     axis = len(acc_expr.ty.shape) - 1
-    bound = accumulator_bound(weight, 1, lo, hi, zp)
-    rq = _requant_operands(matches, _RQ_MATMUL, uses, binding_of, axis, bound)
+    rq = _requant_operands(matches, _RQ_MATMUL, uses, binding_of, axis)
     if rq is None:
         return None
     pat = _RQ_MATMUL
