@@ -251,3 +251,58 @@ def test_conv2d_int8_rq_without_scale_rounds_nothing():
     ref = np.clip(acc + bias.reshape(1, 3, 1, 1), -128, 127).astype(np.int8)
     out = _call(native.CONV2D_INT8, "bias=1;rq=1", [x, w, bias], np.zeros(ref.shape, np.int8))
     assert np.array_equal(out, ref)
+
+
+# --- packed weights: conv2d_int8_packed_size / conv2d_int8_pack_weight, wpacked=1 ---------------
+
+
+def _pack(attrs, x, w, out):
+    import tvm_ffi
+
+    args = [tvm_ffi.from_dlpack(np.ascontiguousarray(a)) for a in (x, w, out)]
+    size = int(tvm_ffi.get_global_func(native.CONV2D_INT8_PACKED_SIZE)(attrs, *args))
+    packed = np.zeros(size, np.int8)
+    tvm_ffi.get_global_func(native.CONV2D_INT8_PACK_WEIGHT)(attrs, *args,
+                                                             tvm_ffi.from_dlpack(packed))
+    return packed
+
+
+@pytest.mark.parametrize("xtype, groups, rq", [(np.uint8, 1, True), (np.int8, 2, False)])
+def test_conv2d_int8_packed_weight_equals_the_plain_call(xtype, groups, rq):
+    if not native.provides(native.CONV2D_INT8_PACK_WEIGHT):
+        pytest.skip("the loaded native library predates the int8 weight packing")
+    rng = np.random.default_rng(9)
+    x = _ints(rng, xtype, (1, 4, 7, 7))
+    w = _weights(rng, (8, 4 // groups, 3, 3))
+    xzp = np.array([100 if xtype == np.uint8 else -4], np.int32)
+    attrs = f"pad=1,1,1,1;groups={groups};xzp=1"
+    operands = [xzp]
+    out_type = np.int32
+    if rq:
+        attrs += ";scale=channel;bias=1;yzp=1;rq=1"
+        operands += [np.full(8, 0.004, np.float32), np.arange(8, dtype=np.float32),
+                     np.array([3], np.int32)]
+        out_type = np.uint8
+    plain = _call(native.CONV2D_INT8, attrs, [x, w, *operands], np.zeros((1, 8, 7, 7), out_type))
+    packed = _pack(attrs, x, w, np.zeros((1, 8, 7, 7), out_type))
+    assert packed.size > w.size  # header and compensation
+    ours = _call(native.CONV2D_INT8, attrs + ";wpacked=1;kernel=3,3", [x, packed, *operands],
+                 np.zeros((1, 8, 7, 7), out_type))
+    assert np.array_equal(ours, plain)
+    assert len(np.unique(plain)) > 4
+
+
+def test_conv2d_int8_packed_weight_is_checked():
+    if not native.provides(native.CONV2D_INT8_PACK_WEIGHT):
+        pytest.skip("the loaded native library predates the int8 weight packing")
+    rng = np.random.default_rng(10)
+    x, w = _ints(rng, np.uint8, (1, 4, 5, 5)), _weights(rng, (4, 4, 3, 3))
+    out = np.zeros((1, 4, 5, 5), np.int32)
+    packed = _pack("pad=1,1,1,1", x, w, out)
+    with pytest.raises(ValueError, match="another problem"):  # another padding
+        _call(native.CONV2D_INT8, "wpacked=1;kernel=3,3", [x, packed],
+              np.zeros((1, 4, 3, 3), np.int32))
+    with pytest.raises(ValueError, match="must not set wpacked"):
+        _pack("pad=1,1,1,1;wpacked=1;kernel=3,3", x, w, out)
+    with pytest.raises(ValueError, match="needs kernel"):
+        _call(native.CONV2D_INT8, "wpacked=1", [x, packed], out)

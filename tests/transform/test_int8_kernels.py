@@ -27,6 +27,14 @@ def _require_int8():
         pytest.skip("the loaded native library predates the int8 kernels")
 
 
+@pytest.fixture
+def unpacked(monkeypatch):
+    """The structural tests compare the plain weight operand: no packing."""
+    provides = native.provides
+    monkeypatch.setattr(native, "provides",
+                        lambda name: name != native.CONV2D_INT8_PACK_WEIGHT and provides(name))
+
+
 def _centered_conv(x_dtype: str, zp: int, weight: np.ndarray, padding=(1, 1, 1, 1)):
     """``conv2d(int32(x) - zp, W)``, what the ONNX importer writes for QLinearConv."""
     bb = relax.BlockBuilder()
@@ -61,7 +69,7 @@ def _weight(low=-60, high=60, shape=(4, 3, 3, 3)):
 
 
 @pytest.mark.parametrize("x_dtype, zp", [("uint8", 128), ("int8", None)])
-def test_centered_conv_becomes_the_int8_kernel(x_dtype, zp):
+def test_centered_conv_becomes_the_int8_kernel(x_dtype, zp, unpacked):
     """Without a zero point (ConvInteger's default) the kernel gets 0."""
     _require_int8()
     weight = _weight()
@@ -176,7 +184,7 @@ def _requantized_conv(weight, bias, scale, yzp, one=1.0, out_dtype="uint8"):
     return bb.get()
 
 
-def test_requantized_conv_becomes_one_kernel_call():
+def test_requantized_conv_becomes_one_kernel_call(unpacked):
     _require_int8()
     weight = _weight()
     bias = np.arange(-2, 2, dtype=np.int32).reshape(1, 4, 1, 1)
@@ -195,6 +203,31 @@ def test_requantized_conv_becomes_one_kernel_call():
         bb.emit_func_output(out)
     canonical = relax.transform.CanonicalizeBindings()
     tvm.ir.assert_structural_equal(canonical(after), canonical(bb.get()))
+
+
+def test_packed_weight_call_equals_the_plain_one():
+    """With the packing functions the conv calls read the weight packed once (``wpacked=1``):
+    same outputs as the plain call, and a packed weight from another problem is refused."""
+    _require_int8()
+    if not native.provides(native.CONV2D_INT8_PACK_WEIGHT):
+        pytest.skip("the loaded native library predates the int8 weight packing")
+    weight = _weight(shape=(8, 3, 3, 3))
+    scale = np.float32(0.03)
+    before = _requantized_conv(weight, None, scale, 7)
+    after, counts = int8_kernels(before)
+    assert counts == {"int8_conv2d_requant": 1}
+    assert "wpacked=1;kernel=3,3" in after.script()
+    x = np.random.default_rng(1).integers(0, 256, (1, 3, 6, 6)).astype(np.uint8)
+    outs = []
+    for mod in (before, after):
+        vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+        outs.append(vm["main"](tvm.runtime.tensor(x)).numpy())
+    assert outs[0].dtype == np.uint8 and np.array_equal(outs[0], outs[1])
+    conv = tvm.get_global_func(lib.CONV2D_INT8)
+    with pytest.raises(ValueError, match="another problem"):
+        conv("pad=1,1,1,1;xzp=1;wpacked=1;kernel=3,3", tvm.runtime.tensor(x),
+             tvm.runtime.tensor(np.zeros(100, np.int8)), tvm.runtime.tensor(np.array([0], np.int32)),
+             tvm.runtime.tensor(np.zeros((1, 8, 6, 6), np.int32)))
 
 
 @pytest.mark.parametrize("why, bias, one", [
