@@ -15,7 +15,7 @@ from tvm import relax
 from tvm_ollie import native
 from tvm_ollie.codegen import library as lib
 from tvm_ollie.transform.int8_kernels import (accumulator_bound, int8_kernels,
-                                              requantize_reference)
+                                              requantize_reference, saturates_past_limit)
 
 FRONTEND_TESTS = os.path.join(os.path.dirname(__file__), "..", "frontend")
 
@@ -242,6 +242,32 @@ def test_requant_guards_keep_the_int32_kernel(why, bias, one):
     before = _requantized_conv(_weight(), bias, np.float32(0.01), 7, one=one)
     _, counts = int8_kernels(before)
     assert counts == {"int8_conv2d": 1}, why
+
+
+def test_saturates_past_limit():
+    assert saturates_past_limit(0, 1e-4, 128, "uint8")  # 2^24 * 1e-4 = 1678 > 129
+    assert not saturates_past_limit(0, 1e-6, 128, "uint8")  # 16.8: inside the range
+    assert not saturates_past_limit(2 ** 24 - 10, 0.01, 0, "int8")  # the bias eats the margin
+    assert not saturates_past_limit(0, -1.0, 0, "int8")
+
+
+@pytest.mark.parametrize("scale, fused", [(0.01, True), (1e-7, False)])
+def test_accumulators_past_2_24_fuse_only_where_they_saturate(scale, fused):
+    """512 input channels of weight 60: accumulators up to 255 * 60 * 4608 > 2^24. With a
+    multiplier that saturates every such value the kernel is exact (checked on an input that
+    reaches them); with a tiny one the chain stays TVM's (and the plain kernel's bound refuses
+    it too)."""
+    _require_int8()
+    weight = np.full((2, 512, 3, 3), 60, np.int32)
+    before = _requantized_conv(weight, None, np.float32(scale), 7)
+    after, counts = int8_kernels(before)
+    assert counts == ({"int8_conv2d_requant": 1} if fused else {})
+    if fused:
+        x = np.full((1, 512, 6, 6), 255, np.uint8)
+        x[0, :, :3] = 0
+        outs = [relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu())["main"](
+            tvm.runtime.tensor(x)).numpy() for m in (before, after)]
+        assert np.array_equal(outs[0], outs[1]) and {0, 255} <= set(outs[0].ravel().tolist())
 
 
 def test_requantize_reference_rounds_half_to_even_then_adds_the_zero_point():

@@ -26,9 +26,10 @@ only when that result is provably the same integers:
   gives numpy's integers (:func:`_kernel_agrees`).
 
 The requantizing rules add: the bias an int32 constant per output channel (or one value) with
-``max|B| <= 2^24`` (``acc`` and ``B`` then both exact in float32, so the one rounding of
+``max|B| <= 2^24`` (with ``|acc| <= 2^24`` both are exact in float32, so the one rounding of
 ``float(acc) + float(B)``, what oneDNN adds, is that of ``float(acc + B)``, what ONNX Runtime
-converts); the multiplier a float32 constant per output
+converts; accumulators that may pass ``2^24`` are accepted only when every such value
+saturates in both, :func:`saturates_past_limit`); the multiplier a float32 constant per output
 channel or per tensor; the quantize's scale exactly 1 and its zero point one constant of the
 8-bit output type; each intermediate read once; and the fused kernel, probed on one receptive
 field, equal to :func:`requantize_reference`. A chain that fails any of them keeps the int32
@@ -51,7 +52,8 @@ from ..compat import relax, tirx, tvm
 from .fold_rule import used_once
 from .inference_fold import FoldRule, fold_inference
 
-__all__ = ["INT8_RULES", "int8_kernels", "accumulator_bound", "requantize_reference"]
+__all__ = ["INT8_RULES", "int8_kernels", "accumulator_bound", "requantize_reference",
+           "saturates_past_limit"]
 
 _dpl = relax.dpl
 
@@ -168,20 +170,21 @@ def _kernel_agrees(func: str, attrs: str, x: np.ndarray, weight: np.ndarray, zp:
 # --- rules --------------------------------------------------------------------------------
 
 
-def _exact_operands(matches: Matches, rank: int, reduce_axis: int):
+def _exact_operands(matches: Matches, rank: int, reduce_axis: int, bounded: bool = True):
     """``(weight, lo, hi, zp)`` when the source is 8-bit with one constant zero point, the
-    rank-``rank`` weight fits the kernel and every accumulator over ``reduce_axis`` stays within
-    :data:`EXACT_LIMIT`; else None (the guards both int8 rules share)."""
+    rank-``rank`` weight fits the kernel and (``bounded``) every accumulator over
+    ``reduce_axis`` stays within :data:`EXACT_LIMIT`; else None (the guards the int8 rules
+    share; the requantizing ones check the bound themselves)."""
     source, weight = _source_range(matches), _int8_weight(matches, rank)
     if source is None or weight is None:
         return None
     lo, hi, zp = source
-    if accumulator_bound(weight, reduce_axis, lo, hi, zp) > EXACT_LIMIT:
+    if bounded and accumulator_bound(weight, reduce_axis, lo, hi, zp) > EXACT_LIMIT:
         return None
     return weight, lo, hi, zp
 
 
-def _conv_operands(matches: Matches):
+def _conv_operands(matches: Matches, bounded: bool = True):
     """``(attrs, weight, lo, hi, zp)`` of an NCHW/OIHW int32 conv2d the kernel computes exactly
     (``attrs``: strides, padding, dilation, groups), else None."""
     conv = matches[_CONV]
@@ -190,7 +193,7 @@ def _conv_operands(matches: Matches):
         return None
     if (str(at.out_layout) or "NCHW") != "NCHW" or not _int32_out(conv):
         return None
-    checked = _exact_operands(matches, 4, 0)
+    checked = _exact_operands(matches, 4, 0, bounded)
     if checked is None:
         return None
     dims = (at.strides, at.padding, [int(d) for d in at.dilation], int(at.groups))
@@ -270,13 +273,13 @@ def _matmul_int8(matches: Matches, _uses: Counter, _binding_of) -> Optional[obje
                          [int(s) for s in matches[_MATMUL].ty.shape], "int32")
 
 
-def _matmul_operands(matches: Matches):
+def _matmul_operands(matches: Matches, bounded: bool = True):
     """``(weight, lo, hi, zp)`` of an int32 matmul with a 2-D constant the kernel computes
     exactly, else None."""
     call = matches[_MATMUL]
     if not _int32_out(call) or len(matches[_X8].ty.shape) < 2:
         return None
-    return _exact_operands(matches, 2, 1)
+    return _exact_operands(matches, 2, 1, bounded)
 
 
 def _matmul_probe(weight, lo, hi, zp, dtype) -> Tuple[np.ndarray, np.ndarray]:
@@ -313,10 +316,22 @@ def _channel_vector(value: np.ndarray, channels: int, axis: int, rank: int):
     return value.reshape(channels), True
 
 
+def saturates_past_limit(bias_max: int, scale_min: float, zero_point: int, dtype: str) -> bool:
+    """Whether every accumulator past :data:`EXACT_LIMIT` saturates both in oneDNN's
+    ``float(acc) + float(B)`` and in ONNX Runtime's ``float(acc + B)`` (which may round
+    differently there): ``|acc + B| >= 2^24 - max|B|`` (4 of slack for the two roundings), times
+    the smallest (positive) multiplier, lies beyond the output range seen from the zero
+    point."""
+    info = np.iinfo(dtype)
+    reach = max(int(info.max) - zero_point, zero_point - int(info.min)) + 1
+    return scale_min > 0 and (EXACT_LIMIT - bias_max - 4) * scale_min > reach
+
+
 def _requant_operands(matches: Matches, pat: _Requantized, uses: Counter, binding_of,
-                      axis: int):  # fmt: skip
+                      axis: int, bound: int):  # fmt: skip
     """``(scale, bias, yzp, kind, out_dtype)`` of the requantization ``pat`` matched when the
-    kernel reproduces it exactly (see the module docstring), else None."""
+    kernel reproduces it exactly (see the module docstring), else None. ``bound``: the largest
+    accumulator magnitude (:func:`accumulator_bound`)."""
     acc = matches[pat.acc]
     out_dtype, rank = _dtype(matches[pat.root]), len(acc.ty.shape)
     channels = int(acc.ty.shape[axis])
@@ -337,7 +352,12 @@ def _requant_operands(matches: Matches, pat: _Requantized, uses: Counter, bindin
         bias = _channel_vector(b, channels, axis, rank) if b.dtype == np.int32 else None
     if scale is None or bias is None or scale[0].dtype != np.float32:
         return None
-    if int(np.abs(bias[0]).max(initial=0)) > EXACT_LIMIT:
+    bias_max = int(np.abs(bias[0]).max(initial=0))
+    if bias_max > EXACT_LIMIT:
+        return None
+    yzp_value = int(yzp.reshape(-1)[0])
+    if bound > EXACT_LIMIT and not saturates_past_limit(bias_max, float(scale[0].min()),
+                                                        yzp_value, out_dtype):
         return None
     kind = "channel" if scale[1] else "tensor"
     scale_arg = scale[0] if scale[1] else scale[0][:1]
@@ -372,11 +392,12 @@ def _rq_call_operands(matches: Matches, weight, zp: int, rq) -> list:
 def _conv_int8_requant(matches: Matches, uses: Counter, binding_of) -> Optional[object]:
     """``quantize(float32(conv2d(int32(x) - zp, W) + B) * M, 1, y_zp) = conv2d_int8(x, int8(W),
     zp, M, float32(B), y_zp)`` with ``rq=1`` (the 8-bit result of QLinearConv)."""
-    found = _conv_operands(matches)
+    found = _conv_operands(matches, bounded=False)
     if found is None:
         return None
     (strides, padding, dil, groups), weight, lo, hi, zp = found
-    rq = _requant_operands(matches, _RQ_CONV, uses, binding_of, 1)
+    bound = accumulator_bound(weight, 0, lo, hi, zp)
+    rq = _requant_operands(matches, _RQ_CONV, uses, binding_of, 1, bound)
     if rq is None:
         return None
     pat = _RQ_CONV
@@ -394,13 +415,14 @@ def _conv_int8_requant(matches: Matches, uses: Counter, binding_of) -> Optional[
 def _matmul_int8_requant(matches: Matches, uses: Counter, binding_of) -> Optional[object]:
     """``quantize(float32(matmul(int32(a) - zp, W) [+ B]) * M, 1, y_zp) = matmul_int8(a,
     int8(W), zp, M, float32(B), y_zp)`` with ``rq=1`` (the 8-bit result of QLinearMatMul)."""
-    found = _matmul_operands(matches)
+    found = _matmul_operands(matches, bounded=False)
     if found is None:
         return None
     weight, lo, hi, zp = found
     acc_expr = matches[_MATMUL]
     axis = len(acc_expr.ty.shape) - 1
-    rq = _requant_operands(matches, _RQ_MATMUL, uses, binding_of, axis)
+    bound = accumulator_bound(weight, 1, lo, hi, zp)
+    rq = _requant_operands(matches, _RQ_MATMUL, uses, binding_of, axis, bound)
     if rq is None:
         return None
     pat = _RQ_MATMUL
