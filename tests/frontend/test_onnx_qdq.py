@@ -18,21 +18,26 @@ SHAPE = (1, 4, 8, 8)
 
 
 def _float_model(path: str) -> None:
-    """Conv (bias) -> MaxPool -> Add (of two convs) -> MatMul: one group of each rule."""
+    """Conv (bias) -> MaxPool -> Add (of two convs) -> MatMul -> Gemm: a group of each rule."""
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array((rng.standard_normal((8, 4, 3, 3)) * 0.2).astype(
         np.float32), "w1"), numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b1"),
              numpy_helper.from_array((rng.standard_normal((8, 8, 1, 1)) * 0.3).astype(
                  np.float32), "w2"),
-             numpy_helper.from_array((rng.standard_normal((4, 5)) * 0.5).astype(np.float32), "m")]
+             numpy_helper.from_array((rng.standard_normal((4, 5)) * 0.5).astype(np.float32), "m"),
+             numpy_helper.from_array((rng.standard_normal((10, 160)) * 0.1).astype(np.float32),
+                                     "g"),
+             numpy_helper.from_array(rng.standard_normal(10).astype(np.float32), "gb")]
     nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
              helper.make_node("MaxPool", ["c1"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
              helper.make_node("Conv", ["p", "w2"], ["c2"]),
              helper.make_node("Add", ["p", "c2"], ["s"]),
-             helper.make_node("MatMul", ["s", "m"], ["y"])]
+             helper.make_node("MatMul", ["s", "m"], ["mm"]),
+             helper.make_node("Flatten", ["mm"], ["f"]),
+             helper.make_node("Gemm", ["f", "g", "gb"], ["y"], transB=1)]
     graph = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info(
         "x", TensorProto.FLOAT, SHAPE)], [helper.make_tensor_value_info(
-            "y", TensorProto.FLOAT, [1, 8, 4, 5])], initializer=inits)
+            "y", TensorProto.FLOAT, [1, 10])], initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, path)
@@ -69,9 +74,10 @@ def _fused(model):
 
 def test_every_group_fuses_and_equals_onnxruntime_fusion(qdq_model):
     fused, counts = _fused(qdq_model)
-    assert counts == {"Conv": 2, "MaxPool": 1, "Add": 1, "MatMul": 1}
+    assert counts == {"Conv": 2, "MaxPool": 1, "Add": 1, "MatMul": 1, "Gemm": 1}
     ops = [n.op_type for n in fused.graph.node]
     assert "Conv" not in ops and ops.count("QLinearConv") == 2 and "QLinearAdd" in ops
+    assert "QGemm" in ops and "Gemm" not in ops
     onnx.checker.check_model(fused)
     feeds = _feeds()
     assert max_error(run_ort(fused, feeds), run_ort(qdq_model, feeds)) == 0

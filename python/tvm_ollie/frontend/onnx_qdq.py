@@ -13,6 +13,9 @@ operator, the integer one, its guard) follows ONNX Runtime's QDQ selectors:
   point 0 and scale ``xs * ws`` (the QLinearConv bias convention);
 * ``Q(MatMul(DQ(a), DQ(b))) = QLinearMatMul(a, as, az, b, bs, bz, ys, yz)``: ``b`` constant,
   per tensor or per column (``axis`` 1);
+* ``Q(Gemm(DQ(a), DQ(b) [, DQ(c)])) = com.microsoft.QGemm(a, as, az, b, bs, bz, c, ys, yz)``
+  (``transA`` 0, ``beta`` 1; ``b`` constant per tensor or per output column; ``c`` int32 at
+  scale ``as * bs`` with zero point 0; ``alpha`` and ``transB`` kept);
 * ``Q(Add(DQ(a), DQ(b))) = com.microsoft.QLinearAdd(...)`` for same-typed 8-bit operands;
 * ``Q(MaxPool(DQ(x)))`` with the same scale and zero point on both sides ``= MaxPool(x)``
   (the maximum commutes with the monotone, identical dequantization and requantization).
@@ -132,6 +135,43 @@ def _matmul(g: _Graph, node, q) -> Optional[object]:
                                    b.input[2], q.input[1], q.input[2]], q.output[0])
 
 
+def _attributes(node) -> Dict[str, object]:
+    # lazy: onnx is an optional dependency
+    from onnx import helper  # pylint: disable=import-outside-toplevel
+
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _gemm(g: _Graph, node, q) -> Optional[object]:
+    attrs = _attributes(node)
+    if attrs.get("transA", 0) or float(attrs.get("beta", 1.0)) != 1.0:
+        return None
+    trans_b = int(attrs.get("transB", 0))
+    a, b = _activation(g, node.input[0]), _weight(g, node.input[1], 0 if trans_b else 1)
+    if a is None or b is None or g.values[b.input[0]].ndim != 2:
+        return None
+    inputs = [a.input[0], a.input[1], a.input[2], b.input[0], b.input[1], b.input[2]]
+    if len(node.input) > 2 and node.input[2]:
+        c = g.dq(node.input[2])
+        if c is None or c.input[0] not in g.values or g.values[c.input[0]].dtype != np.int32:
+            return None
+        expected = g.values[a.input[1]].astype(np.float32) * g.values[b.input[1]].astype(
+            np.float32)
+        if np.any(g.values[c.input[2]] != 0) or not np.allclose(
+                g.values[c.input[1]], expected, rtol=1e-6, atol=0):
+            return None
+        inputs.append(c.input[0])
+    else:
+        inputs.append("")
+    node_attrs = {"alpha": float(attrs.get("alpha", 1.0)), "transB": trans_b}
+    fused = _node("QGemm", inputs + [q.input[1], q.input[2]], q.output[0], domain=_MICROSOFT)
+    # lazy: onnx is an optional dependency
+    from onnx import helper  # pylint: disable=import-outside-toplevel
+
+    fused.attribute.extend(helper.make_attribute(k, v) for k, v in node_attrs.items())
+    return fused
+
+
 def _add(g: _Graph, node, q) -> Optional[object]:
     a, b = _activation(g, node.input[0]), _activation(g, node.input[1])
     if a is None or b is None:
@@ -175,8 +215,8 @@ class QdqRule(NamedTuple):
 
 
 #: The QDQ groups fused, by their float operator.
-QDQ_RULES = (QdqRule("Conv", _conv), QdqRule("MatMul", _matmul), QdqRule("Add", _add),
-             QdqRule("MaxPool", _maxpool))
+QDQ_RULES = (QdqRule("Conv", _conv), QdqRule("MatMul", _matmul), QdqRule("Gemm", _gemm),
+             QdqRule("Add", _add), QdqRule("MaxPool", _maxpool))
 
 
 def fuse_qdq(model) -> Dict[str, int]:
