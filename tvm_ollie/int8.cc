@@ -17,10 +17,11 @@
 // bias (integers held in float32) added before the scale, the scale a binary multiply post-op,
 // the rounding an eltwise_round post-op before the zero point is added (oneDNN would otherwise
 // add yzp to the unrounded value, which moves ties: fl(0.5 + 2^-20 + 200) = 200.5). Exact while
-// |Σ|, |bias| and |Σ + bias| stay within 2^24 (float32 integers), which the caller guarantees.
+// |Σ| and |bias| stay within 2^24 (float32 integers: float(Σ) + float(bias) is then float(Σ +
+// bias) rounded once); beyond, the caller only uses it where every such value saturates.
 // attrs (conv): layout=NCHW|NHWC, klayout=OIHW|OHWI, stride=SH,SW, pad=TOP,LEFT,BOTTOM,RIGHT,
-//               dil=DH,DW, groups=G, wpacked=0|1 with kernel=KH,KW; (matmul): tb=0|1; (both): xzp=0|1,
-//               scale=none|tensor|channel, bias=0|1, yzp=0|1, rq=0|1.
+//               dil=DH,DW, groups=G, wpacked=0|1 with kernel=KH,KW; (matmul): tb=0|1;
+//               (both): xzp=0|1, scale=none|tensor|channel, bias=0|1, yzp=0|1, rq=0|1.
 // oneDNN converts the int32 accumulator to float32 for its epilogue, also for an int32 Out:
 // an int32 Out is exact while |accumulator| <= 2^24 (the pass only rewrites such calls).
 //
@@ -428,7 +429,8 @@ uint64_t PackHash(const ConvProblem& c) {
   std::string text = c.key + "|isa=" + std::to_string(static_cast<int>(
                                            dnnl::get_effective_cpu_isa())) +
                      "|size=" + std::to_string(md.get_size());
-  for (const dims& d : {md.get_dims(), md.get_strides(), md.get_inner_blks(), md.get_inner_idxs()}) {
+  for (const dims& d :
+       {md.get_dims(), md.get_strides(), md.get_inner_blks(), md.get_inner_idxs()}) {
     for (int64_t v : d) text += "," + std::to_string(v);
     text += "|";
   }

@@ -21,7 +21,8 @@ def _float_model(path: str) -> None:
     """Conv (bias) -> MaxPool -> Add (of two convs) -> MatMul -> Gemm: a group of each rule."""
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array((rng.standard_normal((8, 4, 3, 3)) * 0.2).astype(
-        np.float32), "w1"), numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b1"),
+        np.float32), "w1"),
+             numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b1"),
              numpy_helper.from_array((rng.standard_normal((8, 8, 1, 1)) * 0.3).astype(
                  np.float32), "w2"),
              numpy_helper.from_array((rng.standard_normal((4, 5)) * 0.5).astype(np.float32), "m"),

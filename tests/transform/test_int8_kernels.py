@@ -226,7 +226,8 @@ def test_packed_weight_call_equals_the_plain_one():
     conv = tvm.get_global_func(lib.CONV2D_INT8)
     with pytest.raises(ValueError, match="another problem"):
         conv("pad=1,1,1,1;xzp=1;wpacked=1;kernel=3,3", tvm.runtime.tensor(x),
-             tvm.runtime.tensor(np.zeros(100, np.int8)), tvm.runtime.tensor(np.array([0], np.int32)),
+             tvm.runtime.tensor(np.zeros(100, np.int8)),
+             tvm.runtime.tensor(np.array([0], np.int32)),
              tvm.runtime.tensor(np.zeros((1, 8, 6, 6), np.int32)))
 
 

@@ -7,9 +7,10 @@ int32: TVM compiles both on llvm, exactly). Requantization follows ONNX Runtime'
 order: the int32 accumulator (plus the int32 bias) converted to float32, times the float32
 multiplier ``x_scale * w_scale / y_scale`` (computed in float32, per output channel where the
 weight scale is), rounded half to even, the output zero point added, saturated to the output
-type (one ``QuantizeLinear`` with scale 1). Converting the accumulator to float32 is exact up to ``2^24`` in magnitude and
-rounds like ONNX Runtime's conversion beyond; past that the result saturates anyway unless the
-multiplier is below ``2^-17`` (a case both evaluate identically, in float32).
+type (one ``QuantizeLinear`` with scale 1). Converting the accumulator to float32 is exact up
+to ``2^24`` in magnitude and rounds like ONNX Runtime's conversion beyond; past that the result
+saturates anyway unless the multiplier is below ``2^-17`` (a case both evaluate identically, in
+float32).
 """
 
 from __future__ import annotations
