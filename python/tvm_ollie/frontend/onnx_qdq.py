@@ -163,13 +163,8 @@ def _gemm(g: _Graph, node, q) -> Optional[object]:
         inputs.append(c.input[0])
     else:
         inputs.append("")
-    node_attrs = {"alpha": float(attrs.get("alpha", 1.0)), "transB": trans_b}
-    fused = _node("QGemm", inputs + [q.input[1], q.input[2]], q.output[0], domain=_MICROSOFT)
-    # lazy: onnx is an optional dependency
-    from onnx import helper  # pylint: disable=import-outside-toplevel
-
-    fused.attribute.extend(helper.make_attribute(k, v) for k, v in node_attrs.items())
-    return fused
+    return _node("QGemm", inputs + [q.input[1], q.input[2]], q.output[0], domain=_MICROSOFT,
+                 alpha=float(attrs.get("alpha", 1.0)), transB=trans_b)
 
 
 def _add(g: _Graph, node, q) -> Optional[object]:
@@ -196,12 +191,13 @@ def _maxpool(g: _Graph, node, q) -> Optional[object]:
     return _node("MaxPool", [x.input[0]], q.output[0], node.attribute)
 
 
-def _node(op: str, inputs, output: str, attributes=(), domain: str = ""):
+def _node(op: str, inputs, output: str, attributes=(), domain: str = "", **attrs):
+    """``op(inputs) -> output`` with the float operator's ``attributes`` and new ``attrs``."""
     # lazy: onnx is an optional dependency
     from onnx import helper  # pylint: disable=import-outside-toplevel
 
     node = helper.make_node(op, list(inputs), [output], name=f"{output}_{op}",
-                            domain=domain or None)  # fmt: skip
+                            domain=domain or None, **attrs)  # fmt: skip
     node.attribute.extend(attributes)
     return node
 
