@@ -35,6 +35,10 @@ channel or per tensor; the quantize's scale exactly 1 and its zero point one con
 field, equal to :func:`requantize_reference`. A chain that fails any of them keeps the int32
 kernel and TVM's elementwise requantization (the plain rules below).
 
+Convolution weights go to the kernel packed at compile time (:func:`_packed_conv`, the
+library's ``conv2d_int8_pack_weight``): oneDNN's blocked format with the zero point's
+compensation, which it otherwise recomputes in every call.
+
 The pass applies them on CPU targets when the library is in use; without the library (or with
 ``TVM_OLLIE_DISABLE_NATIVE=1``) the module keeps the int32 form.
 """
