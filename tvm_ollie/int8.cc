@@ -12,11 +12,27 @@
 //   Out = saturate(round(scale * Σ (x - xzp) * w + bias) + yzp)
 // (no scale: 1; round and saturate only for 8-bit Out; oneDNN rounds half to even). Padding
 // reads xzp (it contributes zero to the sum), as ONNX's ConvInteger/QLinearConv specify.
+// With rq=1 the epilogue is ONNX's QLinearConv/QLinearMatMul requantization instead:
+//   Out = saturate(round_half_even(float(Σ (x - xzp) * w + bias) * scale) + yzp)
+// bias (integers held in float32) added before the scale, the scale a binary multiply post-op,
+// the rounding an eltwise_round post-op before the zero point is added (oneDNN would otherwise
+// add yzp to the unrounded value, which moves ties: fl(0.5 + 2^-20 + 200) = 200.5). Exact while
+// |Σ| and |bias| stay within 2^24 (float32 integers: float(Σ) + float(bias) is then float(Σ +
+// bias) rounded once); beyond, the caller only uses it where every such value saturates.
 // attrs (conv): layout=NCHW|NHWC, klayout=OIHW|OHWI, stride=SH,SW, pad=TOP,LEFT,BOTTOM,RIGHT,
-//               dil=DH,DW, groups=G; (matmul): tb=0|1; (both): xzp=0|1,
-//               scale=none|tensor|channel, bias=0|1, yzp=0|1.
+//               dil=DH,DW, groups=G, wpacked=0|1 with kernel=KH,KW; (matmul): tb=0|1;
+//               (both): xzp=0|1, scale=none|tensor|channel, bias=0|1, yzp=0|1, rq=0|1.
 // oneDNN converts the int32 accumulator to float32 for its epilogue, also for an int32 Out:
 // an int32 Out is exact while |accumulator| <= 2^24 (the pass only rewrites such calls).
+//
+// Packed weights (conv): oneDNN reorders the s8 weights into its blocked format with the
+// source-zero-point compensation on every call, which costs 100x the convolution itself at small
+// spatial sizes (256x256x3x3: 8-12 ms against 0.09 ms). tvm_ollie.cpu.conv2d_int8_pack_weight
+// (attrs, data, weight, Out, Packed) does it once (int8 Packed of conv2d_int8_packed_size(attrs,
+// data, weight, Out) bytes: a 64-byte header, magic and a hash of the problem, the format and the
+// CPU ISA, then the blocked weights); a call with wpacked=1;kernel=KH,KW takes it as weight and
+// rejects a header made for another problem, format or machine.
+#include <cstring>
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/reflection/registry.h>
 
@@ -43,7 +59,7 @@ enum class Scale { kNone, kTensor, kChannel };
 
 // The quantization keys both kernels share.
 struct QuantParams {
-  bool xzp = false, bias = false, yzp = false;
+  bool xzp = false, bias = false, yzp = false, rq = false;
   Scale scale = Scale::kNone;
   std::string canonical;
 };
@@ -55,8 +71,10 @@ QuantParams ParseQuant(Attrs* attrs) {
   q.scale = s == "tensor" ? Scale::kTensor : (s == "channel" ? Scale::kChannel : Scale::kNone);
   q.bias = attrs->GetBool("bias", false);
   q.yzp = attrs->GetBool("yzp", false);
+  q.rq = attrs->GetBool("rq", false);
   q.canonical = std::string(";xzp=") + (q.xzp ? "1" : "0") + ";scale=" + s +
-                ";bias=" + (q.bias ? "1" : "0") + ";yzp=" + (q.yzp ? "1" : "0");
+                ";bias=" + (q.bias ? "1" : "0") + ";yzp=" + (q.yzp ? "1" : "0") +
+                ";rq=" + (q.rq ? "1" : "0");
   return q;
 }
 
@@ -147,12 +165,28 @@ int QuantOperandCount(const QuantParams& q) {
          (q.yzp ? 1 : 0);
 }
 
+// The binary post-op operand holding rq=1's scale: ones but for the channel axis `axis` of a
+// rank-`rank` destination (per channel), or all ones (per tensor).
+dnnl::memory::desc RqScaleDesc(const QuantParams& q, int rank, int axis, int64_t channels) {
+  dims d(rank, 1), strides(rank, 1);
+  if (q.scale == Scale::kChannel) d[axis] = channels;
+  for (int k = rank - 2; k >= 0; --k) strides[k] = strides[k + 1] * d[k + 1];
+  return dnnl::memory::desc(d, dt::f32, strides);
+}
+
 // Zero points and scales as runtime arguments: the primitive is cached per shape, not per value.
-dnnl::primitive_attr QuantAttr(const QuantParams& q, int channel_mask) {
+// rq=1: the scale is a binary multiply post-op (after the bias) and a round post-op follows.
+dnnl::primitive_attr QuantAttr(const QuantParams& q, int channel_mask,
+                               const dnnl::memory::desc& rq_scale) {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (q.xzp) attr.set_zero_points_mask(DNNL_ARG_SRC, 0);
-  if (q.scale != Scale::kNone) {
+  if (q.rq) {
+    dnnl::post_ops ops;
+    if (q.scale != Scale::kNone) ops.append_binary(dnnl::algorithm::binary_mul, rq_scale);
+    ops.append_eltwise(dnnl::algorithm::eltwise_round, 0.f, 0.f);
+    attr.set_post_ops(ops);
+  } else if (q.scale != Scale::kNone) {
     attr.set_scales_mask(DNNL_ARG_WEIGHTS, q.scale == Scale::kChannel ? channel_mask : 0);
   }
   if (q.yzp) attr.set_zero_points_mask(DNNL_ARG_DST, 0);
@@ -160,12 +194,15 @@ dnnl::primitive_attr QuantAttr(const QuantParams& q, int channel_mask) {
 }
 
 void AddQuantArgs(const QuantParams& q, const QuantOperands& o, int64_t channels,
-                  const dnnl::memory::desc& bias_md,
+                  const dnnl::memory::desc& bias_md, const dnnl::memory::desc& rq_scale,
                   std::unordered_map<int, dnnl::memory>* args) {
   const dnnl::engine& eng = Engine();
   const dnnl::memory::desc one_s32(dims{1}, dt::s32, dims{1});
   if (q.xzp) (*args)[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC] = dnnl::memory(one_s32, eng, o.xzp);
-  if (q.scale != Scale::kNone) {
+  if (q.rq && q.scale != Scale::kNone) {
+    (*args)[DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1] =
+        dnnl::memory(rq_scale, eng, o.scale);
+  } else if (q.scale != Scale::kNone) {
     const int64_t n = q.scale == Scale::kChannel ? channels : 1;
     (*args)[DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS] =
         dnnl::memory(dnnl::memory::desc(dims{n}, dt::f32, dims{1}), eng, o.scale);
@@ -193,7 +230,8 @@ void Execute(const dnnl::primitive& prim, const dnnl::memory::desc& scratch_md,
 // conv2d_int8
 
 struct ConvParams {
-  bool nhwc = false, ohwi = false;
+  bool nhwc = false, ohwi = false, wpacked = false;
+  int64_t pkh = 0, pkw = 0;  // kernel=KH,KW (with wpacked=1)
   int64_t sh = 1, sw = 1, pt = 0, pl = 0, pb = 0, pr = 0, dh = 1, dw = 1, groups = 1;
   QuantParams q;
   std::string canonical;
@@ -208,6 +246,9 @@ ConvParams ParseConvAttrs(const std::string& text) {
   auto pad = attrs.GetInts("pad", 4, {0, 0, 0, 0});
   auto d = attrs.GetInts("dil", 2, {1, 1});
   p.groups = attrs.GetInt("groups", 1);
+  p.wpacked = attrs.GetBool("wpacked", false);
+  auto kernel = attrs.GetInts("kernel", 2, {0, 0});
+  p.pkh = kernel[0], p.pkw = kernel[1];
   p.q = ParseQuant(&attrs);
   attrs.CheckAllUsed();
   p.sh = s[0], p.sw = s[1], p.pt = pad[0], p.pl = pad[1], p.pb = pad[2], p.pr = pad[3];
@@ -217,6 +258,9 @@ ConvParams ParseConvAttrs(const std::string& text) {
   }
   if (p.pt < 0 || p.pl < 0 || p.pb < 0 || p.pr < 0) {
     TVM_FFI_THROW(ValueError) << kConvName << ": pad must be >= 0";
+  }
+  if (p.wpacked && (p.pkh < 1 || p.pkw < 1)) {
+    TVM_FFI_THROW(ValueError) << kConvName << ": wpacked=1 needs kernel=KH,KW";
   }
   p.canonical = std::string(p.nhwc ? "NHWC" : "NCHW") + (p.ohwi ? ";OHWI" : ";OIHW") + ";" +
                 std::to_string(p.sh) + "," + std::to_string(p.sw) + ";" + std::to_string(p.pt) +
@@ -283,6 +327,7 @@ dnnl::memory::desc ConvWeightDesc(const ConvParams& p, const ConvShape& s) {
 struct Int8Conv {
   dnnl::convolution_forward prim;
   dnnl::memory::desc user_src, user_wei, user_dst, bias_md, src_md, wei_md, dst_md, scratch_md;
+  dnnl::memory::desc rq_scale;  // rq=1's scale operand
   Reorder src_in, wei_in, dst_out;
 };
 
@@ -296,7 +341,8 @@ std::shared_ptr<Int8Conv> CreateConv(const ConvParams& p, const ConvShape& s, dt
     return dnnl::memory::desc(md.get_dims(), md.get_data_type(), dnnl::memory::format_tag::any);
   };
   // Per output channel: mask bit 0 of {O, I, ...}, bits 0 and 1 of {G, O/G, I, ...}.
-  const dnnl::primitive_attr attr = QuantAttr(p.q, p.groups == 1 ? 1 : 3);
+  e->rq_scale = RqScaleDesc(p.q, 4, 1, s.O);
+  const dnnl::primitive_attr attr = QuantAttr(p.q, p.groups == 1 ? 1 : 3, e->rq_scale);
   dims strides{p.sh, p.sw}, dil{p.dh - 1, p.dw - 1}, pad_l{p.pt, p.pl}, pad_r{p.pb, p.pr};
   const auto prop = dnnl::prop_kind::forward_inference;
   const auto alg = dnnl::algorithm::convolution_direct;
@@ -337,6 +383,79 @@ std::string AttrsArg(ffi::PackedArgs args, const char* kernel) {
   return std::string(text.value());
 }
 
+// One conv2d_int8 problem: its attrs, shape, types, cache key and cached primitive.
+struct ConvProblem {
+  ConvParams p;
+  ConvShape s;
+  dt src_t, dst_t;
+  std::string key;
+  std::shared_ptr<Int8Conv> e;
+};
+
+// The weight dims of a packed call in klayout order: O from Out, I = C / groups, kernel=KH,KW.
+std::vector<int64_t> PackedWeightDims(const ConvParams& p, const std::vector<int64_t>& x,
+                                      const std::vector<int64_t>& out) {
+  if (x.size() != 4 || out.size() != 4) {
+    TVM_FFI_THROW(ValueError) << kConvName << ": data and Out must be 4-D";
+  }
+  const int64_t c = p.nhwc ? x[3] : x[1], o = p.nhwc ? out[3] : out[1];
+  if (c % p.groups != 0) {
+    TVM_FFI_THROW(ValueError) << kConvName << ": data channels not divisible by groups";
+  }
+  return p.ohwi ? std::vector<int64_t>{o, p.pkh, p.pkw, c / p.groups}
+                : std::vector<int64_t>{o, c / p.groups, p.pkh, p.pkw};
+}
+
+ConvProblem ResolveConv(const ConvParams& p, const ffi::TensorView& X,
+                        const std::vector<int64_t>& w_dims, const ffi::TensorView& Out) {
+  ConvProblem c{p, {}, DataType(X, kConvName, "data", false), DataType(Out, kConvName, "Out", true),
+                "", nullptr};
+  c.s = CheckConvShape(p, Dims(X), w_dims, Dims(Out));
+  const ConvShape& s = c.s;
+  c.key = std::string(kConvName) + "|" + p.canonical + "|" + TypeKey(c.src_t, dt::s8, c.dst_t) +
+          "|" + std::to_string(s.N) + "," + std::to_string(s.C) + "," + std::to_string(s.H) + "," +
+          std::to_string(s.W) + "|" + std::to_string(s.O) + "," + std::to_string(s.KH) + "," +
+          std::to_string(s.KW);
+  c.e = CachedGet<Int8Conv>(c.key, [&]() { return CreateConv(p, s, c.src_t, c.dst_t); });
+  return c;
+}
+
+constexpr size_t kPackHeaderBytes = 64;
+constexpr uint64_t kPackMagic = 0x3849454c4c4f4b50ULL;  // "PKOLLIE8"
+
+// A hash of the problem, the blocked weight format and the CPU ISA (FNV-1a).
+uint64_t PackHash(const ConvProblem& c) {
+  const dnnl::memory::desc& md = c.e->wei_md;
+  std::string text = c.key + "|isa=" + std::to_string(static_cast<int>(
+                                           dnnl::get_effective_cpu_isa())) +
+                     "|size=" + std::to_string(md.get_size());
+  for (const dims& d :
+       {md.get_dims(), md.get_strides(), md.get_inner_blks(), md.get_inner_idxs()}) {
+    for (int64_t v : d) text += "," + std::to_string(v);
+    text += "|";
+  }
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ULL;
+  return h;
+}
+
+int64_t PackedBytes(const ConvProblem& c) {
+  return static_cast<int64_t>(kPackHeaderBytes + c.e->wei_md.get_size());
+}
+
+// The blocked weights of a wpacked=1 call, after checking the header.
+void* PackedWeights(const ConvProblem& c, const ffi::TensorView& Wt) {
+  void* w = CheckTensor(Wt, kConvName, "weight", 1);
+  uint64_t header[2];
+  if (Wt.numel() == PackedBytes(c)) std::memcpy(header, w, sizeof(header));
+  if (Wt.numel() != PackedBytes(c) || header[0] != kPackMagic || header[1] != PackHash(c)) {
+    TVM_FFI_THROW(ValueError) << kConvName << ": the packed weight was made for another problem, "
+                              << "format or machine; repack it with "
+                              << "tvm_ollie.cpu.conv2d_int8_pack_weight in this process";
+  }
+  return static_cast<char*>(w) + kPackHeaderBytes;
+}
+
 void Conv2dInt8(ffi::PackedArgs args, ffi::Any* rv) {
   ThreadScope threads;
   ConvParams p = ParseConvAttrs(AttrsArg(args, kConvName));
@@ -348,26 +467,19 @@ void Conv2dInt8(ffi::PackedArgs args, ffi::Any* rv) {
   ffi::TensorView X = Arg(args, 1, kConvName, "data");
   ffi::TensorView Wt = Arg(args, 2, kConvName, "weight");
   ffi::TensorView Out = Arg(args, args.size() - 1, kConvName, "Out");
-  const dt src_t = DataType(X, kConvName, "data", false);
   if (DataType(Wt, kConvName, "weight", false) != dt::s8) {
     TVM_FFI_THROW(TypeError) << kConvName << ": weight must be int8";
   }
-  const dt dst_t = DataType(Out, kConvName, "Out", true);
   void* x = CheckTensor(X, kConvName, "data", 4);
-  void* w = CheckTensor(Wt, kConvName, "weight", 4);
   void* out = CheckTensor(Out, kConvName, "Out", 4);
-  const ConvShape s = CheckConvShape(p, Dims(X), Dims(Wt), Dims(Out));
+  const ConvProblem c =
+      ResolveConv(p, X, p.wpacked ? PackedWeightDims(p, Dims(X), Dims(Out)) : Dims(Wt), Out);
   int i = 3;
-  const QuantOperands o = QuantArgs(args, &i, p.q, kConvName, s.O);
+  const QuantOperands o = QuantArgs(args, &i, p.q, kConvName, c.s.O);
   if (Out.numel() == 0) return;
-  const std::string key = std::string(kConvName) + "|" + p.canonical + "|" +
-                          TypeKey(src_t, dt::s8, dst_t) + "|" + std::to_string(s.N) + "," +
-                          std::to_string(s.C) + "," + std::to_string(s.H) + "," +
-                          std::to_string(s.W) + "|" + std::to_string(s.O) + "," +
-                          std::to_string(s.KH) + "," + std::to_string(s.KW);
-  auto e = CachedGet<Int8Conv>(key, [&]() { return CreateConv(p, s, src_t, dst_t); });
+  Int8Conv* e = c.e.get();
   const dnnl::engine& eng = Engine();
-  dnnl::memory src(e->user_src, eng, x), wei(e->user_wei, eng, w), user_dst(e->user_dst, eng, out);
+  dnnl::memory src(e->user_src, eng, x), user_dst(e->user_dst, eng, out), wei;
   dnnl::memory dst = user_dst;
   // Scratch slots: 0 conv scratchpad, 1 src, 2 weights, 3 dst, 5 reorder scratch.
   if (e->src_in.needed) {
@@ -375,19 +487,71 @@ void Conv2dInt8(ffi::PackedArgs args, ffi::Any* rv) {
     e->src_in.Run(src, blocked, 5);
     src = blocked;
   }
-  if (e->wei_in.needed) {
-    dnnl::memory blocked(e->wei_md, eng, ScratchBuffer(2, e->wei_md.get_size()));
-    e->wei_in.Run(wei, blocked, 5);
-    wei = blocked;
+  if (p.wpacked) {
+    wei = dnnl::memory(e->wei_md, eng, PackedWeights(c, Wt));
+  } else {
+    wei = dnnl::memory(e->user_wei, eng, CheckTensor(Wt, kConvName, "weight", 4));
+    if (e->wei_in.needed) {
+      dnnl::memory blocked(e->wei_md, eng, ScratchBuffer(2, e->wei_md.get_size()));
+      e->wei_in.Run(wei, blocked, 5);
+      wei = blocked;
+    }
   }
   if (e->dst_out.needed) dst = dnnl::memory(e->dst_md, eng, ScratchBuffer(3, e->dst_md.get_size()));
   std::unordered_map<int, dnnl::memory> cargs{
       {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}};
-  AddQuantArgs(p.q, o, s.O, e->bias_md, &cargs);
+  AddQuantArgs(p.q, o, c.s.O, e->bias_md, e->rq_scale, &cargs);
   Execute(e->prim, e->scratch_md, &cargs);
   if (e->dst_out.needed) {
     e->dst_out.Run(dst, user_dst, 5);
     Stream().wait();
+  }
+}
+
+// conv2d_int8_packed_size(attrs, data, weight, Out) and conv2d_int8_pack_weight(attrs, data,
+// weight, Out, Packed): attrs those of the calls that will use it, without wpacked; data and Out
+// give the shapes and types only.
+ConvProblem PackProblem(ffi::PackedArgs args, const char* name, int count) {
+  if (args.size() != count) {
+    TVM_FFI_THROW(TypeError) << name << ": expected " << count << " arguments";
+  }
+  ConvParams p = ParseConvAttrs(AttrsArg(args, name));
+  if (p.wpacked) TVM_FFI_THROW(ValueError) << name << ": attrs must not set wpacked";
+  ffi::TensorView Wt = Arg(args, 2, name, "weight");
+  if (DataType(Wt, name, "weight", false) != dt::s8) {
+    TVM_FFI_THROW(TypeError) << name << ": weight must be int8";
+  }
+  return ResolveConv(p, Arg(args, 1, name, "data"), Dims(Wt), Arg(args, 3, name, "Out"));
+}
+
+constexpr const char* kPackSizeName = "tvm_ollie.cpu.conv2d_int8_packed_size";
+constexpr const char* kPackName = "tvm_ollie.cpu.conv2d_int8_pack_weight";
+
+void PackedSize(ffi::PackedArgs args, ffi::Any* rv) {
+  *rv = PackedBytes(PackProblem(args, kPackSizeName, 4));
+}
+
+void PackWeight(ffi::PackedArgs args, ffi::Any* rv) {
+  ThreadScope threads;
+  const ConvProblem c = PackProblem(args, kPackName, 5);
+  ffi::TensorView Wt = Arg(args, 2, kPackName, "weight");
+  ffi::TensorView P = Arg(args, 4, kPackName, "Packed");
+  if (DataType(P, kPackName, "Packed", false) != dt::s8 || P.ndim() != 1 ||
+      P.numel() != PackedBytes(c)) {
+    TVM_FFI_THROW(ValueError) << kPackName << ": Packed must be int8 [" << PackedBytes(c)
+                              << "] (" << kPackSizeName << "), got " << ShapeStr(P);
+  }
+  char* packed = static_cast<char*>(CheckTensor(P, kPackName, "Packed", 1));
+  std::memset(packed, 0, kPackHeaderBytes);
+  const uint64_t header[2] = {kPackMagic, PackHash(c)};
+  std::memcpy(packed, header, sizeof(header));
+  dnnl::memory user(c.e->user_wei, Engine(), CheckTensor(Wt, kPackName, "weight", 4));
+  dnnl::memory blocked(c.e->wei_md, Engine(), packed + kPackHeaderBytes);
+  if (c.e->wei_in.needed) {
+    c.e->wei_in.Run(user, blocked, 5);
+    Stream().wait();
+  } else {
+    std::memcpy(packed + kPackHeaderBytes, user.get_data_handle(), c.e->wei_md.get_size());
   }
 }
 
@@ -412,7 +576,7 @@ MatmulParams ParseMatmulAttrs(const std::string& text) {
 
 struct Int8Matmul {
   dnnl::matmul prim;
-  dnnl::memory::desc src_md, wei_md, bias_md, dst_md, scratch_md;
+  dnnl::memory::desc src_md, wei_md, bias_md, dst_md, scratch_md, rq_scale;
 };
 
 std::shared_ptr<Int8Matmul> CreateMatmul(const MatmulParams& p, int64_t M, int64_t K, int64_t N,
@@ -421,7 +585,8 @@ std::shared_ptr<Int8Matmul> CreateMatmul(const MatmulParams& p, int64_t M, int64
   e->src_md = dnnl::memory::desc(dims{M, K}, src_t, dims{K, 1});
   e->wei_md = dnnl::memory::desc(dims{K, N}, dt::s8, p.tb ? dims{1, K} : dims{N, 1});
   e->dst_md = dnnl::memory::desc(dims{M, N}, dst_t, dims{N, 1});
-  const dnnl::primitive_attr attr = QuantAttr(p.q, 2);  // per column of B: mask bit 1
+  e->rq_scale = RqScaleDesc(p.q, 2, 1, N);
+  const dnnl::primitive_attr attr = QuantAttr(p.q, 2, e->rq_scale);  // per column: bit 1
   dnnl::matmul::primitive_desc pd;
   if (p.q.bias) {
     e->bias_md = dnnl::memory::desc(dims{1, N}, dt::f32, dims{N, 1});
@@ -477,7 +642,7 @@ void MatmulInt8(ffi::PackedArgs args, ffi::Any* rv) {
   std::unordered_map<int, dnnl::memory> margs{{DNNL_ARG_SRC, dnnl::memory(e->src_md, eng, a)},
                                               {DNNL_ARG_WEIGHTS, dnnl::memory(e->wei_md, eng, b)},
                                               {DNNL_ARG_DST, dnnl::memory(e->dst_md, eng, out)}};
-  AddQuantArgs(p.q, o, N, e->bias_md, &margs);
+  AddQuantArgs(p.q, o, N, e->bias_md, e->rq_scale, &margs);
   Execute(e->prim, e->scratch_md, &margs);
 }
 
@@ -504,6 +669,8 @@ TVM_FFI_STATIC_INIT_BLOCK() {
   refl::GlobalDef()
       .def_packed(kConvName, Conv2dInt8)
       .def_packed(kMatmulName, MatmulInt8)
+      .def_packed(kPackSizeName, PackedSize)
+      .def_packed(kPackName, PackWeight)
       .def("tvm_ollie.cpu.int8_exact_products", []() -> bool { return ExactProducts(); });
 }
 

@@ -48,6 +48,8 @@ __all__ = [
     "CONV2D_INT8",
     "MATMUL_INT8",
     "INT8_EXACT_PRODUCTS",
+    "CONV2D_INT8_PACKED_SIZE",
+    "CONV2D_INT8_PACK_WEIGHT",
     "LIBRARY_NAME",
     "load",
     "available",
@@ -96,6 +98,10 @@ CONV2D_PREFERRED_FORMAT = "tvm_ollie.cpu.conv2d_preferred_format"
 CONV2D_INT8 = "tvm_ollie.cpu.conv2d_int8"
 MATMUL_INT8 = "tvm_ollie.cpu.matmul_int8"
 INT8_EXACT_PRODUCTS = "tvm_ollie.cpu.int8_exact_products"
+#: The int8 convolution's weights packed once into oneDNN's blocked format (with the source zero
+#: point's compensation), for calls with ``wpacked=1``.
+CONV2D_INT8_PACKED_SIZE = "tvm_ollie.cpu.conv2d_int8_packed_size"
+CONV2D_INT8_PACK_WEIGHT = "tvm_ollie.cpu.conv2d_int8_pack_weight"
 
 LIBRARY_NAME = "libtvm_ollie_native.so"
 

@@ -168,3 +168,141 @@ def test_int8_kernels_reject_float_data_and_wrong_operands():
                                                     np.zeros((4, 3), np.int8),
                                                     np.ones(2, np.float32)],
               np.zeros((2, 3), np.float32))
+
+
+# --- rq=1: ONNX's QLinearConv/QLinearMatMul requantization inside the kernel, bit-exact -------
+
+
+def onnx_requantized(acc, bias, scale, yzp, dtype):
+    """ONNX Runtime's (MLAS's) requantization: float32(acc + bias) * scale in float32, rounded
+    half to even, the zero point added, saturated."""
+    value = (acc.astype(np.int64) + bias.astype(np.int64)).astype(np.float32)
+    value = value * scale.astype(np.float32)
+    info = np.iinfo(dtype)
+    return np.clip(np.rint(value) + yzp, info.min, info.max).astype(dtype)
+
+
+#: Per-column multipliers of the tie test: exact ties (0.5, 1/128), values 2^-20 above a tie
+#: (oneDNN's own zero point, added before rounding, loses that bit: fl(200.5 + 2^-20) = 200.5),
+#: and multipliers that saturate both ends.
+TIE_SCALES = np.array([0.5, 0.5 + 2.0 ** -20, 1.5 - 2.0 ** -20, 1.0 / 128, 1.0, 3.0],
+                      np.float32)
+
+
+@pytest.mark.parametrize("dtype, yzp", [(np.uint8, 101), (np.uint8, 0), (np.int8, -3),
+                                        (np.int8, 7)])
+def test_matmul_int8_rq_is_exact_at_ties_and_limits(dtype, yzp):
+    """acc = a - xzp over every 8-bit value (K = 1, B = 1): each multiplier meets its ties, and
+    the large ones saturate at both type limits."""
+    info = np.iinfo(dtype)
+    a = np.arange(info.min, info.max + 1).astype(dtype).reshape(-1, 1)
+    xzp = 0 if dtype == np.int8 else 128
+    b = np.ones((1, TIE_SCALES.size), np.int8)
+    bias = np.array([0, 1, -1, 64, -3, 0], np.float32)
+    acc = (a.astype(np.int64) - xzp) @ b.astype(np.int64)
+    ref = onnx_requantized(acc, bias.reshape(1, -1), TIE_SCALES.reshape(1, -1), yzp, dtype)
+    out = _call(native.MATMUL_INT8, "xzp=1;scale=channel;bias=1;yzp=1;rq=1",
+                [a, b, np.array([xzp], np.int32), TIE_SCALES, bias,
+                 np.array([yzp], np.int32)], np.zeros(ref.shape, dtype))
+    assert np.array_equal(out, ref)
+    assert out.min() == info.min and out.max() == info.max
+
+
+RQ_CONV_CASES = {
+    "u8-per-channel-pads": (np.uint8, np.uint8, 1, True, (1, 1), (1, 1, 1, 1)),
+    "u8-to-s8-per-tensor-stride2": (np.uint8, np.int8, 1, False, (2, 2), (0, 1, 1, 0)),
+    "s8-group2-per-channel": (np.int8, np.int8, 2, True, (1, 1), (1, 1, 1, 1)),
+    "u8-depthwise-per-tensor": (np.uint8, np.uint8, 4, False, (1, 1), (1, 1, 1, 1)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RQ_CONV_CASES))
+def test_conv2d_int8_rq_equals_onnx_requantization(name):
+    xtype, ytype, groups, per_channel, stride, pad = RQ_CONV_CASES[name]
+    rng = np.random.default_rng(7)
+    x = _ints(rng, xtype, (2, 4, 7, 6))
+    w = _weights(rng, (8, 4 // groups, 3, 3))
+    xzp = 100 if xtype == np.uint8 else -5
+    yzp = 131 if ytype == np.uint8 else -9
+    acc = conv_ref(x, w, xzp, stride, pad, (1, 1), groups)
+    spread = float(np.abs(acc).max())
+    # Powers of two times small odd numbers put many products on .5 ties; 8/spread saturates.
+    scale = (rng.integers(1, 8, 8 if per_channel else 1) * 2.0 ** -9).astype(np.float32)
+    scale[0] = np.float32(300.0 / spread)
+    bias = rng.integers(-3000, 3000, 8).astype(np.float32)
+    wide = np.broadcast_to(scale, (8,)).reshape(1, 8, 1, 1)
+    ref = onnx_requantized(acc, bias.reshape(1, 8, 1, 1), wide, yzp, ytype)
+    attrs = (f"stride={stride[0]},{stride[1]};pad={','.join(map(str, pad))};groups={groups};"
+             f"xzp=1;scale={'channel' if per_channel else 'tensor'};bias=1;yzp=1;rq=1")
+    out = _call(native.CONV2D_INT8, attrs,
+                [x, w, np.array([xzp], np.int32), scale, bias, np.array([yzp], np.int32)],
+                np.zeros(ref.shape, ytype))
+    assert np.array_equal(out, ref)
+    assert len(np.unique(out)) > 8  # not all saturated
+
+
+def test_conv2d_int8_rq_without_scale_rounds_nothing():
+    """rq=1 without a scale: the (integer) accumulator plus the bias, saturated."""
+    rng = np.random.default_rng(8)
+    x = _ints(rng, np.uint8, (1, 2, 4, 4), 0, 3)
+    w = _weights(rng, (3, 2, 1, 1))
+    bias = np.array([0, 5, -5], np.float32)
+    acc = conv_ref(x, w, 0, (1, 1), (0, 0, 0, 0), (1, 1), 1)
+    ref = np.clip(acc + bias.reshape(1, 3, 1, 1), -128, 127).astype(np.int8)
+    out = _call(native.CONV2D_INT8, "bias=1;rq=1", [x, w, bias], np.zeros(ref.shape, np.int8))
+    assert np.array_equal(out, ref)
+
+
+# --- packed weights: conv2d_int8_packed_size / conv2d_int8_pack_weight, wpacked=1 ---------------
+
+
+def _pack(attrs, x, w, out):
+    import tvm_ffi
+
+    args = [tvm_ffi.from_dlpack(np.ascontiguousarray(a)) for a in (x, w, out)]
+    size = int(tvm_ffi.get_global_func(native.CONV2D_INT8_PACKED_SIZE)(attrs, *args))
+    packed = np.zeros(size, np.int8)
+    tvm_ffi.get_global_func(native.CONV2D_INT8_PACK_WEIGHT)(attrs, *args,
+                                                             tvm_ffi.from_dlpack(packed))
+    return packed
+
+
+@pytest.mark.parametrize("xtype, groups, rq", [(np.uint8, 1, True), (np.int8, 2, False)])
+def test_conv2d_int8_packed_weight_equals_the_plain_call(xtype, groups, rq):
+    if not native.provides(native.CONV2D_INT8_PACK_WEIGHT):
+        pytest.skip("the loaded native library predates the int8 weight packing")
+    rng = np.random.default_rng(9)
+    x = _ints(rng, xtype, (1, 4, 7, 7))
+    w = _weights(rng, (8, 4 // groups, 3, 3))
+    xzp = np.array([100 if xtype == np.uint8 else -4], np.int32)
+    attrs = f"pad=1,1,1,1;groups={groups};xzp=1"
+    operands = [xzp]
+    out_type = np.int32
+    if rq:
+        attrs += ";scale=channel;bias=1;yzp=1;rq=1"
+        operands += [np.full(8, 0.004, np.float32), np.arange(8, dtype=np.float32),
+                     np.array([3], np.int32)]
+        out_type = np.uint8
+    plain = _call(native.CONV2D_INT8, attrs, [x, w, *operands], np.zeros((1, 8, 7, 7), out_type))
+    packed = _pack(attrs, x, w, np.zeros((1, 8, 7, 7), out_type))
+    assert packed.size > w.size  # header and compensation
+    ours = _call(native.CONV2D_INT8, attrs + ";wpacked=1;kernel=3,3", [x, packed, *operands],
+                 np.zeros((1, 8, 7, 7), out_type))
+    assert np.array_equal(ours, plain)
+    assert len(np.unique(plain)) > 4
+
+
+def test_conv2d_int8_packed_weight_is_checked():
+    if not native.provides(native.CONV2D_INT8_PACK_WEIGHT):
+        pytest.skip("the loaded native library predates the int8 weight packing")
+    rng = np.random.default_rng(10)
+    x, w = _ints(rng, np.uint8, (1, 4, 5, 5)), _weights(rng, (4, 4, 3, 3))
+    out = np.zeros((1, 4, 5, 5), np.int32)
+    packed = _pack("pad=1,1,1,1", x, w, out)
+    with pytest.raises(ValueError, match="another problem"):  # another padding
+        _call(native.CONV2D_INT8, "wpacked=1;kernel=3,3", [x, packed],
+              np.zeros((1, 4, 3, 3), np.int32))
+    with pytest.raises(ValueError, match="must not set wpacked"):
+        _pack("pad=1,1,1,1;wpacked=1;kernel=3,3", x, w, out)
+    with pytest.raises(ValueError, match="needs kernel"):
+        _call(native.CONV2D_INT8, "wpacked=1", [x, packed], out)

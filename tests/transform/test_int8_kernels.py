@@ -1,7 +1,7 @@
 """The int8 rewrite (:mod:`tvm_ollie.transform.int8_kernels`): Before/Expected modules, its
-guards, a QLinearConv model through the pass against ONNX Runtime (bit-exact: the kernel gives
-the int32 accumulator, the requantization stays TVM's), and the int32 form kept without the
-native library."""
+guards, QLinearConv/QLinearMatMul/ConvInteger models through the pass against ONNX Runtime
+(bit-exact: the requantization inside the kernel, or the int32 accumulator), the requantization
+guards, and the int32 form kept without the native library."""
 
 import os
 import subprocess
@@ -14,7 +14,8 @@ from tvm import relax
 
 from tvm_ollie import native
 from tvm_ollie.codegen import library as lib
-from tvm_ollie.transform.int8_kernels import accumulator_bound, int8_kernels
+from tvm_ollie.transform.int8_kernels import (accumulator_bound, int8_kernels,
+                                              requantize_reference, saturates_past_limit)
 
 FRONTEND_TESTS = os.path.join(os.path.dirname(__file__), "..", "frontend")
 
@@ -24,6 +25,14 @@ def _require_int8():
         pytest.skip(f"native library unavailable: {native.unavailable_reason()}")
     if not native.provides(lib.CONV2D_INT8):
         pytest.skip("the loaded native library predates the int8 kernels")
+
+
+@pytest.fixture
+def unpacked(monkeypatch):
+    """The structural tests compare the plain weight operand: no packing."""
+    provides = native.provides
+    monkeypatch.setattr(native, "provides",
+                        lambda name: name != native.CONV2D_INT8_PACK_WEIGHT and provides(name))
 
 
 def _centered_conv(x_dtype: str, zp: int, weight: np.ndarray, padding=(1, 1, 1, 1)):
@@ -60,7 +69,7 @@ def _weight(low=-60, high=60, shape=(4, 3, 3, 3)):
 
 
 @pytest.mark.parametrize("x_dtype, zp", [("uint8", 128), ("int8", None)])
-def test_centered_conv_becomes_the_int8_kernel(x_dtype, zp):
+def test_centered_conv_becomes_the_int8_kernel(x_dtype, zp, unpacked):
     """Without a zero point (ConvInteger's default) the kernel gets 0."""
     _require_int8()
     weight = _weight()
@@ -113,31 +122,159 @@ def test_accumulator_bound():
     assert accumulator_bound(w, 1, 0, 255, 100) == 4 * 155
 
 
-def _onnx_case():
+def _onnx_cases():
     pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
     sys.path.insert(0, FRONTEND_TESTS)
-    from onnx_op_cases import qlinear_conv_case  # pylint: disable=import-outside-toplevel
+    import onnx_op_cases  # pylint: disable=import-outside-toplevel
 
-    return qlinear_conv_case(pads=[1, 1, 1, 1], strides=[2, 2])
+    return onnx_op_cases
 
 
-def test_qlinear_conv_through_the_pass_equals_onnxruntime():
+#: ONNX cases through ``ollie.build``: (case, the int8 rewrite expected).
+THROUGH_THE_PASS = {
+    "qlinear-conv-u8-per-channel-bias-strides": (
+        lambda c: c.qlinear_conv_case(pads=[1, 1, 1, 1], strides=[2, 2]), "int8_conv2d_requant"),
+    "qlinear-conv-s8-saturating": (
+        lambda c: c.qlinear_conv_case(np.int8, np.int8, False, y_scale=0.005, pads=[1, 1, 1, 1]),
+        "int8_conv2d_requant"),
+    "qlinear-matmul-u8-per-column": (
+        lambda c: c.qlinear_matmul_case(per_column=True), "int8_matmul_requant"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(THROUGH_THE_PASS))
+def test_through_the_pass_equals_onnxruntime(name):
+    """The requantizing kernels (8-bit results) through ``ollie.build``, bit-exact against ONNX
+    Runtime."""
     _require_int8()
-    model, feeds = _onnx_case()
-    from onnx_op_cases import run_ort  # pylint: disable=import-outside-toplevel
-
+    cases = _onnx_cases()
+    make, rule = THROUGH_THE_PASS[name]
+    model, feeds = make(cases)
     import tvm_ollie as ollie  # pylint: disable=import-outside-toplevel
     from tvm_ollie.frontend.loader import load_onnx  # pylint: disable=import-outside-toplevel
 
     mod = load_onnx(model, None, simplifier="none")
     ex, report = ollie.build(mod, target="llvm", trials=0, derive=False)
-    assert report.inference_folds.get("int8_conv2d") == 1
+    assert report.inference_folds.get(rule) == 1, report.inference_folds
     vm = relax.VirtualMachine(ex, tvm.cpu())
-    ours = vm["main"](tvm.runtime.tensor(feeds["x"])).numpy()
-    theirs = run_ort(model, feeds)[0]
+    ours = vm["main"](*[tvm.runtime.tensor(v) for v in feeds.values()]).numpy()
+    theirs = cases.run_ort(model, feeds)[0]
     assert ours.dtype == theirs.dtype
     assert np.array_equal(ours, theirs)  # bit-exact
+
+
+def _requantized_conv(weight, bias, scale, yzp, one=1.0, out_dtype="uint8"):
+    """What the importer writes for QLinearConv: ``quantize(float32(conv + B) * M, one, yzp)``."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, weight.shape[1], 6, 6), "uint8"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            wide = bb.emit(relax.op.astype(x, "int32"))
+            centered = bb.emit(relax.op.subtract(wide, relax.const(128, "int32")))
+            acc = bb.emit(relax.op.nn.conv2d(centered, relax.const(weight), padding=(1, 1)))
+            if bias is not None:
+                acc = bb.emit(relax.op.add(acc, relax.const(bias)))
+            scaled = bb.emit(relax.op.multiply(bb.emit(relax.op.astype(acc, "float32")),
+                                               relax.const(scale)))
+            out = bb.emit_output(bb.emit(relax.op.quantize(
+                scaled, relax.const(np.float32(one)), relax.const(np.array(yzp, out_dtype)),
+                axis=1, out_dtype=out_dtype)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_requantized_conv_becomes_one_kernel_call(unpacked):
+    _require_int8()
+    weight = _weight()
+    bias = np.arange(-2, 2, dtype=np.int32).reshape(1, 4, 1, 1)
+    scale = np.array([0.01, 0.02, 0.03, 0.04], np.float32).reshape(1, 4, 1, 1)
+    after, counts = int8_kernels(_requantized_conv(weight, bias, scale, 7))
+    assert counts == {"int8_conv2d_requant": 1}
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 3, 6, 6), "uint8"))
+    call = lib.conv2d_int8_call((1, 1), (1, 1, 1, 1), (1, 1), 1, xzp=True, requant="channel")
+    operands = [x, relax.const(weight.astype(np.int8)), relax.const(np.array([128], np.int32)),
+                relax.const(scale.reshape(4)), relax.const(bias.reshape(4).astype(np.float32)),
+                relax.const(np.array([7], np.int32))]
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(lib.emit_call(call, operands, (1, 4, 6, 6), "uint8")))
+        bb.emit_func_output(out)
+    canonical = relax.transform.CanonicalizeBindings()
+    tvm.ir.assert_structural_equal(canonical(after), canonical(bb.get()))
+
+
+def test_packed_weight_call_equals_the_plain_one():
+    """With the packing functions the conv calls read the weight packed once (``wpacked=1``):
+    same outputs as the plain call, and a packed weight from another problem is refused."""
+    _require_int8()
+    if not native.provides(native.CONV2D_INT8_PACK_WEIGHT):
+        pytest.skip("the loaded native library predates the int8 weight packing")
+    weight = _weight(shape=(8, 3, 3, 3))
+    scale = np.float32(0.03)
+    before = _requantized_conv(weight, None, scale, 7)
+    after, counts = int8_kernels(before)
+    assert counts == {"int8_conv2d_requant": 1}
+    assert "wpacked=1;kernel=3,3" in after.script()
+    x = np.random.default_rng(1).integers(0, 256, (1, 3, 6, 6)).astype(np.uint8)
+    outs = []
+    for mod in (before, after):
+        vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+        outs.append(vm["main"](tvm.runtime.tensor(x)).numpy())
+    assert outs[0].dtype == np.uint8 and np.array_equal(outs[0], outs[1])
+    conv = tvm.get_global_func(lib.CONV2D_INT8)
+    with pytest.raises(ValueError, match="another problem"):
+        conv("pad=1,1,1,1;xzp=1;wpacked=1;kernel=3,3", tvm.runtime.tensor(x),
+             tvm.runtime.tensor(np.zeros(100, np.int8)),
+             tvm.runtime.tensor(np.array([0], np.int32)),
+             tvm.runtime.tensor(np.zeros((1, 8, 6, 6), np.int32)))
+
+
+@pytest.mark.parametrize("why, bias, one", [
+    ("a bias past 2^24 is not exact in float32", np.full((1, 4, 1, 1), 2 ** 24 + 1, np.int32),
+     1.0),
+    ("the quantize divides by a scale other than 1", None, 0.5),
+])
+def test_requant_guards_keep_the_int32_kernel(why, bias, one):
+    """A requantization the kernel would not reproduce exactly stays TVM's; the accumulation
+    still goes to the plain int32 kernel."""
+    _require_int8()
+    before = _requantized_conv(_weight(), bias, np.float32(0.01), 7, one=one)
+    _, counts = int8_kernels(before)
+    assert counts == {"int8_conv2d": 1}, why
+
+
+def test_saturates_past_limit():
+    assert saturates_past_limit(0, 1e-4, 128, "uint8")  # 2^24 * 1e-4 = 1678 > 129
+    assert not saturates_past_limit(0, 1e-6, 128, "uint8")  # 16.8: inside the range
+    assert not saturates_past_limit(2 ** 24 - 10, 0.01, 0, "int8")  # the bias eats the margin
+    assert not saturates_past_limit(0, -1.0, 0, "int8")
+
+
+@pytest.mark.parametrize("scale, fused", [(0.01, True), (1e-7, False)])
+def test_accumulators_past_2_24_fuse_only_where_they_saturate(scale, fused):
+    """512 input channels of weight 60: accumulators up to 255 * 60 * 4608 > 2^24. With a
+    multiplier that saturates every such value the kernel is exact (checked on an input that
+    reaches them); with a tiny one the chain stays TVM's (and the plain kernel's bound refuses
+    it too)."""
+    _require_int8()
+    weight = np.full((2, 512, 3, 3), 60, np.int32)
+    before = _requantized_conv(weight, None, np.float32(scale), 7)
+    after, counts = int8_kernels(before)
+    assert counts == ({"int8_conv2d_requant": 1} if fused else {})
+    if fused:
+        x = np.full((1, 512, 6, 6), 255, np.uint8)
+        x[0, :, :3] = 0
+        outs = [relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu())["main"](
+            tvm.runtime.tensor(x)).numpy() for m in (before, after)]
+        assert np.array_equal(outs[0], outs[1]) and {0, 255} <= set(outs[0].ravel().tolist())
+
+
+def test_requantize_reference_rounds_half_to_even_then_adds_the_zero_point():
+    acc = np.array([1, 3, 5, -1, 600, -600])
+    got = requantize_reference(acc, np.zeros(6), np.full(6, 0.5, np.float32), 101, "uint8")
+    assert got.tolist() == [101, 103, 103, 101, 255, 0]
 
 
 def test_int32_form_stays_when_the_library_lacks_the_kernels(monkeypatch):

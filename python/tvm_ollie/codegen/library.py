@@ -176,18 +176,31 @@ def conv2d_transpose_call(stride, padding, output_padding, dilation, groups: int
                                       ("groups", str(int(groups)))))
 
 
-def conv2d_int8_call(stride, padding, dilation, groups: int, xzp: bool) -> LibCall:
+def conv2d_int8_call(stride, padding, dilation, groups: int, xzp: bool,
+                     requant: Optional[str] = None) -> LibCall:
     """The int8 conv2d kernel, NCHW data and OIHW weight (``padding`` as top, left, bottom,
-    right; ``xzp``: the source zero point is an operand)."""
+    right; ``xzp``: the source zero point is an operand; ``requant``: see
+    :func:`_requant_attrs`)."""
     return LibCall(CONV2D_INT8, (("stride", _ints(stride)), ("pad", _ints(padding)),
                                  ("dil", _ints(dilation)), ("groups", str(int(groups))),
-                                 ("xzp", str(int(bool(xzp))))))
+                                 ("xzp", str(int(bool(xzp))))) + _requant_attrs(requant))
 
 
-def matmul_int8_call(xzp: bool) -> LibCall:
+def matmul_int8_call(xzp: bool, requant: Optional[str] = None) -> LibCall:
     """The int8 matmul kernel, ``B`` as ``[K, N]`` (``xzp``: the source zero point is an
-    operand)."""
-    return LibCall(MATMUL_INT8, (("xzp", str(int(bool(xzp)))),))
+    operand; ``requant``: see :func:`_requant_attrs`)."""
+    return LibCall(MATMUL_INT8, (("xzp", str(int(bool(xzp)))),) + _requant_attrs(requant))
+
+
+def _requant_attrs(requant: Optional[str]) -> Tuple[Tuple[str, str], ...]:
+    """The attributes of ONNX's requantization inside the int8 kernel: ``requant`` is the
+    scale's kind (``"tensor"`` or ``"channel"``); the operands after the zero point are then
+    the float32 scale, the float32 (integer-valued) bias and the int32 output zero point, and
+    ``Out = saturate(round_half_even(float(acc + bias) * scale) + yzp)``. None: an int32
+    accumulator, no operands."""
+    if requant is None:
+        return ()
+    return (("scale", requant), ("bias", "1"), ("yzp", "1"), ("rq", "1"))
 
 
 def band_call(kind: str, width: int, dilation: int) -> LibCall:

@@ -7,12 +7,15 @@ the chain itself. Once the user fixes the input shapes (``--shape x=1,3,48,192``
 chain is a constant, so :func:`prepare_onnx` folds it before the importer runs:
 
 1. fix the shapes of the named graph inputs and drop the stale intermediate shape annotations;
-2. simplify with a registry tool when one is installed (``onnxsim``, else ``onnxslim``): shape
+2. fuse the QDQ groups of quantized models into their integer operators, as ONNX Runtime does
+   (:func:`~tvm_ollie.frontend.onnx_qdq.fuse_qdq`; before any folding, which would turn
+   ``DequantizeLinear(weight)`` into a float weight);
+3. simplify with a registry tool when one is installed (``onnxsim``, else ``onnxslim``): shape
    inference, constant folding, dead-node removal;
-3. otherwise (or when the tool fails) fold by ourselves: onnx shape inference (with data
+4. otherwise (or when the tool fails) fold by ourselves: onnx shape inference (with data
    propagation), ``Shape`` of a statically shaped tensor -> constant, then every node whose
    inputs are all constants evaluated with onnx's reference evaluator, repeated to a fixpoint;
-4. decompose the operators TVM's importer has no converter for (LSTM, ConvInteger, ...) into
+5. decompose the operators TVM's importer has no converter for (LSTM, ConvInteger, ...) into
    ones it has (:func:`~tvm_ollie.frontend.onnx_decompose.decompose_onnx`).
 
 Measured on nine zoo models exported by both torch exporters at opsets 11-18 (31 files; TVM
@@ -30,6 +33,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from .onnx_decompose import DecomposeInfo, decompose_onnx
+from .onnx_qdq import fuse_qdq
 
 #: Simplifiers in the order they are tried by ``simplifier="auto"``.
 SIMPLIFIERS = ("onnxsim", "onnxslim", "builtin")
@@ -91,6 +95,11 @@ def prepare_onnx(model, shapes: Optional[Mapping[str, Sequence[int]]] = None,
     _complete_output_types(prepared)
     order = _simplifier_order(simplifier)
     notes: List[str] = []
+    # Before the simplifier: it would fold DequantizeLinear(weight) into a float weight.
+    fused = fuse_qdq(prepared)
+    if fused:
+        notes.append("QDQ groups fused into integer operators: " +
+                     ", ".join(f"{op} {n}" for op, n in sorted(fused.items())))
     used = "none"
     for name in order:
         try:

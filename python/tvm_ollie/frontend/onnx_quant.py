@@ -6,10 +6,11 @@ Products accumulate in int32 (``Cast`` to int32, zero points subtracted, ``Conv`
 int32: TVM compiles both on llvm, exactly). Requantization follows ONNX Runtime's (MLAS's)
 order: the int32 accumulator (plus the int32 bias) converted to float32, times the float32
 multiplier ``x_scale * w_scale / y_scale`` (computed in float32, per output channel where the
-weight scale is), rounded half to even (``Round``), the output zero point added, saturated to the
-output type. Converting the accumulator to float32 is exact up to ``2^24`` in magnitude and
-rounds like ONNX Runtime's conversion beyond; past that the result saturates anyway unless the
-multiplier is below ``2^-17`` (a case both evaluate identically, in float32).
+weight scale is), rounded half to even, the output zero point added, saturated to the output
+type (one ``QuantizeLinear`` with scale 1). Converting the accumulator to float32 is exact up
+to ``2^24`` in magnitude and rounds like ONNX Runtime's conversion beyond; past that the result
+saturates anyway unless the multiplier is below ``2^-17`` (a case both evaluate identically, in
+float32).
 """
 
 from __future__ import annotations
@@ -222,21 +223,21 @@ def _requantize(ctx: RuleContext, acc: str, scale: Optional[str], zero_point: st
                 like: str = "") -> str:  # fmt: skip
     """``saturate(round(float32(acc) * scale) + zero_point)`` in the zero point's type (the
     type of ``like`` when there is no zero point: 8-bit unsigned by the specification's
-    default)."""
+    default), written as ``QuantizeLinear(float32(acc) * scale, 1, zero_point)``: the same
+    arithmetic (``x / 1`` is ``x``; rounding half to even, then the zero point, then
+    saturation), one operator TVM imports as ``relax.quantize`` (which
+    :mod:`tvm_ollie.transform.int8_kernels` folds into the int8 kernel)."""
     value = acc if scale is None else ctx.add("Mul", [ctx.add("Cast", [acc], to=1), scale])
-    rounded = ctx.add("Round", [value])
-    dtype = ctx.dtype(zero_point) if zero_point else (ctx.dtype(like) if like else None)
-    dtype = dtype or np.dtype(np.uint8)
     if zero_point:
-        rounded = ctx.add("Add", [rounded, ctx.add("Cast", [zero_point], to=1)])
-    info = np.iinfo(dtype)
-    low = ctx.const(np.float32(info.min), "lo")
-    high = ctx.const(np.float32(info.max), "hi")
-    saturated = ctx.add("Min", [ctx.add("Max", [rounded, low]), high])
-    # lazy: onnx is an optional dependency
-    from onnx import helper  # pylint: disable=import-outside-toplevel
-
-    return ctx.add("Cast", [saturated], to=helper.np_dtype_to_tensor_dtype(dtype))
+        zp_value, shape = ctx.value(zero_point), ctx.shape(zero_point)
+        if zp_value is not None and zp_value.ndim:
+            zero_point = ctx.const(zp_value.reshape(()), "y_zp")
+        elif shape is not None and len(shape) == 1:
+            zero_point = ctx.reshape(zero_point, [])
+    else:
+        dtype = (ctx.dtype(like) if like else None) or np.dtype(np.uint8)
+        zero_point = ctx.const(np.zeros((), dtype), "y_zp")
+    return ctx.add("QuantizeLinear", [value, ctx.const(np.float32(1.0), "one"), zero_point])
 
 
 def _transposed(ctx: RuleContext, name: str) -> str:

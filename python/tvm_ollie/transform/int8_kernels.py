@@ -5,8 +5,11 @@ The ONNX importer writes ``ConvInteger``/``QLinearConv`` and ``MatMulInteger``/
 ``conv2d(int32(x) - x_zp, W)`` and ``matmul(int32(a) - a_zp, W)`` with 8-bit ``x``/``a`` and the
 weight ``W`` a constant already centered on its zero point. TVM compiles those to generic
 int32 loops; oneDNN's int8 kernels (``tvm_ollie.cpu.conv2d_int8``/``matmul_int8``) compute the
-same sums on 8-bit operands with the zero point inside the primitive. The requantization after
-them stays TVM elementwise code.
+same sums on 8-bit operands with the zero point inside the primitive. Where the int32 sum is
+requantized as ``QLinearConv``/``QLinearMatMul`` specify (the importer writes
+``quantize(float32(acc + B) * M, 1, y_zp)``), the requantization moves into the kernel too
+(oneDNN post-ops, ``rq=1``: the bias before the multiplier, rounding half to even before the
+zero point), and the call returns the 8-bit result instead of an int32 tensor.
 
 Each rule (:class:`~.inference_fold.FoldRule`: a name, a dataflow pattern, a rewrite that
 returns ``None`` when a guard fails) replaces the int32 call by the kernel with an int32 result
@@ -22,6 +25,20 @@ only when that result is provably the same integers:
 * the kernel, run once on an input at the extremes of that range over one receptive field,
   gives numpy's integers (:func:`_kernel_agrees`).
 
+The requantizing rules add: the bias an int32 constant per output channel (or one value) with
+``max|B| <= 2^24`` (with ``|acc| <= 2^24`` both are exact in float32, so the one rounding of
+``float(acc) + float(B)``, what oneDNN adds, is that of ``float(acc + B)``, what ONNX Runtime
+converts; accumulators that may pass ``2^24`` are accepted only when every such value
+saturates in both, :func:`saturates_past_limit`); the multiplier a float32 constant per output
+channel or per tensor; the quantize's scale exactly 1 and its zero point one constant of the
+8-bit output type; each intermediate read once; and the fused kernel, probed on one receptive
+field, equal to :func:`requantize_reference`. A chain that fails any of them keeps the int32
+kernel and TVM's elementwise requantization (the plain rules below).
+
+Convolution weights go to the kernel packed at compile time (:func:`_packed_conv`, the
+library's ``conv2d_int8_pack_weight``): oneDNN's blocked format with the zero point's
+compensation, which it otherwise recomputes in every call.
+
 The pass applies them on CPU targets when the library is in use; without the library (or with
 ``TVM_OLLIE_DISABLE_NATIVE=1``) the module keeps the int32 form.
 """
@@ -29,16 +46,18 @@ The pass applies them on CPU targets when the library is in use; without the lib
 from __future__ import annotations
 
 from collections import Counter
-from typing import Dict, Optional, Tuple
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import numpy as np
 
 from .. import native
 from ..codegen import library as lib
 from ..compat import relax, tirx, tvm
+from .fold_rule import used_once
 from .inference_fold import FoldRule, fold_inference
 
-__all__ = ["INT8_RULES", "int8_kernels", "accumulator_bound"]
+__all__ = ["INT8_RULES", "int8_kernels", "accumulator_bound", "requantize_reference",
+           "saturates_past_limit"]
 
 _dpl = relax.dpl
 
@@ -52,6 +71,33 @@ _WIDE = _dpl.is_op("relax.astype")(_X8)
 _SRC = _dpl.is_op("relax.subtract")(_WIDE, _ZP) | _WIDE
 _CONV = _dpl.is_op("relax.nn.conv2d")(_SRC, _W)
 _MATMUL = _dpl.is_op("relax.matmul")(_SRC, _W)
+_BIAS = _dpl.is_const()
+_MULTIPLIER = _dpl.is_const()
+_ONE = _dpl.is_const()
+_YZP = _dpl.is_const()
+
+
+class _Requantized(NamedTuple):
+    """``quantize(float32(acc [+ B]) * M, 1, y_zp)``, the importer's QLinear requantization of
+    ``acc``, with a pattern per step (the matched expressions of the chain)."""
+
+    acc: object
+    add: object
+    wide: object
+    scaled: object
+    root: object
+
+
+def _requantized(acc) -> _Requantized:
+    add = _dpl.is_op("relax.add")(acc, _BIAS)
+    wide = _dpl.is_op("relax.astype")(add | acc)
+    scaled = _dpl.is_op("relax.multiply")(wide, _MULTIPLIER)
+    return _Requantized(acc, add, wide, scaled,
+                        _dpl.is_op("relax.quantize")(scaled, _ONE, _YZP))
+
+
+_RQ_CONV = _requantized(_CONV)
+_RQ_MATMUL = _requantized(_MATMUL)
 
 Matches = Dict[object, object]
 
@@ -128,42 +174,81 @@ def _kernel_agrees(func: str, attrs: str, x: np.ndarray, weight: np.ndarray, zp:
 # --- rules --------------------------------------------------------------------------------
 
 
-def _exact_operands(matches: Matches, rank: int, reduce_axis: int):
+def _exact_operands(matches: Matches, rank: int, reduce_axis: int, bounded: bool = True):
     """``(weight, lo, hi, zp)`` when the source is 8-bit with one constant zero point, the
-    rank-``rank`` weight fits the kernel and every accumulator over ``reduce_axis`` stays within
-    :data:`EXACT_LIMIT`; else None (the guards both int8 rules share)."""
+    rank-``rank`` weight fits the kernel and (``bounded``) every accumulator over
+    ``reduce_axis`` stays within :data:`EXACT_LIMIT`; else None (the guards the int8 rules
+    share; the requantizing ones check the bound themselves)."""
     source, weight = _source_range(matches), _int8_weight(matches, rank)
     if source is None or weight is None:
         return None
     lo, hi, zp = source
-    if accumulator_bound(weight, reduce_axis, lo, hi, zp) > EXACT_LIMIT:
+    if bounded and accumulator_bound(weight, reduce_axis, lo, hi, zp) > EXACT_LIMIT:
         return None
     return weight, lo, hi, zp
 
 
-def _conv_int8(matches: Matches, _uses: Counter, _binding_of) -> Optional[object]:
-    """``conv2d_int8``: ``conv2d(int32(x) - zp, W) = conv2d_int8(x, int8(W), zp)`` (NCHW/OIHW,
-    int32 result; padding reads ``zp`` on both sides)."""
+def _conv_operands(matches: Matches, bounded: bool = True):
+    """``(attrs, weight, lo, hi, zp)`` of an NCHW/OIHW int32 conv2d the kernel computes exactly
+    (``attrs``: strides, padding, dilation, groups), else None."""
     conv = matches[_CONV]
     at = conv.attrs
     if (str(at.data_layout), str(at.kernel_layout)) != ("NCHW", "OIHW"):
         return None
     if (str(at.out_layout) or "NCHW") != "NCHW" or not _int32_out(conv):
         return None
-    checked = _exact_operands(matches, 4, 0)
+    checked = _exact_operands(matches, 4, 0, bounded)
     if checked is None:
         return None
-    weight, lo, hi, zp = checked
-    groups, dil = int(at.groups), [int(d) for d in at.dilation]
-    call = lib.conv2d_int8_call(at.strides, at.padding, dil, groups, xzp=True)
-    if not _conv_patch_agrees(weight, groups, dil, lo, hi, zp, _dtype(matches[_X8])):
+    dims = (at.strides, at.padding, [int(d) for d in at.dilation], int(at.groups))
+    return (dims,) + checked
+
+
+def _packed_conv(call: "lib.LibCall", matches: Matches, weight: np.ndarray, out_shape,
+                 out_dtype: str):  # fmt: skip
+    """``(call, weight operand)``: the call with ``wpacked=1`` and the weight packed once into
+    oneDNN's blocked format (with the zero point's compensation, which oneDNN otherwise
+    recomputes in every call: 8-12 ms for a 256x256x3x3 weight against a 0.09 ms convolution);
+    the plain call and weight when the library cannot pack or the data shape is not static."""
+    plain = call, relax.const(weight)
+    shape = matches[_X8].ty.shape
+    if not native.provides(native.CONV2D_INT8_PACK_WEIGHT) or shape is None or not all(
+            isinstance(d, tirx.IntImm) for d in shape):
+        return plain
+    attrs = call.text()
+    data = tvm.runtime.tensor(np.zeros([int(d) for d in shape], _dtype(matches[_X8])))
+    out = tvm.runtime.tensor(np.zeros(out_shape, out_dtype))
+    wt = tvm.runtime.tensor(weight)
+    size = int(tvm.get_global_func(native.CONV2D_INT8_PACKED_SIZE)(attrs, data, wt, out))
+    packed = tvm.runtime.tensor(np.zeros(size, np.int8))
+    tvm.get_global_func(native.CONV2D_INT8_PACK_WEIGHT)(attrs, data, wt, out, packed)
+    _, _, kh, kw = weight.shape
+    packed_call = lib.LibCall(call.func, call.attrs + (("wpacked", "1"),
+                                                      ("kernel", f"{kh},{kw}")))
+    return packed_call, relax.const(packed.numpy())
+
+
+def _conv_int8(matches: Matches, _uses: Counter, _binding_of) -> Optional[object]:
+    """``conv2d_int8``: ``conv2d(int32(x) - zp, W) = conv2d_int8(x, int8(W), zp)`` (NCHW/OIHW,
+    int32 result; padding reads ``zp`` on both sides)."""
+    found = _conv_operands(matches)
+    if found is None:
         return None
-    operands = [matches[_X8], relax.const(weight), relax.const(np.array([zp], np.int32))]
-    return lib.emit_call(call, operands, [int(s) for s in conv.ty.shape], "int32")
+    (strides, padding, dil, groups), weight, lo, hi, zp = found
+    x, acc = _conv_patch(weight, groups, dil, lo, hi, zp, _dtype(matches[_X8]))
+    attrs = f"dil={dil[0]},{dil[1]};groups={groups};xzp=1"
+    if not _kernel_agrees(lib.CONV2D_INT8, attrs, x, weight, zp, acc, acc.shape):
+        return None
+    out_shape = [int(s) for s in matches[_CONV].ty.shape]
+    call, packed = _packed_conv(lib.conv2d_int8_call(strides, padding, dil, groups, xzp=True),
+                                matches, weight, out_shape, "int32")
+    operands = [matches[_X8], packed, relax.const(np.array([zp], np.int32))]
+    return lib.emit_call(call, operands, out_shape, "int32")
 
 
-def _conv_patch_agrees(weight, groups, dil, lo, hi, zp, dtype) -> bool:
-    """The kernel on one receptive field (no padding, stride 1) against numpy."""
+def _conv_patch(weight, groups, dil, lo, hi, zp, dtype) -> Tuple[np.ndarray, np.ndarray]:
+    """An input of one receptive field at the range's extremes (no padding, stride 1) and
+    numpy's int64 accumulators for it, shaped ``(1, O, 1, 1)``."""
     o, i, kh, kw = weight.shape
     ekh, ekw = (kh - 1) * dil[0] + 1, (kw - 1) * dil[1] + 1
     x = _extreme_input((1, i * groups, ekh, ekw), lo, hi, dtype)
@@ -173,32 +258,190 @@ def _conv_patch_agrees(weight, groups, dil, lo, hi, zp, dtype) -> bool:
         np.tensordot(weight[c].astype(np.int64), taps[0, (c // per_group) * i:(c // per_group + 1)
                                                      * i], axes=3)
         for c in range(o)]).reshape(1, o, 1, 1)
-    attrs = f"dil={dil[0]},{dil[1]};groups={groups};xzp=1"
-    return _kernel_agrees(lib.CONV2D_INT8, attrs, x, weight, zp, expected, (1, o, 1, 1))
+    return x, expected
 
 
 def _matmul_int8(matches: Matches, _uses: Counter, _binding_of) -> Optional[object]:
     """``matmul_int8``: ``matmul(int32(a) - zp, W) = matmul_int8(a, int8(W), zp)`` (``W`` a
     2-D ``[K, N]`` constant, int32 result)."""
-    call = matches[_MATMUL]
-    if not _int32_out(call) or len(matches[_X8].ty.shape) < 2:
+    found = _matmul_operands(matches)
+    if found is None:
         return None
-    checked = _exact_operands(matches, 2, 1)
-    if checked is None:
-        return None
-    weight, lo, hi, zp = checked
-    x = _extreme_input((1, weight.shape[0]), lo, hi, _dtype(matches[_X8]))
-    expected = (x.astype(np.int64) - zp) @ weight.astype(np.int64)
+    weight, lo, hi, zp = found
+    x, expected = _matmul_probe(weight, lo, hi, zp, _dtype(matches[_X8]))
     if not _kernel_agrees(lib.MATMUL_INT8, "xzp=1", x, weight, zp, expected,
                           (1, weight.shape[1])):
         return None
     operands = [matches[_X8], relax.const(weight), relax.const(np.array([zp], np.int32))]
     return lib.emit_call(lib.matmul_int8_call(xzp=True), operands,
-                         [int(s) for s in call.ty.shape], "int32")
+                         [int(s) for s in matches[_MATMUL].ty.shape], "int32")
+
+
+def _matmul_operands(matches: Matches, bounded: bool = True):
+    """``(weight, lo, hi, zp)`` of an int32 matmul with a 2-D constant the kernel computes
+    exactly, else None."""
+    call = matches[_MATMUL]
+    if not _int32_out(call) or len(matches[_X8].ty.shape) < 2:
+        return None
+    return _exact_operands(matches, 2, 1, bounded)
+
+
+def _matmul_probe(weight, lo, hi, zp, dtype) -> Tuple[np.ndarray, np.ndarray]:
+    """One row at the range's extremes and numpy's int64 products for it."""
+    x = _extreme_input((1, weight.shape[0]), lo, hi, dtype)
+    return x, (x.astype(np.int64) - zp) @ weight.astype(np.int64)
+
+
+# --- requantization inside the kernel --------------------------------------------------------
+
+
+def requantize_reference(acc: np.ndarray, bias: np.ndarray, scale: np.ndarray, zero_point: int,
+                         dtype: str) -> np.ndarray:  # fmt: skip
+    """ONNX Runtime's requantization in numpy: ``saturate(rint(float32(acc + bias) * scale) +
+    zero_point)`` with float32 arithmetic and rounding half to even (``bias`` and ``scale``
+    broadcast along ``acc``'s channel axis by the caller)."""
+    value = (acc.astype(np.int64) + bias.astype(np.int64)).astype(np.float32)
+    value = value * scale.astype(np.float32)
+    info = np.iinfo(dtype)
+    return np.clip(np.rint(value) + zero_point, info.min, info.max).astype(dtype)
+
+
+def _channel_vector(value: np.ndarray, channels: int, axis: int, rank: int):
+    """``value`` as ``(vector of length channels, per_channel)`` when it holds one value or
+    varies along ``axis`` only of a rank-``rank`` result (broadcast from the right), else
+    None."""
+    if value.size == 1:
+        return np.full(channels, value.reshape(-1)[0]), False
+    if value.ndim > rank or value.size != channels:
+        return None
+    shape = (1,) * (rank - value.ndim) + tuple(value.shape)
+    if shape[axis] != channels:
+        return None
+    return value.reshape(channels), True
+
+
+def saturates_past_limit(bias_max: int, scale_min: float, zero_point: int, dtype: str) -> bool:
+    """Whether every accumulator past :data:`EXACT_LIMIT` saturates both in oneDNN's
+    ``float(acc) + float(B)`` and in ONNX Runtime's ``float(acc + B)`` (which may round
+    differently there): ``|acc + B| >= 2^24 - max|B|`` (4 of slack for the two roundings), times
+    the smallest (positive) multiplier, lies beyond the output range seen from the zero
+    point."""
+    info = np.iinfo(dtype)
+    reach = max(int(info.max) - zero_point, zero_point - int(info.min)) + 1
+    return scale_min > 0 and (EXACT_LIMIT - bias_max - 4) * scale_min > reach
+
+
+def _requant_operands(matches: Matches, pat: _Requantized, uses: Counter, binding_of,
+                      axis: int, bound: int):  # fmt: skip
+    """``(scale, bias, yzp, kind, out_dtype)`` of the requantization ``pat`` matched when the
+    kernel reproduces it exactly (see the module docstring), else None. ``bound``: the largest
+    accumulator magnitude (:func:`accumulator_bound`)."""
+    acc = matches[pat.acc]
+    out_dtype, rank = _dtype(matches[pat.root]), len(acc.ty.shape)
+    channels = int(acc.ty.shape[axis])
+    chain = [acc, matches[pat.wide], matches[pat.scaled]]
+    chain += [matches[pat.add]] if pat.add in matches else []
+    if out_dtype not in ("uint8", "int8") or _dtype(matches[pat.wide]) != "float32":
+        return None
+    if not all(used_once(e, uses, binding_of) for e in chain):
+        return None
+    one, yzp = matches[_ONE].value.numpy(), matches[_YZP].value.numpy()
+    if one.size != 1 or float(one.reshape(-1)[0]) != 1.0 or yzp.size != 1 or \
+            str(yzp.dtype) != out_dtype:
+        return None
+    scale = _channel_vector(matches[_MULTIPLIER].value.numpy(), channels, axis, rank)
+    bias = np.zeros(channels, np.int64), False
+    if pat.add in matches:
+        b = matches[_BIAS].value.numpy()
+        bias = _channel_vector(b, channels, axis, rank) if b.dtype == np.int32 else None
+    if scale is None or bias is None or scale[0].dtype != np.float32:
+        return None
+    bias_max = int(np.abs(bias[0]).max(initial=0))
+    if bias_max > EXACT_LIMIT:
+        return None
+    yzp_value = int(yzp.reshape(-1)[0])
+    if bound > EXACT_LIMIT and not saturates_past_limit(bias_max, float(scale[0].min()),
+                                                        yzp_value, out_dtype):
+        return None
+    kind = "channel" if scale[1] else "tensor"
+    scale_arg = scale[0] if scale[1] else scale[0][:1]
+    return scale_arg, bias[0], int(yzp.reshape(-1)[0]), kind, out_dtype
+
+
+def _rq_agrees(func: str, attrs: str, x, weight, zp: int, acc: np.ndarray, rq, axis: int) -> bool:
+    """The fused kernel on the probe input ``x`` equals :func:`requantize_reference` of numpy's
+    accumulators ``acc``."""
+    scale, bias, yzp, kind, out_dtype = rq
+    shape = [1] * acc.ndim
+    shape[axis] = acc.shape[axis]
+    wide_scale = np.broadcast_to(scale, (acc.shape[axis],)).reshape(shape)
+    expected = requantize_reference(acc, bias.reshape(shape), wide_scale, yzp, out_dtype)
+    operands = (x, weight, np.array([zp], np.int32), scale.astype(np.float32),
+                bias.astype(np.float32), np.array([yzp], np.int32))
+    out = tvm.runtime.tensor(np.zeros(acc.shape, out_dtype))
+    try:
+        tvm.get_global_func(func)(attrs, *[tvm.runtime.tensor(a) for a in operands], out)
+    except (RuntimeError, ValueError, TypeError):  # oneDNN lacks these post-ops here
+        return False
+    return bool(np.array_equal(out.numpy(), expected))
+
+
+def _rq_call_operands(matches: Matches, weight, zp: int, rq) -> list:
+    scale, bias, yzp, _, _ = rq
+    return [matches[_X8], relax.const(weight), relax.const(np.array([zp], np.int32)),
+            relax.const(scale.astype(np.float32)), relax.const(bias.astype(np.float32)),
+            relax.const(np.array([yzp], np.int32))]
+
+
+def _conv_int8_requant(matches: Matches, uses: Counter, binding_of) -> Optional[object]:
+    """``quantize(float32(conv2d(int32(x) - zp, W) + B) * M, 1, y_zp) = conv2d_int8(x, int8(W),
+    zp, M, float32(B), y_zp)`` with ``rq=1`` (the 8-bit result of QLinearConv)."""
+    found = _conv_operands(matches, bounded=False)
+    if found is None:
+        return None
+    (strides, padding, dil, groups), weight, lo, hi, zp = found
+    bound = accumulator_bound(weight, 0, lo, hi, zp)
+    rq = _requant_operands(matches, _RQ_CONV, uses, binding_of, 1, bound)
+    if rq is None:
+        return None
+    pat = _RQ_CONV
+    x, acc = _conv_patch(weight, groups, dil, lo, hi, zp, _dtype(matches[_X8]))
+    call = lib.conv2d_int8_call(strides, padding, dil, groups, xzp=True, requant=rq[3])
+    probe = lib.conv2d_int8_call((1, 1), (0, 0, 0, 0), dil, groups, xzp=True, requant=rq[3])
+    if not _rq_agrees(lib.CONV2D_INT8, probe.text(), x, weight, zp, acc, rq, 1):
+        return None
+    out_shape = [int(s) for s in matches[pat.root].ty.shape]
+    call, packed = _packed_conv(call, matches, weight, out_shape, rq[4])
+    operands = _rq_call_operands(matches, weight, zp, rq)
+    return lib.emit_call(call, [operands[0], packed] + operands[2:], out_shape, rq[4])
+
+
+def _matmul_int8_requant(matches: Matches, uses: Counter, binding_of) -> Optional[object]:
+    """``quantize(float32(matmul(int32(a) - zp, W) [+ B]) * M, 1, y_zp) = matmul_int8(a,
+    int8(W), zp, M, float32(B), y_zp)`` with ``rq=1`` (the 8-bit result of QLinearMatMul)."""
+    found = _matmul_operands(matches, bounded=False)
+    if found is None:
+        return None
+    weight, lo, hi, zp = found
+    acc_expr = matches[_MATMUL]
+    axis = len(acc_expr.ty.shape) - 1
+    bound = accumulator_bound(weight, 1, lo, hi, zp)
+    rq = _requant_operands(matches, _RQ_MATMUL, uses, binding_of, axis, bound)
+    if rq is None:
+        return None
+    pat = _RQ_MATMUL
+    x, acc = _matmul_probe(weight, lo, hi, zp, _dtype(matches[_X8]))
+    call = lib.matmul_int8_call(xzp=True, requant=rq[3])
+    if not _rq_agrees(lib.MATMUL_INT8, call.text(), x, weight, zp, acc, rq, 1):
+        return None
+    return lib.emit_call(call, _rq_call_operands(matches, weight, zp, rq),
+                         [int(s) for s in matches[pat.root].ty.shape], rq[4])
 
 
 #: The int8 rewrites, in the order they are applied.
 INT8_RULES: Tuple[FoldRule, ...] = (
+    FoldRule("int8_conv2d_requant", _RQ_CONV.root, _conv_int8_requant),
+    FoldRule("int8_matmul_requant", _RQ_MATMUL.root, _matmul_int8_requant),
     FoldRule("int8_conv2d", _CONV, _conv_int8),
     FoldRule("int8_matmul", _MATMUL, _matmul_int8),
 )
