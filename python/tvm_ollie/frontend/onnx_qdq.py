@@ -115,16 +115,24 @@ def _conv(g: _Graph, node, q) -> Optional[object]:
     inputs = [x.input[0], x.input[1], x.input[2], w.input[0], w.input[1], w.input[2],
               q.input[1], q.input[2]]
     if len(node.input) > 2 and node.input[2]:
-        b = g.dq(node.input[2])
-        if b is None or b.input[0] not in g.values or g.values[b.input[0]].dtype != np.int32:
+        bias = _int32_bias(g, node.input[2], x, w)
+        if bias is None:
             return None
-        expected = g.values[x.input[1]].astype(np.float32) * g.values[w.input[1]].astype(
-            np.float32)
-        if np.any(g.values[b.input[2]] != 0) or not np.allclose(
-                g.values[b.input[1]], expected, rtol=1e-6, atol=0):
-            return None
-        inputs.append(b.input[0])
+        inputs.append(bias)
     return _node("QLinearConv", inputs, q.output[0], node.attribute)
+
+
+def _int32_bias(g: _Graph, name: str, x, w) -> Optional[str]:
+    """The int32 tensor behind the bias ``name`` when it is dequantized with zero point 0 and
+    scale ``x_scale * w_scale`` (what QLinearConv and QGemm take as their bias), else None."""
+    b = g.dq(name)
+    if b is None or b.input[0] not in g.values or g.values[b.input[0]].dtype != np.int32:
+        return None
+    expected = g.values[x.input[1]].astype(np.float32) * g.values[w.input[1]].astype(np.float32)
+    if np.any(g.values[b.input[2]] != 0) or not np.allclose(
+            g.values[b.input[1]], expected, rtol=1e-6, atol=0):
+        return None
+    return b.input[0]
 
 
 def _matmul(g: _Graph, node, q) -> Optional[object]:
@@ -151,18 +159,12 @@ def _gemm(g: _Graph, node, q) -> Optional[object]:
     if a is None or b is None or g.values[b.input[0]].ndim != 2:
         return None
     inputs = [a.input[0], a.input[1], a.input[2], b.input[0], b.input[1], b.input[2]]
+    bias = ""
     if len(node.input) > 2 and node.input[2]:
-        c = g.dq(node.input[2])
-        if c is None or c.input[0] not in g.values or g.values[c.input[0]].dtype != np.int32:
+        bias = _int32_bias(g, node.input[2], a, b)
+        if bias is None:
             return None
-        expected = g.values[a.input[1]].astype(np.float32) * g.values[b.input[1]].astype(
-            np.float32)
-        if np.any(g.values[c.input[2]] != 0) or not np.allclose(
-                g.values[c.input[1]], expected, rtol=1e-6, atol=0):
-            return None
-        inputs.append(c.input[0])
-    else:
-        inputs.append("")
+    inputs.append(bias)
     return _node("QGemm", inputs + [q.input[1], q.input[2]], q.output[0], domain=_MICROSOFT,
                  alpha=float(attrs.get("alpha", 1.0)), transB=trans_b)
 
