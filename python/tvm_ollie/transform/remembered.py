@@ -23,9 +23,9 @@ already make each step deterministic (the derivation cache's result for the expr
 verdicts of the very same checks, the timed evidence of this machine); the chosen program was
 checked against this very unit module when the decision was first taken, and nothing
 unverified is stored (a kept original carries no program). What it does not follow, like the
-derivation cache: a search given more time later (the budget is no part of either key); clear
-the cache to decide again, or set ``TVM_OLLIE_REMEASURE=1`` (decides again and replaces the
-stored decision).
+derivation cache: a unit's share of the search time, which moves with the model's other units
+(the model's ``search_time_s`` is part of the key, the share is not); clear the cache to decide
+again, or set ``TVM_OLLIE_REMEASURE=1`` (decides again and replaces the stored decision).
 
 Only the default decider remembers: a caller's timer, cost model, estimator, checker or chooser
 decides by its own rules, and neither the tuned timing (its timings depend on the work dir's
