@@ -35,6 +35,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from ..models import get_model, to_onnx
+
 __all__ = ["Row", "quantize", "run_model", "table", "main"]
 
 #: Calibration inputs given to ``quantize_static``.
@@ -85,11 +87,9 @@ class _Reader:
 def quantize(model: str, fmt: str, out_dir: str) -> str:
     """``model`` (quick size) exported to ONNX and quantized by ``quantize_static`` in format
     ``fmt`` (``"qoperator"`` or ``"qdq"``); the quantized file's path."""
-    # lazy: onnx, onnxruntime and torch are optional benchmark dependencies
+    # lazy: onnx and onnxruntime are optional benchmark dependencies
     import onnx  # pylint: disable=import-outside-toplevel
     from onnxruntime import quantization as q  # pylint: disable=import-outside-toplevel
-
-    from ..models import get_model, to_onnx  # pylint: disable=import-outside-toplevel
 
     source = os.path.join(out_dir, f"{model}.onnx")
     if not os.path.exists(source):

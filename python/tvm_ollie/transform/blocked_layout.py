@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
+import tvm_ffi
 
 from .. import native
 from ..codegen import library as lib
@@ -366,8 +367,6 @@ def pack_weight(call: lib.LibCall, data_shape: Sequence[int], weight: "tvm.ir.ex
     """``call`` with ``wpacked=1`` and its constant weight packed now
     (``tvm_ollie.cpu.conv2d_pack_weight``: the blocked weight format of this very call, on this
     machine; a pack made elsewhere is rejected at run time with a clear error)."""
-    import tvm_ffi  # pylint: disable=import-outside-toplevel
-
     w = np.ascontiguousarray(weight.value.numpy())
     text = call.text()
     packed = np.zeros(native.conv2d_packed_size(text, data_shape, w.shape), "float32")
