@@ -323,9 +323,14 @@ std::shared_ptr<OneDNNConv> CreateConv(const ConvParams& p, const ConvShape& s, 
 }
 
 // Packed weights (conv2d_pack_weight): a 64-byte header, then the weights in the blocked format
-// of the cached primitive. The header holds a magic number and a hash of the problem, the
-// weight format and the CPU ISA, so that a packed tensor made for another problem or machine is
-// rejected instead of read in the wrong layout.
+// of the cached primitive. The header holds a magic number, a hash of the problem, the weight
+// format and the CPU ISA (the fast path: the packed weights are read as they are), the oneDNN
+// format tag of the packed weights, their size in bytes and a hash of the logical weight dims.
+// Where the hash differs (another CPU, another thread count, another problem over the same
+// weights), the call reorders the packed weights from their tag into the format its primitive
+// wants, every call, as it does unpacked weights: a module built with packed weights runs
+// anywhere, at the unpacked speed where the machine differs. Without a tag (a format that no
+// tag names) or with other logical dims it is rejected instead of read in the wrong layout.
 constexpr int64_t kPackHeaderFloats = 16;
 constexpr uint64_t kPackMagic = 0x314b5045494c4c4fULL;  // "OLLIEPK1"
 
@@ -367,6 +372,88 @@ uint64_t PackHash(const std::string& key, const dnnl::memory::desc& md) {
 
 int64_t PackedFloats(const OneDNNConv& e) {
   return kPackHeaderFloats + static_cast<int64_t>((e.wei_md.get_size() + 3) / 4);
+}
+
+// A hash of the logical weight dims (the packed header's check that the weights are these).
+uint64_t DimsHash(const dnnl::memory::dims& d) {
+  std::string text = "dims";
+  for (int64_t v : d) text += "," + std::to_string(v);
+  return Fnv1a(text);
+}
+
+// The format tag whose memory descriptor (md's dims and data type) equals md; 0 when no tag
+// does. Once per packed weight, at pack time.
+uint64_t TagOf(const dnnl::memory::desc& md) {
+  for (int t = dnnl_format_tag_any + 1; t < dnnl_format_tag_last; ++t) {
+    try {
+      dnnl::memory::desc cand(md.get_dims(), md.get_data_type(),
+                              static_cast<dnnl::memory::format_tag>(t));
+      if (cand == md) return static_cast<uint64_t>(t);
+    } catch (const dnnl::error&) {
+      continue;  // a tag of another rank
+    }
+  }
+  return 0;
+}
+
+// The packed header (see kPackHeaderFloats): magic, hash, tag, bytes, dims hash.
+struct PackHeader {
+  uint64_t magic = 0, hash = 0, tag = 0, bytes = 0, dims = 0;
+};
+
+PackHeader ReadPackHeader(const float* w) {
+  uint64_t h[5];
+  std::memcpy(h, w, sizeof(h));
+  return PackHeader{h[0], h[1], h[2], h[3], h[4]};
+}
+
+// A reorder from the packed weights' tag into the primitive's weight format (cached).
+struct PortableWeights {
+  dnnl::memory::desc from;
+  Reorder reorder;
+};
+
+// The weights of a wpacked call: the packed tensor itself when it was made for this problem on
+// this machine and thread count; else reordered from its format tag into scratch slot 2.
+dnnl::memory PackedWeights(const ffi::TensorView& Wt, float* w, const std::string& key,
+                           const OneDNNConv& e) {
+  const PackHeader h = Wt.numel() >= kPackHeaderFloats ? ReadPackHeader(w) : PackHeader{};
+  const dnnl::engine& eng = Engine();
+  if (h.magic == kPackMagic && h.hash == PackHash(key, e.wei_md)) {
+    if (Wt.numel() != PackedFloats(e)) {
+      TVM_FFI_THROW(ValueError) << kName << ": packed weight has " << Wt.numel()
+                                << " elements, expected " << PackedFloats(e)
+                                << " (pack it with tvm_ollie.cpu.conv2d_pack_weight and the "
+                                << "same attrs and shapes)";
+    }
+    return dnnl::memory(e.wei_md, eng, w + kPackHeaderFloats);
+  }
+  const int64_t want = kPackHeaderFloats + static_cast<int64_t>((h.bytes + 3) / 4);
+  if (h.magic != kPackMagic || h.tag == 0 || h.dims != DimsHash(e.wei_md.get_dims())) {
+    TVM_FFI_THROW(ValueError) << kName << ": packed weight was made for other weights or in a "
+                              << "format without a oneDNN tag (header mismatch); repack it "
+                              << "with tvm_ollie.cpu.conv2d_pack_weight";
+  }
+  if (Wt.numel() != want) {
+    TVM_FFI_THROW(ValueError) << kName << ": packed weight has " << Wt.numel()
+                              << " elements, its header says " << want;
+  }
+  auto port = CachedGet<PortableWeights>(key + "|from_tag=" + std::to_string(h.tag), [&]() {
+    auto r = std::make_shared<PortableWeights>();
+    r->from = dnnl::memory::desc(e.wei_md.get_dims(), e.wei_md.get_data_type(),
+                                 static_cast<dnnl::memory::format_tag>(h.tag));
+    if (r->from.get_size() != h.bytes) {
+      TVM_FFI_THROW(ValueError) << kName << ": packed weight header names " << h.bytes
+                                << " bytes, its format " << r->from.get_size();
+    }
+    r->reorder.Init(r->from, e.wei_md);
+    return r;
+  });
+  dnnl::memory from(port->from, eng, w + kPackHeaderFloats);
+  if (!port->reorder.needed) return from;
+  dnnl::memory wei(e.wei_md, eng, ScratchBuffer(2, e.wei_md.get_size()));
+  port->reorder.Run(from, wei, 5);
+  return wei;
 }
 
 // The weight dims in klayout order for a packed call: O from Out, I = C / groups, kernel=KH,KW.
@@ -477,20 +564,7 @@ void Conv2d(ffi::PackedArgs args, ffi::Any* rv) {
     e->src_in.Run(user_src, src, 5);
   }
   if (p.wpacked) {
-    if (Wt.numel() != PackedFloats(*e)) {
-      TVM_FFI_THROW(ValueError) << kName << ": packed weight has " << Wt.numel()
-                                << " elements, expected " << PackedFloats(*e)
-                                << " (pack it with tvm_ollie.cpu.conv2d_pack_weight and the same "
-                                << "attrs and shapes)";
-    }
-    uint64_t header[2];
-    std::memcpy(header, w, sizeof(header));
-    if (header[0] != kPackMagic || header[1] != PackHash(key, e->wei_md)) {
-      TVM_FFI_THROW(ValueError) << kName << ": packed weight was made for another problem, "
-                                << "format or machine (header mismatch); repack it with "
-                                << "tvm_ollie.cpu.conv2d_pack_weight in this process";
-    }
-    wei = dnnl::memory(e->wei_md, eng, w + kPackHeaderFloats);
+    wei = PackedWeights(Wt, w, key, *e);
   } else {
     wei = dnnl::memory(e->user_wei, eng, w);
     if (e->wei_in.needed) {
@@ -570,7 +644,9 @@ void PackWeight(ffi::PackedArgs args, ffi::Any* rv) {
                               << ", expected [" << PackedFloats(*e)
                               << "] (tvm_ollie.cpu.conv2d_packed_size)";
   }
-  uint64_t header[kPackHeaderFloats / 2] = {kPackMagic, PackHash(key, e->wei_md)};
+  uint64_t header[kPackHeaderFloats / 2] = {kPackMagic, PackHash(key, e->wei_md),
+                                            TagOf(e->wei_md), e->wei_md.get_size(),
+                                            DimsHash(e->wei_md.get_dims())};
   std::memcpy(packed, header, sizeof(header));
   dnnl::memory user_wei(e->user_wei, Engine(), w);
   dnnl::memory dst(e->wei_md, Engine(), packed + kPackHeaderFloats);

@@ -86,7 +86,9 @@ def _compile(args: argparse.Namespace) -> int:
     target = _target(args.target)
     config = _config(args, target, orchestrate=args.orchestrate, dtype=args.dtype,
                      model_guard=False if args.no_model_guard else None,
-                     blocked_layout=not args.no_blocked_layout)
+                     blocked_layout=not args.no_blocked_layout,
+                     library_plan=not args.no_library_plan,
+                     pack_weights=not args.no_pack_weights)
     out = args.output or os.path.splitext(os.path.basename(args.model.split(":")[0]))[0] + ".so"
     with _Output(out) as tmp_out, profile_scope(), Stages(
             ["loading model", "optimizing and building", "exporting"]) as stages:
@@ -536,6 +538,12 @@ def build_parser() -> argparse.ArgumentParser:
     cmd.add_argument("--no-blocked-layout", action="store_true",
                      help="every native convolution takes and returns NCHW (default: chains of "
                           "them keep the activation format oneDNN prefers, docs/layouts.md)")
+    cmd.add_argument("--no-pack-weights", action="store_true",
+                     help="keep the constant weights of those chains as given (default: packed "
+                          "into oneDNN's format at compile time, docs/layouts.md)")
+    cmd.add_argument("--no-library-plan", action="store_true",
+                     help="the whole-model guard does not also time the library plan (every "
+                          "operator the library has on its kernel, blocked layouts)")
     cmd.add_argument("--explain", action="store_true",
                      help="also print the optimizer's report: each decision, the derivations "
                           "cached or searched and the compile time per stage")

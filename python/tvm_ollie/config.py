@@ -180,9 +180,18 @@ class OllieConfig:
         native library only.
     pack_weights : bool
         With ``blocked_layout``: also pack the constant weights of the chains' convolutions
-        into oneDNN's format at compile time, so that no call reorders them. The packs are made
-        for this machine (CPU and thread count): a module built so runs here only (elsewhere
-        the kernel stops with a clear error). Default off for that reason.
+        into oneDNN's format at compile time, so that no call reorders them. A pack is made for
+        this machine (CPU and thread count); where the module runs on another, or with another
+        thread count, the kernel reorders it from the oneDNN format named in its header on
+        every call, as it does unpacked weights (docs/layouts.md).
+    library_plan : bool
+        The whole-model guard (``model_guard``) also builds and times the library plan: every
+        operator the native library has on its kernel (no derivation), chains of
+        convolutions in oneDNN's format (``blocked_layout``), and keeps it when it is the
+        fastest whole (:mod:`tvm_ollie.pipeline.build`). CPU targets with the native library
+        only. The per-unit decisions cannot see what a whole chain of library calls gains
+        (layouts kept across it, no hand-over between oneDNN's and TVM's threads), so this plan
+        can win although it lost unit by unit.
     derivation_cache : bool
         Reuse derivation search results across compiles and models (in ``work_dir`` and the
         per-user cache, :mod:`tvm_ollie.derive.cache`); False: search every signature.
@@ -214,7 +223,8 @@ class OllieConfig:
     dtype: Optional[str] = None
     derivation_cache: bool = True
     blocked_layout: bool = True
-    pack_weights: bool = False
+    pack_weights: bool = True
+    library_plan: bool = True
 
     def __post_init__(self):
         if self.targets is not None and not isinstance(self.targets, tuple):
@@ -237,7 +247,7 @@ class OllieConfig:
                               f"{self.search_time_s!r}")
         for name in ("derive", "fold_inference", "orchestrate", "joint", "joint_guard",
                      "verbose", "derivation_cache", "blocked_layout",
-                     "pack_weights"):
+                     "pack_weights", "library_plan"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"OllieConfig.{name} must be True or False, not "
                                   f"{getattr(self, name)!r}")

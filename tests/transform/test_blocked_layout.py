@@ -15,6 +15,7 @@ from tvm_ollie import native
 from tvm_ollie.codegen import library as lib
 from tvm_ollie.transform.blocked_layout import (blocked_layout, constant_to_format,
                                                 formatted_shape)
+from tvm_ollie.transform.choosing import native_everywhere
 
 CONV = "layout=NCHW;klayout=OIHW;stride=1,1;pad=1,1,1,1;dil=1,1;groups=1"
 
@@ -312,10 +313,6 @@ def _relax_chain(rng):
     return build_pair(relu_chain, (1, 8, 8, 8), weights)[1]
 
 
-def _native_everywhere(_sig, alternatives):
-    return next((a for a in alternatives if a.program is None and a.impl == "native"), None)
-
-
 @pytest.mark.parametrize("on,pack", [(True, False), (False, False), (True, True)])
 def test_in_optimize_module(on, pack):
     """With every conv on its native kernel, the option converts the chain (or, off, leaves
@@ -325,7 +322,7 @@ def test_in_optimize_module(on, pack):
     rng = np.random.default_rng(4)
     mod = _relax_chain(rng)
     new, report = optimize_module(mod, target="llvm", trials=0, derive=False,
-                                  chooser=_native_everywhere, blocked_layout=on,
+                                  chooser=native_everywhere, blocked_layout=on,
                                   pack_weights=pack, check_untuned=False)
     x = rng.standard_normal((1, 8, 8, 8)).astype("float32")
     np.testing.assert_allclose(run(new, x), run(mod, x), rtol=1e-4, atol=1e-4)

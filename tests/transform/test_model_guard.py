@@ -7,6 +7,7 @@ import tvm
 from tvm import relax
 
 import small_models as sm
+from tvm_ollie import native
 from tvm_ollie.codegen.builder import single_function_module as _module, tensor_var
 from tvm_ollie.config import ConfigError, OllieConfig
 from tvm_ollie.frontend.explain import guard_line
@@ -259,3 +260,76 @@ def test_a_test_timer_or_an_empty_cache_dir_keeps_nothing_per_machine(tmp_path, 
     for _ in range(2):
         build(sm.conv1x1(), "llvm", **OPTS)
     assert len(seen) == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# The library plan (OllieConfig.library_plan): every operator on the native library, blocked
+# layouts, timed whole beside the rewritten module and the original.
+
+#: conv_stack with the library on: under the fixed calibration the pass derives programs for
+#: some of its convolutions, so the library plan differs from the rewritten module
+LIB_OPTS = dict(OPTS, library=None)
+needs_library = pytest.mark.skipif(not native.available(), reason="no native library")
+
+
+@needs_library
+def test_a_faster_library_plan_is_kept_and_reported():
+    timer = _timer({"rewritten": 2e-3, "original": 3e-3, "library": 1e-3})
+    mod = sm.conv_stack()
+    ex, report = build(mod, "llvm", plan_timer=timer, **LIB_OPTS)
+    assert timer.seen == [["library", "original", "rewritten"]]
+    assert report.model_guard.winner == "library"
+    assert all(d.impl == "native" and d.reason.endswith("the library plan kept")
+               for d in report.decisions), [(d.chosen, d.reason) for d in report.decisions]
+    assert report.layouts is not None and report.layouts.chains
+    assert "tvm_ollie.cpu.conv2d" in ex.as_text()
+    _check_equals_tvm(ex, mod)
+
+
+@needs_library
+@pytest.mark.parametrize("seconds,winner", [
+    ({"rewritten": 2e-3, "original": 1e-3, "library": 1e-3}, "original"),  # a tie: simplest
+    ({"rewritten": 1e-3, "original": 2e-3, "library": 1e-3}, "rewritten"),
+])
+def test_the_library_plan_wins_only_when_separated(seconds, winner):
+    _, report = build(sm.conv_stack(), "llvm", plan_timer=_timer(seconds), **LIB_OPTS)
+    assert report.model_guard.winner == winner
+    assert not any("library plan kept" in d.reason for d in report.decisions)
+
+
+@needs_library
+@pytest.mark.parametrize("off", [dict(library_plan=False), dict(library=False),
+                                 dict(chooser=lambda _sig, _alts: None)])
+def test_no_library_plan_when_off_or_the_caller_decides(off):
+    timer = _timer({"rewritten": 1e-3, "original": 2e-3, "library": 1e-4})
+    build(sm.conv_stack(), "llvm", plan_timer=timer, **dict(LIB_OPTS, **off))
+    assert all("library" not in plans for plans in timer.seen), timer.seen
+
+
+@needs_library
+def test_a_kept_library_plan_is_read_back_per_machine_and_built_alone(tmp_path, monkeypatch):
+    build_mod = __import__("tvm_ollie.pipeline.build", fromlist=["alternating"])
+    seen = []
+    monkeypatch.setattr(build_mod, "alternating", _fake_protocol(
+        {"rewritten": 2e-3, "original": 3e-3, "library": 1e-3}, seen))
+    mod = sm.conv_stack()
+    _, first = build(mod, "llvm", work_dir=str(tmp_path / "a"), **LIB_OPTS)
+    assert seen == [["library", "original", "rewritten"]] and first.model_guard.winner == "library"
+
+    def refused(*_args, **_kwargs):
+        raise AssertionError("the guard built and timed again")
+
+    built = []
+    real = build_mod._compile_final  # pylint: disable=protected-access
+
+    def compile_final(module, *args):
+        built.append(module)
+        return real(module, *args)
+
+    monkeypatch.setattr(build_mod, "guard_plans", refused)
+    monkeypatch.setattr(build_mod, "_compile_final", compile_final)
+    ex, again = build(mod, "llvm", work_dir=str(tmp_path / "b"), **LIB_OPTS)
+    assert len(built) == 1 and again.model_guard.winner == "library"
+    assert [d.reason for d in again.decisions] == [d.reason for d in first.decisions]
+    assert any("per-machine cache" in note for note in again.model_guard.notes)
+    _check_equals_tvm(ex, mod)

@@ -32,6 +32,7 @@ from ..models import get_model, to_onnx, to_relax
 from ..pipeline.compile import compile_module
 from ..pipeline.guard import alternating_medians
 from ..transform.blocked_layout import blocked_layout
+from ..transform.choosing import native_everywhere
 from ..transform.optimize import optimize_module
 
 
@@ -62,12 +63,6 @@ def _onnxruntime(spec, inputs: List[np.ndarray], threads: int):
     sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
     feed = {i.name: a for i, a in zip(sess.get_inputs(), inputs)}
     return lambda: sess.run(None, feed)
-
-
-def native_everywhere(_signature: str, alternatives):
-    """A chooser (:data:`tvm_ollie.transform.choosing.Chooser`): every unit on its native
-    kernel when it has one (the ``library`` plan of docs/per-call.md)."""
-    return next((a for a in alternatives if a.program is None and a.impl == "native"), None)
 
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}

@@ -39,15 +39,17 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import tvm_ffi
 
+from .. import native
 from ..compat import relax, tvm
 from ..compile_profile import profile_scope, stage
 from ..config import OllieConfig, resolve_config
 from ..orchestrate.cost import sample_args
 from ..target import gpu_available, is_gpu_target, is_llvm, kind_name, normalize_target
+from ..transform.choosing import native_everywhere
 from ..transform.measuring import DecisionRecords
 from ..transform.optimize import OllieOptimize, optimize_module
 from ..transform.precision import to_precision
@@ -152,9 +154,9 @@ def build(mod: "tvm.IRModule", target=None, config: Optional[OllieConfig] = None
 #: Share of the trial budget kept for the rewritten module's kernels (the final task).
 FINAL_SHARE = 0.5
 
-#: Who wins a tie of the whole-model guard: the original (TVM's build, the simplest plan)
-#: unless the rewritten module is separated faster.
-MODEL_PREFERENCE = ("original", "rewritten")
+#: Who wins a tie of the whole-model guard: the original (TVM's build, the simplest plan),
+#: then the rewritten module, then the library plan, unless one is separated faster.
+MODEL_PREFERENCE = ("original", "rewritten", "library")
 
 
 def _build(mod: "tvm.IRModule", cfg: OllieConfig, hooks: dict
@@ -172,20 +174,30 @@ def _build(mod: "tvm.IRModule", cfg: OllieConfig, hooks: dict
     if trials > 0 and not tunable:
         budget.notes.append(f"no {kind_name(tgt)} device here to measure on: nothing tuned")
     new_mod, report = optimize_module(mod, config=cfg, budget=budget, **hooks)
+    library = _library_plan(mod, new_mod, cfg, hooks)
     has_db = bool(work_dir) and os.path.isdir(work_dir) and any(
         f.endswith(".json") and "workload" in f for f in os.listdir(work_dir))
     tuner = Tuner(tgt, work_dir, rpc=cfg.rpc) if (tunable or has_db) else None
     orch = cfg.orchestrate_config() if cfg.orchestrate else None
-    verdict = _recorded_verdict(mod, new_mod, report, cfg, plan_timer)
+    report.budget = budget
+
+    def as_given(module):  # built as the rewritten module is, with the records it left
+        return lambda: compile_module(module, tgt, budget.metered(tuner), 0, cfg.orchestrate,
+                                      orchestrate_config=orch)
+
+    verdict = _recorded_verdict(mod, new_mod, library, report, cfg, plan_timer)
     known = None
     if verdict is not None:
-        with stage("model guard"):  # (hashing both modules to look the verdict up)
+        with stage("model guard"):  # (hashing the modules to look the verdict up)
             known = verdict.known()
-    if known is not None and known.winner == "original":  # TVM's build kept: build only it
+    if known is not None and known.winner in ("original", "library"):  # build only the kept
         report.model_guard = _read_back(known)
-        _revert(report, _reverted_because(report.model_guard))
-        report.budget = budget
-        return _compile_final(mod, cfg, tuner, budget, tunable, orch), report
+        if known.winner == "original":
+            original = mod if _rewritten_units(report) else new_mod
+            _revert(report, _reverted_because(report.model_guard))
+            return _compile_final(original, cfg, tuner, budget, tunable, orch), report
+        _adopt(report, library[1], _library_because(report.model_guard))
+        return _compile_final(library[0], cfg, tuner, budget, tunable, orch), report
     try:
         ex = _compile_final(new_mod, cfg, tuner, budget, tunable, orch)
     except Exception as err:  # pylint: disable=broad-except
@@ -196,30 +208,50 @@ def _build(mod: "tvm.IRModule", cfg: OllieConfig, hooks: dict
               f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:200]}"
         LOG.warning("ollie: %s; building the original module", why)
         _revert(report, why)
-        ex = _compile_final(mod, cfg, tuner, budget, tunable, orch)
-    else:
-        if verdict is not None:
-            def original():  # built as the rewritten module was, with the records it left
-                return compile_module(mod, tgt, budget.metered(tuner), 0, cfg.orchestrate,
-                                      orchestrate_config=orch)
+        return _compile_final(mod, cfg, tuner, budget, tunable, orch), report
+    if verdict is None:
+        return ex, report
+    plans = [("rewritten", lambda: ex), ("original", as_given(mod))]
+    if not _rewritten_units(report):  # nothing rewritten: what was built is the original
+        plans = [("original", lambda: ex)]
+    if library is not None:
+        plans.append(("library", as_given(library[0])))
+    with stage("model guard"):
+        return _model_guard(mod, plans, report, tgt, verdict,
+                            library[1] if library else None), report
 
-            with stage("model guard"):
-                ex = _model_guard(mod, ex, original, report, tgt, verdict)
-    report.budget = budget
-    return ex, report
+
+def _library_plan(given: "tvm.IRModule", rewritten: "tvm.IRModule", cfg: OllieConfig,
+                  hooks: dict) -> Optional[Tuple["tvm.IRModule", OptimizeReport]]:
+    """The library plan (:attr:`OllieConfig.library_plan`): ``given`` with every operator the
+    native library has on its kernel and the pass's other steps as configured (inference
+    folds, epilogues, blocked layouts), no derivation; None where the guard does not run, the
+    caller forces the decisions (a ``chooser``), the library is off or absent here, or the plan
+    is the rewritten module itself or changes nothing."""
+    if not (cfg.library_plan and model_guard_on(cfg) and is_llvm(cfg.target)) or \
+            cfg.library is False or "chooser" in hooks or not native.load():
+        return None
+    keep = {k: v for k, v in hooks.items() if k == "checker"}
+    with stage("library plan"):
+        module, report = optimize_module(given, config=cfg.replace(derive=False, trials=0),
+                                         chooser=native_everywhere, **keep)
+    if not _rewritten_units(report) or tvm_ffi.structural_equal(module, rewritten):
+        return None
+    return module, report
 
 
-def _recorded_verdict(given, rewritten, report: OptimizeReport, cfg: OllieConfig,
+def _recorded_verdict(given, rewritten, library, report: OptimizeReport, cfg: OllieConfig,
                       plan_timer) -> Optional["RecordedVerdict"]:
-    """The whole-model guard's timer when the guard runs (something rewritten, and
-    :func:`model_guard_on`), its verdict kept in ``work_dir`` and, with the per-user cache on
-    and no test timer, in the per-machine cache; None when the guard does not run."""
-    if not (_rewritten_units(report) and model_guard_on(cfg)):
+    """The whole-model guard's timer when the guard runs (something rewritten or a library
+    plan, and :func:`model_guard_on`), its verdict kept in ``work_dir`` and, with the per-user
+    cache on and no test timer, in the per-machine cache; None when the guard does not run."""
+    if not ((_rewritten_units(report) or library is not None) and model_guard_on(cfg)):
         return None
     shared = MachineStore.for_run(cfg.target, "model guard",
                                   cfg.derivation_cache and plan_timer is None)
-    return RecordedVerdict(DecisionRecords(cfg.work_dir, shared), given, rewritten, cfg,
-                           plan_timer)
+    modules = dict(original=given, rewritten=rewritten,
+                   library=library[0] if library is not None else None)
+    return RecordedVerdict(DecisionRecords(cfg.work_dir, shared), modules, cfg, plan_timer)
 
 
 def model_guard_on(cfg: OllieConfig) -> bool:
@@ -241,70 +273,85 @@ def _revert(report: OptimizeReport, why: str) -> None:
     for unit in _rewritten_units(report):
         unit.chosen, unit.after_s, unit.explain, unit.reason = "original", unit.before_s, "", why
     report.epilogues = {}  # (folded into kernels of the rewritten module only)
+    report.layouts = None
 
 
-def _model_guard(given: "tvm.IRModule", ex, original, report: OptimizeReport, tgt,
-                 timer=None):
-    """The rewritten executable ``ex`` or ``original()``, whichever the whole-model guard keeps
-    (module docstring); the evidence goes to ``report.model_guard``."""
-    title = GUARD_TITLE
+def _adopt(report: OptimizeReport, library: OptimizeReport, why: str) -> None:
+    """Report the library plan's decisions as what is built (the rewritten module's are not);
+    the search's own figures stay (they were spent)."""
+    report.decisions, report.regions = library.decisions, library.regions
+    report.epilogues, report.inference_folds = library.epilogues, library.inference_folds
+    report.layouts = library.layouts
+    for unit in _rewritten_units(report):
+        unit.reason = why
+
+
+def _model_guard(given: "tvm.IRModule", plans, report: OptimizeReport, tgt, timer=None,
+                 library: Optional[OptimizeReport] = None):
+    """The executable of the plan the whole-model guard keeps among ``plans`` (``(name,
+    build)``: the rewritten module when something was rewritten, the original, the library
+    plan when there is one; module docstring); the evidence goes to ``report.model_guard``."""
+    first = plans[0]
     known = timer.known() if isinstance(timer, RecordedVerdict) else None
-    if known is not None and known.winner == "rewritten":  # compared here before: no build
+    if known is not None and known.winner == first[0]:  # compared here before: no build
         report.model_guard = _read_back(known)
-        return ex
+        return first[1]()
     try:
         args = sample_args(given["main"])
     except Exception as err:  # pylint: disable=broad-except
-        report.model_guard = GuardReport(winner="rewritten", title=title, notes=[
+        report.model_guard = GuardReport(winner=first[0], title=GUARD_TITLE, notes=[
             f"not timed: no main with static tensor inputs ({type(err).__name__})"])
-        return ex
-    plans = [("rewritten", lambda: ex), ("original", original)]
+        return first[1]()
     try:
         kept, winner, guard = guard_plans(plans, args, reference="original", timer=timer,
                                           target=tgt, prefer=MODEL_PREFERENCE)
-    except GuardError as err:  # neither ran here: keep what the pass built
-        guard = GuardReport(winner="rewritten", notes=[f"not timed: {err}"])
-        kept, winner = ex, "rewritten"
-    guard.title = title
+    except GuardError as err:  # none ran here: keep what the pass built
+        guard = GuardReport(winner=first[0], notes=[f"not timed: {err}"])
+        kept, winner = first[1](), first[0]
+    guard.title = GUARD_TITLE
     if getattr(timer, "read_back", False):
         guard.notes.append(f"verdict read back from work_dir/{DecisionRecords.FILE} or the "
-                           "per-machine cache (timed by an earlier build of the same two "
+                           "per-machine cache (timed by an earlier build of the same "
                            "modules)")
     report.model_guard = guard
-    if winner == "original":
+    if winner == "original" and _rewritten_units(report):
         why = _reverted_because(guard)
         LOG.info("ollie: %s", why)
         _revert(report, why)
+    elif winner == "library":
+        _adopt(report, library, _library_because(guard))
     return kept
 
 
 #: The first words of the whole-model guard's report.
-GUARD_TITLE = "whole-model guard: rewritten vs TVM's build of the original"
+GUARD_TITLE = "whole-model guard: the rewritten module, the library plan and TVM's build " \
+              "of the original, timed whole"
 
 
 def _read_back(comparison: Comparison) -> GuardReport:
     """The guard's report of a verdict read back from the per-machine cache: the kept module
     alone was built."""
-    plans = [PlanOutcome(name, comparison.seconds(name)) for name in ("rewritten", "original")]
-    other = "original" if comparison.winner == "rewritten" else "rewritten module"
+    plans = [PlanOutcome(name, comparison.seconds(name)) for name in comparison.timings]
+    others = ", ".join(p.name for p in plans if p.name != comparison.winner) or "nothing else"
     return GuardReport(plans=plans, winner=comparison.winner, reference="original",
                        comparison=comparison, title=GUARD_TITLE, notes=[
-                           "verdict read back from the per-machine cache (the same two modules "
-                           f"built and compared on this machine before); the {other} not built"])
+                           "verdict read back from the per-machine cache (the same modules "
+                           f"built and compared on this machine before); {others} not built"])
 
 
 class RecordedVerdict:
     """The whole-model guard's timer (a :data:`~.guard.PlanTimer`) with its verdict kept in
     ``work_dir`` (:class:`~tvm_ollie.transform.measuring.DecisionRecords`), as the unit
-    decisions keep theirs: a later build of the same two modules (structural hashes) for the
+    decisions keep theirs: a later build of the same modules (structural hashes) for the
     same target, ``orchestrate`` and ``trials`` reads the comparison back and times nothing,
-    so the same model compiled twice keeps the same build. ``timer``: None, the protocol
-    (:func:`~.guard.alternating`); else a test's. ``read_back``: whether it did."""
+    so the same model compiled twice keeps the same build. ``modules``: the plans' modules by
+    name (``original``, ``rewritten``, ``library``; None: no such plan). ``timer``: None, the
+    protocol (:func:`~.guard.alternating`); else a test's. ``read_back``: whether it did."""
 
-    def __init__(self, records: DecisionRecords, given: "tvm.IRModule",
-                 rewritten: "tvm.IRModule", cfg: OllieConfig, timer=None):
+    def __init__(self, records: DecisionRecords, modules: Dict[str, Optional["tvm.IRModule"]],
+                 cfg: OllieConfig, timer=None):
         self.records, self.timer, self.read_back = records, timer, False
-        self.modules = (given, rewritten)
+        self.modules = {k: m for k, m in modules.items() if m is not None}
         self._keyed: Optional[Tuple[str, str]] = None
         self.model = f"model guard {cfg.target} orchestrate={cfg.orchestrate} " \
                      f"trials={cfg.trials}"
@@ -312,16 +359,18 @@ class RecordedVerdict:
     def _key(self) -> Tuple[str, str]:
         """``(key, signature)``: hashed once, when first asked (the modules may be large)."""
         if self._keyed is None:
-            given, rewritten = (int(tvm_ffi.structural_hash(m)) for m in self.modules)
-            signature = f"whole model {given} -> {rewritten}"
+            h = {k: int(tvm_ffi.structural_hash(m)) for k, m in self.modules.items()}
+            signature = f"whole model {h['original']} -> {h['rewritten']}"
+            if "library" in h:
+                signature += f" | library {h['library']}"
             self._keyed = DecisionRecords.key(self.model, signature), signature
         return self._keyed
 
     def known(self) -> Optional[Comparison]:
-        """The per-machine cache's comparison of these two modules (both ran, their outputs
-        agreed, and the two were timed on this machine, by this code, TVM and library); None
-        when there is none (then the guard builds both and compares, or reads the work dir's
-        verdict back, as before)."""
+        """The per-machine cache's comparison of these modules (the kept plan and the original
+        both ran, their outputs agreed, and they were timed on this machine, by this code, TVM
+        and library); None when there is none (then the guard builds every plan and compares,
+        or reads the work dir's verdict back, as before)."""
         shared = self.records.shared
         if shared is None:
             return None
@@ -331,8 +380,8 @@ class RecordedVerdict:
             res = Comparison.from_dict(entry["comparison"]) if entry else None
         except (KeyError, TypeError, ValueError):
             return None
-        if res is None or res.winner not in ("rewritten", "original") or \
-                set(res.medians()) != {"rewritten", "original"}:
+        if res is None or res.winner not in self.modules or \
+                any(res.seconds(n) is None for n in ("original", res.winner)):
             return None
         self.read_back = True
         return res
@@ -351,18 +400,32 @@ class RecordedVerdict:
         return timed
 
 
+def _timed_plans(guard: GuardReport, tie: str) -> str:
+    """``the rewritten module took 1.200ms, the original 2.000ms (separated)``, with each timed
+    plan; ``tie``: what a tie did."""
+    what = {"rewritten": "the rewritten module took", "library": "the library plan",
+            "original": "the original"}
+    times = guard.times()
+    parts = [f"{what[n]} {times[n] * 1e3:.3f}ms" for n in what if n in times]
+    how = "separated" if guard.comparison is not None and guard.comparison.separated \
+        else f"not separated: {tie}"
+    return f"{', '.join(parts)} ({how})"
+
+
 def _reverted_because(guard: GuardReport) -> str:
     """The reason given to every reverted unit when the guard kept the original."""
-    rewritten = next(p for p in guard.plans if p.name == "rewritten")
-    if rewritten.dropped:
+    rewritten = next((p for p in guard.plans if p.name == "rewritten"), None)
+    if rewritten is not None and rewritten.dropped:
         return f"whole-model guard: the rewritten module {rewritten.dropped}; TVM's build of " \
                "the original kept"
-    times = guard.times()
-    how = "separated" if guard.comparison is not None and guard.comparison.separated \
-        else "not separated: a tie keeps the original"
-    return f"whole-model guard: the rewritten module took {times['rewritten'] * 1e3:.3f}ms, " \
-           f"the original {times['original'] * 1e3:.3f}ms ({how}); TVM's build of the " \
-           "original kept"
+    return f"whole-model guard: {_timed_plans(guard, 'a tie keeps the original')}; TVM's " \
+           "build of the original kept"
+
+
+def _library_because(guard: GuardReport) -> str:
+    """The reason given to every unit of the library plan when the guard kept it."""
+    return f"whole-model guard: {_timed_plans(guard, 'the plans preferred over it failed')}" \
+           "; the library plan kept"
 
 
 def _compile_final(mod, cfg: OllieConfig, tuner, budget: TrialBudget, tunable: bool, orch):

@@ -551,8 +551,9 @@ def blocked_layout(mod: "tvm.IRModule", fmt: Optional[str] = None, pack_weights:
     pack_weights : bool
         Also pack the constant weights of the chain's convolutions into oneDNN's format for
         these very calls (``wpacked=1``), so that no call reorders its weights. The packs are
-        made for this machine's CPU and thread count: a module built so runs here only (a
-        pack made elsewhere is rejected at run time with a clear error).
+        made for this machine's CPU and thread count; run elsewhere (or with another thread
+        count), a call reorders its pack from the oneDNN format tag in the pack's header, as
+        it reorders unpacked weights.
     """
     if fmt is not None and fmt not in _FORMATS:
         raise ValueError(f"blocked_layout: fmt must be one of {_FORMATS}, got {fmt!r}")

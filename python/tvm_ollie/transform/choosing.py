@@ -29,7 +29,7 @@ from .decision import Decision
 __all__ = ["MARGIN", "MAX_VERIFY", "NATIVE_MARGIN", "Choice", "Chooser", "Decision",
            "TimingStep", "choose_analytic", "choose_forced", "choose_measured", "chosen",
            "decided", "decision_margin", "format_seconds", "kept_by_estimate", "kind_leaders",
-           "preference", "sampled", "shortlist"]
+           "native_everywhere", "preference", "sampled", "shortlist"]
 
 LOG = logging.getLogger("tvm_ollie.transform")
 
@@ -50,6 +50,14 @@ MAX_VERIFY = 3
 #: timed. ``None`` leaves the decision to the cost model.
 Chooser = Callable[[str, List[Alternative]], Optional[Alternative]]
 CheckStep = Callable[[Alternative], Tuple[bool, str]]
+
+
+def native_everywhere(_signature: str, alternatives: List[Alternative]
+                      ) -> Optional[Alternative]:
+    """A :data:`Chooser`: every unit on its native library kernel when it has one (the
+    whole-model guard's ``library`` plan, docs/per-call.md), else the cost model decides."""
+    return next((a for a in alternatives if a.program is None and a.impl == "native"), None)
+
 MeasureStep = Callable[[Alternative], Optional[float]]
 #: ``timing(alternatives, prefer, margin) -> Comparison``: the alternatives (the original
 #: first) timed together, judged with the labels' tie-break order ``prefer`` and ``margin``.
