@@ -51,7 +51,7 @@ from ..tune.records import MachineStore
 from .alternatives import Alternative, Candidates, UnitAlternatives
 from .batched import UnitBuild
 from .checking import RTOL, Checker, CheckFn, VerdictCache, check_exact, checked
-from .choosing import (MARGIN, MAX_VERIFY, Choice, Chooser, Decision, choose_analytic, choose_forced,
+from .choosing import (MARGIN, Choice, Chooser, Decision, choose_analytic, choose_forced,
                        choose_measured, decided, kept_by_estimate, shortlist)
 from .costing import (AnalyticUnitCost, CallableTiming, ModuleTiming, Timer, TunedTiming,
                       UnitCostModel, UntunedTiming)
@@ -318,11 +318,14 @@ class Decider:
                 self.cost_model.use_build(None, None)
 
     def _to_check(self, better: List[Alternative]) -> List[Alternative]:
-        """The shortlisted alternatives the choose stage checks (and, measured, times):
-        :func:`~.choosing.choose_measured`'s natives and first ``max_measured`` programs,
-        :func:`~.choosing.choose_analytic`'s first :data:`~.choosing.MAX_VERIFY`."""
+        """The shortlisted alternatives the choose stage checks and times: measured,
+        :func:`~.choosing.choose_measured`'s natives and first ``max_measured`` programs (each
+        is checked, then timed); by the estimate, the first only
+        (:func:`~.choosing.choose_analytic` stops at the first that holds up, and TVM's build
+        costs per kernel: merging the next ones in would build them for nothing when the first
+        passes; a later one is built alone)."""
         if not self.measures:
-            return better[:MAX_VERIFY]
+            return better[:1]
         programs = [a for a in better if a.program is not None][:self.max_measured]
         return [a for a in better if a.program is None] + programs
 
