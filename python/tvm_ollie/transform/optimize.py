@@ -257,7 +257,8 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
                               [r.signature() for r in regions] +
                               [g.signature() for g in groups]))
     weights = _signature_weights(decider.calib, regions, calls)
-    small = SmallUnitGuard(weights, _module_seconds(decider.calib, calls), cfg.min_share)
+    small = SmallUnitGuard(weights, _module_seconds(decider.calib, calls, decider.library),
+                           cfg.min_share)
     if decider.can_measure:
         _plan_budget(budget, {s: weights[s] for s in small.kept(weights)}, cfg.max_measured)
     elif cfg.trials > 0 and not budget.notes:
@@ -465,10 +466,24 @@ def _signature_weights(calib: Calibration, regions, calls) -> Dict[str, float]:
     return weights
 
 
-def _module_seconds(calib: Calibration, calls) -> float:
+def _module_seconds(calib: Calibration, calls, library: bool) -> float:
     """The module's estimated time as :class:`~tvm_ollie.tune.budget.SmallUnitGuard` weighs
-    it: its derivable calls', each once."""
-    return sum(_unit_seconds(c, calib) for _, _, c in calls)
+    it: its derivable calls', each once, each on the cheaper of TVM's kernel and the native
+    library's (with ``library``). The lower of the two: an operator TVM's default schedule
+    runs badly (the demo's transposed convolution, estimated 10x its library kernel) must
+    not make the others look small."""
+    total = 0.0
+    for _, _, call in calls:
+        seconds = _unit_seconds(call, calib)
+        if library and lib.call_form(call) is not None:
+            try:
+                native = analytic.original_seconds(lift_relax_call(call), call.op.name, calib,
+                                                   "native")
+            except LiftError:
+                native = seconds
+            seconds = min(seconds, native)
+        total += seconds
+    return total
 
 
 def _plan_budget(budget: TrialBudget, weights: Dict[str, float], max_measured: int) -> None:

@@ -242,8 +242,9 @@ class SmallUnitGuard:
     whole-model measurements can tell apart (their margin, :mod:`tvm_ollie.tune.compare`, is
     3 %); yet its search, checks, builds and timings cost as much as a heavy unit's. ``W`` is
     the sum over the module's derivable calls (each once; a region's weight is its calls'),
-    so the share of a unit is over-estimated (the other operators are left out): the guard
-    errs towards deciding. A signature without a weight (a shared-input group) is never
+    each on the cheaper of its TVM and native library kernels, so the share of a unit is
+    over-estimated (the other operators are left out, and the module is taken at its
+    fastest known kernels): the guard errs towards deciding. A signature without a weight (a shared-input group) is never
     skipped, nor is anything when the module has no estimate.
     """
 
