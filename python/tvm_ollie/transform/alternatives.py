@@ -26,7 +26,7 @@ __all__ = ["SEARCH_PATIENCE", "Alternative", "Candidates", "UnitAlternatives"]
 
 #: Whole depth levels without a better program after which a unit's search stops
 #: (:class:`~tvm_ollie.derive.search.CostBound`'s ``patience``: why two, there).
-SEARCH_PATIENCE = 2
+SEARCH_PATIENCE = 3
 
 
 @dataclass(frozen=True)
