@@ -108,6 +108,10 @@ class OllieConfig:
         Derivation time for the whole module, shared by its distinct operator signatures in
         proportion to their estimated time (each gets at least :data:`MIN_SEARCH_S`; what a
         search that stops early leaves flows on to the next).
+    min_share : float
+        A signature whose calls' estimated time is below this share of the module's is not
+        decided (not searched, checked, built or timed: "skipped: too small to matter",
+        :class:`tvm_ollie.tune.budget.SmallUnitGuard`); 0 decides every one.
     max_states : int, optional
         Derivation states visited per signature (None: only the time limits).
     max_candidates : int, optional
@@ -202,6 +206,7 @@ class OllieConfig:
     work_dir: Optional[str] = None
     max_depth: int = 7
     search_time_s: float = 20.0
+    min_share: float = 0.01
     max_states: Optional[int] = 2000
     max_candidates: Optional[int] = None
     max_measured: int = 3
@@ -245,6 +250,10 @@ class OllieConfig:
                 self.search_time_s, numbers.Real) or not self.search_time_s > 0:
             raise ConfigError(f"OllieConfig.search_time_s must be a number > 0, not "
                               f"{self.search_time_s!r}")
+        if isinstance(self.min_share, bool) or not isinstance(
+                self.min_share, numbers.Real) or not 0 <= self.min_share < 1:
+            raise ConfigError(f"OllieConfig.min_share must be a number in [0, 1), not "
+                              f"{self.min_share!r}")
         for name in ("derive", "fold_inference", "orchestrate", "joint", "joint_guard",
                      "verbose", "derivation_cache", "blocked_layout",
                      "pack_weights", "library_plan"):

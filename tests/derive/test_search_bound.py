@@ -79,3 +79,54 @@ def test_the_lower_bound_holds_for_every_candidate(expr):
     for prog in res.candidates:
         for impl in ("tvm", "native"):
             assert analytic.program_seconds(prog, CALIB, impl) >= lower * (1 - 1e-9), prog
+
+
+def _constant(_prog) -> float:
+    """Every candidate as cheap as the first: only level 0 improves."""
+    return 1.0
+
+
+class _Cheaper:
+    """Each new candidate 10 % cheaper than the one before: every level that finds one
+    improves."""
+
+    def __init__(self):
+        self.next_s = 1.0
+
+    def __call__(self, _prog) -> float:
+        self.next_s *= 0.9
+        return self.next_s
+
+
+@pytest.mark.parametrize("patience", [0, 1, 2])
+def test_patience_stops_after_that_many_barren_levels(patience):
+    expr = conv2d_nhwc(h=4, c=4, f=4)
+    res = derive(expr, max_depth=4, verify=False, max_candidates=None,
+                 bound=CostBound(_constant, 1e-12, 0.03, patience))
+    # level 0 improved (the first candidate); levels 1..patience expanded, then the stop
+    assert res.stats.stop_reason is StopReason.STALE
+    assert res.stats.max_depth_reached == patience
+    assert "stale" in res.stats.summary()
+
+
+def test_patience_keeps_searching_while_levels_improve():
+    expr = conv2d_nhwc(h=4, c=4, f=4)
+    plain = derive(expr, max_depth=3, verify=False, max_candidates=None)
+    res = derive(expr, max_depth=3, verify=False, max_candidates=None,
+                 bound=CostBound(_Cheaper(), 0.0, 0.03, 1))
+    assert res.stats.stop_reason is StopReason.MAX_DEPTH
+    assert [repr(p) for p in res.candidates] == [repr(p) for p in plain.candidates]
+
+
+def test_an_improvement_within_the_margin_is_no_improvement():
+    """Candidates 1 % cheaper each (less than the 3 % margin) do not reset the patience."""
+    expr = conv2d_nhwc(h=4, c=4, f=4)
+    state = {"s": 1.0}
+
+    def slightly(_prog):
+        state["s"] *= 0.99
+        return state["s"]
+
+    res = derive(expr, max_depth=4, verify=False, max_candidates=None,
+                 bound=CostBound(slightly, 1e-12, 0.03, 1))
+    assert res.stats.stop_reason is StopReason.STALE and res.stats.max_depth_reached == 1

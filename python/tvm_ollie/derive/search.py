@@ -86,6 +86,7 @@ class StopReason(enum.Enum):
     MAX_STATES = "max_states"
     FIRST_FOUND = "first_found"  # stop_on_first: every target has a candidate
     NEAR_BOUND = "near_bound"  # the best candidate is within the CostBound's slack of its floor
+    STALE = "stale"  # the CostBound's patience: whole depth levels found nothing better
 
 
 @dataclass(frozen=True)
@@ -103,11 +104,23 @@ class CostBound:
 
     since then every program ``p`` has ``seconds(p) >= lower_s >= seconds(b) / (1 + slack)
     = (1 - margin) * seconds(b)``: none can beat ``b`` by the margin.
+
+    With ``patience`` (a number of depth levels) the search also stops (``stale``) once that
+    many whole levels after the one that last improved the best candidate by more than the
+    margin found nothing that did: it stops before expanding level ``d`` when
+
+        d - 1 - last_improving_level >= patience.
+
+    How many: on the quick zoo's convolutions and transposed convolutions
+    (docs/compile-time.md) an improvement followed two barren levels (FSRCNN's transposed
+    convolution under this machine's calibration: depth 0, then EinNet's matmul + offset-add
+    form at depth 3, 19 % cheaper), never three; a level costs several times the one before.
     """
 
     seconds: Callable[[object], float]
     lower_s: float
     margin: float
+    patience: Optional[int] = None
 
     @property
     def slack(self) -> float:
@@ -222,6 +235,8 @@ class _Search:
         self.key_fn = _state_key
         self.phase = self.stats.phase_s
         self.bound = bound
+        #: the last depth level whose candidates improved the best by more than the margin
+        self.improved_depth: Optional[int] = None
         if bound is not None:
             self.stats.bound_s = bound.lower_s
 
@@ -273,7 +288,10 @@ class _Search:
         self.candidates[key] = prog
         if self.bound is not None:
             cost = _bound_seconds(self.bound, prog)
-            if self.stats.best_s is None or cost < self.stats.best_s:
+            best = self.stats.best_s
+            if best is None or cost < best * (1.0 - self.bound.margin):
+                self.improved_depth = depth
+            if best is None or cost < best:
                 self.stats.best_s = cost
         now = time.perf_counter() - self.t0
         self.stats.candidates_found += 1
@@ -291,6 +309,14 @@ class _Search:
         if self.bound is not None and self.stats.best_s is not None and \
                 self.bound.reached(self.stats.best_s):
             raise _Limits(StopReason.NEAR_BOUND)
+
+    def _check_stale(self, depth: int) -> None:
+        """Stop before level ``depth`` once the bound's patience of whole levels found nothing
+        better (:class:`CostBound`)."""
+        patience = None if self.bound is None else self.bound.patience
+        if patience is not None and self.improved_depth is not None and \
+                depth - 1 - self.improved_depth >= patience:
+            raise _Limits(StopReason.STALE)
 
     def _guided(self, state: Scope, path: Tuple, depth: int, parent: Optional[Scope]) -> None:
         """Guided rules at the compute scopes of ``state`` that its parent did not have.
@@ -393,6 +419,7 @@ class _Search:
         stop = StopReason.EXHAUSTED
         try:
             while frontier:
+                self._check_stale(depth)
                 nxt: List[Tuple[Scope, Tuple, Optional[Scope]]] = []
                 self.stats.max_depth_reached = depth
                 for state, path, parent in frontier:

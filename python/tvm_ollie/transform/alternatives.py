@@ -22,7 +22,11 @@ from ..tune import analytic
 from ..tune.calibrate import Calibration
 from .units import constant_inputs, is_group, is_region
 
-__all__ = ["Alternative", "Candidates", "UnitAlternatives"]
+__all__ = ["SEARCH_PATIENCE", "Alternative", "Candidates", "UnitAlternatives"]
+
+#: Whole depth levels without a better program after which a unit's search stops
+#: (:class:`~tvm_ollie.derive.search.CostBound`'s ``patience``: why two, there).
+SEARCH_PATIENCE = 3
 
 
 @dataclass(frozen=True)
@@ -170,7 +174,7 @@ class Candidates:
             return min(analytic.program_seconds(prog, calib, impl, constants) for impl in impls)
 
         return CostBound(seconds, analytic.least_seconds(expr, calib, self.library),
-                         self.margin)
+                         self.margin, SEARCH_PATIENCE)
 
     def _group(self, group) -> UnitAlternatives:
         """A group of calls sharing an operand: the calls as they are, and the merged programs

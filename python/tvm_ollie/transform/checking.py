@@ -41,6 +41,7 @@ from ..tune.measure import random_args
 from ..verify.finite_field import check_program_mod_p
 from ..verify.tolerance import narrowest_float, tolerance
 from .alternatives import Alternative
+from .batched import UnitBuild
 from .emit import EmitError
 from .units import unit_module, unit_signature
 
@@ -67,13 +68,21 @@ def check_numerics(ref_mod: "tvm.IRModule", cand_mod: "tvm.IRModule") -> Tuple[b
     return ok, why
 
 
-def numeric_evidence(ref_mod: "tvm.IRModule",
-                     cand_mod: "tvm.IRModule") -> Tuple[bool, str, Dict[str, object]]:
+def numeric_evidence(ref_mod: "tvm.IRModule", cand_mod: "tvm.IRModule",
+                     build: Optional[UnitBuild] = None, ref_key: str = "",
+                     cand_key: str = "") -> Tuple[bool, str, Dict[str, object]]:
     """:func:`check_numerics` with its evidence: the tolerance and, per result, the largest
-    absolute error and the reference's largest magnitude."""
+    absolute error and the reference's largest magnitude. With ``build`` (a
+    :class:`~.batched.UnitBuild` holding both modules under ``ref_key`` and ``cand_key``) both
+    run from its one executable on the same inputs, the reference's results computed once per
+    build; else each module is built alone."""
     args = random_args(ref_mod["main"], seed=1)
-    refs, dtypes = _run_llvm(ref_mod, args)
-    gots, _ = _run_llvm(cand_mod, args)
+    ran = _run_built(build, ref_key, cand_key, args) if build is not None else None
+    if ran is None:
+        refs, dtypes = _run_llvm(ref_mod, args)
+        gots, _ = _run_llvm(cand_mod, args)
+    else:
+        (refs, dtypes), (gots, _) = ran
     rtol = tolerance(narrowest_float(dtypes + [str(a.dtype) for a in args]))
     evidence: Dict[str, object] = {"rtol": rtol, "results": []}
     if isinstance(refs, list) or isinstance(gots, list):
@@ -102,6 +111,8 @@ def _compare(ref: np.ndarray, got: np.ndarray, rtol: float,
 
 
 _DEFAULT_NUMERIC = check_numerics  # (a comparison patched in its place is not cached)
+#: The key of the original in a decision's merged build (:class:`~.batched.UnitBuild`).
+_BASELINE = Alternative(None, "tvm").label
 
 
 def _run_llvm(mod, args) -> Tuple[Union[np.ndarray, List[np.ndarray]], List[str]]:
@@ -109,6 +120,26 @@ def _run_llvm(mod, args) -> Tuple[Union[np.ndarray, List[np.ndarray]], List[str]
     ex = tvm.compile(mod, target="llvm")
     vm = relax.VirtualMachine(ex, tvm.cpu())
     out = vm["main"](*[tvm.runtime.tensor(a) for a in args])
+    if not hasattr(out, "numpy"):  # a tuple of results
+        return [o.numpy().astype(np.float64) for o in out], [str(o.dtype) for o in out]
+    return out.numpy().astype(np.float64), [str(out.dtype)]
+
+
+def _run_built(build: UnitBuild, ref_key: str, cand_key: str, args):
+    """The reference's and the candidate's results from ``build`` (None: the merged build
+    failed, or does not hold both: build them alone)."""
+    ref, cand = build.function(ref_key), build.function(cand_key)
+    if ref is None or cand is None:
+        return None
+    memo = build.memo.get(("reference", ref_key))
+    if memo is None:
+        memo = build.memo[("reference", ref_key)] = _run_function(*ref, args)
+    return memo, _run_function(*cand, args)
+
+
+def _run_function(ex, name: str, args):
+    """The output of function ``name`` of ``ex`` on the CPU as float64, and its types."""
+    out = relax.VirtualMachine(ex, tvm.cpu())[name](*[tvm.runtime.tensor(a) for a in args])
     if not hasattr(out, "numpy"):  # a tuple of results
         return [o.numpy().astype(np.float64) for o in out], [str(o.dtype) for o in out]
     return out.numpy().astype(np.float64), [str(out.dtype)]
@@ -260,20 +291,28 @@ class Checker:
         self.exact = bool(exact)
         self.cache = cache if self.numeric is _DEFAULT_NUMERIC else None
 
-    def check(self, unit, alt: Alternative) -> Tuple[bool, str]:
+    def check(self, unit, alt: Alternative,
+              build: Optional[UnitBuild] = None) -> Tuple[bool, str]:
         """``(ok, why)``: ``alt`` against ``unit``, each alone; may raise (see :func:`checked`).
 
         Both are built on llvm, so an alternative on library kernels is checked on the CPU
         library's: the CUDA kernels take the same attributes and compute the same function
-        (their own tests compare them with numpy on a GPU)."""
+        (their own tests compare them with numpy on a GPU). ``build``: the decision's merged
+        build (:mod:`.batched`, built for a CPU target) holding the original under
+        ``"original"`` and ``alt`` under its label; the default comparison then runs both
+        from it (the same inputs, the same verdict) instead of building them alone."""
         with lib.kernel_device("cpu"):
-            ref_mod = unit_module(unit)
-            cand_mod = unit_module(unit, alt.program, None, alt.impl)
+            shared = build is not None and _BASELINE in build and alt.label in build
+            ref_mod = build.modules[_BASELINE] if shared else unit_module(unit)
+            cand_mod = build.modules[alt.label] if shared else \
+                unit_module(unit, alt.program, None, alt.impl)
             keyed = self._key(unit, alt, ref_mod, cand_mod)
             if keyed is not None and self.cache.passed(keyed):
                 return True, ""
-            if keyed is not None:
-                ok, why, evidence = numeric_evidence(ref_mod, cand_mod)
+            if keyed is not None or (shared and self.numeric is _DEFAULT_NUMERIC):
+                ok, why, evidence = numeric_evidence(ref_mod, cand_mod, build, _BASELINE,
+                                                     alt.label) if shared else \
+                    numeric_evidence(ref_mod, cand_mod)
             else:
                 (ok, why), evidence = self.numeric(ref_mod, cand_mod), {}
         if ok and self.exact and alt.program is not None and not alt.program.multi:
@@ -294,10 +333,14 @@ class Checker:
             return None
 
 
-def checked(checker: Checker, unit, alt: Alternative) -> Tuple[bool, str]:
+def checked(checker: Checker, unit, alt: Alternative,
+            build: Optional[UnitBuild] = None) -> Tuple[bool, str]:
     """``checker.check(unit, alt)`` with every failure a rejection: an alternative with no
-    Relax form, or whose build or run raises, does not hold up."""
+    Relax form, or whose build or run raises, does not hold up (``build``: the decision's
+    merged build, :meth:`Checker.check`)."""
     try:
+        if build is not None and type(checker).check is Checker.check:
+            return checker.check(unit, alt, build)  # (a checker of its own is asked as before)
         return checker.check(unit, alt)
     except EmitError as err:
         return False, f"no Relax form: {err}"

@@ -27,7 +27,7 @@ import hashlib
 import logging
 import time
 from abc import ABC, abstractmethod
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 from ..compat import tvm
 from ..compile_profile import stage
@@ -42,6 +42,7 @@ from ..tune.metaschedule import STATS, Tuner
 from ..tune.rpc import RPCConfig
 from ..tune.workdir import MEASURE_FILE, JsonRecords
 from .alternatives import Alternative
+from .batched import UnitBuild
 from .emit import EmitError
 from .units import constant_inputs, is_group, is_region, unit_module, unit_signature
 
@@ -113,6 +114,22 @@ class ModuleTiming(UnitCostModel):
 
     def __init__(self):
         self._sig = (None, "")
+        #: the current decision's merged build (:meth:`use_build`)
+        self._build: Tuple[object, Optional[UnitBuild]] = (None, None)
+
+    #: whether :meth:`sampler` takes an alternative from the decision's merged build
+    #: (:mod:`.batched`); only the untuned timing on this machine does
+    shares_builds = False
+
+    def use_build(self, unit, build: Optional[UnitBuild]) -> None:
+        """Time ``unit``'s alternatives from ``build`` (its merged executable, keyed by
+        alternative label) where it holds them; ``None`` ends it."""
+        self._build = (unit, build)
+
+    def build_of(self, unit) -> Optional[UnitBuild]:
+        """The merged build this model times ``unit``'s alternatives from (None: none)."""
+        owner, build = self._build
+        return build if self.shares_builds and owner is unit else None
 
     def seconds(self, unit, alt: Alternative) -> Optional[float]:
         module = self._module(unit, alt)
@@ -127,10 +144,17 @@ class ModuleTiming(UnitCostModel):
     def sampler(self, unit, alt: Alternative) -> Optional[Sampler]:
         """A :data:`~tvm_ollie.tune.compare.Sampler` of ``alt`` (its module built once), for
         timing a decision's alternatives together; None: it failed to build."""
-        module = self._module(unit, alt)
+        build = self.build_of(unit)
+        built = build.function(alt.label) if build is not None else None
+        if built is not None:
+            module = (build.modules[alt.label], f"{unit_signature(unit)}|{alt.label}")
+        else:
+            module = self._module(unit, alt)
         if module is None:
             return None
         try:
+            if built is not None:
+                return self.sample_built(built[0], built[1], module[0])
             return self.sample(*module)
         except Exception as err:  # pylint: disable=broad-except
             LOG.warning("ollie: building %s failed: %s: %s", alt.label, type(err).__name__, err)
@@ -154,6 +178,11 @@ class ModuleTiming(UnitCostModel):
     def sample(self, module: "tvm.IRModule", label: str) -> Sampler:
         """One sample per call: by default a whole :meth:`measure` (a timer's number)."""
         return lambda: self.measure(module, label)
+
+    def sample_built(self, ex, function: str, module: "tvm.IRModule") -> Sampler:
+        """One sample per call of ``function`` of the merged executable ``ex`` (``module``:
+        the alternative's own module, for its inputs); only where :attr:`shares_builds`."""
+        raise NotImplementedError(f"{type(self).__name__} does not time merged builds")
 
     @property
     def record_key(self) -> str:
@@ -233,6 +262,15 @@ class UntunedTiming(ModuleTiming):
             return None
         self.cache.put(key, seconds)
         return seconds
+
+    @property
+    def shares_builds(self) -> bool:
+        """The untuned build of the decision's merged module is what this model would build
+        alone, here (not behind ``rpc``: the remote device loads an exported ``main``)."""
+        return self.rpc is None and type(self).compile is UntunedTiming.compile
+
+    def sample_built(self, ex, function: str, module: "tvm.IRModule") -> Sampler:
+        return main_sampler(ex, random_args(module["main"]), self.target, function=function)
 
     def sample(self, module: "tvm.IRModule", label: str) -> Sampler:
         """Built once, then one sample per call (:func:`~tvm_ollie.tune.measure.main_sampler`);

@@ -43,17 +43,19 @@ from ..codegen import library as lib
 from ..compile_profile import stage
 from ..config import OllieConfig, resolve_config
 from ..derive.cache import DerivationCache
-from ..target import gpu_available, is_gpu_target, normalize_target
+from ..target import gpu_available, is_gpu_target, is_llvm, normalize_target
 from ..tune.budget import TrialBudget
 from ..tune.calibrate import calibrate
 from ..tune.metaschedule import Tuner
 from ..tune.records import MachineStore
 from .alternatives import Alternative, Candidates, UnitAlternatives
+from .batched import UnitBuild
 from .checking import RTOL, Checker, CheckFn, VerdictCache, check_exact, checked
 from .choosing import (MARGIN, Choice, Chooser, Decision, choose_analytic, choose_forced,
                        choose_measured, decided, kept_by_estimate, shortlist)
-from .costing import (AnalyticUnitCost, CallableTiming, Timer, TunedTiming, UnitCostModel,
-                      UntunedTiming)
+from .costing import (AnalyticUnitCost, CallableTiming, ModuleTiming, Timer, TunedTiming,
+                      UnitCostModel, UntunedTiming)
+from .emit import EmitError
 from .measuring import DecisionRecords, DecisionTiming
 from .remembered import RememberedDecisions
 from .units import (call_signature, constant_inputs, is_region, isolated_module, unit_module,
@@ -261,12 +263,14 @@ class Decider:
         return [dataclasses.replace(a, estimate=self.estimator.seconds(unit, a))
                 for a in found.alternatives]
 
-    def check(self, unit, alt: Alternative) -> Tuple[bool, str]:
-        """The check stage: ``(ok, why)`` of ``alt`` against ``unit`` (failures reject)."""
+    def check(self, unit, alt: Alternative,
+              build: Optional[UnitBuild] = None) -> Tuple[bool, str]:
+        """The check stage: ``(ok, why)`` of ``alt`` against ``unit`` (failures reject;
+        ``build``: the decision's merged build, :meth:`unit_build`)."""
         t0 = time.perf_counter()
         try:
             with stage("verify"):
-                return checked(self.checker, unit, alt)
+                return checked(self.checker, unit, alt, build)
         finally:
             self.verify_s += time.perf_counter() - t0
 
@@ -288,20 +292,57 @@ class Decider:
         alts, n_cand, note = self.alternatives(unit, budget_s)  # candidates -> cost (estimate)
         base = alts[0]
         others = sorted(alts[1:], key=lambda a: (a.estimate, a.label))
-        check = functools.partial(self.check, unit)
         if self.chooser is not None:
             forced = self.chooser(sig, others)
             if forced is not None:
-                return choose_forced(base, forced, names, n_cand, check)
+                return choose_forced(base, forced, names, n_cand,
+                                     functools.partial(self.check, unit))
         better = shortlist(base, others, is_region(unit), self.measures)
         if not better:
             return kept_by_estimate(base, others, names, n_cand, note)
+        build = self.unit_build(unit, [base] + self._to_check(better))
+        check = functools.partial(self.check, unit, build=build)
         if not self.measures:  # check -> choose by the estimate
             return choose_analytic(base, better, names, n_cand, check)
         mode = "measured" if self.can_measure else "untuned, measured"
-        return choose_measured(base, better, names, n_cand, check,  # check -> cost -> choose
-                               functools.partial(self.cost, unit), self.max_measured, mode,
-                               self.timing.step(unit, sig))
+        timed = build is not None and is_llvm(self.target) and \
+            isinstance(self.cost_model, ModuleTiming) and self.cost_model.shares_builds
+        if timed:
+            self.cost_model.use_build(unit, build)
+        try:
+            return choose_measured(base, better, names, n_cand, check,  # check -> cost -> choose
+                                   functools.partial(self.cost, unit), self.max_measured, mode,
+                                   self.timing.step(unit, sig))
+        finally:
+            if timed:
+                self.cost_model.use_build(None, None)
+
+    def _to_check(self, better: List[Alternative]) -> List[Alternative]:
+        """The shortlisted alternatives the choose stage checks and times: measured,
+        :func:`~.choosing.choose_measured`'s natives and first ``max_measured`` programs (each
+        is checked, then timed); by the estimate, the first only
+        (:func:`~.choosing.choose_analytic` stops at the first that holds up, and TVM's build
+        costs per kernel: merging the next ones in would build them for nothing when the first
+        passes; a later one is built alone)."""
+        if not self.measures:
+            return better[:1]
+        programs = [a for a in better if a.program is not None][:self.max_measured]
+        return [a for a in better if a.program is None] + programs
+
+    def unit_build(self, unit, alts: List[Alternative]) -> Optional[UnitBuild]:
+        """One merged build of ``alts`` (the original first) computing ``unit``
+        (:mod:`.batched`), for the checker and, on a CPU target, the untuned timing; built on
+        first use. On a CPU target it is built for the target (what the timing builds), else
+        for llvm (what the checker runs on). None: fewer than two modules to merge."""
+        target = self.target if is_llvm(self.target) else "llvm"
+        modules = {}
+        with lib.kernel_device("cpu"):
+            for alt in alts:
+                try:
+                    modules.setdefault(alt.label, unit_module(unit, alt.program, None, alt.impl))
+                except EmitError:
+                    continue  # (its check says why)
+        return UnitBuild(modules, target) if len(modules) > 1 else None
 
 
 def shared_records(model: Optional[UnitCostModel], target,

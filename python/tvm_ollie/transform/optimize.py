@@ -23,12 +23,13 @@ from ..config import MIN_SEARCH_S, OllieConfig, resolve_config
 from ..lift import LiftError, lift_relax_call
 from ..target import kind_name, normalize_target
 from ..tune import analytic
-from ..tune.budget import TrialBudget
+from ..tune.budget import SmallUnitGuard, TrialBudget
 from ..tune.calibrate import Calibration
 from ..tune.metaschedule import STATS, Tuner
 from .blocked_layout import blocked_layout
 from .checking import Checker, CheckFn
 from .choosing import Chooser
+from .choosing import decided as signature_decision
 from .costing import Timer, UnitCostModel, region_seconds
 from .decide import DERIVABLE_OPS, Decider
 from .decision import Decision
@@ -39,7 +40,8 @@ from .inference_fold import fold_inference
 from .int8_kernels import int8_kernels
 from .regions import Region, find_regions, static_tensor, used_vars
 from .report import OptimizeReport
-from .units import call_signature, is_group, is_region, operand_values, original_form
+from .units import (call_signature, is_group, is_region, operand_values, original_form,
+                    unit_operands)
 
 __all__ = ["OllieOptimize", "apply_call_choices", "optimize_module"]
 
@@ -255,18 +257,22 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
                               [r.signature() for r in regions] +
                               [g.signature() for g in groups]))
     weights = _signature_weights(decider.calib, regions, calls)
+    small = SmallUnitGuard(weights, _module_seconds(decider.calib, calls, decider.library),
+                           cfg.min_share)
     if decider.can_measure:
-        _plan_budget(budget, weights, cfg.max_measured)
+        _plan_budget(budget, {s: weights[s] for s in small.kept(weights)}, cfg.max_measured)
     elif cfg.trials > 0 and not budget.notes:
         budget.notes.append(f"no {kind_name(tgt)} device here to measure on: the pass decided "
                             "by the analytic cost")
-    search = _SearchShare(cfg.search_time_s, {s: weights.get(s, 0.0) for s in sigs})
+    search = _SearchShare(cfg.search_time_s, {s: weights.get(s, 0.0) for s in small.kept(sigs)})
     choices: Dict[str, object] = {}
 
     def choose(unit, sig: str):
         """The choice for ``unit``, decided on the first unit of signature ``sig``."""
         if sig not in choices:
-            choices[sig] = _decide(decider, unit, sig, search, budget)
+            skip = small.skip(sig)
+            choices[sig] = _decide(decider, unit, sig, search, budget) if skip is None else \
+                signature_decision(None, unit_operands(unit)[0], skip, weights[sig], weights[sig])
         return choices[sig]
 
     decided = _decide_units(groups + regions + calls, choose, cfg.verbose)
@@ -458,6 +464,26 @@ def _signature_weights(calib: Calibration, regions, calls) -> Dict[str, float]:
         sig = unit.signature() if getattr(unit, "is_region", False) else call_signature(unit)
         weights[sig] = weights.get(sig, 0.0) + _unit_seconds(unit, calib)
     return weights
+
+
+def _module_seconds(calib: Calibration, calls, library: bool) -> float:
+    """The module's estimated time as :class:`~tvm_ollie.tune.budget.SmallUnitGuard` weighs
+    it: its derivable calls', each once, each on the cheaper of TVM's kernel and the native
+    library's (with ``library``). The lower of the two: an operator TVM's default schedule
+    runs badly (the demo's transposed convolution, estimated 10x its library kernel) must
+    not make the others look small."""
+    total = 0.0
+    for _, _, call in calls:
+        seconds = _unit_seconds(call, calib)
+        if library and lib.call_form(call) is not None:
+            try:
+                native = analytic.original_seconds(lift_relax_call(call), call.op.name, calib,
+                                                   "native")
+            except LiftError:
+                native = seconds
+            seconds = min(seconds, native)
+        total += seconds
+    return total
 
 
 def _plan_budget(budget: TrialBudget, weights: Dict[str, float], max_measured: int) -> None:

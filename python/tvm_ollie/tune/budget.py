@@ -34,7 +34,11 @@ from typing import Dict, Iterator, List, Optional
 
 from .metaschedule import workload_hash
 
-__all__ = ["TaskSpend", "TrialBudget"]
+__all__ = ["MIN_SHARE", "SmallUnitGuard", "TaskSpend", "TrialBudget"]
+
+#: The share of a module's estimated time below which a unit is not worth deciding
+#: (:class:`SmallUnitGuard`).
+MIN_SHARE = 0.01
 
 #: Name of the final task of ``build`` (the rewritten module's kernels).
 FINAL_TASK = "build"
@@ -222,3 +226,43 @@ class _MeteredTuner:
 
     def __getattr__(self, name):
         return getattr(self._tuner, name)
+
+
+class SmallUnitGuard:
+    """Skips the units too small to matter: not searched, checked, built or timed.
+
+    A unit signature whose calls' estimated time ``w`` (the same weights that share the
+    search time and the trials: the calibrated analytic cost of the original) is below
+    ``min_share`` of the module's estimated time ``W`` keeps its original:
+
+        skip(sig)  iff  w(sig) < min_share * W
+
+    Why: the most a decision can save is the unit's whole time, ``w``, and a rewrite that
+    made it free would change the module by less than ``min_share`` (1 %), less than the
+    whole-model measurements can tell apart (their margin, :mod:`tvm_ollie.tune.compare`, is
+    3 %); yet its search, checks, builds and timings cost as much as a heavy unit's. ``W`` is
+    the sum over the module's derivable calls (each once; a region's weight is its calls'),
+    each on the cheaper of its TVM and native library kernels, so the share of a unit is
+    over-estimated (the other operators are left out, and the module is taken at its
+    fastest known kernels): the guard errs towards deciding. A signature without a weight (a shared-input group) is never
+    skipped, nor is anything when the module has no estimate.
+    """
+
+    def __init__(self, weights: Dict[str, float], total_s: float,
+                 min_share: float = MIN_SHARE):
+        self.weights = dict(weights)
+        self.total_s = float(total_s)
+        self.min_share = float(min_share)
+
+    def skip(self, sig: str) -> Optional[str]:
+        """Why ``sig`` is skipped (the decision's reason), or None: decide it."""
+        weight = self.weights.get(sig)
+        if weight is None or self.total_s <= 0 or weight >= self.min_share * self.total_s:
+            return None
+        return (f"skipped: too small to matter (estimated {weight * 1e6:.1f}us of the "
+                f"module's {self.total_s * 1e6:.1f}us, {weight / self.total_s:.2%} < "
+                f"{self.min_share:.0%})")
+
+    def kept(self, sigs) -> List[str]:
+        """The signatures of ``sigs`` that are decided (not skipped), in order."""
+        return [s for s in sigs if self.skip(s) is None]

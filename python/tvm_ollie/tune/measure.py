@@ -107,13 +107,14 @@ def time_main(ex: "tvm.runtime.Executable", args: Sequence[np.ndarray], device=N
 
 
 def main_sampler(ex: "tvm.runtime.Executable", args: Sequence[np.ndarray], target=None,
-                 device=None, floor_s: float = 1e-3) -> Sampler:
-    """A :data:`~.compare.Sampler` of ``main`` for :func:`~.compare.compare`: one sample is
-    an untimed warm-up call, then the seconds per call of enough calls to last about
-    ``floor_s`` (counted on a timed call after a warm-up call), each ending with a device
-    synchronization off the CPU."""
+                 device=None, floor_s: float = 1e-3, function: str = "main") -> Sampler:
+    """A :data:`~.compare.Sampler` of ``main`` (or of ``function``: one function of an
+    executable several share, :mod:`tvm_ollie.transform.batched`) for
+    :func:`~.compare.compare`: one sample is an untimed warm-up call, then the seconds per
+    call of enough calls to last about ``floor_s`` (counted on a timed call after a warm-up
+    call), each ending with a device synchronization off the CPU."""
     dev = device if device is not None else target_device(target)
-    main = relax.VirtualMachine(ex, dev)["main"]
+    main = relax.VirtualMachine(ex, dev)[function]
     targs = [tvm.runtime.tensor(a, dev) for a in args]
     sync = dev.dlpack_device_type() != tvm.cpu(0).dlpack_device_type()
 

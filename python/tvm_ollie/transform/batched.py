@@ -1,0 +1,124 @@
+"""One TVM build for a unit's original and the alternatives it checks and times.
+
+TVM's build costs about 0.3-1 s per module whatever its size (the pipeline's passes, LLVM's
+set-up, the linking), and a decision used to pay it again and again for modules of a few
+kernels: the checker built the original and each alternative alone (two builds per check),
+then the untuned timing built each alternative again (docs/compile-time.md: verify and
+candidate builds were 35-48 % and 20-30 % of a cold build). A :class:`UnitBuild` merges the
+isolated modules of one decision (:func:`~.units.unit_module` of the original and of every
+alternative the decision may check or time) into one IRModule, each ``main`` renamed
+(:func:`merged_module`), builds it once with the default pipeline of the target the timing
+uses, and serves both stages from that executable: the checker runs each function on the same
+inputs as before, the timing samples each function alone (timings still run one at a time).
+
+Why one executable can stand for the separate builds: TVM lowers, fuses and schedules each
+Relax function on its own (the passes are per function; the PrimFuncs of different functions
+are only renamed apart), so a function of the merged module computes what the module alone
+computed, with the same kernels. Should the merged build fail (one alternative TVM cannot
+build), nothing is lost but that build: every stage then builds its modules one at a time as
+before (:attr:`UnitBuild.failed`), so a failing alternative fails its own check only.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ..compat import relax, tvm
+from ..compile_profile import stage
+from ..target import normalize_target
+from ..tune.measure import compile_module
+
+__all__ = ["UnitBuild", "merged_module"]
+
+LOG = logging.getLogger("tvm_ollie.transform")
+
+
+@relax.expr_functor.mutator
+class _RenameGlobals(relax.PyExprMutator):
+    """Replaces the global variables of a Relax function by those of ``mapping``."""
+
+    def __init__(self, mapping: Dict["tvm.ir.GlobalVar", "tvm.ir.GlobalVar"]):
+        super().__init__()
+        self.mapping = mapping
+
+    def visit_global_var_(self, op):  # noqa: N802 (TVM's visitor name)
+        return self.mapping.get(op, op)
+
+
+def merged_module(modules: Sequence["tvm.IRModule"]) -> Tuple["tvm.IRModule", List[str]]:
+    """``modules`` as one IRModule: every function of module ``k`` renamed ``m<k>_<name>``
+    (its callers follow; the block builder types the new global variables and merges equal
+    PrimFuncs), each public function's symbol with it; and the new name of each module's
+    ``main``, in order. A Relax function calling another Relax function is not supported
+    (none of the isolated modules does): the merged build then fails and the modules are
+    built alone."""
+    bb = relax.BlockBuilder()
+    mains = []
+    for k, mod in enumerate(modules):
+        mapping = {}
+        gvs = sorted(mod.get_global_vars(), key=lambda gv: (
+            isinstance(mod[gv], relax.Function), gv.name_hint))
+        for old in gvs:  # the PrimFuncs first: the Relax functions call them
+            func = mod[old]
+            name = f"m{k}_{old.name_hint}"
+            if isinstance(func, relax.Function):
+                func = _RenameGlobals(mapping).visit_expr(func)
+            if func.attrs is not None and "global_symbol" in func.attrs:
+                func = func.with_attr("global_symbol", name)
+            mapping[old] = bb.add_func(func, name)
+        mains.append(mapping[mod.get_global_var("main")].name_hint)
+    return bb.get(), mains
+
+
+class UnitBuild:
+    """The isolated modules of one decision, built together once, on first use.
+
+    Parameters
+    ----------
+    modules : dict
+        Each module by the key its users ask for it with (the checker and the timing use the
+        alternative's label).
+    target : str | Target
+        What the executable is built for (a CPU target: the checker runs it here).
+    """
+
+    def __init__(self, modules: Dict[str, "tvm.IRModule"], target):
+        self.modules = dict(modules)
+        self.target = normalize_target(target)
+        self._names: Dict[str, str] = {}
+        self._ex = None
+        #: the merged build was tried and failed (each module is then built alone)
+        self.failed = False
+        #: how many TVM builds this object ran (0 or 1)
+        self.builds = 0
+        #: results its users keep per build (the checker's reference outputs)
+        self.memo: Dict[object, object] = {}
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.modules
+
+    def executable(self) -> Optional["tvm.runtime.Executable"]:
+        """The merged executable (built now if not yet; None: the build failed)."""
+        if self._ex is None and not self.failed:
+            keys = list(self.modules)
+            try:
+                merged, mains = merged_module([self.modules[k] for k in keys])
+                self.builds += 1
+                self._ex = compile_module(merged, self.target)
+            except Exception as err:  # pylint: disable=broad-except
+                LOG.info("ollie: the merged build of %d modules failed (%s: %s); building "
+                         "them one at a time", len(keys), type(err).__name__, err)
+                self.failed = True
+                return None
+            self._names = dict(zip(keys, mains))
+        return self._ex
+
+    def function(self, key: str) -> Optional[Tuple["tvm.runtime.Executable", str]]:
+        """``(executable, function name)`` computing module ``key`` (None: not in this build,
+        or the merged build failed)."""
+        if key not in self.modules:
+            return None
+        with stage("candidate builds"):
+            ex = self.executable()
+        return None if ex is None else (ex, self._names[key])

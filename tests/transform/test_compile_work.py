@@ -1,0 +1,200 @@
+"""Less work per cold compile: units too small to matter are skipped, a decision's modules are
+built once together (checked and timed from that one build), the search shares go to the
+units decided."""
+
+import logging
+
+import numpy as np
+import pytest
+from tvm import relax
+
+import small_models as sm
+from tvm_ollie.codegen.builder import single_function_module as _module
+from tvm_ollie.codegen.builder import tensor_var as _var
+from tvm_ollie.compat import tvm
+from tvm_ollie.config import ConfigError, OllieConfig
+from tvm_ollie.transform import batched
+from tvm_ollie.transform import checking
+from tvm_ollie.transform.alternatives import Alternative, Candidates
+from tvm_ollie.transform.batched import UnitBuild, merged_module
+from tvm_ollie.transform.checking import Checker
+from tvm_ollie.transform.costing import CallableTiming, UntunedTiming
+from tvm_ollie.transform.decide import Decider
+from tvm_ollie.transform.optimize import _SearchShare, optimize_module
+from tvm_ollie.transform.units import unit_module
+from tvm_ollie.tune.budget import MIN_SHARE, SmallUnitGuard
+from tvm_ollie.tune.measure import compile_module, random_args
+
+logging.getLogger("tvm_ollie.derive").setLevel(logging.CRITICAL)
+
+BASE = Alternative(None, "tvm")
+
+
+def _call(mod):
+    return mod["main"].body.blocks[0].bindings[0].value
+
+
+@pytest.fixture(scope="module", name="conv")
+def _conv():
+    """A conv2d 3x3 call and a few of its alternatives (derived once for the module)."""
+    call = _call(sm.conv3x3())
+    found = Candidates(library=False, derive=True, max_depth=2)(call, 2.0)
+    return call, found.alternatives[:4]
+
+
+def _outputs(ex, name, args):
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    return vm[name](*[tvm.runtime.tensor(a) for a in args]).numpy()
+
+
+# -- the guard ----------------------------------------------------------------------------
+
+
+def test_guard_skips_below_the_share_and_never_an_unknown_signature():
+    guard = SmallUnitGuard({"big": 98e-6, "small": 0.9e-6, "edge": 1.5e-6}, 100e-6)
+    assert guard.skip("big") is None and guard.skip("edge") is None  # 1.5 %: decided
+    why = guard.skip("small")
+    assert why.startswith("skipped: too small to matter") and "0.90%" in why
+    assert guard.skip("group") is None  # no weight: decided
+    assert guard.kept(["big", "small", "group", "edge"]) == ["big", "group", "edge"]
+    assert SmallUnitGuard({"a": 1e-9}, 0.0).skip("a") is None  # no estimate: decided
+    assert SmallUnitGuard({"small": 0.9e-6}, 100e-6, 0.0).skip("small") is None
+    assert MIN_SHARE == OllieConfig().min_share
+
+
+def test_min_share_is_validated():
+    for bad in (-0.1, 1.0, True, "1%"):
+        with pytest.raises(ConfigError, match="min_share"):
+            OllieConfig(min_share=bad)
+
+
+def test_search_share_goes_to_the_decided_units_on_a_fake_clock():
+    """A skipped signature holds no floor of the module's search time: the decided ones share
+    all of it (each search spends its share on the fake clock)."""
+    weights = {"big": 9e-3, "mid": 1e-3, "tiny": 1e-6}
+    guard = SmallUnitGuard(weights, sum(weights.values()))
+    share = _SearchShare(10.0, {s: weights[s] for s in guard.kept(weights)}, floor_s=2.0)
+    clock, out = 0.0, {}
+    for sig in ("mid", "big"):
+        out[sig] = share.next(sig, clock)
+        clock += out[sig]
+    assert out["mid"] == pytest.approx(2.0 + 6.0 * 0.1)
+    assert out["big"] == pytest.approx(10.0 - out["mid"]) and clock == pytest.approx(10.0)
+    with_tiny = _SearchShare(10.0, weights, floor_s=2.0)
+    assert with_tiny.next("mid", 0.0) < out["mid"]  # the tiny one's floor held back
+
+
+def _big_and_tiny():
+    """A 3x3 convolution of 64 channels, then a tiny 1x1 one (well under 1 % of it)."""
+
+    def body(bb, x, w1, w2):
+        y = bb.emit(relax.op.nn.conv2d(x, w1, padding=1))
+        return relax.op.nn.conv2d(bb.emit(relax.op.nn.relu(y)), w2, strides=16)
+
+    return _module([_var("x", (1, 64, 16, 16)), _var("w1", (64, 64, 3, 3)),
+                    _var("w2", (1, 64, 1, 1))], body)
+
+
+def test_the_pass_skips_a_unit_too_small_to_matter():
+    opts = dict(library=False, max_depth=1, search_time_s=2.0, calibration=sm.LLVM_CALIB,
+                derivation_cache=False, check_untuned=False)
+    _, report = optimize_module(_big_and_tiny(), "llvm", **opts)
+    by_op = {d.signature.split()[0]: d for d in report.decisions}
+    assert len(report.decisions) == 2
+    tiny = [d for d in report.decisions if "1x64x1x1" in d.signature][0]
+    big = [d for d in report.decisions if "64x64x3x3" in d.signature][0]
+    assert tiny.reason.startswith("skipped: too small to matter"), tiny.reason
+    assert tiny.chosen == "original" and tiny.candidates == 0
+    assert not big.reason.startswith("skipped"), by_op
+    assert report.derivations["searched"] == 1
+    _, every = optimize_module(_big_and_tiny(), "llvm", min_share=0.0, **opts)
+    assert not any(d.reason.startswith("skipped") for d in every.decisions)
+    assert every.derivations["searched"] == 2
+
+
+# -- the merged build ---------------------------------------------------------------------
+
+
+def test_merged_module_computes_what_each_module_computes(conv):
+    call, alts = conv
+    mods = [unit_module(call, a.program, None, a.impl) for a in alts]
+    merged, mains = merged_module(mods)
+    assert mains == [f"m{k}_main" for k in range(len(mods))]
+    ex = compile_module(merged, "llvm")
+    args = random_args(mods[0]["main"], seed=3)
+    for mod, name in zip(mods, mains):
+        alone = _outputs(compile_module(mod, "llvm"), "main", args)
+        np.testing.assert_array_equal(_outputs(ex, name, args), alone)
+
+
+def test_checker_gives_the_same_verdicts_from_one_build(conv, monkeypatch):
+    call, alts = conv
+    build = UnitBuild({a.label: unit_module(call, a.program, None, a.impl) for a in alts},
+                      "llvm")
+    alone = [Checker().check(call, a) for a in alts[1:]]
+    runs = []
+    monkeypatch.setattr(checking, "_run_llvm", lambda *a: runs.append(a) or (_ for _ in ()).throw(
+        AssertionError("built alone")))
+    shared = [Checker().check(call, a, build) for a in alts[1:]]
+    assert shared == alone and all(ok for ok, _ in shared) and not runs
+    assert build.builds == 1 and len(build.memo) == 1  # the reference ran once
+
+
+def test_a_wrong_alternative_fails_from_the_merged_build_too(conv):
+    call, alts = conv
+    wrong = _module([_var("x", (1, 8, 8, 8)), _var("w", (16, 8, 3, 3))],
+                    lambda bb, x, w: relax.op.nn.relu(relax.op.nn.conv2d(x, w, padding=1)))
+    build = UnitBuild({"original": unit_module(call), alts[1].label: wrong}, "llvm")
+    ok, why = Checker().check(call, alts[1], build)
+    assert not ok and why.startswith("numerics differ")
+
+
+def test_a_failed_merged_build_falls_back_to_one_build_each(conv, monkeypatch):
+    call, alts = conv
+
+    def broken(mod, target):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(batched, "compile_module", broken)
+    build = UnitBuild({a.label: unit_module(call, a.program, None, a.impl) for a in alts},
+                      "llvm")
+    assert Checker().check(call, alts[1], build) == (True, "")
+    assert build.failed and build.function(alts[1].label) is None
+    timing = UntunedTiming("llvm")
+    timing.use_build(call, build)
+    sample = timing.sampler(call, alts[1])  # built alone
+    assert sample is not None and sample() > 0
+
+
+def test_untuned_timing_samples_from_the_merged_build(conv, monkeypatch):
+    call, alts = conv
+    build = UnitBuild({a.label: unit_module(call, a.program, None, a.impl) for a in alts},
+                      "llvm")
+    timing = UntunedTiming("llvm")
+    assert timing.shares_builds and not CallableTiming(lambda m, l: 1.0).shares_builds
+    timing.use_build(call, build)
+    monkeypatch.setattr(timing, "compile", lambda *a: (_ for _ in ()).throw(
+        AssertionError("built alone")))
+    samples = [timing.sampler(call, a)() for a in alts]
+    assert all(s > 0 for s in samples) and build.builds == 1
+    timing.use_build(None, None)
+    assert timing.build_of(call) is None
+
+
+def test_a_decision_builds_its_modules_once(monkeypatch):
+    """The untuned decision of a convolution: one TVM build for the checks and the timings
+    of all its alternatives, none built alone."""
+    builds = []
+    real = batched.compile_module
+    monkeypatch.setattr(batched, "compile_module",
+                        lambda mod, target: builds.append(mod) or real(mod, target))
+    monkeypatch.setattr(checking, "_run_llvm", lambda *a: (_ for _ in ()).throw(
+        AssertionError("built alone")))
+    monkeypatch.setattr(UntunedTiming, "sample", lambda *a: (_ for _ in ()).throw(
+        AssertionError("built alone")))
+    decider = Decider("llvm", calibration=sm.LLVM_CALIB, library=False, max_depth=2,
+                      check_untuned=True, derivation_cache=False, max_measured=2)
+    choice = decider.decide(_call(sm.conv3x3()), 2.0)
+    assert choice.measured, choice.reason
+    assert len(builds) == 1
+    assert len([f for f in builds[0].functions if f.name_hint.endswith("_main")]) == 3
