@@ -193,37 +193,9 @@ dnnl::primitive_attr QuantAttr(const QuantParams& q, int channel_mask,
   return attr;
 }
 
-void AddQuantArgs(const QuantParams& q, const QuantOperands& o, int64_t channels,
-                  const dnnl::memory::desc& bias_md, const dnnl::memory::desc& rq_scale,
-                  std::unordered_map<int, dnnl::memory>* args) {
-  const dnnl::engine& eng = Engine();
-  const dnnl::memory::desc one_s32(dims{1}, dt::s32, dims{1});
-  if (q.xzp) (*args)[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC] = dnnl::memory(one_s32, eng, o.xzp);
-  if (q.rq && q.scale != Scale::kNone) {
-    (*args)[DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1] =
-        dnnl::memory(rq_scale, eng, o.scale);
-  } else if (q.scale != Scale::kNone) {
-    const int64_t n = q.scale == Scale::kChannel ? channels : 1;
-    (*args)[DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS] =
-        dnnl::memory(dnnl::memory::desc(dims{n}, dt::f32, dims{1}), eng, o.scale);
-  }
-  if (q.bias) (*args)[DNNL_ARG_BIAS] = dnnl::memory(bias_md, eng, o.bias);
-  if (q.yzp) (*args)[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST] = dnnl::memory(one_s32, eng, o.yzp);
-}
-
 std::string TypeKey(dt a, dt b, dt c) {
   return std::to_string(static_cast<int>(a)) + "," + std::to_string(static_cast<int>(b)) + "," +
          std::to_string(static_cast<int>(c));
-}
-
-void Execute(const dnnl::primitive& prim, const dnnl::memory::desc& scratch_md,
-             std::unordered_map<int, dnnl::memory>* args) {
-  size_t scratch = scratch_md.get_size();
-  if (scratch > 0) {
-    (*args)[DNNL_ARG_SCRATCHPAD] = dnnl::memory(scratch_md, Engine(), ScratchBuffer(0, scratch));
-  }
-  prim.execute(Stream(), *args);
-  Stream().wait();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -329,6 +301,8 @@ struct Int8Conv {
   dnnl::memory::desc user_src, user_wei, user_dst, bias_md, src_md, wei_md, dst_md, scratch_md;
   dnnl::memory::desc rq_scale;  // rq=1's scale operand
   Reorder src_in, wei_in, dst_out;
+  size_t src_bytes = 0, wei_bytes = 0, dst_bytes = 0, scratch_bytes = 0;
+  uint64_t pack_hash = 0;  // PackHash of this problem (set at creation)
 };
 
 std::shared_ptr<Int8Conv> CreateConv(const ConvParams& p, const ConvShape& s, dt src_t,
@@ -365,6 +339,10 @@ std::shared_ptr<Int8Conv> CreateConv(const ConvParams& p, const ConvShape& s, dt
   e->src_in.Init(e->user_src, e->src_md);
   e->wei_in.Init(e->user_wei, e->wei_md);
   e->dst_out.Init(e->dst_md, e->user_dst);
+  e->src_bytes = e->src_md.get_size();
+  e->wei_bytes = e->wei_md.get_size();
+  e->dst_bytes = e->dst_md.get_size();
+  e->scratch_bytes = e->scratch_md.get_size();
   return e;
 }
 
@@ -383,12 +361,10 @@ std::string AttrsArg(ffi::PackedArgs args, const char* kernel) {
   return std::string(text.value());
 }
 
-// One conv2d_int8 problem: its attrs, shape, types, cache key and cached primitive.
+// One conv2d_int8 problem: its shape, types and cached primitive.
 struct ConvProblem {
-  ConvParams p;
   ConvShape s;
   dt src_t, dst_t;
-  std::string key;
   std::shared_ptr<Int8Conv> e;
 };
 
@@ -406,28 +382,13 @@ std::vector<int64_t> PackedWeightDims(const ConvParams& p, const std::vector<int
                 : std::vector<int64_t>{o, c / p.groups, p.pkh, p.pkw};
 }
 
-ConvProblem ResolveConv(const ConvParams& p, const ffi::TensorView& X,
-                        const std::vector<int64_t>& w_dims, const ffi::TensorView& Out) {
-  ConvProblem c{p, {}, DataType(X, kConvName, "data", false), DataType(Out, kConvName, "Out", true),
-                "", nullptr};
-  c.s = CheckConvShape(p, Dims(X), w_dims, Dims(Out));
-  const ConvShape& s = c.s;
-  c.key = std::string(kConvName) + "|" + p.canonical + "|" + TypeKey(c.src_t, dt::s8, c.dst_t) +
-          "|" + std::to_string(s.N) + "," + std::to_string(s.C) + "," + std::to_string(s.H) + "," +
-          std::to_string(s.W) + "|" + std::to_string(s.O) + "," + std::to_string(s.KH) + "," +
-          std::to_string(s.KW);
-  c.e = CachedGet<Int8Conv>(c.key, [&]() { return CreateConv(p, s, c.src_t, c.dst_t); });
-  return c;
-}
-
 constexpr size_t kPackHeaderBytes = 64;
 constexpr uint64_t kPackMagic = 0x3849454c4c4f4b50ULL;  // "PKOLLIE8"
 
-// A hash of the problem, the blocked weight format and the CPU ISA (FNV-1a).
-uint64_t PackHash(const ConvProblem& c) {
-  const dnnl::memory::desc& md = c.e->wei_md;
-  std::string text = c.key + "|isa=" + std::to_string(static_cast<int>(
-                                           dnnl::get_effective_cpu_isa())) +
+// A hash of the problem (its cache key), the blocked weight format and the CPU ISA (FNV-1a).
+uint64_t PackHash(const std::string& key, const dnnl::memory::desc& md) {
+  std::string text = key + "|isa=" + std::to_string(static_cast<int>(
+                                         dnnl::get_effective_cpu_isa())) +
                      "|size=" + std::to_string(md.get_size());
   for (const dims& d :
        {md.get_dims(), md.get_strides(), md.get_inner_blks(), md.get_inner_idxs()}) {
@@ -439,8 +400,35 @@ uint64_t PackHash(const ConvProblem& c) {
   return h;
 }
 
+double ConvOps(const ConvShape& s) { return 2.0 * s.N * s.O * s.OH * s.OW * s.I * s.KH * s.KW; }
+
+// Resolves the problem and its cached primitive. A call below the serial threshold runs on the
+// calling thread alone (ThreadScope::SerialBelow, as the float kernels do: no OpenMP region to
+// wake for a few microseconds of work); this is done before the lookup, which is keyed by the
+// thread count in effect, and a pack is made for the entry its calls will use.
+ConvProblem ResolveConv(const ConvParams& p, const ffi::TensorView& X,
+                        const std::vector<int64_t>& w_dims, const ffi::TensorView& Out,
+                        ThreadScope* threads) {
+  ConvProblem c{{}, DataType(X, kConvName, "data", false), DataType(Out, kConvName, "Out", true),
+                nullptr};
+  c.s = CheckConvShape(p, Dims(X), w_dims, Dims(Out));
+  const ConvShape& s = c.s;
+  threads->SerialBelow(ConvOps(s));
+  const std::string key =
+      std::string(kConvName) + "|" + p.canonical + "|" + TypeKey(c.src_t, dt::s8, c.dst_t) + "|" +
+      std::to_string(s.N) + "," + std::to_string(s.C) + "," + std::to_string(s.H) + "," +
+      std::to_string(s.W) + "|" + std::to_string(s.O) + "," + std::to_string(s.KH) + "," +
+      std::to_string(s.KW);
+  c.e = CachedGet<Int8Conv>(key, [&]() {
+    auto e = CreateConv(p, s, c.src_t, c.dst_t);
+    e->pack_hash = PackHash(key, e->wei_md);
+    return e;
+  });
+  return c;
+}
+
 int64_t PackedBytes(const ConvProblem& c) {
-  return static_cast<int64_t>(kPackHeaderBytes + c.e->wei_md.get_size());
+  return static_cast<int64_t>(kPackHeaderBytes + c.e->wei_bytes);
 }
 
 // The blocked weights of a wpacked=1 call, after checking the header.
@@ -448,7 +436,8 @@ void* PackedWeights(const ConvProblem& c, const ffi::TensorView& Wt) {
   void* w = CheckTensor(Wt, kConvName, "weight", 1);
   uint64_t header[2];
   if (Wt.numel() == PackedBytes(c)) std::memcpy(header, w, sizeof(header));
-  if (Wt.numel() != PackedBytes(c) || header[0] != kPackMagic || header[1] != PackHash(c)) {
+  if (Wt.numel() != PackedBytes(c) || header[0] != kPackMagic ||
+      header[1] != c.e->pack_hash) {
     TVM_FFI_THROW(ValueError) << kConvName << ": the packed weight was made for another problem, "
                               << "format or machine; repack it with "
                               << "tvm_ollie.cpu.conv2d_int8_pack_weight in this process";
@@ -456,9 +445,59 @@ void* PackedWeights(const ConvProblem& c, const ffi::TensorView& Wt) {
   return static_cast<char*>(w) + kPackHeaderBytes;
 }
 
+// The arguments of one thread's calls to one cached primitive: dnnl::memory objects made once
+// per (thread, primitive), whose data handles each call sets (creating the ~8 objects of a call
+// anew cost about as much as a small convolution). Weights are not kept here: a blocked weight
+// memory would be zero-padded again at every handle change.
+struct CallArgs {
+  std::shared_ptr<void> entry;  // keeps the primitive (the key of this cache) alive
+  std::unordered_map<int, dnnl::memory> args;
+};
+
+std::unordered_map<int, dnnl::memory>* ThreadArgs(const std::shared_ptr<void>& entry) {
+  constexpr size_t kMaxEntries = 4096;
+  thread_local std::unordered_map<const void*, CallArgs> cache;
+  auto it = cache.find(entry.get());
+  if (it != cache.end()) return &it->second.args;
+  if (cache.size() >= kMaxEntries) cache.clear();
+  return &cache.emplace(entry.get(), CallArgs{entry, {}}).first->second.args;
+}
+
+// Sets args[arg] to memory of `md` at `data`: the kept object with a new handle, or a new one.
+void SetArg(std::unordered_map<int, dnnl::memory>* args, int arg, const dnnl::memory::desc& md,
+            void* data) {
+  auto it = args->find(arg);
+  if (it == args->end()) {
+    args->emplace(arg, dnnl::memory(md, Engine(), data));
+  } else if (it->second.get_data_handle() != data) {
+    it->second.set_data_handle(data);
+  }
+}
+
+// The quantization operands of a call as arguments of the primitive.
+void SetQuantArgs(const QuantParams& q, const QuantOperands& o, int64_t channels,
+                  const dnnl::memory::desc& bias_md, const dnnl::memory::desc& rq_scale,
+                  std::unordered_map<int, dnnl::memory>* args) {
+  const dnnl::memory::desc one_s32(dims{1}, dt::s32, dims{1});
+  if (q.xzp) SetArg(args, DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, one_s32, o.xzp);
+  if (q.rq && q.scale != Scale::kNone) {
+    SetArg(args, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, rq_scale, o.scale);
+  } else if (q.scale != Scale::kNone) {
+    const int64_t n = q.scale == Scale::kChannel ? channels : 1;
+    SetArg(args, DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS,
+           dnnl::memory::desc(dims{n}, dt::f32, dims{1}), o.scale);
+  }
+  if (q.bias) SetArg(args, DNNL_ARG_BIAS, bias_md, o.bias);
+  if (q.yzp) SetArg(args, DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST, one_s32, o.yzp);
+}
+
+const ConvParams& ConvAttrsArg(ffi::PackedArgs args, const char* kernel) {
+  return ParsedAttrs<ConvParams>(AttrsArg(args, kernel), ParseConvAttrs);
+}
+
 void Conv2dInt8(ffi::PackedArgs args, ffi::Any* rv) {
   ThreadScope threads;
-  ConvParams p = ParseConvAttrs(AttrsArg(args, kConvName));
+  const ConvParams& p = ConvAttrsArg(args, kConvName);
   const int want = 4 + QuantOperandCount(p.q);
   if (args.size() != want) {
     TVM_FFI_THROW(TypeError) << kConvName << ": expected " << want << " arguments for attrs \""
@@ -472,68 +511,72 @@ void Conv2dInt8(ffi::PackedArgs args, ffi::Any* rv) {
   }
   void* x = CheckTensor(X, kConvName, "data", 4);
   void* out = CheckTensor(Out, kConvName, "Out", 4);
-  const ConvProblem c =
-      ResolveConv(p, X, p.wpacked ? PackedWeightDims(p, Dims(X), Dims(Out)) : Dims(Wt), Out);
+  const ConvProblem c = ResolveConv(
+      p, X, p.wpacked ? PackedWeightDims(p, Dims(X), Dims(Out)) : Dims(Wt), Out, &threads);
   int i = 3;
   const QuantOperands o = QuantArgs(args, &i, p.q, kConvName, c.s.O);
   if (Out.numel() == 0) return;
   Int8Conv* e = c.e.get();
   const dnnl::engine& eng = Engine();
-  dnnl::memory src(e->user_src, eng, x), user_dst(e->user_dst, eng, out), wei;
-  dnnl::memory dst = user_dst;
+  std::unordered_map<int, dnnl::memory>* cargs = ThreadArgs(c.e);
   // Scratch slots: 0 conv scratchpad, 1 src, 2 weights, 3 dst, 5 reorder scratch.
   if (e->src_in.needed) {
-    dnnl::memory blocked(e->src_md, eng, ScratchBuffer(1, e->src_md.get_size()));
-    e->src_in.Run(src, blocked, 5);
-    src = blocked;
+    dnnl::memory user_src(e->user_src, eng, x);
+    SetArg(cargs, DNNL_ARG_SRC, e->src_md, ScratchBuffer(1, e->src_bytes));
+    e->src_in.Run(user_src, cargs->at(DNNL_ARG_SRC), 5);
+  } else {
+    SetArg(cargs, DNNL_ARG_SRC, e->src_md, x);
   }
   if (p.wpacked) {
-    wei = dnnl::memory(e->wei_md, eng, PackedWeights(c, Wt));
+    (*cargs)[DNNL_ARG_WEIGHTS] = dnnl::memory(e->wei_md, eng, PackedWeights(c, Wt));
   } else {
-    wei = dnnl::memory(e->user_wei, eng, CheckTensor(Wt, kConvName, "weight", 4));
+    dnnl::memory wei(e->user_wei, eng, CheckTensor(Wt, kConvName, "weight", 4));
     if (e->wei_in.needed) {
-      dnnl::memory blocked(e->wei_md, eng, ScratchBuffer(2, e->wei_md.get_size()));
+      dnnl::memory blocked(e->wei_md, eng, ScratchBuffer(2, e->wei_bytes));
       e->wei_in.Run(wei, blocked, 5);
       wei = blocked;
     }
+    (*cargs)[DNNL_ARG_WEIGHTS] = wei;
   }
-  if (e->dst_out.needed) dst = dnnl::memory(e->dst_md, eng, ScratchBuffer(3, e->dst_md.get_size()));
-  std::unordered_map<int, dnnl::memory> cargs{
-      {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}};
-  AddQuantArgs(p.q, o, c.s.O, e->bias_md, e->rq_scale, &cargs);
-  Execute(e->prim, e->scratch_md, &cargs);
-  if (e->dst_out.needed) {
-    e->dst_out.Run(dst, user_dst, 5);
-    Stream().wait();
+  SetArg(cargs, DNNL_ARG_DST, e->dst_md, e->dst_out.needed ? ScratchBuffer(3, e->dst_bytes) : out);
+  SetQuantArgs(p.q, o, c.s.O, e->bias_md, e->rq_scale, cargs);
+  if (e->scratch_bytes > 0) {
+    SetArg(cargs, DNNL_ARG_SCRATCHPAD, e->scratch_md, ScratchBuffer(0, e->scratch_bytes));
   }
+  e->prim.execute(Stream(), *cargs);
+  if (e->dst_out.needed) e->dst_out.Run(cargs->at(DNNL_ARG_DST), dnnl::memory(e->user_dst, eng, out), 5);
+  Stream().wait();
 }
 
 // conv2d_int8_packed_size(attrs, data, weight, Out) and conv2d_int8_pack_weight(attrs, data,
 // weight, Out, Packed): attrs those of the calls that will use it, without wpacked; data and Out
 // give the shapes and types only.
-ConvProblem PackProblem(ffi::PackedArgs args, const char* name, int count) {
+ConvProblem PackProblem(ffi::PackedArgs args, const char* name, int count,
+                        ThreadScope* threads) {
   if (args.size() != count) {
     TVM_FFI_THROW(TypeError) << name << ": expected " << count << " arguments";
   }
-  ConvParams p = ParseConvAttrs(AttrsArg(args, name));
+  const ConvParams& p = ConvAttrsArg(args, name);
   if (p.wpacked) TVM_FFI_THROW(ValueError) << name << ": attrs must not set wpacked";
   ffi::TensorView Wt = Arg(args, 2, name, "weight");
   if (DataType(Wt, name, "weight", false) != dt::s8) {
     TVM_FFI_THROW(TypeError) << name << ": weight must be int8";
   }
-  return ResolveConv(p, Arg(args, 1, name, "data"), Dims(Wt), Arg(args, 3, name, "Out"));
+  return ResolveConv(p, Arg(args, 1, name, "data"), Dims(Wt), Arg(args, 3, name, "Out"),
+                     threads);
 }
 
 constexpr const char* kPackSizeName = "tvm_ollie.cpu.conv2d_int8_packed_size";
 constexpr const char* kPackName = "tvm_ollie.cpu.conv2d_int8_pack_weight";
 
 void PackedSize(ffi::PackedArgs args, ffi::Any* rv) {
-  *rv = PackedBytes(PackProblem(args, kPackSizeName, 4));
+  ThreadScope threads;
+  *rv = PackedBytes(PackProblem(args, kPackSizeName, 4, &threads));
 }
 
 void PackWeight(ffi::PackedArgs args, ffi::Any* rv) {
   ThreadScope threads;
-  const ConvProblem c = PackProblem(args, kPackName, 5);
+  const ConvProblem c = PackProblem(args, kPackName, 5, &threads);
   ffi::TensorView Wt = Arg(args, 2, kPackName, "weight");
   ffi::TensorView P = Arg(args, 4, kPackName, "Packed");
   if (DataType(P, kPackName, "Packed", false) != dt::s8 || P.ndim() != 1 ||
@@ -543,7 +586,7 @@ void PackWeight(ffi::PackedArgs args, ffi::Any* rv) {
   }
   char* packed = static_cast<char*>(CheckTensor(P, kPackName, "Packed", 1));
   std::memset(packed, 0, kPackHeaderBytes);
-  const uint64_t header[2] = {kPackMagic, PackHash(c)};
+  const uint64_t header[2] = {kPackMagic, c.e->pack_hash};
   std::memcpy(packed, header, sizeof(header));
   dnnl::memory user(c.e->user_wei, Engine(), CheckTensor(Wt, kPackName, "weight", 4));
   dnnl::memory blocked(c.e->wei_md, Engine(), packed + kPackHeaderBytes);
@@ -551,7 +594,7 @@ void PackWeight(ffi::PackedArgs args, ffi::Any* rv) {
     c.e->wei_in.Run(user, blocked, 5);
     Stream().wait();
   } else {
-    std::memcpy(packed + kPackHeaderBytes, user.get_data_handle(), c.e->wei_md.get_size());
+    std::memcpy(packed + kPackHeaderBytes, user.get_data_handle(), c.e->wei_bytes);
   }
 }
 
@@ -577,6 +620,7 @@ MatmulParams ParseMatmulAttrs(const std::string& text) {
 struct Int8Matmul {
   dnnl::matmul prim;
   dnnl::memory::desc src_md, wei_md, bias_md, dst_md, scratch_md, rq_scale;
+  size_t scratch_bytes = 0;
 };
 
 std::shared_ptr<Int8Matmul> CreateMatmul(const MatmulParams& p, int64_t M, int64_t K, int64_t N,
@@ -595,13 +639,15 @@ std::shared_ptr<Int8Matmul> CreateMatmul(const MatmulParams& p, int64_t M, int64
     pd = dnnl::matmul::primitive_desc(Engine(), e->src_md, e->wei_md, e->dst_md, attr);
   }
   e->scratch_md = pd.scratchpad_desc();
+  e->scratch_bytes = e->scratch_md.get_size();
   e->prim = dnnl::matmul(pd);
   return e;
 }
 
 void MatmulInt8(ffi::PackedArgs args, ffi::Any* rv) {
   ThreadScope threads;
-  MatmulParams p = ParseMatmulAttrs(AttrsArg(args, kMatmulName));
+  const MatmulParams& p = ParsedAttrs<MatmulParams>(AttrsArg(args, kMatmulName),
+                                                    ParseMatmulAttrs);
   const int want = 4 + QuantOperandCount(p.q);
   if (args.size() != want) {
     TVM_FFI_THROW(TypeError) << kMatmulName << ": expected " << want << " arguments for attrs \""
@@ -634,16 +680,21 @@ void MatmulInt8(ffi::PackedArgs args, ffi::Any* rv) {
   int i = 3;
   const QuantOperands o = QuantArgs(args, &i, p.q, kMatmulName, N);
   if (Out.numel() == 0) return;
+  threads.SerialBelow(2.0 * M * K * N);
   const std::string key = std::string(kMatmulName) + "|" + p.canonical + "|" +
                           TypeKey(src_t, dt::s8, dst_t) + "|" + std::to_string(M) + "x" +
                           std::to_string(K) + "x" + std::to_string(N);
   auto e = CachedGet<Int8Matmul>(key, [&]() { return CreateMatmul(p, M, K, N, src_t, dst_t); });
-  const dnnl::engine& eng = Engine();
-  std::unordered_map<int, dnnl::memory> margs{{DNNL_ARG_SRC, dnnl::memory(e->src_md, eng, a)},
-                                              {DNNL_ARG_WEIGHTS, dnnl::memory(e->wei_md, eng, b)},
-                                              {DNNL_ARG_DST, dnnl::memory(e->dst_md, eng, out)}};
-  AddQuantArgs(p.q, o, N, e->bias_md, e->rq_scale, &margs);
-  Execute(e->prim, e->scratch_md, &margs);
+  std::unordered_map<int, dnnl::memory>* margs = ThreadArgs(e);
+  SetArg(margs, DNNL_ARG_SRC, e->src_md, a);
+  SetArg(margs, DNNL_ARG_WEIGHTS, e->wei_md, b);  // plain [K, N]: no padding to redo
+  SetArg(margs, DNNL_ARG_DST, e->dst_md, out);
+  SetQuantArgs(p.q, o, N, e->bias_md, e->rq_scale, margs);
+  if (e->scratch_bytes > 0) {
+    SetArg(margs, DNNL_ARG_SCRATCHPAD, e->scratch_md, ScratchBuffer(0, e->scratch_bytes));
+  }
+  e->prim.execute(Stream(), *margs);
+  Stream().wait();
 }
 
 // Whether oneDNN's int8 kernels here sum u8 x s8 products exactly: with VNNI (vpdpbusd) they do;

@@ -306,3 +306,41 @@ def test_conv2d_int8_packed_weight_is_checked():
         _pack("pad=1,1,1,1;wpacked=1;kernel=3,3", x, w, out)
     with pytest.raises(ValueError, match="needs kernel"):
         _call(native.CONV2D_INT8, "wpacked=1", [x, packed], out)
+
+
+# --- repeated calls: one thread's memory objects are kept per primitive, handles reset ----------
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_conv2d_int8_repeated_calls_read_each_calls_operands(layout):
+    """The same attrs and shapes called again with new buffers and new zero points, scales,
+    biases: every call reads its own operands (the kernel keeps its dnnl::memory objects per
+    thread and primitive and only resets their data handles), also when calls of another
+    problem come in between."""
+    rng = np.random.default_rng(11)
+    attrs = (f"layout={layout};klayout={'OIHW' if layout == 'NCHW' else 'OHWI'};pad=1,1,1,1;"
+             "xzp=1;scale=channel;bias=1;yzp=1;rq=1")
+    for step in range(4):
+        x = _ints(rng, np.uint8, (1, 4, 6, 6))
+        w = _weights(rng, (8, 4, 3, 3))
+        xzp, yzp = int(rng.integers(0, 256)), int(rng.integers(0, 256))
+        scale = (rng.integers(1, 16, 8) * 2.0 ** -12).astype(np.float32)
+        bias = rng.integers(-500, 500, 8).astype(np.float32)
+        acc = conv_ref(x, w, xzp, (1, 1), (1, 1, 1, 1), (1, 1), 1)
+        ref = onnx_requantized(acc, bias.reshape(1, 8, 1, 1), scale.reshape(1, 8, 1, 1), yzp,
+                               np.uint8)
+        xs, ws, refs = x, w, ref
+        if layout == "NHWC":
+            xs, ws, refs = x.transpose(0, 2, 3, 1), w.transpose(0, 2, 3, 1), ref.transpose(
+                0, 2, 3, 1)
+        out = _call(native.CONV2D_INT8, attrs,
+                    [xs, ws, np.array([xzp], np.int32), scale, bias, np.array([yzp], np.int32)],
+                    np.zeros(refs.shape, np.uint8))
+        assert np.array_equal(out, refs), step
+        # another problem in between (its own primitive and memory objects)
+        other = _ints(rng, np.int8, (1, 3, 2, 5))
+        got = _call(native.MATMUL_INT8, "xzp=1", [other, w.reshape(8, -1)[:, :5].T.copy(),
+                                                  np.array([xzp % 100], np.int32)],
+                    np.zeros((1, 3, 2, 8), np.int32))
+        want = (other.astype(np.int64) - xzp % 100) @ w.reshape(8, -1)[:, :5].T.astype(np.int64)
+        assert np.array_equal(got, want)
