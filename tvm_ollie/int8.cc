@@ -598,6 +598,27 @@ void PackWeight(ffi::PackedArgs args, ffi::Any* rv) {
   }
 }
 
+constexpr const char* kPreferredName = "tvm_ollie.cpu.conv2d_int8_preferred_format";
+
+// "nchw" or "nhwc" for a plain 4-D activation descriptor, else "other".
+std::string PlainFormat(const dnnl::memory::desc& md) {
+  const dims d = md.get_dims(), st = md.get_strides();
+  if (d.size() != 4 || st.size() != 4 || !md.get_inner_blks().empty()) return "other";
+  if (st[3] == 1 && st[2] == d[3] && st[1] == d[2] * d[3]) return "nchw";
+  if (st[1] == 1 && st[3] == d[1] && st[2] == d[3] * d[1]) return "nhwc";
+  return "other";
+}
+
+// conv2d_int8_preferred_format(attrs, data, weight, Out) -> [src format, dst format]: the
+// activation formats oneDNN's int8 primitive for this call runs on ("nchw", "nhwc" or "other"),
+// whatever the call's own layout: a call whose layout differs reorders inside.
+void PreferredFormat(ffi::PackedArgs args, ffi::Any* rv) {
+  ThreadScope threads;
+  const ConvProblem c = PackProblem(args, kPreferredName, 4, &threads);
+  *rv = ffi::Array<ffi::String>{ffi::String(PlainFormat(c.e->src_md)),
+                                ffi::String(PlainFormat(c.e->dst_md))};
+}
+
 // ---------------------------------------------------------------------------------------------
 // matmul_int8: A [..., M, K] (batch folded into M), B [K, N] or [N, K] (tb=1).
 
@@ -722,6 +743,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def_packed(kMatmulName, MatmulInt8)
       .def_packed(kPackSizeName, PackedSize)
       .def_packed(kPackName, PackWeight)
+      .def_packed(kPreferredName, PreferredFormat)
       .def("tvm_ollie.cpu.int8_exact_products", []() -> bool { return ExactProducts(); });
 }
 
