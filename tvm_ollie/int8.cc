@@ -623,7 +623,7 @@ void PreferredFormat(ffi::PackedArgs args, ffi::Any* rv) {
 // matmul_int8: A [..., M, K] (batch folded into M), B [K, N] or [N, K] (tb=1).
 
 struct MatmulParams {
-  bool tb = false;
+  bool tb = false, wpacked = false;
   QuantParams q;
   std::string canonical;
 };
@@ -632,37 +632,103 @@ MatmulParams ParseMatmulAttrs(const std::string& text) {
   Attrs attrs(kMatmulName, text);
   MatmulParams p;
   p.tb = attrs.GetBool("tb", false);
+  p.wpacked = attrs.GetBool("wpacked", false);
   p.q = ParseQuant(&attrs);
   attrs.CheckAllUsed();
   p.canonical = std::string("tb=") + (p.tb ? "1" : "0") + p.q.canonical;
   return p;
 }
 
+// One cached matmul primitive. Packed (wpacked=1, and the pack functions): the weights in the
+// format oneDNN chooses (format_tag::any) with the source zero point's compensation, made once
+// by a reorder from the user's [K, N]; plain: the user's [K, N] itself, and oneDNN computes the
+// compensation (sum over K of each column) inside every call.
 struct Int8Matmul {
   dnnl::matmul prim;
-  dnnl::memory::desc src_md, wei_md, bias_md, dst_md, scratch_md, rq_scale;
-  size_t scratch_bytes = 0;
+  dnnl::memory::desc src_md, user_wei, wei_md, bias_md, dst_md, scratch_md, rq_scale;
+  Reorder wei_in;
+  size_t wei_bytes = 0, scratch_bytes = 0;
+  uint64_t pack_hash = 0;
 };
 
-std::shared_ptr<Int8Matmul> CreateMatmul(const MatmulParams& p, int64_t M, int64_t K, int64_t N,
-                                         dt src_t, dt dst_t) {
+std::shared_ptr<Int8Matmul> CreateMatmul(const MatmulParams& p, bool packed, int64_t M,
+                                         int64_t K, int64_t N, dt src_t, dt dst_t) {
   auto e = std::make_shared<Int8Matmul>();
   e->src_md = dnnl::memory::desc(dims{M, K}, src_t, dims{K, 1});
-  e->wei_md = dnnl::memory::desc(dims{K, N}, dt::s8, p.tb ? dims{1, K} : dims{N, 1});
+  e->user_wei = dnnl::memory::desc(dims{K, N}, dt::s8, p.tb ? dims{1, K} : dims{N, 1});
+  const dnnl::memory::desc wei_any =
+      packed ? dnnl::memory::desc(dims{K, N}, dt::s8, dnnl::memory::format_tag::any)
+             : e->user_wei;
   e->dst_md = dnnl::memory::desc(dims{M, N}, dst_t, dims{N, 1});
   e->rq_scale = RqScaleDesc(p.q, 2, 1, N);
   const dnnl::primitive_attr attr = QuantAttr(p.q, 2, e->rq_scale);  // per column: bit 1
   dnnl::matmul::primitive_desc pd;
   if (p.q.bias) {
     e->bias_md = dnnl::memory::desc(dims{1, N}, dt::f32, dims{N, 1});
-    pd = dnnl::matmul::primitive_desc(Engine(), e->src_md, e->wei_md, e->bias_md, e->dst_md, attr);
+    pd = dnnl::matmul::primitive_desc(Engine(), e->src_md, wei_any, e->bias_md, e->dst_md, attr);
   } else {
-    pd = dnnl::matmul::primitive_desc(Engine(), e->src_md, e->wei_md, e->dst_md, attr);
+    pd = dnnl::matmul::primitive_desc(Engine(), e->src_md, wei_any, e->dst_md, attr);
   }
+  e->wei_md = pd.weights_desc();
+  e->wei_in.Init(e->user_wei, e->wei_md);
+  e->wei_bytes = e->wei_md.get_size();
   e->scratch_md = pd.scratchpad_desc();
   e->scratch_bytes = e->scratch_md.get_size();
   e->prim = dnnl::matmul(pd);
   return e;
+}
+
+// One matmul_int8 problem: M, K, N, the types and the cached primitive (after the checks).
+struct MatmulProblem {
+  int64_t M = 0, K = 0, N = 0;
+  std::shared_ptr<Int8Matmul> e;
+};
+
+// K and N from B's shape, or for a packed call (1-D B) from A's last dim and Out's.
+MatmulProblem ResolveMatmul(const MatmulParams& p, bool packed, const ffi::TensorView& A,
+                            const ffi::TensorView& B, const ffi::TensorView& Out,
+                            const char* name, ThreadScope* threads) {
+  const dt src_t = DataType(A, name, "A", false);
+  if (DataType(B, name, "B", false) != dt::s8) TVM_FFI_THROW(TypeError) << name << ": B must be int8";
+  const dt dst_t = DataType(Out, name, "Out", true);
+  const std::vector<int64_t> ad = Dims(A), od = Dims(Out);
+  if (ad.size() < 2 || od.size() != ad.size()) {
+    TVM_FFI_THROW(ValueError) << name << ": A and Out must have the same rank >= 2";
+  }
+  MatmulProblem m;
+  if (p.wpacked) {
+    if (B.ndim() != 1) TVM_FFI_THROW(ValueError) << name << ": with wpacked=1 B must be 1-D";
+    m.K = ad.back(), m.N = od.back();
+  } else {
+    if (B.ndim() != 2) TVM_FFI_THROW(ValueError) << name << ": B must have rank 2";
+    m.K = p.tb ? B.shape()[1] : B.shape()[0], m.N = p.tb ? B.shape()[0] : B.shape()[1];
+  }
+  std::vector<int64_t> want_out(ad);
+  if (ad.back() != m.K) {
+    TVM_FFI_THROW(ValueError) << name << ": A " << ShapeStr(A) << " does not fit B "
+                              << ShapeStr(B) << (p.tb ? " (tb=1)" : "");
+  }
+  want_out.back() = m.N;
+  if (od != want_out) {
+    TVM_FFI_THROW(ValueError) << name << ": Out has shape " << ShapeStr(Out)
+                              << ", expected A's with the last dim " << m.N;
+  }
+  m.M = m.K > 0 ? A.numel() / m.K : 0;
+  threads->SerialBelow(2.0 * m.M * m.K * m.N);
+  const std::string key = std::string(kMatmulName) + "|" + p.canonical + "|wp=" +
+                          (packed ? "1" : "0") + "|" + TypeKey(src_t, dt::s8, dst_t) + "|" +
+                          std::to_string(m.M) + "x" + std::to_string(m.K) + "x" +
+                          std::to_string(m.N);
+  m.e = CachedGet<Int8Matmul>(key, [&]() {
+    auto e = CreateMatmul(p, packed, m.M, m.K, m.N, src_t, dst_t);
+    e->pack_hash = PackHash(key, e->wei_md);
+    return e;
+  });
+  return m;
+}
+
+int64_t MatmulPackedBytes(const Int8Matmul& e) {
+  return static_cast<int64_t>(kPackHeaderBytes + e.wei_bytes);
 }
 
 void MatmulInt8(ffi::PackedArgs args, ffi::Any* rv) {
@@ -677,45 +743,83 @@ void MatmulInt8(ffi::PackedArgs args, ffi::Any* rv) {
   ffi::TensorView A = Arg(args, 1, kMatmulName, "A");
   ffi::TensorView B = Arg(args, 2, kMatmulName, "B");
   ffi::TensorView Out = Arg(args, args.size() - 1, kMatmulName, "Out");
-  const dt src_t = DataType(A, kMatmulName, "A", false);
-  if (DataType(B, kMatmulName, "B", false) != dt::s8) {
-    TVM_FFI_THROW(TypeError) << kMatmulName << ": B must be int8";
-  }
-  const dt dst_t = DataType(Out, kMatmulName, "Out", true);
   void* a = CheckTensor(A, kMatmulName, "A", -1);
-  void* b = CheckTensor(B, kMatmulName, "B", 2);
+  void* b = CheckTensor(B, kMatmulName, "B", -1);
   void* out = CheckTensor(Out, kMatmulName, "Out", -1);
-  const std::vector<int64_t> ad = Dims(A), od = Dims(Out);
-  const int64_t K = p.tb ? B.shape()[1] : B.shape()[0], N = p.tb ? B.shape()[0] : B.shape()[1];
-  std::vector<int64_t> want_out(ad);
-  if (ad.size() < 2 || ad.back() != K) {
-    TVM_FFI_THROW(ValueError) << kMatmulName << ": A " << ShapeStr(A) << " does not fit B "
-                              << ShapeStr(B) << (p.tb ? " (tb=1)" : "");
-  }
-  want_out.back() = N;
-  if (od != want_out) {
-    TVM_FFI_THROW(ValueError) << kMatmulName << ": Out has shape " << ShapeStr(Out)
-                              << ", expected A's with the last dim " << N;
-  }
-  const int64_t M = A.numel() / K;
+  const MatmulProblem m = ResolveMatmul(p, p.wpacked, A, B, Out, kMatmulName, &threads);
   int i = 3;
-  const QuantOperands o = QuantArgs(args, &i, p.q, kMatmulName, N);
+  const QuantOperands o = QuantArgs(args, &i, p.q, kMatmulName, m.N);
   if (Out.numel() == 0) return;
-  threads.SerialBelow(2.0 * M * K * N);
-  const std::string key = std::string(kMatmulName) + "|" + p.canonical + "|" +
-                          TypeKey(src_t, dt::s8, dst_t) + "|" + std::to_string(M) + "x" +
-                          std::to_string(K) + "x" + std::to_string(N);
-  auto e = CachedGet<Int8Matmul>(key, [&]() { return CreateMatmul(p, M, K, N, src_t, dst_t); });
-  std::unordered_map<int, dnnl::memory>* margs = ThreadArgs(e);
+  Int8Matmul* e = m.e.get();
+  std::unordered_map<int, dnnl::memory>* margs = ThreadArgs(m.e);
+  if (p.wpacked) {
+    uint64_t header[2] = {0, 0};
+    if (B.numel() == MatmulPackedBytes(*e)) std::memcpy(header, b, sizeof(header));
+    if (B.numel() != MatmulPackedBytes(*e) || header[0] != kPackMagic ||
+        header[1] != e->pack_hash) {
+      TVM_FFI_THROW(ValueError) << kMatmulName << ": the packed B was made for another problem, "
+                                << "format or machine; repack it with "
+                                << "tvm_ollie.cpu.matmul_int8_pack_weight in this process";
+    }
+    (*margs)[DNNL_ARG_WEIGHTS] =
+        dnnl::memory(e->wei_md, Engine(), static_cast<char*>(b) + kPackHeaderBytes);
+  } else {
+    SetArg(margs, DNNL_ARG_WEIGHTS, e->wei_md, b);  // plain [K, N]: no padding to redo
+  }
   SetArg(margs, DNNL_ARG_SRC, e->src_md, a);
-  SetArg(margs, DNNL_ARG_WEIGHTS, e->wei_md, b);  // plain [K, N]: no padding to redo
   SetArg(margs, DNNL_ARG_DST, e->dst_md, out);
-  SetQuantArgs(p.q, o, N, e->bias_md, e->rq_scale, margs);
+  SetQuantArgs(p.q, o, m.N, e->bias_md, e->rq_scale, margs);
   if (e->scratch_bytes > 0) {
     SetArg(margs, DNNL_ARG_SCRATCHPAD, e->scratch_md, ScratchBuffer(0, e->scratch_bytes));
   }
   e->prim.execute(Stream(), *margs);
   Stream().wait();
+}
+
+// matmul_int8_packed_size(attrs, A, B, Out) -> int and matmul_int8_pack_weight(attrs, A, B, Out,
+// Packed): attrs those of the calls that will use it, without wpacked; A and Out give the shapes
+// and types only. Packed: int8 [size], a 64-byte header (magic, hash of the problem, the format
+// and the CPU ISA) and B in the primitive's format with its compensation.
+constexpr const char* kMatmulPackSizeName = "tvm_ollie.cpu.matmul_int8_packed_size";
+constexpr const char* kMatmulPackName = "tvm_ollie.cpu.matmul_int8_pack_weight";
+
+MatmulProblem MatmulPackProblem(ffi::PackedArgs args, const char* name, int count,
+                                ThreadScope* threads) {
+  if (args.size() != count) TVM_FFI_THROW(TypeError) << name << ": expected " << count << " arguments";
+  const MatmulParams& p = ParsedAttrs<MatmulParams>(AttrsArg(args, name), ParseMatmulAttrs);
+  if (p.wpacked) TVM_FFI_THROW(ValueError) << name << ": attrs must not set wpacked";
+  return ResolveMatmul(p, true, Arg(args, 1, name, "A"), Arg(args, 2, name, "B"),
+                       Arg(args, 3, name, "Out"), name, threads);
+}
+
+void MatmulPackedSize(ffi::PackedArgs args, ffi::Any* rv) {
+  ThreadScope threads;
+  *rv = MatmulPackedBytes(*MatmulPackProblem(args, kMatmulPackSizeName, 4, &threads).e);
+}
+
+void MatmulPackWeight(ffi::PackedArgs args, ffi::Any* rv) {
+  ThreadScope threads;
+  const MatmulProblem m = MatmulPackProblem(args, kMatmulPackName, 5, &threads);
+  ffi::TensorView B = Arg(args, 2, kMatmulPackName, "B");
+  ffi::TensorView P = Arg(args, 4, kMatmulPackName, "Packed");
+  if (DataType(P, kMatmulPackName, "Packed", false) != dt::s8 || P.ndim() != 1 ||
+      P.numel() != MatmulPackedBytes(*m.e)) {
+    TVM_FFI_THROW(ValueError) << kMatmulPackName << ": Packed must be int8 ["
+                              << MatmulPackedBytes(*m.e) << "] (" << kMatmulPackSizeName
+                              << "), got " << ShapeStr(P);
+  }
+  char* packed = static_cast<char*>(CheckTensor(P, kMatmulPackName, "Packed", 1));
+  std::memset(packed, 0, kPackHeaderBytes);
+  const uint64_t header[2] = {kPackMagic, m.e->pack_hash};
+  std::memcpy(packed, header, sizeof(header));
+  dnnl::memory user(m.e->user_wei, Engine(), CheckTensor(B, kMatmulPackName, "B", 2));
+  dnnl::memory blocked(m.e->wei_md, Engine(), packed + kPackHeaderBytes);
+  if (m.e->wei_in.needed) {
+    m.e->wei_in.Run(user, blocked, 5);
+    Stream().wait();
+  } else {
+    std::memcpy(packed + kPackHeaderBytes, user.get_data_handle(), m.e->wei_bytes);
+  }
 }
 
 // Whether oneDNN's int8 kernels here sum u8 x s8 products exactly: with VNNI (vpdpbusd) they do;
@@ -744,6 +848,8 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def_packed(kPackSizeName, PackedSize)
       .def_packed(kPackName, PackWeight)
       .def_packed(kPreferredName, PreferredFormat)
+      .def_packed(kMatmulPackSizeName, MatmulPackedSize)
+      .def_packed(kMatmulPackName, MatmulPackWeight)
       .def("tvm_ollie.cpu.int8_exact_products", []() -> bool { return ExactProducts(); });
 }
 

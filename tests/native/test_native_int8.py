@@ -344,3 +344,54 @@ def test_conv2d_int8_repeated_calls_read_each_calls_operands(layout):
                     np.zeros((1, 3, 2, 8), np.int32))
         want = (other.astype(np.int64) - xzp % 100) @ w.reshape(8, -1)[:, :5].T.astype(np.int64)
         assert np.array_equal(got, want)
+
+
+# --- packed matmul weights: matmul_int8_packed_size / matmul_int8_pack_weight, wpacked=1 --------
+
+MATMUL_PACKED_SIZE = "tvm_ollie.cpu.matmul_int8_packed_size"
+MATMUL_PACK_WEIGHT = "tvm_ollie.cpu.matmul_int8_pack_weight"
+
+
+def _pack_matmul(attrs, a, b, out):
+    import tvm_ffi
+
+    args = [tvm_ffi.from_dlpack(np.ascontiguousarray(t)) for t in (a, b, out)]
+    size = int(tvm_ffi.get_global_func(MATMUL_PACKED_SIZE)(attrs, *args))
+    packed = np.zeros(size, np.int8)
+    tvm_ffi.get_global_func(MATMUL_PACK_WEIGHT)(attrs, *args, tvm_ffi.from_dlpack(packed))
+    return packed
+
+
+@pytest.mark.parametrize("xtype, tb, rq", [(np.uint8, False, True), (np.int8, True, False),
+                                           (np.uint8, True, True)])
+def test_matmul_int8_packed_weight_equals_the_plain_call(xtype, tb, rq):
+    """B packed once (header, the primitive's format, the zero point's compensation) gives the
+    plain call's integers, with a batch folded into M; the header is checked."""
+    if not native.provides(MATMUL_PACK_WEIGHT):
+        pytest.skip("the loaded native library predates the int8 matmul packing")
+    rng = np.random.default_rng(12)
+    a = _ints(rng, xtype, (2, 3, 40))
+    b = _weights(rng, (24, 40) if tb else (40, 24))
+    xzp = np.array([77 if xtype == np.uint8 else -6], np.int32)
+    attrs, operands, out_type = f"tb={int(tb)};xzp=1", [xzp], np.int32
+    if rq:
+        attrs += ";scale=channel;bias=1;yzp=1;rq=1"
+        operands += [(rng.integers(1, 16, 24) * 2.0 ** -12).astype(np.float32),
+                     rng.integers(-900, 900, 24).astype(np.float32), np.array([9], np.int32)]
+        out_type = np.uint8
+    plain = _call(native.MATMUL_INT8, attrs, [a, b, *operands], np.zeros((2, 3, 24), out_type))
+    want = (a.astype(np.int64) - xzp[0]) @ (b.T if tb else b).astype(np.int64)
+    if rq:
+        want = onnx_requantized(want, operands[2], operands[1], 9, np.uint8)
+    assert np.array_equal(plain, want)
+    packed = _pack_matmul(attrs, a, b, np.zeros((2, 3, 24), out_type))
+    assert packed.size > b.size
+    for _ in range(2):
+        ours = _call(native.MATMUL_INT8, attrs + ";wpacked=1", [a, packed, *operands],
+                     np.zeros((2, 3, 24), out_type))
+        assert np.array_equal(ours, plain)
+    with pytest.raises(ValueError, match="another problem"):
+        _call(native.MATMUL_INT8, attrs + ";wpacked=1", [a[:1], packed, *operands],
+              np.zeros((1, 3, 24), out_type))
+    with pytest.raises(ValueError, match="wpacked"):
+        _pack_matmul(attrs + ";wpacked=1", a, b, np.zeros((2, 3, 24), out_type))

@@ -55,7 +55,7 @@ from ..codegen import library as lib
 from ..compat import relax, tirx, tvm
 from .fold_rule import used_once
 from .inference_fold import FoldRule, fold_inference
-from .int8_layout import conv_int8_of, int8_layout
+from .int8_layout import conv_int8_of, int8_call_of, int8_layout
 
 __all__ = ["INT8_RULES", "int8_kernels", "accumulator_bound", "pack_conv_weights",
            "requantize_reference", "saturates_past_limit"]
@@ -244,10 +244,44 @@ def _packed_binding(var, value):
                          _dtype(var))
 
 
+#: The library's matmul weight packing (``matmul_int8_packed_size``/``_pack_weight``).
+MATMUL_INT8_PACKED_SIZE = "tvm_ollie.cpu.matmul_int8_packed_size"
+MATMUL_INT8_PACK_WEIGHT = "tvm_ollie.cpu.matmul_int8_pack_weight"
+
+
+def _static(shape) -> bool:
+    return shape is not None and all(isinstance(d, tirx.IntImm) for d in shape)
+
+
+def _packed_matmul_binding(var, value):
+    """The ``matmul_int8`` call ``value`` (bound to ``var``) with its constant ``B`` packed once
+    into the primitive's format with the source zero point's compensation (oneDNN otherwise
+    sums every column of ``B`` again in each call), or None."""
+    found = int8_call_of(value, lib.MATMUL_INT8)
+    if found is None or found[0].get("wpacked", "0") == "1" or not native.provides(
+            MATMUL_INT8_PACK_WEIGHT):
+        return None
+    call, ops = found
+    if not isinstance(ops[1], tvm.ir.expr.Constant) or not _static(var.ty.shape) or \
+            not _static(ops[0].ty.shape):
+        return None
+    attrs = call.text()
+    a = tvm.runtime.tensor(np.zeros([int(d) for d in ops[0].ty.shape], _dtype(ops[0])))
+    out_shape = [int(d) for d in var.ty.shape]
+    out = tvm.runtime.tensor(np.zeros(out_shape, _dtype(var)))
+    b = tvm.runtime.tensor(ops[1].value.numpy())
+    size = int(tvm.get_global_func(MATMUL_INT8_PACKED_SIZE)(attrs, a, b, out))
+    packed = tvm.runtime.tensor(np.zeros(size, np.int8))
+    tvm.get_global_func(MATMUL_INT8_PACK_WEIGHT)(attrs, a, b, out, packed)
+    return lib.emit_call(call.with_attrs(wpacked="1"),
+                         [ops[0], relax.const(packed.numpy())] + list(ops[2:]), out_shape,
+                         _dtype(var))
+
+
 def pack_conv_weights(mod: "tvm.IRModule") -> "tvm.IRModule":
-    """``mod`` with the constant weight of every ``conv2d_int8`` call of static shapes packed
-    (:func:`_packed_conv`), after the layouts are decided (a pack is made for one call's
-    attributes and formats)."""
+    """``mod`` with the constant weight of every ``conv2d_int8`` and ``matmul_int8`` call of
+    static shapes packed (:func:`_packed_conv`, :func:`_packed_matmul_binding`), after the
+    layouts are decided (a pack is made for one call's attributes and formats)."""
     updates = {}
     for gv, func in mod.functions_items():
         if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
@@ -256,8 +290,11 @@ def pack_conv_weights(mod: "tvm.IRModule") -> "tvm.IRModule":
         for block in func.body.blocks:
             bindings = []
             for b in block.bindings:
-                packed = _packed_binding(b.var, b.value) if isinstance(b, relax.VarBinding) \
-                    else None
+                packed = None
+                if isinstance(b, relax.VarBinding):
+                    packed = _packed_binding(b.var, b.value)
+                    if packed is None:
+                        packed = _packed_matmul_binding(b.var, b.value)
                 changed |= packed is not None
                 bindings.append(b if packed is None else relax.VarBinding(b.var, packed))
             blocks.append(relax.DataflowBlock(bindings) if isinstance(block, relax.DataflowBlock)

@@ -56,7 +56,7 @@ from ..compat import relax, tvm
 from .blocked_layout import SPATIAL, constant_to_format, from_format, to_format
 
 __all__ = ["CONV2D_INT8_PREFERRED_FORMAT", "Int8LayoutReport", "conv_int8_of", "find_chains",
-           "int8_layout",
+           "int8_call_of", "int8_layout",
            "member_conv", "member_elementwise", "member_spatial", "preferred_format"]
 
 _Constant = tvm.ir.expr.Constant
@@ -129,18 +129,23 @@ def preferred_format(attrs: str, data_shape: Tuple[int, ...], data_dtype: str,
     return str(src), str(dst)
 
 
-def conv_int8_of(expr) -> Optional[Tuple[lib.LibCall, list]]:
-    """``(LibCall, operands)`` when ``expr`` is a ``conv2d_int8`` call of :func:`lib.emit_call`
-    (:func:`lib.lib_call_of` knows the float kernels only), else None."""
+def int8_call_of(expr, kernel: str = lib.CONV2D_INT8) -> Optional[Tuple[lib.LibCall, list]]:
+    """``(LibCall, operands)`` when ``expr`` is a call of the int8 ``kernel`` written by
+    :func:`lib.emit_call` (:func:`lib.lib_call_of` knows the float kernels only), else None."""
     if _op_name(expr) != "relax.call_dps_packed":
         return None
     func, args = expr.args[0], expr.args[1]
-    if str(getattr(func, "global_symbol", "") or "") != lib.CONV2D_INT8 or not isinstance(
+    if str(getattr(func, "global_symbol", "") or "") != kernel or not isinstance(
             args, relax.Tuple) or not args.fields or not isinstance(args.fields[0],
                                                                     tvm.ir.StringImm):
         return None
     attrs = tuple(lib.parse_attrs(str(args.fields[0].value)).items())
-    return lib.LibCall(lib.CONV2D_INT8, attrs), list(args.fields[1:])
+    return lib.LibCall(kernel, attrs), list(args.fields[1:])
+
+
+def conv_int8_of(expr) -> Optional[Tuple[lib.LibCall, list]]:
+    """:func:`int8_call_of` for ``conv2d_int8``."""
+    return int8_call_of(expr, lib.CONV2D_INT8)
 
 
 def member_conv(var, value) -> Optional[Tuple[lib.LibCall, list]]:
