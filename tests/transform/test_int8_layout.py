@@ -125,8 +125,7 @@ def test_chain_in_nhwc_equals_onnxruntime(x_type, per_channel, last_scale, monke
 def test_residual_add_joins_the_chain(x_type, monkeypatch):
     """With the residual ``QLinearAdd`` between the convolutions the chain is still one (the
     add's decomposition is elementwise) and the outputs equal the build without the layout pass
-    exactly. (Against ONNX Runtime the add itself is off by one step on some elements, with or
-    without this pass: :func:`test_qlinear_add_against_onnxruntime`.)"""
+    exactly."""
     _require()
     model, feeds = chain_model(x_type, True, 0.002, residual=True)
     ours, folds = _build_and_run(model, feeds, True, monkeypatch)
@@ -137,11 +136,9 @@ def test_residual_add_joins_the_chain(x_type, monkeypatch):
     assert np.array_equal(plain, ours)
 
 
-@pytest.mark.xfail(strict=True, reason="known: frontend/onnx_quant.py's QLinearAdd computes "
-                   "rint((a - azp) * (As/Cs) + (b - bzp) * (Bs/Cs)) + Czp; ONNX Runtime's MLAS "
-                   "kernel adds the zero points' part first (a fused multiply-add order) and "
-                   "rounds some ties and near-ties the other way")
-def test_qlinear_add_against_onnxruntime(monkeypatch):
+def test_residual_chain_equals_onnxruntime(monkeypatch):
+    """The residual ``QLinearAdd`` (ONNX Runtime's arithmetic as a table) inside the chain:
+    bit-exact against ONNX Runtime."""
     _require()
     model, feeds = chain_model(np.uint8, True, 0.05, residual=True)
     ours, _ = _build_and_run(model, feeds, True, monkeypatch)

@@ -26,11 +26,13 @@ Rules (each a guard below, named):
   packed: the packing follows this pass), every shape static, and whose primitive runs on
   ``nhwc`` (guard ``prefers_nhwc``: ``conv2d_int8_preferred_format`` gives ``nhwc`` for the
   destination; where it does not, an NHWC call would reorder inside just the same);
-* ``member_elementwise``: an operator of :data:`UNARY`/:data:`BINARY`, or a ``quantize``/
+* ``member_elementwise``: an operator of :data:`UNARY`/:data:`BINARY`, a ``quantize``/
   ``dequantize`` with one scale and one zero point (a single value each, so its ``axis`` does
-  not matter), whose output is 4-D of the shape of each chain operand it reads (no broadcast of
+  not matter), or a ``take`` of a 1-D constant table at a chain value (``QLinearAdd``'s table,
+  :func:`tvm_ollie.frontend.onnx_quant.qlinear_add_table`), whose output is 4-D of the shape of each chain operand it reads (no broadcast of
   a chain value), at least one operand in the chain, the others tensors of that shape (they
-  enter the chain) or constants of one value or per channel (``[1, C, 1, 1]``, re-laid out);
+  enter the chain), tensors of one element (constants or not: they broadcast alike in both
+  layouts) or per-channel constants (``[1, C, 1, 1]``, re-laid out);
 * ``member_spatial``: pooling and resizing in NCHW on a chain value, rewritten with
   ``layout="NHWC"`` (:data:`~.blocked_layout.SPATIAL`);
 * ``chain_length``: at least two convolutions;
@@ -67,9 +69,11 @@ CONV2D_INT8_PREFERRED_FORMAT = "tvm_ollie.cpu.conv2d_int8_preferred_format"
 #: Unary operators a chain passes through (each element alone).
 UNARY = ("relax.astype", "relax.nn.relu", "relax.clip", "relax.round", "relax.negative",
          "relax.abs")
-#: Binary operators a chain passes through (each element alone).
+#: Binary and ternary operators a chain passes through (each element alone; comparisons and
+#: ``where`` come with the index normalization TVM's importer writes around a ``Gather``).
 BINARY = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum",
-          "relax.minimum")
+          "relax.minimum", "relax.less", "relax.greater", "relax.less_equal",
+          "relax.greater_equal", "relax.equal", "relax.where")
 #: Quantization operators a chain passes through when their parameters are single values.
 QUANT = ("relax.quantize", "relax.dequantize")
 
@@ -172,6 +176,13 @@ def _single(expr) -> bool:
     return isinstance(expr, _Constant) and int(np.prod(expr.value.shape)) == 1
 
 
+def _one_value(expr) -> bool:
+    """A tensor of one element (a constant or a value): it broadcasts the same way against
+    NCHW and NHWC, so it stays as it is."""
+    shape = _shape(expr)
+    return shape is not None and len(shape) <= 4 and int(np.prod(shape)) == 1
+
+
 def _channel_constant(expr, channels: int) -> bool:
     return isinstance(expr, _Constant) and constant_to_format(
         expr.value.numpy(), "nhwc", channels) is not None
@@ -186,12 +197,16 @@ def member_elementwise(var, value, members: Set["relax.Var"]) -> bool:
     if name in QUANT:
         data, scale, zero_point = value.args
         return data in members and _single(scale) and _single(zero_point)
+    if name == "relax.take":  # a table read per element (the QLinearAdd table)
+        table, index = value.args
+        return (index in members and isinstance(table, _Constant) and len(table.value.shape) == 1
+                and int(value.attrs.axis or 0) == 0 and _shape(index) == out)
     if name not in UNARY and name not in BINARY:
         return False
     if not any(a in members for a in value.args):
         return False
     for arg in value.args:
-        if isinstance(arg, relax.Var) and _shape(arg) == out:
+        if isinstance(arg, relax.Var) and _shape(arg) == out or _one_value(arg):
             continue
         if not _channel_constant(arg, out[1]):
             return False
@@ -331,6 +346,10 @@ class _Rewriter:
             new_value = self._conv(var, value, out, dataflow)
         elif _op_name(value) in SPATIAL:
             new_value = SPATIAL[_op_name(value)](value, self._nhwc(value.args[0], out, dataflow))
+        elif _op_name(value) == "relax.take":
+            new_value = relax.Call(value.op, [value.args[0], self._nhwc(value.args[1], out,
+                                                                          dataflow)],
+                                   value.attrs, value.ty_args)
         elif _op_name(value) in QUANT:
             data, scale, zero_point = value.args
             make = relax.op.quantize if _op_name(value) == "relax.quantize" else \
@@ -339,7 +358,8 @@ class _Rewriter:
                              out_dtype=str(value.attrs.out_dtype))
         else:
             channels = _shape(var)[1]
-            args = [relax.const(constant_to_format(a.value.numpy(), "nhwc", channels))
+            args = [a if _one_value(a) else
+                    relax.const(constant_to_format(a.value.numpy(), "nhwc", channels))
                     if isinstance(a, _Constant) else self._nhwc(a, out, dataflow)
                     for a in value.args]
             new_value = relax.Call(value.op, args, value.attrs, value.ty_args)
