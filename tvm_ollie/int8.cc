@@ -31,7 +31,19 @@
 // (attrs, data, weight, Out, Packed) does it once (int8 Packed of conv2d_int8_packed_size(attrs,
 // data, weight, Out) bytes: a 64-byte header, magic and a hash of the problem, the format and the
 // CPU ISA, then the blocked weights); a call with wpacked=1;kernel=KH,KW takes it as weight and
-// rejects a header made for another problem, format or machine.
+// rejects a header made for another problem, format or machine. The matmul's B likewise:
+// tvm_ollie.cpu.matmul_int8_packed_size(attrs, A, B, Out) / matmul_int8_pack_weight(attrs, A, B,
+// Out, Packed), then calls with wpacked=1 (B the 1-D pack; K from A, N from Out).
+//
+// tvm_ollie.cpu.conv2d_int8_preferred_format(attrs, data, weight, Out) -> [src, dst]: the
+// activation formats ("nchw", "nhwc", "other") the primitive of such a call runs on; a call in
+// another layout reorders inside (transform/int8_layout.py keeps chains in that format).
+//
+// Per call: the attrs are parsed once per thread (ParsedAttrs), the pack hash and the sizes are
+// kept with the cached primitive, and each thread keeps the dnnl::memory objects of each
+// primitive and only resets their data handles; calls below the serial threshold run on the
+// calling thread (ThreadScope::SerialBelow, as the float kernels). Together these took a
+// 1x64x4x4 3x3 rq=1 call from ~20 to ~9.5 us of CPU (Python loop, one thread).
 #include <cstring>
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/reflection/registry.h>

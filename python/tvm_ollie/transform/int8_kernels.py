@@ -35,9 +35,12 @@ channel or per tensor; the quantize's scale exactly 1 and its zero point one con
 field, equal to :func:`requantize_reference`. A chain that fails any of them keeps the int32
 kernel and TVM's elementwise requantization (the plain rules below).
 
-Convolution weights go to the kernel packed at compile time (:func:`_packed_conv`, the
-library's ``conv2d_int8_pack_weight``): oneDNN's blocked format with the zero point's
-compensation, which it otherwise recomputes in every call.
+After the rules, chains of int8 convolutions are put in NHWC (:mod:`.int8_layout`: oneDNN's
+int8 primitives run on ``nhwc``, so an NCHW call reorders its source and result inside), and
+then the constant weights are packed for the calls as they finally are (:func:`_packed_conv`,
+the library's ``conv2d_int8_pack_weight``, and ``matmul_int8_pack_weight`` for a matmul's B):
+oneDNN's format with the zero point's compensation, which it otherwise recomputes in every
+call.
 
 The pass applies them on CPU targets when the library is in use; without the library (or with
 ``TVM_OLLIE_DISABLE_NATIVE=1``) the module keeps the int32 form.
