@@ -556,7 +556,9 @@ void Conv2dInt8(ffi::PackedArgs args, ffi::Any* rv) {
     SetArg(cargs, DNNL_ARG_SCRATCHPAD, e->scratch_md, ScratchBuffer(0, e->scratch_bytes));
   }
   e->prim.execute(Stream(), *cargs);
-  if (e->dst_out.needed) e->dst_out.Run(cargs->at(DNNL_ARG_DST), dnnl::memory(e->user_dst, eng, out), 5);
+  if (e->dst_out.needed) {
+    e->dst_out.Run(cargs->at(DNNL_ARG_DST), dnnl::memory(e->user_dst, eng, out), 5);
+  }
   Stream().wait();
 }
 
@@ -701,7 +703,9 @@ MatmulProblem ResolveMatmul(const MatmulParams& p, bool packed, const ffi::Tenso
                             const ffi::TensorView& B, const ffi::TensorView& Out,
                             const char* name, ThreadScope* threads) {
   const dt src_t = DataType(A, name, "A", false);
-  if (DataType(B, name, "B", false) != dt::s8) TVM_FFI_THROW(TypeError) << name << ": B must be int8";
+  if (DataType(B, name, "B", false) != dt::s8) {
+    TVM_FFI_THROW(TypeError) << name << ": B must be int8";
+  }
   const dt dst_t = DataType(Out, name, "Out", true);
   const std::vector<int64_t> ad = Dims(A), od = Dims(Out);
   if (ad.size() < 2 || od.size() != ad.size()) {
@@ -797,7 +801,9 @@ constexpr const char* kMatmulPackName = "tvm_ollie.cpu.matmul_int8_pack_weight";
 
 MatmulProblem MatmulPackProblem(ffi::PackedArgs args, const char* name, int count,
                                 ThreadScope* threads) {
-  if (args.size() != count) TVM_FFI_THROW(TypeError) << name << ": expected " << count << " arguments";
+  if (args.size() != count) {
+    TVM_FFI_THROW(TypeError) << name << ": expected " << count << " arguments";
+  }
   const MatmulParams& p = ParsedAttrs<MatmulParams>(AttrsArg(args, name), ParseMatmulAttrs);
   if (p.wpacked) TVM_FFI_THROW(ValueError) << name << ": attrs must not set wpacked";
   return ResolveMatmul(p, true, Arg(args, 1, name, "A"), Arg(args, 2, name, "B"),
