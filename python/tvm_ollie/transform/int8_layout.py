@@ -31,8 +31,9 @@ Rules (each a guard below, named):
   not matter), or a ``take`` of a 1-D constant table at a chain value (``QLinearAdd``'s table,
   :func:`tvm_ollie.frontend.onnx_quant.qlinear_add_table`), whose output is 4-D of the shape
   of each chain operand it reads (no broadcast of a chain value), at least one operand in the
-  chain, the others tensors of that shape (they enter the chain), tensors of one element (constants or not: they broadcast alike in both
-  layouts) or per-channel constants (``[1, C, 1, 1]``, re-laid out);
+  chain, the others tensors of that shape (they enter the chain), tensors of one element
+  (constants or not: they broadcast alike in both layouts) or per-channel constants
+  (``[1, C, 1, 1]``, re-laid out);
 * ``member_spatial``: pooling and resizing in NCHW on a chain value, rewritten with
   ``layout="NHWC"`` (:data:`~.blocked_layout.SPATIAL`);
 * ``chain_length``: at least two convolutions;
