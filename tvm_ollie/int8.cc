@@ -31,7 +31,19 @@
 // (attrs, data, weight, Out, Packed) does it once (int8 Packed of conv2d_int8_packed_size(attrs,
 // data, weight, Out) bytes: a 64-byte header, magic and a hash of the problem, the format and the
 // CPU ISA, then the blocked weights); a call with wpacked=1;kernel=KH,KW takes it as weight and
-// rejects a header made for another problem, format or machine.
+// rejects a header made for another problem, format or machine. The matmul's B likewise:
+// tvm_ollie.cpu.matmul_int8_packed_size(attrs, A, B, Out) / matmul_int8_pack_weight(attrs, A, B,
+// Out, Packed), then calls with wpacked=1 (B the 1-D pack; K from A, N from Out).
+//
+// tvm_ollie.cpu.conv2d_int8_preferred_format(attrs, data, weight, Out) -> [src, dst]: the
+// activation formats ("nchw", "nhwc", "other") the primitive of such a call runs on; a call in
+// another layout reorders inside (transform/int8_layout.py keeps chains in that format).
+//
+// Per call: the attrs are parsed once per thread (ParsedAttrs), the pack hash and the sizes are
+// kept with the cached primitive, and each thread keeps the dnnl::memory objects of each
+// primitive and only resets their data handles; calls below the serial threshold run on the
+// calling thread (ThreadScope::SerialBelow, as the float kernels). Together these took a
+// 1x64x4x4 3x3 rq=1 call from ~20 to ~9.5 us of CPU (Python loop, one thread).
 #include <cstring>
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/reflection/registry.h>
@@ -193,37 +205,9 @@ dnnl::primitive_attr QuantAttr(const QuantParams& q, int channel_mask,
   return attr;
 }
 
-void AddQuantArgs(const QuantParams& q, const QuantOperands& o, int64_t channels,
-                  const dnnl::memory::desc& bias_md, const dnnl::memory::desc& rq_scale,
-                  std::unordered_map<int, dnnl::memory>* args) {
-  const dnnl::engine& eng = Engine();
-  const dnnl::memory::desc one_s32(dims{1}, dt::s32, dims{1});
-  if (q.xzp) (*args)[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC] = dnnl::memory(one_s32, eng, o.xzp);
-  if (q.rq && q.scale != Scale::kNone) {
-    (*args)[DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1] =
-        dnnl::memory(rq_scale, eng, o.scale);
-  } else if (q.scale != Scale::kNone) {
-    const int64_t n = q.scale == Scale::kChannel ? channels : 1;
-    (*args)[DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS] =
-        dnnl::memory(dnnl::memory::desc(dims{n}, dt::f32, dims{1}), eng, o.scale);
-  }
-  if (q.bias) (*args)[DNNL_ARG_BIAS] = dnnl::memory(bias_md, eng, o.bias);
-  if (q.yzp) (*args)[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST] = dnnl::memory(one_s32, eng, o.yzp);
-}
-
 std::string TypeKey(dt a, dt b, dt c) {
   return std::to_string(static_cast<int>(a)) + "," + std::to_string(static_cast<int>(b)) + "," +
          std::to_string(static_cast<int>(c));
-}
-
-void Execute(const dnnl::primitive& prim, const dnnl::memory::desc& scratch_md,
-             std::unordered_map<int, dnnl::memory>* args) {
-  size_t scratch = scratch_md.get_size();
-  if (scratch > 0) {
-    (*args)[DNNL_ARG_SCRATCHPAD] = dnnl::memory(scratch_md, Engine(), ScratchBuffer(0, scratch));
-  }
-  prim.execute(Stream(), *args);
-  Stream().wait();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -329,6 +313,8 @@ struct Int8Conv {
   dnnl::memory::desc user_src, user_wei, user_dst, bias_md, src_md, wei_md, dst_md, scratch_md;
   dnnl::memory::desc rq_scale;  // rq=1's scale operand
   Reorder src_in, wei_in, dst_out;
+  size_t src_bytes = 0, wei_bytes = 0, dst_bytes = 0, scratch_bytes = 0;
+  uint64_t pack_hash = 0;  // PackHash of this problem (set at creation)
 };
 
 std::shared_ptr<Int8Conv> CreateConv(const ConvParams& p, const ConvShape& s, dt src_t,
@@ -365,6 +351,10 @@ std::shared_ptr<Int8Conv> CreateConv(const ConvParams& p, const ConvShape& s, dt
   e->src_in.Init(e->user_src, e->src_md);
   e->wei_in.Init(e->user_wei, e->wei_md);
   e->dst_out.Init(e->dst_md, e->user_dst);
+  e->src_bytes = e->src_md.get_size();
+  e->wei_bytes = e->wei_md.get_size();
+  e->dst_bytes = e->dst_md.get_size();
+  e->scratch_bytes = e->scratch_md.get_size();
   return e;
 }
 
@@ -383,12 +373,10 @@ std::string AttrsArg(ffi::PackedArgs args, const char* kernel) {
   return std::string(text.value());
 }
 
-// One conv2d_int8 problem: its attrs, shape, types, cache key and cached primitive.
+// One conv2d_int8 problem: its shape, types and cached primitive.
 struct ConvProblem {
-  ConvParams p;
   ConvShape s;
   dt src_t, dst_t;
-  std::string key;
   std::shared_ptr<Int8Conv> e;
 };
 
@@ -406,28 +394,13 @@ std::vector<int64_t> PackedWeightDims(const ConvParams& p, const std::vector<int
                 : std::vector<int64_t>{o, c / p.groups, p.pkh, p.pkw};
 }
 
-ConvProblem ResolveConv(const ConvParams& p, const ffi::TensorView& X,
-                        const std::vector<int64_t>& w_dims, const ffi::TensorView& Out) {
-  ConvProblem c{p, {}, DataType(X, kConvName, "data", false), DataType(Out, kConvName, "Out", true),
-                "", nullptr};
-  c.s = CheckConvShape(p, Dims(X), w_dims, Dims(Out));
-  const ConvShape& s = c.s;
-  c.key = std::string(kConvName) + "|" + p.canonical + "|" + TypeKey(c.src_t, dt::s8, c.dst_t) +
-          "|" + std::to_string(s.N) + "," + std::to_string(s.C) + "," + std::to_string(s.H) + "," +
-          std::to_string(s.W) + "|" + std::to_string(s.O) + "," + std::to_string(s.KH) + "," +
-          std::to_string(s.KW);
-  c.e = CachedGet<Int8Conv>(c.key, [&]() { return CreateConv(p, s, c.src_t, c.dst_t); });
-  return c;
-}
-
 constexpr size_t kPackHeaderBytes = 64;
 constexpr uint64_t kPackMagic = 0x3849454c4c4f4b50ULL;  // "PKOLLIE8"
 
-// A hash of the problem, the blocked weight format and the CPU ISA (FNV-1a).
-uint64_t PackHash(const ConvProblem& c) {
-  const dnnl::memory::desc& md = c.e->wei_md;
-  std::string text = c.key + "|isa=" + std::to_string(static_cast<int>(
-                                           dnnl::get_effective_cpu_isa())) +
+// A hash of the problem (its cache key), the blocked weight format and the CPU ISA (FNV-1a).
+uint64_t PackHash(const std::string& key, const dnnl::memory::desc& md) {
+  std::string text = key + "|isa=" + std::to_string(static_cast<int>(
+                                         dnnl::get_effective_cpu_isa())) +
                      "|size=" + std::to_string(md.get_size());
   for (const dims& d :
        {md.get_dims(), md.get_strides(), md.get_inner_blks(), md.get_inner_idxs()}) {
@@ -439,8 +412,35 @@ uint64_t PackHash(const ConvProblem& c) {
   return h;
 }
 
+double ConvOps(const ConvShape& s) { return 2.0 * s.N * s.O * s.OH * s.OW * s.I * s.KH * s.KW; }
+
+// Resolves the problem and its cached primitive. A call below the serial threshold runs on the
+// calling thread alone (ThreadScope::SerialBelow, as the float kernels do: no OpenMP region to
+// wake for a few microseconds of work); this is done before the lookup, which is keyed by the
+// thread count in effect, and a pack is made for the entry its calls will use.
+ConvProblem ResolveConv(const ConvParams& p, const ffi::TensorView& X,
+                        const std::vector<int64_t>& w_dims, const ffi::TensorView& Out,
+                        ThreadScope* threads) {
+  ConvProblem c{{}, DataType(X, kConvName, "data", false), DataType(Out, kConvName, "Out", true),
+                nullptr};
+  c.s = CheckConvShape(p, Dims(X), w_dims, Dims(Out));
+  const ConvShape& s = c.s;
+  threads->SerialBelow(ConvOps(s));
+  const std::string key =
+      std::string(kConvName) + "|" + p.canonical + "|" + TypeKey(c.src_t, dt::s8, c.dst_t) + "|" +
+      std::to_string(s.N) + "," + std::to_string(s.C) + "," + std::to_string(s.H) + "," +
+      std::to_string(s.W) + "|" + std::to_string(s.O) + "," + std::to_string(s.KH) + "," +
+      std::to_string(s.KW);
+  c.e = CachedGet<Int8Conv>(key, [&]() {
+    auto e = CreateConv(p, s, c.src_t, c.dst_t);
+    e->pack_hash = PackHash(key, e->wei_md);
+    return e;
+  });
+  return c;
+}
+
 int64_t PackedBytes(const ConvProblem& c) {
-  return static_cast<int64_t>(kPackHeaderBytes + c.e->wei_md.get_size());
+  return static_cast<int64_t>(kPackHeaderBytes + c.e->wei_bytes);
 }
 
 // The blocked weights of a wpacked=1 call, after checking the header.
@@ -448,7 +448,8 @@ void* PackedWeights(const ConvProblem& c, const ffi::TensorView& Wt) {
   void* w = CheckTensor(Wt, kConvName, "weight", 1);
   uint64_t header[2];
   if (Wt.numel() == PackedBytes(c)) std::memcpy(header, w, sizeof(header));
-  if (Wt.numel() != PackedBytes(c) || header[0] != kPackMagic || header[1] != PackHash(c)) {
+  if (Wt.numel() != PackedBytes(c) || header[0] != kPackMagic ||
+      header[1] != c.e->pack_hash) {
     TVM_FFI_THROW(ValueError) << kConvName << ": the packed weight was made for another problem, "
                               << "format or machine; repack it with "
                               << "tvm_ollie.cpu.conv2d_int8_pack_weight in this process";
@@ -456,9 +457,59 @@ void* PackedWeights(const ConvProblem& c, const ffi::TensorView& Wt) {
   return static_cast<char*>(w) + kPackHeaderBytes;
 }
 
+// The arguments of one thread's calls to one cached primitive: dnnl::memory objects made once
+// per (thread, primitive), whose data handles each call sets (creating the ~8 objects of a call
+// anew cost about as much as a small convolution). Weights are not kept here: a blocked weight
+// memory would be zero-padded again at every handle change.
+struct CallArgs {
+  std::shared_ptr<void> entry;  // keeps the primitive (the key of this cache) alive
+  std::unordered_map<int, dnnl::memory> args;
+};
+
+std::unordered_map<int, dnnl::memory>* ThreadArgs(const std::shared_ptr<void>& entry) {
+  constexpr size_t kMaxEntries = 4096;
+  thread_local std::unordered_map<const void*, CallArgs> cache;
+  auto it = cache.find(entry.get());
+  if (it != cache.end()) return &it->second.args;
+  if (cache.size() >= kMaxEntries) cache.clear();
+  return &cache.emplace(entry.get(), CallArgs{entry, {}}).first->second.args;
+}
+
+// Sets args[arg] to memory of `md` at `data`: the kept object with a new handle, or a new one.
+void SetArg(std::unordered_map<int, dnnl::memory>* args, int arg, const dnnl::memory::desc& md,
+            void* data) {
+  auto it = args->find(arg);
+  if (it == args->end()) {
+    args->emplace(arg, dnnl::memory(md, Engine(), data));
+  } else if (it->second.get_data_handle() != data) {
+    it->second.set_data_handle(data);
+  }
+}
+
+// The quantization operands of a call as arguments of the primitive.
+void SetQuantArgs(const QuantParams& q, const QuantOperands& o, int64_t channels,
+                  const dnnl::memory::desc& bias_md, const dnnl::memory::desc& rq_scale,
+                  std::unordered_map<int, dnnl::memory>* args) {
+  const dnnl::memory::desc one_s32(dims{1}, dt::s32, dims{1});
+  if (q.xzp) SetArg(args, DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, one_s32, o.xzp);
+  if (q.rq && q.scale != Scale::kNone) {
+    SetArg(args, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, rq_scale, o.scale);
+  } else if (q.scale != Scale::kNone) {
+    const int64_t n = q.scale == Scale::kChannel ? channels : 1;
+    SetArg(args, DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS,
+           dnnl::memory::desc(dims{n}, dt::f32, dims{1}), o.scale);
+  }
+  if (q.bias) SetArg(args, DNNL_ARG_BIAS, bias_md, o.bias);
+  if (q.yzp) SetArg(args, DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST, one_s32, o.yzp);
+}
+
+const ConvParams& ConvAttrsArg(ffi::PackedArgs args, const char* kernel) {
+  return ParsedAttrs<ConvParams>(AttrsArg(args, kernel), ParseConvAttrs);
+}
+
 void Conv2dInt8(ffi::PackedArgs args, ffi::Any* rv) {
   ThreadScope threads;
-  ConvParams p = ParseConvAttrs(AttrsArg(args, kConvName));
+  const ConvParams& p = ConvAttrsArg(args, kConvName);
   const int want = 4 + QuantOperandCount(p.q);
   if (args.size() != want) {
     TVM_FFI_THROW(TypeError) << kConvName << ": expected " << want << " arguments for attrs \""
@@ -472,68 +523,74 @@ void Conv2dInt8(ffi::PackedArgs args, ffi::Any* rv) {
   }
   void* x = CheckTensor(X, kConvName, "data", 4);
   void* out = CheckTensor(Out, kConvName, "Out", 4);
-  const ConvProblem c =
-      ResolveConv(p, X, p.wpacked ? PackedWeightDims(p, Dims(X), Dims(Out)) : Dims(Wt), Out);
+  const ConvProblem c = ResolveConv(
+      p, X, p.wpacked ? PackedWeightDims(p, Dims(X), Dims(Out)) : Dims(Wt), Out, &threads);
   int i = 3;
   const QuantOperands o = QuantArgs(args, &i, p.q, kConvName, c.s.O);
   if (Out.numel() == 0) return;
   Int8Conv* e = c.e.get();
   const dnnl::engine& eng = Engine();
-  dnnl::memory src(e->user_src, eng, x), user_dst(e->user_dst, eng, out), wei;
-  dnnl::memory dst = user_dst;
+  std::unordered_map<int, dnnl::memory>* cargs = ThreadArgs(c.e);
   // Scratch slots: 0 conv scratchpad, 1 src, 2 weights, 3 dst, 5 reorder scratch.
   if (e->src_in.needed) {
-    dnnl::memory blocked(e->src_md, eng, ScratchBuffer(1, e->src_md.get_size()));
-    e->src_in.Run(src, blocked, 5);
-    src = blocked;
+    dnnl::memory user_src(e->user_src, eng, x);
+    SetArg(cargs, DNNL_ARG_SRC, e->src_md, ScratchBuffer(1, e->src_bytes));
+    e->src_in.Run(user_src, cargs->at(DNNL_ARG_SRC), 5);
+  } else {
+    SetArg(cargs, DNNL_ARG_SRC, e->src_md, x);
   }
   if (p.wpacked) {
-    wei = dnnl::memory(e->wei_md, eng, PackedWeights(c, Wt));
+    (*cargs)[DNNL_ARG_WEIGHTS] = dnnl::memory(e->wei_md, eng, PackedWeights(c, Wt));
   } else {
-    wei = dnnl::memory(e->user_wei, eng, CheckTensor(Wt, kConvName, "weight", 4));
+    dnnl::memory wei(e->user_wei, eng, CheckTensor(Wt, kConvName, "weight", 4));
     if (e->wei_in.needed) {
-      dnnl::memory blocked(e->wei_md, eng, ScratchBuffer(2, e->wei_md.get_size()));
+      dnnl::memory blocked(e->wei_md, eng, ScratchBuffer(2, e->wei_bytes));
       e->wei_in.Run(wei, blocked, 5);
       wei = blocked;
     }
+    (*cargs)[DNNL_ARG_WEIGHTS] = wei;
   }
-  if (e->dst_out.needed) dst = dnnl::memory(e->dst_md, eng, ScratchBuffer(3, e->dst_md.get_size()));
-  std::unordered_map<int, dnnl::memory> cargs{
-      {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}};
-  AddQuantArgs(p.q, o, c.s.O, e->bias_md, e->rq_scale, &cargs);
-  Execute(e->prim, e->scratch_md, &cargs);
+  SetArg(cargs, DNNL_ARG_DST, e->dst_md, e->dst_out.needed ? ScratchBuffer(3, e->dst_bytes) : out);
+  SetQuantArgs(p.q, o, c.s.O, e->bias_md, e->rq_scale, cargs);
+  if (e->scratch_bytes > 0) {
+    SetArg(cargs, DNNL_ARG_SCRATCHPAD, e->scratch_md, ScratchBuffer(0, e->scratch_bytes));
+  }
+  e->prim.execute(Stream(), *cargs);
   if (e->dst_out.needed) {
-    e->dst_out.Run(dst, user_dst, 5);
-    Stream().wait();
+    e->dst_out.Run(cargs->at(DNNL_ARG_DST), dnnl::memory(e->user_dst, eng, out), 5);
   }
+  Stream().wait();
 }
 
 // conv2d_int8_packed_size(attrs, data, weight, Out) and conv2d_int8_pack_weight(attrs, data,
 // weight, Out, Packed): attrs those of the calls that will use it, without wpacked; data and Out
 // give the shapes and types only.
-ConvProblem PackProblem(ffi::PackedArgs args, const char* name, int count) {
+ConvProblem PackProblem(ffi::PackedArgs args, const char* name, int count,
+                        ThreadScope* threads) {
   if (args.size() != count) {
     TVM_FFI_THROW(TypeError) << name << ": expected " << count << " arguments";
   }
-  ConvParams p = ParseConvAttrs(AttrsArg(args, name));
+  const ConvParams& p = ConvAttrsArg(args, name);
   if (p.wpacked) TVM_FFI_THROW(ValueError) << name << ": attrs must not set wpacked";
   ffi::TensorView Wt = Arg(args, 2, name, "weight");
   if (DataType(Wt, name, "weight", false) != dt::s8) {
     TVM_FFI_THROW(TypeError) << name << ": weight must be int8";
   }
-  return ResolveConv(p, Arg(args, 1, name, "data"), Dims(Wt), Arg(args, 3, name, "Out"));
+  return ResolveConv(p, Arg(args, 1, name, "data"), Dims(Wt), Arg(args, 3, name, "Out"),
+                     threads);
 }
 
 constexpr const char* kPackSizeName = "tvm_ollie.cpu.conv2d_int8_packed_size";
 constexpr const char* kPackName = "tvm_ollie.cpu.conv2d_int8_pack_weight";
 
 void PackedSize(ffi::PackedArgs args, ffi::Any* rv) {
-  *rv = PackedBytes(PackProblem(args, kPackSizeName, 4));
+  ThreadScope threads;
+  *rv = PackedBytes(PackProblem(args, kPackSizeName, 4, &threads));
 }
 
 void PackWeight(ffi::PackedArgs args, ffi::Any* rv) {
   ThreadScope threads;
-  const ConvProblem c = PackProblem(args, kPackName, 5);
+  const ConvProblem c = PackProblem(args, kPackName, 5, &threads);
   ffi::TensorView Wt = Arg(args, 2, kPackName, "weight");
   ffi::TensorView P = Arg(args, 4, kPackName, "Packed");
   if (DataType(P, kPackName, "Packed", false) != dt::s8 || P.ndim() != 1 ||
@@ -543,7 +600,7 @@ void PackWeight(ffi::PackedArgs args, ffi::Any* rv) {
   }
   char* packed = static_cast<char*>(CheckTensor(P, kPackName, "Packed", 1));
   std::memset(packed, 0, kPackHeaderBytes);
-  const uint64_t header[2] = {kPackMagic, PackHash(c)};
+  const uint64_t header[2] = {kPackMagic, c.e->pack_hash};
   std::memcpy(packed, header, sizeof(header));
   dnnl::memory user(c.e->user_wei, Engine(), CheckTensor(Wt, kPackName, "weight", 4));
   dnnl::memory blocked(c.e->wei_md, Engine(), packed + kPackHeaderBytes);
@@ -551,15 +608,36 @@ void PackWeight(ffi::PackedArgs args, ffi::Any* rv) {
     c.e->wei_in.Run(user, blocked, 5);
     Stream().wait();
   } else {
-    std::memcpy(packed + kPackHeaderBytes, user.get_data_handle(), c.e->wei_md.get_size());
+    std::memcpy(packed + kPackHeaderBytes, user.get_data_handle(), c.e->wei_bytes);
   }
+}
+
+constexpr const char* kPreferredName = "tvm_ollie.cpu.conv2d_int8_preferred_format";
+
+// "nchw" or "nhwc" for a plain 4-D activation descriptor, else "other".
+std::string PlainFormat(const dnnl::memory::desc& md) {
+  const dims d = md.get_dims(), st = md.get_strides();
+  if (d.size() != 4 || st.size() != 4 || !md.get_inner_blks().empty()) return "other";
+  if (st[3] == 1 && st[2] == d[3] && st[1] == d[2] * d[3]) return "nchw";
+  if (st[1] == 1 && st[3] == d[1] && st[2] == d[3] * d[1]) return "nhwc";
+  return "other";
+}
+
+// conv2d_int8_preferred_format(attrs, data, weight, Out) -> [src format, dst format]: the
+// activation formats oneDNN's int8 primitive for this call runs on ("nchw", "nhwc" or "other"),
+// whatever the call's own layout: a call whose layout differs reorders inside.
+void PreferredFormat(ffi::PackedArgs args, ffi::Any* rv) {
+  ThreadScope threads;
+  const ConvProblem c = PackProblem(args, kPreferredName, 4, &threads);
+  *rv = ffi::Array<ffi::String>{ffi::String(PlainFormat(c.e->src_md)),
+                                ffi::String(PlainFormat(c.e->dst_md))};
 }
 
 // ---------------------------------------------------------------------------------------------
 // matmul_int8: A [..., M, K] (batch folded into M), B [K, N] or [N, K] (tb=1).
 
 struct MatmulParams {
-  bool tb = false;
+  bool tb = false, wpacked = false;
   QuantParams q;
   std::string canonical;
 };
@@ -568,40 +646,111 @@ MatmulParams ParseMatmulAttrs(const std::string& text) {
   Attrs attrs(kMatmulName, text);
   MatmulParams p;
   p.tb = attrs.GetBool("tb", false);
+  p.wpacked = attrs.GetBool("wpacked", false);
   p.q = ParseQuant(&attrs);
   attrs.CheckAllUsed();
   p.canonical = std::string("tb=") + (p.tb ? "1" : "0") + p.q.canonical;
   return p;
 }
 
+// One cached matmul primitive. Packed (wpacked=1, and the pack functions): the weights in the
+// format oneDNN chooses (format_tag::any) with the source zero point's compensation, made once
+// by a reorder from the user's [K, N]; plain: the user's [K, N] itself, and oneDNN computes the
+// compensation (sum over K of each column) inside every call.
 struct Int8Matmul {
   dnnl::matmul prim;
-  dnnl::memory::desc src_md, wei_md, bias_md, dst_md, scratch_md, rq_scale;
+  dnnl::memory::desc src_md, user_wei, wei_md, bias_md, dst_md, scratch_md, rq_scale;
+  Reorder wei_in;
+  size_t wei_bytes = 0, scratch_bytes = 0;
+  uint64_t pack_hash = 0;
 };
 
-std::shared_ptr<Int8Matmul> CreateMatmul(const MatmulParams& p, int64_t M, int64_t K, int64_t N,
-                                         dt src_t, dt dst_t) {
+std::shared_ptr<Int8Matmul> CreateMatmul(const MatmulParams& p, bool packed, int64_t M,
+                                         int64_t K, int64_t N, dt src_t, dt dst_t) {
   auto e = std::make_shared<Int8Matmul>();
   e->src_md = dnnl::memory::desc(dims{M, K}, src_t, dims{K, 1});
-  e->wei_md = dnnl::memory::desc(dims{K, N}, dt::s8, p.tb ? dims{1, K} : dims{N, 1});
+  e->user_wei = dnnl::memory::desc(dims{K, N}, dt::s8, p.tb ? dims{1, K} : dims{N, 1});
+  const dnnl::memory::desc wei_any =
+      packed ? dnnl::memory::desc(dims{K, N}, dt::s8, dnnl::memory::format_tag::any)
+             : e->user_wei;
   e->dst_md = dnnl::memory::desc(dims{M, N}, dst_t, dims{N, 1});
   e->rq_scale = RqScaleDesc(p.q, 2, 1, N);
   const dnnl::primitive_attr attr = QuantAttr(p.q, 2, e->rq_scale);  // per column: bit 1
   dnnl::matmul::primitive_desc pd;
   if (p.q.bias) {
     e->bias_md = dnnl::memory::desc(dims{1, N}, dt::f32, dims{N, 1});
-    pd = dnnl::matmul::primitive_desc(Engine(), e->src_md, e->wei_md, e->bias_md, e->dst_md, attr);
+    pd = dnnl::matmul::primitive_desc(Engine(), e->src_md, wei_any, e->bias_md, e->dst_md, attr);
   } else {
-    pd = dnnl::matmul::primitive_desc(Engine(), e->src_md, e->wei_md, e->dst_md, attr);
+    pd = dnnl::matmul::primitive_desc(Engine(), e->src_md, wei_any, e->dst_md, attr);
   }
+  e->wei_md = pd.weights_desc();
+  e->wei_in.Init(e->user_wei, e->wei_md);
+  e->wei_bytes = e->wei_md.get_size();
   e->scratch_md = pd.scratchpad_desc();
+  e->scratch_bytes = e->scratch_md.get_size();
   e->prim = dnnl::matmul(pd);
   return e;
 }
 
+// One matmul_int8 problem: M, K, N, the types and the cached primitive (after the checks).
+struct MatmulProblem {
+  int64_t M = 0, K = 0, N = 0;
+  std::shared_ptr<Int8Matmul> e;
+};
+
+// K and N from B's shape, or for a packed call (1-D B) from A's last dim and Out's.
+MatmulProblem ResolveMatmul(const MatmulParams& p, bool packed, const ffi::TensorView& A,
+                            const ffi::TensorView& B, const ffi::TensorView& Out,
+                            const char* name, ThreadScope* threads) {
+  const dt src_t = DataType(A, name, "A", false);
+  if (DataType(B, name, "B", false) != dt::s8) {
+    TVM_FFI_THROW(TypeError) << name << ": B must be int8";
+  }
+  const dt dst_t = DataType(Out, name, "Out", true);
+  const std::vector<int64_t> ad = Dims(A), od = Dims(Out);
+  if (ad.size() < 2 || od.size() != ad.size()) {
+    TVM_FFI_THROW(ValueError) << name << ": A and Out must have the same rank >= 2";
+  }
+  MatmulProblem m;
+  if (p.wpacked) {
+    if (B.ndim() != 1) TVM_FFI_THROW(ValueError) << name << ": with wpacked=1 B must be 1-D";
+    m.K = ad.back(), m.N = od.back();
+  } else {
+    if (B.ndim() != 2) TVM_FFI_THROW(ValueError) << name << ": B must have rank 2";
+    m.K = p.tb ? B.shape()[1] : B.shape()[0], m.N = p.tb ? B.shape()[0] : B.shape()[1];
+  }
+  std::vector<int64_t> want_out(ad);
+  if (ad.back() != m.K) {
+    TVM_FFI_THROW(ValueError) << name << ": A " << ShapeStr(A) << " does not fit B "
+                              << ShapeStr(B) << (p.tb ? " (tb=1)" : "");
+  }
+  want_out.back() = m.N;
+  if (od != want_out) {
+    TVM_FFI_THROW(ValueError) << name << ": Out has shape " << ShapeStr(Out)
+                              << ", expected A's with the last dim " << m.N;
+  }
+  m.M = m.K > 0 ? A.numel() / m.K : 0;
+  threads->SerialBelow(2.0 * m.M * m.K * m.N);
+  const std::string key = std::string(kMatmulName) + "|" + p.canonical + "|wp=" +
+                          (packed ? "1" : "0") + "|" + TypeKey(src_t, dt::s8, dst_t) + "|" +
+                          std::to_string(m.M) + "x" + std::to_string(m.K) + "x" +
+                          std::to_string(m.N);
+  m.e = CachedGet<Int8Matmul>(key, [&]() {
+    auto e = CreateMatmul(p, packed, m.M, m.K, m.N, src_t, dst_t);
+    e->pack_hash = PackHash(key, e->wei_md);
+    return e;
+  });
+  return m;
+}
+
+int64_t MatmulPackedBytes(const Int8Matmul& e) {
+  return static_cast<int64_t>(kPackHeaderBytes + e.wei_bytes);
+}
+
 void MatmulInt8(ffi::PackedArgs args, ffi::Any* rv) {
   ThreadScope threads;
-  MatmulParams p = ParseMatmulAttrs(AttrsArg(args, kMatmulName));
+  const MatmulParams& p = ParsedAttrs<MatmulParams>(AttrsArg(args, kMatmulName),
+                                                    ParseMatmulAttrs);
   const int want = 4 + QuantOperandCount(p.q);
   if (args.size() != want) {
     TVM_FFI_THROW(TypeError) << kMatmulName << ": expected " << want << " arguments for attrs \""
@@ -610,40 +759,85 @@ void MatmulInt8(ffi::PackedArgs args, ffi::Any* rv) {
   ffi::TensorView A = Arg(args, 1, kMatmulName, "A");
   ffi::TensorView B = Arg(args, 2, kMatmulName, "B");
   ffi::TensorView Out = Arg(args, args.size() - 1, kMatmulName, "Out");
-  const dt src_t = DataType(A, kMatmulName, "A", false);
-  if (DataType(B, kMatmulName, "B", false) != dt::s8) {
-    TVM_FFI_THROW(TypeError) << kMatmulName << ": B must be int8";
-  }
-  const dt dst_t = DataType(Out, kMatmulName, "Out", true);
   void* a = CheckTensor(A, kMatmulName, "A", -1);
-  void* b = CheckTensor(B, kMatmulName, "B", 2);
+  void* b = CheckTensor(B, kMatmulName, "B", -1);
   void* out = CheckTensor(Out, kMatmulName, "Out", -1);
-  const std::vector<int64_t> ad = Dims(A), od = Dims(Out);
-  const int64_t K = p.tb ? B.shape()[1] : B.shape()[0], N = p.tb ? B.shape()[0] : B.shape()[1];
-  std::vector<int64_t> want_out(ad);
-  if (ad.size() < 2 || ad.back() != K) {
-    TVM_FFI_THROW(ValueError) << kMatmulName << ": A " << ShapeStr(A) << " does not fit B "
-                              << ShapeStr(B) << (p.tb ? " (tb=1)" : "");
-  }
-  want_out.back() = N;
-  if (od != want_out) {
-    TVM_FFI_THROW(ValueError) << kMatmulName << ": Out has shape " << ShapeStr(Out)
-                              << ", expected A's with the last dim " << N;
-  }
-  const int64_t M = A.numel() / K;
+  const MatmulProblem m = ResolveMatmul(p, p.wpacked, A, B, Out, kMatmulName, &threads);
   int i = 3;
-  const QuantOperands o = QuantArgs(args, &i, p.q, kMatmulName, N);
+  const QuantOperands o = QuantArgs(args, &i, p.q, kMatmulName, m.N);
   if (Out.numel() == 0) return;
-  const std::string key = std::string(kMatmulName) + "|" + p.canonical + "|" +
-                          TypeKey(src_t, dt::s8, dst_t) + "|" + std::to_string(M) + "x" +
-                          std::to_string(K) + "x" + std::to_string(N);
-  auto e = CachedGet<Int8Matmul>(key, [&]() { return CreateMatmul(p, M, K, N, src_t, dst_t); });
-  const dnnl::engine& eng = Engine();
-  std::unordered_map<int, dnnl::memory> margs{{DNNL_ARG_SRC, dnnl::memory(e->src_md, eng, a)},
-                                              {DNNL_ARG_WEIGHTS, dnnl::memory(e->wei_md, eng, b)},
-                                              {DNNL_ARG_DST, dnnl::memory(e->dst_md, eng, out)}};
-  AddQuantArgs(p.q, o, N, e->bias_md, e->rq_scale, &margs);
-  Execute(e->prim, e->scratch_md, &margs);
+  Int8Matmul* e = m.e.get();
+  std::unordered_map<int, dnnl::memory>* margs = ThreadArgs(m.e);
+  if (p.wpacked) {
+    uint64_t header[2] = {0, 0};
+    if (B.numel() == MatmulPackedBytes(*e)) std::memcpy(header, b, sizeof(header));
+    if (B.numel() != MatmulPackedBytes(*e) || header[0] != kPackMagic ||
+        header[1] != e->pack_hash) {
+      TVM_FFI_THROW(ValueError) << kMatmulName << ": the packed B was made for another problem, "
+                                << "format or machine; repack it with "
+                                << "tvm_ollie.cpu.matmul_int8_pack_weight in this process";
+    }
+    (*margs)[DNNL_ARG_WEIGHTS] =
+        dnnl::memory(e->wei_md, Engine(), static_cast<char*>(b) + kPackHeaderBytes);
+  } else {
+    SetArg(margs, DNNL_ARG_WEIGHTS, e->wei_md, b);  // plain [K, N]: no padding to redo
+  }
+  SetArg(margs, DNNL_ARG_SRC, e->src_md, a);
+  SetArg(margs, DNNL_ARG_DST, e->dst_md, out);
+  SetQuantArgs(p.q, o, m.N, e->bias_md, e->rq_scale, margs);
+  if (e->scratch_bytes > 0) {
+    SetArg(margs, DNNL_ARG_SCRATCHPAD, e->scratch_md, ScratchBuffer(0, e->scratch_bytes));
+  }
+  e->prim.execute(Stream(), *margs);
+  Stream().wait();
+}
+
+// matmul_int8_packed_size(attrs, A, B, Out) -> int and matmul_int8_pack_weight(attrs, A, B, Out,
+// Packed): attrs those of the calls that will use it, without wpacked; A and Out give the shapes
+// and types only. Packed: int8 [size], a 64-byte header (magic, hash of the problem, the format
+// and the CPU ISA) and B in the primitive's format with its compensation.
+constexpr const char* kMatmulPackSizeName = "tvm_ollie.cpu.matmul_int8_packed_size";
+constexpr const char* kMatmulPackName = "tvm_ollie.cpu.matmul_int8_pack_weight";
+
+MatmulProblem MatmulPackProblem(ffi::PackedArgs args, const char* name, int count,
+                                ThreadScope* threads) {
+  if (args.size() != count) {
+    TVM_FFI_THROW(TypeError) << name << ": expected " << count << " arguments";
+  }
+  const MatmulParams& p = ParsedAttrs<MatmulParams>(AttrsArg(args, name), ParseMatmulAttrs);
+  if (p.wpacked) TVM_FFI_THROW(ValueError) << name << ": attrs must not set wpacked";
+  return ResolveMatmul(p, true, Arg(args, 1, name, "A"), Arg(args, 2, name, "B"),
+                       Arg(args, 3, name, "Out"), name, threads);
+}
+
+void MatmulPackedSize(ffi::PackedArgs args, ffi::Any* rv) {
+  ThreadScope threads;
+  *rv = MatmulPackedBytes(*MatmulPackProblem(args, kMatmulPackSizeName, 4, &threads).e);
+}
+
+void MatmulPackWeight(ffi::PackedArgs args, ffi::Any* rv) {
+  ThreadScope threads;
+  const MatmulProblem m = MatmulPackProblem(args, kMatmulPackName, 5, &threads);
+  ffi::TensorView B = Arg(args, 2, kMatmulPackName, "B");
+  ffi::TensorView P = Arg(args, 4, kMatmulPackName, "Packed");
+  if (DataType(P, kMatmulPackName, "Packed", false) != dt::s8 || P.ndim() != 1 ||
+      P.numel() != MatmulPackedBytes(*m.e)) {
+    TVM_FFI_THROW(ValueError) << kMatmulPackName << ": Packed must be int8 ["
+                              << MatmulPackedBytes(*m.e) << "] (" << kMatmulPackSizeName
+                              << "), got " << ShapeStr(P);
+  }
+  char* packed = static_cast<char*>(CheckTensor(P, kMatmulPackName, "Packed", 1));
+  std::memset(packed, 0, kPackHeaderBytes);
+  const uint64_t header[2] = {kPackMagic, m.e->pack_hash};
+  std::memcpy(packed, header, sizeof(header));
+  dnnl::memory user(m.e->user_wei, Engine(), CheckTensor(B, kMatmulPackName, "B", 2));
+  dnnl::memory blocked(m.e->wei_md, Engine(), packed + kPackHeaderBytes);
+  if (m.e->wei_in.needed) {
+    m.e->wei_in.Run(user, blocked, 5);
+    Stream().wait();
+  } else {
+    std::memcpy(packed + kPackHeaderBytes, user.get_data_handle(), m.e->wei_bytes);
+  }
 }
 
 // Whether oneDNN's int8 kernels here sum u8 x s8 products exactly: with VNNI (vpdpbusd) they do;
@@ -671,6 +865,9 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def_packed(kMatmulName, MatmulInt8)
       .def_packed(kPackSizeName, PackedSize)
       .def_packed(kPackName, PackWeight)
+      .def_packed(kPreferredName, PreferredFormat)
+      .def_packed(kMatmulPackSizeName, MatmulPackedSize)
+      .def_packed(kMatmulPackName, MatmulPackWeight)
       .def("tvm_ollie.cpu.int8_exact_products", []() -> bool { return ExactProducts(); });
 }
 

@@ -306,3 +306,92 @@ def test_conv2d_int8_packed_weight_is_checked():
         _pack("pad=1,1,1,1;wpacked=1;kernel=3,3", x, w, out)
     with pytest.raises(ValueError, match="needs kernel"):
         _call(native.CONV2D_INT8, "wpacked=1", [x, packed], out)
+
+
+# --- repeated calls: one thread's memory objects are kept per primitive, handles reset ----------
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_conv2d_int8_repeated_calls_read_each_calls_operands(layout):
+    """The same attrs and shapes called again with new buffers and new zero points, scales,
+    biases: every call reads its own operands (the kernel keeps its dnnl::memory objects per
+    thread and primitive and only resets their data handles), also when calls of another
+    problem come in between."""
+    rng = np.random.default_rng(11)
+    attrs = (f"layout={layout};klayout={'OIHW' if layout == 'NCHW' else 'OHWI'};pad=1,1,1,1;"
+             "xzp=1;scale=channel;bias=1;yzp=1;rq=1")
+    for step in range(4):
+        x = _ints(rng, np.uint8, (1, 4, 6, 6))
+        w = _weights(rng, (8, 4, 3, 3))
+        xzp, yzp = int(rng.integers(0, 256)), int(rng.integers(0, 256))
+        scale = (rng.integers(1, 16, 8) * 2.0 ** -12).astype(np.float32)
+        bias = rng.integers(-500, 500, 8).astype(np.float32)
+        acc = conv_ref(x, w, xzp, (1, 1), (1, 1, 1, 1), (1, 1), 1)
+        ref = onnx_requantized(acc, bias.reshape(1, 8, 1, 1), scale.reshape(1, 8, 1, 1), yzp,
+                               np.uint8)
+        xs, ws, refs = x, w, ref
+        if layout == "NHWC":
+            xs, ws, refs = x.transpose(0, 2, 3, 1), w.transpose(0, 2, 3, 1), ref.transpose(
+                0, 2, 3, 1)
+        out = _call(native.CONV2D_INT8, attrs,
+                    [xs, ws, np.array([xzp], np.int32), scale, bias, np.array([yzp], np.int32)],
+                    np.zeros(refs.shape, np.uint8))
+        assert np.array_equal(out, refs), step
+        # another problem in between (its own primitive and memory objects)
+        other = _ints(rng, np.int8, (1, 3, 2, 5))
+        got = _call(native.MATMUL_INT8, "xzp=1", [other, w.reshape(8, -1)[:, :5].T.copy(),
+                                                  np.array([xzp % 100], np.int32)],
+                    np.zeros((1, 3, 2, 8), np.int32))
+        want = (other.astype(np.int64) - xzp % 100) @ w.reshape(8, -1)[:, :5].T.astype(np.int64)
+        assert np.array_equal(got, want)
+
+
+# --- packed matmul weights: matmul_int8_packed_size / matmul_int8_pack_weight, wpacked=1 --------
+
+MATMUL_PACKED_SIZE = "tvm_ollie.cpu.matmul_int8_packed_size"
+MATMUL_PACK_WEIGHT = "tvm_ollie.cpu.matmul_int8_pack_weight"
+
+
+def _pack_matmul(attrs, a, b, out):
+    import tvm_ffi
+
+    args = [tvm_ffi.from_dlpack(np.ascontiguousarray(t)) for t in (a, b, out)]
+    size = int(tvm_ffi.get_global_func(MATMUL_PACKED_SIZE)(attrs, *args))
+    packed = np.zeros(size, np.int8)
+    tvm_ffi.get_global_func(MATMUL_PACK_WEIGHT)(attrs, *args, tvm_ffi.from_dlpack(packed))
+    return packed
+
+
+@pytest.mark.parametrize("xtype, tb, rq", [(np.uint8, False, True), (np.int8, True, False),
+                                           (np.uint8, True, True)])
+def test_matmul_int8_packed_weight_equals_the_plain_call(xtype, tb, rq):
+    """B packed once (header, the primitive's format, the zero point's compensation) gives the
+    plain call's integers, with a batch folded into M; the header is checked."""
+    if not native.provides(MATMUL_PACK_WEIGHT):
+        pytest.skip("the loaded native library predates the int8 matmul packing")
+    rng = np.random.default_rng(12)
+    a = _ints(rng, xtype, (2, 3, 40))
+    b = _weights(rng, (24, 40) if tb else (40, 24))
+    xzp = np.array([77 if xtype == np.uint8 else -6], np.int32)
+    attrs, operands, out_type = f"tb={int(tb)};xzp=1", [xzp], np.int32
+    if rq:
+        attrs += ";scale=channel;bias=1;yzp=1;rq=1"
+        operands += [(rng.integers(1, 16, 24) * 2.0 ** -12).astype(np.float32),
+                     rng.integers(-900, 900, 24).astype(np.float32), np.array([9], np.int32)]
+        out_type = np.uint8
+    plain = _call(native.MATMUL_INT8, attrs, [a, b, *operands], np.zeros((2, 3, 24), out_type))
+    want = (a.astype(np.int64) - xzp[0]) @ (b.T if tb else b).astype(np.int64)
+    if rq:
+        want = onnx_requantized(want, operands[2], operands[1], 9, np.uint8)
+    assert np.array_equal(plain, want)
+    packed = _pack_matmul(attrs, a, b, np.zeros((2, 3, 24), out_type))
+    assert packed.size > b.size
+    for _ in range(2):
+        ours = _call(native.MATMUL_INT8, attrs + ";wpacked=1", [a, packed, *operands],
+                     np.zeros((2, 3, 24), out_type))
+        assert np.array_equal(ours, plain)
+    with pytest.raises(ValueError, match="another problem"):
+        _call(native.MATMUL_INT8, attrs + ";wpacked=1", [a[:1], packed, *operands],
+              np.zeros((1, 3, 24), out_type))
+    with pytest.raises(ValueError, match="wpacked"):
+        _pack_matmul(attrs + ";wpacked=1", a, b, np.zeros((2, 3, 24), out_type))

@@ -14,8 +14,9 @@ from tvm import relax
 
 from tvm_ollie import native
 from tvm_ollie.codegen import library as lib
-from tvm_ollie.transform.int8_kernels import (accumulator_bound, int8_kernels,
-                                              requantize_reference, saturates_past_limit)
+from tvm_ollie.transform.int8_kernels import (MATMUL_INT8_PACK_WEIGHT, accumulator_bound,
+                                              int8_kernels, requantize_reference,
+                                              saturates_past_limit)
 
 FRONTEND_TESTS = os.path.join(os.path.dirname(__file__), "..", "frontend")
 
@@ -31,8 +32,8 @@ def _require_int8():
 def unpacked(monkeypatch):
     """The structural tests compare the plain weight operand: no packing."""
     provides = native.provides
-    monkeypatch.setattr(native, "provides",
-                        lambda name: name != native.CONV2D_INT8_PACK_WEIGHT and provides(name))
+    packers = (native.CONV2D_INT8_PACK_WEIGHT, MATMUL_INT8_PACK_WEIGHT)
+    monkeypatch.setattr(native, "provides", lambda name: name not in packers and provides(name))
 
 
 def _centered_conv(x_dtype: str, zp: int, weight: np.ndarray, padding=(1, 1, 1, 1)):
@@ -92,7 +93,7 @@ def test_guards_keep_the_int32_form(why, weight, zp):
     tvm.ir.assert_structural_equal(after, before)
 
 
-def test_centered_matmul_becomes_the_int8_kernel():
+def test_centered_matmul_becomes_the_int8_kernel(unpacked):
     _require_int8()
     weight = _weight(shape=(16, 5))
     bb = relax.BlockBuilder()
@@ -302,3 +303,27 @@ def test_without_the_native_library_the_int32_form_stays():
     out = subprocess.run([sys.executable, "-c", script, FRONTEND_TESTS], env=env,
                          capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]
+
+
+def test_matmul_weight_is_packed_once():
+    """With the library's matmul packing the pass hands the kernel ``B`` packed
+    (``wpacked=1``): same integers as TVM's build of the int32 form."""
+    _require_int8()
+    if not native.provides(MATMUL_INT8_PACK_WEIGHT):
+        pytest.skip("the loaded native library predates the int8 matmul packing")
+    weight = _weight(shape=(16, 5))
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType((4, 16), "uint8"))
+    with bb.function("main", [a]):
+        with bb.dataflow():
+            wide = bb.emit(relax.op.astype(a, "int32"))
+            centered = bb.emit(relax.op.subtract(wide, relax.const(120, "int32")))
+            out = bb.emit_output(bb.emit(relax.op.matmul(centered, relax.const(weight))))
+        bb.emit_func_output(out)
+    before = bb.get()
+    after, counts = int8_kernels(before)
+    assert counts == {"int8_matmul": 1} and "xzp=1;wpacked=1" in after.script()
+    x = np.random.default_rng(2).integers(0, 256, (4, 16)).astype(np.uint8)
+    outs = [relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu())["main"](
+        tvm.runtime.tensor(x)).numpy() for m in (before, after)]
+    assert np.array_equal(outs[0], outs[1])

@@ -35,9 +35,12 @@ channel or per tensor; the quantize's scale exactly 1 and its zero point one con
 field, equal to :func:`requantize_reference`. A chain that fails any of them keeps the int32
 kernel and TVM's elementwise requantization (the plain rules below).
 
-Convolution weights go to the kernel packed at compile time (:func:`_packed_conv`, the
-library's ``conv2d_int8_pack_weight``): oneDNN's blocked format with the zero point's
-compensation, which it otherwise recomputes in every call.
+After the rules, chains of int8 convolutions are put in NHWC (:mod:`.int8_layout`: oneDNN's
+int8 primitives run on ``nhwc``, so an NCHW call reorders its source and result inside), and
+then the constant weights are packed for the calls as they finally are (:func:`_packed_conv`,
+the library's ``conv2d_int8_pack_weight``, and ``matmul_int8_pack_weight`` for a matmul's B):
+oneDNN's format with the zero point's compensation, which it otherwise recomputes in every
+call.
 
 The pass applies them on CPU targets when the library is in use; without the library (or with
 ``TVM_OLLIE_DISABLE_NATIVE=1``) the module keeps the int32 form.
@@ -55,9 +58,10 @@ from ..codegen import library as lib
 from ..compat import relax, tirx, tvm
 from .fold_rule import used_once
 from .inference_fold import FoldRule, fold_inference
+from .int8_layout import conv_int8_of, int8_call_of, int8_layout
 
-__all__ = ["INT8_RULES", "int8_kernels", "accumulator_bound", "requantize_reference",
-           "saturates_past_limit"]
+__all__ = ["INT8_RULES", "int8_kernels", "accumulator_bound", "pack_conv_weights",
+           "requantize_reference", "saturates_past_limit"]
 
 _dpl = relax.dpl
 
@@ -204,28 +208,110 @@ def _conv_operands(matches: Matches, bounded: bool = True):
     return (dims,) + checked
 
 
-def _packed_conv(call: "lib.LibCall", matches: Matches, weight: np.ndarray, out_shape,
-                 out_dtype: str):  # fmt: skip
+def _packed_conv(call: "lib.LibCall", data, weight: np.ndarray, out_shape, out_dtype: str):
     """``(call, weight operand)``: the call with ``wpacked=1`` and the weight packed once into
-    oneDNN's blocked format (with the zero point's compensation, which oneDNN otherwise
-    recomputes in every call: 8-12 ms for a 256x256x3x3 weight against a 0.09 ms convolution);
-    the plain call and weight when the library cannot pack or the data shape is not static."""
-    plain = call, relax.const(weight)
-    shape = matches[_X8].ty.shape
+    oneDNN's blocked format for this very call (with the zero point's compensation, which
+    oneDNN otherwise recomputes in every call: 8-12 ms for a 256x256x3x3 weight against a 0.09
+    ms convolution); None when the library cannot pack or a shape is not static."""
+    shape = data.ty.shape
     if not native.provides(native.CONV2D_INT8_PACK_WEIGHT) or shape is None or not all(
             isinstance(d, tirx.IntImm) for d in shape):
-        return plain
+        return None
     attrs = call.text()
-    data = tvm.runtime.tensor(np.zeros([int(d) for d in shape], _dtype(matches[_X8])))
+    x = tvm.runtime.tensor(np.zeros([int(d) for d in shape], _dtype(data)))
     out = tvm.runtime.tensor(np.zeros(out_shape, out_dtype))
     wt = tvm.runtime.tensor(weight)
-    size = int(tvm.get_global_func(native.CONV2D_INT8_PACKED_SIZE)(attrs, data, wt, out))
+    size = int(tvm.get_global_func(native.CONV2D_INT8_PACKED_SIZE)(attrs, x, wt, out))
     packed = tvm.runtime.tensor(np.zeros(size, np.int8))
-    tvm.get_global_func(native.CONV2D_INT8_PACK_WEIGHT)(attrs, data, wt, out, packed)
-    _, _, kh, kw = weight.shape
-    packed_call = lib.LibCall(call.func, call.attrs + (("wpacked", "1"),
-                                                      ("kernel", f"{kh},{kw}")))
-    return packed_call, relax.const(packed.numpy())
+    tvm.get_global_func(native.CONV2D_INT8_PACK_WEIGHT)(attrs, x, wt, out, packed)
+    kh, kw = weight.shape[2:] if call.get("klayout", "OIHW") == "OIHW" else weight.shape[1:3]
+    return call.with_attrs(wpacked="1", kernel=f"{kh},{kw}"), relax.const(packed.numpy())
+
+
+def _packed_binding(var, value):
+    """The ``conv2d_int8`` call ``value`` (bound to ``var``) with its constant weight packed,
+    or None."""
+    found = conv_int8_of(value)
+    if found is None or found[0].get("wpacked", "0") == "1":
+        return None
+    call, ops = found
+    shape = var.ty.shape
+    if not isinstance(ops[1], tvm.ir.expr.Constant) or shape is None or not all(
+            isinstance(d, tirx.IntImm) for d in shape):
+        return None
+    out_shape = [int(d) for d in shape]
+    packed = _packed_conv(call, ops[0], ops[1].value.numpy(), out_shape, _dtype(var))
+    if packed is None:
+        return None
+    return lib.emit_call(packed[0], [ops[0], packed[1]] + list(ops[2:]), out_shape,
+                         _dtype(var))
+
+
+#: The library's matmul weight packing (``matmul_int8_packed_size``/``_pack_weight``).
+MATMUL_INT8_PACKED_SIZE = "tvm_ollie.cpu.matmul_int8_packed_size"
+MATMUL_INT8_PACK_WEIGHT = "tvm_ollie.cpu.matmul_int8_pack_weight"
+
+
+def _static(shape) -> bool:
+    return shape is not None and all(isinstance(d, tirx.IntImm) for d in shape)
+
+
+def _packed_matmul_binding(var, value):
+    """The ``matmul_int8`` call ``value`` (bound to ``var``) with its constant ``B`` packed once
+    into the primitive's format with the source zero point's compensation (oneDNN otherwise
+    sums every column of ``B`` again in each call), or None."""
+    found = int8_call_of(value, lib.MATMUL_INT8)
+    if found is None or found[0].get("wpacked", "0") == "1" or not native.provides(
+            MATMUL_INT8_PACK_WEIGHT):
+        return None
+    call, ops = found
+    if not isinstance(ops[1], tvm.ir.expr.Constant) or not _static(var.ty.shape) or \
+            not _static(ops[0].ty.shape):
+        return None
+    attrs = call.text()
+    a = tvm.runtime.tensor(np.zeros([int(d) for d in ops[0].ty.shape], _dtype(ops[0])))
+    out_shape = [int(d) for d in var.ty.shape]
+    out = tvm.runtime.tensor(np.zeros(out_shape, _dtype(var)))
+    b = tvm.runtime.tensor(ops[1].value.numpy())
+    size = int(tvm.get_global_func(MATMUL_INT8_PACKED_SIZE)(attrs, a, b, out))
+    packed = tvm.runtime.tensor(np.zeros(size, np.int8))
+    tvm.get_global_func(MATMUL_INT8_PACK_WEIGHT)(attrs, a, b, out, packed)
+    return lib.emit_call(call.with_attrs(wpacked="1"),
+                         [ops[0], relax.const(packed.numpy())] + list(ops[2:]), out_shape,
+                         _dtype(var))
+
+
+def pack_conv_weights(mod: "tvm.IRModule") -> "tvm.IRModule":
+    """``mod`` with the constant weight of every ``conv2d_int8`` and ``matmul_int8`` call of
+    static shapes packed (:func:`_packed_conv`, :func:`_packed_matmul_binding`), after the
+    layouts are decided (a pack is made for one call's attributes and formats)."""
+    updates = {}
+    for gv, func in mod.functions_items():
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            continue
+        blocks, changed = [], False
+        for block in func.body.blocks:
+            bindings = []
+            for b in block.bindings:
+                packed = None
+                if isinstance(b, relax.VarBinding):
+                    packed = _packed_binding(b.var, b.value)
+                    if packed is None:
+                        packed = _packed_matmul_binding(b.var, b.value)
+                changed |= packed is not None
+                bindings.append(b if packed is None else relax.VarBinding(b.var, packed))
+            blocks.append(relax.DataflowBlock(bindings) if isinstance(block, relax.DataflowBlock)
+                          else relax.BindingBlock(bindings))
+        if changed:
+            updates[gv] = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body),
+                                         func.ret_ty, func.is_pure, func.attrs)
+    if not updates:
+        return mod
+    out = mod.shallow_copy() if hasattr(mod, "shallow_copy") else tvm.IRModule(
+        dict(mod.functions_items()), attrs=mod.attrs)
+    for gv, func in updates.items():
+        out[gv] = func
+    return relax.transform.Normalize()(out)
 
 
 def _conv_int8(matches: Matches, _uses: Counter, _binding_of) -> Optional[object]:
@@ -240,10 +326,9 @@ def _conv_int8(matches: Matches, _uses: Counter, _binding_of) -> Optional[object
     if not _kernel_agrees(lib.CONV2D_INT8, attrs, x, weight, zp, acc, acc.shape):
         return None
     out_shape = [int(s) for s in matches[_CONV].ty.shape]
-    call, packed = _packed_conv(lib.conv2d_int8_call(strides, padding, dil, groups, xzp=True),
-                                matches, weight, out_shape, "int32")
-    operands = [matches[_X8], packed, relax.const(np.array([zp], np.int32))]
-    return lib.emit_call(call, operands, out_shape, "int32")
+    operands = [matches[_X8], relax.const(weight), relax.const(np.array([zp], np.int32))]
+    return lib.emit_call(lib.conv2d_int8_call(strides, padding, dil, groups, xzp=True),
+                         operands, out_shape, "int32")
 
 
 def _conv_patch(weight, groups, dil, lo, hi, zp, dtype) -> Tuple[np.ndarray, np.ndarray]:
@@ -411,9 +496,7 @@ def _conv_int8_requant(matches: Matches, uses: Counter, binding_of) -> Optional[
     if not _rq_agrees(lib.CONV2D_INT8, probe.text(), x, weight, zp, acc, rq, 1):
         return None
     out_shape = [int(s) for s in matches[pat.root].ty.shape]
-    call, packed = _packed_conv(call, matches, weight, out_shape, rq[4])
-    operands = _rq_call_operands(matches, weight, zp, rq)
-    return lib.emit_call(call, [operands[0], packed] + operands[2:], out_shape, rq[4])
+    return lib.emit_call(call, _rq_call_operands(matches, weight, zp, rq), out_shape, rq[4])
 
 
 def _matmul_int8_requant(matches: Matches, uses: Counter, binding_of) -> Optional[object]:
@@ -447,10 +530,17 @@ INT8_RULES: Tuple[FoldRule, ...] = (
 )
 
 
-def int8_kernels(mod: "tvm.IRModule") -> Tuple["tvm.IRModule", Dict[str, int]]:
+def int8_kernels(mod: "tvm.IRModule", layout: bool = True
+                 ) -> Tuple["tvm.IRModule", Dict[str, int]]:  # fmt: skip
     """``mod`` with the int32 convolutions and matmuls of 8-bit sources on the int8 kernels
-    (where every guard holds), and how many of each were rewritten. ``mod`` unchanged when the
+    (where every guard holds), their chains in NHWC (``layout``: :mod:`.int8_layout`) and the
+    convolution weights packed; and how many of each were rewritten (with ``int8_nhwc_*``: the
+    chains converted, their convolutions, the permutes added). ``mod`` unchanged when the
     loaded library lacks the kernels."""
     if not (native.provides(lib.CONV2D_INT8) and native.provides(lib.MATMUL_INT8)):
         return mod, {}
-    return fold_inference(mod, INT8_RULES)
+    mod, counts = fold_inference(mod, INT8_RULES)
+    if layout and counts:
+        mod, report = int8_layout(mod)
+        counts = {**counts, **report.counts()}
+    return pack_conv_weights(mod), counts
