@@ -22,7 +22,10 @@ decided (the per-machine records of :mod:`tvm_ollie.tune.records`), so it would 
 first build's decisions and the table would say nothing about them: each build therefore runs
 with ``TVM_OLLIE_REMEASURE=1`` (every timing taken anew); ``--reuse-records`` lets builds read
 the records back, which measures what a user's second build gets. The derivation cache (search
-results, not measurements) stays shared unless ``TVM_OLLIE_CACHE_DIR`` says otherwise.
+results, not measurements) stays shared unless ``TVM_OLLIE_CACHE_DIR`` says otherwise. Each
+build process has TVM's pool sleeping between kernels (:func:`~tvm_ollie.tune.machine.
+sleeping_pool`, as ``tvm-ollie compile`` does) unless ``TVM_THREAD_POOL_SPIN_COUNT`` is set; the
+libraries are timed with whatever the environment says (TVM's default: spinning).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import time
 from typing import Callable, Dict, List, Optional
 
 from ..models import get_model
-from ..tune.machine import REMEASURE_ENV
+from ..tune.machine import REMEASURE_ENV, sleeping_pool
 from .check import as_numpy_list
 from .exported import EXPORTABLE, build_and_export, load_exported
 from .outcome import check_outcome
@@ -126,6 +129,7 @@ def _build_all(model: str, system: str, args, out: str,
         env = dict(os.environ)
         if not args.reuse_records:
             env[REMEASURE_ENV] = "1"
+        sleeping_pool(env)  # the build process times decisions and runs nothing afterwards
         worker = Worker(f"{model}-{system}-build-{i + 1}", build_and_export, kwargs, env=env)
         try:
             result = worker.ready()[0]
