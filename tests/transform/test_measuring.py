@@ -59,7 +59,9 @@ def test_one_outlier_does_not_flip_a_decision(conv):
                        {(prog.label, 0): 50e-3, ("original", 0): 2e-5})
     choice = choose_measured(base, [prog], [], 3, _accept, measure, 3, "measured")
     assert choice.label == prog.label and (choice.before_s, choice.after_s) == (1e-3, 0.5e-3)
-    assert "stop: separated" in choice.reason and measure.calls["original"] == 8
+    # judged on the first quartile, whose interval trims a sample too fast (which the machine
+    # cannot produce, unlike a slow one) only from 15 samples on
+    assert "stop: separated" in choice.reason and measure.calls["original"] == 15
 
 
 def test_near_ties_keep_the_original_and_say_so(conv):

@@ -26,7 +26,8 @@ from ..tune.compare import Comparison, Margin, compare
 from .alternatives import Alternative
 from .decision import Decision
 
-__all__ = ["MARGIN", "MAX_VERIFY", "NATIVE_MARGIN", "REPRODUCIBLE_MARGIN", "Choice", "Chooser",
+__all__ = ["DECISION_QUANTILE", "MARGIN", "MAX_VERIFY", "NATIVE_MARGIN", "REPRODUCIBLE_MARGIN",
+           "Choice", "Chooser",
            "Decision", "TimingStep", "choose_analytic", "choose_forced", "choose_measured",
            "chosen", "decided", "decision_margin", "format_seconds", "kept_by_estimate",
            "kind_leaders", "preference", "sampled", "shortlist"]
@@ -51,6 +52,9 @@ NATIVE_MARGIN = 0.1
 #: tick, which :func:`~tvm_ollie.tune.machine.sleeping_pool` removes. A flip within the margin
 #: costs at most the margin on that unit; a gain below it is given up.
 REPRODUCIBLE_MARGIN = 0.15
+#: The statistic a measured decision judges: the first quartile of each alternative's samples
+#: (:mod:`tvm_ollie.tune.compare`), since the machine only ever slows a sample down.
+DECISION_QUANTILE = 0.25
 #: Candidates verified before giving up (cheapest first) when choosing by the analytic cost.
 MAX_VERIFY = 3
 
@@ -210,7 +214,10 @@ def decision_margin(alts: List[Alternative]) -> Callable[[str, str], float]:
 def sampled(measure: MeasureStep, **protocol) -> TimingStep:
     """A :data:`TimingStep` whose samples are calls of ``measure(alt)`` (a fake timer that
     returns fixed seconds decides as one measurement each would); ``protocol`` goes to
-    :func:`~tvm_ollie.tune.compare.compare`."""
+    :func:`~tvm_ollie.tune.compare.compare` (judged on :data:`DECISION_QUANTILE` unless it
+    says otherwise)."""
+    protocol.setdefault("quantile", DECISION_QUANTILE)
+
     def timing(alts: List[Alternative], prefer: List[str], margin) -> Comparison:
         return compare({a.label: (lambda a=a: measure(a)) for a in alts}, prefer, margin,
                        **protocol)
