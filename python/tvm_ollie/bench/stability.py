@@ -31,6 +31,7 @@ libraries are timed with whatever the environment says (TVM's default: spinning)
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -56,21 +57,33 @@ def stability_row(model: str, builds: List[dict], system: str = "ollie") -> dict
     """The table's row of one model and system from its builds (each with ``median_s`` when
     timed)."""
     times = [b["median_s"] for b in builds if b.get("median_s")]
-    row = {"model": model, "system": system, "builds": builds, "timed": len(times)}
+    digests = [b["library"] for b in builds if b.get("library")]
+    row = {"model": model, "system": system, "builds": builds, "timed": len(times),
+           "libraries": len(set(digests)), "built": len(digests)}
     if times:
         row.update(fastest_s=min(times), slowest_s=max(times), spread=max(times) / min(times),
                    median_s=statistics.median(times))  # fmt: skip
     return row
 
 
+def library_digest(path: str) -> str:
+    """The content of a built library (16 hex digits of its SHA-256): two builds that took the
+    same decisions write the same bytes, whatever the machine's load when they are timed."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
 def stability_table(rows: List[dict], system: str, weights: str) -> str:
     """Markdown: per model (and system, when the rows have several) each build's median (ms),
-    fastest, slowest and slowest / fastest."""
+    fastest, slowest, slowest / fastest, and how many distinct libraries the builds wrote."""
     width = max((len(r["builds"]) for r in rows), default=0)
     several = len({r.get("system", system) for r in rows}) > 1
     header = ["model"] + (["system"] if several else [])
     header += [f"build {i + 1} ms" for i in range(width)]
-    header += ["fastest ms", "slowest ms", "slowest / fastest"]
+    header += ["fastest ms", "slowest ms", "slowest / fastest", "distinct libraries"]
     lines = [f"`{system}` builds, weights as {weights}; each library timed alone in its own "
              "process, the processes taking turns.", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]  # fmt: skip
@@ -82,7 +95,8 @@ def stability_table(rows: List[dict], system: str, weights: str) -> str:
         cells += ["-"] * (width - len(row["builds"]))
         spread = row.get("spread")
         cells += [_ms(row.get("fastest_s")), _ms(row.get("slowest_s")),
-                  "-" if spread is None else f"{spread:.2f}"]  # fmt: skip
+                  "-" if spread is None else f"{spread:.2f}",
+                  f"{row.get('libraries', '-')} of {row.get('built', '-')}"]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -137,6 +151,8 @@ def _build_all(model: str, system: str, args, out: str,
             result = {"status": "error", "reason": str(err)}
         finally:
             worker.close()
+        if result.get("status") == "built" and os.path.exists(result.get("path", "")):
+            result["library"] = library_digest(result["path"])
         log(f"  {model} {system} build {i + 1}: {result.get('status')} "
             f"({result.get('compile_s', 0):.1f} s)")  # fmt: skip
         builds.append(result)
