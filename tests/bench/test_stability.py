@@ -59,6 +59,7 @@ def test_two_builds_of_a_tiny_model_each_timed_in_its_own_process(tmp_path):
     pytest.importorskip("torch")
     args = argparse.Namespace(models=["infogan"], builds=2, systems=["tvm"], weights="params",
                               threads=1, trials=0, budget=0.05, min_rounds=3, reuse_records=False,
+                              remeasure_calibration=False,
                               out=str(tmp_path))  # fmt: skip
     results = run_stability(args, log=lambda _: None)
     (row,) = results["models"]

@@ -112,3 +112,15 @@ def test_the_spin_count_is_part_of_the_machine_key(monkeypatch):
     sleeping = machine_key("llvm")
     monkeypatch.delenv(SPIN_ENV)
     assert machine_key("llvm") != sleeping
+
+
+def test_remeasure_can_name_what_is_measured_again(monkeypatch):
+    from tvm_ollie.tune.machine import REMEASURE_ENV, remeasure  # pylint: disable=C0415
+
+    monkeypatch.setenv(REMEASURE_ENV, "1")
+    assert remeasure() and remeasure("calibration") and remeasure("decisions")
+    monkeypatch.setenv(REMEASURE_ENV, "decisions, model guard")
+    assert remeasure("decisions") and remeasure("model guard")
+    assert not remeasure("calibration") and not remeasure()
+    monkeypatch.delenv(REMEASURE_ENV)
+    assert not remeasure("decisions")

@@ -19,9 +19,11 @@ asks that the joint build be never slower than derivation alone.
 
 A build on a machine that built the model before reads back what that build measured and
 decided (the per-machine records of :mod:`tvm_ollie.tune.records`), so it would repeat the
-first build's decisions and the table would say nothing about them: each build therefore runs
-with ``TVM_OLLIE_REMEASURE=1`` (every timing taken anew); ``--reuse-records`` lets builds read
-the records back, which measures what a user's second build gets. The derivation cache (search
+first build's decisions and the table would say nothing about them: each build therefore times
+every decision and guard verdict anew (``TVM_OLLIE_REMEASURE`` = :data:`REMEASURED`) and reads
+back only the machine's calibration (``--remeasure-calibration``: that too, ``1``);
+``--reuse-records`` lets builds read everything back, which measures what a user's second build
+gets. The derivation cache (search
 results, not measurements) stays shared unless ``TVM_OLLIE_CACHE_DIR`` says otherwise. Each
 build process has TVM's pool sleeping between kernels (:func:`~tvm_ollie.tune.machine.
 sleeping_pool`, as ``tvm-ollie compile`` does) unless ``TVM_THREAD_POOL_SPIN_COUNT`` is set; the
@@ -47,6 +49,14 @@ from .exported import EXPORTABLE, build_and_export, load_exported
 from .outcome import check_outcome
 from .timing import measure_rounds
 from .worker import Worker, WorkerFailed
+
+
+#: What each build measures again (``TVM_OLLIE_REMEASURE``): every timed decision and guard
+#: verdict, not the machine's calibration (its roofline and kernel efficiencies). A calibration
+#: measured anew in each build differs with the load, and with it the analytic estimates that
+#: order the alternatives, pick the few that are timed, and key the derivation cache: Segformer's
+#: builds timed different alternatives for 5 of 55 units and searched again for minutes.
+REMEASURED = "decisions,unit decisions,model guard"
 
 
 def _ms(seconds: Optional[float]) -> str:
@@ -142,7 +152,7 @@ def _build_all(model: str, system: str, args, out: str,
                       threads=args.threads, trials=args.trials)  # fmt: skip
         env = dict(os.environ)
         if not args.reuse_records:
-            env[REMEASURE_ENV] = "1"
+            env[REMEASURE_ENV] = "1" if args.remeasure_calibration else REMEASURED
         sleeping_pool(env)  # the build process times decisions and runs nothing afterwards
         worker = Worker(f"{model}-{system}-build-{i + 1}", build_and_export, kwargs, env=env)
         try:
@@ -246,6 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--trials", type=int, default=0, help="tuning trials per build")
     parser.add_argument("--budget", type=float, default=2.0, help="timing seconds per model")
     parser.add_argument("--min-rounds", type=int, default=10, help="timing rounds at least")
+    parser.add_argument("--remeasure-calibration", action="store_true",
+                        help="every build measures this machine's roofline again too (default: "
+                        "the first build measures it, the others read it back, as a user's "
+                        "second build does)")
     parser.add_argument("--reuse-records", action="store_true",
                         help="builds read back what earlier builds on this machine measured and "
                         "decided (default: every build measures anew)")

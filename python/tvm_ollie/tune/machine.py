@@ -42,9 +42,17 @@ _THREAD_ENVS = ("TVM_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "M
                 SPIN_ENV)
 
 
-def remeasure() -> bool:
-    """Whether ``TVM_OLLIE_REMEASURE`` asks to measure again instead of reading back."""
-    return os.environ.get(REMEASURE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+def remeasure(what: Optional[str] = None) -> bool:
+    """Whether ``TVM_OLLIE_REMEASURE`` asks to measure ``what`` (a per-machine store's name:
+    ``calibration``, ``decisions``, ``unit decisions``, ``model guard``) again instead of
+    reading it back: ``1`` (``true``, ``yes``, ``on``) for everything, else a comma-separated
+    list of the names measured again (the stability benchmark keeps this machine's calibration,
+    what a user's second build reads back too, and times every decision again)."""
+    value = os.environ.get(REMEASURE_ENV, "").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    names = {part.strip() for part in value.split(",") if part.strip()}
+    return what is not None and what.lower() in names
 
 
 def sleeping_pool(environ: Optional[dict] = None) -> bool:

@@ -72,9 +72,9 @@ class MachineStore:
 
     def get(self, key: str, decode: Callable[[object], object] = lambda value: value):
         """``decode(value)`` of the value stored under ``key`` (None: none, or
-        ``TVM_OLLIE_REMEASURE`` is set). A ``decode`` that raises marks the entry corrupt:
-        ignored with one warning and removed."""
-        if remeasure() or not self.store.dirs:
+        ``TVM_OLLIE_REMEASURE`` asks for this store's ``what``). A ``decode`` that raises marks
+        the entry corrupt: ignored with one warning and removed."""
+        if remeasure(self.what) or not self.store.dirs:
             return None
         found = self.store.load(*self._keyed(key), decode=lambda entry: decode(entry["value"]))
         self.hits += found is not None
