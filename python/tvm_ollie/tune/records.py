@@ -11,7 +11,8 @@ target, the TVM version, the native library and the package's code. Another mach
 count, target or code version never reads a stored measurement; it measures and stores its own.
 
 ``TVM_OLLIE_REMEASURE=1`` (:func:`~.machine.remeasure`) skips every read: everything is measured
-again and the stored values are replaced. ``TVM_OLLIE_CACHE_DIR=`` (empty) turns the store off,
+again and the stored values are replaced; a comma-separated list of store names (``what``:
+``decisions,model guard``) skips the reads of those stores only. ``TVM_OLLIE_CACHE_DIR=`` (empty) turns the store off,
 like the other per-user caches; so does ``OllieConfig(derivation_cache=False)`` (the callers do
 not open a store then).
 """
