@@ -12,9 +12,9 @@ count, target or code version never reads a stored measurement; it measures and 
 
 ``TVM_OLLIE_REMEASURE=1`` (:func:`~.machine.remeasure`) skips every read: everything is measured
 again and the stored values are replaced; a comma-separated list of store names (``what``:
-``decisions,model guard``) skips the reads of those stores only. ``TVM_OLLIE_CACHE_DIR=`` (empty) turns the store off,
-like the other per-user caches; so does ``OllieConfig(derivation_cache=False)`` (the callers do
-not open a store then).
+``decisions,model guard``) skips the reads of those stores only. ``TVM_OLLIE_CACHE_DIR=``
+(empty) turns the store off, like the other per-user caches; so does
+``OllieConfig(derivation_cache=False)`` (the callers do not open a store then).
 """
 
 from __future__ import annotations
