@@ -57,6 +57,7 @@ from .frontend.runner import ModelRunner, load_library, pick_device
 from .frontend.targets import is_gpu, parse_target
 from .pipeline import build
 from .profiler import profile_model
+from .tune.machine import sleeping_pool
 from .tune.rpc import RPCConfig
 from .tune.workdir import prepare_work_dir, work_dir_lock
 
@@ -83,6 +84,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _compile(args: argparse.Namespace) -> int:
+    sleeping_pool()  # this process times decisions and never runs the model it writes
     target = _target(args.target)
     config = _config(args, target, orchestrate=args.orchestrate, dtype=args.dtype,
                      model_guard=False if args.no_model_guard else None,

@@ -4,8 +4,9 @@ import argparse
 
 import pytest
 
-from tvm_ollie.bench.stability import (
-    build_parser, compare_systems, comparison_table, run_stability, stability_row, stability_table)
+from tvm_ollie.bench.stability import (build_parser, compare_systems, comparison_table,
+                                       library_digest, run_stability, stability_row,
+                                       stability_table)
 
 
 def test_table_gives_fastest_slowest_and_their_ratio():
@@ -13,8 +14,8 @@ def test_table_gives_fastest_slowest_and_their_ratio():
             stability_row("m2", [{"median_s": 1e-3}, {"status": "error"}])]  # fmt: skip
     assert rows[0]["spread"] == pytest.approx(1.5) and rows[1]["timed"] == 1
     table = stability_table(rows, "ollie", "constants")
-    assert "| m1 | 2.000 | 3.000 | 2.500 | 2.000 | 3.000 | 1.50 |" in table
-    assert "| m2 | 1.000 | error | - | 1.000 | 1.000 | 1.00 |" in table
+    assert "| m1 | 2.000 | 3.000 | 2.500 | 2.000 | 3.000 | 1.50 | 0 of 0 |" in table
+    assert "| m2 | 1.000 | error | - | 1.000 | 1.000 | 1.00 | 0 of 0 |" in table
     assert "weights as constants" in table
     args = build_parser().parse_args(["--models", "infogan"])
     assert args.builds == 3 and args.weights == "constants" and args.systems == ["ollie"]
@@ -41,11 +42,24 @@ def test_systems_compared_with_the_first_beyond_or_within_the_spread():
     assert "| a | ollie-joint | 2.500 | 2.600 | 2.400 | 2.400 | 2.600 | 1.08 |" in table
 
 
+def test_builds_that_wrote_the_same_bytes_count_as_one_library(tmp_path):
+    paths = []
+    for i, content in enumerate([b"same", b"same", b"other"]):
+        paths.append(tmp_path / f"{i}.so")
+        paths[-1].write_bytes(content)
+    digests = [library_digest(str(p)) for p in paths]
+    assert digests[0] == digests[1] != digests[2]
+    row = stability_row("m", [{"median_s": 1e-3, "library": d} for d in digests])
+    assert (row["libraries"], row["built"]) == (2, 3)
+    assert "| 2 of 3 |" in stability_table([row], "ollie", "constants")
+
+
 @pytest.mark.slow
 def test_two_builds_of_a_tiny_model_each_timed_in_its_own_process(tmp_path):
     pytest.importorskip("torch")
     args = argparse.Namespace(models=["infogan"], builds=2, systems=["tvm"], weights="params",
                               threads=1, trials=0, budget=0.05, min_rounds=3, reuse_records=False,
+                              remeasure_calibration=False,
                               out=str(tmp_path))  # fmt: skip
     results = run_stability(args, log=lambda _: None)
     (row,) = results["models"]
@@ -54,5 +68,6 @@ def test_two_builds_of_a_tiny_model_each_timed_in_its_own_process(tmp_path):
     assert [b["status"] for b in builds] == ["ok", "ok"] and builds[0]["rel_err"] < 1e-4
     assert builds[0]["path"] != builds[1]["path"]  # fresh work dirs, one library each
     assert all(b["rounds"] >= 3 and b["compile_s"] > 0 for b in builds)
+    assert builds[0]["library"] == library_digest(builds[0]["path"])
     text = (tmp_path / "stability.md").read_text()
     assert "| infogan |" in text and "weights as params" in text

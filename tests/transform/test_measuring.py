@@ -11,8 +11,8 @@ import pytest
 import small_models as sm
 from tvm_ollie.transform import optimize_module
 from tvm_ollie.transform.alternatives import Alternative, Candidates
-from tvm_ollie.transform.choosing import (MARGIN, NATIVE_MARGIN, choose_measured,
-                                          decision_margin, preference)
+from tvm_ollie.transform.choosing import (MARGIN, NATIVE_MARGIN, REPRODUCIBLE_MARGIN,
+                                          choose_measured, decision_margin, preference)
 from tvm_ollie.transform.costing import CallableTiming, UntunedTiming
 from tvm_ollie.transform.measuring import DecisionRecords, DecisionTiming
 
@@ -59,7 +59,9 @@ def test_one_outlier_does_not_flip_a_decision(conv):
                        {(prog.label, 0): 50e-3, ("original", 0): 2e-5})
     choice = choose_measured(base, [prog], [], 3, _accept, measure, 3, "measured")
     assert choice.label == prog.label and (choice.before_s, choice.after_s) == (1e-3, 0.5e-3)
-    assert "stop: separated" in choice.reason and measure.calls["original"] == 8
+    # judged on the first quartile, whose interval trims a sample too fast (which the machine
+    # cannot produce, unlike a slow one) only from 15 samples on
+    assert "stop: separated" in choice.reason and measure.calls["original"] == 15
 
 
 def test_near_ties_keep_the_original_and_say_so(conv):
@@ -78,14 +80,16 @@ def test_preference_and_margins(conv):
     # the original, its native kernel, then the lower estimate
     assert preference([base, dear, native, cheap]) == [base, native, cheap, dear]
     margin = decision_margin([base, native, cheap])
-    assert margin(native.label, base.label) == MARGIN == margin(cheap.label, base.label)
-    assert margin(cheap.label, native.label) == NATIVE_MARGIN
+    # every pair needs at least the build-to-build noise of unit timings
+    floor = REPRODUCIBLE_MARGIN
+    assert margin(native.label, base.label) == max(MARGIN, floor) == margin(cheap.label, base.label)
+    assert margin(cheap.label, native.label) == max(NATIVE_MARGIN, floor)
 
 
 def test_a_derived_program_within_the_native_margin_keeps_the_native_kernel(conv):
     _, base, (prog, _) = conv
     native = Alternative(None, "native", 0.5)
-    assert decision_margin([base, native, prog])(prog.label, native.label) == NATIVE_MARGIN
+    assert decision_margin([base, native, prog])(prog.label, native.label) >= NATIVE_MARGIN
     measure = Outliers({"original": 1.0, native.label: 0.5,
                         prog.label: 0.5 * (1 - NATIVE_MARGIN / 2)})
     choice = choose_measured(base, [native, prog], [], 3, _accept, measure, 3, "measured")

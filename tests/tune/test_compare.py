@@ -166,3 +166,28 @@ def test_comparison_round_trips_and_given_seconds_are_judged_alike():
     given = from_seconds({"x": 2.0, "y": 1.0, "z": None}, margin=0.1)
     assert given.winner == "y" and given.separated and given.timings["z"].failed
     assert from_seconds({"x": 1.0, "y": 1.0}).winner == "x"  # a tie: the first
+
+
+def test_quantile_interval_is_the_narrowest_order_statistic_interval():
+    from tvm_ollie.tune.compare import quantile_interval  # pylint: disable=import-outside-toplevel
+
+    xs = [float(i) for i in range(1, 16)]
+    assert quantile_interval(xs, 0.5) == median_interval(xs)
+    # first quartile, 15 samples at 90%: ranks 2..8 (P(2 <= Bin(15, 1/4) < 8) = 0.903)
+    assert quantile_interval(xs, 0.25) == (2.0, 8.0)
+    assert quantile_interval(xs[:8], 0.25) == (1.0, 8.0)  # too few samples: the range
+    assert all(math.isnan(v) for v in quantile_interval([], 0.25))
+
+
+def test_a_low_quantile_separates_through_one_sided_noise():
+    # the faster alternative slowed 10x in a third of its samples: the median's interval
+    # reaches the slow samples, the first quartile's does not
+    fast = [1.0, 10.0, 1.0] * 5
+    slow = [2.0] * 15
+    for quantile, separated in ((0.5, False), (0.25, True)):
+        res = compare({"slow": _series(slow), "fast": _series(fast)}, margin=0.15,
+                      min_rounds=15, max_rounds=15, quantile=quantile)
+        assert res.separated == separated and res.winner == ("fast" if separated else "slow")
+    again = Comparison.from_dict(json.loads(json.dumps(res.to_dict())))
+    assert again.timings["fast"].quantile == 0.25 and again.winner == "fast"
+    assert "judged on the 25% quantile" in res.to_text()

@@ -19,15 +19,21 @@ asks that the joint build be never slower than derivation alone.
 
 A build on a machine that built the model before reads back what that build measured and
 decided (the per-machine records of :mod:`tvm_ollie.tune.records`), so it would repeat the
-first build's decisions and the table would say nothing about them: each build therefore runs
-with ``TVM_OLLIE_REMEASURE=1`` (every timing taken anew); ``--reuse-records`` lets builds read
-the records back, which measures what a user's second build gets. The derivation cache (search
-results, not measurements) stays shared unless ``TVM_OLLIE_CACHE_DIR`` says otherwise.
+first build's decisions and the table would say nothing about them: each build therefore times
+every decision and guard verdict anew (``TVM_OLLIE_REMEASURE`` = :data:`REMEASURED`) and reads
+back only the machine's calibration (``--remeasure-calibration``: that too, ``1``);
+``--reuse-records`` lets builds read everything back, which measures what a user's second build
+gets. The derivation cache (search
+results, not measurements) stays shared unless ``TVM_OLLIE_CACHE_DIR`` says otherwise. Each
+build process has TVM's pool sleeping between kernels (:func:`~tvm_ollie.tune.machine.
+sleeping_pool`, as ``tvm-ollie compile`` does) unless ``TVM_THREAD_POOL_SPIN_COUNT`` is set; the
+libraries are timed with whatever the environment says (TVM's default: spinning).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -37,12 +43,20 @@ import time
 from typing import Callable, Dict, List, Optional
 
 from ..models import get_model
-from ..tune.machine import REMEASURE_ENV
+from ..tune.machine import REMEASURE_ENV, sleeping_pool
 from .check import as_numpy_list
 from .exported import EXPORTABLE, build_and_export, load_exported
 from .outcome import check_outcome
 from .timing import measure_rounds
 from .worker import Worker, WorkerFailed
+
+
+#: What each build measures again (``TVM_OLLIE_REMEASURE``): every timed decision and guard
+#: verdict, not the machine's calibration (its roofline and kernel efficiencies). A calibration
+#: measured anew in each build differs with the load, and with it the analytic estimates that
+#: order the alternatives, pick the few that are timed, and key the derivation cache: Segformer's
+#: builds timed different alternatives for 5 of 55 units and searched again for minutes.
+REMEASURED = "decisions,unit decisions,model guard"
 
 
 def _ms(seconds: Optional[float]) -> str:
@@ -53,21 +67,33 @@ def stability_row(model: str, builds: List[dict], system: str = "ollie") -> dict
     """The table's row of one model and system from its builds (each with ``median_s`` when
     timed)."""
     times = [b["median_s"] for b in builds if b.get("median_s")]
-    row = {"model": model, "system": system, "builds": builds, "timed": len(times)}
+    digests = [b["library"] for b in builds if b.get("library")]
+    row = {"model": model, "system": system, "builds": builds, "timed": len(times),
+           "libraries": len(set(digests)), "built": len(digests)}
     if times:
         row.update(fastest_s=min(times), slowest_s=max(times), spread=max(times) / min(times),
                    median_s=statistics.median(times))  # fmt: skip
     return row
 
 
+def library_digest(path: str) -> str:
+    """The content of a built library (16 hex digits of its SHA-256): two builds that took the
+    same decisions write the same bytes, whatever the machine's load when they are timed."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
 def stability_table(rows: List[dict], system: str, weights: str) -> str:
     """Markdown: per model (and system, when the rows have several) each build's median (ms),
-    fastest, slowest and slowest / fastest."""
+    fastest, slowest, slowest / fastest, and how many distinct libraries the builds wrote."""
     width = max((len(r["builds"]) for r in rows), default=0)
     several = len({r.get("system", system) for r in rows}) > 1
     header = ["model"] + (["system"] if several else [])
     header += [f"build {i + 1} ms" for i in range(width)]
-    header += ["fastest ms", "slowest ms", "slowest / fastest"]
+    header += ["fastest ms", "slowest ms", "slowest / fastest", "distinct libraries"]
     lines = [f"`{system}` builds, weights as {weights}; each library timed alone in its own "
              "process, the processes taking turns.", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]  # fmt: skip
@@ -79,7 +105,8 @@ def stability_table(rows: List[dict], system: str, weights: str) -> str:
         cells += ["-"] * (width - len(row["builds"]))
         spread = row.get("spread")
         cells += [_ms(row.get("fastest_s")), _ms(row.get("slowest_s")),
-                  "-" if spread is None else f"{spread:.2f}"]  # fmt: skip
+                  "-" if spread is None else f"{spread:.2f}",
+                  f"{row.get('libraries', '-')} of {row.get('built', '-')}"]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -125,7 +152,8 @@ def _build_all(model: str, system: str, args, out: str,
                       threads=args.threads, trials=args.trials)  # fmt: skip
         env = dict(os.environ)
         if not args.reuse_records:
-            env[REMEASURE_ENV] = "1"
+            env[REMEASURE_ENV] = "1" if args.remeasure_calibration else REMEASURED
+        sleeping_pool(env)  # the build process times decisions and runs nothing afterwards
         worker = Worker(f"{model}-{system}-build-{i + 1}", build_and_export, kwargs, env=env)
         try:
             result = worker.ready()[0]
@@ -133,6 +161,8 @@ def _build_all(model: str, system: str, args, out: str,
             result = {"status": "error", "reason": str(err)}
         finally:
             worker.close()
+        if result.get("status") == "built" and os.path.exists(result.get("path", "")):
+            result["library"] = library_digest(result["path"])
         log(f"  {model} {system} build {i + 1}: {result.get('status')} "
             f"({result.get('compile_s', 0):.1f} s)")  # fmt: skip
         builds.append(result)
@@ -226,6 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--trials", type=int, default=0, help="tuning trials per build")
     parser.add_argument("--budget", type=float, default=2.0, help="timing seconds per model")
     parser.add_argument("--min-rounds", type=int, default=10, help="timing rounds at least")
+    parser.add_argument("--remeasure-calibration", action="store_true",
+                        help="every build measures this machine's roofline again too (default: "
+                        "the first build measures it, the others read it back, as a user's "
+                        "second build does)")
     parser.add_argument("--reuse-records", action="store_true",
                         help="builds read back what earlier builds on this machine measured and "
                         "decided (default: every build measures anew)")

@@ -23,6 +23,15 @@ the executable: the same model built twice then runs at different speeds. Every 
   random resampling (a bootstrap would make the decision depend on a seed), and ignore the
   ``k - 1`` most extreme samples at each end: one outlier widens the interval only until
   ``n = 8`` (at 90%), then it is ignored;
+* **a low quantile where the noise is one-sided** (``quantile``): the machine can only slow a
+  sample down (a descheduled thread, a core taken by another process), never speed it up, so
+  the decisions of :mod:`tvm_ollie.transform` judge the first quartile instead of the median,
+  with its own order-statistic interval (:func:`quantile_interval`: the narrowest ``[x_l, x_u]``
+  whose coverage ``P(l <= Binomial(n, q) < u)`` reaches ``confidence``, ``[min, max]`` below
+  15 samples for the first quartile at 90%). Over 15 samples the median's interval is
+  ``[x_4, x_12]``, so four slowed samples of the faster alternative hide its gain; the first
+  quartile's is ``[x_2, x_8]`` (eight). The price: one sample faster than the alternative can
+  run (which the machine does not produce) is ignored only from 15 samples on;
 * **a stated tie-break**, never the luckier sample: when the fastest does not beat some
   others, those are *tied* with it, and the winner is the first of the tied alternatives in the
   caller's order of preference (``prefer``: e.g. the original, then the lower analytic cost,
@@ -50,7 +59,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 __all__ = ["Comparison", "Margin", "Sampler", "Timing", "beats", "calls_per_sample", "clocked",
-           "compare", "from_seconds", "judge", "median_interval"]
+           "compare", "from_seconds", "judge", "median_interval", "quantile_interval"]
 
 #: ``sampler() -> seconds of one call`` (one sample; None or an exception: it failed).
 Sampler = Callable[[], Optional[float]]
@@ -77,6 +86,41 @@ def median_interval(samples: Sequence[float], confidence: float = 0.9) -> Tuple[
     return (xs[k - 1], xs[n - k])
 
 
+def quantile_interval(samples: Sequence[float], quantile: float,
+                      confidence: float = 0.9) -> Tuple[float, float]:
+    """The order-statistic confidence interval of the ``quantile`` of ``samples`` (module
+    docstring): the narrowest ``[x_l, x_u]`` (in ranks; the higher ``l`` among the narrowest)
+    whose coverage ``P(l <= Binomial(n, quantile) < u)`` is at least ``confidence``; ``[min,
+    max]`` when none is. The median's is :func:`median_interval`."""
+    if quantile == 0.5:
+        return median_interval(samples, confidence)
+    xs = sorted(samples)
+    n = len(xs)
+    if n == 0:
+        return (math.nan, math.nan)
+    below = [0.0]  # below[j] = P(Binomial(n, quantile) < j)
+    for j in range(n + 1):
+        below.append(below[-1] + math.comb(n, j) * quantile ** j * (1 - quantile) ** (n - j))
+    best = None
+    for lo in range(1, n + 1):
+        hi = next((u for u in range(lo + 1, n + 1) if below[u] - below[lo] >= confidence), None)
+        if hi is not None and (best is None or hi - lo <= best[1] - best[0]):
+            best = (lo, hi)
+    lo, hi = best if best is not None else (1, n)
+    return (xs[lo - 1], xs[hi - 1])
+
+
+def _quantile(samples: Sequence[float], quantile: float) -> float:
+    """The ``quantile`` of ``samples`` (linear between order statistics; the median for 0.5)."""
+    xs = sorted(samples)
+    if not xs:
+        return math.nan
+    pos = quantile * (len(xs) - 1)
+    i = int(math.floor(pos))
+    j = min(i + 1, len(xs) - 1)
+    return xs[i] + (xs[j] - xs[i]) * (pos - i)
+
+
 @dataclass
 class Timing:
     """The samples of one alternative (seconds of one call each) and what they say."""
@@ -86,6 +130,7 @@ class Timing:
     failed: str = ""
     retired: bool = False
     confidence: float = 0.9
+    quantile: float = 0.5  # the statistic judged (module docstring)
 
     @property
     def median(self) -> float:
@@ -97,16 +142,21 @@ class Timing:
         return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
     @property
+    def center(self) -> float:
+        """The judged statistic: the ``quantile`` of the samples (the median by default)."""
+        return _quantile(self.samples, self.quantile)
+
+    @property
     def interval(self) -> Tuple[float, float]:
-        """The median's confidence interval (:func:`median_interval`)."""
-        return median_interval(self.samples, self.confidence)
+        """The judged statistic's confidence interval (:func:`quantile_interval`)."""
+        return quantile_interval(self.samples, self.quantile, self.confidence)
 
     @property
     def spread(self) -> float:
-        """The interval's width relative to the median (0 for identical samples)."""
+        """The interval's width relative to the judged statistic (0 for identical samples)."""
         lo, hi = self.interval
-        med = self.median
-        return (hi - lo) / med if med > 0 else 0.0
+        mid = self.center
+        return (hi - lo) / mid if mid > 0 else 0.0
 
     def to_dict(self) -> dict:
         """JSON-able form."""
@@ -119,11 +169,11 @@ class Timing:
 
 
 def beats(a: Timing, b: Timing, margin: float = 0.0) -> bool:
-    """Whether ``a`` is faster than ``b`` beyond doubt: disjoint intervals and medians apart by
-    ``margin`` (relative to ``b``'s)."""
+    """Whether ``a`` is faster than ``b`` beyond doubt: disjoint intervals and judged statistics
+    (medians by default) apart by ``margin`` (relative to ``b``'s)."""
     if not a.samples or not b.samples:
         return bool(a.samples)
-    return a.interval[1] < b.interval[0] and a.median < (1.0 - margin) * b.median
+    return a.interval[1] < b.interval[0] and a.center < (1.0 - margin) * b.center
 
 
 def _margin(margin: Margin, faster: str, other: str) -> float:
@@ -158,14 +208,16 @@ class Comparison:
         return {"timings": [t.to_dict() for t in self.timings.values()], "winner": self.winner,
                 "fastest": self.fastest, "separated": self.separated, "tied": list(self.tied),
                 "tie_break": self.tie_break, "rounds": self.rounds, "stop": self.stop,
-                "confidence": next((t.confidence for t in self.timings.values()), 0.9)}
+                "confidence": next((t.confidence for t in self.timings.values()), 0.9),
+                "quantile": next((t.quantile for t in self.timings.values()), 0.5)}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Comparison":
         """The comparison :meth:`to_dict` wrote (``recorded`` set)."""
-        conf = float(data.get("confidence", 0.9))
+        conf, quant = float(data.get("confidence", 0.9)), float(data.get("quantile", 0.5))
         timings = {t["name"]: Timing(t["name"], [float(s) for s in t.get("samples", [])],
-                                     t.get("failed", ""), bool(t.get("retired", False)), conf)
+                                     t.get("failed", ""), bool(t.get("retired", False)), conf,
+                                     quant)
                    for t in data.get("timings", [])}
         return cls(timings, data.get("winner", ""), data.get("fastest", ""),
                    bool(data.get("separated", False)), list(data.get("tied", [])),
@@ -179,7 +231,8 @@ class Comparison:
         return f"tie of {', '.join(self.tied)} -> {self.winner} ({self.tie_break})"
 
     def to_text(self, fmt: Callable[[float], str] = lambda s: f"{s * 1e3:.3f}ms") -> str:
-        """One line: every alternative's median [interval], the rounds and the verdict."""
+        """One line: every alternative's median [the judged statistic's interval], the rounds,
+        the statistic when it is not the median, and the verdict."""
         parts = []
         for t in self.timings.values():
             if t.failed:
@@ -191,7 +244,9 @@ class Comparison:
             extra = ", retired" if t.retired else ""
             parts.append(f"{t.name} {fmt(t.median)} [{fmt(lo)}-{fmt(hi)}{extra}]")
         how = "recorded, " if self.recorded else ""
-        return (f"{', '.join(parts)} ({how}{self.rounds} rounds, stop: {self.stop}; "
+        quant = next((t.quantile for t in self.timings.values()), 0.5)
+        stat = f", judged on the {quant:.0%} quantile" if quant != 0.5 else ""
+        return (f"{', '.join(parts)} ({how}{self.rounds} rounds, stop: {self.stop}{stat}; "
                 f"{self.verdict()})")
 
 
@@ -204,7 +259,7 @@ def judge(timings: Dict[str, Timing], prefer: Optional[Sequence[str]] = None,
         return "", "", False, [], ""
     order = [n for n in (prefer or []) if n in live] + \
         [n for n in timings if n in live and n not in (prefer or [])]
-    fastest = min(live, key=lambda n: (timings[n].median, order.index(n)))
+    fastest = min(live, key=lambda n: (timings[n].center, order.index(n)))
     tied = [n for n in order
             if n == fastest or not beats(timings[fastest], timings[n],
                                          _margin(margin, fastest, n))]
@@ -248,7 +303,7 @@ def compare(samplers: Dict[str, Sampler], prefer: Optional[Sequence[str]] = None
             margin: Margin = 0.0, min_rounds: int = 5, max_rounds: int = 25,
             time_s: Optional[float] = None, clock: Callable[[], float] = time.perf_counter,
             hopeless: float = math.inf, confidence: float = 0.9,
-            initial: Optional[Dict[str, float]] = None) -> Comparison:
+            initial: Optional[Dict[str, float]] = None, quantile: float = 0.5) -> Comparison:
     """Time ``samplers`` in interleaved rounds until the fastest is separated or the budget is
     spent; the winner by :func:`judge` (module docstring).
 
@@ -272,8 +327,10 @@ def compare(samplers: Dict[str, Sampler], prefer: Optional[Sequence[str]] = None
         Coverage of the median intervals.
     initial : dict, optional
         A first sample of every alternative, taken by the caller (it counts as round 1).
+    quantile : float
+        The statistic judged: 0.5 the median, lower where the noise is one-sided.
     """
-    timings = {n: Timing(n, confidence=confidence) for n in samplers}
+    timings = {n: Timing(n, confidence=confidence, quantile=quantile) for n in samplers}
     active = list(samplers)
     begin, rounds, stop = clock(), 0, "rounds"
     for r in range(max(1, max_rounds)):
@@ -317,7 +374,7 @@ def _sample(timing: Timing, sampler: Sampler) -> None:
 def _retire(timings: Dict[str, Timing], active: List[str], hopeless: float) -> None:
     if not math.isfinite(hopeless):
         return
-    leader = min(active, key=lambda n: timings[n].median)
+    leader = min(active, key=lambda n: timings[n].center)
     worst = max(timings[leader].samples)
     for n in active:
         t = timings[n]

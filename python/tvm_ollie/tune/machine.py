@@ -8,7 +8,8 @@ A timing or a roofline measured in one process is reused by another (the per-use
   processor name where there is none), and the number of logical CPUs, and how many this
   process may run on (its affinity);
 * the threads the kernels and the BLAS run with: ``TVM_NUM_THREADS``, ``OMP_NUM_THREADS``,
-  ``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS`` (unset is part of the key too);
+  ``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS`` (unset is part of the key too), and how TVM's
+  pool waits between kernels (``TVM_THREAD_POOL_SPIN_COUNT``, :func:`sleeping_pool`);
 * the target (its full text: ``num-cores``, ``mcpu``...), the TVM version and the loaded native
   library's identity (:func:`native_identity`: its content, and the vendor libraries it opens);
 * the code: :func:`code_version`, a hash of every Python source of the package (any change to
@@ -29,17 +30,50 @@ from typing import Optional
 from .. import native
 from ..compat import tvm
 
-__all__ = ["REMEASURE_ENV", "code_version", "cpu_identity", "machine_key", "native_identity",
-           "remeasure"]
+__all__ = ["REMEASURE_ENV", "SPIN_ENV", "code_version", "cpu_identity", "machine_key",
+           "native_identity", "remeasure", "sleeping_pool"]
 
 #: Set to 1 to measure again what the per-machine caches hold (the stored value is replaced).
 REMEASURE_ENV = "TVM_OLLIE_REMEASURE"
-_THREAD_ENVS = ("TVM_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+#: How many rounds a worker of TVM's pool spins between parallel kernels before it sleeps (TVM
+#: reads it once, when the pool starts: the first parallel kernel of the process).
+SPIN_ENV = "TVM_THREAD_POOL_SPIN_COUNT"
+_THREAD_ENVS = ("TVM_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                SPIN_ENV)
 
 
-def remeasure() -> bool:
-    """Whether ``TVM_OLLIE_REMEASURE`` asks to measure again instead of reading back."""
-    return os.environ.get(REMEASURE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+def remeasure(what: Optional[str] = None) -> bool:
+    """Whether ``TVM_OLLIE_REMEASURE`` asks to measure ``what`` (a per-machine store's name:
+    ``calibration``, ``decisions``, ``unit decisions``, ``model guard``) again instead of
+    reading it back: ``1`` (``true``, ``yes``, ``on``) for everything, else a comma-separated
+    list of the names measured again (the stability benchmark keeps this machine's calibration,
+    what a user's second build reads back too, and times every decision again)."""
+    value = os.environ.get(REMEASURE_ENV, "").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    names = {part.strip() for part in value.split(",") if part.strip()}
+    return what is not None and what.lower() in names
+
+
+def sleeping_pool(environ: Optional[dict] = None) -> bool:
+    """Let TVM's pool sleep between kernels (``TVM_THREAD_POOL_SPIN_COUNT=0``) in a process that
+    builds, and so times decisions, but does not run the model afterwards (``tvm-ollie compile``,
+    the stability benchmark's builds); unless the user set it. Returns whether it was set.
+
+    Why: a spinning worker of TVM's pool uses up its share of a busy core, and the scheduler then
+    runs it again only at its next tick (4 ms here): on the loaded 2-core machine a unit of a
+    few microseconds timed 4.0 ms in most samples, and whether the median fell on the tick or on
+    the kernel decided ties differently in each build (BERT, three fresh builds: 3 of 7 region
+    decisions differed). A sleeping worker is woken at once. BERT's executables timed alone at
+    load 5-6 (median of 200 calls): 20.4 / 22.2 ms with the pool spinning, 0.27 / 2.0 ms with
+    it sleeping. TVM reads the count once per process, when its pool starts, so this is only
+    for processes whose pool has not run yet and whose own runs do not matter; a user who
+    builds and runs in one process decides it for that process."""
+    environ = os.environ if environ is None else environ
+    if SPIN_ENV in environ:
+        return False
+    environ[SPIN_ENV] = "0"
+    return True
 
 
 @functools.lru_cache(maxsize=1)

@@ -11,9 +11,10 @@ target, the TVM version, the native library and the package's code. Another mach
 count, target or code version never reads a stored measurement; it measures and stores its own.
 
 ``TVM_OLLIE_REMEASURE=1`` (:func:`~.machine.remeasure`) skips every read: everything is measured
-again and the stored values are replaced. ``TVM_OLLIE_CACHE_DIR=`` (empty) turns the store off,
-like the other per-user caches; so does ``OllieConfig(derivation_cache=False)`` (the callers do
-not open a store then).
+again and the stored values are replaced; a comma-separated list of store names (``what``:
+``decisions,model guard``) skips the reads of those stores only. ``TVM_OLLIE_CACHE_DIR=``
+(empty) turns the store off, like the other per-user caches; so does
+``OllieConfig(derivation_cache=False)`` (the callers do not open a store then).
 """
 
 from __future__ import annotations
@@ -72,9 +73,9 @@ class MachineStore:
 
     def get(self, key: str, decode: Callable[[object], object] = lambda value: value):
         """``decode(value)`` of the value stored under ``key`` (None: none, or
-        ``TVM_OLLIE_REMEASURE`` is set). A ``decode`` that raises marks the entry corrupt:
-        ignored with one warning and removed."""
-        if remeasure() or not self.store.dirs:
+        ``TVM_OLLIE_REMEASURE`` asks for this store's ``what``). A ``decode`` that raises marks
+        the entry corrupt: ignored with one warning and removed."""
+        if remeasure(self.what) or not self.store.dirs:
             return None
         found = self.store.load(*self._keyed(key), decode=lambda entry: decode(entry["value"]))
         self.hits += found is not None
