@@ -380,3 +380,18 @@ def test_saves_reorders_guard():
     tvm.ir.assert_structural_equal(new, ManyEntries)
     forced, report = blocked_layout(ManyEntries, fmt="nhwc")  # a forced format skips the guard
     assert report.chains == [(2, "nhwc")] and report.entries == 3 and report.exits == 2
+
+
+def test_a_preferred_blocked_format_with_spatial_members_is_not_dry_run(monkeypatch):
+    """oneDNN preferring a blocked format for a chain with pooling in it: the chain is found
+    again without its channels-last-only members (no conversion of a 5-D tensor for a pool:
+    the reorder guard's dry run used to try it and fail on ResNet-18)."""
+    bl = __import__("tvm_ollie.transform.blocked_layout", fromlist=["choose_format"])
+    monkeypatch.setattr(bl, "choose_format", lambda _chain, _bindings: "nChw16c")
+    rng = np.random.default_rng(3)
+    program, weights = _cases(rng, 16, 16)["spatial"]
+    mod, ref_mod = build_pair(program, (1, 16, 8, 8), weights)
+    new, report = blocked_layout(mod)
+    assert report.chains == []  # without the spatial operators no two convolutions touch
+    x = rng.standard_normal((1, 16, 8, 8)).astype("float32")
+    np.testing.assert_allclose(run(new, x), run(ref_mod, x), rtol=1e-4, atol=1e-4)

@@ -517,6 +517,9 @@ def _formatted_chains(func, fmt: Optional[str], spatial: bool,
         if not chain.fmt:
             report.skipped.append(f"a chain of {len(chain.convs)} convs: no blocked format")
             continue
+        if chain.spatial and chain.fmt != "nhwc":
+            chains.append(chain)  # (not rewritable: blocked_layout finds it again without them)
+            continue
         if fmt is None and not saves_reorders(func, chain):
             report.skipped.append(f"a chain of {len(chain.convs)} convs: more transforms than "
                                   "reorders saved")
