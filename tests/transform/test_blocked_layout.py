@@ -395,3 +395,22 @@ def test_a_preferred_blocked_format_with_spatial_members_is_not_dry_run(monkeypa
     assert report.chains == []  # without the spatial operators no two convolutions touch
     x = rng.standard_normal((1, 16, 8, 8)).astype("float32")
     np.testing.assert_allclose(run(new, x), run(ref_mod, x), rtol=1e-4, atol=1e-4)
+
+
+def test_a_failing_layout_step_leaves_the_module_nchw(monkeypatch):
+    """An optional step never fails the build: the layout step raising leaves the rewritten
+    module as it was, and the report says why."""
+    from tvm_ollie.transform import optimize as opt
+
+    def broken(*_args, **_kwargs):
+        raise ValueError("a bug in the layout step")
+
+    monkeypatch.setattr(opt, "blocked_layout", broken)
+    rng = np.random.default_rng(5)
+    mod = _relax_chain(rng)
+    new, report = opt.optimize_module(mod, target="llvm", trials=0, derive=False,
+                                      chooser=native_everywhere, check_untuned=False)
+    assert "layout step failed: ValueError: a bug" in report.layouts.skipped[0]
+    assert "dst_fmt" not in new.script()
+    x = rng.standard_normal((1, 8, 8, 8)).astype("float32")
+    np.testing.assert_allclose(run(new, x), run(mod, x), rtol=1e-4, atol=1e-4)

@@ -26,7 +26,7 @@ from ..tune import analytic
 from ..tune.budget import SmallUnitGuard, TrialBudget
 from ..tune.calibrate import Calibration
 from ..tune.metaschedule import STATS, Tuner
-from .blocked_layout import blocked_layout
+from .blocked_layout import LayoutReport, blocked_layout
 from .checking import Checker, CheckFn
 from .choosing import Chooser
 from .choosing import decided as signature_decision
@@ -280,7 +280,7 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
         new_mod, report.epilogues = _rewritten(mod, decided)
     if cfg.blocked_layout and decider.library and lib.current_device() == "cpu":
         with stage("layouts"):
-            new_mod, report.layouts = blocked_layout(new_mod, pack_weights=cfg.pack_weights)
+            new_mod, report.layouts = _laid_out(new_mod, cfg.pack_weights)
     report.decisions = [d for _, d in decided if d.kind == "call"]
     report.regions = [d for _, d in decided if d.kind != "call"]
     report.inference_folds = folds
@@ -334,6 +334,17 @@ def _rewritten(mod: "tvm.IRModule", decided: List[Tuple[object, Decision]]):
 #: The reason of a group whose calls apart on native kernels won: the group is kept and its
 #: calls are decided alone (each then on its native kernel).
 _APART = "the calls apart on native kernels win, each decided alone; "
+
+
+def _laid_out(mod: "tvm.IRModule", pack_weights: bool) -> Tuple["tvm.IRModule", LayoutReport]:
+    """``mod`` after :func:`~.blocked_layout.blocked_layout`, or as it is when the layout step
+    fails (an optional step never fails the build; the report says why)."""
+    try:
+        return blocked_layout(mod, pack_weights=pack_weights)
+    except Exception as err:  # pylint: disable=broad-except
+        why = f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:200] if str(err) else ''}"
+        LOG.warning("ollie: the layout step failed (%s); activations stay NCHW", why)
+        return mod, LayoutReport(skipped=[f"the layout step failed: {why}"])
 
 
 def _decide_units(units: list, choose, verbose: bool) -> List[Tuple[object, Decision]]:
