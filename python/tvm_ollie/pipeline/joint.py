@@ -15,6 +15,8 @@ import contextlib
 import dataclasses
 from typing import Dict, Optional, Tuple
 
+import tvm_ffi
+
 from ..codegen import library as lib
 from ..compat import relax, tvm
 from ..orchestrate.joint import ALT_RE, ALT_TAG, AltInfo, JointTable
@@ -77,7 +79,7 @@ def offer_alternatives(mod: "tvm.IRModule", decider, max_alternatives: int = 2,
                         expr = emit_program(self.builder_, alt.program, mapping,
                                             tuple(int(s) for s in call.ty.shape),
                                             impl=alt.impl, name="ollie_alt")
-                    if any(tvm.ir.structural_equal(expr, e) for e in emitted):
+                    if any(tvm_ffi.structural_equal(expr, e) for e in emitted):
                         continue  # e.g. a one-stage program on the library = original [native]
                     emitted.append(expr)
                     k += 1

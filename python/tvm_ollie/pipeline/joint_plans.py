@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..codegen import library as lib
 from ..compat import relax, tvm
 from ..config import MIN_SEARCH_S, OllieConfig, resolve_config
 from ..orchestrate.cost import AnalyticCost, LinearMeasuredCost, MeasuredCost, sample_args
@@ -30,6 +31,7 @@ from ..orchestrate.joint import JointTable, apply_picked, keep_alternatives
 from ..orchestrate.pipeline import _split_composites, ollie_orchestration
 from ..orchestrate.tuned import tuned_orchestrate_build
 from ..target import kind_name, normalize_target
+from ..transform.blocked_layout import blocked_layout
 from ..transform.decide import DERIVABLE_OPS, Alternative, call_signature
 from ..transform.optimize import apply_call_choices, optimize_module
 from ..transform.decision import Decision
@@ -39,7 +41,8 @@ from .compile import compile_module
 from .guard import GuardReport, PlanSkipped, guard_plans
 from .joint import make_decider, offer_alternatives, offer_folded, static_call
 
-__all__ = ["GUARD_PREFERENCE", "GUARD_REFERENCE", "PLANS", "PlanBuilder", "joint_build"]
+__all__ = ["GUARD_PREFERENCE", "GUARD_REFERENCE", "PLANS", "PlanBuilder", "joint_build",
+           "layout_step"]
 
 #: The plans of the guard, in the order they are built (ties: :data:`GUARD_PREFERENCE`).
 PLANS = ("joint", "refined", "sequential", "derivation", "orchestration", "original")
@@ -76,14 +79,32 @@ class PlanBuilder:
         ``(var, signature, choice)`` of every heavy call (the Decider's sequential choices).
     table : JointTable
         The offered alternatives; the joint selection fills in what it picked.
+    layouts : callable, optional
+        ``module -> (module, LayoutReport)``: the sequential build's last step, the chains of
+        library convolutions kept in oneDNN's format (:func:`layout_step`), applied to every
+        plan whose calls are decided before it is built (``refined``, ``sequential``,
+        ``derivation``), so that the ``derivation`` plan is the module the ``ollie`` system
+        builds. None: no layout step (the build's config or target has none).
     """
 
-    def __init__(self, target, cost, tuner, modules: dict, decided: list, table: JointTable):
+    def __init__(self, target, cost, tuner, modules: dict, decided: list, table: JointTable,
+                 layouts=None):
         self.target, self.cost, self.tuner, self.modules = target, cost, tuner, modules
-        self.table = table
+        self.table, self.layout_step = table, layouts
         self.sequential_module, self.epilogues = apply_call_choices(
             modules["regions"], {sig: ch for _, sig, ch in decided})
+        #: each plan's layout report (the plans the layout step ran on)
+        self.layouts: Dict[str, object] = {}
+        self.sequential_module = self._laid_out(self.sequential_module, "sequential")
+        self.layouts["derivation"] = self.layouts.get("sequential")
         self.reports: Dict[str, list] = {name: [] for name in PLANS}
+
+    def _laid_out(self, module, plan: str):
+        """``module`` after the layout step (its report kept under ``plan``)."""
+        if self.layout_step is None:
+            return module
+        module, self.layouts[plan] = self.layout_step(module)
+        return module
 
     def build(self, plan: str, trials: int = 0) -> "tvm.runtime.Executable":
         """The executable of ``plan`` (its kernels tuned with ``trials`` first); raises
@@ -95,8 +116,8 @@ class PlanBuilder:
                 raise PlanSkipped("the joint plan picked nothing")
             if self.table.agrees_with_sequential():
                 raise PlanSkipped("the joint selection picked the sequential choices")
-            return self._orchestrated(apply_picked(self.modules["folded"], self.table),
-                                      plan, trials)
+            picked = self._laid_out(apply_picked(self.modules["folded"], self.table), plan)
+            return self._orchestrated(picked, plan, trials)
         if plan == "sequential":
             return self._orchestrated(self.sequential_module, plan, trials)
         if plan == "derivation":
@@ -134,7 +155,26 @@ def _rewrite_regions(mod, cfg: OllieConfig, budget, hooks: dict):
         return None if sig.startswith(("region[", "group[")) else Alternative(None, "tvm", 0.0)
 
     hooks = {k: v for k, v in hooks.items() if k != "chooser"}
-    return optimize_module(mod, config=cfg, budget=budget, chooser=regions_only, **hooks)
+    # the layout step runs once the calls are decided too (:func:`layout_step`): here, with
+    # every call held original, it would find no chain and leave the regions' convs NCHW
+    return optimize_module(mod, config=cfg.replace(blocked_layout=False), budget=budget,
+                           chooser=regions_only, **hooks)
+
+
+def layout_step(cfg: OllieConfig, decider, target):
+    """The sequential build's layout step (:func:`~tvm_ollie.transform.optimize.optimize_module`
+    runs :func:`~tvm_ollie.transform.blocked_layout.blocked_layout` after the rewrite when
+    ``cfg.blocked_layout``, the Decider may use the library and the kernels run on the CPU),
+    as ``module -> (module, LayoutReport)``; None where that build has none.
+
+    Why the joint build needs it: its plans are built from decisions made call by call, after
+    the regions pass; without this step its ``derivation`` plan was the ``ollie`` build less
+    its chains of convolutions kept channels-last, and YOLOX's one chain of 101 convolutions
+    ran 1.4x slower in every plan the guard could keep.
+    """
+    if not (cfg.blocked_layout and decider.library and lib.device_of(target) == "cpu"):
+        return None
+    return lambda module: blocked_layout(module, pack_weights=cfg.pack_weights)
 
 
 def _heavy_calls(mod: "tvm.IRModule") -> Dict[str, str]:
@@ -210,7 +250,7 @@ def joint_build(mod: "tvm.IRModule", target=None, config: Optional[OllieConfig] 
         cost = LinearMeasuredCost(MeasuredCost(tgt, work_dir), AnalyticCost(tgt))
     plans = PlanBuilder(tgt, cost, plan_tuner if tuned else None,
                         {"given": given, "regions": mod, "folded": folded, "offered": offered},
-                        decided, table)
+                        decided, table, layouts=layout_step(cfg, decider, tgt))
     report = OptimizeReport(target=kind_name(tgt), budget=budget)
     final = budget.final() if tuned else 0  # what is left of the budget: the kept plan's
     if guard:
@@ -222,6 +262,7 @@ def joint_build(mod: "tvm.IRModule", target=None, config: Optional[OllieConfig] 
     else:
         ex, winner = plans.build("joint", final), "joint"
     report.epilogues = dict(plans.epilogues) if winner in ("sequential", "derivation") else {}
+    report.layouts = plans.layouts.get(winner)
     report.regions = regions.regions
     _report_decisions(report, decided, table, winner)
     report.search_s = decider.search_s + regions.search_s

@@ -1,0 +1,141 @@
+"""The joint build's plans carry the sequential build's layout step (chains of library
+convolutions kept in oneDNN's format): its ``derivation`` plan is the module the ``ollie``
+build makes, so the never-worse guard compares the plans users would otherwise get.
+
+Before the fix the joint build decided its calls after the regions pass and never ran the
+layout step: on YOLOX (one chain of 101 convolutions) every plan the guard could keep ran 1.4x
+slower than the ``ollie`` build, and the guard, timing only those plans, kept one of them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm_ffi
+
+from tvm_ollie import native
+from tvm_ollie.compat import relax, tvm
+from tvm_ollie.pipeline import joint_plans
+from tvm_ollie.pipeline.joint_plans import joint_build
+from tvm_ollie.transform.optimize import optimize_module
+
+from orch_helpers import CALIB
+
+X_SHAPE = (1, 8, 8, 8)
+
+
+@pytest.fixture(autouse=True)
+def _native():
+    if not native.available() or not native.provides(native.CONV2D_PREFERRED_FORMAT):
+        pytest.skip("native library without conv2d_preferred_format")
+
+
+def _chain() -> "tvm.IRModule":
+    """conv + bias + relu, twice (a chain of two convolutions once both run on the library)."""
+    rng = np.random.default_rng(4)
+    shapes = [(16, 8, 3, 3), (1, 16, 1, 1), (16, 16, 3, 3), (1, 16, 1, 1)]
+    w1, b1, w2, b2 = [relax.const((rng.standard_normal(s) * 0.3).astype("float32"))
+                      for s in shapes]
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(X_SHAPE, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, w1, padding=(1, 1)))
+            y = bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(y, b1))))
+            z = bb.emit(relax.op.nn.conv2d(y, w2, padding=(1, 1)))
+            z = bb.emit_output(relax.op.nn.relu(bb.emit(relax.op.add(z, b2))))
+        bb.emit_func_output(z)
+    return bb.get()
+
+
+def _native_everywhere(_sig, alternatives):
+    """Every conv on its library kernel (the decision the layout step needs to find a chain)."""
+    return next((a for a in alternatives if a.program is None and a.impl == "native"), None)
+
+
+_OPTS = dict(target="llvm", calibration=CALIB, check_untuned=False, search_time_s=0.5,
+             max_depth=1, derive=False, region_calls=1, trials=0, derivation_cache=False)
+
+
+def _timer(fastest: str):
+    """A plan timer under which ``fastest`` wins (the others twice as slow)."""
+    def timer(runs):
+        for run in runs.values():
+            run()
+        return {name: 1e-3 if name == fastest else 2e-3 for name in runs}
+
+    return timer
+
+
+def _run(ex, x):
+    return relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+
+
+def _compiled_modules(monkeypatch) -> list:
+    """Record every module the joint build hands to ``compile_module`` (the ``derivation``
+    and ``original`` plans)."""
+    seen = []
+    real = joint_plans.compile_module
+
+    def recording(module, *args, **kwargs):
+        seen.append(module)
+        return real(module, *args, **kwargs)
+
+    monkeypatch.setattr(joint_plans, "compile_module", recording)
+    return seen
+
+
+def test_the_derivation_plan_is_the_ollie_build(monkeypatch):
+    """The ``derivation`` plan's module is structurally the sequential build's
+    (``optimize_module``, what the ``ollie`` system compiles), layout step included; the guard
+    keeping it reports the same chains and computes what TVM's build of the original does."""
+    mod = _chain()
+    want, ollie = optimize_module(mod, chooser=_native_everywhere, **_OPTS)
+    assert ollie.layouts is not None and ollie.layouts.chains == [(2, ollie.layouts.chains[0][1])]
+    seen = _compiled_modules(monkeypatch)
+    ex, report, _ = joint_build(mod, guard=True, plan_timer=_timer("derivation"),
+                                chooser=_native_everywhere, **_OPTS)
+    assert report.plans.winner == "derivation"
+    derivation = [m for m in seen if not tvm_ffi.structural_equal(m, mod)]
+    assert len(derivation) == 1
+    tvm.ir.assert_structural_equal(derivation[0], want)
+    assert report.layouts.chains == ollie.layouts.chains
+    assert "dst_fmt" in derivation[0].script()
+    x = np.random.default_rng(1).standard_normal(X_SHAPE).astype("float32")
+    np.testing.assert_allclose(_run(ex, x), _run(tvm.compile(mod, "llvm"), x),
+                               rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("fastest", ["sequential", "refined", "joint"])
+def test_every_plan_computes_the_original_and_reports_its_layouts(fastest):
+    """The orchestrated plans built from decided calls (``sequential``; ``refined`` when the
+    joint selection picked other alternatives) carry the layout step too (the BLP then places
+    the chain's exit transform: alone or fused into its TVM consumer); whichever the guard
+    keeps computes what TVM's build of the original does, and the report says its layouts
+    (none for the joint plan, whose calls are chosen inside the selection)."""
+    mod = _chain()
+    ex, report, _ = joint_build(mod, guard=True, plan_timer=_timer(fastest),
+                                chooser=_native_everywhere, **_OPTS)
+    kept = report.plans.winner
+    plan = next(p for p in report.plans.plans if p.name == fastest)
+    assert kept == fastest or plan.dropped, report.plans.to_text()
+    if kept in ("sequential", "refined"):
+        assert report.layouts is not None and report.layouts.chains
+    elif kept == "joint":
+        assert report.layouts is None
+    x = np.random.default_rng(2).standard_normal(X_SHAPE).astype("float32")
+    np.testing.assert_allclose(_run(ex, x), _run(tvm.compile(mod, "llvm"), x),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_without_the_layout_step_the_derivation_plan_stays_nchw(monkeypatch):
+    """``blocked_layout=False`` holds for the joint build as for the sequential one."""
+    mod = _chain()
+    opts = dict(_OPTS, blocked_layout=False)
+    want, _ = optimize_module(mod, chooser=_native_everywhere, **opts)
+    seen = _compiled_modules(monkeypatch)
+    _, report, _ = joint_build(mod, guard=True, plan_timer=_timer("derivation"),
+                               chooser=_native_everywhere, **opts)
+    derivation = [m for m in seen if not tvm_ffi.structural_equal(m, mod)]
+    tvm.ir.assert_structural_equal(derivation[0], want)
+    assert "dst_fmt" not in derivation[0].script() and report.layouts is None
