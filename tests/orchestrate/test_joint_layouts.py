@@ -17,6 +17,7 @@ from tvm_ollie import native
 from tvm_ollie.compat import relax, tvm
 from tvm_ollie.pipeline import joint_plans
 from tvm_ollie.pipeline.joint_plans import joint_build
+from tvm_ollie.transform.alternatives import Alternative
 from tvm_ollie.transform.optimize import optimize_module
 
 from orch_helpers import CALIB
@@ -139,3 +140,51 @@ def test_without_the_layout_step_the_derivation_plan_stays_nchw(monkeypatch):
     derivation = [m for m in seen if not tvm_ffi.structural_equal(m, mod)]
     tvm.ir.assert_structural_equal(derivation[0], want)
     assert "dst_fmt" not in derivation[0].script() and report.layouts is None
+
+
+def _native_first_conv_only(_sig, alternatives):
+    """The first conv (8 input channels) on the library, the second on TVM: the per-call
+    decisions split the chain."""
+    if " 1x8x8x8:" not in _sig:
+        return Alternative(None, "tvm", 0.0)  # the original, on TVM
+    return _native_everywhere(_sig, alternatives)
+
+
+def test_the_library_plan_keeps_the_chain_the_decisions_split(monkeypatch):
+    """With the second conv decided on TVM, the ``derivation`` plan has no chain; the
+    ``library`` plan puts every call on the library and the layout step keeps the chain; kept,
+    it reports the chain and the library decisions, and computes what TVM's build does."""
+    mod = _chain()
+    seen = _compiled_modules(monkeypatch)
+    ex, report, _ = joint_build(mod, guard=True, plan_timer=_timer("library"),
+                                chooser=_native_first_conv_only, **_OPTS)
+    assert report.plans.winner == "library", report.plans.to_text()
+    built = [m.script() for m in seen if not tvm_ffi.structural_equal(m, mod)]
+    assert len(built) == 2  # derivation, then library
+    assert "dst_fmt" not in built[0] and built[0].count("tvm_ollie.cpu.conv2d") == 1
+    assert "dst_fmt" in built[1] and built[1].count("tvm_ollie.cpu.conv2d") == 2
+    assert report.layouts.chains and report.layouts.chains[0][0] == 2
+    assert all(d.chosen.endswith("[native]") for d in report.decisions), report.decisions
+    x = np.random.default_rng(3).standard_normal(X_SHAPE).astype("float32")
+    np.testing.assert_allclose(_run(ex, x), _run(tvm.compile(mod, "llvm"), x),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_the_library_plan_is_skipped_when_it_repeats_the_derivation_plan():
+    _, report, _ = joint_build(_chain(), guard=True, plan_timer=_timer("derivation"),
+                               chooser=_native_everywhere, **_OPTS)
+    library = next(p for p in report.plans.plans if p.name == "library")
+    assert library.dropped.startswith("skipped: "), library
+
+
+def test_the_orchestration_plan_weighs_library_kernels():
+    """The ``orchestration`` plan (the module as given, no derivation) has the library's
+    kernels as candidates of the binary program; kept, it computes what TVM's build does."""
+    mod = _chain()
+    ex, report, orch = joint_build(mod, guard=True, plan_timer=_timer("orchestration"),
+                                   chooser=_native_everywhere, **_OPTS)
+    assert report.plans.winner == "orchestration"
+    assert orch is not None and orch.library is not None, orch
+    x = np.random.default_rng(5).standard_normal(X_SHAPE).astype("float32")
+    np.testing.assert_allclose(_run(ex, x), _run(tvm.compile(mod, "llvm"), x),
+                               rtol=1e-4, atol=1e-4)

@@ -26,7 +26,8 @@ from ..transform.epilogue import fold_chain, use_counts
 from ..transform.regions import static_tensor
 from ..transform.units import operand_values, original_form
 
-__all__ = ["make_decider", "offer_alternatives", "offer_folded", "static_call"]
+__all__ = ["library_choices", "make_decider", "offer_alternatives", "offer_folded",
+           "static_call"]
 
 
 def offer_alternatives(mod: "tvm.IRModule", decider, max_alternatives: int = 2,
@@ -178,7 +179,38 @@ def make_decider(target, **opts):
                 self._alts[sig] = super().alternatives(call, budget_s)
             return self._alts[sig]
 
+        def library_choice(self, sig: str, choice):
+            """The call of signature ``sig`` on the library (:func:`library_choices`)."""
+            if choice.impl == "native" or sig not in self._alts:
+                return choice
+            alts = self._alts[sig][0]
+            native = next((a for a in alts if a.program is None and a.impl == "native"), None)
+            if native is None:
+                return choice
+            return dataclasses.replace(choice, chosen=native.label, program=None, names=[],
+                                       impl="native", explain="", after_s=native.estimate,
+                                       reason=f"library plan (sequential: {choice.label})")
+
     return _Memo(target, **opts)
+
+
+def library_choices(decider, decided: list) -> Dict[str, object]:
+    """``{signature: Decision}``: every heavy call on the library (the *library* plan of the
+    joint build's guard): the Decider's choice when it runs on library kernels already, else
+    the call as it is on its library kernel when the library has one (``original [native]``,
+    an alternative the Decider found), else the Decider's choice.
+
+    Why: the Decider weighs each call alone, in NCHW, each library call reordering its
+    tensors; kept on the library, whole chains of convolutions can stay in oneDNN's format
+    (:mod:`tvm_ollie.transform.blocked_layout`), which no single decision sees (docs/layouts.md:
+    all convolutions on the library with layouts kept 3-6x faster than the per-call decisions
+    on ResNet-18, CSRNet and YOLOX, quick). The guard times the whole plan against the others.
+    """
+    pick = getattr(decider, "library_choice", None)
+    out = {}
+    for _, sig, choice in decided:
+        out[sig] = pick(sig, choice) if pick is not None else choice
+    return out
 
 
 def static_call(call) -> bool:
