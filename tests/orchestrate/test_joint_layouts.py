@@ -31,8 +31,9 @@ def _native():
         pytest.skip("native library without conv2d_preferred_format")
 
 
-def _chain() -> "tvm.IRModule":
-    """conv + bias + relu, twice (a chain of two convolutions once both run on the library)."""
+def _chain(tail: bool = False) -> "tvm.IRModule":
+    """conv + bias + relu, twice (a chain of two convolutions once both run on the library);
+    ``tail``: then ``exp``, an operator outside any chain (it reads the chain's exit)."""
     rng = np.random.default_rng(4)
     shapes = [(16, 8, 3, 3), (1, 16, 1, 1), (16, 16, 3, 3), (1, 16, 1, 1)]
     w1, b1, w2, b2 = [relax.const((rng.standard_normal(s) * 0.3).astype("float32"))
@@ -44,7 +45,8 @@ def _chain() -> "tvm.IRModule":
             y = bb.emit(relax.op.nn.conv2d(x, w1, padding=(1, 1)))
             y = bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(y, b1))))
             z = bb.emit(relax.op.nn.conv2d(y, w2, padding=(1, 1)))
-            z = bb.emit_output(relax.op.nn.relu(bb.emit(relax.op.add(z, b2))))
+            z = relax.op.nn.relu(bb.emit(relax.op.add(z, b2)))
+            z = bb.emit_output(relax.op.exp(bb.emit(z)) if tail else z)
         bb.emit_func_output(z)
     return bb.get()
 
@@ -187,4 +189,50 @@ def test_the_orchestration_plan_weighs_library_kernels():
     assert orch is not None and orch.library is not None, orch
     x = np.random.default_rng(5).standard_normal(X_SHAPE).astype("float32")
     np.testing.assert_allclose(_run(ex, x), _run(tvm.compile(mod, "llvm"), x),
+                               rtol=1e-4, atol=1e-4)
+
+
+def _calls(func) -> list:
+    """``(callee, operand names)`` of the bindings of ``func``'s one dataflow block."""
+    out = []
+    for b in func.body.blocks[0].bindings:
+        call = b.value
+        callee = call.args[0]
+        name = getattr(callee, "name_hint", None) or str(getattr(callee, "global_symbol",
+                                                                   callee))
+        out.append((call.op.name, name))
+    return out
+
+
+def test_the_program_places_the_chain_exit_in_its_tvm_consumer():
+    """Before: the laid-out module (the sequential plan's): entry transform, two library
+    convolutions in nhwc, exit transform back to NCHW, ``exp`` on TVM. Expected after the
+    orchestration: the exit transform is no kernel of its own; the binary program fuses it,
+    a layout primitive with its traffic as cost, into the TVM kernel of its consumer, which
+    reads the chain's nhwc tensor; the result computes what TVM's build of the original does.
+    """
+    from tvm_ollie.orchestrate import orchestrate_module
+    from tvm_ollie.orchestrate.cost import AnalyticCost
+
+    mod = _chain(tail=True)
+    laid_out, report = optimize_module(mod, chooser=_native_everywhere, **_OPTS)
+    assert report.layouts.chains == [(2, "nhwc")] and report.layouts.exits == 1
+    before = [op for op, _ in _calls(laid_out["main"])]
+    assert before == ["relax.layout_transform", "relax.call_dps_packed",
+                      "relax.call_dps_packed", "relax.layout_transform", "relax.exp"]
+    fused, orch = orchestrate_module(laid_out, "llvm", cost=AnalyticCost(tvm.target.Target(
+        "llvm")))
+    after = _calls(fused["main"])
+    assert [op for op, _ in after] == ["relax.call_tir", "relax.call_dps_packed",
+                                       "relax.call_dps_packed", "relax.call_tir"]
+    assert "layout_transform" in after[0][1] and "exp" not in after[0][1]
+    assert "layout_transform" in after[3][1] and "exp" in after[3][1]
+    last = fused["main"].body.blocks[0].bindings
+    assert last[3].value.args[1][0].same_as(last[2].var)  # reads the nhwc tensor
+    kernels = [k for p in orch.partitions for k in p.kernels]
+    assert any(sorted(k.kinds) == ["elementwise", "layout"] for k in kernels), kernels
+    x = np.random.default_rng(6).standard_normal(X_SHAPE).astype("float32")
+    built = tvm.compile(laid_out, "llvm", relax_pipeline=joint_plans.ollie_orchestration(
+        "llvm", cost=AnalyticCost(tvm.target.Target("llvm"))))
+    np.testing.assert_allclose(_run(built, x), _run(tvm.compile(mod, "llvm"), x),
                                rtol=1e-4, atol=1e-4)
