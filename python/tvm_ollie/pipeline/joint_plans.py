@@ -93,8 +93,15 @@ class PlanBuilder:
         ``module -> (module, LayoutReport)``: the sequential build's last step, the chains of
         library convolutions kept in oneDNN's format (:func:`layout_step`), applied to every
         plan whose calls are decided before it is built (``refined``, ``sequential``,
-        ``derivation``), so that the ``derivation`` plan is the module the ``ollie`` system
-        builds. None: no layout step (the build's config or target has none).
+        ``derivation``, ``library``), so that the ``derivation`` plan is the module the
+        ``ollie`` system builds. None: no layout step (the build's config or target has none).
+    library : dict, optional
+        ``{signature: Decision}`` of the ``library`` plan (:func:`~.joint.library_choices`);
+        None, or the same labels as ``decided``: the plan is skipped.
+    offer : callable, optional
+        ``module -> (module, JointTable)``: the library candidates of the untuned
+        ``orchestration`` plan (:func:`~.library_offers.library_offer`); None: TVM's kernels
+        only.
     """
 
     def __init__(self, target, cost, tuner, modules: dict, decided: list, table: JointTable,
