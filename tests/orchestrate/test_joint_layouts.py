@@ -31,7 +31,7 @@ def _native():
         pytest.skip("native library without conv2d_preferred_format")
 
 
-def _chain(tail: bool = False) -> "tvm.IRModule":
+def _chain(tail: bool = False, prefix: str = "lv") -> "tvm.IRModule":
     """conv + bias + relu, twice (a chain of two convolutions once both run on the library);
     ``tail``: then ``exp``, an operator outside any chain (it reads the chain's exit)."""
     rng = np.random.default_rng(4)
@@ -42,9 +42,9 @@ def _chain(tail: bool = False) -> "tvm.IRModule":
     x = relax.Var("x", relax.TensorType(X_SHAPE, "float32"))
     with bb.function("main", [x]):
         with bb.dataflow():
-            y = bb.emit(relax.op.nn.conv2d(x, w1, padding=(1, 1)))
+            y = bb.emit(relax.op.nn.conv2d(x, w1, padding=(1, 1)), name_hint=f"{prefix}_c1")
             y = bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(y, b1))))
-            z = bb.emit(relax.op.nn.conv2d(y, w2, padding=(1, 1)))
+            z = bb.emit(relax.op.nn.conv2d(y, w2, padding=(1, 1)), name_hint=f"{prefix}_c2")
             z = relax.op.nn.relu(bb.emit(relax.op.add(z, b2)))
             z = bb.emit_output(relax.op.exp(bb.emit(z)) if tail else z)
         bb.emit_func_output(z)
@@ -236,3 +236,24 @@ def test_the_program_places_the_chain_exit_in_its_tvm_consumer():
         "llvm", cost=AnalyticCost(tvm.target.Target("llvm"))))
     np.testing.assert_allclose(_run(built, x), _run(tvm.compile(mod, "llvm"), x),
                                rtol=1e-4, atol=1e-4)
+
+
+def test_calls_renamed_by_the_regions_pass_are_still_decided(monkeypatch):
+    """The regions pass re-emits the module, and its bindings get other names (on YOLOX quick
+    69 of the 89 heavy calls after it): the joint build decides the calls by the signatures
+    of the module as given, so every conv is still decided (here, on the library) and the
+    derivation plan is still the ``ollie`` build's module."""
+    from tvm_ollie.transform.report import OptimizeReport
+
+    mod = _chain()
+    renamed = _chain(prefix="renamed")
+    monkeypatch.setattr(joint_plans, "_rewrite_regions",
+                        lambda *_args, **_kw: (renamed, OptimizeReport(target="llvm")))
+    want, _ = optimize_module(mod, chooser=_native_everywhere, **_OPTS)
+    seen = _compiled_modules(monkeypatch)
+    _, report, _ = joint_build(mod, guard=True, plan_timer=_timer("derivation"),
+                               chooser=_native_everywhere, **_OPTS)
+    assert [d.var_name for d in report.decisions] == ["renamed_c1", "renamed_c2"]
+    assert all(d.chosen == "original [native]" for d in report.decisions)
+    derivation = [m for m in seen if not tvm_ffi.structural_equal(m, mod)]
+    tvm.ir.assert_structural_equal(derivation[0], want)

@@ -278,12 +278,12 @@ def joint_build(mod: "tvm.IRModule", target=None, config: Optional[OllieConfig] 
     given = mod
     mod, regions = _rewrite_regions(mod, cfg, budget, hooks)
     decider = make_decider(tgt, config=cfg, budget=budget, **hooks)
-    # the calls of the module as given (not those a rewritten region emitted: the sequential
-    # build does not decide them either) share the search time per signature
+    # the signatures of the module as given (as the sequential build decides them) share the
+    # search time; by signature, since the regions pass renames the bindings it re-emits
     calls = _heavy_calls(given)
     search_s = max(MIN_SEARCH_S, cfg.search_time_s / max(len(set(calls.values())), 1))
     offered, table, decided = offer_alternatives(mod, decider, max_alternatives, search_s,
-                                                 only=set(calls))
+                                                 only=set(calls.values()))
     # epilogues fold before fission splits activations (as in the sequential build); fission
     # drops unused bindings, which the alternatives are until the selection
     folded = offer_folded(offered, table)
