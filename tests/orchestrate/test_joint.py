@@ -235,10 +235,16 @@ def test_keep_alternatives_leaves_the_given_module_alone():
     assert [b.var.name for b in out["main"].body.blocks[0].bindings][:2] == ["y", "y__alt1"]
 
 
-@pytest.mark.parametrize("only", [None, {"y"}, {"other"}])
-def test_offer_alternatives_decides_only_the_named_calls(only):
-    """``only`` (the calls of the module as given) limits what is decided and offered."""
-    offered, table, decided = offer_alternatives(_conv_module(), _FakeDecider(True), only=only)
-    wanted = only is None or "y" in only
+@pytest.mark.parametrize("only", ["all", "its signature", "another signature"])
+def test_offer_alternatives_decides_only_the_given_signatures(only):
+    """``only`` (the signatures of the module as given) limits what is decided and offered;
+    signatures, not names: the regions pass renames the bindings it re-emits."""
+    from tvm_ollie.transform.units import call_signature
+
+    mod = _conv_module()
+    sig = call_signature(mod["main"].body.blocks[0].bindings[0].value)
+    given = {"all": None, "its signature": {sig}, "another signature": {sig + " other"}}[only]
+    offered, table, decided = offer_alternatives(mod, _FakeDecider(True), only=given)
+    wanted = only != "another signature"
     assert [name for name, _, _ in decided] == (["y"] if wanted else [])
     assert bool(table) == wanted

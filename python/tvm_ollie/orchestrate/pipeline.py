@@ -46,7 +46,7 @@ from .report import KernelReport, OrchestrationReport, PartitionReport
 
 __all__ = ["Orchestrate", "OrchestrateConfig", "orchestrate_legalized", "orchestrate_module",
            "orchestrate_pipeline", "fuse_check", "build_check", "default_check",
-           "schedule_check"]
+           "note_library", "schedule_check"]
 
 LOG = logging.getLogger("tvm_ollie.orchestrate")
 
@@ -549,7 +549,7 @@ def orchestrate_module(mod: "tvm.IRModule", target="llvm", cost: Optional[CostMo
         mod, report = orchestrate_legalized(mod, cost, config,
                                             check if check is not None else default_check(tgt),
                                             report, table or None)
-        _note_library(report, table)
+        note_library(report, table)
         mod = relax.transform.FuseTIR()(mod)
     return mod, report
 
@@ -559,7 +559,7 @@ def _keep_if(table, inner: "tvm.transform.Pass") -> "tvm.transform.Pass":
     return keep_alternatives(inner) if table else inner
 
 
-def _note_library(report: Optional[OrchestrationReport], table) -> None:
+def note_library(report: Optional[OrchestrationReport], table) -> None:
     """A report line: how many calls had library candidates and how many chose one."""
     if report is None or table is None:
         return
@@ -612,7 +612,7 @@ def orchestrate_pipeline(target="llvm", cost: Optional[CostModel] = None,
                 + backend.dataflow_lower_passes(tgt) + backend.finalize_passes(tgt))
             out = seq(mod)
         if offered:
-            _note_library(orch.last_report, orch.joint)
+            note_library(orch.last_report, orch.joint)
         if reports is not None:
             reports.append(getattr(orch, "last_report", None))
         return out

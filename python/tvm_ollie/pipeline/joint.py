@@ -15,6 +15,8 @@ import contextlib
 import dataclasses
 from typing import Dict, Optional, Tuple
 
+import tvm_ffi
+
 from ..codegen import library as lib
 from ..compat import relax, tvm
 from ..orchestrate.joint import ALT_RE, ALT_TAG, AltInfo, JointTable
@@ -24,7 +26,8 @@ from ..transform.epilogue import fold_chain, use_counts
 from ..transform.regions import static_tensor
 from ..transform.units import operand_values, original_form
 
-__all__ = ["make_decider", "offer_alternatives", "offer_folded", "static_call"]
+__all__ = ["library_choices", "make_decider", "offer_alternatives", "offer_folded",
+           "static_call"]
 
 
 def offer_alternatives(mod: "tvm.IRModule", decider, max_alternatives: int = 2,
@@ -35,8 +38,11 @@ def offer_alternatives(mod: "tvm.IRModule", decider, max_alternatives: int = 2,
     For each call signature the ``decider`` decides (its choice is the *sequential* one and
     is always offered when it rewrites) and up to ``max_alternatives`` alternatives in all
     (cheapest analytic estimate first, each verified by the Decider's check) are offered.
-    ``only``: the names of the calls to decide (None: all; the joint build leaves the calls
-    that a rewritten region emitted alone, as the sequential build does).
+    ``only``: the signatures of the calls to decide (None: all; the joint build decides the
+    signatures of the module as given, as the sequential build does, whose rewrite then
+    applies each signature's choice to every call of it). Signatures, not variable names:
+    the regions pass re-emits the module and renames its bindings (on YOLOX quick, 20 of the
+    89 heavy calls left kept their names, and the other 69 were never decided).
     Returns the module, the table, and ``(function, var, signature, choice)`` per call.
     """
     offers: Dict[str, list] = {}
@@ -50,10 +56,11 @@ def offer_alternatives(mod: "tvm.IRModule", decider, max_alternatives: int = 2,
             call = binding.value
             if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op) \
                     or call.op.name not in DERIVABLE_OPS or not static_call(call) \
-                    or not self.builder_.current_block_is_dataflow() \
-                    or only is not None and binding.var.name not in only:
+                    or not self.builder_.current_block_is_dataflow():
                 return
             sig = call_signature(call)
+            if only is not None and sig not in only:
+                return
             if sig not in offers:
                 ledger = getattr(decider, "budget", None)  # tuned: the signature's task
                 with ledger.task(sig) if ledger is not None else contextlib.nullcontext():
@@ -77,7 +84,7 @@ def offer_alternatives(mod: "tvm.IRModule", decider, max_alternatives: int = 2,
                         expr = emit_program(self.builder_, alt.program, mapping,
                                             tuple(int(s) for s in call.ty.shape),
                                             impl=alt.impl, name="ollie_alt")
-                    if any(tvm.ir.structural_equal(expr, e) for e in emitted):
+                    if any(tvm_ffi.structural_equal(expr, e) for e in emitted):
                         continue  # e.g. a one-stage program on the library = original [native]
                     emitted.append(expr)
                     k += 1
@@ -176,7 +183,38 @@ def make_decider(target, **opts):
                 self._alts[sig] = super().alternatives(call, budget_s)
             return self._alts[sig]
 
+        def library_choice(self, sig: str, choice):
+            """The call of signature ``sig`` on the library (:func:`library_choices`)."""
+            if choice.impl == "native" or sig not in self._alts:
+                return choice
+            alts = self._alts[sig][0]
+            native = next((a for a in alts if a.program is None and a.impl == "native"), None)
+            if native is None:
+                return choice
+            return dataclasses.replace(choice, chosen=native.label, program=None, names=[],
+                                       impl="native", explain="", after_s=native.estimate,
+                                       reason=f"library plan (sequential: {choice.label})")
+
     return _Memo(target, **opts)
+
+
+def library_choices(decider, decided: list) -> Dict[str, object]:
+    """``{signature: Decision}``: every heavy call on the library (the *library* plan of the
+    joint build's guard): the Decider's choice when it runs on library kernels already, else
+    the call as it is on its library kernel when the library has one (``original [native]``,
+    an alternative the Decider found), else the Decider's choice.
+
+    Why: the Decider weighs each call alone, in NCHW, each library call reordering its
+    tensors; kept on the library, whole chains of convolutions can stay in oneDNN's format
+    (:mod:`tvm_ollie.transform.blocked_layout`), which no single decision sees (docs/layouts.md:
+    all convolutions on the library with layouts kept 3-6x faster than the per-call decisions
+    on ResNet-18, CSRNet and YOLOX, quick). The guard times the whole plan against the others.
+    """
+    pick = getattr(decider, "library_choice", None)
+    out = {}
+    for _, sig, choice in decided:
+        out[sig] = pick(sig, choice) if pick is not None else choice
+    return out
 
 
 def static_call(call) -> bool:

@@ -5,8 +5,15 @@ heavy call's verified alternatives (:mod:`.joint`, :mod:`tvm_ollie.orchestrate.j
 builds the joint plan: one binary
 program chooses the alternatives and the kernel boundaries together. With the never-worse guard
 (:mod:`.guard`) it also builds the plans the joint one competes with, from the same decisions
-(:class:`PlanBuilder`): ``refined``, ``sequential``, ``derivation``, ``orchestration`` and
-``original`` (the module as given, built by TVM alone), and keeps the fastest, timed whole.
+(:class:`PlanBuilder`): ``refined``, ``sequential``, ``derivation`` (the ``ollie`` build: the
+Decider's choices, epilogues folded, chains of library convolutions kept in oneDNN's format,
+TVM's greedy fusion), ``library`` (the same with every heavy call on the library where it has
+a kernel, :func:`~.joint.library_choices`: chains the per-call decisions split stay whole),
+``orchestration`` (the module as given, orchestrated with the library kernels as candidates
+when the library is on, :mod:`.library_offers`) and ``original`` (the module as given, built
+by TVM alone), and keeps the fastest, timed whole. The plans built from decided calls
+(``refined``, ``sequential``, ``derivation``, ``library``) go through the sequential build's
+layout step (:func:`layout_step`).
 
 Tuned (``trials > 0``), one trial budget serves the whole build (:mod:`tvm_ollie.tune.budget`):
 the Decider's tuned measurements of the regions and of every call's alternatives draw on it
@@ -22,14 +29,16 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..codegen import library as lib
 from ..compat import relax, tvm
 from ..config import MIN_SEARCH_S, OllieConfig, resolve_config
 from ..orchestrate.cost import AnalyticCost, LinearMeasuredCost, MeasuredCost, sample_args
 from ..orchestrate.fission import fission
 from ..orchestrate.joint import JointTable, apply_picked, keep_alternatives
-from ..orchestrate.pipeline import _split_composites, ollie_orchestration
+from ..orchestrate.pipeline import _split_composites, note_library, ollie_orchestration
 from ..orchestrate.tuned import tuned_orchestrate_build
 from ..target import kind_name, normalize_target
+from ..transform.blocked_layout import blocked_layout
 from ..transform.decide import DERIVABLE_OPS, Alternative, call_signature
 from ..transform.optimize import apply_call_choices, optimize_module
 from ..transform.decision import Decision
@@ -37,12 +46,16 @@ from ..transform.report import OptimizeReport
 from ..tune.metaschedule import STATS
 from .compile import compile_module
 from .guard import GuardReport, PlanSkipped, guard_plans
-from .joint import make_decider, offer_alternatives, offer_folded, static_call
+from .joint import (library_choices, make_decider, offer_alternatives, offer_folded,
+                    static_call)
+from .library_offers import library_offer
 
-__all__ = ["GUARD_PREFERENCE", "GUARD_REFERENCE", "PLANS", "PlanBuilder", "joint_build"]
+__all__ = ["GUARD_PREFERENCE", "GUARD_REFERENCE", "PLANS", "PlanBuilder", "joint_build",
+           "layout_step"]
 
 #: The plans of the guard, in the order they are built (ties: :data:`GUARD_PREFERENCE`).
-PLANS = ("joint", "refined", "sequential", "derivation", "orchestration", "original")
+PLANS = ("joint", "refined", "sequential", "derivation", "library", "orchestration",
+         "original")
 
 #: The plan whose outputs the others must match in the guard: TVM's own fusion of the
 #: verified rewrite (orchestration is what the guard doubts, not the per-call checks).
@@ -51,7 +64,7 @@ GUARD_REFERENCE = "derivation"
 #: Who wins when the guard's timing does not separate the leaders: the simplest plan first
 #: (TVM alone, then derivation only, what the ``ollie`` system builds), so that a rewrite is
 #: kept only when it is separated faster than TVM's build of the module as given.
-GUARD_PREFERENCE = ("original", "derivation", "sequential", "refined", "joint",
+GUARD_PREFERENCE = ("original", "derivation", "library", "sequential", "refined", "joint",
                     "orchestration")
 
 
@@ -76,14 +89,47 @@ class PlanBuilder:
         ``(var, signature, choice)`` of every heavy call (the Decider's sequential choices).
     table : JointTable
         The offered alternatives; the joint selection fills in what it picked.
+    layouts : callable, optional
+        ``module -> (module, LayoutReport)``: the sequential build's last step, the chains of
+        library convolutions kept in oneDNN's format (:func:`layout_step`), applied to every
+        plan whose calls are decided before it is built (``refined``, ``sequential``,
+        ``derivation``, ``library``), so that the ``derivation`` plan is the module the
+        ``ollie`` system builds. None: no layout step (the build's config or target has none).
+    library : dict, optional
+        ``{signature: Decision}`` of the ``library`` plan (:func:`~.joint.library_choices`);
+        None, or the same labels as ``decided``: the plan is skipped.
+    offer : callable, optional
+        ``module -> (module, JointTable)``: the library candidates of the untuned
+        ``orchestration`` plan (:func:`~.library_offers.library_offer`); None: TVM's kernels
+        only.
     """
 
-    def __init__(self, target, cost, tuner, modules: dict, decided: list, table: JointTable):
+    def __init__(self, target, cost, tuner, modules: dict, decided: list, table: JointTable,
+                 layouts=None, library: Optional[dict] = None, offer=None):
         self.target, self.cost, self.tuner, self.modules = target, cost, tuner, modules
-        self.table = table
+        self.table, self.layout_step, self.offer = table, layouts, offer
+        choices = {sig: ch for _, sig, ch in decided}
         self.sequential_module, self.epilogues = apply_call_choices(
-            modules["regions"], {sig: ch for _, sig, ch in decided})
+            modules["regions"], choices)
+        #: each plan's layout report (the plans the layout step ran on)
+        self.layouts: Dict[str, object] = {}
+        self.sequential_module = self._laid_out(self.sequential_module, "sequential")
+        self.layouts["derivation"] = self.layouts.get("sequential")
+        self.library = library if library and any(
+            library[sig].label != ch.label for sig, ch in choices.items()) else None
+        self.library_module, self.library_epilogues = None, {}
+        if self.library is not None:
+            module, self.library_epilogues = apply_call_choices(modules["regions"],
+                                                                self.library)
+            self.library_module = self._laid_out(module, "library")
         self.reports: Dict[str, list] = {name: [] for name in PLANS}
+
+    def _laid_out(self, module, plan: str):
+        """``module`` after the layout step (its report kept under ``plan``)."""
+        if self.layout_step is None:
+            return module
+        module, self.layouts[plan] = self.layout_step(module)
+        return module
 
     def build(self, plan: str, trials: int = 0) -> "tvm.runtime.Executable":
         """The executable of ``plan`` (its kernels tuned with ``trials`` first); raises
@@ -95,13 +141,19 @@ class PlanBuilder:
                 raise PlanSkipped("the joint plan picked nothing")
             if self.table.agrees_with_sequential():
                 raise PlanSkipped("the joint selection picked the sequential choices")
-            return self._orchestrated(apply_picked(self.modules["folded"], self.table),
-                                      plan, trials)
+            picked = self._laid_out(apply_picked(self.modules["folded"], self.table), plan)
+            return self._orchestrated(picked, plan, trials)
         if plan == "sequential":
             return self._orchestrated(self.sequential_module, plan, trials)
         if plan == "derivation":
             return compile_module(self.sequential_module, self.target, self.tuner, trials)
+        if plan == "library":
+            if self.library_module is None:
+                raise PlanSkipped("no call has a library kernel the derivation plan lacks")
+            return compile_module(self.library_module, self.target, self.tuner, trials)
         if plan == "orchestration":
+            if self.offer is not None and self.tuner is None:
+                return self._offered(self.modules["given"], plan)
             return self._orchestrated(self.modules["given"], plan, trials)
         if plan == "original":  # TVM alone: its greedy fusion of the module as given
             return compile_module(self.modules["given"], self.target, self.tuner, trials)
@@ -115,6 +167,19 @@ class PlanBuilder:
         # the offered module is fissioned already (fission drops the unused alternatives)
         return tuned_orchestrate_build(self.modules["offered"], tgt, self.tuner, trials,
                                        cost=self.cost, reports=reports, joint=self.table)
+
+    def _offered(self, module, plan: str):
+        """``module`` orchestrated with the library kernels as candidates (``self.offer``,
+        :func:`~.library_offers.offer_library`): vendor kernels weighed against TVM's in the
+        binary program, as Korch does."""
+        offered, table = self.offer(module)
+        with self.target:
+            offered = keep_alternatives(lambda m: fission(m)[0])(offered)
+        reports = self.reports[plan]
+        ex = tvm.compile(offered, target=self.target, relax_pipeline=ollie_orchestration(
+            self.target, cost=self.cost, reports=reports, joint=table))
+        note_library(reports[-1] if reports else None, table)
+        return ex
 
     def _orchestrated(self, module, plan: str, trials: int):
         tgt, reports = self.target, self.reports[plan]
@@ -134,7 +199,26 @@ def _rewrite_regions(mod, cfg: OllieConfig, budget, hooks: dict):
         return None if sig.startswith(("region[", "group[")) else Alternative(None, "tvm", 0.0)
 
     hooks = {k: v for k, v in hooks.items() if k != "chooser"}
-    return optimize_module(mod, config=cfg, budget=budget, chooser=regions_only, **hooks)
+    # the layout step runs once the calls are decided too (:func:`layout_step`): here, with
+    # every call held original, it would find no chain and leave the regions' convs NCHW
+    return optimize_module(mod, config=cfg.replace(blocked_layout=False), budget=budget,
+                           chooser=regions_only, **hooks)
+
+
+def layout_step(cfg: OllieConfig, decider, target):
+    """The sequential build's layout step (:func:`~tvm_ollie.transform.optimize.optimize_module`
+    runs :func:`~tvm_ollie.transform.blocked_layout.blocked_layout` after the rewrite when
+    ``cfg.blocked_layout``, the Decider may use the library and the kernels run on the CPU),
+    as ``module -> (module, LayoutReport)``; None where that build has none.
+
+    Why the joint build needs it: its plans are built from decisions made call by call, after
+    the regions pass; without this step its ``derivation`` plan was the ``ollie`` build less
+    its chains of convolutions kept channels-last, and YOLOX's one chain of 101 convolutions
+    ran 1.4x slower in every plan the guard could keep.
+    """
+    if not (cfg.blocked_layout and decider.library and lib.device_of(target) == "cpu"):
+        return None
+    return lambda module: blocked_layout(module, pack_weights=cfg.pack_weights)
 
 
 def _heavy_calls(mod: "tvm.IRModule") -> Dict[str, str]:
@@ -194,12 +278,12 @@ def joint_build(mod: "tvm.IRModule", target=None, config: Optional[OllieConfig] 
     given = mod
     mod, regions = _rewrite_regions(mod, cfg, budget, hooks)
     decider = make_decider(tgt, config=cfg, budget=budget, **hooks)
-    # the calls of the module as given (not those a rewritten region emitted: the sequential
-    # build does not decide them either) share the search time per signature
+    # the signatures of the module as given (as the sequential build decides them) share the
+    # search time; by signature, since the regions pass renames the bindings it re-emits
     calls = _heavy_calls(given)
     search_s = max(MIN_SEARCH_S, cfg.search_time_s / max(len(set(calls.values())), 1))
     offered, table, decided = offer_alternatives(mod, decider, max_alternatives, search_s,
-                                                 only=set(calls))
+                                                 only=set(calls.values()))
     # epilogues fold before fission splits activations (as in the sequential build); fission
     # drops unused bindings, which the alternatives are until the selection
     folded = offer_folded(offered, table)
@@ -210,7 +294,9 @@ def joint_build(mod: "tvm.IRModule", target=None, config: Optional[OllieConfig] 
         cost = LinearMeasuredCost(MeasuredCost(tgt, work_dir), AnalyticCost(tgt))
     plans = PlanBuilder(tgt, cost, plan_tuner if tuned else None,
                         {"given": given, "regions": mod, "folded": folded, "offered": offered},
-                        decided, table)
+                        decided, table, layouts=layout_step(cfg, decider, tgt),
+                        library=library_choices(decider, decided) if decider.library else None,
+                        offer=library_offer(tgt) if decider.library else None)
     report = OptimizeReport(target=kind_name(tgt), budget=budget)
     final = budget.final() if tuned else 0  # what is left of the budget: the kept plan's
     if guard:
@@ -221,8 +307,12 @@ def joint_build(mod: "tvm.IRModule", target=None, config: Optional[OllieConfig] 
                                       "timed it untuned")
     else:
         ex, winner = plans.build("joint", final), "joint"
-    report.epilogues = dict(plans.epilogues) if winner in ("sequential", "derivation") else {}
+    report.epilogues = dict(plans.epilogues) if winner in ("sequential", "derivation") else \
+        dict(plans.library_epilogues) if winner == "library" else {}
+    report.layouts = plans.layouts.get(winner)
     report.regions = regions.regions
+    if winner == "library":
+        decided = [(name, sig, plans.library[sig]) for name, sig, _ in decided]
     _report_decisions(report, decided, table, winner)
     report.search_s = decider.search_s + regions.search_s
     report.verify_s = decider.verify_s + regions.verify_s
