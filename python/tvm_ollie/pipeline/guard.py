@@ -15,7 +15,11 @@ already made (no second derivation search), the plans it competes with
   joint selection picked what the Decider chose (then it is the ``sequential`` plan);
 * ``sequential``: every heavy call on the Decider's choice, then fission and orchestration
   (what ``orchestrate=True`` builds, the ``ollie-orch`` system);
-* ``derivation``: the same module with TVM's greedy fusion (the ``ollie`` system);
+* ``derivation``: the same module with TVM's greedy fusion (the ``ollie`` system, its layout
+  step included);
+* ``library``: every heavy call on its library kernel where it has one, epilogues folded,
+  chains of convolutions in oneDNN's format (:func:`~.joint.library_choices`), TVM's greedy
+  fusion; skipped when it is the derivation plan;
 * ``orchestration``: the module as given (no derivation, no library kernel), fission and
   orchestration (orchestration alone);
 * ``original``: the module as given, built by TVM's own pipeline (greedy fusion): TVM alone,
@@ -32,7 +36,7 @@ spent. A plan whose fastest of two samples is more than 3x the leader's slowest 
 leaves the rounds (two samples, not one: on a loaded machine one sample can be 10-100x off).
 When the leaders do not separate, the tie goes to the first of them in the order of
 preference (``prefer``: the joint build prefers the simplest plans, TVM alone first, then the
-derivation-only plan), never to the luckier sample::
+derivation-only plan, then the library plan), never to the luckier sample::
 
     winner = fastest if separated, else the first tied plan in ``prefer`` order
 
