@@ -16,7 +16,11 @@ Environment variables:
   number of cores available to the process);
 * ``TVM_OLLIE_SERIAL_FLOPS``: a oneDNN kernel call of less work (floating-point operations)
   runs on the calling thread alone, without entering an OpenMP region (default
-  :data:`DEFAULT_SERIAL_FLOPS`; 0: never), see :func:`set_serial_flops` and docs/per-call.md.
+  :data:`DEFAULT_SERIAL_FLOPS`; 0: never), see :func:`set_serial_flops` and docs/per-call.md;
+* ``TVM_OLLIE_OMP_WAIT_POLICY``, ``TVM_OLLIE_TVM_SPIN_COUNT``: how idle threads of the two
+  pools wait, applied at load unless ``OMP_WAIT_POLICY`` / ``TVM_THREAD_POOL_SPIN_COUNT`` are
+  set (:data:`DEFAULT_OMP_WAIT_POLICY`, :data:`DEFAULT_TVM_SPIN_COUNT`; ``unset``: the
+  runtimes' own defaults), docs/threads.md.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import ctypes
 import logging
 import os
 import sys
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from .library_loader import LibraryLoader, LoadState, candidate_paths, disabled, find_dist_file
 
@@ -110,7 +114,21 @@ LIBRARY_NAME = "libtvm_ollie_native.so"
 #: the measurement behind the choice.
 DEFAULT_OMP_WAIT_POLICY: Optional[str] = "PASSIVE"
 
+#: Spin count of TVM's thread pool (``TVM_THREAD_POOL_SPIN_COUNT``) applied at the same moment,
+#: unless the user set it (``TVM_OLLIE_TVM_SPIN_COUNT`` overrides; ``unset`` keeps TVM's own).
+#: A module that calls these kernels runs two pools in one call, oneDNN's OpenMP threads and
+#: TVM's workers; a TVM worker spinning after its kernel holds the core that the next oneDNN
+#: call's thread needs. On the shared 2-core machine (load 4-6) a ResNet-18 executable of library
+#: convolutions ran 4-27 ms per call with TVM's default spinning and 0.39-0.59 ms with 0 (1,000
+#: and 10,000 spins as bad as the default); ONNX Runtime 0.25-0.30 ms (docs/threads.md). Builds
+#: time their decisions with the pool asleep too (:func:`tvm_ollie.tune.machine.sleeping_pool`),
+#: so the code runs as it was chosen. TVM reads the count when its pool starts (the first
+#: parallel kernel of the process): a process that ran TVM kernels before importing this package
+#: keeps what it had.
+DEFAULT_TVM_SPIN_COUNT: Optional[str] = "0"
+
 _LOG = logging.getLogger(__name__)
+_ADDED_ENV: Dict[str, str] = {}
 _HANDLES: List[ctypes.CDLL] = []  # keep the libraries loaded
 
 
@@ -140,6 +158,20 @@ def _dependency_paths() -> List[str]:
     return paths
 
 
+def _set_default(name: str, value: str) -> None:
+    """Set the environment variable ``name`` unless it is set or ``value`` is ``unset``."""
+    if value not in ("", "unset") and name not in os.environ:
+        os.environ[name] = value
+        _ADDED_ENV[name] = value
+
+
+def added_environ() -> Dict[str, str]:
+    """The thread variables that loading the library set (the user had not): a benchmark
+    drops them from the environment of a process that should run with the runtimes'
+    defaults."""
+    return dict(_ADDED_ENV)
+
+
 def _open(state: LoadState) -> bool:
     """oneDNN and OpenBLAS first (the library links them by soname), then the library."""
     if disabled(state):
@@ -156,9 +188,10 @@ def _open(state: LoadState) -> bool:
     # lazy: tvm_ffi loads libtvm_ffi.so; this module imports no TVM until the library loads
     import tvm_ffi  # pylint: disable=import-outside-toplevel  (loads libtvm_ffi.so first)
 
-    policy = os.environ.get("TVM_OLLIE_OMP_WAIT_POLICY", DEFAULT_OMP_WAIT_POLICY or "unset")
-    if policy not in ("", "unset"):
-        os.environ.setdefault("OMP_WAIT_POLICY", policy)
+    _set_default("OMP_WAIT_POLICY", os.environ.get("TVM_OLLIE_OMP_WAIT_POLICY",
+                                                   DEFAULT_OMP_WAIT_POLICY or "unset"))
+    _set_default("TVM_THREAD_POOL_SPIN_COUNT", os.environ.get("TVM_OLLIE_TVM_SPIN_COUNT",
+                                                              DEFAULT_TVM_SPIN_COUNT or "unset"))
     for dep in _dependency_paths():
         _HANDLES.append(ctypes.CDLL(dep, mode=ctypes.RTLD_GLOBAL))
     _HANDLES.append(ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL))
