@@ -381,3 +381,65 @@ def test_dynamic_inputs_without_shapes_say_how_to_decompose():
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "seq"
     with pytest.raises(ModelLoadError, match="operator RNN .* not decomposed: .* --shape"):
         load_onnx(model)
+
+
+#: DynamicQuantizeLSTM cases: ``quantize_dynamic`` of an LSTM (ONNX Runtime's own quantizer),
+#: (direction, weight type, per channel, LSTM case options).
+DYNAMIC_LSTM = {
+    "forward-s8": ("forward", "QInt8", False, {}),
+    "bidirectional-s8-per-channel": ("bidirectional", "QInt8", True, {}),
+    "reverse-u8-no-initial-states": ("reverse", "QUInt8", False, {"initial": False}),
+    "bidirectional-batch-2-peepholes": ("bidirectional", "QInt8", False,
+                                        {"batch": 2, "peepholes": True}),
+}
+
+
+def dynamic_lstm_case(tmp_path, name):
+    """The ``DYNAMIC_LSTM`` case ``name``: the float LSTM, its quantized model, the feeds."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    direction, weight_type, per_channel, extra = DYNAMIC_LSTM[name]
+    model, feeds = recurrent_case("LSTM", direction=direction, seq=5, size=6, hidden=8,
+                                  **{"batch": 1, **extra})
+    source, target = str(tmp_path / "lstm.onnx"), str(tmp_path / "q.onnx")
+    onnx.save(model, source)
+    quantize_dynamic(source, target, weight_type=getattr(QuantType, weight_type),
+                     per_channel=per_channel, op_types_to_quantize=["LSTM"])
+    quantized = onnx.load(target)
+    assert [n.op_type for n in quantized.graph.node] == ["DynamicQuantizeLSTM"]
+    return model, quantized, feeds
+
+
+@pytest.mark.parametrize("name", sorted(DYNAMIC_LSTM))
+def test_dynamic_quantize_lstm_rewrite_matches_ort(tmp_path, name):
+    """The decomposition (X and every step's H quantized as ONNX Runtime does) run by ONNX
+    Runtime equals ONNX Runtime's DynamicQuantizeLSTM kernel; the float LSTM does not (the
+    quantization is what is reproduced). ONNX Runtime with one intra-op thread: with more,
+    its kernel splits a batch of 2+ rows between threads and quantizes each part's ``H``
+    apart, so its own output depends on its thread count (2.5e-3 here); the decomposition is
+    its one-thread arithmetic, one ``H`` quantization per step and direction."""
+    model, quantized, feeds = dynamic_lstm_case(tmp_path, name)
+    rewritten, info = decompose_onnx(quantized)
+    assert "DynamicQuantizeLSTM" not in [n.op_type for n in rewritten.graph.node], info
+    reference = run_ort(quantized, feeds, threads=1)
+    assert max_error(run_ort(rewritten, feeds, threads=1), reference) < 1e-6
+    assert max_error(run_ort(model, feeds, threads=1), reference) > 1e-3
+
+
+@pytest.mark.parametrize("name", ["bidirectional-s8-per-channel",
+                                  "reverse-u8-no-initial-states"])
+def test_dynamic_quantize_lstm_through_tvm_matches_ort(tmp_path, name):
+    _, quantized, feeds = dynamic_lstm_case(tmp_path, name)
+    assert max_error(run_tvm(quantized, feeds), run_ort(quantized, feeds, threads=1)) < 1e-5
+
+
+def test_dynamic_quantize_lstm_guard_refuses_mixed_zero_points(tmp_path):
+    """ONNX Runtime reads one weight zero point per direction: others are refused."""
+    _, quantized, _ = dynamic_lstm_case(tmp_path, "bidirectional-s8-per-channel")
+    for init in quantized.graph.initializer:
+        if init.name.startswith("W") and init.name.endswith("zero_point"):
+            zps = onnx.numpy_helper.to_array(init).copy()
+            zps.reshape(-1)[-1] = 3
+            init.CopyFrom(onnx.numpy_helper.from_array(zps, init.name))
+    _, info = decompose_onnx(quantized)
+    assert any("zero points differ" in why for why in info.refused.values()), info.refused

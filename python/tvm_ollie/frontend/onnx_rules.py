@@ -108,6 +108,8 @@ _TABLE = (
     Rule("LSTM", onnx_rnn.recurrent_guard, onnx_rnn.emit_lstm),
     Rule("GRU", onnx_rnn.recurrent_guard, onnx_rnn.emit_gru),
     Rule("RNN", onnx_rnn.recurrent_guard, onnx_rnn.emit_rnn),
+    Rule("DynamicQuantizeLSTM", onnx_rnn.dynamic_quantize_lstm_guard,
+         onnx_rnn.emit_dynamic_quantize_lstm, _MICROSOFT),
     Rule("ConvInteger", onnx_quant.integer_guard, onnx_quant.emit_conv_integer),
     Rule("MatMulInteger", onnx_quant.integer_guard, onnx_quant.emit_matmul_integer),
     Rule("QLinearConv", onnx_quant.integer_guard, onnx_quant.emit_qlinear_conv),
