@@ -114,6 +114,23 @@ _LOG = logging.getLogger(__name__)
 _HANDLES: List[ctypes.CDLL] = []  # keep the libraries loaded
 
 
+def _default_omp_wait_policy() -> None:
+    """``OMP_WAIT_POLICY`` = :data:`DEFAULT_OMP_WAIT_POLICY` unless the user set it (or
+    ``TVM_OLLIE_OMP_WAIT_POLICY`` says otherwise). libgomp reads it once, when it initializes,
+    and ``import tvm`` already loads one (torch's, in this environment): setting it when the
+    library loads (:func:`_open`) was too late in every process that imported TVM first, i.e.
+    all of them, and the native calls ran under GNU OpenMP's default policy. So it is set when
+    this module is imported, which ``import tvm_ollie`` does before anything imports TVM. Seen
+    as oneDNN int8 calls of 12 us taking 4-48 ms (the scheduler's tick) with two threads beside
+    TVM's pool on the loaded 2-core machine (:mod:`tvm_ollie.transform.int8_choice`)."""
+    policy = os.environ.get("TVM_OLLIE_OMP_WAIT_POLICY", DEFAULT_OMP_WAIT_POLICY or "unset")
+    if policy not in ("", "unset"):
+        os.environ.setdefault("OMP_WAIT_POLICY", policy)
+
+
+_default_omp_wait_policy()
+
+
 def _dependency_paths() -> List[str]:
     """libdnnl.so.3 (from onednn-cpu-gomp, in <prefix>/lib) and OpenBLAS (scipy-openblas32)."""
     paths = []
@@ -156,9 +173,7 @@ def _open(state: LoadState) -> bool:
     # lazy: tvm_ffi loads libtvm_ffi.so; this module imports no TVM until the library loads
     import tvm_ffi  # pylint: disable=import-outside-toplevel  (loads libtvm_ffi.so first)
 
-    policy = os.environ.get("TVM_OLLIE_OMP_WAIT_POLICY", DEFAULT_OMP_WAIT_POLICY or "unset")
-    if policy not in ("", "unset"):
-        os.environ.setdefault("OMP_WAIT_POLICY", policy)
+    _default_omp_wait_policy()  # (already at import: effective only where libgomp is not loaded)
     for dep in _dependency_paths():
         _HANDLES.append(ctypes.CDLL(dep, mode=ctypes.RTLD_GLOBAL))
     _HANDLES.append(ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL))

@@ -15,7 +15,7 @@ Each alternative is an isolated module of the unit (its 8-bit source a parameter
 constants inline: :func:`unit_module`), all built once together where the timing allows it
 (:class:`~.batched.UnitBuild`), and timed under the decision protocol of
 :mod:`.measuring` (:data:`~.measuring.PROTOCOL`: interleaved rounds until separated, judged
-on the first quartile) with the margin every measured decision has
+on the first quartile: :data:`INT8_PROTOCOL`) with the margin every measured decision has
 (:data:`~.choosing.REPRODUCIBLE_MARGIN`) and the original preferred in a tie. The evidence is
 kept in the decider's records (:class:`~.measuring.DecisionRecords`: the work dir and the
 per-machine cache), so a later build times nothing.
@@ -54,9 +54,13 @@ LOG = logging.getLogger("tvm_ollie.transform")
 #: The alternatives' labels (module docstring), in the tie-break order: the original first.
 INT32, INT8_REQUANT, INT8 = "tvm-int32", "onednn-int8-requant", "onednn-int8"
 PREFERENCE = (INT32, INT8_REQUANT, INT8)
-#: An alternative whose fastest sample is this many times the leader's slowest leaves the
-#: rounds (TVM's int32 loops took 18-36x the int8 kernels on the zoo models).
-HOPELESS = 8.0
+#: The protocol of an int8 decision: the float decisions' (:data:`~.measuring.PROTOCOL`), with
+#: no alternative retired early. (Measured before :func:`tvm_ollie.native.
+#: _default_omp_wait_policy` made GNU OpenMP's passive policy effective: with two threads on the
+#: loaded 2-core machine a 12 us oneDNN call timed in turns with TVM's int32 kernel took the
+#: scheduler's tick or several, 4-48 ms, in most samples, and every such decision kept TVM's
+#: loops.)
+INT8_PROTOCOL = dict(PROTOCOL)
 
 
 @dataclass
@@ -139,8 +143,7 @@ class Int8Choice:
     records : DecisionRecords, optional
         Where the evidence is kept and read back.
     protocol : dict, optional
-        Options of :func:`~tvm_ollie.tune.compare.compare` (default :data:`~.measuring.
-        PROTOCOL` with :data:`HOPELESS`).
+        Options of :func:`~tvm_ollie.tune.compare.compare` (default :data:`INT8_PROTOCOL`).
     """
 
     def __init__(self, model: ModuleTiming, records: Optional[DecisionRecords] = None,
@@ -149,7 +152,7 @@ class Int8Choice:
             model = UntunedTiming(model.target, None, model.rpc)
         self.model = model
         self.records = records
-        self.protocol = dict(PROTOCOL, hopeless=HOPELESS) if protocol is None else protocol
+        self.protocol = dict(INT8_PROTOCOL if protocol is None else protocol)
         self.verdicts: Dict[str, Int8Verdict] = {}
         self._units: Dict[str, list] = {}
 
