@@ -221,6 +221,49 @@ def emit_qlinear_mul(node, ctx: RuleContext) -> None:
              node.output[0])  # fmt: skip
 
 
+def qlinear_lookup_guard(node, ctx: RuleContext) -> str:
+    """An 8-bit ``x``, constant scalar scales and zero points (or none: 0), as ONNX Runtime
+    needs to build its table once."""
+    if ctx.dtype(node.input[0]) not in _INT8:
+        return "input 0 is not int8/uint8"
+    for position in (1, 2, 3, 4):
+        name = optional_input(node, position)
+        if not name and position in (2, 4):
+            continue
+        value = ctx.value(name) if name else None
+        if value is None or value.size != 1:
+            return f"input {position} is not a constant scalar"
+    return ""
+
+
+def leaky_relu_table(x_scale: float, x_zp: int, y_scale: float, y_zp: int, alpha: float,
+                     dtype) -> np.ndarray:  # fmt: skip
+    """ONNX Runtime's QLinearLeakyRelu table (``QlinearBuildLookupTable``), one entry per value
+    of ``dtype`` from its minimum: ``v = float32(x_scale) * float32(x - x_zp)``, ``f = v`` if
+    ``v >= 0`` else ``float32(alpha) * v``, ``y = sat(rint(f / float32(y_scale)) + y_zp)``."""
+    info = np.iinfo(dtype)
+    xs = np.arange(info.min, info.max + 1)
+    v = np.float32(x_scale) * (xs - x_zp).astype(np.float32)
+    f = np.where(v >= 0, v, np.float32(alpha) * v).astype(np.float32)
+    q = np.rint(f / np.float32(y_scale)).astype(np.float64) + y_zp
+    return np.clip(q, info.min, info.max).astype(dtype)
+
+
+def emit_qlinear_leaky_relu(node, ctx: RuleContext) -> None:
+    """com.microsoft ``QLinearLeakyRelu``: ``y = table[x]`` with ONNX Runtime's table
+    (:func:`leaky_relu_table`, ``alpha`` default 0.01), read by one ``Gather``."""
+    x_scale, y_scale = (float(ctx.value(node.input[i]).reshape(())) for i in (1, 3))
+    x_zp, y_zp = (int(ctx.value(optional_input(node, i)).reshape(()))
+                  if optional_input(node, i) else 0 for i in (2, 4))
+    dtype = ctx.dtype(node.input[0])
+    alpha = float(attributes(node).get("alpha", 0.01))
+    table = leaky_relu_table(x_scale, x_zp, y_scale, y_zp, alpha, dtype)
+    low = ctx.const(np.int32(np.iinfo(dtype).min), "low")
+    index = ctx.add("Sub", [ctx.add("Cast", [node.input[0]], to=6), low])
+    ctx.bind(ctx.add("Gather", [ctx.const(table, "leaky_table"), index], axis=0),
+             node.output[0])
+
+
 # ---------------------------------------------------------------------------------------------
 # Pieces
 # ---------------------------------------------------------------------------------------------

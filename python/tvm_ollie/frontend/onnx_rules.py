@@ -117,6 +117,8 @@ _TABLE = (
     Rule("QGemm", onnx_quant.integer_guard, onnx_quant.emit_qgemm, _MICROSOFT),
     Rule("QLinearAdd", onnx_quant.integer_guard, onnx_quant.emit_qlinear_add, _MICROSOFT),
     Rule("QLinearMul", onnx_quant.integer_guard, onnx_quant.emit_qlinear_mul, _MICROSOFT),
+    Rule("QLinearLeakyRelu", onnx_quant.qlinear_lookup_guard, onnx_quant.emit_qlinear_leaky_relu,
+         _MICROSOFT),
     Rule("LpNormalization", lp_normalization_guard, emit_lp_normalization),
     Rule("ReverseSequence", reverse_sequence_guard, emit_reverse_sequence),
     Rule("CumProd", cumprod_guard, emit_cumprod),
