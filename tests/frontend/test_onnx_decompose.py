@@ -445,16 +445,18 @@ def test_dynamic_quantize_lstm_guard_refuses_mixed_zero_points(tmp_path):
     assert any("zero points differ" in why for why in info.refused.values()), info.refused
 
 
-def _qlinear_leaky_relu_case(dtype, x_scale, x_zp, y_scale, y_zp, alpha):
-    """One QLinearLeakyRelu (com.microsoft) over every value of ``dtype`` (a 16x16 input)."""
+def _qlinear_lookup_case(op, dtype, x_scale, x_zp, y_scale, y_zp, alpha):
+    """One QLinearLeakyRelu/QLinearSigmoid (com.microsoft) over every value of ``dtype`` (a
+    16x16 input)."""
     from onnx import TensorProto, helper
 
     elem = TensorProto.UINT8 if dtype == np.uint8 else TensorProto.INT8
     inits = [onnx.numpy_helper.from_array(np.array(v, t), n) for n, v, t in (
         ("xs", x_scale, np.float32), ("xz", x_zp, dtype), ("ys", y_scale, np.float32),
         ("yz", y_zp, dtype))]
-    node = helper.make_node("QLinearLeakyRelu", ["x", "xs", "xz", "ys", "yz"], ["y"],
-                            domain="com.microsoft", alpha=alpha)
+    extra = {"alpha": alpha} if op == "QLinearLeakyRelu" else {}
+    node = helper.make_node(op, ["x", "xs", "xz", "ys", "yz"], ["y"], domain="com.microsoft",
+                            **extra)
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", elem, [16, 16])],
                               [helper.make_tensor_value_info("y", elem, [16, 16])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
@@ -465,19 +467,23 @@ def _qlinear_leaky_relu_case(dtype, x_scale, x_zp, y_scale, y_zp, alpha):
     return model, {"x": x}
 
 
+@pytest.mark.parametrize("op", ["QLinearLeakyRelu", "QLinearSigmoid"])
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8])
-def test_qlinear_leaky_relu_table_equals_ort_on_every_value(dtype):
+def test_qlinear_lookup_table_equals_ort_on_every_value(op, dtype):
     """The table is ONNX Runtime's, bit for bit, for every 8-bit input and 12 random scale and
-    zero-point sets (saturating ones among them); through TVM for the first."""
+    zero-point sets (saturating ones among them); through TVM for the first. (QLinearSigmoid:
+    ONNX Runtime's own logistic, its FMA kernel, reproduced in numpy.)"""
     rng = np.random.default_rng(7)
     info = np.iinfo(dtype)
     for k in range(12):
         params = (float(rng.uniform(0.002, 0.1)), int(rng.integers(info.min, info.max + 1)),
                   float(rng.uniform(0.001, 0.1)), int(rng.integers(info.min, info.max + 1)),
                   float(rng.uniform(0.0, 0.5)))
-        model, feeds = _qlinear_leaky_relu_case(dtype, *params)
+        if op == "QLinearSigmoid":  # outputs in [0, 1]: scales that use the 8-bit range
+            params = params[:2] + (float(rng.uniform(0.5, 1.5)) / 255, params[3], 0.0)
+        model, feeds = _qlinear_lookup_case(op, dtype, *params)
         rewritten, info_ = decompose_onnx(model)
-        assert [n.op_type for n in rewritten.graph.node if "Leaky" in n.op_type] == [], info_
+        assert [n.op_type for n in rewritten.graph.node if n.op_type == op] == [], info_
         reference = run_ort(model, feeds)[0]
         assert np.array_equal(run_ort(rewritten, feeds)[0], reference), params
         if k == 0:

@@ -119,6 +119,8 @@ _TABLE = (
     Rule("QLinearMul", onnx_quant.integer_guard, onnx_quant.emit_qlinear_mul, _MICROSOFT),
     Rule("QLinearLeakyRelu", onnx_quant.qlinear_lookup_guard, onnx_quant.emit_qlinear_leaky_relu,
          _MICROSOFT),
+    Rule("QLinearSigmoid", onnx_quant.qlinear_lookup_guard, onnx_quant.emit_qlinear_sigmoid,
+         _MICROSOFT),
     Rule("LpNormalization", lp_normalization_guard, emit_lp_normalization),
     Rule("ReverseSequence", reverse_sequence_guard, emit_reverse_sequence),
     Rule("CumProd", cumprod_guard, emit_cumprod),
