@@ -303,6 +303,46 @@ def emit_qlinear_sigmoid(node, ctx: RuleContext) -> None:
     _emit_lookup(node, ctx, mlas_logistic, "sigmoid_table")
 
 
+def qlinear_global_average_pool_guard(node, ctx: RuleContext) -> str:
+    """:func:`qlinear_lookup_guard`'s constants, ``channels_last`` 0, a static input of rank 3+
+    and ONNX Runtime's range for the multiplier (``2^-32 <= scale < 256``, image below
+    ``2^24``: it refuses the others)."""
+    why = qlinear_lookup_guard(node, ctx)
+    shape = ctx.shape(node.input[0])
+    if why or shape is None or len(shape) < 3:
+        return why or "the input needs a static shape of rank 3 or more"
+    if attributes(node).get("channels_last", 0):
+        return "channels_last=1"
+    size = int(np.prod(shape[2:]))
+    scale = _pool_scale(ctx, node, size)
+    if size >= 1 << 24 or not 2.0 ** -32 <= scale < 256.0:
+        return "the scale or the image size is outside ONNX Runtime's range"
+    return ""
+
+
+def _pool_scale(ctx: RuleContext, node, size: int) -> np.float32:
+    """``x_scale / (y_scale * float32(size))`` in float32 (MLAS's order)."""
+    x_scale, y_scale = (np.float32(ctx.value(node.input[i]).reshape(())) for i in (1, 3))
+    return np.float32(x_scale / np.float32(y_scale * np.float32(size)))
+
+
+def emit_qlinear_global_average_pool(node, ctx: RuleContext) -> None:
+    """com.microsoft ``QLinearGlobalAveragePool`` (NCHW), MLAS's arithmetic: ``acc = sum(x) -
+    x_zp * size`` over the spatial axes in int32, ``y = sat(rint(float32(acc) * (x_scale /
+    (y_scale * size))) + y_zp)``."""
+    shape = ctx.shape(node.input[0])
+    size = int(np.prod(shape[2:]))
+    total = ctx.reduce("ReduceSum", ctx.add("Cast", [node.input[0]], to=6),
+                       list(range(2, len(shape))))
+    zp = optional_input(node, 2)
+    if zp:
+        offset = int(ctx.value(zp).reshape(())) * size
+        total = ctx.add("Sub", [total, ctx.const(np.int32(offset), "zp_sum")])
+    scale = ctx.const(_pool_scale(ctx, node, size), "pool_scale")
+    ctx.bind(_requantize(ctx, total, scale, optional_input(node, 4), node.input[0]),
+             node.output[0])
+
+
 def emit_qlinear_leaky_relu(node, ctx: RuleContext) -> None:
     """com.microsoft ``QLinearLeakyRelu``: ``y = table[x]`` with ONNX Runtime's table
     (:func:`leaky_relu_table`, ``alpha`` default 0.01), read by one ``Gather``."""

@@ -121,6 +121,8 @@ _TABLE = (
          _MICROSOFT),
     Rule("QLinearSigmoid", onnx_quant.qlinear_lookup_guard, onnx_quant.emit_qlinear_sigmoid,
          _MICROSOFT),
+    Rule("QLinearGlobalAveragePool", onnx_quant.qlinear_global_average_pool_guard,
+         onnx_quant.emit_qlinear_global_average_pool, _MICROSOFT),
     Rule("LpNormalization", lp_normalization_guard, emit_lp_normalization),
     Rule("ReverseSequence", reverse_sequence_guard, emit_reverse_sequence),
     Rule("CumProd", cumprod_guard, emit_cumprod),
