@@ -227,3 +227,17 @@ def test_through_the_build_with_a_timer_equals_onnxruntime():
         vm = relax.VirtualMachine(ex, tvm.cpu())
         ours = vm["main"](*[tvm.runtime.tensor(v) for v in feeds.values()]).numpy()
         assert ours.dtype == theirs.dtype and np.array_equal(ours, theirs)
+
+
+def test_without_timing_the_kernels_are_taken_and_the_report_says_so():
+    """A decider that does not measure (``check_untuned=False``, ``trials=0``): the oneDNN form
+    wherever exact, as before the decision was timed."""
+    _require_int8()
+    from tvm_ollie.transform.optimize import optimize_module  # pylint: disable=import-outside-toplevel
+
+    before = _requantized_conv(_weight(), BIAS, SCALE, 7)
+    _, report = optimize_module(before, target="llvm", trials=0, derive=False,
+                                check_untuned=False)
+    assert report.inference_folds.get("int8_conv2d_requant") == 1
+    assert report.int8 is not None and not report.int8.timed
+    assert "not timed" in report.int8.to_text()
