@@ -233,7 +233,7 @@ def test_without_timing_the_kernels_are_taken_and_the_report_says_so():
     """A decider that does not measure (``check_untuned=False``, ``trials=0``): the oneDNN form
     wherever exact, as before the decision was timed."""
     _require_int8()
-    from tvm_ollie.transform.optimize import optimize_module  # pylint: disable=import-outside-toplevel
+    from tvm_ollie.transform.optimize import optimize_module  # pylint: disable=C0415
 
     before = _requantized_conv(_weight(), BIAS, SCALE, 7)
     _, report = optimize_module(before, target="llvm", trials=0, derive=False,

@@ -119,6 +119,8 @@ def unit_module(source, expr, values: Dict[object, object]) -> "tvm.IRModule":
 
 
 def _emit(bb, expr, source, x, values):
+    """``expr`` emitted into ``bb`` with ``source`` read as ``x`` (calls bound one by one, as
+    the VM's code generation needs them)."""
     if expr.same_as(source):
         return x
     if isinstance(expr, relax.Var):
