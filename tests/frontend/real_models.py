@@ -12,7 +12,8 @@ MODEL --shape NAME=...`` (``ollie``: the defaults) and with ``--no-library --no-
 (``tvm``: the same import, TVM's kernels alone), then ``tvm-ollie run --repeat N``; ONNX Runtime
 (``onnxruntime``, ``intra_op_num_threads`` = ``--threads``). The Python API import
 (``tvm_ollie.from_onnx(path, shapes)``) is checked in this process. Errors: the largest
-absolute difference from ONNX Runtime's first output on one seeded input.
+absolute difference from ONNX Runtime's first output on one seeded input. Each compile's report
+(``--explain``: the decisions, the whole-model guard's verdict) is kept beside its library.
 """
 
 from __future__ import annotations
@@ -89,8 +90,11 @@ def run_model(path: str, shapes, args) -> List[dict]:
         row = {"system": system}
         try:
             start = time.perf_counter()
-            _cli(["compile", path, "--shape", spec, "-o", lib, *flags], args.threads)
+            report = _cli(["compile", path, "--shape", spec, "-o", lib, "--explain", *flags],
+                          args.threads)
             row["compile_s"] = time.perf_counter() - start
+            with open(f"{stem}_{system}_compile.txt", "w", encoding="utf-8") as fh:
+                fh.write(report)  # the decisions and the whole-model guard's verdict
             text = _cli(["run", lib, "--input", f"{name}={stem}_x.npy", "--output", out,
                          "--repeat", str(args.repeat)], args.threads)
             row["ms"] = _latency_ms(text)
