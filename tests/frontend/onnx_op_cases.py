@@ -321,12 +321,15 @@ def run_tvm_with_shapes(model, feeds: Dict[str, np.ndarray], shapes, simplifier:
     return [o.numpy() for o in outs]
 
 
-def run_ort(model, feeds: Dict[str, np.ndarray], optimize: bool = True) -> List[np.ndarray]:
+def run_ort(model, feeds: Dict[str, np.ndarray], optimize: bool = True,
+            threads: int = 0) -> List[np.ndarray]:
     """The model run by ONNX Runtime on CPU; ``optimize=False`` runs the nodes as written
-    (no fusion of ``DequantizeLinear -> Conv -> QuantizeLinear`` into integer kernels)."""
+    (no fusion of ``DequantizeLinear -> Conv -> QuantizeLinear`` into integer kernels);
+    ``threads``: its intra-op threads (0: its default)."""
     import onnxruntime  # pylint: disable=import-outside-toplevel
 
     options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
     if not optimize:
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = onnxruntime.InferenceSession(model.SerializeToString(), options,

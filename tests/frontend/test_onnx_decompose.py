@@ -381,3 +381,153 @@ def test_dynamic_inputs_without_shapes_say_how_to_decompose():
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "seq"
     with pytest.raises(ModelLoadError, match="operator RNN .* not decomposed: .* --shape"):
         load_onnx(model)
+
+
+#: DynamicQuantizeLSTM cases: ``quantize_dynamic`` of an LSTM (ONNX Runtime's own quantizer),
+#: (direction, weight type, per channel, LSTM case options).
+DYNAMIC_LSTM = {
+    "forward-s8": ("forward", "QInt8", False, {}),
+    "bidirectional-s8-per-channel": ("bidirectional", "QInt8", True, {}),
+    "reverse-u8-no-initial-states": ("reverse", "QUInt8", False, {"initial": False}),
+    "bidirectional-batch-2-peepholes": ("bidirectional", "QInt8", False,
+                                        {"batch": 2, "peepholes": True}),
+}
+
+
+def dynamic_lstm_case(tmp_path, name):
+    """The ``DYNAMIC_LSTM`` case ``name``: the float LSTM, its quantized model, the feeds."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    direction, weight_type, per_channel, extra = DYNAMIC_LSTM[name]
+    model, feeds = recurrent_case("LSTM", direction=direction, seq=5, size=6, hidden=8,
+                                  **{"batch": 1, **extra})
+    source, target = str(tmp_path / "lstm.onnx"), str(tmp_path / "q.onnx")
+    onnx.save(model, source)
+    quantize_dynamic(source, target, weight_type=getattr(QuantType, weight_type),
+                     per_channel=per_channel, op_types_to_quantize=["LSTM"])
+    quantized = onnx.load(target)
+    assert [n.op_type for n in quantized.graph.node] == ["DynamicQuantizeLSTM"]
+    return model, quantized, feeds
+
+
+@pytest.mark.parametrize("name", sorted(DYNAMIC_LSTM))
+def test_dynamic_quantize_lstm_rewrite_matches_ort(tmp_path, name):
+    """The decomposition (X and every step's H quantized as ONNX Runtime does) run by ONNX
+    Runtime equals ONNX Runtime's DynamicQuantizeLSTM kernel; the float LSTM does not (the
+    quantization is what is reproduced). ONNX Runtime with one intra-op thread: with more,
+    its kernel splits a batch of 2+ rows between threads and quantizes each part's ``H``
+    apart, so its own output depends on its thread count (2.5e-3 here); the decomposition is
+    its one-thread arithmetic, one ``H`` quantization per step and direction."""
+    model, quantized, feeds = dynamic_lstm_case(tmp_path, name)
+    rewritten, info = decompose_onnx(quantized)
+    assert "DynamicQuantizeLSTM" not in [n.op_type for n in rewritten.graph.node], info
+    reference = run_ort(quantized, feeds, threads=1)
+    assert max_error(run_ort(rewritten, feeds, threads=1), reference) < 1e-6
+    assert max_error(run_ort(model, feeds, threads=1), reference) > 1e-3
+
+
+@pytest.mark.parametrize("name", ["bidirectional-s8-per-channel",
+                                  "reverse-u8-no-initial-states"])
+def test_dynamic_quantize_lstm_through_tvm_matches_ort(tmp_path, name):
+    _, quantized, feeds = dynamic_lstm_case(tmp_path, name)
+    assert max_error(run_tvm(quantized, feeds), run_ort(quantized, feeds, threads=1)) < 1e-5
+
+
+def test_dynamic_quantize_lstm_guard_refuses_mixed_zero_points(tmp_path):
+    """ONNX Runtime reads one weight zero point per direction: others are refused."""
+    _, quantized, _ = dynamic_lstm_case(tmp_path, "bidirectional-s8-per-channel")
+    for init in quantized.graph.initializer:
+        if init.name.startswith("W") and init.name.endswith("zero_point"):
+            zps = onnx.numpy_helper.to_array(init).copy()
+            zps.reshape(-1)[-1] = 3
+            init.CopyFrom(onnx.numpy_helper.from_array(zps, init.name))
+    _, info = decompose_onnx(quantized)
+    assert any("zero points differ" in why for why in info.refused.values()), info.refused
+
+
+def _qlinear_lookup_case(op, dtype, x_scale, x_zp, y_scale, y_zp, alpha):
+    """One QLinearLeakyRelu/QLinearSigmoid (com.microsoft) over every value of ``dtype`` (a
+    16x16 input)."""
+    from onnx import TensorProto, helper
+
+    elem = TensorProto.UINT8 if dtype == np.uint8 else TensorProto.INT8
+    inits = [onnx.numpy_helper.from_array(np.array(v, t), n) for n, v, t in (
+        ("xs", x_scale, np.float32), ("xz", x_zp, dtype), ("ys", y_scale, np.float32),
+        ("yz", y_zp, dtype))]
+    extra = {"alpha": alpha} if op == "QLinearLeakyRelu" else {}
+    node = helper.make_node(op, ["x", "xs", "xz", "ys", "yz"], ["y"], domain="com.microsoft",
+                            **extra)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", elem, [16, 16])],
+                              [helper.make_tensor_value_info("y", elem, [16, 16])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = min(model.ir_version, 10)
+    info = np.iinfo(dtype)
+    x = np.arange(info.min, info.max + 1).astype(dtype).reshape(16, 16)
+    return model, {"x": x}
+
+
+@pytest.mark.parametrize("op", ["QLinearLeakyRelu", "QLinearSigmoid"])
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_qlinear_lookup_table_equals_ort_on_every_value(op, dtype):
+    """The table is ONNX Runtime's, bit for bit, for every 8-bit input and 12 random scale and
+    zero-point sets (saturating ones among them); through TVM for the first. (QLinearSigmoid:
+    ONNX Runtime's own logistic, its FMA kernel, reproduced in numpy.)"""
+    rng = np.random.default_rng(7)
+    info = np.iinfo(dtype)
+    for k in range(12):
+        params = (float(rng.uniform(0.002, 0.1)), int(rng.integers(info.min, info.max + 1)),
+                  float(rng.uniform(0.001, 0.1)), int(rng.integers(info.min, info.max + 1)),
+                  float(rng.uniform(0.0, 0.5)))
+        if op == "QLinearSigmoid":  # outputs in [0, 1]: scales that use the 8-bit range
+            params = params[:2] + (float(rng.uniform(0.5, 1.5)) / 255, params[3], 0.0)
+        model, feeds = _qlinear_lookup_case(op, dtype, *params)
+        rewritten, info_ = decompose_onnx(model)
+        assert [n.op_type for n in rewritten.graph.node if n.op_type == op] == [], info_
+        reference = run_ort(model, feeds)[0]
+        assert np.array_equal(run_ort(rewritten, feeds)[0], reference), params
+        if k == 0:
+            ours = run_tvm(model, feeds)[0]
+            assert ours.dtype == reference.dtype and np.array_equal(ours, reference)
+
+
+def _qlinear_gap_case(dtype, shape, x_scale, x_zp, y_scale, y_zp, seed):
+    from onnx import TensorProto, helper
+
+    elem = TensorProto.UINT8 if dtype == np.uint8 else TensorProto.INT8
+    inits = [onnx.numpy_helper.from_array(np.array(v, t), n) for n, v, t in (
+        ("xs", x_scale, np.float32), ("xz", x_zp, dtype), ("ys", y_scale, np.float32),
+        ("yz", y_zp, dtype))]
+    node = helper.make_node("QLinearGlobalAveragePool", ["x", "xs", "xz", "ys", "yz"], ["y"],
+                            domain="com.microsoft", channels_last=0)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", elem, shape)],
+                              [helper.make_tensor_value_info("y", elem, shape[:2] + [1, 1])],
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = min(model.ir_version, 10)
+    info = np.iinfo(dtype)
+    x = np.random.default_rng(seed).integers(info.min, info.max + 1, shape).astype(dtype)
+    return model, {"x": x}
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_qlinear_global_average_pool_equals_ort(dtype):
+    """MLAS's sum, multiplier and rounding, bit for bit against ONNX Runtime: 10 random
+    scale/zero-point sets and shapes (odd image sizes, saturating outputs); through TVM for the
+    first."""
+    rng = np.random.default_rng(11)
+    info = np.iinfo(dtype)
+    for k in range(10):
+        shape = [int(rng.integers(1, 3)), int(rng.integers(1, 20)), int(rng.integers(1, 9)),
+                 int(rng.integers(1, 9))]
+        params = (float(rng.uniform(0.005, 0.1)), int(rng.integers(info.min, info.max + 1)),
+                  float(rng.uniform(0.005, 0.1)), int(rng.integers(info.min, info.max + 1)))
+        model, feeds = _qlinear_gap_case(dtype, shape, *params, seed=k)
+        rewritten, info_ = decompose_onnx(model)
+        assert "QLinearGlobalAveragePool" not in [n.op_type for n in rewritten.graph.node], info_
+        reference = run_ort(model, feeds)[0]
+        assert np.array_equal(run_ort(rewritten, feeds)[0], reference), (shape, params)
+        if k == 0:
+            ours = run_tvm(model, feeds)[0]
+            assert ours.dtype == reference.dtype and np.array_equal(ours, reference)

@@ -221,6 +221,135 @@ def emit_qlinear_mul(node, ctx: RuleContext) -> None:
              node.output[0])  # fmt: skip
 
 
+def qlinear_lookup_guard(node, ctx: RuleContext) -> str:
+    """An 8-bit ``x``, constant scalar scales and zero points (or none: 0), as ONNX Runtime
+    needs to build its table once."""
+    if ctx.dtype(node.input[0]) not in _INT8:
+        return "input 0 is not int8/uint8"
+    for position in (1, 2, 3, 4):
+        name = optional_input(node, position)
+        if not name and position in (2, 4):
+            continue
+        value = ctx.value(name) if name else None
+        if value is None or value.size != 1:
+            return f"input {position} is not a constant scalar"
+    return ""
+
+
+def leaky_relu_table(x_scale: float, x_zp: int, y_scale: float, y_zp: int, alpha: float,
+                     dtype) -> np.ndarray:  # fmt: skip
+    """ONNX Runtime's QLinearLeakyRelu table: :func:`lookup_table` of ``f(v) = v`` if ``v >=
+    0`` else ``float32(alpha) * v``."""
+    def leaky(v):
+        return np.where(v >= 0, v, np.float32(alpha) * v).astype(np.float32)
+
+    return lookup_table(x_scale, x_zp, y_scale, y_zp, leaky, dtype)
+
+
+#: MLAS's logistic (``MlasLogisticConstants``: Eigen's rational approximation): the input
+#: range, the numerator's and the denominator's coefficients, highest power first.
+_LOGISTIC_RANGE = (-18.0, 18.0)
+_LOGISTIC_P = (4.37031012579801e-11, 1.15627324459942e-07, 6.08574864600143e-05,
+               8.51377133304701e-03, 2.48287947061529e-01)
+_LOGISTIC_Q = (6.10247389755681e-13, 5.76102136993427e-09, 6.29106785017040e-06,
+               1.70198817374094e-03, 1.16817656904453e-01, 9.93151921023180e-01)
+
+
+def mlas_logistic(x: np.ndarray) -> np.ndarray:
+    """ONNX Runtime's ``MlasComputeLogistic`` on x86-64 with FMA (its FMA3 kernel), in float32:
+    ``v = clamp(x, -18, 18)``, ``s = v * v``, ``p = v * horner_fma(s, P)``, ``q =
+    horner_fma(s, Q)``, ``clamp(p / q + 0.5, 0, 1)`` (each Horner step one fused
+    multiply-add)."""
+    f32 = np.float32
+    v = np.clip(x.astype(f32), f32(_LOGISTIC_RANGE[0]), f32(_LOGISTIC_RANGE[1]))
+    square = (v * v).astype(f32)
+
+    def horner(coefficients):
+        acc = _fma32(square, np.full_like(square, f32(coefficients[0])),
+                     np.full_like(square, f32(coefficients[1])))
+        for c in coefficients[2:]:
+            acc = _fma32(acc, square, np.full_like(square, f32(c)))
+        return acc
+
+    p = (horner(_LOGISTIC_P) * v).astype(f32)
+    return np.clip((p / horner(_LOGISTIC_Q)).astype(f32) + f32(0.5), f32(0), f32(1)).astype(f32)
+
+
+def lookup_table(x_scale: float, x_zp: int, y_scale: float, y_zp: int, fn, dtype) -> np.ndarray:
+    """ONNX Runtime's table of a QLinear lookup activation (``QlinearBuildLookupTable``), one
+    entry per value of ``dtype`` from its minimum: ``v = float32(x_scale) * float32(x -
+    x_zp)``, ``y = sat(rint(fn(v) / float32(y_scale)) + y_zp)`` (``fn`` on float32 arrays)."""
+    info = np.iinfo(dtype)
+    v = np.float32(x_scale) * (np.arange(info.min, info.max + 1) - x_zp).astype(np.float32)
+    q = np.rint(fn(v).astype(np.float32) / np.float32(y_scale)).astype(np.float64) + y_zp
+    return np.clip(q, info.min, info.max).astype(dtype)
+
+
+def _emit_lookup(node, ctx: RuleContext, fn, hint: str) -> None:
+    """``y = table[x]`` (:func:`lookup_table` of ``fn``), read by one ``Gather``."""
+    x_scale, y_scale = (float(ctx.value(node.input[i]).reshape(())) for i in (1, 3))
+    x_zp, y_zp = (int(ctx.value(optional_input(node, i)).reshape(()))
+                  if optional_input(node, i) else 0 for i in (2, 4))
+    dtype = ctx.dtype(node.input[0])
+    table = lookup_table(x_scale, x_zp, y_scale, y_zp, fn, dtype)
+    low = ctx.const(np.int32(np.iinfo(dtype).min), "low")
+    index = ctx.add("Sub", [ctx.add("Cast", [node.input[0]], to=6), low])
+    ctx.bind(ctx.add("Gather", [ctx.const(table, hint), index], axis=0), node.output[0])
+
+
+def emit_qlinear_sigmoid(node, ctx: RuleContext) -> None:
+    """com.microsoft ``QLinearSigmoid``: ``y = table[x]``, ONNX Runtime's table of its own
+    logistic (:func:`mlas_logistic`; :func:`lookup_table`)."""
+    _emit_lookup(node, ctx, mlas_logistic, "sigmoid_table")
+
+
+def qlinear_global_average_pool_guard(node, ctx: RuleContext) -> str:
+    """:func:`qlinear_lookup_guard`'s constants, ``channels_last`` 0, a static input of rank 3+
+    and ONNX Runtime's range for the multiplier (``2^-32 <= scale < 256``, image below
+    ``2^24``: it refuses the others)."""
+    why = qlinear_lookup_guard(node, ctx)
+    shape = ctx.shape(node.input[0])
+    if why or shape is None or len(shape) < 3:
+        return why or "the input needs a static shape of rank 3 or more"
+    if attributes(node).get("channels_last", 0):
+        return "channels_last=1"
+    size = int(np.prod(shape[2:]))
+    scale = _pool_scale(ctx, node, size)
+    if size >= 1 << 24 or not 2.0 ** -32 <= scale < 256.0:
+        return "the scale or the image size is outside ONNX Runtime's range"
+    return ""
+
+
+def _pool_scale(ctx: RuleContext, node, size: int) -> np.float32:
+    """``x_scale / (y_scale * float32(size))`` in float32 (MLAS's order)."""
+    x_scale, y_scale = (np.float32(ctx.value(node.input[i]).reshape(())) for i in (1, 3))
+    return np.float32(x_scale / np.float32(y_scale * np.float32(size)))
+
+
+def emit_qlinear_global_average_pool(node, ctx: RuleContext) -> None:
+    """com.microsoft ``QLinearGlobalAveragePool`` (NCHW), MLAS's arithmetic: ``acc = sum(x) -
+    x_zp * size`` over the spatial axes in int32, ``y = sat(rint(float32(acc) * (x_scale /
+    (y_scale * size))) + y_zp)``."""
+    shape = ctx.shape(node.input[0])
+    size = int(np.prod(shape[2:]))
+    total = ctx.reduce("ReduceSum", ctx.add("Cast", [node.input[0]], to=6),
+                       list(range(2, len(shape))))
+    zp = optional_input(node, 2)
+    if zp:
+        offset = int(ctx.value(zp).reshape(())) * size
+        total = ctx.add("Sub", [total, ctx.const(np.int32(offset), "zp_sum")])
+    scale = ctx.const(_pool_scale(ctx, node, size), "pool_scale")
+    ctx.bind(_requantize(ctx, total, scale, optional_input(node, 4), node.input[0]),
+             node.output[0])
+
+
+def emit_qlinear_leaky_relu(node, ctx: RuleContext) -> None:
+    """com.microsoft ``QLinearLeakyRelu``: ``y = table[x]`` with ONNX Runtime's table
+    (:func:`leaky_relu_table`, ``alpha`` default 0.01), read by one ``Gather``."""
+    alpha = np.float32(attributes(node).get("alpha", 0.01))
+    _emit_lookup(node, ctx, lambda v: np.where(v >= 0, v, alpha * v), "leaky_table")
+
+
 # ---------------------------------------------------------------------------------------------
 # Pieces
 # ---------------------------------------------------------------------------------------------

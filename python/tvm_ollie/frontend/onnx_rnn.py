@@ -18,6 +18,7 @@ by the activations that take them (ONNX Runtime's reading), with the operators' 
 
 from __future__ import annotations
 
+import functools
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -44,6 +45,7 @@ LAYERS = {
     "LSTM": (4, 3, ("Sigmoid", "Tanh", "Tanh")),
     "GRU": (3, 2, ("Sigmoid", "Tanh")),
     "RNN": (1, 1, ("Tanh",)),
+    "DynamicQuantizeLSTM": (4, 3, ("Sigmoid", "Tanh", "Tanh")),
 }
 
 #: The largest number of steps (sequence length x directions) a layer is unrolled into.
@@ -91,6 +93,44 @@ def emit_lstm(node, ctx: RuleContext) -> None:
     _emit_layer(node, ctx, _lstm_step)
 
 
+def dynamic_quantize_lstm_guard(node, ctx: RuleContext) -> str:
+    """:func:`recurrent_guard`, and the quantized weights ``W`` ``[dirs, input, 4*hidden]``
+    and ``R`` ``[dirs, hidden, 4*hidden]`` 8-bit constants with constant float32 scales per
+    direction (``[dirs]``) or per column (``[dirs, 4*hidden]``) and constant zero points equal
+    within each direction (ONNX Runtime reads one per direction: the first)."""
+    why = recurrent_guard(node, ctx) or ("" if ctx.opset >= 11 else f"opset {ctx.opset} < 11")
+    if why:
+        return why
+    for w, scale, zp in ((1, 8, 9), (2, 10, 11)):
+        value = ctx.value(node.input[w])
+        if value is None or value.dtype not in (np.int8, np.uint8) or value.ndim != 3:
+            return f"input {w} is not a constant 8-bit [dirs, K, 4*hidden] weight"
+        scales = ctx.value(optional_input(node, scale))
+        if scales is None or scales.dtype != np.float32 or scales.shape not in (
+                (value.shape[0],), (value.shape[0], value.shape[2])):
+            return f"input {scale} is not a constant float32 scale per direction or column"
+        zps = ctx.value(optional_input(node, zp))
+        if zps is None or zps.dtype != value.dtype or zps.shape[:1] != value.shape[:1]:
+            return f"input {zp} is not a constant zero point per direction"
+        if any(np.any(row != row.reshape(-1)[0]) for row in zps):
+            return f"input {zp}: zero points differ within a direction"
+    return ""
+
+
+def emit_dynamic_quantize_lstm(node, ctx: RuleContext) -> None:
+    """com.microsoft DynamicQuantizeLSTM: the LSTM of :func:`emit_lstm` whose two products
+    are ONNX Runtime's dynamically quantized GEMMs (its ``rnn::detail::ComputeGemm`` on an
+    8-bit weight). For ``A`` (all of ``X`` at once for the input projection; ``H`` at every
+    step for the recurrent one):
+
+    ``lo = min(min(A), 0)``, ``hi = max(max(A), 0)``, ``s = (hi - lo) / 255`` (1 when
+    ``hi = lo``), ``z = sat_u8(rint(-lo / s))``, ``q = sat_u8(rint(A / s) + z)``;
+    ``A W = float(sum_k (q - z) (W - w_zp)) * (s * w_scale)`` (int32 sums, the multiplier
+    per direction or per column), and the gates ``(X W + H R) + (Wb + Rb)`` in that order.
+    ``W``/``R`` are stored as ``[dirs, K, 4*hidden]`` (already transposed)."""
+    _emit_layer(node, ctx, _lstm_step, quantized=True)
+
+
 def emit_gru(node, ctx: RuleContext) -> None:
     """GRU (gates ``zrh``; ``f``, ``g`` default Sigmoid, Tanh):
 
@@ -122,13 +162,16 @@ class _Layer:
         x_shape = ctx.shape(node.input[0])
         self.seq, self.batch = (x_shape[1], x_shape[0]) if self.layout else x_shape[:2]
         self.input_size = x_shape[2]
-        self.hidden = attrs.get("hidden_size") or ctx.shape(node.input[2])[-1]
+        r_shape = ctx.shape(node.input[2])  # [dirs, 4*hidden, hidden]; quantized: transposed
+        self.hidden = attrs.get("hidden_size") or r_shape[1 if node.domain else 2]
         self.direction = attrs.get("direction", "forward")
         self.directions = _directions(attrs)
         self.clip = attrs.get("clip")
         self.input_forget = attrs.get("input_forget", 0)
         self.linear_before_reset = attrs.get("linear_before_reset", 0)
         self.dtype = ctx.dtype(node.input[0])
+        #: the bias added after both products (DynamicQuantizeLSTM), "" without one
+        self.late_bias = ""
         names = attrs.get("activations") or list(defaults) * self.directions
         acts = _read_activations(names, attrs.get("activation_alpha", []),
                                  attrs.get("activation_beta", []))  # fmt: skip
@@ -139,23 +182,35 @@ class _Layer:
         return self.direction == "reverse" or (self.direction == "bidirectional" and d == 1)
 
 
-def _emit_layer(node, ctx: RuleContext, step) -> None:
+def _emit_layer(node, ctx: RuleContext, step, quantized: bool = False) -> None:
     layer = _Layer(node, ctx)
     x = node.input[0]
     if layer.layout:
         x = ctx.add("Transpose", [x], perm=[1, 0, 2])
     masks = _step_masks(ctx, optional_input(node, 4), layer)
     outputs_y, finals_h, finals_c = [], [], []
+    x_scale = None
+    if quantized:  # X quantized at once (ONNX Runtime's one input GEMM over all steps)
+        x, x_scale = _dynamic_quantized(ctx, x, 3)
     steps = [ctx.gather(x, t, 0, (layer.seq, layer.batch, layer.input_size))
              for t in range(layer.seq)]  # fmt: skip
     for d in range(layer.directions):
-        wt, bias = _weights_t(ctx, node.input[1], d), _input_bias(ctx, node, layer, d)
+        bias = _input_bias(ctx, node, layer, d)
         state = _initial_states(ctx, node, layer, d)
         per_step: List[Optional[str]] = [None] * layer.seq
-        rt = _recurrent_t(ctx, node.input[2], d)
+        if quantized:
+            wq, rq = _QuantizedWeight(ctx, node, 1, 8, d), _QuantizedWeight(ctx, node, 2, 10, d)
+            zero_state = "" if optional_input(node, 5) else state[0]
+            rt = functools.partial(_recurrent_product, ctx, rq, zero_state)
+            layer.late_bias = bias
+        else:
+            wt, rt = _weights_t(ctx, node.input[1], d), _recurrent_t(ctx, node.input[2], d)
         order = range(layer.seq - 1, -1, -1) if layer.reverse(d) else range(layer.seq)
         for t in order:
-            x_t = _input_projection(ctx, steps[t], wt, bias)
+            if quantized:
+                x_t = wq.product(steps[t], x_scale)
+            else:
+                x_t = _input_projection(ctx, steps[t], wt, bias)
             new = step(ctx, node, layer, d, x_t, rt, state)
             if masks is not None:
                 held = [ctx.add("Where", [masks[t], n, s]) for n, s in zip(new, state)]
@@ -175,7 +230,12 @@ def _lstm_step(ctx, node, layer, d, x_t, rt, state) -> List[str]:
     h_prev, c_prev = state
     f_act, g_act, h_act = layer.activations[d]
     size = layer.hidden
-    gates = ctx.add("Add", [x_t, ctx.add("MatMul", [h_prev, rt])])
+    if callable(rt):  # DynamicQuantizeLSTM: (X W + H R) + (Wb + Rb), ONNX Runtime's order
+        hr = rt(h_prev)
+        gates = ctx.add("Add", [x_t, hr]) if hr else x_t
+        gates = ctx.add("Add", [gates, layer.late_bias]) if layer.late_bias else gates
+    else:
+        gates = ctx.add("Add", [x_t, ctx.add("MatMul", [h_prev, rt])])
     i_pre, o_pre, f_pre, c_pre = (ctx.slice(gates, 1, k * size, (k + 1) * size) for k in range(4))
     peep = _peepholes(ctx, optional_input(node, 7), d, layer)
     if peep:
@@ -252,6 +312,55 @@ def _input_projection(ctx: RuleContext, x_t: str, wt: str, bias: str) -> str:
     return ctx.add("Add", [xw, bias]) if bias else xw
 
 
+def _dynamic_quantized(ctx: RuleContext, a: str, rank: int) -> Tuple[str, str]:
+    """``(q - z as int32, s)``: ``a`` quantized to uint8 as ONNX Runtime's
+    ``GetQuantizationParameter`` and ``MlasQuantizeLinear`` do (the docstring of
+    :func:`emit_dynamic_quantize_lstm`), one scale and zero point for the whole tensor."""
+    f32 = np.float32
+    axes = list(range(rank))
+    zero, one = ctx.const(np.array(0, f32), "zero"), ctx.const(np.array(1, f32), "one")
+    lo = ctx.add("Min", [ctx.reduce("ReduceMin", a, axes, keepdims=0), zero])
+    hi = ctx.add("Max", [ctx.reduce("ReduceMax", a, axes, keepdims=0), zero])
+    span = ctx.add("Div", [ctx.add("Sub", [hi, lo]), ctx.const(np.array(255, f32), "qrange")])
+    scale = ctx.add("Where", [ctx.add("Equal", [hi, lo]), one, span])
+    top = ctx.const(np.array(255, f32), "qmax")
+    z = ctx.add("Clip", [ctx.add("Round", [ctx.add("Sub", [zero, ctx.add("Div", [lo, scale])])]),
+                         zero, top])
+    q = ctx.add("Clip", [ctx.add("Add", [ctx.add("Round", [ctx.add("Div", [a, scale])]), z]),
+                         zero, top])
+    return ctx.add("Cast", [ctx.add("Sub", [q, z])], to=6), scale  # 6: int32
+
+
+class _QuantizedWeight:
+    """Direction ``d`` of a DynamicQuantizeLSTM weight (input ``w``, its scale at ``scale``
+    and zero point after it): ``W - w_zp`` as an int32 ``[K, 4*hidden]`` constant and the
+    float32 scales (one, or one per column)."""
+
+    def __init__(self, ctx: RuleContext, node, w: int, scale: int, d: int) -> None:
+        self.ctx = ctx
+        value = ctx.value(node.input[w])[d].astype(np.int32)
+        zp = int(ctx.value(node.input[scale + 1])[d].reshape(-1)[0])
+        self.weight = ctx.const(value - zp, "wq")
+        self.scale = ctx.const(ctx.value(node.input[scale])[d].astype(np.float32), "wscale")
+
+    def product(self, centered: str, a_scale: str) -> str:
+        """``float(centered @ (W - w_zp)) * (a_scale * w_scale)`` (MLAS's scale output
+        processor after the int32 GEMM)."""
+        acc = self.ctx.add("MatMul", [centered, self.weight])
+        multiplier = self.ctx.add("Mul", [a_scale, self.scale])
+        return self.ctx.add("Mul", [self.ctx.add("Cast", [acc], to=1), multiplier])
+
+
+def _recurrent_product(ctx: RuleContext, weight: _QuantizedWeight, zero_state: str,
+                       h: str) -> str:
+    """``H R`` dynamically quantized (every step quantizes its own ``H``); "" for the zero
+    initial state (its product is zero: ONNX Runtime quantizes it with scale 1, zero point 0)."""
+    if zero_state and h == zero_state:
+        return ""
+    centered, scale = _dynamic_quantized(ctx, h, 2)
+    return weight.product(centered, scale)
+
+
 def _recurrent_t(ctx: RuleContext, r: str, d: int) -> str:
     """``R_d^T``: ``[hidden, gates * hidden]``."""
     value = ctx.value(r)
@@ -303,7 +412,7 @@ def _peepholes(ctx: RuleContext, p: str, d: int, layer: _Layer) -> Optional[List
 
 def _initial_states(ctx: RuleContext, node, layer: _Layer, d: int) -> List[str]:
     """``[H0]`` (GRU, RNN) or ``[H0, C0]`` (LSTM) of direction ``d``, ``[batch, hidden]``."""
-    positions = (5, 6) if layer.kind == "LSTM" else (5,)
+    positions = (5, 6) if layer.gates == 4 else (5,)
     states = []
     for position in positions:
         name = optional_input(node, position)

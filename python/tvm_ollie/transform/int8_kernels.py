@@ -58,6 +58,7 @@ from ..codegen import library as lib
 from ..compat import relax, tirx, tvm
 from .fold_rule import used_once
 from .inference_fold import FoldRule, fold_inference
+from .int8_choice import INT8, INT8_REQUANT, INT32, Int8Choice
 from .int8_layout import conv_int8_of, int8_call_of, int8_layout
 
 __all__ = ["INT8_RULES", "int8_kernels", "accumulator_bound", "pack_conv_weights",
@@ -530,16 +531,106 @@ INT8_RULES: Tuple[FoldRule, ...] = (
 )
 
 
-def int8_kernels(mod: "tvm.IRModule", layout: bool = True
+# --- the measured decision --------------------------------------------------------------------
+
+#: The plain rule of each requantizing rule (its int32 call alone) and the rewrite giving it.
+_PLAIN = {"int8_conv2d_requant": ("int8_conv2d", _conv_int8, _RQ_CONV),
+          "int8_matmul_requant": ("int8_matmul", _matmul_int8, _RQ_MATMUL)}
+
+
+def _shape(expr) -> str:
+    return "x".join(str(int(d)) for d in expr.ty.shape) + f" {_dtype(expr)}"
+
+
+def _signature(rule: str, matches: Matches) -> str:
+    """The timing signature of a unit (:mod:`.int8_choice`): the rule, the source's and the
+    weight's shapes and dtypes, the convolution's attributes, whether a zero point, a bias and
+    per-channel scales are present, the result's dtype; not the constants' values."""
+    acc = matches[_CONV] if _CONV in matches else matches[_MATMUL]
+    parts = [rule, _shape(matches[_X8]), "W " + _shape(matches[_W]),
+             "zp" if _ZP in matches else "no zp"]
+    if _CONV in matches:
+        at = acc.attrs
+        parts.append("s{} p{} d{} g{}".format(*(",".join(str(int(v)) for v in a) for a in (
+            at.strides, at.padding, at.dilation)), int(at.groups)))
+    if rule in _PLAIN:
+        pat = _PLAIN[rule][2]
+        parts += ["bias" if pat.add in matches else "no bias",
+                  f"M {matches[_MULTIPLIER].value.numpy().size}",
+                  "-> " + _dtype(matches[pat.root])]
+    return "; ".join(parts)
+
+
+def _root(matches: Matches):
+    """The int32 convolution or matmul of a plain rule's match."""
+    return matches[_CONV] if _CONV in matches else matches[_MATMUL]
+
+
+def _requant_over(matches: Matches, pat: _Requantized, acc) -> object:
+    """The matched requantization chain of ``pat`` recomputed over ``acc`` (TVM's
+    requantization of the int8 kernel's int32 result)."""
+    value = acc
+    if pat.add in matches:
+        add = matches[pat.add]
+        value = relax.Call(add.op, [value, matches[_BIAS]], add.attrs)
+    for step, operands in ((pat.wide, []), (pat.scaled, [matches[_MULTIPLIER]]),
+                           (pat.root, [matches[_ONE], matches[_YZP]])):
+        call = matches[step]
+        value = relax.Call(call.op, [value] + operands, call.attrs, call.ty_args)
+    return value
+
+
+def _timed(rule: FoldRule, choice: "Int8Choice") -> FoldRule:
+    """``rule`` with its replacement kept only where it is the fastest exact form
+    (:mod:`.int8_choice`); the guards stay the rule's."""
+
+    def rewrite(matches: Matches, uses: Counter, binding_of) -> Optional[object]:
+        plain = _PLAIN.get(rule.name)
+        if plain is None:  # a plain rule: kept for it, or by its requantized unit's verdict
+            sig = _signature(rule.name, matches)
+            known = choice.known(sig)
+            if known is not None:
+                out = rule.rewrite(matches, uses, binding_of)
+                if out is not None:
+                    choice.count(sig, _root(matches))
+                return out if known == INT8 else None
+        out = rule.rewrite(matches, uses, binding_of)
+        if out is None:
+            return None
+        root = _root(matches) if plain is None else matches[plain[2].root]
+        alts = {INT32: root}
+        if plain is None:
+            alts[INT8] = out
+        else:
+            alts[INT8_REQUANT] = out
+            acc = plain[1](matches, uses, binding_of)
+            if acc is not None:
+                alts[INT8] = _requant_over(matches, plain[2], acc)
+        values = {var: value for value, var in binding_of.items()}
+        sig = _signature(rule.name, matches)
+        kept, _ = choice.decide(sig, matches[_X8], alts, values, pack_conv_weights)
+        if plain is not None and kept != INT8_REQUANT:
+            plain_sig = _signature(plain[0], matches)
+            choice.settle(plain_sig, kept, [INT32, INT8], f"decided with {sig}")
+            return None
+        return out if kept != INT32 else None
+
+    return FoldRule(rule.name, rule.pattern, rewrite)
+
+
+def int8_kernels(mod: "tvm.IRModule", layout: bool = True,
+                 choice: Optional["Int8Choice"] = None
                  ) -> Tuple["tvm.IRModule", Dict[str, int]]:  # fmt: skip
     """``mod`` with the int32 convolutions and matmuls of 8-bit sources on the int8 kernels
-    (where every guard holds), their chains in NHWC (``layout``: :mod:`.int8_layout`) and the
+    (where every guard holds and, with ``choice``, where timing keeps them:
+    :mod:`.int8_choice`), their chains in NHWC (``layout``: :mod:`.int8_layout`) and the
     convolution weights packed; and how many of each were rewritten (with ``int8_nhwc_*``: the
     chains converted, their convolutions, the permutes added). ``mod`` unchanged when the
     loaded library lacks the kernels."""
     if not (native.provides(lib.CONV2D_INT8) and native.provides(lib.MATMUL_INT8)):
         return mod, {}
-    mod, counts = fold_inference(mod, INT8_RULES)
+    rules = INT8_RULES if choice is None else tuple(_timed(r, choice) for r in INT8_RULES)
+    mod, counts = fold_inference(mod, rules)
     if layout and counts:
         mod, report = int8_layout(mod)
         counts = {**counts, **report.counts()}

@@ -30,13 +30,14 @@ from .blocked_layout import LayoutReport, blocked_layout
 from .checking import Checker, CheckFn
 from .choosing import Chooser
 from .choosing import decided as signature_decision
-from .costing import Timer, UnitCostModel, region_seconds
+from .costing import ModuleTiming, Timer, UnitCostModel, region_seconds
 from .decide import DERIVABLE_OPS, Decider
 from .decision import Decision
 from .emit import emit_program
 from .epilogue import fuse_epilogues
 from .groups import find_shared_input_groups
 from .inference_fold import fold_inference
+from .int8_choice import Int8Choice, Int8Report
 from .int8_kernels import int8_kernels
 from .regions import Region, find_regions, static_tensor, used_vars
 from .report import OptimizeReport
@@ -244,10 +245,13 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
     if budget is None:
         budget = TrialBudget(cfg.trials)
     decider = Decider(tgt, cfg, budget=budget, **hooks)
+    int8_report = None
     if decider.library and lib.current_device() == "cpu":
+        choice = _int8_choice(decider)
         with stage("int8 kernels"):
-            mod, int8 = int8_kernels(mod)
+            mod, int8 = int8_kernels(mod, choice=choice)
         folds = {**folds, **int8}
+        int8_report = choice.report() if choice is not None else Int8Report(False)
     with stage("regions"):
         calls, regions, groups = _find_units(mod, cfg)
     report = OptimizeReport(target=kind_name(tgt),
@@ -284,6 +288,9 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
     report.decisions = [d for _, d in decided if d.kind == "call"]
     report.regions = [d for _, d in decided if d.kind != "call"]
     report.inference_folds = folds
+    if int8_report is not None and (int8_report.verdicts or any(
+            k.startswith("int8_") for k in folds)):
+        report.int8 = int8_report
     report.search_s = decider.search_s
     report.derivations = {"cached": decider.candidates.cached,
                           "searched": decider.candidates.searched}
@@ -296,6 +303,15 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
     if cfg.verbose:
         LOG.info("%s", report.to_text())
     return new_mod, report
+
+
+def _int8_choice(decider: Decider) -> Optional[Int8Choice]:
+    """The int8 units' timing (:mod:`.int8_choice`): the decider's deciding cost and records
+    when it measures; None (the oneDNN form wherever exact) when it does not."""
+    timing = decider.timing
+    if timing is None or not isinstance(timing.model, ModuleTiming):
+        return None
+    return Int8Choice(timing.model, timing.records)
 
 
 def _find_units(mod: "tvm.IRModule", cfg: OllieConfig):

@@ -65,6 +65,9 @@ class OptimizeReport:
     #: chains of native convolutions kept in oneDNN's activation format
     #: (:class:`tvm_ollie.transform.blocked_layout.LayoutReport`; None: not run)
     layouts: Any = None
+    #: the int8 units' decisions (:class:`tvm_ollie.transform.int8_choice.Int8Report`: the
+    #: exact forms timed and the one kept; None: no int8 unit)
+    int8: Any = None
 
     @property
     def trials_spent(self) -> int:
@@ -133,6 +136,8 @@ class OptimizeReport:
         if self.inference_folds:
             folded = ", ".join(f"{k} {v}" for k, v in sorted(self.inference_folds.items()))
             rows.append(f"inference folds before deciding: {folded}")
+        if self.int8 is not None:
+            rows.append(self.int8.to_text())
         if self.epilogues:
             folded = ", ".join(f"{k} {v}" for k, v in sorted(self.epilogues.items()))
             rows.append(f"epilogues folded into native kernels: {folded}")
