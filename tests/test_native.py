@@ -112,18 +112,3 @@ def test_kernels_leave_the_callers_openmp_thread_count_alone():
     finally:
         native.set_num_threads(before_native)
         torch.set_num_threads(before_torch)
-
-
-def test_thread_defaults_set_only_what_the_user_did_not(monkeypatch):
-    """Loading sets a pool's waiting default only where the variable is unset, and says so."""
-    monkeypatch.setattr(native, "_ADDED_ENV", {})
-    monkeypatch.delenv("TVM_THREAD_POOL_SPIN_COUNT", raising=False)
-    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
-    native._set_default("TVM_THREAD_POOL_SPIN_COUNT", "0")
-    native._set_default("OMP_WAIT_POLICY", "PASSIVE")
-    assert os.environ["TVM_THREAD_POOL_SPIN_COUNT"] == "0"
-    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"  # the user's choice is kept
-    assert native.added_environ() == {"TVM_THREAD_POOL_SPIN_COUNT": "0"}
-    monkeypatch.delenv("TVM_THREAD_POOL_SPIN_COUNT")
-    native._set_default("TVM_THREAD_POOL_SPIN_COUNT", "unset")  # TVM's own default kept
-    assert "TVM_THREAD_POOL_SPIN_COUNT" not in os.environ

@@ -16,11 +16,7 @@ Environment variables:
   number of cores available to the process);
 * ``TVM_OLLIE_SERIAL_FLOPS``: a oneDNN kernel call of less work (floating-point operations)
   runs on the calling thread alone, without entering an OpenMP region (default
-  :data:`DEFAULT_SERIAL_FLOPS`; 0: never), see :func:`set_serial_flops` and docs/per-call.md;
-* ``TVM_OLLIE_OMP_WAIT_POLICY``, ``TVM_OLLIE_TVM_SPIN_COUNT``: how idle threads of the two
-  pools wait, applied at load unless ``OMP_WAIT_POLICY`` / ``TVM_THREAD_POOL_SPIN_COUNT`` are
-  set (:data:`DEFAULT_OMP_WAIT_POLICY`, :data:`DEFAULT_TVM_SPIN_COUNT`; ``unset``: the
-  runtimes' own defaults), docs/threads.md.
+  :data:`DEFAULT_SERIAL_FLOPS`; 0: never), see :func:`set_serial_flops` and docs/per-call.md.
 """
 
 from __future__ import annotations
@@ -29,7 +25,7 @@ import ctypes
 import logging
 import os
 import sys
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from .library_loader import LibraryLoader, LoadState, candidate_paths, disabled, find_dist_file
 
@@ -109,62 +105,30 @@ CONV2D_INT8_PACK_WEIGHT = "tvm_ollie.cpu.conv2d_int8_pack_weight"
 
 LIBRARY_NAME = "libtvm_ollie_native.so"
 
-#: GNU OpenMP's waiting policy, applied when this module is imported (before TVM loads a
-#: libgomp), unless the user set ``OMP_WAIT_POLICY``. See docs/native-library.md (threads) for
+#: GNU OpenMP's waiting policy, applied when this module loads oneDNN (and with it libgomp) for
+#: the first time, unless the user set ``OMP_WAIT_POLICY``. See docs/native-library.md (threads) for
 #: the measurement behind the choice.
 DEFAULT_OMP_WAIT_POLICY: Optional[str] = "PASSIVE"
 
-#: Spin count of TVM's thread pool (``TVM_THREAD_POOL_SPIN_COUNT``) applied at the same moment,
-#: unless the user set it (``TVM_OLLIE_TVM_SPIN_COUNT`` overrides; ``unset`` keeps TVM's own).
-#: A module that calls these kernels runs two pools in one call, oneDNN's OpenMP threads and
-#: TVM's workers; a TVM worker spinning after its kernel holds the core that the next oneDNN
-#: call's thread needs. On the shared 2-core machine (load 4-6) a ResNet-18 executable of library
-#: convolutions ran 4-27 ms per call with TVM's default spinning and 0.39-0.59 ms with 0 (1,000
-#: and 10,000 spins as bad as the default), Candy 36-122 against 8.6-10.6 ms, YOLOX 24-44 against
-#: 1.0-4.0 ms; TVM's own executables of YOLOX and Candy did not change (docs/threads.md). Builds
-#: time their decisions with the pool asleep too (:func:`tvm_ollie.tune.machine.sleeping_pool`),
-#: so the code runs as it was chosen. TVM reads the count when its pool starts (the first
-#: parallel kernel of the process): a process that ran TVM kernels before importing this package
-#: keeps what it had.
-DEFAULT_TVM_SPIN_COUNT: Optional[str] = "0"
-
 _LOG = logging.getLogger(__name__)
-_ADDED_ENV: Dict[str, str] = {}
 _HANDLES: List[ctypes.CDLL] = []  # keep the libraries loaded
 
 
-def _set_default(name: str, value: str) -> None:
-    """Set the environment variable ``name`` unless it is set or ``value`` is ``unset``."""
-    if value not in ("", "unset") and name not in os.environ:
-        os.environ[name] = value
-        _ADDED_ENV[name] = value
-
-
-def added_environ() -> Dict[str, str]:
-    """The thread variables that importing this module set (the user had not): a benchmark
-    drops them from the environment of a process that should run with the runtimes'
-    defaults."""
-    return dict(_ADDED_ENV)
-
-
-def _default_thread_waits() -> None:
-    """How the idle threads of the two pools wait, unless the user said: ``OMP_WAIT_POLICY`` =
-    :data:`DEFAULT_OMP_WAIT_POLICY` (or ``TVM_OLLIE_OMP_WAIT_POLICY``) and
-    ``TVM_THREAD_POOL_SPIN_COUNT`` = :data:`DEFAULT_TVM_SPIN_COUNT` (or
-    ``TVM_OLLIE_TVM_SPIN_COUNT``). libgomp reads its variable once, when it initializes, and
-    ``import tvm`` already loads one (torch's, in this environment): setting it when the
+def _default_omp_wait_policy() -> None:
+    """``OMP_WAIT_POLICY`` = :data:`DEFAULT_OMP_WAIT_POLICY` unless the user set it (or
+    ``TVM_OLLIE_OMP_WAIT_POLICY`` says otherwise). libgomp reads it once, when it initializes,
+    and ``import tvm`` already loads one (torch's, in this environment): setting it when the
     library loads (:func:`_open`) was too late in every process that imported TVM first, i.e.
-    all of them, and the native calls ran under GNU OpenMP's default policy. So both are set
-    when this module is imported, which ``import tvm_ollie`` does before anything imports TVM.
-    Seen as oneDNN int8 calls of 12 us taking 4-48 ms (the scheduler's tick) with two threads
-    beside TVM's pool on the loaded 2-core machine (:mod:`tvm_ollie.transform.int8_choice`)."""
-    _set_default("OMP_WAIT_POLICY", os.environ.get("TVM_OLLIE_OMP_WAIT_POLICY",
-                                                   DEFAULT_OMP_WAIT_POLICY or "unset"))
-    _set_default("TVM_THREAD_POOL_SPIN_COUNT", os.environ.get("TVM_OLLIE_TVM_SPIN_COUNT",
-                                                              DEFAULT_TVM_SPIN_COUNT or "unset"))
+    all of them, and the native calls ran under GNU OpenMP's default policy. So it is set when
+    this module is imported, which ``import tvm_ollie`` does before anything imports TVM. Seen
+    as oneDNN int8 calls of 12 us taking 4-48 ms (the scheduler's tick) with two threads beside
+    TVM's pool on the loaded 2-core machine (:mod:`tvm_ollie.transform.int8_choice`)."""
+    policy = os.environ.get("TVM_OLLIE_OMP_WAIT_POLICY", DEFAULT_OMP_WAIT_POLICY or "unset")
+    if policy not in ("", "unset"):
+        os.environ.setdefault("OMP_WAIT_POLICY", policy)
 
 
-_default_thread_waits()
+_default_omp_wait_policy()
 
 
 def _dependency_paths() -> List[str]:
@@ -209,7 +173,7 @@ def _open(state: LoadState) -> bool:
     # lazy: tvm_ffi loads libtvm_ffi.so; this module imports no TVM until the library loads
     import tvm_ffi  # pylint: disable=import-outside-toplevel  (loads libtvm_ffi.so first)
 
-    _default_thread_waits()  # (already at import: effective only where libgomp is not loaded)
+    _default_omp_wait_policy()  # (already at import: effective only where libgomp is not loaded)
     for dep in _dependency_paths():
         _HANDLES.append(ctypes.CDLL(dep, mode=ctypes.RTLD_GLOBAL))
     _HANDLES.append(ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL))

@@ -205,34 +205,3 @@ def test_cli_mode_option():
         parser.parse_args(["--mode", "bogus"])
     with pytest.raises(ValueError):
         run_bench(models=["infogan"], systems=["torch"], mode="bogus")
-
-
-@register_system("test_iso_env", environ={"TEST_ISO_ENV": "system", "TEST_ISO_USER": "system"})
-def _env(spec, ctx):
-    """Eager PyTorch, reporting two variables of the process it was prepared in."""
-    module, inputs = spec.module, spec.example_inputs
-    seen = {key: os.environ.get(key) for key in ("TEST_ISO_ENV", "TEST_ISO_USER")}
-    return Prepared(lambda: module(*inputs), compile_s=0.0, info={"seen": seen})
-
-
-def test_system_environ_adds_what_the_user_did_not_set():
-    from tvm_ollie.bench.isolated import system_environ
-    from tvm_ollie.bench.systems import get_system
-
-    env = system_environ("test_iso_env", {"TEST_ISO_USER": "user", "PATH": "/bin"})
-    assert env == {"TEST_ISO_ENV": "system", "TEST_ISO_USER": "user", "PATH": "/bin"}
-    assert system_environ("onnxruntime", {"A": "1"}) == {"A": "1"}
-    # TVM's own pipeline runs TVM's pool as a TVM user gets it, not as tvm-ollie sets it
-    assert get_system("tvm").environ == {"TVM_OLLIE_TVM_SPIN_COUNT": "unset"}
-    assert get_system("ollie").environ == {}
-
-
-def test_runtime_default_environ_drops_the_loaders_spin_count(monkeypatch):
-    from tvm_ollie import native
-    from tvm_ollie.bench import env as bench_env
-
-    monkeypatch.setattr(native, "_ADDED_ENV", {"TVM_THREAD_POOL_SPIN_COUNT": "0"})
-    monkeypatch.setenv("TVM_THREAD_POOL_SPIN_COUNT", "0")
-    assert "TVM_THREAD_POOL_SPIN_COUNT" not in bench_env.runtime_default_environ()
-    monkeypatch.setattr(native, "_ADDED_ENV", {})  # the user's own value stays
-    assert bench_env.runtime_default_environ()["TVM_THREAD_POOL_SPIN_COUNT"] == "0"

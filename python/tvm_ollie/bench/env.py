@@ -26,9 +26,6 @@ import os
 import sys
 from typing import Dict
 
-from .. import native
-from ..tune.machine import SPIN_ENV
-
 #: Variables set by :func:`configure_threads` (besides ``TVM_NUM_THREADS``).
 PASSIVE_WAIT = {"OMP_WAIT_POLICY": "PASSIVE", "TVM_THREAD_POOL_SPIN_COUNT": "0"}
 
@@ -59,10 +56,7 @@ def configure_threads(threads: int) -> Dict[str, str]:
 def runtime_default_environ() -> Dict[str, str]:
     """This process's environment without the passive waits that the benchmark set (by
     :func:`configure_threads` or before a restart): every runtime waits as it does by default,
-    unless the user set a value. ``TVM_NUM_THREADS`` stays (the thread count is the run's).
-    TVM's spin count set by loading tvm-ollie's library in this process goes too: a worker that
-    loads the library sets it again, and one that runs TVM's own pipeline keeps TVM's."""
+    unless the user set a value. ``TVM_NUM_THREADS`` stays (the thread count is the run's)."""
     added = _ADDED | set(filter(None, os.environ.get(ADDED_VAR, "").split(",")))
-    added |= {k for k in native.added_environ() if k == SPIN_ENV}  # each worker sets its own
     env = {k: v for k, v in os.environ.items() if k not in added and k != ADDED_VAR}
     return env

@@ -16,12 +16,11 @@ TVM's pool spins, OpenMP waits as configured) as in a user's process.
 
 from __future__ import annotations
 
-import os
 from typing import Callable, Dict, List, Optional
 
 from ..models import get_model
 from .outcome import Outcome, check_outcome, prepare_outcome
-from .systems import BenchContext, get_system, list_systems
+from .systems import BenchContext, get_system
 from .timing import Samples, measure_rounds
 from .worker import Worker, WorkerFailed
 
@@ -39,14 +38,6 @@ def registering_modules(system: str) -> List[str]:
     when that is outside the package (a system registered by a script or a test)."""
     module = get_system(system).prepare.__module__
     return [] if module.startswith("tvm_ollie.") else [module]
-
-
-def system_environ(name: str, env: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-    """The environment of ``name``'s worker: ``env`` (default: this process's) plus what the
-    system adds (:attr:`.systems.System.environ`) where ``env`` does not set it."""
-    base = dict(os.environ if env is None else env)
-    extra = get_system(name).environ if name in list_systems() else {}
-    return dict(base, **{k: v for k, v in extra.items() if k not in base})
 
 
 def bench_systems_isolated(
@@ -82,8 +73,7 @@ def bench_systems_isolated(
             worker = Worker(name, system_outcome,
                             dict(system=name, model=spec.name, quick=spec.quick, batch=spec.batch,
                                  ctx_kwargs=ctx_kwargs),
-                            modules=registering_modules(name),
-                            env=system_environ(name, env))  # fmt: skip
+                            modules=registering_modules(name), env=env)  # fmt: skip
             try:
                 result, outputs = worker.ready()
             except WorkerFailed as err:

@@ -71,29 +71,19 @@ class System:
     prepare: Callable[..., Prepared]
     tvm_based: bool
     description: str
-    #: Environment of its worker in the isolated mode, where the user's environment lacks it.
-    environ: Dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 _SYSTEMS: Dict[str, System] = {}
 
 
-#: A worker that times TVM's own pipeline runs TVM's pool as a TVM user gets it: importing
-#: tvm_ollie (which the worker does to find the system) would otherwise make the pool sleep
-#: between kernels (:data:`tvm_ollie.native.DEFAULT_TVM_SPIN_COUNT`).
-TVM_DEFAULT_POOL = {"TVM_OLLIE_TVM_SPIN_COUNT": "unset"}
-
-
-def register_system(name: str, tvm_based: bool = False, description: str = "",
-                    environ: Optional[Dict[str, str]] = None):  # fmt: skip
-    """Register ``prepare(spec, ctx) -> Prepared`` as the system ``name`` (``environ``: what
-    its worker's environment adds, :attr:`System.environ`)."""
+def register_system(name: str, tvm_based: bool = False, description: str = ""):
+    """Register ``prepare(spec, ctx) -> Prepared`` as the system ``name``."""
 
     def _wrap(prepare):
         if name in _SYSTEMS:
             raise ValueError(f"system {name!r} registered twice")
         doc = description or (prepare.__doc__ or "").strip().splitlines()[0]
-        _SYSTEMS[name] = System(name, prepare, tvm_based, doc, dict(environ or {}))
+        _SYSTEMS[name] = System(name, prepare, tvm_based, doc)
         return prepare
 
     return _wrap
@@ -198,7 +188,7 @@ def prepare_tvm_executable(
     return Prepared(run, compile_s, tune_s, dict(info or {}))
 
 
-@register_system("tvm", tvm_based=True, environ=TVM_DEFAULT_POOL)
+@register_system("tvm", tvm_based=True)
 def prepare_tvm(spec, ctx: BenchContext) -> Prepared:
     """TVM alone: torch.export -> Relax -> static_shape_tuning_pipeline / default pipeline."""
     mod, params, import_s = ctx.relax_module(spec)
@@ -209,7 +199,7 @@ def prepare_tvm(spec, ctx: BenchContext) -> Prepared:
     return prepare_tvm_executable(ex, params, spec, ctx, build.compile_s, tune_s, info)
 
 
-@register_system("tvm-orch", tvm_based=True, environ=TVM_DEFAULT_POOL)
+@register_system("tvm-orch", tvm_based=True)
 def prepare_tvm_orch(spec, ctx: BenchContext) -> Prepared:
     """TVM's default pipeline with kernel orchestration (BLP, profiled costs) for FuseOps; with
     trials, the chosen kernels tuned by MetaSchedule with the same total budget as ``tvm``."""
