@@ -46,7 +46,7 @@ def _canon(s: Scope, root: bool) -> Tuple[Scope, Tuple[int, ...]]:
     hit = cache.get(key)
     if hit is not None:
         return hit
-    body = rewrite(s.body, post=_canonical_read, enter_scopes=False)
+    body = rewrite(s.body, post=_canonical_read, enter_scopes=False, reads_only=True)
     simple = simplify(s.replace(body=body) if body is not s.body else s)
     out = _rename(simple, root)
     cache[key] = out

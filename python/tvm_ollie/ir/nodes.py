@@ -96,8 +96,9 @@ class Node:
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"{type(self).__name__} nodes are immutable")
 
-    def __hash__(self) -> int:
-        return self._hash
+    #: Nodes are interned, so equality is identity and the identity hash (a C slot: no Python
+    #: call per dict lookup, the hot path of every search) is consistent with it.
+    __hash__ = object.__hash__
 
     def __eq__(self, other: object) -> bool:
         return self is other
@@ -547,17 +548,23 @@ def input_tensors(node: Node) -> Tuple[Tensor, ...]:
 
 def is_index(node: Node) -> bool:
     """True when ``node`` is integer index arithmetic (no tensor reads, no floats)."""
+    cache = node._cache
+    out = cache.get("is_index")
+    if out is None:
+        kind = type(node)
+        if kind is Var:
+            out = True
+        elif kind is Const:
+            out = node.dtype.startswith("int")
+        elif kind is BinOp:
+            out = node.op in _INDEX_OPS and is_index(node.a) and is_index(node.b)
+        else:
+            out = False
+        cache["is_index"] = out
+    return out
 
-    def compute() -> bool:
-        if isinstance(node, Var):
-            return True
-        if isinstance(node, Const):
-            return node.dtype.startswith("int")
-        if isinstance(node, BinOp):
-            return node.op in ("+", "-", "*", "//", "%") and is_index(node.a) and is_index(node.b)
-        return False
 
-    return _cached(node, "is_index", compute)
+_INDEX_OPS = frozenset(("+", "-", "*", "//", "%"))
 
 
 def iter_nodes(node: Node) -> Iterator[Node]:
@@ -578,12 +585,17 @@ def substitute(node: Node, mapping: dict) -> Node:
     if not mapping:
         return node
     memo: dict = {}
+    # when only iterators are replaced, a sub-tree using none of them is returned as it is
+    # (free_vars is cached on the interned nodes): most of an index-heavy body is never walked
+    only_vars = all(type(k) is Var for k in mapping)
 
     def go(cur: Node) -> Node:
         hit = mapping.get(cur)
         if hit is not None:
             return as_node(hit)
         if isinstance(cur, (Var, Const, Tensor, Scope, IterVar)):
+            return cur
+        if only_vars and mapping.keys().isdisjoint(free_vars(cur)):
             return cur
         done = memo.get(cur)
         if done is not None:
