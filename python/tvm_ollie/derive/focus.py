@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..ir.index import factors
-from ..ir.nodes import Access, BinOp, Call, Node, Scope, iter_nodes
+from ..ir.nodes import Access, BinOp, Call, Node, Scope, is_index, iter_nodes
 from .rule import Rule, RuleContext
 
 
@@ -89,8 +89,9 @@ def _body_scopes(body: Node) -> Tuple[Scope, ...]:
                 out.append(src)
             stack.extend(reversed(cur.indices))
         elif kind is BinOp:
-            stack.append(cur.b)
-            stack.append(cur.a)
+            if not is_index(cur):  # index arithmetic reads nothing
+                stack.append(cur.b)
+                stack.append(cur.a)
         elif kind is Call:
             stack.extend(reversed(cur.args))
         elif kind is Scope and id(cur) not in seen:
@@ -150,6 +151,8 @@ def replace_node(expr: Node, old: Node, new: Node) -> Node:
             same = src is node.source and all(a is b for a, b in zip(idx, node.indices))
             out = node if same else Access(src, idx)
         elif kind is BinOp:
+            if prune and is_index(node):  # index arithmetic holds no scope
+                return node
             a, b = go(node.a), go(node.b)
             out = node if (a is node.a and b is node.b) else BinOp(node.op, a, b)
         elif kind is Call:

@@ -12,7 +12,7 @@ import math
 from typing import FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
 from ...ir.index import Ranges, build_linear, factors, interval, linear_form, scope_ranges
-from ...ir.nodes import Access, BinOp, Call, IterVar, Node, Scope, Tensor, Var
+from ...ir.nodes import Access, BinOp, Call, IterVar, Node, Scope, Tensor, Var, is_index
 from ..rule import Rewrite, Rule, RuleContext
 
 __all__ = ["Ranges", "build_linear", "factors", "interval", "linear_form", "scope_ranges",
@@ -45,8 +45,9 @@ def body_accesses(node: Node) -> Tuple[Access, ...]:
             out.append(cur)
             stack.extend(reversed(cur.indices))
         elif kind is BinOp:
-            stack.append(cur.b)
-            stack.append(cur.a)
+            if not is_index(cur):  # index arithmetic reads nothing
+                stack.append(cur.b)
+                stack.append(cur.a)
         elif kind is Call:
             stack.extend(reversed(cur.args))
     out = tuple(out)
