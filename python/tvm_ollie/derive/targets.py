@@ -145,22 +145,7 @@ def match_scope(scope: Scope, targets: Optional[Sequence[str]] = None) -> List[M
     -------
     list[Match]
         Empty when the scope matches none of the targets.
-
-    Notes
-    -----
-    Cached on the scope (a pure function of the interned node and the kinds; a stage is
-    matched both where a guided rewrite tests it and where the state holding it is
-    instantiated): every call returns a new list of the same (frozen) matches.
     """
-    key = ("match_scope", None if targets is None else tuple(targets))
-    cache = scope._cache  # pylint: disable=protected-access
-    hit = cache.get(key)
-    if hit is None:
-        hit = cache[key] = tuple(_match_scope(scope, targets))
-    return list(hit)
-
-
-def _match_scope(scope: Scope, targets: Optional[Sequence[str]]) -> List[Match]:
     table = iterator_table(scope)
     if table is None:
         return []
