@@ -34,24 +34,27 @@ def scopes_of(expr: Node) -> List[Scope]:
     cache = expr._cache  # pylint: disable=protected-access
     hit = cache.get("scopes")
     if hit is not None:
-        return hit
+        return [expr, *hit] if type(expr) is Scope else list(hit)
     out: List[Scope] = []
     seen = set()
-
-    def visit(scope: Scope) -> None:
-        seen.add(id(scope))
-        out.append(scope)
-        for child in direct_scopes(scope):
-            if id(child) not in seen:
-                visit(child)
-
-    if isinstance(expr, Scope):
-        visit(expr)
-    else:
-        for child in _body_scopes(expr):
-            if id(child) not in seen:
-                visit(child)
-    cache["scopes"] = out
+    # depth first, iteratively (a recursive closure would be a reference cycle per call)
+    for root in (expr,) if isinstance(expr, Scope) else _body_scopes(expr):
+        if id(root) in seen:
+            continue
+        seen.add(id(root))
+        out.append(root)
+        stack = [iter(direct_scopes(root))]
+        while stack:
+            child = next(stack[-1], None)
+            if child is None:
+                stack.pop()
+            elif id(child) not in seen:
+                seen.add(id(child))
+                out.append(child)
+                stack.append(iter(direct_scopes(child)))
+    # a scope's own entry leaves the scope out: a node holding itself is a reference cycle,
+    # which refcounting never frees (the cyclic GC must find it, a large cost in a search)
+    cache["scopes"] = tuple(out[1:]) if type(expr) is Scope else tuple(out)
     return out
 
 
@@ -163,7 +166,9 @@ def replace_node(expr: Node, old: Node, new: Node) -> Node:
         memo[key] = out
         return out
 
-    return go(expr)
+    out = go(expr)
+    del go  # the closure refers to itself: unbound, refcounting frees it (no cyclic garbage)
+    return out
 
 
 def contains(expr: Node, target: Node) -> bool:

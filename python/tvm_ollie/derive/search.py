@@ -41,7 +41,9 @@ returned; a candidate that fails is a bug: it is logged and dropped.
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import gc
 import logging
 import time
 import warnings
@@ -66,7 +68,7 @@ from .rules import EAGER_RULES, GUIDED_RULES, SEARCH_RULES
 from .targets import TARGET_NAMES, match_scope
 
 __all__ = ["derive", "CostBound", "DeriveResult", "SearchStats", "StopReason", "DEFAULT_TARGETS",
-           "VERIFY_SHARE", "best_of_each_kind_first", "verify_candidate"]
+           "VERIFY_SHARE", "best_of_each_kind_first", "collector_paused", "verify_candidate"]
 
 LOG = logging.getLogger(__name__)
 
@@ -75,6 +77,36 @@ DEFAULT_TARGETS = TARGET_NAMES
 
 #: Share of a time budget reserved for verification when ``derive`` verifies.
 VERIFY_SHARE = 0.25
+
+#: While a search runs, the cyclic garbage collector runs only once this many container objects
+#: were allocated (net) since the last collection (:func:`collector_paused`).
+GC_ALLOCATIONS = 4_000_000
+
+
+@contextlib.contextmanager
+def collector_paused(allocations: int = GC_ALLOCATIONS):
+    """Python's cyclic garbage collector paused (restored on exit); yields a ``check()`` to
+    call now and then, which collects once ``allocations`` container objects accumulated.
+
+    Why: a search allocates millions of small objects that stay alive (interned nodes and the
+    analyses cached on them), and every automatic collection walks the young ones again, the
+    full ones the whole heap: 30-35 % of a search's CPU time (measured on the search benchmark).
+    The search itself leaves almost no cyclic garbage (nodes never hold themselves in their
+    caches; recursive walks unbind their closures), so memory grows by what stays alive anyway;
+    ``check`` bounds the rest. Nothing the search computes depends on when garbage is freed.
+    """
+    was = gc.isenabled()
+    gc.disable()
+
+    def check() -> None:
+        if gc.get_count()[0] > allocations:
+            gc.collect()
+
+    try:
+        yield check
+    finally:
+        if was:
+            gc.enable()
 
 
 class StopReason(enum.Enum):
@@ -235,6 +267,7 @@ class _Search:
         self.key_fn = _state_key
         self.phase = self.stats.phase_s
         self.bound = bound
+        self.gc_check = lambda: None
         #: the last depth level whose candidates improved the best by more than the margin
         self.improved_depth: Optional[int] = None
         if bound is not None:
@@ -411,6 +444,12 @@ class _Search:
         phase["rewrite"] += clock() - t
 
     def run(self) -> None:
+        """The search, with the cyclic garbage collector paused (:func:`collector_paused`)."""
+        with collector_paused() as check:
+            self.gc_check = check
+            self._run()
+
+    def _run(self) -> None:
         root = self._normal(self.expr)
         seen = {self.key_fn(root)}
         seen_raw = {self.key_fn(self.expr)}
@@ -424,6 +463,7 @@ class _Search:
                 self.stats.max_depth_reached = depth
                 for state, path, parent in frontier:
                     self._check_limits()
+                    self.gc_check()
                     self.stats.states_visited += 1
                     if self.guided:
                         self._instantiate(state, path, depth, parent)

@@ -65,6 +65,12 @@ def _forget(ref: "weakref.KeyedRef") -> None:
         del _TABLE[ref.key]
 
 
+#: A node's cache entry meaning "this node itself" (an idempotent transformation's answer): a
+#: node holding itself in its cache would be a reference cycle, which refcounting never frees
+#: and the cyclic collector must find (a search drops thousands of such nodes a second).
+SELF = type("SelfType", (), {"__repr__": lambda self: "SELF", "__slots__": ()})()
+
+
 def live_nodes() -> list:
     """Every node alive now (for caches that must be cleared, e.g. in cold benchmarks)."""
     return [node for node in (ref() for ref in list(_TABLE.values())) if node is not None]
@@ -534,9 +540,10 @@ _NO_VARS: frozenset = frozenset()
 def input_tensors(node: Node) -> Tuple[Tensor, ...]:
     """Input tensors below ``node``, each once, in order of first appearance (depth first)."""
 
+    if type(node) is Tensor:
+        return (node,)  # not cached: a node holding itself is a reference cycle
+
     def compute() -> Tuple[Tensor, ...]:
-        if isinstance(node, Tensor):
-            return (node,)
         seen: dict = {}
         for child in node.children:
             for t in input_tensors(child):
@@ -611,7 +618,9 @@ def substitute(node: Node, mapping: dict) -> Node:
         memo[cur] = out
         return out
 
-    return go(node)
+    out = go(node)
+    del go  # the closure refers to itself: unbound, refcounting frees it (no cyclic garbage)
+    return out
 
 
 def fresh_var(taken: Iterable[str], prefix: str = "i") -> Var:

@@ -68,7 +68,9 @@ def rewrite(node: Node, post: Optional[Hook] = None, pre: Optional[Hook] = None,
         memo[id(cur)] = out
         return out
 
-    return go(node)
+    out = go(node)
+    del go  # the closure refers to itself: unbound, refcounting frees it (no cyclic garbage)
+    return out
 
 
 def _children_rewritten(cur: Node, go: Callable[[Node], Node], enter_scopes: bool) -> Node:

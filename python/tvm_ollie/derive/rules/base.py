@@ -31,7 +31,7 @@ def body_accesses(node: Node) -> Tuple[Access, ...]:
     """
     hit = node._cache.get("body_accesses")  # pylint: disable=protected-access
     if hit is not None:
-        return hit
+        return (node,) + hit if type(node) is Access else hit
     out: List[Access] = []
     seen = set()
     stack = [node]
@@ -51,7 +51,9 @@ def body_accesses(node: Node) -> Tuple[Access, ...]:
         elif kind is Call:
             stack.extend(reversed(cur.args))
     out = tuple(out)
-    node._cache["body_accesses"] = out  # pylint: disable=protected-access
+    # an access's own entry leaves it out (it comes first): a node holding itself is a
+    # reference cycle, which only the cyclic GC frees
+    node._cache["body_accesses"] = out[1:] if type(node) is Access else out  # pylint: disable=protected-access
     return out
 
 
