@@ -1,4 +1,5 @@
-"""The search finds exactly the forms it found before its engine was made faster.
+"""The search finds exactly the forms it found before its engine was made faster, and what
+made it faster stays so.
 
 The search's speed-ups (identity hashing of interned nodes, walks that skip index arithmetic,
 node caches without reference cycles, the cyclic collector paused while searching) must not
@@ -16,6 +17,7 @@ of the rules or of the search's order changes it legitimately: then record it ag
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import sys
@@ -25,7 +27,12 @@ from typing import Dict, Optional
 import pytest
 
 from tvm_ollie.bench.search_bench import CASES
-from tvm_ollie.derive.search import derive
+from tvm_ollie.derive.canon import canonicalize
+from tvm_ollie.derive.focus import scopes_of
+from tvm_ollie.derive.rules.base import body_accesses
+from tvm_ollie.derive.search import collector_paused, derive
+from tvm_ollie.ir.nodes import IterVar, Scope, Tensor, Var, iter_nodes
+from tvm_ollie.ir.simplify import simplify
 
 DATA = Path(__file__).parent / "data" / "search_forms.json"
 
@@ -71,3 +78,69 @@ if __name__ == "__main__":
         _record()
     else:
         print(__doc__)
+
+
+# -- what makes it faster, kept so --------------------------------------------------------------
+
+
+def _fresh_conv():
+    """A 3x3 convolution whose nodes no other test built (fresh tensor names): fresh caches."""
+    vn, vh, vw, vf, vc, vr, vs = (Var(x) for x in "nhwfcrs")
+    a = Tensor("A_forms_fresh", (1, 4, 4, 8), pad=((0, 0), (1, 1), (1, 1), (0, 0)))
+    k = Tensor("K_forms_fresh", (3, 3, 8, 8))
+    return Scope([IterVar(vn, 0, 1), IterVar(vh, 0, 4), IterVar(vw, 0, 4), IterVar(vf, 0, 8)],
+                 [IterVar(vc, 0, 8), IterVar(vr, 0, 3), IterVar(vs, 0, 3)],
+                 a[vn, vh + vr - 1, vw + vs - 1, vc] * k[vr, vs, vf, vc])
+
+
+def _holds(value, node) -> bool:
+    if value is node:
+        return True
+    if isinstance(value, (tuple, list, frozenset, set)):
+        return any(v is node for v in value)
+    return False
+
+
+def test_node_caches_do_not_hold_their_own_node():
+    """A node holding itself in its cache is a reference cycle: dropped, it stays in memory
+    until the cyclic collector finds it (what made the collector a third of a search)."""
+    expr = _fresh_conv()
+    canon = canonicalize(expr)
+    derive(expr, targets=("matmul",), max_depth=2, max_states=20, verify=False)
+    for root in (expr, canon):
+        scopes_of(root)
+        body_accesses(root.body)
+        simplify(root)
+        for node in iter_nodes(root):
+            for key, value in node._cache.items():
+                assert not _holds(value, node), (key, str(node))
+    assert scopes_of(expr)[0] is expr and simplify(canon) is canon
+    assert body_accesses(expr.body.a) == (expr.body.a,)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_collector_paused_restores_the_collector(enabled):
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        with collector_paused() as check:
+            assert not gc.isenabled()
+            check()
+        assert gc.isenabled() == enabled
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
+def test_collector_paused_collects_past_its_allocations():
+    with collector_paused(allocations=1000) as check:
+        junk = [[] for _ in range(5000)]
+        assert gc.get_count()[0] > 1000
+        check()
+        assert gc.get_count()[0] < 1000
+        del junk
+
+
+def test_a_search_leaves_the_collector_on():
+    assert gc.isenabled()
+    derive(_fresh_conv(), targets=("matmul",), max_depth=1, verify=False)
+    assert gc.isenabled()

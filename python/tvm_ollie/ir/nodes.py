@@ -515,13 +515,13 @@ def _cached(node: Node, key: str, compute):
 def free_vars(node: Node) -> frozenset:
     """Iterator variables used by ``node`` and not bound inside it."""
 
+    if type(node) is Var:
+        return frozenset((node,))  # not cached: a node holding itself is a reference cycle
     cache = node._cache
     out = cache.get("free_vars")
     if out is not None:
         return out
-    if isinstance(node, Var):
-        out = frozenset((node,))
-    elif isinstance(node, (Scope, Tensor, Const)):
+    if isinstance(node, (Scope, Tensor, Const)):
         out = _NO_VARS  # scopes are closed by construction
     else:
         kids = node.indices if isinstance(node, Access) else node.children
