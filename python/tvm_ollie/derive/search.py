@@ -94,18 +94,24 @@ def collector_paused(allocations: int = GC_ALLOCATIONS):
     The search itself leaves almost no cyclic garbage (nodes never hold themselves in their
     caches; recursive walks unbind their closures), so memory grows by what stays alive anyway;
     ``check`` bounds the rest. Nothing the search computes depends on when garbage is freed.
+    Leave the block after dropping the search's states (its frontier, its seen sets): what is
+    still alive then is walked once, by the young collection on exit.
     """
     was = gc.isenabled()
     gc.disable()
 
     def check() -> None:
         if gc.get_count()[0] > allocations:
-            gc.collect()
+            gc.collect(1)  # the young generations: what the search allocated since
 
     try:
         yield check
     finally:
         if was:
+            # what survived is young: one collection of the young generations moves it on at
+            # once (the automatic ones would each walk it again: gen0, gen1, then all)
+            if gc.get_count()[0] > gc.get_threshold()[0]:
+                gc.collect(1)
             gc.enable()
 
 
@@ -444,12 +450,7 @@ class _Search:
         phase["rewrite"] += clock() - t
 
     def run(self) -> None:
-        """The search, with the cyclic garbage collector paused (:func:`collector_paused`)."""
-        with collector_paused() as check:
-            self.gc_check = check
-            self._run()
-
-    def _run(self) -> None:
+        """Explore (within :func:`collector_paused`: ``gc_check`` is its check)."""
         root = self._normal(self.expr)
         seen = {self.key_fn(root)}
         seen_raw = {self.key_fn(self.expr)}
@@ -610,15 +611,18 @@ def derive(
     explore_s = search_time_s
     if verify and search_time_s is not None:
         explore_s = search_time_s * (1 - VERIFY_SHARE)
-    search = _Search(expr, targets, max_depth, explore_s, max_states,
-                     rules if rules is not None else SEARCH_RULES, ctx, stop_on_first, guided,
-                     instantiate_all_scopes, bound)
-    search.run()
-    deadline = None if search_time_s is None else search.t0 + search_time_s
-    stats = search.stats
+    with collector_paused() as check:
+        search = _Search(expr, targets, max_depth, explore_s, max_states,
+                         rules if rules is not None else SEARCH_RULES, ctx, stop_on_first,
+                         guided, instantiate_all_scopes, bound)
+        search.gc_check = check
+        search.run()
+        found, stats, t0 = list(search.candidates.values()), search.stats, search.t0
+        del search  # its states go now, before the collector walks what is left
+    deadline = None if search_time_s is None else t0 + search_time_s
     cost_target = cost_target or _current_target_kind()
-    costs = {id(p): (_cost(p, cost_target), repr(p)) for p in search.candidates.values()}
-    progs = sorted(search.candidates.values(), key=lambda p: costs[id(p)])
+    costs = {id(p): (_cost(p, cost_target), repr(p)) for p in found}
+    progs = sorted(found, key=lambda p: costs[id(p)])
     progs = best_of_each_kind_first(progs)
     t_verify = time.perf_counter()
     if verify and progs:
