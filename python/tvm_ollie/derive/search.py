@@ -41,9 +41,7 @@ returned; a candidate that fails is a bug: it is logged and dropped.
 
 from __future__ import annotations
 
-import contextlib
 import enum
-import gc
 import logging
 import time
 import warnings
@@ -61,6 +59,7 @@ from ..verify.tolerance import expr_tolerance, tolerance
 from . import program as program_mod
 from .canon import canonicalize
 from .casts import restore_program, widen_reads
+from .collector import GC_ALLOCATIONS, collector_paused  # noqa: F401 (re-exported)
 from .focus import apply_eager, apply_rules, compute_scopes, scope_ids, scopes_of
 from .focus import is_compute, replace_node, rewrites
 from .rule import Rule, RuleContext
@@ -77,43 +76,6 @@ DEFAULT_TARGETS = TARGET_NAMES
 
 #: Share of a time budget reserved for verification when ``derive`` verifies.
 VERIFY_SHARE = 0.25
-
-#: While a search runs, the cyclic garbage collector runs only once this many container objects
-#: were allocated (net) since the last collection (:func:`collector_paused`).
-GC_ALLOCATIONS = 4_000_000
-
-
-@contextlib.contextmanager
-def collector_paused(allocations: int = GC_ALLOCATIONS):
-    """Python's cyclic garbage collector paused (restored on exit); yields a ``check()`` to
-    call now and then, which collects once ``allocations`` container objects accumulated.
-
-    Why: a search allocates millions of small objects that stay alive (interned nodes and the
-    analyses cached on them), and every automatic collection walks the young ones again, the
-    full ones the whole heap: 30-35 % of a search's CPU time (measured on the search benchmark).
-    The search itself leaves almost no cyclic garbage (nodes never hold themselves in their
-    caches; recursive walks unbind their closures), so memory grows by what stays alive anyway;
-    ``check`` bounds the rest. Nothing the search computes depends on when garbage is freed.
-    Leave the block after dropping the search's states (its frontier, its seen sets): what is
-    still alive then is walked once, by the young collection on exit.
-    """
-    was = gc.isenabled()
-    gc.disable()
-
-    def check() -> None:
-        if gc.get_count()[0] > allocations:
-            gc.collect(1)  # the young generations: what the search allocated since
-
-    try:
-        yield check
-    finally:
-        if was:
-            # what survived is young: one collection of the young generations moves it on at
-            # once (the automatic ones would each walk it again: gen0, gen1, then all)
-            if gc.get_count()[0] > gc.get_threshold()[0]:
-                gc.collect(1)
-            gc.enable()
-
 
 class StopReason(enum.Enum):
     """Why a search ended."""
