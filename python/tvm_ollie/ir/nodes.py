@@ -77,12 +77,12 @@ def live_nodes() -> list:
 
 
 class Node:
-    """Base of all IR nodes: interned, immutable, hashed once.
+    """Base of all IR nodes: interned, immutable, hashed by identity.
 
     Subclasses store their fields in ``_args`` (a tuple of hashable values and child nodes).
     """
 
-    __slots__ = ("_args", "_hash", "_cache", "__weakref__")
+    __slots__ = ("_args", "_cache", "__weakref__")
 
     @classmethod
     def _make(cls, args: tuple) -> "Node":
@@ -94,7 +94,6 @@ class Node:
                 return node
         node = object.__new__(cls)
         _set(node, "_args", args)
-        _set(node, "_hash", hash(key))
         _set(node, "_cache", {})
         _TABLE[key] = weakref.KeyedRef(node, _forget, key)
         return node

@@ -53,7 +53,8 @@ def body_accesses(node: Node) -> Tuple[Access, ...]:
     out = tuple(out)
     # an access's own entry leaves it out (it comes first): a node holding itself is a
     # reference cycle, which only the cyclic GC frees
-    node._cache["body_accesses"] = out[1:] if type(node) is Access else out  # pylint: disable=protected-access
+    cache = node._cache  # pylint: disable=protected-access
+    cache["body_accesses"] = out[1:] if type(node) is Access else out
     return out
 
 
