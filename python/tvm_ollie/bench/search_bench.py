@@ -147,6 +147,7 @@ def run_case(name: str, depth: int, quick: bool, budget: Optional[float]) -> Dic
         "program": "" if best is None else repr(best),
         "states": st.states_visited, "pruned": st.states_pruned,
         "generated": st.states_generated, "search_s": st.search_time_s, "cpu_s": cpu,
+        "ms_per_state": 1e3 * st.search_time_s / max(st.states_visited, 1),
         "stop": st.stop_reason.value, "candidates": st.candidates_found,
         "depth_reached": st.max_depth_reached, "phase": dict(st.phase_s),
         "guided_steps": st.guided_steps,
@@ -176,10 +177,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"# depth {args.depth}, {'quick' if args.quick else 'full'} shapes, "
           f"budget {budget or 'none'} s/case; first = time (depth) to the first candidate of "
           f"the expected form; states = visited (pruned as repeats); search = wall time of the "
-          f"whole search; stop = why it ended")
+          f"whole search; ms/state = its wall time per visited state; stop = why it ended")
     print(f"{'case':<14} {'found':<6} {'first':>13} {'states':>8} {'pruned':>8} "
-          f"{'search':>8} {'cpu':>8} {'stop':<12} {'EinNet d7: states/time/first':<30} "
-          f"best program")
+          f"{'search':>8} {'cpu':>8} {'ms/state':>8} {'stop':<12} "
+          f"{'EinNet d7: states/time/first':<30} best program")
     for name in args.cases:
         row = run_case(name, args.depth, args.quick, budget)
         first = "-" if row["first_s"] is None else (
@@ -188,8 +189,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         einnet = f"{ref[0]}/{ref[1]}/{ref[3]} (d{ref[2]})"
         found = str(row["found"]) if row["verified"] or row["first_s"] is None else "UNVERIFIED"
         print(f"{name:<14} {found:<6} {first:>13} {row['states']:>8} {row['pruned']:>8} "
-              f"{row['search_s']:>7.2f}s {row['cpu_s']:>7.2f}s {row['stop']:<12} "
-              f"{einnet:<30} {row['program']}")
+              f"{row['search_s']:>7.2f}s {row['cpu_s']:>7.2f}s {row['ms_per_state']:>8.2f} "
+              f"{row['stop']:<12} {einnet:<30} {row['program']}")
         if args.phases:
             phases = ", ".join(f"{k} {v:.2f}s" for k, v in row["phase"].items())
             print(f"{'':<14} phases: {phases}; generated {row['generated']}, "

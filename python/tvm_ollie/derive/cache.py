@@ -61,6 +61,7 @@ from ..ir.nodes import (Access, BinOp, Call, Const, IterVar, Node, Scope, Tensor
 from ..ir.printer import to_text
 from ..ir.rewrite import rewrite
 from .canon import canonicalize
+from .collector import collector_paused
 from .program import Program, Stage, Step
 from .rules import ALL_RULES, SEARCH_RULES
 
@@ -279,7 +280,8 @@ class DerivationCache:
             return None
         digest, material, names = keyed
         back = {v: k for k, v in names.items()}
-        found = self.store.load(digest, material, lambda entry: _decode(entry, back, expr))
+        with collector_paused():  # the programs' nodes, rebuilt (:mod:`.collector`)
+            found = self.store.load(digest, material, lambda entry: _decode(entry, back, expr))
         if found is None:
             self.misses += 1
         else:
@@ -296,23 +298,33 @@ class DerivationCache:
         if keyed is None:
             return False
         digest, material, names = keyed
-        back = {v: k for k, v in names.items()}
         try:
-            stored = _dump_programs(programs, names)
-            if set(names.values()) & {s["name"] for p in stored["programs"]
-                                      for s in p["stages"]}:
-                return False
-            for prog, back_prog in zip(programs, _load_programs(stored, back, expr)):
-                if not _same_program(prog, back_prog):
-                    LOG.debug("ollie: %r does not round-trip; not cached", prog)
-                    return False
+            with collector_paused():  # the text form and its round trip (:mod:`.collector`)
+                stored = _dump_checked(programs, names, expr)
         except Exception as err:  # pylint: disable=broad-except
             LOG.debug("ollie: derivation not cached (%s: %s)", type(err).__name__, err)
+            return False
+        if stored is None:
             return False
         wrote = self.store.store(digest, {"key": material, "stop": stop, "budget_s": budget_s,
                                           **stored})
         self.stores += wrote
         return wrote
+
+
+def _dump_checked(programs: Sequence[Program], names: Mapping[str, str],
+                  expr: Scope) -> Optional[dict]:
+    """The text form of ``programs`` (tensors renamed by ``names``), or None when a stage name
+    would shadow an input or a program does not read back as itself."""
+    back = {v: k for k, v in names.items()}
+    stored = _dump_programs(programs, names)
+    if set(names.values()) & {s["name"] for p in stored["programs"] for s in p["stages"]}:
+        return None
+    for prog, back_prog in zip(programs, _load_programs(stored, back, expr)):
+        if not _same_program(prog, back_prog):
+            LOG.debug("ollie: %r does not round-trip; not cached", prog)
+            return None
+    return stored
 
 
 def _decode(entry: Mapping, back: Dict[str, str], expr: Scope) -> Optional[CachedSearch]:

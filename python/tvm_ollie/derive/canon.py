@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-from ..ir.nodes import Access, BinOp, Call, Const, IterVar, Node, Scope, Var, substitute
+from ..ir.nodes import SELF, Access, BinOp, Call, Const, IterVar, Node, Scope, Var, substitute
 from ..ir.rewrite import rewrite
 from ..ir.simplify import simplify
 
@@ -45,16 +45,17 @@ def _canon(s: Scope, root: bool) -> Tuple[Scope, Tuple[int, ...]]:
     cache = s._cache  # pylint: disable=protected-access
     hit = cache.get(key)
     if hit is not None:
-        return hit
-    body = rewrite(s.body, post=_canonical_read, enter_scopes=False)
+        return (s, hit[1]) if hit[0] is SELF else hit
+    body = rewrite(s.body, post=_canonical_read, enter_scopes=False, reads_only=True)
     simple = simplify(s.replace(body=body) if body is not s.body else s)
     out = _rename(simple, root)
-    cache[key] = out
+    # SELF for the node itself: a node holding itself is a cycle only the cyclic GC frees
+    cache[key] = (SELF, out[1]) if out[0] is s else out
     canon = out[0]._cache  # pylint: disable=protected-access
-    canon.setdefault(key, (out[0], tuple(range(len(s.loops)))))
+    canon.setdefault(key, (SELF, tuple(range(len(s.loops)))))
     # renaming and reordering keep simplified indices simplified: mark the canonical scope so
     # that simplifying a state that reads it (its parent's canonicalization) does not redo it
-    canon.setdefault("simplify", out[0])
+    canon.setdefault("simplify", SELF)
     return out
 
 

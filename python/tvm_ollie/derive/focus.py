@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..ir.index import factors
-from ..ir.nodes import Access, BinOp, Call, Node, Scope, iter_nodes
+from ..ir.nodes import Access, BinOp, Call, Node, Scope, is_index, iter_nodes
 from .rule import Rule, RuleContext
 
 
@@ -34,24 +34,27 @@ def scopes_of(expr: Node) -> List[Scope]:
     cache = expr._cache  # pylint: disable=protected-access
     hit = cache.get("scopes")
     if hit is not None:
-        return hit
+        return [expr, *hit] if type(expr) is Scope else list(hit)
     out: List[Scope] = []
     seen = set()
-
-    def visit(scope: Scope) -> None:
-        seen.add(id(scope))
-        out.append(scope)
-        for child in direct_scopes(scope):
-            if id(child) not in seen:
-                visit(child)
-
-    if isinstance(expr, Scope):
-        visit(expr)
-    else:
-        for child in _body_scopes(expr):
-            if id(child) not in seen:
-                visit(child)
-    cache["scopes"] = out
+    # depth first, iteratively (a recursive closure would be a reference cycle per call)
+    for root in (expr,) if isinstance(expr, Scope) else _body_scopes(expr):
+        if id(root) in seen:
+            continue
+        seen.add(id(root))
+        out.append(root)
+        stack = [iter(direct_scopes(root))]
+        while stack:
+            child = next(stack[-1], None)
+            if child is None:
+                stack.pop()
+            elif id(child) not in seen:
+                seen.add(id(child))
+                out.append(child)
+                stack.append(iter(direct_scopes(child)))
+    # a scope's own entry leaves the scope out: a node holding itself is a reference cycle,
+    # which refcounting never frees (the cyclic GC must find it, a large cost in a search)
+    cache["scopes"] = tuple(out[1:]) if type(expr) is Scope else tuple(out)
     return out
 
 
@@ -89,8 +92,9 @@ def _body_scopes(body: Node) -> Tuple[Scope, ...]:
                 out.append(src)
             stack.extend(reversed(cur.indices))
         elif kind is BinOp:
-            stack.append(cur.b)
-            stack.append(cur.a)
+            if not is_index(cur):  # index arithmetic reads nothing
+                stack.append(cur.b)
+                stack.append(cur.a)
         elif kind is Call:
             stack.extend(reversed(cur.args))
         elif kind is Scope and id(cur) not in seen:
@@ -150,6 +154,8 @@ def replace_node(expr: Node, old: Node, new: Node) -> Node:
             same = src is node.source and all(a is b for a, b in zip(idx, node.indices))
             out = node if same else Access(src, idx)
         elif kind is BinOp:
+            if prune and is_index(node):  # index arithmetic holds no scope
+                return node
             a, b = go(node.a), go(node.b)
             out = node if (a is node.a and b is node.b) else BinOp(node.op, a, b)
         elif kind is Call:
@@ -160,7 +166,9 @@ def replace_node(expr: Node, old: Node, new: Node) -> Node:
         memo[key] = out
         return out
 
-    return go(expr)
+    out = go(expr)
+    del go  # the closure refers to itself: unbound, refcounting frees it (no cyclic garbage)
+    return out
 
 
 def contains(expr: Node, target: Node) -> bool:

@@ -229,7 +229,8 @@ def map_accesses(node: Node, fn: Callable[[Access], Optional[Node]]) -> Node:
     ``fn`` sees each access with its indices already rebuilt; returning None keeps it (with its
     source scope rebuilt recursively).
     """
-    return rewrite(node, post=lambda cur: fn(cur) if isinstance(cur, Access) else None)
+    return rewrite(node, post=lambda cur: fn(cur) if isinstance(cur, Access) else None,
+                   reads_only=True)
 
 
 def stage_merge(access: Access) -> Optional[Node]:

@@ -59,6 +59,7 @@ from ..verify.tolerance import expr_tolerance, tolerance
 from . import program as program_mod
 from .canon import canonicalize
 from .casts import restore_program, widen_reads
+from .collector import GC_ALLOCATIONS, collector_paused  # noqa: F401 (re-exported)
 from .focus import apply_eager, apply_rules, compute_scopes, scope_ids, scopes_of
 from .focus import is_compute, replace_node, rewrites
 from .rule import Rule, RuleContext
@@ -66,7 +67,7 @@ from .rules import EAGER_RULES, GUIDED_RULES, SEARCH_RULES
 from .targets import TARGET_NAMES, match_scope
 
 __all__ = ["derive", "CostBound", "DeriveResult", "SearchStats", "StopReason", "DEFAULT_TARGETS",
-           "VERIFY_SHARE", "best_of_each_kind_first", "verify_candidate"]
+           "VERIFY_SHARE", "best_of_each_kind_first", "collector_paused", "verify_candidate"]
 
 LOG = logging.getLogger(__name__)
 
@@ -75,7 +76,6 @@ DEFAULT_TARGETS = TARGET_NAMES
 
 #: Share of a time budget reserved for verification when ``derive`` verifies.
 VERIFY_SHARE = 0.25
-
 
 class StopReason(enum.Enum):
     """Why a search ended."""
@@ -235,6 +235,7 @@ class _Search:
         self.key_fn = _state_key
         self.phase = self.stats.phase_s
         self.bound = bound
+        self.gc_check = lambda: None
         #: the last depth level whose candidates improved the best by more than the margin
         self.improved_depth: Optional[int] = None
         if bound is not None:
@@ -411,6 +412,7 @@ class _Search:
         phase["rewrite"] += clock() - t
 
     def run(self) -> None:
+        """Explore (within :func:`collector_paused`: ``gc_check`` is its check)."""
         root = self._normal(self.expr)
         seen = {self.key_fn(root)}
         seen_raw = {self.key_fn(self.expr)}
@@ -424,6 +426,7 @@ class _Search:
                 self.stats.max_depth_reached = depth
                 for state, path, parent in frontier:
                     self._check_limits()
+                    self.gc_check()
                     self.stats.states_visited += 1
                     if self.guided:
                         self._instantiate(state, path, depth, parent)
@@ -570,15 +573,18 @@ def derive(
     explore_s = search_time_s
     if verify and search_time_s is not None:
         explore_s = search_time_s * (1 - VERIFY_SHARE)
-    search = _Search(expr, targets, max_depth, explore_s, max_states,
-                     rules if rules is not None else SEARCH_RULES, ctx, stop_on_first, guided,
-                     instantiate_all_scopes, bound)
-    search.run()
-    deadline = None if search_time_s is None else search.t0 + search_time_s
-    stats = search.stats
+    with collector_paused() as check:
+        search = _Search(expr, targets, max_depth, explore_s, max_states,
+                         rules if rules is not None else SEARCH_RULES, ctx, stop_on_first,
+                         guided, instantiate_all_scopes, bound)
+        search.gc_check = check
+        search.run()
+        found, stats, t0 = list(search.candidates.values()), search.stats, search.t0
+        del search  # its states go now, before the collector walks what is left
+    deadline = None if search_time_s is None else t0 + search_time_s
     cost_target = cost_target or _current_target_kind()
-    costs = {id(p): (_cost(p, cost_target), repr(p)) for p in search.candidates.values()}
-    progs = sorted(search.candidates.values(), key=lambda p: costs[id(p)])
+    costs = {id(p): (_cost(p, cost_target), repr(p)) for p in found}
+    progs = sorted(found, key=lambda p: costs[id(p)])
     progs = best_of_each_kind_first(progs)
     t_verify = time.perf_counter()
     if verify and progs:

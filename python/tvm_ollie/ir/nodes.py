@@ -65,18 +65,24 @@ def _forget(ref: "weakref.KeyedRef") -> None:
         del _TABLE[ref.key]
 
 
+#: A node's cache entry meaning "this node itself" (an idempotent transformation's answer): a
+#: node holding itself in its cache would be a reference cycle, which refcounting never frees
+#: and the cyclic collector must find (a search drops thousands of such nodes a second).
+SELF = type("SelfType", (), {"__repr__": lambda self: "SELF", "__slots__": ()})()
+
+
 def live_nodes() -> list:
     """Every node alive now (for caches that must be cleared, e.g. in cold benchmarks)."""
     return [node for node in (ref() for ref in list(_TABLE.values())) if node is not None]
 
 
 class Node:
-    """Base of all IR nodes: interned, immutable, hashed once.
+    """Base of all IR nodes: interned, immutable, hashed by identity.
 
     Subclasses store their fields in ``_args`` (a tuple of hashable values and child nodes).
     """
 
-    __slots__ = ("_args", "_hash", "_cache", "__weakref__")
+    __slots__ = ("_args", "_cache", "__weakref__")
 
     @classmethod
     def _make(cls, args: tuple) -> "Node":
@@ -88,7 +94,6 @@ class Node:
                 return node
         node = object.__new__(cls)
         _set(node, "_args", args)
-        _set(node, "_hash", hash(key))
         _set(node, "_cache", {})
         _TABLE[key] = weakref.KeyedRef(node, _forget, key)
         return node
@@ -96,8 +101,9 @@ class Node:
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"{type(self).__name__} nodes are immutable")
 
-    def __hash__(self) -> int:
-        return self._hash
+    #: Nodes are interned, so equality is identity and the identity hash (a C slot: no Python
+    #: call per dict lookup, the hot path of every search) is consistent with it.
+    __hash__ = object.__hash__
 
     def __eq__(self, other: object) -> bool:
         return self is other
@@ -508,13 +514,13 @@ def _cached(node: Node, key: str, compute):
 def free_vars(node: Node) -> frozenset:
     """Iterator variables used by ``node`` and not bound inside it."""
 
+    if type(node) is Var:
+        return frozenset((node,))  # not cached: a node holding itself is a reference cycle
     cache = node._cache
     out = cache.get("free_vars")
     if out is not None:
         return out
-    if isinstance(node, Var):
-        out = frozenset((node,))
-    elif isinstance(node, (Scope, Tensor, Const)):
+    if isinstance(node, (Scope, Tensor, Const)):
         out = _NO_VARS  # scopes are closed by construction
     else:
         kids = node.indices if isinstance(node, Access) else node.children
@@ -533,9 +539,10 @@ _NO_VARS: frozenset = frozenset()
 def input_tensors(node: Node) -> Tuple[Tensor, ...]:
     """Input tensors below ``node``, each once, in order of first appearance (depth first)."""
 
+    if type(node) is Tensor:
+        return (node,)  # not cached: a node holding itself is a reference cycle
+
     def compute() -> Tuple[Tensor, ...]:
-        if isinstance(node, Tensor):
-            return (node,)
         seen: dict = {}
         for child in node.children:
             for t in input_tensors(child):
@@ -547,17 +554,23 @@ def input_tensors(node: Node) -> Tuple[Tensor, ...]:
 
 def is_index(node: Node) -> bool:
     """True when ``node`` is integer index arithmetic (no tensor reads, no floats)."""
+    cache = node._cache
+    out = cache.get("is_index")
+    if out is None:
+        kind = type(node)
+        if kind is Var:
+            out = True
+        elif kind is Const:
+            out = node.dtype.startswith("int")
+        elif kind is BinOp:
+            out = node.op in _INDEX_OPS and is_index(node.a) and is_index(node.b)
+        else:
+            out = False
+        cache["is_index"] = out
+    return out
 
-    def compute() -> bool:
-        if isinstance(node, Var):
-            return True
-        if isinstance(node, Const):
-            return node.dtype.startswith("int")
-        if isinstance(node, BinOp):
-            return node.op in ("+", "-", "*", "//", "%") and is_index(node.a) and is_index(node.b)
-        return False
 
-    return _cached(node, "is_index", compute)
+_INDEX_OPS = frozenset(("+", "-", "*", "//", "%"))
 
 
 def iter_nodes(node: Node) -> Iterator[Node]:
@@ -578,12 +591,17 @@ def substitute(node: Node, mapping: dict) -> Node:
     if not mapping:
         return node
     memo: dict = {}
+    # when only iterators are replaced, a sub-tree using none of them is returned as it is
+    # (free_vars is cached on the interned nodes): most of an index-heavy body is never walked
+    only_vars = all(type(k) is Var for k in mapping)
 
     def go(cur: Node) -> Node:
         hit = mapping.get(cur)
         if hit is not None:
             return as_node(hit)
         if isinstance(cur, (Var, Const, Tensor, Scope, IterVar)):
+            return cur
+        if only_vars and mapping.keys().isdisjoint(free_vars(cur)):
             return cur
         done = memo.get(cur)
         if done is not None:
@@ -599,7 +617,9 @@ def substitute(node: Node, mapping: dict) -> Node:
         memo[cur] = out
         return out
 
-    return go(node)
+    out = go(node)
+    del go  # the closure refers to itself: unbound, refcounting frees it (no cyclic garbage)
+    return out
 
 
 def fresh_var(taken: Iterable[str], prefix: str = "i") -> Var:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Optional
 
-from .nodes import Access, BinOp, Call, Node, Scope
+from .nodes import Access, BinOp, Call, Node, Scope, is_index
 
 __all__ = ["Hook", "rewrite"]
 
@@ -25,7 +25,7 @@ Hook = Callable[[Node], Optional[Node]]
 
 
 def rewrite(node: Node, post: Optional[Hook] = None, pre: Optional[Hook] = None,
-            enter_scopes: bool = True) -> Node:
+            enter_scopes: bool = True, reads_only: bool = False) -> Node:
     """``node`` rewritten bottom-up by ``post`` (and top-down by ``pre``).
 
     Parameters
@@ -39,6 +39,10 @@ def rewrite(node: Node, post: Optional[Hook] = None, pre: Optional[Hook] = None,
     enter_scopes : bool
         Walk into scopes read by an access (nested scopes); False leaves them as they are
         (``post`` still sees the access that reads them).
+    reads_only : bool
+        The hooks replace only reads (accesses and what they read): index arithmetic (iterators,
+        integer constants and their sums, products, divisions), which holds no read, is left
+        as it is without walking it (most nodes of a body; the answer is cached per node).
 
     Returns
     -------
@@ -53,6 +57,8 @@ def rewrite(node: Node, post: Optional[Hook] = None, pre: Optional[Hook] = None,
         done = memo.get(id(cur))
         if done is not None:
             return done
+        if reads_only and _is_index(cur):
+            return cur
         out = pre(cur) if pre is not None else None
         if out is None:
             out = _children_rewritten(cur, go, enter_scopes)
@@ -62,7 +68,9 @@ def rewrite(node: Node, post: Optional[Hook] = None, pre: Optional[Hook] = None,
         memo[id(cur)] = out
         return out
 
-    return go(node)
+    out = go(node)
+    del go  # the closure refers to itself: unbound, refcounting frees it (no cyclic garbage)
+    return out
 
 
 def _children_rewritten(cur: Node, go: Callable[[Node], Node], enter_scopes: bool) -> Node:
@@ -85,3 +93,8 @@ def _children_rewritten(cur: Node, go: Callable[[Node], Node], enter_scopes: boo
         body = go(cur.body)
         return cur if body is cur.body else cur.replace(body=body)
     return cur  # Var, Const, Tensor, IterVar: leaves
+
+
+def _is_index(node: Node) -> bool:
+    hit = node._cache.get("is_index")  # pylint: disable=protected-access
+    return is_index(node) if hit is None else hit

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 from .affine import Affine, affine_bounds, to_affine
-from .nodes import (CAST_DTYPES, COMPARE_OPS, Access, BinOp, Call, Const, Node, Scope, Var,
+from .nodes import (CAST_DTYPES, COMPARE_OPS, SELF, Access, BinOp, Call, Const, Node, Scope, Var,
                     dtype_bits, free_vars, has_weak_dtype, is_cast, is_float_dtype, is_index,
                     iter_nodes, live_nodes, value_dtype)
 
@@ -104,12 +104,12 @@ def _simplify_scope(scope: Scope) -> Scope:
     cache = scope._cache
     hit = cache.get(_CACHE_SCOPE)
     if hit is not None:
-        return hit
+        return scope if hit is SELF else hit
     bounds = {iv.var: (iv.begin, iv.end - 1) for iv in scope.loops + scope.reduce}
     body = _simplify(scope.body, bounds, {})
     out = scope if body is scope.body else scope.replace(body=body)
-    cache[_CACHE_SCOPE] = out
-    out._cache[_CACHE_SCOPE] = out  # simplification is idempotent
+    cache[_CACHE_SCOPE] = SELF if out is scope else out
+    out._cache[_CACHE_SCOPE] = SELF  # simplification is idempotent
     return out
 
 

@@ -12,7 +12,7 @@ import math
 from typing import FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
 from ...ir.index import Ranges, build_linear, factors, interval, linear_form, scope_ranges
-from ...ir.nodes import Access, BinOp, Call, IterVar, Node, Scope, Tensor, Var
+from ...ir.nodes import Access, BinOp, Call, IterVar, Node, Scope, Tensor, Var, is_index
 from ..rule import Rewrite, Rule, RuleContext
 
 __all__ = ["Ranges", "build_linear", "factors", "interval", "linear_form", "scope_ranges",
@@ -31,7 +31,7 @@ def body_accesses(node: Node) -> Tuple[Access, ...]:
     """
     hit = node._cache.get("body_accesses")  # pylint: disable=protected-access
     if hit is not None:
-        return hit
+        return (node,) + hit if type(node) is Access else hit
     out: List[Access] = []
     seen = set()
     stack = [node]
@@ -45,12 +45,16 @@ def body_accesses(node: Node) -> Tuple[Access, ...]:
             out.append(cur)
             stack.extend(reversed(cur.indices))
         elif kind is BinOp:
-            stack.append(cur.b)
-            stack.append(cur.a)
+            if not is_index(cur):  # index arithmetic reads nothing
+                stack.append(cur.b)
+                stack.append(cur.a)
         elif kind is Call:
             stack.extend(reversed(cur.args))
     out = tuple(out)
-    node._cache["body_accesses"] = out  # pylint: disable=protected-access
+    # an access's own entry leaves it out (it comes first): a node holding itself is a
+    # reference cycle, which only the cyclic GC frees
+    cache = node._cache  # pylint: disable=protected-access
+    cache["body_accesses"] = out[1:] if type(node) is Access else out
     return out
 
 
