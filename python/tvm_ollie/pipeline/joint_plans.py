@@ -31,11 +31,13 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..codegen import library as lib
 from ..compat import relax, tvm
-from ..config import MIN_SEARCH_S, OllieConfig, resolve_config
+from ..compile_profile import stage
+from ..config import MIN_SEARCH_S, OllieConfig, OrchestrateConfig, resolve_config
 from ..orchestrate.cost import AnalyticCost, LinearMeasuredCost, MeasuredCost, sample_args
 from ..orchestrate.fission import fission
 from ..orchestrate.joint import JointTable, apply_picked, keep_alternatives
 from ..orchestrate.pipeline import _split_composites, note_library, ollie_orchestration
+from ..orchestrate.profiled import ProfileLedger, make_cost
 from ..orchestrate.tuned import tuned_orchestrate_build
 from ..target import kind_name, normalize_target
 from ..transform.blocked_layout import blocked_layout
@@ -56,6 +58,9 @@ __all__ = ["GUARD_PREFERENCE", "GUARD_REFERENCE", "PLANS", "PlanBuilder", "joint
 #: The plans of the guard, in the order they are built (ties: :data:`GUARD_PREFERENCE`).
 PLANS = ("joint", "refined", "sequential", "derivation", "library", "orchestration",
          "original")
+
+#: The plans built by orchestration (they share one profiling budget, :class:`PlanBuilder`).
+ORCHESTRATED = ("joint", "refined", "sequential", "orchestration")
 
 #: The plan whose outputs the others must match in the guard: TVM's own fusion of the
 #: verified rewrite (orchestration is what the guard doubts, not the per-call checks).
@@ -102,11 +107,21 @@ class PlanBuilder:
         ``module -> (module, JointTable)``: the library candidates of the untuned
         ``orchestration`` plan (:func:`~.library_offers.library_offer`); None: TVM's kernels
         only.
+    config : OrchestrateConfig, optional
+        The run's orchestration settings (:meth:`~tvm_ollie.config.OllieConfig.
+        orchestrate_config`: the kernel costs it names, their profiling budget, the
+        ``work_dir`` the profiled costs are cached in, ``rpc``); None: the defaults, cached in
+        this process only.
     """
 
     def __init__(self, target, cost, tuner, modules: dict, decided: list, table: JointTable,
-                 layouts=None, library: Optional[dict] = None, offer=None):
+                 layouts=None, library: Optional[dict] = None, offer=None,
+                 config: Optional[OrchestrateConfig] = None):
         self.target, self.cost, self.tuner, self.modules = target, cost, tuner, modules
+        self.config = config or OrchestrateConfig()
+        #: one profiling budget for the plans' orchestrations (the config's, shared)
+        self.ledger = ProfileLedger(self.config.profile_budget_s,
+                                    self.config.profile_max_kernels)
         self.table, self.layout_step, self.offer = table, layouts, offer
         choices = {sig: ch for _, sig, ch in decided}
         self.sequential_module, self.epilogues = apply_call_choices(
@@ -159,14 +174,31 @@ class PlanBuilder:
             return compile_module(self.modules["given"], self.target, self.tuner, trials)
         raise ValueError(f"unknown plan {plan!r}; plans: {', '.join(PLANS)}")
 
+    def _cost(self, plan: str):
+        """The kernel costs of ``plan``'s orchestration: the builder's cost model, else the
+        config's with its share of the build's profiling budget (:class:`~tvm_ollie.
+        orchestrate.profiled.ProfileLedger`: what is left, split evenly between this plan and
+        the orchestrated plans after it; kernels an earlier plan measured are free)."""
+        if self.cost is not None:
+            return self.cost
+        left = ORCHESTRATED[ORCHESTRATED.index(plan):]
+        if plan != "joint" and "refined" in left and (
+                not self.table.picked or self.table.agrees_with_sequential()):
+            left = tuple(p for p in left if p != "refined")  # (skipped: no share)
+        return make_cost(self.target, self.config,
+                         account=self.ledger.account(plan, len(left)))
+
     def _joint(self, trials: int):
         tgt, reports = self.target, self.reports["joint"]
+        cost = self._cost("joint")
         if self.tuner is None:
             return tvm.compile(self.modules["offered"], target=tgt, relax_pipeline=(
-                ollie_orchestration(tgt, cost=self.cost, reports=reports, joint=self.table)))
+                ollie_orchestration(tgt, cost=cost, config=self.config, reports=reports,
+                                    joint=self.table)))
         # the offered module is fissioned already (fission drops the unused alternatives)
         return tuned_orchestrate_build(self.modules["offered"], tgt, self.tuner, trials,
-                                       cost=self.cost, reports=reports, joint=self.table)
+                                       cost=cost, config=self.config, reports=reports,
+                                       joint=self.table)
 
     def _offered(self, module, plan: str):
         """``module`` orchestrated with the library kernels as candidates (``self.offer``,
@@ -177,17 +209,19 @@ class PlanBuilder:
             offered = keep_alternatives(lambda m: fission(m)[0])(offered)
         reports = self.reports[plan]
         ex = tvm.compile(offered, target=self.target, relax_pipeline=ollie_orchestration(
-            self.target, cost=self.cost, reports=reports, joint=table))
+            self.target, cost=self._cost(plan), config=self.config, reports=reports,
+            joint=table))
         note_library(reports[-1] if reports else None, table)
         return ex
 
     def _orchestrated(self, module, plan: str, trials: int):
-        tgt, reports = self.target, self.reports[plan]
+        tgt, reports, cost = self.target, self.reports[plan], self._cost(plan)
         if self.tuner is None:
             return tvm.compile(module, target=tgt, relax_pipeline=ollie_orchestration(
-                tgt, cost=self.cost, reports=reports))
-        return tuned_orchestrate_build(module, tgt, self.tuner, trials, cost=self.cost,
-                                       fission=_split_composites, reports=reports)
+                tgt, cost=cost, config=self.config, reports=reports))
+        return tuned_orchestrate_build(module, tgt, self.tuner, trials, cost=cost,
+                                       config=self.config, fission=_split_composites,
+                                       reports=reports)
 
 
 def _rewrite_regions(mod, cfg: OllieConfig, budget, hooks: dict):
@@ -296,7 +330,8 @@ def joint_build(mod: "tvm.IRModule", target=None, config: Optional[OllieConfig] 
                         {"given": given, "regions": mod, "folded": folded, "offered": offered},
                         decided, table, layouts=layout_step(cfg, decider, tgt),
                         library=library_choices(decider, decided) if decider.library else None,
-                        offer=library_offer(tgt) if decider.library else None)
+                        offer=library_offer(tgt) if decider.library else None,
+                        config=cfg.orchestrate_config())
     report = OptimizeReport(target=kind_name(tgt), budget=budget)
     final = budget.final() if tuned else 0  # what is left of the budget: the kept plan's
     if guard:
@@ -360,6 +395,31 @@ def _guarded(plans: PlanBuilder, plan_timer) -> Tuple[object, str, object]:
     except Exception as err:  # pylint: disable=broad-except
         why = f"not timed: no main with static shapes ({type(err).__name__})"
         return plans.build("joint"), "joint", GuardReport(winner="joint", notes=[why])
-    builds: List[Tuple[str, object]] = [(name, lambda n=name: plans.build(n)) for name in PLANS]
-    return guard_plans(builds, args, reference=GUARD_REFERENCE, timer=plan_timer,
-                       target=plans.target, prefer=GUARD_PREFERENCE)
+    built_s: Dict[str, float] = {}
+
+    def timed_build(name: str):
+        start = time.perf_counter()
+        try:
+            with stage(f"plan {name}"):
+                return plans.build(name)
+        finally:
+            built_s[name] = time.perf_counter() - start
+
+    builds: List[Tuple[str, object]] = [(name, lambda n=name: timed_build(n)) for name in PLANS]
+    ex, winner, report = guard_plans(builds, args, reference=GUARD_REFERENCE,
+                                     timer=plan_timer, target=plans.target,
+                                     prefer=GUARD_PREFERENCE)
+    report.notes.append("built in " + ", ".join(
+        f"{n} {s:.1f} s{_profiled(plans.reports.get(n))}" for n, s in built_s.items()))
+    return ex, winner, report
+
+
+def _profiled(reports: Optional[list]) -> str:
+    """`` (profiling P s: M measured, C cached, budget reached)`` of a plan's orchestration
+    (``""``: none, or not profiled): where the plan's build time went."""
+    prof = reports[-1].profile if reports and reports[-1] is not None else None
+    if prof is None:
+        return ""
+    stop = ", budget reached" if prof.stopped == "budget" else ""
+    return f" (profiling {prof.profile_s:.1f} s: {prof.profiled} measured, " \
+           f"{prof.cached} cached of {prof.eligible}{stop})"
