@@ -7,13 +7,13 @@ program chooses the alternatives and the kernel boundaries together. With the ne
 (:mod:`.guard`) it also builds the plans the joint one competes with, from the same decisions
 (:class:`PlanBuilder`): ``refined``, ``sequential``, ``derivation`` (the ``ollie`` build: the
 Decider's choices, epilogues folded, chains of library convolutions kept in oneDNN's format,
-TVM's greedy fusion), ``library`` (the same with every heavy call on the library where it has
-a kernel, :func:`~.joint.library_choices`: chains the per-call decisions split stay whole),
-``orchestration`` (the module as given, orchestrated with the library kernels as candidates
+TVM's greedy fusion), ``library`` (the sequential build's library plan, :func:`~.joint.
+library_plan`: the module as given with every heavy call on the library where it has a kernel,
+no derivation, so that chains the per-call decisions split stay whole), ``orchestration`` (the module as given, orchestrated with the library kernels as candidates
 when the library is on, :mod:`.library_offers`) and ``original`` (the module as given, built
 by TVM alone), and keeps the fastest, timed whole. The plans built from decided calls
-(``refined``, ``sequential``, ``derivation``, ``library``) go through the sequential build's
-layout step (:func:`layout_step`).
+(``refined``, ``sequential``, ``derivation``) go through the sequential build's layout step
+(:func:`layout_step`), as the ``library`` plan does in its own pass.
 
 Tuned (``trials > 0``), one trial budget serves the whole build (:mod:`tvm_ollie.tune.budget`):
 the Decider's tuned measurements of the regions and of every call's alternatives draw on it
@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import time
 from typing import Any, Dict, List, Optional, Tuple
+
+import tvm_ffi
 
 from ..codegen import library as lib
 from ..compat import relax, tvm
@@ -48,8 +50,7 @@ from ..transform.report import OptimizeReport
 from ..tune.metaschedule import STATS
 from .compile import compile_module
 from .guard import GuardReport, PlanSkipped, guard_plans
-from .joint import (library_choices, make_decider, offer_alternatives, offer_folded,
-                    static_call)
+from .joint import library_plan, make_decider, offer_alternatives, offer_folded, static_call
 from .library_offers import library_offer
 
 __all__ = ["GUARD_PREFERENCE", "GUARD_REFERENCE", "PLANS", "PlanBuilder", "joint_build",
@@ -100,9 +101,9 @@ class PlanBuilder:
         plan whose calls are decided before it is built (``refined``, ``sequential``,
         ``derivation``, ``library``), so that the ``derivation`` plan is the module the
         ``ollie`` system builds. None: no layout step (the build's config or target has none).
-    library : dict, optional
-        ``{signature: Decision}`` of the ``library`` plan (:func:`~.joint.library_choices`);
-        None, or the same labels as ``decided``: the plan is skipped.
+    library : tuple, optional
+        ``(module, OptimizeReport)`` of the ``library`` plan (:func:`~.joint.library_plan`,
+        the sequential build's); None, or the ``derivation`` plan's module: it is skipped.
     offer : callable, optional
         ``module -> (module, JointTable)``: the library candidates of the untuned
         ``orchestration`` plan (:func:`~.library_offers.library_offer`); None: TVM's kernels
@@ -130,13 +131,10 @@ class PlanBuilder:
         self.layouts: Dict[str, object] = {}
         self.sequential_module = self._laid_out(self.sequential_module, "sequential")
         self.layouts["derivation"] = self.layouts.get("sequential")
-        self.library = library if library and any(
-            library[sig].label != ch.label for sig, ch in choices.items()) else None
-        self.library_module, self.library_epilogues = None, {}
-        if self.library is not None:
-            module, self.library_epilogues = apply_call_choices(modules["regions"],
-                                                                self.library)
-            self.library_module = self._laid_out(module, "library")
+        self.library = library if library is not None and not tvm_ffi.structural_equal(
+            library[0], self.sequential_module) else None
+        self.library_module = self.library[0] if self.library is not None else None
+        self.layouts["library"] = self.library[1].layouts if self.library is not None else None
         self.reports: Dict[str, list] = {name: [] for name in PLANS}
 
     def _laid_out(self, module, plan: str):
@@ -164,7 +162,8 @@ class PlanBuilder:
             return compile_module(self.sequential_module, self.target, self.tuner, trials)
         if plan == "library":
             if self.library_module is None:
-                raise PlanSkipped("no call has a library kernel the derivation plan lacks")
+                raise PlanSkipped("no call has a library kernel the derivation plan lacks"
+                                  if self.library is None else "it is the derivation plan")
             return compile_module(self.library_module, self.target, self.tuner, trials)
         if plan == "orchestration":
             if self.offer is not None and self.tuner is None:
@@ -329,7 +328,7 @@ def joint_build(mod: "tvm.IRModule", target=None, config: Optional[OllieConfig] 
     plans = PlanBuilder(tgt, cost, plan_tuner if tuned else None,
                         {"given": given, "regions": mod, "folded": folded, "offered": offered},
                         decided, table, layouts=layout_step(cfg, decider, tgt),
-                        library=library_choices(decider, decided) if decider.library else None,
+                        library=library_plan(given, cfg, checker) if decider.library else None,
                         offer=library_offer(tgt) if decider.library else None,
                         config=cfg.orchestrate_config())
     report = OptimizeReport(target=kind_name(tgt), budget=budget)
@@ -342,13 +341,16 @@ def joint_build(mod: "tvm.IRModule", target=None, config: Optional[OllieConfig] 
                                       "timed it untuned")
     else:
         ex, winner = plans.build("joint", final), "joint"
-    report.epilogues = dict(plans.epilogues) if winner in ("sequential", "derivation") else \
-        dict(plans.library_epilogues) if winner == "library" else {}
+    report.epilogues = dict(plans.epilogues) if winner in ("sequential", "derivation") else {}
     report.layouts = plans.layouts.get(winner)
     report.regions = regions.regions
-    if winner == "library":
-        decided = [(name, sig, plans.library[sig]) for name, sig, _ in decided]
-    _report_decisions(report, decided, table, winner)
+    if winner == "library":  # the sequential build's library plan: its decisions
+        lib_report = plans.library[1]
+        report.decisions, report.regions = lib_report.decisions, lib_report.regions
+        report.epilogues, report.inference_folds = lib_report.epilogues, \
+            lib_report.inference_folds
+    else:
+        _report_decisions(report, decided, table, winner)
     report.search_s = decider.search_s + regions.search_s
     report.verify_s = decider.verify_s + regions.verify_s
     report.tuning_s, report.tuning_calls = STATS.seconds - tuning0, STATS.calls - calls0
