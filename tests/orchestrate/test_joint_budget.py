@@ -2,7 +2,7 @@
 
 Before, each orchestrated plan (joint, refined, sequential, orchestration-only) profiled with a
 full budget of its own and in this process only (the run's ``OrchestrateConfig`` did not
-reach them): profiling was 60-70% of a joint build's compile time, and a second build profiled
+reach them): profiling was 61-72% of BERT quick's joint compile time, and a second build profiled
 everything again.
 """
 

@@ -68,8 +68,8 @@ from .cost import AnalyticCost, CostModel, KernelTimer, MeasuredCost
 from .graph import PrimitiveGraph
 from .report import ProfileReport
 
-__all__ = ["ProfileLedger", "ProfiledCost", "SIMPLE_SAMPLES", "UNCERTAINTY", "cost_class", "forget_process_times",
-           "make_cost", "needs_profile", "timeable"]
+__all__ = ["ProfileLedger", "ProfiledCost", "SIMPLE_SAMPLES", "UNCERTAINTY", "cost_class",
+           "forget_process_times", "make_cost", "needs_profile", "timeable"]
 
 #: How far the roofline is typically off, per candidate class (a factor): untuned linear
 #: loop nests most, reductions next, fused groups of memory-bound primitives less; a single
@@ -163,11 +163,11 @@ class ProfileLedger:
         charge(key, s)   = 0 if another plan of the build was charged key, else s
 
     Why: the joint build orchestrates up to four related modules (the joint, refined,
-    sequential and orchestration-only plans); a full budget each made profiling 60-70% of its
-    compile time (docs/orchestration.md). Deterministic: a plan orchestrated again (the tuned
-    build's kept plan) gets the same account and charges its own kernels as the first time,
-    and a second build reads every kernel from the cache, charged what measuring it cost, and
-    stops where the first did.
+    sequential and orchestration-only plans); with a full budget each, profiling was 61-72% of
+    BERT quick's joint compile time (docs/orchestration.md). Deterministic: a plan
+    orchestrated again (the tuned build's kept plan) gets the same account and charges its
+    own kernels as the first time, and a second build reads every kernel from the cache,
+    charged what measuring it cost, and stops where the first did.
     """
 
     def __init__(self, seconds: float, kernels: int):

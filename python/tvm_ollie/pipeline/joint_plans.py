@@ -9,8 +9,9 @@ program chooses the alternatives and the kernel boundaries together. With the ne
 Decider's choices, epilogues folded, chains of library convolutions kept in oneDNN's format,
 TVM's greedy fusion), ``library`` (the sequential build's library plan, :func:`~.joint.
 library_plan`: the module as given with every heavy call on the library where it has a kernel,
-no derivation, so that chains the per-call decisions split stay whole), ``orchestration`` (the module as given, orchestrated with the library kernels as candidates
-when the library is on, :mod:`.library_offers`) and ``original`` (the module as given, built
+no derivation, so that chains the per-call decisions split stay whole), ``orchestration``
+(the module as given, orchestrated with the library kernels as candidates when the library is
+on, :mod:`.library_offers`) and ``original`` (the module as given, built
 by TVM alone), and keeps the fastest, timed whole. The plans built from decided calls
 (``refined``, ``sequential``, ``derivation``) go through the sequential build's layout step
 (:func:`layout_step`), as the ``library`` plan does in its own pass.
