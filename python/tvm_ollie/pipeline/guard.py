@@ -19,8 +19,7 @@ already made (no second derivation search), the plans it competes with
   step included);
 * ``library``: every heavy call on its library kernel where it has one, epilogues folded,
   chains of convolutions in oneDNN's format (:func:`~.joint.library_plan`, the sequential
-  build's library plan), TVM's greedy
-  fusion; skipped when it is the derivation plan;
+  build's library plan), TVM's greedy fusion; skipped when it is the derivation plan;
 * ``orchestration``: the module as given (no derivation, no library kernel), fission and
   orchestration (orchestration alone);
 * ``original``: the module as given, built by TVM's own pipeline (greedy fusion): TVM alone,
