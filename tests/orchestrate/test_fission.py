@@ -269,6 +269,50 @@ def test_batch_norm_tuple_output_structure():
     assert report.split == {"batch_norm": 1}
 
 
+def _const_batch_norm():
+    """batch_norm(x) with its four parameters as constants (a model's weights)."""
+    rng = np.random.default_rng(7)
+    params = [rng.standard_normal(2).astype(F32) for _ in range(4)]
+    params[3] = np.abs(params[3]) + np.float32(0.1)
+    g, b, mu, var = [relax.const(p) for p in params]
+    x = relax.Var("x", relax.TensorType((1, 2, 3, 3), F32))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            t = bb.emit(relax.op.nn.batch_norm(x, g, b, mu, var, axis=1, epsilon=0.5,
+                                                      training=False))
+            y = bb.emit_output(relax.TupleGetItem(t, 0))
+        bb.emit_func_output(y)
+    return bb.get(), params
+
+
+def test_batch_norm_of_constants_folds_its_parameters():
+    """Constant parameters are reshaped, and ``sqrt(var + eps)`` computed, by the rule itself:
+    no ``reshape``/``add``/``sqrt`` of constants is left for ``FoldConstant`` to build and
+    run (YOLOX quick: 377 + 184 LLVM builds in every orchestrated plan), and the result is
+    what TVM's build of the original computes."""
+    mod, (g, b, mu, var) = _const_batch_norm()
+    after, report = fission(mod)
+    assert report.split == {"batch_norm": 1}
+    x = after["main"].params[0]
+    four = (1, 2, 1, 1)
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            d = bb.emit(relax.op.subtract(x, relax.const(mu.reshape(four))))
+            std = np.sqrt(var + np.float32(0.5)).reshape(four)
+            n = bb.emit(relax.op.divide(d, relax.const(std)))
+            sc = bb.emit(relax.op.multiply(n, relax.const(g.reshape(four))))
+            out = bb.emit(relax.op.add(sc, relax.const(b.reshape(four))))
+            y = bb.emit_output(out)
+        bb.emit_func_output(y)
+    tvm.ir.assert_structural_equal(after, bb.get(), map_free_vars=True)
+    arr = np.random.default_rng(8).standard_normal((1, 2, 3, 3)).astype(F32)
+    got, want = [relax.VirtualMachine(tvm.compile(m, "llvm"), tvm.cpu())["main"](
+        tvm.runtime.tensor(arr)).numpy() for m in (after, mod)]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
 def _unchanged(mod, op_name, reason):
     after, report = fission(mod)
     tvm.ir.assert_structural_equal(after, mod)

@@ -87,6 +87,18 @@ def test_graph_tuples_and_edges():
     assert len(graph.nodes[0].constants) == 0 and len(graph.nodes[1].constants) == 1
 
 
+def test_members_and_graph_outputs_follow_appended_aliases():
+    """``members`` walks set bits only; ``is_graph_output`` answers as ``in graph_outputs``
+    does, also after the joint selection appends an alias (the cached set follows)."""
+    mod = _mixed_module()
+    graph = build_graph(mod["main"].body.blocks[0], mod)
+    assert graph.members(0) == [] and graph.members(1 << 300 | 1 << 3 | 1) == [0, 3, 300]
+    last, inner = graph.nodes[-1].var, graph.nodes[2].var
+    assert graph.is_graph_output(last) and not graph.is_graph_output(inner)
+    graph.graph_outputs.append(inner)
+    assert graph.is_graph_output(inner)
+
+
 def test_primfunc_flops_of_matmul():
     mod = single_function_module([tensor_var("a", (8, 16)), tensor_var("b", (16, 4))],
                                  lambda bb, a, b: relax.op.matmul(a, b))

@@ -13,8 +13,8 @@ from tvm_ollie.orchestrate import (AnalyticCost, OrchestrateConfig, ProfiledCost
                                    enumerate_candidates, orchestrate_module,
                                    orchestrate_pipeline)
 from tvm_ollie.orchestrate.emit import kernel_name
-from tvm_ollie.orchestrate.profiled import (SIMPLE_SAMPLES, UNCERTAINTY, cost_class, make_cost,
-                                            needs_profile, timeable)
+from tvm_ollie.orchestrate.profiled import (SIMPLE_SAMPLES, UNCERTAINTY, ProfileLedger,
+                                            cost_class, make_cost, needs_profile, timeable)
 
 from orch_helpers import CALIB, const, random_args, run
 
@@ -234,3 +234,46 @@ def test_a_cost_asked_again_is_not_costed_twice(tmp_path):
     calls, counted = len(timer.calls), cost.stats.candidates
     assert [cost.kernel_seconds(graph, c) for c in cands] == costs
     assert (len(timer.calls), cost.stats.candidates) == (calls, counted)
+
+
+def _kernels(report):
+    return [k.primitives for p in report.partitions for k in p.kernels]
+
+
+def test_plans_of_one_build_share_one_budget(tmp_path):
+    """Two orchestrations of one build (the joint build's plans) on one ledger: the first gets
+    half the kernels, the second the rest, and what the first measured is free for it."""
+    ledger = ProfileLedger(60.0, 10)
+    first_timer, second_timer = FakeTimer(), FakeTimer()
+    account = ledger.account("joint", 2)
+    assert (account.seconds, account.kernels) == (30.0, 5)
+    first = orchestrate_module(conv_softmax(), "llvm", cost=ProfiledCost(
+        "llvm", _config(tmp_path), AnalyticCost("llvm", CALIB), timer=first_timer,
+        overhead_s=0.0, account=account))[1]
+    assert len(first_timer.calls) == 5 and first.profile.stopped == "budget"
+    assert (ledger.kernels, first.profile.max_kernels) == (5, 5)
+    second = orchestrate_module(conv_softmax(), "llvm", cost=ProfiledCost(
+        "llvm", _config(tmp_path), AnalyticCost("llvm", CALIB), timer=second_timer,
+        overhead_s=0.0, account=ledger.account("sequential", 1)))[1]
+    # the same module: the first plan's five kernels from the cache at no charge, five new
+    assert (second.profile.cached, second.profile.profiled) == (5, 5)
+    assert not {tuple(c) for c in second_timer.calls} & {tuple(c) for c in first_timer.calls}
+    assert ledger.kernels == 0 and ledger.seconds < 60.0
+
+
+def test_a_plan_orchestrated_again_repeats_its_selection(tmp_path):
+    """The tuned build orchestrates the kept plan again: the same account, the same kernels
+    charged as the first time, nothing timed, the same kernels chosen."""
+    ledger = ProfileLedger(60.0, 8)
+
+    def orchestrate(plan, share, timer):
+        return orchestrate_module(conv_softmax(), "llvm", cost=ProfiledCost(
+            "llvm", _config(tmp_path), AnalyticCost("llvm", CALIB), timer=timer,
+            overhead_s=0.0, account=ledger.account(plan, share)))[1]
+
+    first = orchestrate("joint", 2, FakeTimer(fused_s=1e-7))
+    orchestrate("sequential", 1, FakeTimer(fused_s=1e-7))
+    again_timer = FakeTimer(fused_s=1e-7)
+    again = orchestrate("joint", 2, again_timer)
+    assert again_timer.calls == [] and again.profile.cached == first.profile.profiled
+    assert _kernels(again) == _kernels(first)

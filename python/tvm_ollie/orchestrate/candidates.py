@@ -124,7 +124,7 @@ def make_candidate(graph: PrimitiveGraph, mask: int) -> Candidate:
         consts.extend(node.constants)
         for var in node.outputs:
             readers = graph.consumers.get(var, ())
-            if graph.is_output(var) or var in graph.graph_outputs or \
+            if graph.is_output(var) or graph.is_graph_output(var) or \
                     any(not mask >> r & 1 for r in readers):
                 outputs.append(var)
     return Candidate(mask, nodes, tuple(inputs), tuple(outputs), tuple(consts))

@@ -68,8 +68,8 @@ from .cost import AnalyticCost, CostModel, KernelTimer, MeasuredCost
 from .graph import PrimitiveGraph
 from .report import ProfileReport
 
-__all__ = ["ProfiledCost", "SIMPLE_SAMPLES", "UNCERTAINTY", "cost_class", "forget_process_times",
-           "make_cost", "needs_profile", "timeable"]
+__all__ = ["ProfileLedger", "ProfiledCost", "SIMPLE_SAMPLES", "UNCERTAINTY", "cost_class",
+           "forget_process_times", "make_cost", "needs_profile", "timeable"]
 
 #: How far the roofline is typically off, per candidate class (a factor): untuned linear
 #: loop nests most, reductions next, fused groups of memory-bound primitives less; a single
@@ -143,10 +143,66 @@ class _Budget:
         self.primitives = max(0, self.primitives - primitives)
         return self.seconds * part, max(1, round(self.kernels * part)) if self.kernels else 0
 
-    def charge(self, seconds: float) -> None:
+    def charge(self, seconds: float, kernels: int = 1) -> None:
         """One kernel measured (or found in the cache), taking ``seconds``."""
         self.seconds -= seconds
-        self.kernels -= 1
+        self.kernels -= kernels
+
+
+class ProfileLedger:
+    """One profiling budget for the orchestrations of one build (the joint build's plans,
+    :mod:`tvm_ollie.pipeline.joint_plans`), instead of a full budget for each.
+
+    Each orchestration (a plan) opens an :meth:`account` holding an equal share of what is
+    left (``n``: the orchestrations still to run, this one included; unused shares carry over
+    to the next), and a kernel charged to an earlier plan of the build is free for the later
+    ones (they read its time from the cache at no cost). So the build profiles the union of its
+    plans' candidates within one budget, as Korch profiles each distinct kernel once::
+
+        account(plan, n) = (seconds left / n, kernels left / n)
+        charge(key, s)   = 0 if another plan of the build was charged key, else s
+
+    Why: the joint build orchestrates up to four related modules (the joint, refined,
+    sequential and orchestration-only plans); with a full budget each, profiling was 61-72% of
+    BERT quick's joint compile time (docs/orchestration.md). Deterministic: a plan
+    orchestrated again (the tuned build's kept plan) gets the same account and charges its
+    own kernels as the first time, and a second build reads every kernel from the cache,
+    charged what measuring it cost, and stops where the first did.
+    """
+
+    def __init__(self, seconds: float, kernels: int):
+        self.seconds, self.kernels = float(seconds), int(kernels)
+        self.owner: Dict[str, str] = {}  # kernel key -> the plan first charged for it
+        self.accounts: Dict[str, "_Account"] = {}
+
+    def account(self, plan: str, orchestrations: int = 1) -> "_Account":
+        """``plan``'s account: its share of what is left of ``orchestrations`` still to run
+        (the same one when the plan is orchestrated again)."""
+        if plan not in self.accounts:
+            n = max(1, int(orchestrations))
+            self.accounts[plan] = _Account(self, plan, max(0.0, self.seconds) / n,
+                                           max(0, round(self.kernels / n)))
+        return self.accounts[plan]
+
+
+class _Account:
+    """A plan's share of a :class:`ProfileLedger` (``seconds``, ``kernels``)."""
+
+    def __init__(self, ledger: ProfileLedger, plan: str, seconds: float, kernels: int):
+        self.ledger, self.plan, self.seconds, self.kernels = ledger, plan, seconds, kernels
+        self.keys: set = set()  # the kernels this plan was charged for
+
+    def charge(self, key: str, seconds: float) -> bool:
+        """Whether measuring (or reading back) kernel ``key`` is charged to this plan (False:
+        another plan of the build was; the ledger is debited once per kernel)."""
+        owner = self.ledger.owner.setdefault(key, self.plan)
+        if owner != self.plan:
+            return False
+        if key not in self.keys:
+            self.keys.add(key)
+            self.ledger.seconds -= seconds
+            self.ledger.kernels -= 1
+        return True
 
 
 class ProfiledCost(CostModel):
@@ -166,6 +222,10 @@ class ProfiledCost(CostModel):
         :func:`~.cost.build_and_time`; tests give a fake).
     overhead_s : float, optional
         The timing overhead to subtract; None: measured once (and cached).
+    account : optional
+        This orchestration's share of a build's budget (:meth:`ProfileLedger.account`),
+        spent instead of ``config``'s full budget; kernels another plan of the build was
+        charged are free.
     """
 
     name = "profiled"
@@ -175,7 +235,7 @@ class ProfiledCost(CostModel):
 
     def __init__(self, target="llvm", config: OrchestrateConfig = OrchestrateConfig(),
                  analytic: Optional[CostModel] = None, timer: Optional[KernelTimer] = None,
-                 overhead_s: Optional[float] = None):
+                 overhead_s: Optional[float] = None, account: Optional[_Account] = None):
         self.target = target
         self.analytic = analytic or AnalyticCost(target)
         self.launch_s = getattr(self.analytic, "launch_s", 0.0)
@@ -183,10 +243,12 @@ class ProfiledCost(CostModel):
         self.measured = MeasuredCost(target, config.work_dir, rpc=config.rpc, timer=timer)
         # the process's times (a fake timer's stay its own)
         self.memory = _MEMORY if timer is None else {"cache": {}, "spent": {}}
-        self.budget = _Budget(config.profile_budget_s, config.profile_max_kernels)
+        self.account = account
+        seconds, kernels = (account.seconds, account.kernels) if account is not None else \
+            (config.profile_budget_s, config.profile_max_kernels)
+        self.budget = _Budget(seconds, kernels)
         self.overhead_s = overhead_s
-        self.stats = ProfileReport(budget_s=float(config.profile_budget_s),
-                                   max_kernels=int(config.profile_max_kernels),
+        self.stats = ProfileReport(budget_s=float(seconds), max_kernels=int(kernels),
                                    rpc=config.rpc is not None)
         self._ratios: Dict[str, List[float]] = {}
         # costs already given, by (graph, candidate): a fallback plan's singletons asked again
@@ -238,11 +300,12 @@ class ProfiledCost(CostModel):
             if seconds <= 0 or kernels <= 0:
                 self.stats.stopped = "budget"
                 break
-            spent = self._profile(graph, cands[k], analytic[k], out, k)
-            if spent is None:
+            charged = self._profile(graph, cands[k], analytic[k], out, k)
+            if charged is None:
                 continue  # not profiled (does not fuse alone): scaled below
-            seconds, kernels = seconds - spent, kernels - 1
-            self.budget.charge(spent)
+            spent, counted = charged
+            seconds, kernels = seconds - spent, kernels - counted
+            self.budget.charge(spent, counted)
             done.add(k)
             self.stats.samples += classes[k] == "simple"
             self.stats.library += classes[k] == "library"
@@ -258,9 +321,10 @@ class ProfiledCost(CostModel):
         return out
 
     def _profile(self, graph: PrimitiveGraph, cand: Candidate, analytic_s: float,
-                 out: list, k: int) -> Optional[float]:
-        """Measure (or look up) ``cand`` into ``out[k]``; the budget seconds it is charged,
-        None when it cannot be built alone (then it is left to the scaled estimate)."""
+                 out: list, k: int) -> Optional[tuple]:
+        """Measure (or look up) ``cand`` into ``out[k]``; the budget ``(seconds, kernels)``
+        it is charged (``(0, 0)``: measured for another plan of the build), None when it
+        cannot be built alone (then it is left to the scaled estimate)."""
         try:
             key, fused = self.measured.prepare(graph, cand)
         except Exception:  # pylint: disable=broad-except
@@ -279,7 +343,9 @@ class ProfiledCost(CostModel):
             self.stats.profiled += 1
             self.stats.profile_s += time.perf_counter() - start
             self._remember(key)
-        spent = self.measured.spent.get(key, 0.0)
+        spent, counted = self.measured.spent.get(key, 0.0), 1
+        if self.account is not None and not self.account.charge(key, spent):
+            spent, counted = 0.0, 0
         if not math.isfinite(seconds):
             self.stats.failed += 1
             # a single primitive is built whatever it costs: keep its (scaled) estimate;
@@ -287,13 +353,13 @@ class ProfiledCost(CostModel):
             cls = cost_class(graph, cand)
             out[k] = math.inf if cand.size > 1 or cls == "library" else \
                 analytic_s * self._ratio(cls)
-            return spent
+            return spent, counted
         cost = self.launch_s + max(0.0, seconds - self._overhead())
         out[k] = cost
         ratio = cost / analytic_s if analytic_s > 0 else 1.0
         self._ratios.setdefault(cost_class(graph, cand), []).append(ratio)
         self.stats.ratios.append(ratio)
-        return spent
+        return spent, counted
 
     def _recall(self, key: str) -> bool:
         """Whether ``key`` was measured (in the work dir, or earlier in this process: then
@@ -360,13 +426,15 @@ def _is_local_or_reachable(target, rpc) -> bool:
     return bool(dev.exist)
 
 
-def make_cost(target, config: OrchestrateConfig, note: Optional[list] = None) -> CostModel:
+def make_cost(target, config: OrchestrateConfig, note: Optional[list] = None,
+              account: Optional[_Account] = None) -> CostModel:
     """The cost model ``config.costs`` asks for: :class:`ProfiledCost` (when kernels of
     ``target`` can be timed here or through ``config.rpc``; otherwise the analytic cost, with
-    a line in ``note``), or :class:`~.cost.AnalyticCost`."""
+    a line in ``note``; ``account``: its share of a build's budget), or
+    :class:`~.cost.AnalyticCost`."""
     if config.costs == "profiled":
         if _is_local_or_reachable(target, config.rpc):
-            return ProfiledCost(target, config)
+            return ProfiledCost(target, config, account=account)
         if note is not None:
             note.append(f"no {target_kind(target)} device here and no rpc: analytic kernel "
                         f"costs instead of profiled ones")

@@ -18,8 +18,8 @@ already made (no second derivation search), the plans it competes with
 * ``derivation``: the same module with TVM's greedy fusion (the ``ollie`` system, its layout
   step included);
 * ``library``: every heavy call on its library kernel where it has one, epilogues folded,
-  chains of convolutions in oneDNN's format (:func:`~.joint.library_choices`), TVM's greedy
-  fusion; skipped when it is the derivation plan;
+  chains of convolutions in oneDNN's format (:func:`~.joint.library_plan`, the sequential
+  build's library plan), TVM's greedy fusion; skipped when it is the derivation plan;
 * ``orchestration``: the module as given (no derivation, no library kernel), fission and
   orchestration (orchestration alone);
 * ``original``: the module as given, built by TVM's own pipeline (greedy fusion): TVM alone,

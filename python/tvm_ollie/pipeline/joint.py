@@ -20,13 +20,16 @@ import tvm_ffi
 from ..codegen import library as lib
 from ..compat import relax, tvm
 from ..orchestrate.joint import ALT_RE, ALT_TAG, AltInfo, JointTable
+from ..transform.choosing import native_everywhere
 from ..transform.decide import DERIVABLE_OPS, MARGIN, Decider, call_signature, unit_signature
 from ..transform.emit import emit_program
 from ..transform.epilogue import fold_chain, use_counts
+from ..transform.optimize import optimize_module
 from ..transform.regions import static_tensor
+from ..transform.report import OptimizeReport
 from ..transform.units import operand_values, original_form
 
-__all__ = ["library_choices", "make_decider", "offer_alternatives", "offer_folded",
+__all__ = ["library_plan", "make_decider", "offer_alternatives", "offer_folded",
            "static_call"]
 
 
@@ -183,38 +186,30 @@ def make_decider(target, **opts):
                 self._alts[sig] = super().alternatives(call, budget_s)
             return self._alts[sig]
 
-        def library_choice(self, sig: str, choice):
-            """The call of signature ``sig`` on the library (:func:`library_choices`)."""
-            if choice.impl == "native" or sig not in self._alts:
-                return choice
-            alts = self._alts[sig][0]
-            native = next((a for a in alts if a.program is None and a.impl == "native"), None)
-            if native is None:
-                return choice
-            return dataclasses.replace(choice, chosen=native.label, program=None, names=[],
-                                       impl="native", explain="", after_s=native.estimate,
-                                       reason=f"library plan (sequential: {choice.label})")
-
     return _Memo(target, **opts)
 
 
-def library_choices(decider, decided: list) -> Dict[str, object]:
-    """``{signature: Decision}``: every heavy call on the library (the *library* plan of the
-    joint build's guard): the Decider's choice when it runs on library kernels already, else
-    the call as it is on its library kernel when the library has one (``original [native]``,
-    an alternative the Decider found), else the Decider's choice.
+def library_plan(given: "tvm.IRModule", cfg, checker=None
+                 ) -> Optional[Tuple["tvm.IRModule", OptimizeReport]]:
+    """The *library* plan of the whole-model guards: ``given`` with every heavy call on its
+    native library kernel where it has one (:func:`~tvm_ollie.transform.choosing.
+    native_everywhere`), no derivation, and the pass's other steps as ``cfg`` has them
+    (inference folds, epilogues folded, chains of convolutions kept in oneDNN's format);
+    ``(module, report)``, or None when it rewrites nothing.
 
-    Why: the Decider weighs each call alone, in NCHW, each library call reordering its
-    tensors; kept on the library, whole chains of convolutions can stay in oneDNN's format
-    (:mod:`tvm_ollie.transform.blocked_layout`), which no single decision sees (docs/layouts.md:
-    all convolutions on the library with layouts kept 3-6x faster than the per-call decisions
-    on ResNet-18, CSRNet and YOLOX, quick). The guard times the whole plan against the others.
+    The sequential build's whole-model guard (``pipeline.build._library_plan``) and the joint
+    build's guard (:mod:`.joint_plans`) build this same plan: one construction owns it. Why
+    the joint build uses it rather than per-call library choices on its regions-rewritten
+    module: the Decider's alternatives have no library kernel for the calls a region rewrote,
+    and each such call breaks a chain; on YOLOX quick the sequential build's library plan
+    keeps one chain of 83 convolutions (88 of 101 on the library), the per-call library
+    choices kept 8 chains of 56 (docs/orchestration.md).
     """
-    pick = getattr(decider, "library_choice", None)
-    out = {}
-    for _, sig, choice in decided:
-        out[sig] = pick(sig, choice) if pick is not None else choice
-    return out
+    module, report = optimize_module(given, config=cfg.replace(derive=False, trials=0),
+                                     chooser=native_everywhere, checker=checker)
+    if not (report.rewritten or any(r.rewritten for r in report.regions)):
+        return None
+    return module, report
 
 
 def static_call(call) -> bool:

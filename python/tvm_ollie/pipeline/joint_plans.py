@@ -7,13 +7,14 @@ program chooses the alternatives and the kernel boundaries together. With the ne
 (:mod:`.guard`) it also builds the plans the joint one competes with, from the same decisions
 (:class:`PlanBuilder`): ``refined``, ``sequential``, ``derivation`` (the ``ollie`` build: the
 Decider's choices, epilogues folded, chains of library convolutions kept in oneDNN's format,
-TVM's greedy fusion), ``library`` (the same with every heavy call on the library where it has
-a kernel, :func:`~.joint.library_choices`: chains the per-call decisions split stay whole),
-``orchestration`` (the module as given, orchestrated with the library kernels as candidates
-when the library is on, :mod:`.library_offers`) and ``original`` (the module as given, built
+TVM's greedy fusion), ``library`` (the sequential build's library plan, :func:`~.joint.
+library_plan`: the module as given with every heavy call on the library where it has a kernel,
+no derivation, so that chains the per-call decisions split stay whole), ``orchestration``
+(the module as given, orchestrated with the library kernels as candidates when the library is
+on, :mod:`.library_offers`) and ``original`` (the module as given, built
 by TVM alone), and keeps the fastest, timed whole. The plans built from decided calls
-(``refined``, ``sequential``, ``derivation``, ``library``) go through the sequential build's
-layout step (:func:`layout_step`).
+(``refined``, ``sequential``, ``derivation``) go through the sequential build's layout step
+(:func:`layout_step`), as the ``library`` plan does in its own pass.
 
 Tuned (``trials > 0``), one trial budget serves the whole build (:mod:`tvm_ollie.tune.budget`):
 the Decider's tuned measurements of the regions and of every call's alternatives draw on it
@@ -29,13 +30,17 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+import tvm_ffi
+
 from ..codegen import library as lib
 from ..compat import relax, tvm
-from ..config import MIN_SEARCH_S, OllieConfig, resolve_config
+from ..compile_profile import stage
+from ..config import MIN_SEARCH_S, OllieConfig, OrchestrateConfig, resolve_config
 from ..orchestrate.cost import AnalyticCost, LinearMeasuredCost, MeasuredCost, sample_args
 from ..orchestrate.fission import fission
 from ..orchestrate.joint import JointTable, apply_picked, keep_alternatives
 from ..orchestrate.pipeline import _split_composites, note_library, ollie_orchestration
+from ..orchestrate.profiled import ProfileLedger, make_cost
 from ..orchestrate.tuned import tuned_orchestrate_build
 from ..target import kind_name, normalize_target
 from ..transform.blocked_layout import blocked_layout
@@ -46,8 +51,7 @@ from ..transform.report import OptimizeReport
 from ..tune.metaschedule import STATS
 from .compile import compile_module
 from .guard import GuardReport, PlanSkipped, guard_plans
-from .joint import (library_choices, make_decider, offer_alternatives, offer_folded,
-                    static_call)
+from .joint import library_plan, make_decider, offer_alternatives, offer_folded, static_call
 from .library_offers import library_offer
 
 __all__ = ["GUARD_PREFERENCE", "GUARD_REFERENCE", "PLANS", "PlanBuilder", "joint_build",
@@ -56,6 +60,9 @@ __all__ = ["GUARD_PREFERENCE", "GUARD_REFERENCE", "PLANS", "PlanBuilder", "joint
 #: The plans of the guard, in the order they are built (ties: :data:`GUARD_PREFERENCE`).
 PLANS = ("joint", "refined", "sequential", "derivation", "library", "orchestration",
          "original")
+
+#: The plans built by orchestration (they share one profiling budget, :class:`PlanBuilder`).
+ORCHESTRATED = ("joint", "refined", "sequential", "orchestration")
 
 #: The plan whose outputs the others must match in the guard: TVM's own fusion of the
 #: verified rewrite (orchestration is what the guard doubts, not the per-call checks).
@@ -95,18 +102,28 @@ class PlanBuilder:
         plan whose calls are decided before it is built (``refined``, ``sequential``,
         ``derivation``, ``library``), so that the ``derivation`` plan is the module the
         ``ollie`` system builds. None: no layout step (the build's config or target has none).
-    library : dict, optional
-        ``{signature: Decision}`` of the ``library`` plan (:func:`~.joint.library_choices`);
-        None, or the same labels as ``decided``: the plan is skipped.
+    library : tuple, optional
+        ``(module, OptimizeReport)`` of the ``library`` plan (:func:`~.joint.library_plan`,
+        the sequential build's); None, or the ``derivation`` plan's module: it is skipped.
     offer : callable, optional
         ``module -> (module, JointTable)``: the library candidates of the untuned
         ``orchestration`` plan (:func:`~.library_offers.library_offer`); None: TVM's kernels
         only.
+    config : OrchestrateConfig, optional
+        The run's orchestration settings (:meth:`~tvm_ollie.config.OllieConfig.
+        orchestrate_config`: the kernel costs it names, their profiling budget, the
+        ``work_dir`` the profiled costs are cached in, ``rpc``); None: the defaults, cached in
+        this process only.
     """
 
     def __init__(self, target, cost, tuner, modules: dict, decided: list, table: JointTable,
-                 layouts=None, library: Optional[dict] = None, offer=None):
+                 layouts=None, library: Optional[dict] = None, offer=None,
+                 config: Optional[OrchestrateConfig] = None):
         self.target, self.cost, self.tuner, self.modules = target, cost, tuner, modules
+        self.config = config or OrchestrateConfig()
+        #: one profiling budget for the plans' orchestrations (the config's, shared)
+        self.ledger = ProfileLedger(self.config.profile_budget_s,
+                                    self.config.profile_max_kernels)
         self.table, self.layout_step, self.offer = table, layouts, offer
         choices = {sig: ch for _, sig, ch in decided}
         self.sequential_module, self.epilogues = apply_call_choices(
@@ -115,13 +132,10 @@ class PlanBuilder:
         self.layouts: Dict[str, object] = {}
         self.sequential_module = self._laid_out(self.sequential_module, "sequential")
         self.layouts["derivation"] = self.layouts.get("sequential")
-        self.library = library if library and any(
-            library[sig].label != ch.label for sig, ch in choices.items()) else None
-        self.library_module, self.library_epilogues = None, {}
-        if self.library is not None:
-            module, self.library_epilogues = apply_call_choices(modules["regions"],
-                                                                self.library)
-            self.library_module = self._laid_out(module, "library")
+        self.library = library if library is not None and not tvm_ffi.structural_equal(
+            library[0], self.sequential_module) else None
+        self.library_module = self.library[0] if self.library is not None else None
+        self.layouts["library"] = self.library[1].layouts if self.library is not None else None
         self.reports: Dict[str, list] = {name: [] for name in PLANS}
 
     def _laid_out(self, module, plan: str):
@@ -149,7 +163,8 @@ class PlanBuilder:
             return compile_module(self.sequential_module, self.target, self.tuner, trials)
         if plan == "library":
             if self.library_module is None:
-                raise PlanSkipped("no call has a library kernel the derivation plan lacks")
+                raise PlanSkipped("no call has a library kernel the derivation plan lacks"
+                                  if self.library is None else "it is the derivation plan")
             return compile_module(self.library_module, self.target, self.tuner, trials)
         if plan == "orchestration":
             if self.offer is not None and self.tuner is None:
@@ -159,14 +174,31 @@ class PlanBuilder:
             return compile_module(self.modules["given"], self.target, self.tuner, trials)
         raise ValueError(f"unknown plan {plan!r}; plans: {', '.join(PLANS)}")
 
+    def _cost(self, plan: str):
+        """The kernel costs of ``plan``'s orchestration: the builder's cost model, else the
+        config's with its share of the build's profiling budget (:class:`~tvm_ollie.
+        orchestrate.profiled.ProfileLedger`: what is left, split evenly between this plan and
+        the orchestrated plans after it; kernels an earlier plan measured are free)."""
+        if self.cost is not None:
+            return self.cost
+        left = ORCHESTRATED[ORCHESTRATED.index(plan):]
+        if plan != "joint" and "refined" in left and (
+                not self.table.picked or self.table.agrees_with_sequential()):
+            left = tuple(p for p in left if p != "refined")  # (skipped: no share)
+        return make_cost(self.target, self.config,
+                         account=self.ledger.account(plan, len(left)))
+
     def _joint(self, trials: int):
         tgt, reports = self.target, self.reports["joint"]
+        cost = self._cost("joint")
         if self.tuner is None:
             return tvm.compile(self.modules["offered"], target=tgt, relax_pipeline=(
-                ollie_orchestration(tgt, cost=self.cost, reports=reports, joint=self.table)))
+                ollie_orchestration(tgt, cost=cost, config=self.config, reports=reports,
+                                    joint=self.table)))
         # the offered module is fissioned already (fission drops the unused alternatives)
         return tuned_orchestrate_build(self.modules["offered"], tgt, self.tuner, trials,
-                                       cost=self.cost, reports=reports, joint=self.table)
+                                       cost=cost, config=self.config, reports=reports,
+                                       joint=self.table)
 
     def _offered(self, module, plan: str):
         """``module`` orchestrated with the library kernels as candidates (``self.offer``,
@@ -177,17 +209,19 @@ class PlanBuilder:
             offered = keep_alternatives(lambda m: fission(m)[0])(offered)
         reports = self.reports[plan]
         ex = tvm.compile(offered, target=self.target, relax_pipeline=ollie_orchestration(
-            self.target, cost=self.cost, reports=reports, joint=table))
+            self.target, cost=self._cost(plan), config=self.config, reports=reports,
+            joint=table))
         note_library(reports[-1] if reports else None, table)
         return ex
 
     def _orchestrated(self, module, plan: str, trials: int):
-        tgt, reports = self.target, self.reports[plan]
+        tgt, reports, cost = self.target, self.reports[plan], self._cost(plan)
         if self.tuner is None:
             return tvm.compile(module, target=tgt, relax_pipeline=ollie_orchestration(
-                tgt, cost=self.cost, reports=reports))
-        return tuned_orchestrate_build(module, tgt, self.tuner, trials, cost=self.cost,
-                                       fission=_split_composites, reports=reports)
+                tgt, cost=cost, config=self.config, reports=reports))
+        return tuned_orchestrate_build(module, tgt, self.tuner, trials, cost=cost,
+                                       config=self.config, fission=_split_composites,
+                                       reports=reports)
 
 
 def _rewrite_regions(mod, cfg: OllieConfig, budget, hooks: dict):
@@ -295,8 +329,9 @@ def joint_build(mod: "tvm.IRModule", target=None, config: Optional[OllieConfig] 
     plans = PlanBuilder(tgt, cost, plan_tuner if tuned else None,
                         {"given": given, "regions": mod, "folded": folded, "offered": offered},
                         decided, table, layouts=layout_step(cfg, decider, tgt),
-                        library=library_choices(decider, decided) if decider.library else None,
-                        offer=library_offer(tgt) if decider.library else None)
+                        library=library_plan(given, cfg, checker) if decider.library else None,
+                        offer=library_offer(tgt) if decider.library else None,
+                        config=cfg.orchestrate_config())
     report = OptimizeReport(target=kind_name(tgt), budget=budget)
     final = budget.final() if tuned else 0  # what is left of the budget: the kept plan's
     if guard:
@@ -307,13 +342,16 @@ def joint_build(mod: "tvm.IRModule", target=None, config: Optional[OllieConfig] 
                                       "timed it untuned")
     else:
         ex, winner = plans.build("joint", final), "joint"
-    report.epilogues = dict(plans.epilogues) if winner in ("sequential", "derivation") else \
-        dict(plans.library_epilogues) if winner == "library" else {}
+    report.epilogues = dict(plans.epilogues) if winner in ("sequential", "derivation") else {}
     report.layouts = plans.layouts.get(winner)
     report.regions = regions.regions
-    if winner == "library":
-        decided = [(name, sig, plans.library[sig]) for name, sig, _ in decided]
-    _report_decisions(report, decided, table, winner)
+    if winner == "library":  # the sequential build's library plan: its decisions
+        lib_report = plans.library[1]
+        report.decisions, report.regions = lib_report.decisions, lib_report.regions
+        report.epilogues, report.inference_folds = lib_report.epilogues, \
+            lib_report.inference_folds
+    else:
+        _report_decisions(report, decided, table, winner)
     report.search_s = decider.search_s + regions.search_s
     report.verify_s = decider.verify_s + regions.verify_s
     report.tuning_s, report.tuning_calls = STATS.seconds - tuning0, STATS.calls - calls0
@@ -360,6 +398,31 @@ def _guarded(plans: PlanBuilder, plan_timer) -> Tuple[object, str, object]:
     except Exception as err:  # pylint: disable=broad-except
         why = f"not timed: no main with static shapes ({type(err).__name__})"
         return plans.build("joint"), "joint", GuardReport(winner="joint", notes=[why])
-    builds: List[Tuple[str, object]] = [(name, lambda n=name: plans.build(n)) for name in PLANS]
-    return guard_plans(builds, args, reference=GUARD_REFERENCE, timer=plan_timer,
-                       target=plans.target, prefer=GUARD_PREFERENCE)
+    built_s: Dict[str, float] = {}
+
+    def timed_build(name: str):
+        start = time.perf_counter()
+        try:
+            with stage(f"plan {name}"):
+                return plans.build(name)
+        finally:
+            built_s[name] = time.perf_counter() - start
+
+    builds: List[Tuple[str, object]] = [(name, lambda n=name: timed_build(n)) for name in PLANS]
+    ex, winner, report = guard_plans(builds, args, reference=GUARD_REFERENCE,
+                                     timer=plan_timer, target=plans.target,
+                                     prefer=GUARD_PREFERENCE)
+    report.notes.append("built in " + ", ".join(
+        f"{n} {s:.1f} s{_profiled(plans.reports.get(n))}" for n, s in built_s.items()))
+    return ex, winner, report
+
+
+def _profiled(reports: Optional[list]) -> str:
+    """`` (profiling P s: M measured, C cached, budget reached)`` of a plan's orchestration
+    (``""``: none, or not profiled): where the plan's build time went."""
+    prof = reports[-1].profile if reports and reports[-1] is not None else None
+    if prof is None:
+        return ""
+    stop = ", budget reached" if prof.stopped == "budget" else ""
+    return f" (profiling {prof.profile_s:.1f} s: {prof.profiled} measured, " \
+           f"{prof.cached} cached of {prof.eligible}{stop})"
