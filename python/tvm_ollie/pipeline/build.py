@@ -49,7 +49,6 @@ from ..compile_profile import profile_scope, stage
 from ..config import OllieConfig, resolve_config
 from ..orchestrate.cost import sample_args
 from ..target import gpu_available, is_gpu_target, is_llvm, kind_name, normalize_target
-from ..transform.choosing import native_everywhere
 from ..transform.measuring import DecisionRecords
 from ..transform.optimize import OllieOptimize, optimize_module
 from ..transform.precision import to_precision
@@ -62,6 +61,7 @@ from ..tune.workdir import prepare_work_dir, work_dir_lock
 from .compile import compile_module, default_pipeline
 from .guard import (GUARD_MARGIN, GuardError, GuardReport, PlanOutcome, alternating,
                     guard_plans)
+from .joint import library_plan
 from .joint_plans import joint_build
 
 __all__ = ["MODEL_PREFERENCE", "PIPELINE_NAME", "RecordedVerdict", "build", "cuda_source",
@@ -231,13 +231,11 @@ def _library_plan(given: "tvm.IRModule", rewritten: "tvm.IRModule", cfg: OllieCo
     if not (cfg.library_plan and model_guard_on(cfg) and is_llvm(cfg.target)) or \
             cfg.library is False or "chooser" in hooks or not native.load():
         return None
-    keep = {k: v for k, v in hooks.items() if k == "checker"}
     with stage("library plan"):
-        module, report = optimize_module(given, config=cfg.replace(derive=False, trials=0),
-                                         chooser=native_everywhere, **keep)
-    if not _rewritten_units(report) or tvm_ffi.structural_equal(module, rewritten):
+        plan = library_plan(given, cfg, hooks.get("checker"))
+    if plan is None or tvm_ffi.structural_equal(plan[0], rewritten):
         return None
-    return module, report
+    return plan
 
 
 def _recorded_verdict(given, rewritten, library, report: OptimizeReport, cfg: OllieConfig,
