@@ -173,7 +173,6 @@ def _open(state: LoadState) -> bool:
     # lazy: tvm_ffi loads libtvm_ffi.so; this module imports no TVM until the library loads
     import tvm_ffi  # pylint: disable=import-outside-toplevel  (loads libtvm_ffi.so first)
 
-    _default_omp_wait_policy()  # (already at import: effective only where libgomp is not loaded)
     for dep in _dependency_paths():
         _HANDLES.append(ctypes.CDLL(dep, mode=ctypes.RTLD_GLOBAL))
     _HANDLES.append(ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL))

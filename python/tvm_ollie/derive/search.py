@@ -77,6 +77,7 @@ DEFAULT_TARGETS = TARGET_NAMES
 #: Share of a time budget reserved for verification when ``derive`` verifies.
 VERIFY_SHARE = 0.25
 
+
 class StopReason(enum.Enum):
     """Why a search ended."""
 

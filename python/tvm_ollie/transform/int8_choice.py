@@ -45,6 +45,7 @@ from .batched import UnitBuild
 from .choosing import REPRODUCIBLE_MARGIN, format_seconds
 from .costing import ModuleTiming, TunedTiming, UntunedTiming
 from .measuring import PROTOCOL, DecisionRecords
+from .units import build_isolated_module
 
 __all__ = ["INT32", "INT8", "INT8_REQUANT", "Int8Choice", "Int8Report", "Int8Verdict",
            "unit_module"]
@@ -108,14 +109,9 @@ def unit_module(source, expr, values: Dict[object, object]) -> "tvm.IRModule":
     """``main(x) = expr`` with the 8-bit ``source`` as the parameter ``x``: every variable
     ``expr`` reads is inlined from ``values`` (variable -> its bound value) down to
     ``source``; constants stay inline. Raises ``KeyError`` on a free variable."""
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([int(d) for d in source.ty.shape],
-                                        str(source.ty.dtype)))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            out = bb.emit_output(_emit(bb, expr, source, x, values))
-        bb.emit_func_output(out)
-    return relax.transform.Normalize()(bb.get())
+    module = build_isolated_module(
+        [("x", source)], lambda bb, inputs: _emit(bb, expr, source, inputs["x"], values), None)
+    return relax.transform.Normalize()(module)
 
 
 def _emit(bb, expr, source, x, values):

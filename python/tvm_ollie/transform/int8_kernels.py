@@ -586,8 +586,8 @@ def _timed(rule: FoldRule, choice: "Int8Choice") -> FoldRule:
 
     def rewrite(matches: Matches, uses: Counter, binding_of) -> Optional[object]:
         plain = _PLAIN.get(rule.name)
+        sig = _signature(rule.name, matches)
         if plain is None:  # a plain rule: kept for it, or by its requantized unit's verdict
-            sig = _signature(rule.name, matches)
             known = choice.known(sig)
             if known is not None:
                 out = rule.rewrite(matches, uses, binding_of)
@@ -607,7 +607,6 @@ def _timed(rule: FoldRule, choice: "Int8Choice") -> FoldRule:
             if acc is not None:
                 alts[INT8] = _requant_over(matches, plain[2], acc)
         values = {var: value for value, var in binding_of.items()}
-        sig = _signature(rule.name, matches)
         kept, _ = choice.decide(sig, matches[_X8], alts, values, pack_conv_weights)
         if plain is not None and kept != INT8_REQUANT:
             plain_sig = _signature(plain[0], matches)
