@@ -105,9 +105,9 @@ CONV2D_INT8_PACK_WEIGHT = "tvm_ollie.cpu.conv2d_int8_pack_weight"
 
 LIBRARY_NAME = "libtvm_ollie_native.so"
 
-#: GNU OpenMP's waiting policy, applied when this module loads oneDNN (and with it libgomp) for
-#: the first time, unless the user set ``OMP_WAIT_POLICY``. See docs/native-library.md (threads) for
-#: the measurement behind the choice.
+#: GNU OpenMP's waiting policy, applied when this module is imported (before TVM loads a
+#: libgomp: :func:`_default_omp_wait_policy`), unless the user set ``OMP_WAIT_POLICY``. See
+#: docs/threads.md ("Two pools in one call") for what it gains and costs.
 DEFAULT_OMP_WAIT_POLICY: Optional[str] = "PASSIVE"
 
 _LOG = logging.getLogger(__name__)
