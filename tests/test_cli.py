@@ -1,7 +1,11 @@
 """The ``tvm-ollie`` command line, driven as a user drives it: in a subprocess.
 
-Each subprocess pays the TVM import (about 2 s), so the compiled libraries are shared by the
-tests of one module (``scope="module"`` fixtures) and the error cases are small.
+Each subprocess pays the TVM import (about 3-5 s), so the compiled libraries are shared by the
+tests of one module (``scope="module"`` fixtures), the error cases are small, and a real process
+is started only where the process is what a test checks: ``python -m tvm_ollie.cli``'s exit
+codes and output, Ctrl-C, and the derivation cache read back by a new process. The other
+commands run ``main(args)`` in this process (:func:`in_process`), the same code below the
+import.
 """
 
 import os
@@ -47,6 +51,27 @@ def one_line_error(proc, expected_code=2):
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("tvm-ollie: error: ")
     return lines[0]
+
+
+def in_process(capsys, args, cwd):
+    """Run ``main(args)`` in this process (no TVM import to pay); returns a CompletedProcess."""
+    from tvm_ollie.cli import main  # pylint: disable=import-outside-toplevel
+
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as exc:  # argparse errors exit
+        code = exc.code
+    finally:
+        os.chdir(old)
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, captured.out, captured.err)
+
+
+def in_process_error(capsys, args, cwd, expected_code=2):
+    """Run ``main(args)`` in this process; returns its one error line."""
+    return one_line_error(in_process(capsys, args, cwd), expected_code)
 
 
 @pytest.fixture(scope="module")
@@ -101,38 +126,23 @@ def test_library_loads_in_plain_tvm(work, onnx_lib):
     _load_and_compare(path, onnx_lib.name, expected)
 
 
-def test_compile_json_module(work):
+def test_compile_json_module(work, capsys):
     path, expected = work
-    ok(cli("compile", "tiny.json", "-o", "tiny_json.so", *FAST, cwd=path))
+    ok(in_process(capsys, ["compile", "tiny.json", "-o", "tiny_json.so", *FAST], path))
     _load_and_compare(path, "tiny_json.so", expected)
 
 
-def test_compile_with_orchestration(work):
+def test_compile_with_orchestration(work, capsys):
     path, expected = work
-    ok(cli("compile", "tiny.json", "-o", "tiny_orch.so", "--orchestrate", *FAST, cwd=path))
+    ok(in_process(capsys, ["compile", "tiny.json", "-o", "tiny_orch.so", "--orchestrate", *FAST],
+                  path))
     _load_and_compare(path, "tiny_orch.so", expected)
 
 
-def test_compile_python_function_binds_params(work):
+def test_compile_python_function_binds_params(work, capsys):
     path, expected = work
-    ok(cli("compile", "tiny_model.py:make", "-o", "tiny_py.so", *FAST, cwd=path))
+    ok(in_process(capsys, ["compile", "tiny_model.py:make", "-o", "tiny_py.so", *FAST], path))
     _load_and_compare(path, "tiny_py.so", expected)
-
-
-def in_process(capsys, args, cwd):
-    """Run ``main(args)`` in this process (no TVM import to pay); returns a CompletedProcess."""
-    from tvm_ollie.cli import main  # pylint: disable=import-outside-toplevel
-
-    old = os.getcwd()
-    os.chdir(cwd)
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as exc:  # argparse errors exit
-        code = exc.code
-    finally:
-        os.chdir(old)
-    captured = capsys.readouterr()
-    return subprocess.CompletedProcess(args, code, captured.out, captured.err)
 
 
 def test_run_random_inputs(work, onnx_lib, capsys):
@@ -141,11 +151,6 @@ def test_run_random_inputs(work, onnx_lib, capsys):
     out = ok(proc)
     assert "output 0: float32[1, 4, 6, 6]" in out and "latency:" in out
     assert "random input x: float32[1, 2, 6, 6]" in proc.stderr
-
-
-def in_process_error(capsys, args, cwd, expected_code=2):
-    """Run ``main(args)`` in this process; returns its one error line."""
-    return one_line_error(in_process(capsys, args, cwd), expected_code)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -184,11 +189,12 @@ def test_user_errors_are_one_line(work, capsys, args, message):
     assert message in in_process_error(capsys, args, path)
 
 
-def test_errors_in_a_real_process(work):
-    """The same errors end to end: a missing file and an unknown command, no traceback."""
+def test_errors_in_a_real_process(work, capsys):
+    """The same errors end to end: a missing file (in a real process: exit code and one line,
+    no traceback) and an unknown command (argparse's exit, caught in this process)."""
     path, _ = work
     assert "no such model file" in one_line_error(cli("compile", "missing.onnx", cwd=path))
-    line = one_line_error(cli("frobnicate", cwd=path))
+    line = in_process_error(capsys, ["frobnicate"], path)
     assert "invalid choice: 'frobnicate'" in line
 
 
@@ -244,9 +250,7 @@ def test_unsupported_onnx_operator(tmp_path, capsys):
     assert "operator NoSuchOp (node #0) is not supported by TVM's ONNX importer" in line
 
 
-def test_explain_lists_each_operator(work):
-    path, _ = work
-    out = ok(cli("explain", "tiny.onnx", *FAST, cwd=path))
+def _assert_lists_each_operator(out):
     # conv2d is derivable and gets a decision; the others are listed as kept.
     for op in ("relax.nn.conv2d", "relax.nn.relu", "relax.add"):
         assert op in out
@@ -255,10 +259,14 @@ def test_explain_lists_each_operator(work):
     assert "rule path:" in out
 
 
-def test_explain_twice_reuses_the_derivations_and_profiles_the_stages(work, monkeypatch):
+def test_explain_lists_each_operator_and_twice_reuses_the_derivations(work, monkeypatch, capsys):
+    """A cold ``explain`` in a real process lists every operator; a second process reads its
+    derivations back from the disk cache and profiles the stages; then (in this process) the
+    remembered decisions and ``--no-derivation-cache``."""
     path, _ = work
     counts = re.compile(r"derivations: (\d+) cached, (\d+) searched")
     first = ok(cli("explain", "tiny.onnx", *FAST, cwd=path))
+    _assert_lists_each_operator(first)
     cached, searched = map(int, counts.search(first).groups())
     assert cached == 0 and searched >= 1
     # the decisions remembered per machine are read back first; without them, the
@@ -270,17 +278,17 @@ def test_explain_twice_reuses_the_derivations_and_profiles_the_stages(work, monk
     for name in ("import", "lift", "derivation cache", "verify", "total"):
         assert name in profile
     monkeypatch.delenv("TVM_OLLIE_REMEASURE")
-    third = ok(cli("explain", "tiny.onnx", *FAST, cwd=path))
+    third = ok(in_process(capsys, ["explain", "tiny.onnx", *FAST], path))
     assert counts.search(third).groups() == ("0", "0")
     assert re.search(r", [1-9]\d* signatures decided before", third)
-    off = ok(cli("explain", "tiny.onnx", "--no-derivation-cache", *FAST, cwd=path))
+    off = ok(in_process(capsys, ["explain", "tiny.onnx", "--no-derivation-cache", *FAST], path))
     assert counts.search(off).groups() == ("0", str(searched))
 
 
-def test_compile_explain_prints_the_report_and_profile(work):
+def test_compile_explain_prints_the_report_and_profile(work, capsys):
     path, _ = work
-    out = ok(cli("compile", "tiny.onnx", "-o", "tiny_explained.so", "--explain", *FAST,
-                 cwd=path))
+    out = ok(in_process(capsys, ["compile", "tiny.onnx", "-o", "tiny_explained.so", "--explain",
+                                 *FAST], path))
     assert "calls rewritten" in out and "derivations:" in out
     assert "compile profile: import" in out and "tvm build" in out
 
@@ -288,9 +296,8 @@ def test_compile_explain_prints_the_report_and_profile(work):
 def test_compile_for_cuda_without_running(work, capsys):
     """A GPU target builds anywhere: without a GPU the library holds CUDA source."""
     path, expected = work
-    proc = cli("compile", "tiny.onnx", "-t", "nvidia/nvidia-h100", "-o", "tiny_cuda.so", *FAST,
-               cwd=path)
-    ok(proc)
+    ok(in_process(capsys, ["compile", "tiny.onnx", "-t", "nvidia/nvidia-h100", "-o",
+                           "tiny_cuda.so", *FAST], path))
     assert os.path.getsize(path / "tiny_cuda.so") > 0
     import tvm  # pylint: disable=import-outside-toplevel
 
@@ -301,15 +308,17 @@ def test_compile_for_cuda_without_running(work, capsys):
         assert "CUDA" in line
 
 
-def test_demo_passes():
-    out = ok(cli("demo", "--channels", "4", "--size", "8", "--repeat", "3", *FAST))
+def test_demo_passes(capsys):
+    out = ok(in_process(capsys, ["demo", "--channels", "4", "--size", "8", "--repeat", "3",
+                                 *FAST], os.getcwd()))
     assert "demo passed" in out
     assert "speedup" in out and "relax.nn.conv2d" in out
 
 
 def test_roundtrip_and_lift(work, capsys):
     path, _ = work
-    out = ok(cli("roundtrip", "--channels", "4", "--size", "6", "--filters", "4"))
+    out = ok(in_process(capsys, ["roundtrip", "--channels", "4", "--size", "6", "--filters", "4"],
+                        path))
     assert "demo passed" in out
     out = ok(in_process(capsys, ["lift", "tiny.onnx"], path))
     assert "relax.nn.conv2d: L<" in out

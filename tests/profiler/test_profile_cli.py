@@ -1,4 +1,5 @@
-"""``tvm-ollie profile`` as a user runs it: in a subprocess, on a tiny ONNX model."""
+"""``tvm-ollie profile`` as a user runs it: in a subprocess, on a tiny ONNX model; its error
+cases in this process (``main(args)``: the same code below the TVM import a process pays)."""
 
 import json
 import os
@@ -16,6 +17,18 @@ def cli(*args, timeout=600):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.run([sys.executable, "-m", "tvm_ollie.cli", *map(str, args)], env=env,
                           capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def in_process(capsys, *args):
+    """Run ``main(args)`` here; returns (exit code, stdout, stderr)."""
+    from tvm_ollie.cli import main  # pylint: disable=import-outside-toplevel
+
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as exc:  # argparse errors exit
+        code = exc.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
 
 
 def test_profile_onnx_with_trace(tmp_path):
@@ -37,17 +50,17 @@ def test_profile_onnx_with_trace(tmp_path):
     assert any(e["cat"] == "TVM conv/matmul (+epilogue)" for e in calls)
 
 
-def test_profile_bad_model_is_one_line(tmp_path):
-    proc = cli("profile", tmp_path / "missing.onnx")
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    lines = proc.stderr.strip().splitlines()
+def test_profile_bad_model_is_one_line(tmp_path, capsys):
+    code, out, err = in_process(capsys, "profile", tmp_path / "missing.onnx")
+    assert code == 2, out + err
+    lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("tvm-ollie: error: ")
-    proc = cli("profile", "zoo:no_such_model")
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "unknown model" in proc.stderr
+    code, out, err = in_process(capsys, "profile", "zoo:no_such_model")
+    assert code == 2, out + err
+    assert "unknown model" in err
 
 
-def test_profile_bad_runs():
-    proc = cli("profile", "zoo:resnet18", "--runs", "0")
-    assert proc.returncode == 2
-    assert "--runs must be >= 1" in proc.stderr
+def test_profile_bad_runs(capsys):
+    code, _, err = in_process(capsys, "profile", "zoo:resnet18", "--runs", "0")
+    assert code == 2
+    assert "--runs must be >= 1" in err
