@@ -123,7 +123,8 @@ class Candidates:
             alts.append(Alternative(None, "native"))
         if not self.derive:
             return UnitAlternatives(alts)
-        programs, note = self.search(expr, budget_s, constant_inputs(unit))
+        known = None if region else self.original_seconds(unit, expr)
+        programs, note = self.search(expr, budget_s, constant_inputs(unit), known)
         seen = set()
         for prog in programs:
             if repr(prog) in seen:
@@ -132,11 +133,12 @@ class Candidates:
             alts.extend(self.program_alternatives(prog))
         return UnitAlternatives(alts, len(seen), note)
 
-    def search(self, expr, budget_s: float,
-               constants: AbstractSet[str] = frozenset()) -> Tuple[List[Program], str]:
+    def search(self, expr, budget_s: float, constants: AbstractSet[str] = frozenset(),
+               known_s: Optional[float] = None) -> Tuple[List[Program], str]:
         """The derived programs of ``expr`` (from the cache when it holds them, else searched
         within ``budget_s`` seconds and stored) and a note on where they came from
-        (``constants``: the inputs that are constants, for the estimates of the bound)."""
+        (``constants``: the inputs that are constants, for the estimates of the bound;
+        ``known_s``: the original's estimate, :class:`~tvm_ollie.derive.search.CostBound`)."""
 
         limits = dict(max_depth=self.max_depth, targets=tuple(DEFAULT_TARGETS),
                       max_states=self.max_states, max_candidates=self.max_candidates,
@@ -152,7 +154,7 @@ class Candidates:
             res = derive(expr, max_depth=self.max_depth, search_time_s=budget_s,
                          max_states=self.max_states, verify=False,
                          max_candidates=self.max_candidates, cost_target=self.cost_target,
-                         bound=self.bound(expr, constants))
+                         bound=self.bound(expr, constants, known_s))
         self.search_s += time.perf_counter() - t0
         self.searched += 1
         programs = [p for p in res.candidates if not p.multi]
@@ -162,9 +164,11 @@ class Candidates:
                 self.cache.put(expr, limits, programs, stop, budget_s)
         return programs, f", search stop={stop}"
 
-    def bound(self, expr, constants: AbstractSet[str] = frozenset()) -> Optional[CostBound]:
+    def bound(self, expr, constants: AbstractSet[str] = frozenset(),
+              known_s: Optional[float] = None) -> Optional[CostBound]:
         """The early stop of the search of ``expr``: a program's estimate on its cheaper
-        implementation (:meth:`program_alternatives`) against the roofline lower bound."""
+        implementation (:meth:`program_alternatives`), or ``known_s`` when lower (the
+        original's), against the roofline lower bound."""
         calib = self.calibration
         if calib is None or self.margin <= 0:
             return None
@@ -174,7 +178,18 @@ class Candidates:
             return min(analytic.program_seconds(prog, calib, impl, constants) for impl in impls)
 
         return CostBound(seconds, analytic.least_seconds(expr, calib, self.library),
-                         self.margin, SEARCH_PATIENCE)
+                         self.margin, SEARCH_PATIENCE, known_s)
+
+    def original_seconds(self, call, expr) -> Optional[float]:
+        """The estimate of the original ``call`` (lifted to ``expr``) on its cheaper kernel:
+        TVM's, or the native library's where it has one (None without a calibration)."""
+        if self.calibration is None:
+            return None
+        impls = ["tvm"]
+        if self.library and lib.call_form(call) is not None:
+            impls.append("native")
+        return min(analytic.original_seconds(expr, call.op.name, self.calibration, impl)
+                   for impl in impls)
 
     def _group(self, group) -> UnitAlternatives:
         """A group of calls sharing an operand: the calls as they are, and the merged programs
