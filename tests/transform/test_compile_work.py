@@ -3,6 +3,7 @@ built once together (checked and timed from that one build), the search shares g
 units decided."""
 
 import logging
+import math
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ from tvm_ollie.transform.costing import CallableTiming, UntunedTiming
 from tvm_ollie.transform.decide import Decider
 from tvm_ollie.transform.optimize import _SearchShare, optimize_module
 from tvm_ollie.transform.units import unit_module
-from tvm_ollie.tune.budget import MIN_SHARE, SmallUnitGuard
+from tvm_ollie.tune.budget import MIN_SHARE, PAYBACK_RUNS, SearchPayback, SmallUnitGuard
 from tvm_ollie.tune.measure import compile_module, random_args
 
 logging.getLogger("tvm_ollie.derive").setLevel(logging.CRITICAL)
@@ -82,6 +83,39 @@ def test_search_share_goes_to_the_decided_units_on_a_fake_clock():
     assert out["big"] == pytest.approx(10.0 - out["mid"]) and clock == pytest.approx(10.0)
     with_tiny = _SearchShare(10.0, weights, floor_s=2.0)
     assert with_tiny.next("mid", 0.0) < out["mid"]  # the tiny one's floor held back
+
+
+def test_payback_bounds_the_module_search_by_what_it_could_gain():
+    small = SearchPayback({"a": 50e-6, "b": 30e-6}, runs=1e4, least_s=2.0)
+    assert small.gain_s == pytest.approx(80e-6)
+    assert small.total(20.0) == 2.0  # 0.8 s would pay back; the least a module gets
+    assert small.note(20.0).startswith("search time 2.00s of 20s") and "80.0us" in small.note(20)
+    mid = SearchPayback({"a": 400e-6, "b": 100e-6, "region": 0.0}, runs=1e4)
+    assert mid.total(20.0) == pytest.approx(5.0) and mid.total(3.0) == 3.0
+    assert mid.note(3.0) is None  # not binding
+    assert SearchPayback({"a": 5e-3}).total(20.0) == 20.0  # 50 s would pay: the cap
+    assert SearchPayback({"a": -1e-3}, least_s=0.5).total(20.0) == 0.5  # no gain: the least
+    assert SearchPayback({"a": 1e-9}, runs=math.inf).total(20.0) == 20.0
+    assert PAYBACK_RUNS == OllieConfig().search_payback_runs
+
+
+def test_search_payback_runs_is_validated():
+    for bad in (0, -1.0, True, "1e4"):
+        with pytest.raises(ConfigError, match="search_payback_runs"):
+            OllieConfig(search_payback_runs=bad)
+    assert OllieConfig(search_payback_runs=math.inf).search_payback_runs == math.inf
+
+
+def test_a_small_total_lowers_the_floor_on_a_fake_clock():
+    """Three signatures sharing 1.5 s get 0.5 s each at least (not MIN_SEARCH_S each, which
+    would spend 6 s), and the searches together spend the total."""
+    share = _SearchShare.within(1.5, {"a": 1e-3, "b": 0.0, "c": 2e-3})
+    assert share.floor_s == pytest.approx(0.5)
+    clock = 0.0
+    for sig in ("a", "b", "c"):
+        clock += share.next(sig, clock)
+    assert clock == pytest.approx(1.5)
+    assert _SearchShare.within(20.0, {"a": 1.0}).floor_s == 2.0
 
 
 def _big_and_tiny():
@@ -198,3 +232,25 @@ def test_a_decision_builds_its_modules_once(monkeypatch):
     assert choice.measured, choice.reason
     assert len(builds) == 1
     assert len([f for f in builds[0].functions if f.name_hint.endswith("_main")]) == 3
+
+
+def test_the_pass_shares_the_paid_back_search_time(monkeypatch):
+    """The pass hands its signatures the payback's total, not ``search_time_s`` (each search
+    spends its budget on a fake clock)."""
+    budgets = []
+
+    def fake_search(self, expr, budget_s, constants=frozenset(), known_s=None):
+        budgets.append(budget_s)
+        self.search_s += budget_s
+        self.searched += 1
+        return [], ", search stop=time_budget"
+
+    monkeypatch.setattr(Candidates, "search", fake_search)
+    opts = dict(library=False, max_depth=1, search_time_s=20.0, calibration=sm.LLVM_CALIB,
+                derivation_cache=False, check_untuned=False, min_share=0.0)
+    _, report = optimize_module(_big_and_tiny(), "llvm", search_payback_runs=1.0, **opts)
+    assert len(budgets) == 2 and sum(budgets) == pytest.approx(2.0)
+    assert report.search_note.startswith("search time 2.00s of 20s")
+    budgets.clear()
+    _, report = optimize_module(_big_and_tiny(), "llvm", search_payback_runs=math.inf, **opts)
+    assert sum(budgets) == pytest.approx(20.0) and report.search_note == ""

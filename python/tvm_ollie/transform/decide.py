@@ -208,6 +208,7 @@ class Decider:
         options = dict(max_depth=cfg.max_depth, max_states=cfg.max_states,
                        max_candidates=cfg.max_candidates, targets=cfg.targets,
                        search_time_s=cfg.search_time_s, library=self.library,
+                       search_payback_runs=cfg.search_payback_runs,
                        derive=self.derive, measures=self.measures,
                        max_measured=self.max_measured, trials=self.trials,
                        cost=self.cost_model.record_key if self.measures else "analytic",

@@ -34,11 +34,16 @@ from typing import Dict, Iterator, List, Optional
 
 from .metaschedule import workload_hash
 
-__all__ = ["MIN_SHARE", "SmallUnitGuard", "TaskSpend", "TrialBudget"]
+__all__ = ["MIN_SHARE", "PAYBACK_RUNS", "SearchPayback", "SmallUnitGuard", "TaskSpend",
+           "TrialBudget"]
 
 #: The share of a module's estimated time below which a unit is not worth deciding
 #: (:class:`SmallUnitGuard`).
 MIN_SHARE = 0.01
+
+#: Runs of the model in which the module's derivation search must be able to pay for itself
+#: (:class:`SearchPayback`, ``OllieConfig.search_payback_runs``).
+PAYBACK_RUNS = 10_000
 
 #: Name of the final task of ``build`` (the rewritten module's kernels).
 FINAL_TASK = "build"
@@ -266,3 +271,48 @@ class SmallUnitGuard:
     def kept(self, sigs) -> List[str]:
         """The signatures of ``sigs`` that are decided (not skipped), in order."""
         return [s for s in sigs if self.skip(s) is None]
+
+
+class SearchPayback:
+    """The module's derivation time, bounded by what the searches could gain.
+
+    The most a unit's search can gain, by the estimates that rank its programs, is its best
+    known program (the original on its cheaper kernel) less the roofline lower bound of any
+    program of its expression (:func:`tvm_ollie.tune.analytic.least_seconds`); a search
+    second pays only if the model runs often enough to win it back. So the searches of a
+    module whose gains ``g(sig)`` sum to ``G`` get::
+
+        total = min(search_time_s, max(least_s, runs * G))
+
+    (``runs``: :data:`PAYBACK_RUNS` by default, 10 000 runs: a model whose searches could gain
+    0.1 ms per run gets 1 s, not 20 s). ``least_s`` (``config.MIN_SEARCH_S``, one
+    signature's floor) is what any module gets: a module of one operator searches as long as
+    it did before, and the estimates the gain comes from are rough (the demo's measured 0.3-0.4
+    ms where it is estimated 2.4 ms). A signature without a gain (a region, whose bound is not
+    computed) counts its whole weight, the most it could gain. ``runs=math.inf`` gives
+    ``search_time_s`` whatever the gains.
+    """
+
+    def __init__(self, gains: Dict[str, float], runs: float = PAYBACK_RUNS,
+                 least_s: float = 2.0):
+        self.gains = {sig: max(float(g), 0.0) for sig, g in gains.items()}
+        self.runs = float(runs)
+        self.least_s = float(least_s)
+
+    @property
+    def gain_s(self) -> float:
+        """What the searches could gain per run of the model, in seconds."""
+        return sum(self.gains.values())
+
+    def total(self, search_time_s: float) -> float:
+        """The module's search seconds."""
+        return min(float(search_time_s), max(self.least_s, self.runs * self.gain_s))
+
+    def note(self, search_time_s: float) -> Optional[str]:
+        """Why the search time is below ``search_time_s`` (None when it is not)."""
+        total = self.total(search_time_s)
+        if total >= search_time_s:
+            return None
+        return (f"search time {total:.2f}s of {search_time_s:g}s: the searches could gain at "
+                f"most {self.gain_s * 1e6:.1f}us per run (best known less the roofline bound),"
+                f" paid back over {self.runs:g} runs")
