@@ -51,8 +51,8 @@ from ..tune.records import MachineStore
 from .alternatives import Alternative, Candidates, UnitAlternatives
 from .batched import UnitBuild
 from .checking import RTOL, Checker, CheckFn, VerdictCache, check_exact, checked
-from .choosing import (MARGIN, Choice, Chooser, Decision, choose_analytic, choose_forced,
-                       choose_measured, decided, kept_by_estimate, shortlist)
+from .choosing import (MARGIN, REPRODUCIBLE_MARGIN, Choice, Chooser, Decision, choose_analytic,
+                       choose_forced, choose_measured, decided, kept_by_estimate, shortlist)
 from .costing import (AnalyticUnitCost, CallableTiming, ModuleTiming, Timer, TunedTiming,
                       UnitCostModel, UntunedTiming)
 from .emit import EmitError
@@ -172,6 +172,9 @@ class Decider:
             checker, cache=VerdictCache.for_run(work_dir, self.target)
             if cfg.derivation_cache else None)
         self.measures = self.cost_model is not None and self.cost_model.measured
+        # the search stops where no program could beat the best known by the deciding margin
+        # (CostBound): a measured decision separates by REPRODUCIBLE_MARGIN at least
+        self.candidates.margin = max(MARGIN, REPRODUCIBLE_MARGIN) if self.measures else MARGIN
         #: the measured decisions: alternatives timed together, evidence kept in work_dir
         self.timing = DecisionTiming(self.cost_model, DecisionRecords(
             self.work_dir, shared_records(self.cost_model, self.target, cfg))) \
