@@ -210,7 +210,7 @@ class OllieConfig:
     work_dir: Optional[str] = None
     max_depth: int = 7
     search_time_s: float = 20.0
-    search_payback_runs: float = 10_000
+    search_payback_runs: float = 100_000
     min_share: float = 0.01
     max_states: Optional[int] = 2000
     max_candidates: Optional[int] = None

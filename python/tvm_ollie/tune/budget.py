@@ -42,8 +42,11 @@ __all__ = ["MIN_SHARE", "PAYBACK_RUNS", "SearchPayback", "SmallUnitGuard", "Task
 MIN_SHARE = 0.01
 
 #: Runs of the model in which the module's derivation search must be able to pay for itself
-#: (:class:`SearchPayback`, ``OllieConfig.search_payback_runs``).
-PAYBACK_RUNS = 10_000
+#: (:class:`SearchPayback`, ``OllieConfig.search_payback_runs``). Why 100 000: at 10 000,
+#: FSRCNN's searches (estimated to gain at most 87 us per run under the given analytic
+#: calibration) got 2 s, and its transposed convolution lost EinNet's matmul + offset-add form
+#: (163 us instead of 175 us, found after 1-4 s: docs/compile-time.md).
+PAYBACK_RUNS = 100_000
 
 #: Name of the final task of ``build`` (the rewritten module's kernels).
 FINAL_TASK = "build"
@@ -284,8 +287,8 @@ class SearchPayback:
 
         total = min(search_time_s, max(least_s, runs * G))
 
-    (``runs``: :data:`PAYBACK_RUNS` by default, 10 000 runs: a model whose searches could gain
-    0.1 ms per run gets 1 s, not 20 s). ``least_s`` (``config.MIN_SEARCH_S``, one
+    (``runs``: :data:`PAYBACK_RUNS` by default, 100 000 runs: a model whose searches could gain
+    0.02 ms per run gets 2 s, not 20 s). ``least_s`` (``config.MIN_SEARCH_S``, one
     signature's floor) is what any module gets: a module of one operator searches as long as
     it did before, and the estimates the gain comes from are rough (the demo's measured 0.3-0.4
     ms where it is estimated 2.4 ms). A signature without a gain (a region, whose bound is not
