@@ -123,7 +123,7 @@ class Candidates:
             alts.append(Alternative(None, "native"))
         if not self.derive:
             return UnitAlternatives(alts)
-        known = None if region else self.original_seconds(unit, expr)
+        known = self.original_seconds(unit, expr)
         programs, note = self.search(expr, budget_s, constant_inputs(unit), known)
         seen = set()
         for prog in programs:
@@ -180,15 +180,21 @@ class Candidates:
         return CostBound(seconds, analytic.least_seconds(expr, calib, self.library),
                          self.margin, SEARCH_PATIENCE, known_s)
 
-    def original_seconds(self, call, expr) -> Optional[float]:
-        """The estimate of the original ``call`` (lifted to ``expr``) on its cheaper kernel:
-        TVM's, or the native library's where it has one (None without a calibration)."""
+    def original_seconds(self, unit, expr) -> Optional[float]:
+        """The estimate of the original call ``unit`` (lifted to ``expr``) on its cheaper
+        kernel: TVM's, or the native library's where it has one; of a region, the sum of its
+        calls' (what deciding them one by one reaches); None without a calibration."""
         if self.calibration is None:
             return None
+        if is_region(unit):
+            try:
+                return sum(self.original_seconds(c, lift_relax_call(c)) for c in unit.calls)
+            except LiftError:
+                return None
         impls = ["tvm"]
-        if self.library and lib.call_form(call) is not None:
+        if self.library and lib.call_form(unit) is not None:
             impls.append("native")
-        return min(analytic.original_seconds(expr, call.op.name, self.calibration, impl)
+        return min(analytic.original_seconds(expr, unit.op.name, self.calibration, impl)
                    for impl in impls)
 
     def _group(self, group) -> UnitAlternatives:

@@ -12,6 +12,7 @@ the report says why.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import Any, Dict, List, Optional, Set, Tuple, Union
@@ -511,16 +512,18 @@ def _signature_gains(calib: Calibration, regions, calls, library: bool,
                      weights: Dict[str, float]) -> Dict[str, float]:
     """Per signature, the most its search could gain (:class:`~tvm_ollie.tune.budget.
     SearchPayback`): a call's best known estimate (:func:`_known_seconds`) less its
-    roofline bound, times its calls; a region's whole weight."""
-    gains = {r.signature(): weights.get(r.signature(), 0.0) for r in regions}
-    for _, _, call in calls:
-        sig = call_signature(call)
+    roofline bound, summed over its calls; a region's, the sum of its calls' best known
+    estimates less the bound of its expression (its whole weight where it does not lift)."""
+    gains: Dict[str, float] = {}
+    units = [(r.signature(), r, r.lift, r.calls) for r in regions]
+    units += [(call_signature(c), c, functools.partial(lift_relax_call, c), [c])
+              for _, _, c in calls]
+    for sig, unit, lift, members in units:
         try:
-            expr = lift_relax_call(call)
+            gain = sum(_known_seconds(c, calib, library) for c in members) - \
+                analytic.least_seconds(lift(), calib, library)
         except LiftError:
-            continue
-        gain = _known_seconds(call, calib, library) - analytic.least_seconds(expr, calib,
-                                                                              library)
+            gain = weights.get(sig, 0.0)
         gains[sig] = gains.get(sig, 0.0) + max(gain, 0.0)
     return gains
 
