@@ -102,6 +102,11 @@ class Candidates:
         self.cache = cache
         self.calibration = calibration
         self.margin = margin
+        #: the decision is measured: the original's estimate does not seed the search's bound
+        #: (the library's transposed convolution, calibrated at full efficiency, measured 1.8x
+        #: and 3x slower than EinNet's matmul + offset-add form on InfoGAN's 1x56x2x2 and
+        #: 1x28x1x1 inputs, which a search stopped at the original's estimate never found)
+        self.measured = False
         #: seconds spent in derivation search
         self.search_s = 0.0
         #: expressions whose programs came from the cache / from a search
@@ -178,7 +183,7 @@ class Candidates:
             return min(analytic.program_seconds(prog, calib, impl, constants) for impl in impls)
 
         return CostBound(seconds, analytic.least_seconds(expr, calib, self.library),
-                         self.margin, SEARCH_PATIENCE, known_s)
+                         self.margin, SEARCH_PATIENCE, None if self.measured else known_s)
 
     def original_seconds(self, unit, expr) -> Optional[float]:
         """The estimate of the original call ``unit`` (lifted to ``expr``) on its cheaper

@@ -172,9 +172,12 @@ class Decider:
             checker, cache=VerdictCache.for_run(work_dir, self.target)
             if cfg.derivation_cache else None)
         self.measures = self.cost_model is not None and self.cost_model.measured
-        # the search stops where no program could beat the best known by the deciding margin
-        # (CostBound): a measured decision separates by REPRODUCIBLE_MARGIN at least
-        self.candidates.margin = max(MARGIN, REPRODUCIBLE_MARGIN) if self.measures else MARGIN
+        if self.measures:
+            # the search stops where no program could beat the best found by the deciding
+            # margin (CostBound): a measured decision separates by REPRODUCIBLE_MARGIN at
+            # least; the original's estimate is no evidence then (Candidates.measured)
+            self.candidates.margin = max(MARGIN, REPRODUCIBLE_MARGIN)
+            self.candidates.measured = True
         #: the measured decisions: alternatives timed together, evidence kept in work_dir
         self.timing = DecisionTiming(self.cost_model, DecisionRecords(
             self.work_dir, shared_records(self.cost_model, self.target, cfg))) \

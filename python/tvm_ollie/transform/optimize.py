@@ -271,10 +271,10 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
                             "by the analytic cost")
     kept = small.kept(sigs)
     gains = _signature_gains(decider.calib, regions, calls, decider.library, weights)
+    # at least each signature's floor: below it the forms the rule tests expect go unfound
     payback = SearchPayback({s: gains[s] for s in kept if s in gains}, cfg.search_payback_runs,
-                            MIN_SEARCH_S)
-    search = _SearchShare.within(payback.total(cfg.search_time_s),
-                                 {s: weights.get(s, 0.0) for s in kept})
+                            MIN_SEARCH_S * max(len(kept), 1))
+    search = _SearchShare(payback.total(cfg.search_time_s), {s: weights.get(s, 0.0) for s in kept})
     if cfg.derive:
         report.search_note = payback.note(cfg.search_time_s) or ""
     choices: Dict[str, object] = {}
@@ -465,13 +465,6 @@ class _SearchShare:
                  floor_s: float = MIN_SEARCH_S):
         self.total_s, self.floor_s = float(total_s), float(floor_s)
         self.pending = {sig: max(float(w), 0.0) for sig, w in weights.items()}
-
-    @classmethod
-    def within(cls, total_s: float, weights: Dict[str, float]) -> "_SearchShare":
-        """The share of ``total_s`` with the floor lowered to an equal part where
-        :data:`MIN_SEARCH_S` each would not fit (a module whose searches could gain little,
-        :class:`~tvm_ollie.tune.budget.SearchPayback`)."""
-        return cls(total_s, weights, min(MIN_SEARCH_S, total_s / max(len(weights), 1)))
 
     def next(self, sig: str, spent_s: float) -> float:
         """The search seconds of ``sig`` (decided now), given ``spent_s`` spent so far."""
