@@ -16,7 +16,8 @@ from tvm_ollie.compat import tvm
 from tvm_ollie.config import ConfigError, OllieConfig
 from tvm_ollie.transform import batched
 from tvm_ollie.transform import checking
-from tvm_ollie.transform.alternatives import Alternative, Candidates
+from tvm_ollie.lift import lift_relax_call
+from tvm_ollie.transform.alternatives import MEASURED_SEED_S, Alternative, Candidates
 from tvm_ollie.transform.batched import UnitBuild, merged_module
 from tvm_ollie.transform.checking import Checker
 from tvm_ollie.transform.costing import CallableTiming, UntunedTiming
@@ -243,3 +244,17 @@ def test_the_pass_shares_the_paid_back_search_time(monkeypatch):
     budgets.clear()
     _, report = optimize_module(_big_and_tiny(), "llvm", search_payback_runs=math.inf, **opts)
     assert sum(budgets) == pytest.approx(20.0) and report.search_note == ""
+
+
+def test_the_original_seeds_a_measured_search_only_when_it_is_large():
+    cands = Candidates(library=False, derive=True, max_depth=1, calibration=sm.LLVM_CALIB,
+                       margin=0.03)
+    assert cands._seed(50e-6) == 50e-6 and cands._seed(None) is None  # by the estimate
+    cands.measured = True
+    assert cands._seed(MEASURED_SEED_S / 2) is None
+    assert cands._seed(MEASURED_SEED_S) == MEASURED_SEED_S
+    call = _call(sm.conv3x3())
+    expr = lift_relax_call(call)
+    known = cands.original_seconds(call, expr)
+    bound = cands.bound(expr, frozenset(), known)
+    assert bound.known_s == (known if known >= MEASURED_SEED_S else None)

@@ -22,7 +22,15 @@ from ..tune import analytic
 from ..tune.calibrate import Calibration
 from .units import constant_inputs, is_group, is_region
 
-__all__ = ["SEARCH_PATIENCE", "Alternative", "Candidates", "UnitAlternatives"]
+__all__ = ["MEASURED_SEED_S", "SEARCH_PATIENCE", "Alternative", "Candidates", "UnitAlternatives"]
+
+#: Under a measured decision, the original's estimate seeds the search's bound only from this
+#: many seconds on (:meth:`Candidates.bound`): below it the roofline misjudges the library's
+#: kernels by 2-4x (FSRCNN's 16x16 convolutions estimated 60-150 us, measured 14-16 us;
+#: InfoGAN's 1x56x2x2 transposed convolution 65 us, measured 27 us, and EinNet's form, estimated
+#: 68 us, measured 15 us), and every decision a seeded search changed on the quick zoo was
+#: such a unit (library estimates of 2-80 us; docs/compile-time.md).
+MEASURED_SEED_S = 100e-6
 
 #: Whole depth levels without a better program after which a unit's search stops
 #: (:class:`~tvm_ollie.derive.search.CostBound`'s ``patience``: why two, there).
@@ -102,10 +110,8 @@ class Candidates:
         self.cache = cache
         self.calibration = calibration
         self.margin = margin
-        #: the decision is measured: the original's estimate does not seed the search's bound
-        #: (the library's transposed convolution, calibrated at full efficiency, measured 1.8x
-        #: and 3x slower than EinNet's matmul + offset-add form on InfoGAN's 1x56x2x2 and
-        #: 1x28x1x1 inputs, which a search stopped at the original's estimate never found)
+        #: the decision is measured: the original's estimate seeds the search's bound only
+        #: from :data:`MEASURED_SEED_S` on
         self.measured = False
         #: seconds spent in derivation search
         self.search_s = 0.0
@@ -183,7 +189,17 @@ class Candidates:
             return min(analytic.program_seconds(prog, calib, impl, constants) for impl in impls)
 
         return CostBound(seconds, analytic.least_seconds(expr, calib, self.library),
-                         self.margin, SEARCH_PATIENCE, None if self.measured else known_s)
+                         self.margin, SEARCH_PATIENCE, self._seed(known_s))
+
+    def _seed(self, known_s: Optional[float]) -> Optional[float]:
+        """The original's estimate as the search's known best, or None: not under a measured
+        decision of a unit estimated below :data:`MEASURED_SEED_S` (the library's transposed
+        convolution, calibrated at full efficiency, measured 1.8x and 3x slower than EinNet's
+        matmul + offset-add form on InfoGAN's 1x56x2x2 and 1x28x1x1 inputs, which a search
+        stopped at the original's estimate never found)."""
+        if known_s is None or (self.measured and known_s < MEASURED_SEED_S):
+            return None
+        return known_s
 
     def original_seconds(self, unit, expr) -> Optional[float]:
         """The estimate of the original call ``unit`` (lifted to ``expr``) on its cheaper

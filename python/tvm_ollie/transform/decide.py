@@ -175,7 +175,8 @@ class Decider:
         if self.measures:
             # the search stops where no program could beat the best found by the deciding
             # margin (CostBound): a measured decision separates by REPRODUCIBLE_MARGIN at
-            # least; the original's estimate is no evidence then (Candidates.measured)
+            # least; the original's estimate counts only for the larger units
+            # (Candidates.measured, MEASURED_SEED_S)
             self.candidates.margin = max(MARGIN, REPRODUCIBLE_MARGIN)
             self.candidates.measured = True
         #: the measured decisions: alternatives timed together, evidence kept in work_dir
