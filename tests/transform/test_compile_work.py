@@ -249,12 +249,14 @@ def test_the_pass_shares_the_paid_back_search_time(monkeypatch):
 def test_the_original_seeds_a_measured_search_only_when_it_is_large():
     cands = Candidates(library=False, derive=True, max_depth=1, calibration=sm.LLVM_CALIB,
                        margin=0.03)
-    assert cands._seed(50e-6) == 50e-6 and cands._seed(None) is None  # by the estimate
-    cands.measured = True
-    assert cands._seed(MEASURED_SEED_S / 2) is None
-    assert cands._seed(MEASURED_SEED_S) == MEASURED_SEED_S
+    # by the estimate: its margin, the original's estimate whatever its size
+    assert cands._margin(50e-6) == (0.03, 50e-6) and cands._margin(None) == (0.03, None)
+    cands.measured_margin = 0.15
+    assert cands._margin(MEASURED_SEED_S / 2) == (0.03, None)  # small: as before
+    assert cands._margin(MEASURED_SEED_S) == (0.15, MEASURED_SEED_S)
     call = _call(sm.conv3x3())
     expr = lift_relax_call(call)
     known = cands.original_seconds(call, expr)
     bound = cands.bound(expr, frozenset(), known)
     assert bound.known_s == (known if known >= MEASURED_SEED_S else None)
+    assert bound.margin == (0.15 if known >= MEASURED_SEED_S else 0.03)

@@ -110,9 +110,9 @@ class Candidates:
         self.cache = cache
         self.calibration = calibration
         self.margin = margin
-        #: the decision is measured: the original's estimate seeds the search's bound only
-        #: from :data:`MEASURED_SEED_S` on
-        self.measured = False
+        #: under a measured decision, its margin (the search's slack from
+        #: :data:`MEASURED_SEED_S` on, :meth:`bound`); None: decided by the estimate
+        self.measured_margin: Optional[float] = None
         #: seconds spent in derivation search
         self.search_s = 0.0
         #: expressions whose programs came from the cache / from a search
@@ -188,18 +188,23 @@ class Candidates:
         def seconds(prog: Program) -> float:
             return min(analytic.program_seconds(prog, calib, impl, constants) for impl in impls)
 
+        margin, known = self._margin(known_s)
         return CostBound(seconds, analytic.least_seconds(expr, calib, self.library),
-                         self.margin, SEARCH_PATIENCE, self._seed(known_s))
+                         margin, SEARCH_PATIENCE, known)
 
-    def _seed(self, known_s: Optional[float]) -> Optional[float]:
-        """The original's estimate as the search's known best, or None: not under a measured
-        decision of a unit estimated below :data:`MEASURED_SEED_S` (the library's transposed
-        convolution, calibrated at full efficiency, measured 1.8x and 3x slower than EinNet's
-        matmul + offset-add form on InfoGAN's 1x56x2x2 and 1x28x1x1 inputs, which a search
-        stopped at the original's estimate never found)."""
-        if known_s is None or (self.measured and known_s < MEASURED_SEED_S):
-            return None
-        return known_s
+    def _margin(self, known_s: Optional[float]) -> Tuple[float, Optional[float]]:
+        """The bound's margin and known best: by the estimate, the estimate's margin and the
+        original's estimate; under a measured decision, its margin and the original's
+        estimate for a unit estimated at :data:`MEASURED_SEED_S` or more, else (a small unit,
+        whose estimates do not predict its timings: the library's transposed convolution,
+        calibrated at full efficiency, measured 1.8x and 3x slower than EinNet's matmul +
+        offset-add form on InfoGAN's 1x56x2x2 and 1x28x1x1 inputs) the estimate's margin
+        alone, as before."""
+        if self.measured_margin is None:
+            return self.margin, known_s
+        if known_s is None or known_s < MEASURED_SEED_S:
+            return self.margin, None
+        return max(self.margin, self.measured_margin), known_s
 
     def original_seconds(self, unit, expr) -> Optional[float]:
         """The estimate of the original call ``unit`` (lifted to ``expr``) on its cheaper

@@ -175,10 +175,9 @@ class Decider:
         if self.measures:
             # the search stops where no program could beat the best found by the deciding
             # margin (CostBound): a measured decision separates by REPRODUCIBLE_MARGIN at
-            # least; the original's estimate counts only for the larger units
-            # (Candidates.measured, MEASURED_SEED_S)
-            self.candidates.margin = max(MARGIN, REPRODUCIBLE_MARGIN)
-            self.candidates.measured = True
+            # least (for the units large enough to be judged by their estimates:
+            # Candidates.bound, MEASURED_SEED_S)
+            self.candidates.measured_margin = max(MARGIN, REPRODUCIBLE_MARGIN)
         #: the measured decisions: alternatives timed together, evidence kept in work_dir
         self.timing = DecisionTiming(self.cost_model, DecisionRecords(
             self.work_dir, shared_records(self.cost_model, self.target, cfg))) \
