@@ -14,10 +14,11 @@ from tvm_ollie.codegen.builder import single_function_module as _module
 from tvm_ollie.codegen.builder import tensor_var as _var
 from tvm_ollie.compat import tvm
 from tvm_ollie.config import ConfigError, OllieConfig
+from tvm_ollie.derive.cost import least_work
+from tvm_ollie.lift import lift_relax_call
 from tvm_ollie.transform import batched
 from tvm_ollie.transform import checking
-from tvm_ollie.lift import lift_relax_call
-from tvm_ollie.transform.alternatives import MEASURED_SEED_S, Alternative, Candidates
+from tvm_ollie.transform.alternatives import MEASURED_SEED_FLOPS, Alternative, Candidates
 from tvm_ollie.transform.batched import UnitBuild, merged_module
 from tvm_ollie.transform.checking import Checker
 from tvm_ollie.transform.costing import CallableTiming, UntunedTiming
@@ -250,13 +251,13 @@ def test_the_original_seeds_a_measured_search_only_when_it_is_large():
     cands = Candidates(library=False, derive=True, max_depth=1, calibration=sm.LLVM_CALIB,
                        margin=0.03)
     # by the estimate: its margin, the original's estimate whatever its size
-    assert cands._margin(50e-6) == (0.03, 50e-6) and cands._margin(None) == (0.03, None)
+    assert cands._margin(50e-6, 1.0) == (0.03, 50e-6) and cands._margin(None, 1e9)[1] is None
     cands.measured_margin = 0.15
-    assert cands._margin(MEASURED_SEED_S / 2) == (0.03, None)  # small: as before
-    assert cands._margin(MEASURED_SEED_S) == (0.15, MEASURED_SEED_S)
+    assert cands._margin(5e-3, MEASURED_SEED_FLOPS / 2) == (0.03, None)  # small: as before
+    assert cands._margin(5e-6, MEASURED_SEED_FLOPS) == (0.15, 5e-6)
     call = _call(sm.conv3x3())
     expr = lift_relax_call(call)
     known = cands.original_seconds(call, expr)
+    big = least_work(expr)[0] >= MEASURED_SEED_FLOPS
     bound = cands.bound(expr, frozenset(), known)
-    assert bound.known_s == (known if known >= MEASURED_SEED_S else None)
-    assert bound.margin == (0.15 if known >= MEASURED_SEED_S else 0.03)
+    assert bound.known_s == (known if big else None) and bound.margin == (0.15 if big else 0.03)

@@ -15,6 +15,7 @@ from typing import AbstractSet, List, Optional, Tuple
 from ..codegen import library as lib
 from ..compile_profile import stage
 from ..derive.cache import DerivationCache
+from ..derive.cost import least_work
 from ..derive.program import Program
 from ..derive.search import DEFAULT_TARGETS, CostBound, derive
 from ..lift import LiftError, lift_relax_call
@@ -22,15 +23,18 @@ from ..tune import analytic
 from ..tune.calibrate import Calibration
 from .units import constant_inputs, is_group, is_region
 
-__all__ = ["MEASURED_SEED_S", "SEARCH_PATIENCE", "Alternative", "Candidates", "UnitAlternatives"]
+__all__ = ["MEASURED_SEED_FLOPS", "SEARCH_PATIENCE", "Alternative", "Candidates", "UnitAlternatives"]
 
-#: Under a measured decision, the original's estimate seeds the search's bound only from this
-#: many seconds on (:meth:`Candidates.bound`): below it the roofline misjudges the library's
-#: kernels by 2-4x (FSRCNN's 16x16 convolutions estimated 60-150 us, measured 14-16 us;
-#: InfoGAN's 1x56x2x2 transposed convolution 65 us, measured 27 us, and EinNet's form, estimated
-#: 68 us, measured 15 us), and every decision a seeded search changed on the quick zoo was
-#: such a unit (library estimates of 2-80 us; docs/compile-time.md).
-MEASURED_SEED_S = 100e-6
+#: Under a measured decision, the original's estimate seeds the search's bound only for a unit
+#: of this many flops or more (the products that can be nonzero, :meth:`Candidates.bound`):
+#: below it the roofline misjudges the library's kernels by 2-4x (FSRCNN's 16x16
+#: convolutions, 0.7 MFLOP, estimated 60-150 us, measured 14-16 us; InfoGAN's 1x56x2x2
+#: transposed convolution, 0.23 MFLOP, 65 us, measured 27 us, and EinNet's form, estimated 68
+#: us, measured 15 us), and every decision a seeded search changed on the quick zoo was such a
+#: unit (0.1-0.5 MFLOP; docs/compile-time.md). In flops, not seconds: the measured roofline
+#: moved by 40x between processes on the loaded machine (docs/compile-time.md), the work does
+#: not.
+MEASURED_SEED_FLOPS = 1e6
 
 #: Whole depth levels without a better program after which a unit's search stops
 #: (:class:`~tvm_ollie.derive.search.CostBound`'s ``patience``: why two, there).
@@ -111,7 +115,7 @@ class Candidates:
         self.calibration = calibration
         self.margin = margin
         #: under a measured decision, its margin (the search's slack from
-        #: :data:`MEASURED_SEED_S` on, :meth:`bound`); None: decided by the estimate
+        #: :data:`MEASURED_SEED_FLOPS` on, :meth:`bound`); None: decided by the estimate
         self.measured_margin: Optional[float] = None
         #: seconds spent in derivation search
         self.search_s = 0.0
@@ -188,21 +192,22 @@ class Candidates:
         def seconds(prog: Program) -> float:
             return min(analytic.program_seconds(prog, calib, impl, constants) for impl in impls)
 
-        margin, known = self._margin(known_s)
+        margin, known = self._margin(known_s, least_work(expr)[0])
         return CostBound(seconds, analytic.least_seconds(expr, calib, self.library),
                          margin, SEARCH_PATIENCE, known)
 
-    def _margin(self, known_s: Optional[float]) -> Tuple[float, Optional[float]]:
+    def _margin(self, known_s: Optional[float],
+                flops: float) -> Tuple[float, Optional[float]]:
         """The bound's margin and known best: by the estimate, the estimate's margin and the
         original's estimate; under a measured decision, its margin and the original's
-        estimate for a unit estimated at :data:`MEASURED_SEED_S` or more, else (a small unit,
-        whose estimates do not predict its timings: the library's transposed convolution,
-        calibrated at full efficiency, measured 1.8x and 3x slower than EinNet's matmul +
-        offset-add form on InfoGAN's 1x56x2x2 and 1x28x1x1 inputs) the estimate's margin
-        alone, as before."""
+        estimate for a unit of :data:`MEASURED_SEED_FLOPS` or more (``flops``: its least
+        work), else (a small unit, whose estimates do not predict its timings: the library's
+        transposed convolution measured 1.8x and 3x slower than EinNet's matmul + offset-add
+        form on InfoGAN's 1x56x2x2 and 1x28x1x1 inputs) the estimate's margin alone, as
+        before."""
         if self.measured_margin is None:
             return self.margin, known_s
-        if known_s is None or known_s < MEASURED_SEED_S:
+        if known_s is None or flops < MEASURED_SEED_FLOPS:
             return self.margin, None
         return max(self.margin, self.measured_margin), known_s
 

@@ -176,7 +176,7 @@ class Decider:
             # the search stops where no program could beat the best found by the deciding
             # margin (CostBound): a measured decision separates by REPRODUCIBLE_MARGIN at
             # least (for the units large enough to be judged by their estimates:
-            # Candidates.bound, MEASURED_SEED_S)
+            # Candidates.bound, MEASURED_SEED_FLOPS)
             self.candidates.measured_margin = max(MARGIN, REPRODUCIBLE_MARGIN)
         #: the measured decisions: alternatives timed together, evidence kept in work_dir
         self.timing = DecisionTiming(self.cost_model, DecisionRecords(
