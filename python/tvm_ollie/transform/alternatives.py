@@ -23,7 +23,8 @@ from ..tune import analytic
 from ..tune.calibrate import Calibration
 from .units import constant_inputs, is_group, is_region
 
-__all__ = ["MEASURED_SEED_FLOPS", "SEARCH_PATIENCE", "Alternative", "Candidates", "UnitAlternatives"]
+__all__ = ["MEASURED_SEED_FLOPS", "SEARCH_PATIENCE", "Alternative", "Candidates",
+           "UnitAlternatives"]
 
 #: Under a measured decision, the original's estimate seeds the search's bound only for a unit
 #: of this many flops or more (the products that can be nonzero, :meth:`Candidates.bound`):

@@ -289,14 +289,14 @@ class SearchPayback:
 
     (``runs``: :data:`PAYBACK_RUNS` by default, 100 000 runs: a model whose searches could gain
     0.02 ms per run gets 2 s more than its floors, not 20 s). ``least_s`` is what any module
-    gets (the pass gives ``config.MIN_SEARCH_S`` per signature it decides, the floor below which
-    the forms the rule tests expect go unfound; the paid-back seconds come on top, shared by
-    weight, so the heavy signatures still get more than the floor: with the floors alone,
-    FSRCNN's transposed convolution lost EinNet's form at load 9); the
-    estimates the gain comes from are rough (InfoGAN's 1x56x2x2 transposed convolution: the
-    library kernel estimated 65 us and EinNet's form 68 us, measured 27 and 15 us). A signature without a gain (a region, whose bound is not
-    computed) counts its whole weight, the most it could gain. ``runs=math.inf`` gives
-    ``search_time_s`` whatever the gains.
+    gets: the pass gives ``config.MIN_SEARCH_S`` per signature it decides, the floor below which
+    the forms the rule tests expect go unfound, and the paid-back seconds come on top, shared
+    by weight, so the heavy signatures still get more than the floor (with the floors alone,
+    FSRCNN's transposed convolution lost EinNet's form at load 9). The estimates the gain comes
+    from are rough (InfoGAN's 1x56x2x2 transposed convolution: the library kernel estimated 65
+    us and EinNet's form 68 us, measured 27 and 15 us), hence a generous ``runs``. The pass
+    counts a region that does not lift at its whole weight, the most it could gain.
+    ``runs=math.inf`` gives ``search_time_s`` whatever the gains.
     """
 
     def __init__(self, gains: Dict[str, float], runs: float = PAYBACK_RUNS,
