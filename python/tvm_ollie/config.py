@@ -108,6 +108,10 @@ class OllieConfig:
         Derivation time for the whole module, shared by its distinct operator signatures in
         proportion to their estimated time (each gets at least :data:`MIN_SEARCH_S`; what a
         search that stops early leaves flows on to the next).
+    search_payback_runs : float
+        The module's search time is at most this many runs of what its searches could gain
+        (each signature's best known estimate less its roofline bound:
+        :class:`tvm_ollie.tune.budget.SearchPayback`); ``math.inf``: ``search_time_s`` always.
     min_share : float
         A signature whose calls' estimated time is below this share of the module's is not
         decided (not searched, checked, built or timed: "skipped: too small to matter",
@@ -206,6 +210,7 @@ class OllieConfig:
     work_dir: Optional[str] = None
     max_depth: int = 7
     search_time_s: float = 20.0
+    search_payback_runs: float = 100_000
     min_share: float = 0.01
     max_states: Optional[int] = 2000
     max_candidates: Optional[int] = None
@@ -250,6 +255,10 @@ class OllieConfig:
                 self.search_time_s, numbers.Real) or not self.search_time_s > 0:
             raise ConfigError(f"OllieConfig.search_time_s must be a number > 0, not "
                               f"{self.search_time_s!r}")
+        if isinstance(self.search_payback_runs, bool) or not isinstance(
+                self.search_payback_runs, numbers.Real) or not self.search_payback_runs > 0:
+            raise ConfigError(f"OllieConfig.search_payback_runs must be a number > 0, not "
+                              f"{self.search_payback_runs!r}")
         if isinstance(self.min_share, bool) or not isinstance(
                 self.min_share, numbers.Real) or not 0 <= self.min_share < 1:
             raise ConfigError(f"OllieConfig.min_share must be a number in [0, 1), not "

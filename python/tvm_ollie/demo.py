@@ -122,6 +122,8 @@ def run_demo(
     print(f"\noutput {list(got.shape)}: max relative error vs TVM's build {err:.2e} "
           f"[{'ok' if ok else 'MISMATCH'}]", file=out)
     print(f"build time: TVM {base_build_s:.1f} s, ollie {ollie_build_s:.1f} s", file=out)
+    if report.search_note:
+        print(report.search_note, file=out)
     print(f"derivations: {report.derivations_text()}; {report.compile_profile}", file=out)
     print(f"latency (median of {repeat}): TVM {base_ms:.3f} ms, ollie {ollie_ms:.3f} ms, "
           f"speedup {base_ms / ollie_ms:.2f}x", file=out)

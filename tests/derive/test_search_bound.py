@@ -3,9 +3,10 @@ within what a measurement resolves of the roofline lower bound (CostBound)."""
 
 import pytest
 
-from rulecheck import conv2d_nhwc
+from rulecheck import conv2d_nhwc, conv_transpose_gather
 from tvm_ollie.derive import StopReason, derive
-from tvm_ollie.derive.cost import least_work
+from tvm_ollie.derive.cost import expr_cost, least_work
+from tvm_ollie.derive.useful import useful_flops
 from tvm_ollie.derive.search import CostBound
 from tvm_ollie.ir.nodes import IterVar, Scope, Tensor, Var
 from tvm_ollie.tune import analytic
@@ -62,16 +63,53 @@ def test_an_unreachable_bound_changes_nothing():
     assert [repr(p) for p in low.candidates] == [repr(p) for p in plain.candidates]
 
 
+def _brute_useful(n, h, c, f, r, p):
+    """Products of an NHWC convolution that read data, counted one point at a time."""
+    taps = sum(1 for y in range(h + 2 * p - r + 1) for dy in range(r) if 0 <= y + dy - p < h)
+    return n * f * c * taps * taps
+
+
 def test_least_work_counts_flops_only_for_a_plain_sum_of_products():
     flops, moved = least_work(_matmul(4, 5, 6))
     assert flops == 2 * 4 * 5 * 6 and moved == 4 * (4 * 5 + 5 * 6 + 4 * 6)
-    # padded reads: a tightened boundary may skip the margins, so only the bytes bound it
-    assert least_work(conv2d_nhwc(h=4, c=3, f=2))[0] == 0.0
+    # padded reads: a tightened boundary may skip the margins, so only the products that read
+    # data bound it (2 flops each: the multiply and the add)
+    padded = least_work(conv2d_nhwc(h=4, c=3, f=2))[0]
+    assert padded == 2 * _brute_useful(1, 4, 3, 2, 3, 1)
+    assert padded < expr_cost(conv2d_nhwc(h=4, c=3, f=2))[0]
     assert least_work(conv2d_nhwc(h=4, c=3, f=2, r=1, pad=0))[0] > 0
 
 
-@pytest.mark.parametrize("expr", [_matmul(16, 32, 8), conv2d_nhwc(h=6, c=8, f=4, r=1, pad=0),
-                                  conv2d_nhwc(h=4, c=4, f=4)])
+@pytest.mark.parametrize("h,r,p", [(4, 3, 1), (7, 3, 1), (5, 5, 2), (6, 3, 0), (8, 1, 0)])
+def test_useful_flops_counts_the_products_that_read_data(h, r, p):
+    assert useful_flops(conv2d_nhwc(h=h, c=3, f=2, r=r, pad=p)) == 2 * _brute_useful(
+        1, h, 3, 2, r, p)
+
+
+def test_useful_flops_of_a_transposed_convolution_skips_the_false_taps():
+    expr = conv_transpose_gather(1, 3, 2, [5, 5], [4, 4], [2, 2], [1, 1], [1, 1], [0, 0])
+    out = [(5 - 1) * 2 - 2 + 3 + 1] * 2
+    # each output row y takes the taps dy with (y + 1 - dy) even and its source row in range
+    taps = sum(1 for y in range(out[0]) for dy in range(4)
+               if (y + 1 - dy) % 2 == 0 and 0 <= (y + 1 - dy) // 2 < 5)
+    assert useful_flops(expr) == 2 * 3 * 2 * taps * taps
+    # the library's scatter does every input point times its kernel slice: no fewer
+    assert useful_flops(expr) <= 2 * (5 * 5 * 3) * (3 * 2 * 4 * 4) / 3
+
+
+def test_useful_flops_is_none_outside_a_guarded_product():
+    i, r = Var("i"), Var("r")
+    a = Tensor("A", (4, 4))
+    assert useful_flops(Scope([IterVar(i, 0, 4)], [IterVar(r, 0, 4)], a[i, r] + a[r, i])) \
+        is None
+    assert useful_flops(Scope([IterVar(i, 0, 4)], [], a[i, i] * a[i, i])) is None
+
+
+@pytest.mark.parametrize("expr", [
+    _matmul(16, 32, 8), conv2d_nhwc(h=6, c=8, f=4, r=1, pad=0), conv2d_nhwc(h=4, c=4, f=4),
+    conv2d_nhwc(h=7, c=4, f=8, r=3, stride=2),
+    conv_transpose_gather(1, 4, 4, [4, 4], [4, 4], [2, 2], [1, 1], [1, 1], [0, 0]),
+    conv_transpose_gather(1, 4, 2, [3, 3], [3, 3], [2, 2], [1, 1], [1, 1], [1, 1])])
 def test_the_lower_bound_holds_for_every_candidate(expr):
     res = derive(expr, max_depth=3, verify=False, max_candidates=None)
     lower = analytic.least_seconds(expr, CALIB)
@@ -79,6 +117,22 @@ def test_the_lower_bound_holds_for_every_candidate(expr):
     for prog in res.candidates:
         for impl in ("tvm", "native"):
             assert analytic.program_seconds(prog, CALIB, impl) >= lower * (1 - 1e-9), prog
+
+
+def test_a_known_original_near_the_bound_stops_after_the_first_level():
+    expr = conv2d_nhwc(h=4, c=4, f=4)
+    plain = derive(expr, max_depth=2, verify=False, max_candidates=None,
+                   bound=CostBound(_seconds, 1e-12, 0.03))
+    known = derive(expr, max_depth=2, verify=False, max_candidates=None,
+                   bound=CostBound(_seconds, 1.0, 0.03, known_s=1.0))
+    assert plain.stats.stop_reason is StopReason.MAX_DEPTH
+    assert known.stats.stop_reason is StopReason.NEAR_BOUND
+    assert known.stats.max_depth_reached == 0
+    assert 0 < len(known.candidates) < len(plain.candidates)
+    # the known program counts like a candidate: above the slack, nothing stops
+    assert not CostBound(_seconds, 1.0, 0.03, known_s=1.04).reached(None)
+    assert CostBound(_seconds, 1.0, 0.03, known_s=1.03).reached(None)
+    assert CostBound(_seconds, 1.0, 0.03, known_s=5.0).reached(1.0)
 
 
 def _constant(_prog) -> float:

@@ -3,6 +3,7 @@ built once together (checked and timed from that one build), the search shares g
 units decided."""
 
 import logging
+import math
 
 import numpy as np
 import pytest
@@ -13,16 +14,18 @@ from tvm_ollie.codegen.builder import single_function_module as _module
 from tvm_ollie.codegen.builder import tensor_var as _var
 from tvm_ollie.compat import tvm
 from tvm_ollie.config import ConfigError, OllieConfig
+from tvm_ollie.derive.cost import least_work
+from tvm_ollie.lift import lift_relax_call
 from tvm_ollie.transform import batched
 from tvm_ollie.transform import checking
-from tvm_ollie.transform.alternatives import Alternative, Candidates
+from tvm_ollie.transform.alternatives import MEASURED_SEED_FLOPS, Alternative, Candidates
 from tvm_ollie.transform.batched import UnitBuild, merged_module
 from tvm_ollie.transform.checking import Checker
 from tvm_ollie.transform.costing import CallableTiming, UntunedTiming
 from tvm_ollie.transform.decide import Decider
 from tvm_ollie.transform.optimize import _SearchShare, optimize_module
 from tvm_ollie.transform.units import unit_module
-from tvm_ollie.tune.budget import MIN_SHARE, SmallUnitGuard
+from tvm_ollie.tune.budget import MIN_SHARE, PAYBACK_RUNS, SearchPayback, SmallUnitGuard
 from tvm_ollie.tune.measure import compile_module, random_args
 
 logging.getLogger("tvm_ollie.derive").setLevel(logging.CRITICAL)
@@ -82,6 +85,27 @@ def test_search_share_goes_to_the_decided_units_on_a_fake_clock():
     assert out["big"] == pytest.approx(10.0 - out["mid"]) and clock == pytest.approx(10.0)
     with_tiny = _SearchShare(10.0, weights, floor_s=2.0)
     assert with_tiny.next("mid", 0.0) < out["mid"]  # the tiny one's floor held back
+
+
+def test_payback_bounds_the_module_search_by_what_it_could_gain():
+    small = SearchPayback({"a": 50e-6, "b": 30e-6}, runs=1e4, least_s=2.0)
+    assert small.gain_s == pytest.approx(80e-6)
+    assert small.total(20.0) == pytest.approx(2.8)  # the floors, and 0.8 s that pays back
+    assert small.note(20.0).startswith("search time 2.80s of 20s") and "80.0us" in small.note(20)
+    mid = SearchPayback({"a": 400e-6, "b": 100e-6, "region": 0.0}, runs=1e4)
+    assert mid.total(20.0) == pytest.approx(7.0) and mid.total(3.0) == 3.0
+    assert mid.note(3.0) is None  # not binding
+    assert SearchPayback({"a": 5e-3}).total(20.0) == 20.0  # 50 s would pay: the cap
+    assert SearchPayback({"a": -1e-3}, least_s=0.5).total(20.0) == 0.5  # no gain: the least
+    assert SearchPayback({"a": 1e-9}, runs=math.inf).total(20.0) == 20.0
+    assert PAYBACK_RUNS == OllieConfig().search_payback_runs
+
+
+def test_search_payback_runs_is_validated():
+    for bad in (0, -1.0, True, "1e4"):
+        with pytest.raises(ConfigError, match="search_payback_runs"):
+            OllieConfig(search_payback_runs=bad)
+    assert OllieConfig(search_payback_runs=math.inf).search_payback_runs == math.inf
 
 
 def _big_and_tiny():
@@ -198,3 +222,42 @@ def test_a_decision_builds_its_modules_once(monkeypatch):
     assert choice.measured, choice.reason
     assert len(builds) == 1
     assert len([f for f in builds[0].functions if f.name_hint.endswith("_main")]) == 3
+
+
+def test_the_pass_shares_the_paid_back_search_time(monkeypatch):
+    """The pass hands its signatures the payback's total, not ``search_time_s`` (each search
+    spends its budget on a fake clock)."""
+    budgets = []
+
+    def fake_search(self, expr, budget_s, constants=frozenset(), known_s=None):
+        budgets.append(budget_s)
+        self.search_s += budget_s
+        self.searched += 1
+        return [], ", search stop=time_budget"
+
+    monkeypatch.setattr(Candidates, "search", fake_search)
+    opts = dict(library=False, max_depth=1, search_time_s=20.0, calibration=sm.LLVM_CALIB,
+                derivation_cache=False, check_untuned=False, min_share=0.0)
+    _, report = optimize_module(_big_and_tiny(), "llvm", search_payback_runs=1.0, **opts)
+    # two signatures: each its floor (MIN_SEARCH_S), whatever little they could gain
+    assert len(budgets) == 2 and sum(budgets) == pytest.approx(4.0, rel=1e-3)
+    assert budgets[0] >= 2.0 and report.search_note.startswith("search time 4.00s of 20s")
+    budgets.clear()
+    _, report = optimize_module(_big_and_tiny(), "llvm", search_payback_runs=math.inf, **opts)
+    assert sum(budgets) == pytest.approx(20.0) and report.search_note == ""
+
+
+def test_the_original_seeds_a_measured_search_only_when_it_is_large():
+    cands = Candidates(library=False, derive=True, max_depth=1, calibration=sm.LLVM_CALIB,
+                       margin=0.03)
+    # by the estimate: its margin, the original's estimate whatever its size
+    assert cands._margin(50e-6, 1.0) == (0.03, 50e-6) and cands._margin(None, 1e9)[1] is None
+    cands.measured_margin = 0.15
+    assert cands._margin(5e-3, MEASURED_SEED_FLOPS / 2) == (0.03, None)  # small: as before
+    assert cands._margin(5e-6, MEASURED_SEED_FLOPS) == (0.15, 5e-6)
+    call = _call(sm.conv3x3())
+    expr = lift_relax_call(call)
+    known = cands.original_seconds(call, expr)
+    big = least_work(expr)[0] >= MEASURED_SEED_FLOPS
+    bound = cands.bound(expr, frozenset(), known)
+    assert bound.known_s == (known if big else None) and bound.margin == (0.15 if big else 0.03)

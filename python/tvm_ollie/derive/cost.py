@@ -28,6 +28,7 @@ import numpy as np
 
 from ..ir.nodes import Access, BinOp, Call, Node, Scope, Tensor, is_index, iter_nodes
 from .targets import operator_flops
+from .useful import useful_flops
 
 __all__ = ["EOP_COMPUTE_EFFICIENCY", "TARGET_DEFAULTS", "StageCost", "ProgramCost", "stage_cost",
            "program_cost", "expr_cost", "least_work"]
@@ -183,13 +184,17 @@ def least_work(expr: Scope) -> Tuple[float, float]:
     :func:`expr_cost` counts one kernel. Flops: the expression's arithmetic (:func:`expr_cost`)
     when it is a plain sum of products: one summing scope whose body is arithmetic on reads of
     unpadded tensors (the rules reorder, split and regroup such a sum, and instantiation
-    computes its products in the matched operator, so none drops a product); else 0, because
-    derivation may skip work that the expression counts (the zero taps behind the ``select`` of
-    a strided transposed convolution, the padded margins a tightened boundary leaves out, a
-    nested stage computed once), and then only the bytes bound the program.
+    computes its products in the matched operator, so none drops a product). Derivation may
+    skip work that the expression counts otherwise (the zero taps behind the ``select`` of a
+    strided transposed convolution, the padded margins a tightened boundary leaves out, a
+    nested stage computed once): a product of padded or ``select``-guarded reads is bounded by
+    its products that can be nonzero (:func:`~tvm_ollie.derive.useful.useful_flops`), anything
+    else by its bytes only (flops 0).
     """
     flops, moved = expr_cost(expr)
-    return (flops if _plain_sum(expr) else 0.0), moved
+    if _plain_sum(expr):
+        return flops, moved
+    return (min(useful_flops(expr) or 0.0, flops)), moved
 
 
 def _plain_sum(expr: Scope) -> bool:

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -116,21 +117,28 @@ class CostBound:
     (docs/compile-time.md) an improvement followed two barren levels (FSRCNN's transposed
     convolution under this machine's calibration: depth 0, then EinNet's matmul + offset-add
     form at depth 3, 19 % cheaper), never three; a level costs several times the one before.
+
+    With ``known_s`` (the estimate of a program the caller already has: the original operator
+    on its cheaper kernel) the best is the lower of it and the best candidate's: a candidate
+    that cannot beat the original by the margin is not worth searching for either, so a unit
+    whose original already runs near the bound stops after its first level (``near_bound``).
     """
 
     seconds: Callable[[object], float]
     lower_s: float
     margin: float
     patience: Optional[int] = None
+    known_s: Optional[float] = None
 
     @property
     def slack(self) -> float:
         """How far above ``lower_s`` a candidate may be and still end the search."""
         return self.margin / (1.0 - self.margin)
 
-    def reached(self, best_s: float) -> bool:
-        """Whether a candidate of ``best_s`` seconds ends the search."""
-        return self.lower_s > 0 and best_s <= self.lower_s * (1.0 + self.slack)
+    def reached(self, best_s: Optional[float]) -> bool:
+        """Whether a best candidate of ``best_s`` seconds (None: none yet) ends the search."""
+        best = min(s for s in (best_s, self.known_s, math.inf) if s is not None)
+        return self.lower_s > 0 and best <= self.lower_s * (1.0 + self.slack)
 
 
 @dataclass
@@ -308,8 +316,7 @@ class _Search:
             raise _Limits(StopReason.FIRST_FOUND)
 
     def _check_bound(self) -> None:
-        if self.bound is not None and self.stats.best_s is not None and \
-                self.bound.reached(self.stats.best_s):
+        if self.bound is not None and self.bound.reached(self.stats.best_s):
             raise _Limits(StopReason.NEAR_BOUND)
 
     def _check_stale(self, depth: int) -> None:

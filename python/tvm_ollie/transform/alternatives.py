@@ -15,6 +15,7 @@ from typing import AbstractSet, List, Optional, Tuple
 from ..codegen import library as lib
 from ..compile_profile import stage
 from ..derive.cache import DerivationCache
+from ..derive.cost import least_work
 from ..derive.program import Program
 from ..derive.search import DEFAULT_TARGETS, CostBound, derive
 from ..lift import LiftError, lift_relax_call
@@ -22,7 +23,19 @@ from ..tune import analytic
 from ..tune.calibrate import Calibration
 from .units import constant_inputs, is_group, is_region
 
-__all__ = ["SEARCH_PATIENCE", "Alternative", "Candidates", "UnitAlternatives"]
+__all__ = ["MEASURED_SEED_FLOPS", "SEARCH_PATIENCE", "Alternative", "Candidates",
+           "UnitAlternatives"]
+
+#: Under a measured decision, the original's estimate seeds the search's bound only for a unit
+#: of this many flops or more (the products that can be nonzero, :meth:`Candidates.bound`):
+#: below it the roofline misjudges the library's kernels by 2-4x (FSRCNN's 16x16
+#: convolutions, 0.7 MFLOP, estimated 60-150 us, measured 14-16 us; InfoGAN's 1x56x2x2
+#: transposed convolution, 0.23 MFLOP, 65 us, measured 27 us, and EinNet's form, estimated 68
+#: us, measured 15 us), and every decision a seeded search changed on the quick zoo was such a
+#: unit (0.1-0.5 MFLOP; docs/compile-time.md). In flops, not seconds: the measured roofline
+#: moved by 40x between processes on the loaded machine (docs/compile-time.md), the work does
+#: not.
+MEASURED_SEED_FLOPS = 1e6
 
 #: Whole depth levels without a better program after which a unit's search stops
 #: (:class:`~tvm_ollie.derive.search.CostBound`'s ``patience``: why two, there).
@@ -102,6 +115,9 @@ class Candidates:
         self.cache = cache
         self.calibration = calibration
         self.margin = margin
+        #: under a measured decision, its margin (the search's slack from
+        #: :data:`MEASURED_SEED_FLOPS` on, :meth:`bound`); None: decided by the estimate
+        self.measured_margin: Optional[float] = None
         #: seconds spent in derivation search
         self.search_s = 0.0
         #: expressions whose programs came from the cache / from a search
@@ -123,7 +139,8 @@ class Candidates:
             alts.append(Alternative(None, "native"))
         if not self.derive:
             return UnitAlternatives(alts)
-        programs, note = self.search(expr, budget_s, constant_inputs(unit))
+        known = self.original_seconds(unit, expr)
+        programs, note = self.search(expr, budget_s, constant_inputs(unit), known)
         seen = set()
         for prog in programs:
             if repr(prog) in seen:
@@ -132,11 +149,12 @@ class Candidates:
             alts.extend(self.program_alternatives(prog))
         return UnitAlternatives(alts, len(seen), note)
 
-    def search(self, expr, budget_s: float,
-               constants: AbstractSet[str] = frozenset()) -> Tuple[List[Program], str]:
+    def search(self, expr, budget_s: float, constants: AbstractSet[str] = frozenset(),
+               known_s: Optional[float] = None) -> Tuple[List[Program], str]:
         """The derived programs of ``expr`` (from the cache when it holds them, else searched
         within ``budget_s`` seconds and stored) and a note on where they came from
-        (``constants``: the inputs that are constants, for the estimates of the bound)."""
+        (``constants``: the inputs that are constants, for the estimates of the bound;
+        ``known_s``: the original's estimate, :class:`~tvm_ollie.derive.search.CostBound`)."""
 
         limits = dict(max_depth=self.max_depth, targets=tuple(DEFAULT_TARGETS),
                       max_states=self.max_states, max_candidates=self.max_candidates,
@@ -152,7 +170,7 @@ class Candidates:
             res = derive(expr, max_depth=self.max_depth, search_time_s=budget_s,
                          max_states=self.max_states, verify=False,
                          max_candidates=self.max_candidates, cost_target=self.cost_target,
-                         bound=self.bound(expr, constants))
+                         bound=self.bound(expr, constants, known_s))
         self.search_s += time.perf_counter() - t0
         self.searched += 1
         programs = [p for p in res.candidates if not p.multi]
@@ -162,9 +180,11 @@ class Candidates:
                 self.cache.put(expr, limits, programs, stop, budget_s)
         return programs, f", search stop={stop}"
 
-    def bound(self, expr, constants: AbstractSet[str] = frozenset()) -> Optional[CostBound]:
+    def bound(self, expr, constants: AbstractSet[str] = frozenset(),
+              known_s: Optional[float] = None) -> Optional[CostBound]:
         """The early stop of the search of ``expr``: a program's estimate on its cheaper
-        implementation (:meth:`program_alternatives`) against the roofline lower bound."""
+        implementation (:meth:`program_alternatives`), or ``known_s`` when lower (the
+        original's), against the roofline lower bound."""
         calib = self.calibration
         if calib is None or self.margin <= 0:
             return None
@@ -173,8 +193,41 @@ class Candidates:
         def seconds(prog: Program) -> float:
             return min(analytic.program_seconds(prog, calib, impl, constants) for impl in impls)
 
+        margin, known = self._margin(known_s, least_work(expr)[0])
         return CostBound(seconds, analytic.least_seconds(expr, calib, self.library),
-                         self.margin, SEARCH_PATIENCE)
+                         margin, SEARCH_PATIENCE, known)
+
+    def _margin(self, known_s: Optional[float],
+                flops: float) -> Tuple[float, Optional[float]]:
+        """The bound's margin and known best: by the estimate, the estimate's margin and the
+        original's estimate; under a measured decision, its margin and the original's
+        estimate for a unit of :data:`MEASURED_SEED_FLOPS` or more (``flops``: its least
+        work), else (a small unit, whose estimates do not predict its timings: the library's
+        transposed convolution measured 1.8x and 3x slower than EinNet's matmul + offset-add
+        form on InfoGAN's 1x56x2x2 and 1x28x1x1 inputs) the estimate's margin alone, as
+        before."""
+        if self.measured_margin is None:
+            return self.margin, known_s
+        if known_s is None or flops < MEASURED_SEED_FLOPS:
+            return self.margin, None
+        return max(self.margin, self.measured_margin), known_s
+
+    def original_seconds(self, unit, expr) -> Optional[float]:
+        """The estimate of the original call ``unit`` (lifted to ``expr``) on its cheaper
+        kernel: TVM's, or the native library's where it has one; of a region, the sum of its
+        calls' (what deciding them one by one reaches); None without a calibration."""
+        if self.calibration is None:
+            return None
+        if is_region(unit):
+            try:
+                return sum(self.original_seconds(c, lift_relax_call(c)) for c in unit.calls)
+            except LiftError:
+                return None
+        impls = ["tvm"]
+        if self.library and lib.call_form(unit) is not None:
+            impls.append("native")
+        return min(analytic.original_seconds(expr, unit.op.name, self.calibration, impl)
+                   for impl in impls)
 
     def _group(self, group) -> UnitAlternatives:
         """A group of calls sharing an operand: the calls as they are, and the merged programs

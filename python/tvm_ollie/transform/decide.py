@@ -51,8 +51,8 @@ from ..tune.records import MachineStore
 from .alternatives import Alternative, Candidates, UnitAlternatives
 from .batched import UnitBuild
 from .checking import RTOL, Checker, CheckFn, VerdictCache, check_exact, checked
-from .choosing import (MARGIN, Choice, Chooser, Decision, choose_analytic, choose_forced,
-                       choose_measured, decided, kept_by_estimate, shortlist)
+from .choosing import (MARGIN, REPRODUCIBLE_MARGIN, Choice, Chooser, Decision, choose_analytic,
+                       choose_forced, choose_measured, decided, kept_by_estimate, shortlist)
 from .costing import (AnalyticUnitCost, CallableTiming, ModuleTiming, Timer, TunedTiming,
                       UnitCostModel, UntunedTiming)
 from .emit import EmitError
@@ -172,6 +172,12 @@ class Decider:
             checker, cache=VerdictCache.for_run(work_dir, self.target)
             if cfg.derivation_cache else None)
         self.measures = self.cost_model is not None and self.cost_model.measured
+        if self.measures:
+            # the search stops where no program could beat the best found by the deciding
+            # margin (CostBound): a measured decision separates by REPRODUCIBLE_MARGIN at
+            # least (for the units large enough to be judged by their estimates:
+            # Candidates.bound, MEASURED_SEED_FLOPS)
+            self.candidates.measured_margin = max(MARGIN, REPRODUCIBLE_MARGIN)
         #: the measured decisions: alternatives timed together, evidence kept in work_dir
         self.timing = DecisionTiming(self.cost_model, DecisionRecords(
             self.work_dir, shared_records(self.cost_model, self.target, cfg))) \
@@ -208,6 +214,7 @@ class Decider:
         options = dict(max_depth=cfg.max_depth, max_states=cfg.max_states,
                        max_candidates=cfg.max_candidates, targets=cfg.targets,
                        search_time_s=cfg.search_time_s, library=self.library,
+                       search_payback_runs=cfg.search_payback_runs,
                        derive=self.derive, measures=self.measures,
                        max_measured=self.max_measured, trials=self.trials,
                        cost=self.cost_model.record_key if self.measures else "analytic",

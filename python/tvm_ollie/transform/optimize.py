@@ -12,6 +12,7 @@ the report says why.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import Any, Dict, List, Optional, Set, Tuple, Union
@@ -23,7 +24,7 @@ from ..config import MIN_SEARCH_S, OllieConfig, resolve_config
 from ..lift import LiftError, lift_relax_call
 from ..target import kind_name, normalize_target
 from ..tune import analytic
-from ..tune.budget import SmallUnitGuard, TrialBudget
+from ..tune.budget import SearchPayback, SmallUnitGuard, TrialBudget
 from ..tune.calibrate import Calibration
 from ..tune.metaschedule import STATS, Tuner
 from .blocked_layout import LayoutReport, blocked_layout
@@ -268,7 +269,14 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
     elif cfg.trials > 0 and not budget.notes:
         budget.notes.append(f"no {kind_name(tgt)} device here to measure on: the pass decided "
                             "by the analytic cost")
-    search = _SearchShare(cfg.search_time_s, {s: weights.get(s, 0.0) for s in small.kept(sigs)})
+    kept = small.kept(sigs)
+    gains = _signature_gains(decider.calib, regions, calls, decider.library, weights)
+    # at least each signature's floor: below it the forms the rule tests expect go unfound
+    payback = SearchPayback({s: gains[s] for s in kept if s in gains}, cfg.search_payback_runs,
+                            MIN_SEARCH_S * max(len(kept), 1))
+    search = _SearchShare(payback.total(cfg.search_time_s), {s: weights.get(s, 0.0) for s in kept})
+    if cfg.derive:
+        report.search_note = payback.note(cfg.search_time_s) or ""
     choices: Dict[str, object] = {}
 
     def choose(unit, sig: str):
@@ -493,24 +501,46 @@ def _signature_weights(calib: Calibration, regions, calls) -> Dict[str, float]:
     return weights
 
 
+def _signature_gains(calib: Calibration, regions, calls, library: bool,
+                     weights: Dict[str, float]) -> Dict[str, float]:
+    """Per signature, the most its search could gain (:class:`~tvm_ollie.tune.budget.
+    SearchPayback`): a call's best known estimate (:func:`_known_seconds`) less its
+    roofline bound, summed over its calls; a region's, the sum of its calls' best known
+    estimates less the bound of its expression (its whole weight where it does not lift)."""
+    gains: Dict[str, float] = {}
+    units = [(r.signature(), r, r.lift, r.calls) for r in regions]
+    units += [(call_signature(c), c, functools.partial(lift_relax_call, c), [c])
+              for _, _, c in calls]
+    for sig, unit, lift, members in units:
+        try:
+            gain = sum(_known_seconds(c, calib, library) for c in members) - \
+                analytic.least_seconds(lift(), calib, library)
+        except LiftError:
+            gain = weights.get(sig, 0.0)
+        gains[sig] = gains.get(sig, 0.0) + max(gain, 0.0)
+    return gains
+
+
+def _known_seconds(call, calib: Calibration, library: bool) -> float:
+    """A call's estimate on the cheaper of TVM's kernel and the native library's."""
+    seconds = _unit_seconds(call, calib)
+    if library and lib.call_form(call) is not None:
+        try:
+            native = analytic.original_seconds(lift_relax_call(call), call.op.name, calib,
+                                               "native")
+        except LiftError:
+            native = seconds
+        seconds = min(seconds, native)
+    return seconds
+
+
 def _module_seconds(calib: Calibration, calls, library: bool) -> float:
     """The module's estimated time as :class:`~tvm_ollie.tune.budget.SmallUnitGuard` weighs
     it: its derivable calls', each once, each on the cheaper of TVM's kernel and the native
     library's (with ``library``). The lower of the two: an operator TVM's default schedule
     runs badly (the demo's transposed convolution, estimated 10x its library kernel) must
     not make the others look small."""
-    total = 0.0
-    for _, _, call in calls:
-        seconds = _unit_seconds(call, calib)
-        if library and lib.call_form(call) is not None:
-            try:
-                native = analytic.original_seconds(lift_relax_call(call), call.op.name, calib,
-                                                   "native")
-            except LiftError:
-                native = seconds
-            seconds = min(seconds, native)
-        total += seconds
-    return total
+    return sum(_known_seconds(call, calib, library) for _, _, call in calls)
 
 
 def _plan_budget(budget: TrialBudget, weights: Dict[str, float], max_measured: int) -> None:

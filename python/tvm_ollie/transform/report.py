@@ -33,6 +33,9 @@ class OptimizeReport:
     #: :mod:`.groups`; ``kind`` ``"region"`` or ``"group"``), groups first
     regions: List[Decision] = field(default_factory=list)
     search_s: float = 0.0
+    #: why the module's search time was below ``search_time_s`` (empty when it was not:
+    #: :class:`tvm_ollie.tune.budget.SearchPayback`)
+    search_note: str = ""
     tuning_s: float = 0.0
     verify_s: float = 0.0
     total_s: float = 0.0
@@ -121,6 +124,8 @@ class OptimizeReport:
             done = sum(1 for r in self.regions if r.rewritten)
             rows.append(f"{done}/{len(self.regions)} regions rewritten:")
             rows.extend(r.to_text() for r in self.regions)
+        if self.search_note:
+            rows.append(self.search_note)
         if any(self.derivations.values()):
             rows.append(f"derivations: {self.derivations_text()}")
         if self.compile_profile is not None:

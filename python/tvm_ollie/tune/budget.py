@@ -34,11 +34,19 @@ from typing import Dict, Iterator, List, Optional
 
 from .metaschedule import workload_hash
 
-__all__ = ["MIN_SHARE", "SmallUnitGuard", "TaskSpend", "TrialBudget"]
+__all__ = ["MIN_SHARE", "PAYBACK_RUNS", "SearchPayback", "SmallUnitGuard", "TaskSpend",
+           "TrialBudget"]
 
 #: The share of a module's estimated time below which a unit is not worth deciding
 #: (:class:`SmallUnitGuard`).
 MIN_SHARE = 0.01
+
+#: Runs of the model in which the module's derivation search must be able to pay for itself
+#: (:class:`SearchPayback`, ``OllieConfig.search_payback_runs``). Why 100 000: at 10 000,
+#: FSRCNN's searches (estimated to gain at most 87 us per run under the given analytic
+#: calibration) got 2 s, and its transposed convolution lost EinNet's matmul + offset-add form
+#: (163 us instead of 175 us, found after 1-4 s: docs/compile-time.md).
+PAYBACK_RUNS = 100_000
 
 #: Name of the final task of ``build`` (the rewritten module's kernels).
 FINAL_TASK = "build"
@@ -266,3 +274,51 @@ class SmallUnitGuard:
     def kept(self, sigs) -> List[str]:
         """The signatures of ``sigs`` that are decided (not skipped), in order."""
         return [s for s in sigs if self.skip(s) is None]
+
+
+class SearchPayback:
+    """The module's derivation time, bounded by what the searches could gain.
+
+    The most a unit's search can gain, by the estimates that rank its programs, is its best
+    known program (the original on its cheaper kernel) less the roofline lower bound of any
+    program of its expression (:func:`tvm_ollie.tune.analytic.least_seconds`); a search
+    second pays only if the model runs often enough to win it back. So the searches of a
+    module whose gains ``g(sig)`` sum to ``G`` get::
+
+        total = min(search_time_s, least_s + runs * G)
+
+    (``runs``: :data:`PAYBACK_RUNS` by default, 100 000 runs: a model whose searches could gain
+    0.02 ms per run gets 2 s more than its floors, not 20 s). ``least_s`` is what any module
+    gets: the pass gives ``config.MIN_SEARCH_S`` per signature it decides, the floor below which
+    the forms the rule tests expect go unfound, and the paid-back seconds come on top, shared
+    by weight, so the heavy signatures still get more than the floor (with the floors alone,
+    FSRCNN's transposed convolution lost EinNet's form at load 9). The estimates the gain comes
+    from are rough (InfoGAN's 1x56x2x2 transposed convolution: the library kernel estimated 65
+    us and EinNet's form 68 us, measured 27 and 15 us), hence a generous ``runs``. The pass
+    counts a region that does not lift at its whole weight, the most it could gain.
+    ``runs=math.inf`` gives ``search_time_s`` whatever the gains.
+    """
+
+    def __init__(self, gains: Dict[str, float], runs: float = PAYBACK_RUNS,
+                 least_s: float = 2.0):
+        self.gains = {sig: max(float(g), 0.0) for sig, g in gains.items()}
+        self.runs = float(runs)
+        self.least_s = float(least_s)
+
+    @property
+    def gain_s(self) -> float:
+        """What the searches could gain per run of the model, in seconds."""
+        return sum(self.gains.values())
+
+    def total(self, search_time_s: float) -> float:
+        """The module's search seconds."""
+        return min(float(search_time_s), self.least_s + self.runs * self.gain_s)
+
+    def note(self, search_time_s: float) -> Optional[str]:
+        """Why the search time is below ``search_time_s`` (None when it is not)."""
+        total = self.total(search_time_s)
+        if total >= search_time_s:
+            return None
+        return (f"search time {total:.2f}s of {search_time_s:g}s: the searches could gain at "
+                f"most {self.gain_s * 1e6:.1f}us per run (best known less the roofline bound),"
+                f" paid back over {self.runs:g} runs")
