@@ -16,16 +16,21 @@ Environment variables:
   number of cores available to the process);
 * ``TVM_OLLIE_SERIAL_FLOPS``: a oneDNN kernel call of less work (floating-point operations)
   runs on the calling thread alone, without entering an OpenMP region (default
-  :data:`DEFAULT_SERIAL_FLOPS`; 0: never), see :func:`set_serial_flops` and docs/per-call.md.
+  :data:`DEFAULT_SERIAL_FLOPS`; 0: never), see :func:`set_serial_flops` and docs/per-call.md;
+* ``TVM_OLLIE_PARALLEL_RUNTIME``: where the parallel loops of TVM's CPU kernels run in this
+  process, ``openmp`` (the OpenMP pool of the native kernels: one pool for both; the default,
+  :data:`DEFAULT_PARALLEL_RUNTIME`) or ``tvm`` (TVM's own thread pool), see
+  :func:`set_parallel_runtime` and docs/threads.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
 import sys
-from typing import List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 from .library_loader import LibraryLoader, LoadState, candidate_paths, disabled, find_dist_file
 
@@ -65,6 +70,11 @@ __all__ = [
     "conv2d_preferred_format",
     "provides",
     "int8_exact_products",
+    "DEFAULT_PARALLEL_RUNTIME",
+    "set_parallel_runtime",
+    "get_parallel_runtime",
+    "parallel_runtime",
+    "parallel_stats",
 ]
 
 #: Global function names (tvm-ffi) registered by the library.
@@ -80,6 +90,15 @@ GET_NUM_THREADS = "tvm_ollie.cpu.get_num_threads"
 CACHE_STATS = "tvm_ollie.cpu.cache_stats"
 SET_SERIAL_FLOPS = "tvm_ollie.cpu.set_serial_flops"
 GET_SERIAL_FLOPS = "tvm_ollie.cpu.get_serial_flops"
+#: Where TVM's CPU kernels run their parallel loops (docs/threads.md, "One pool").
+SET_PARALLEL_RUNTIME = "tvm_ollie.cpu.set_parallel_runtime"
+GET_PARALLEL_RUNTIME = "tvm_ollie.cpu.get_parallel_runtime"
+PARALLEL_STATS = "tvm_ollie.cpu.parallel_stats"
+#: The parallel runtime set when the library loads, unless ``TVM_OLLIE_PARALLEL_RUNTIME`` says
+#: otherwise: ``"openmp"`` runs TVM's parallel loops on the OpenMP threads of the oneDNN kernels,
+#: so that a model mixing both has one pool of threads (docs/threads.md, "One pool").
+DEFAULT_PARALLEL_RUNTIME = "openmp"
+PARALLEL_RUNTIMES = ("openmp", "tvm")
 
 #: The library's default of ``TVM_OLLIE_SERIAL_FLOPS`` (``kDefaultSerialFlops`` in common.h):
 #: below this many floating-point operations a kernel call wakes no OpenMP worker. Waking the
@@ -112,6 +131,7 @@ DEFAULT_OMP_WAIT_POLICY: Optional[str] = "PASSIVE"
 
 _LOG = logging.getLogger(__name__)
 _HANDLES: List[ctypes.CDLL] = []  # keep the libraries loaded
+_PARALLEL_RUNTIME_SET: List[str] = []  # the runtime once set (by the default or the user)
 
 
 def _default_omp_wait_policy() -> None:
@@ -195,7 +215,10 @@ def load() -> bool:
         True when the kernels are available. On failure one warning with the reason is logged
         (see :func:`unavailable_reason`) and False is returned; nothing raises.
     """
-    return _LOADER.load()
+    ok = _LOADER.load()
+    if ok and not _PARALLEL_RUNTIME_SET:
+        _default_parallel_runtime()
+    return ok
 
 
 def available() -> bool:
@@ -271,6 +294,87 @@ def set_serial_flops(flops: int) -> None:
 def get_serial_flops() -> int:
     """The work below which a kernel call runs single-threaded (see :func:`set_serial_flops`)."""
     return int(_LOADER.func(GET_SERIAL_FLOPS)())
+
+
+def set_parallel_runtime(name: str) -> None:
+    """Where the parallel loops of TVM's CPU kernels run: ``"openmp"`` or ``"tvm"``.
+
+    TVM's generated kernels launch their parallel loops through a function that each compiled
+    library receives when it loads. ``"openmp"`` gives the libraries loaded from now on the
+    native library's launch: every parallel loop becomes an OpenMP parallel region on the same
+    threads as the oneDNN kernels, ``get_num_threads()`` of them, so that a model alternating
+    library calls and TVM kernels has one pool of threads instead of two taking turns on the
+    cores (docs/threads.md, "One pool"). ``"tvm"`` gives them TVM's thread pool again. A library
+    keeps the launch it got when it loaded: an exported library when it is loaded, an in-memory
+    executable when a ``VirtualMachine`` is made from it; those made before the call are
+    unchanged.
+
+    Raises
+    ------
+    ValueError
+        For another name.
+    RuntimeError
+        When TVM's runtime is not loaded yet (``import tvm`` first), or the library is missing.
+    """
+    if name not in PARALLEL_RUNTIMES:
+        raise ValueError(f"set_parallel_runtime: expected one of {PARALLEL_RUNTIMES}, got {name!r}")
+    if not provides(SET_PARALLEL_RUNTIME):
+        raise RuntimeError(f"set_parallel_runtime: {unavailable_reason() or 'the native library'}"
+                           " lacks it")
+    _LOADER.func(SET_PARALLEL_RUNTIME)(name)
+    _PARALLEL_RUNTIME_SET[:] = [name]
+
+
+@contextlib.contextmanager
+def parallel_runtime(name: str) -> Iterator[None]:
+    """:func:`set_parallel_runtime` for the libraries loaded (and virtual machines made) inside
+    the block, then the previous runtime again; e.g. TVM alone measured on TVM's own pool
+    beside tvm-ollie's executables. Without the native library the block runs unchanged."""
+    if not provides(SET_PARALLEL_RUNTIME):
+        yield
+        return
+    previous = get_parallel_runtime()
+    set_parallel_runtime(name)
+    try:
+        yield
+    finally:
+        set_parallel_runtime(previous)
+
+
+def get_parallel_runtime() -> str:
+    """``"openmp"`` or ``"tvm"``: where the libraries loaded now run TVM's parallel loops
+    (``"tvm"`` without the native library)."""
+    if not provides(GET_PARALLEL_RUNTIME):
+        return "tvm"
+    return str(_LOADER.func(GET_PARALLEL_RUNTIME)())
+
+
+def parallel_stats() -> Dict[str, int]:
+    """How many parallel loops of TVM's kernels ran on the OpenMP pool in this process
+    (``launches``) and how many times one of their tasks waited at a barrier (``barriers``);
+    zeros without the native library. Counters, for tests and the profiler."""
+    if not provides(PARALLEL_STATS):
+        return {"launches": 0, "barriers": 0}
+    text = str(_LOADER.func(PARALLEL_STATS)())
+    return {k: int(v) for k, v in (item.split("=") for item in text.split(";"))}
+
+
+def _default_parallel_runtime() -> None:
+    """Apply ``TVM_OLLIE_PARALLEL_RUNTIME`` (default :data:`DEFAULT_PARALLEL_RUNTIME`) once TVM's
+    runtime is loaded; before that there is nothing to replace, and ``import tvm_ollie`` calls
+    this again after importing TVM. An invalid value is logged and ignored."""
+    name = os.environ.get("TVM_OLLIE_PARALLEL_RUNTIME", DEFAULT_PARALLEL_RUNTIME)
+    if "tvm" not in sys.modules or not provides(SET_PARALLEL_RUNTIME):
+        return
+    if name not in PARALLEL_RUNTIMES:
+        _LOG.warning("TVM_OLLIE_PARALLEL_RUNTIME=%r ignored (expected one of %s)", name,
+                     PARALLEL_RUNTIMES)
+        _PARALLEL_RUNTIME_SET[:] = ["tvm"]
+        return
+    try:
+        set_parallel_runtime(name)
+    except RuntimeError as err:  # TVM's runtime not loaded yet: the next load() tries again
+        _LOG.debug("parallel runtime not set yet: %s", err)
 
 
 def info() -> str:

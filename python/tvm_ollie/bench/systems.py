@@ -25,6 +25,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
+from .. import native
 from ..compat import relax, tvm
 from ..models import to_onnx, to_relax
 from ..models.export import WEIGHTS
@@ -190,13 +191,18 @@ def prepare_tvm_executable(
 
 @register_system("tvm", tvm_based=True)
 def prepare_tvm(spec, ctx: BenchContext) -> Prepared:
-    """TVM alone: torch.export -> Relax -> static_shape_tuning_pipeline / default pipeline."""
+    """TVM alone: torch.export -> Relax -> static_shape_tuning_pipeline / default pipeline.
+
+    Its kernels run on TVM's own thread pool, as a TVM user's do (tvm-ollie's executables run
+    TVM's parallel loops on the OpenMP pool of the native kernels: docs/threads.md)."""
     mod, params, import_s = ctx.relax_module(spec)
     build = build_tvm(mod, ctx.target, ctx.trials, ctx.model_dir(spec, "tvm"))
-    info = {"trials": build.trials, "reused_db": build.reused_db, "import_s": import_s}
+    info = {"trials": build.trials, "reused_db": build.reused_db, "import_s": import_s,
+            "parallel_runtime": "tvm"}
     tune_s = build.tune_s if ctx.trials > 0 else None
-    ex = build.executable
-    return prepare_tvm_executable(ex, params, spec, ctx, build.compile_s, tune_s, info)
+    with native.parallel_runtime("tvm"):
+        return prepare_tvm_executable(build.executable, params, spec, ctx, build.compile_s,
+                                      tune_s, info)
 
 
 @register_system("tvm-orch", tvm_based=True)

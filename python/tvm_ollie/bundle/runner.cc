@@ -37,6 +37,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -305,6 +306,18 @@ std::string SelfDir() {
   return path.substr(0, path.rfind('/'));
 }
 
+/*!
+ * \brief When a preloaded library is tvm-ollie's native library, run TVM's parallel loops on its
+ * OpenMP pool as the Python package does (TVM_OLLIE_PARALLEL_RUNTIME, default openmp; see
+ * docs/threads.md): set before any executable loads, since a library keeps the launch it got.
+ */
+void SetParallelRuntime() {
+  auto set = ffi::Function::GetGlobal("tvm_ollie.cpu.set_parallel_runtime");
+  if (!set.has_value()) return;
+  const char* env = std::getenv("TVM_OLLIE_PARALLEL_RUNTIME");
+  (*set)(std::string(env != nullptr && *env ? env : "openmp"));
+}
+
 void Preload(const std::string& dir, const std::vector<std::string>& libs) {
   for (const std::string& lib : libs) {
     std::string path = lib[0] == '/' ? lib : dir + "/" + lib;
@@ -367,6 +380,7 @@ int Run(int argc, char** argv) {
   }
   Manifest m = ReadManifest(dir + "/manifest.txt");
   Preload(dir, m.preload);
+  SetParallelRuntime();
   DLDevice dev{m.device == "cuda" ? kDLCUDA : kDLCPU, m.device_id};
   if (m.device != "cuda" && m.device != "cpu") Fail("unknown device " + m.device);
   if (load_only) return LoadOnly(dir, m, only);
