@@ -177,6 +177,7 @@ def prepare_tvm_executable(
     if not dev.exist:
         return Prepared(None, compile_s, tune_s, dict(info or {}, note="built; no device to run"))
     vm = relax.VirtualMachine(ex, dev)
+    info = dict(info or {}, parallel_runtime=native.get_parallel_runtime())  # bound just now
     args = [tvm.runtime.tensor(x.numpy(), dev) for x in spec.example_inputs]
     args += [p.copyto(dev) for p in params] if ctx.target_kind == "cuda" else list(params)
     main = vm["main"]
@@ -186,7 +187,7 @@ def prepare_tvm_executable(
         dev.sync()
         return out
 
-    return Prepared(run, compile_s, tune_s, dict(info or {}))
+    return Prepared(run, compile_s, tune_s, info)
 
 
 @register_system("tvm", tvm_based=True)
@@ -197,8 +198,7 @@ def prepare_tvm(spec, ctx: BenchContext) -> Prepared:
     TVM's parallel loops on the OpenMP pool of the native kernels: docs/threads.md)."""
     mod, params, import_s = ctx.relax_module(spec)
     build = build_tvm(mod, ctx.target, ctx.trials, ctx.model_dir(spec, "tvm"))
-    info = {"trials": build.trials, "reused_db": build.reused_db, "import_s": import_s,
-            "parallel_runtime": "tvm"}
+    info = {"trials": build.trials, "reused_db": build.reused_db, "import_s": import_s}
     tune_s = build.tune_s if ctx.trials > 0 else None
     with native.parallel_runtime("tvm"):
         return prepare_tvm_executable(build.executable, params, spec, ctx, build.compile_s,
