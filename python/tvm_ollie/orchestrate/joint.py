@@ -38,7 +38,9 @@ When the Decider timed the alternatives (untuned check on CPUs, or tuned), each 
 candidates holding its last node pay a constant *correction* so that the alternatives' costs
 alone (sum of their singleton kernels) differ as the measured times do, plus the Decider's
 acceptance margin on every alternative but the original (the Decider takes an alternative
-only when it is ``MARGIN`` faster); fusion gains stay analytic (:class:`JointCost`). A folded alternative is timed as the
+only when it is ``MARGIN`` faster); fusion gains stay analytic (:class:`JointCost`): every
+candidate holding a node of such a group costs the analytic estimate, the scale the
+corrections are made on, whatever the inner model. A folded alternative is timed as the
 alternative it extends.
 """
 
