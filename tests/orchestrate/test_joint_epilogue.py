@@ -183,3 +183,31 @@ def _single(graph, i):
     from tvm_ollie.orchestrate.candidates import make_candidate  # pylint: disable=C0415
 
     return make_candidate(graph, 1 << i)
+
+
+class _ScaledCost(CostModel):
+    """A profiled model's two scales: a candidate holding a linear primitive costs
+    ``single_s`` alone (as if measured) and ``fused_s`` fused with others (as if its estimate
+    times a class ratio); ``analytic`` is the estimate both come from."""
+
+    name = "scaled"
+
+    def __init__(self, single_s: float, fused_s: float, analytic: CostModel):
+        self.single_s, self.fused_s, self.analytic = single_s, fused_s, analytic
+
+    def kernel_seconds(self, graph, cand):
+        if any(graph.nodes[i].kind == "linear" for i in cand.nodes):
+            return self.single_s if cand.size == 1 else self.fused_s
+        return 2e-6
+
+
+def test_measured_alternatives_compare_on_one_scale():
+    """The Decider measured the library call 100x faster than TVM's conv; the inner model
+    prices TVM's conv alone at its measured 1 ms but fused with its epilogue at 10 us (a
+    scaled estimate). The corrections come from the singletons, so the fused candidate must
+    be priced on their scale (the analytic one) or the original wins by the scale's error."""
+    times = {"original": 1e-3, "original [native]": 1e-5}
+    cost = _ScaledCost(1e-3, 1e-5, _LinearCost(1e-3))
+    _, table, report = _compile(_module("relu"), cost, _NativeDecider(times))
+    assert table.chosen["y"].startswith("original [native]")
+    assert "(sequential" in report.partitions[0].choices[0]

@@ -320,3 +320,33 @@ def test_plain_library_call_with_a_tvm_epilogue_kernel():
     got = run(tvm.compile(fused, "llvm"), args)
     for g, want in zip(got, _reference(mod, args)):
         np.testing.assert_allclose(g, want, rtol=1e-4, atol=1e-4)
+
+
+def _two_matmul_chains():
+    """``relu(x @ w1 + b) + relu(x @ w2)``: two library calls with epilogues in one block."""
+    bb = relax.BlockBuilder()
+    x, w1, w2, b = (_tensor("x", (8, 16)), _tensor("w1", (16, 12)), _tensor("w2", (16, 12)),
+                    _tensor("b", (12,)))
+    with bb.function("main", [x, w1, w2, b]):
+        with bb.dataflow():
+            y1 = bb.emit(relax.op.matmul(x, w1), name_hint="y1")
+            r1 = bb.emit(relax.op.nn.relu(relax.op.add(y1, b)), name_hint="r1")
+            y2 = bb.emit(relax.op.matmul(x, w2), name_hint="y2")
+            r2 = bb.emit(relax.op.nn.relu(y2), name_hint="r2")
+            out = bb.emit_output(relax.op.add(r1, r2), name_hint="out")
+        bb.emit_func_output(out)
+    return relax.transform.Normalize()(bb.get())
+
+
+def test_the_folded_offer_indexes_each_block_once(monkeypatch):
+    """Every library call of a block folds against one index of the block (building it walks
+    the whole block: once per call made the offer quadratic in the block's length)."""
+    import tvm_ollie.pipeline.joint as joint_mod  # pylint: disable=import-outside-toplevel
+
+    made = []
+    real = joint_mod.block_index
+    monkeypatch.setattr(joint_mod, "block_index", lambda b: made.append(len(b)) or real(b))
+    _, table = offer_library(_two_matmul_chains(), "llvm", CALIB)
+    folded = {n: [a.label for a in alts if a.base is not None] for n, alts in table.alts.items()}
+    assert folded == {"y1": ["library + bias+relu"], "y2": ["library + relu"]}
+    assert len(made) == 1

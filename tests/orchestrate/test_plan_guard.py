@@ -9,7 +9,7 @@ from tvm_ollie.compat import relax, tvm
 from tvm_ollie.config import ConfigError, OllieConfig
 from tvm_ollie.pipeline.guard import (GUARD_MARGIN, GuardError, PlanSkipped, alternating,
                                       alternating_medians, guard_plans, plan_tolerance)
-from tvm_ollie.pipeline.joint_plans import GUARD_PREFERENCE
+from tvm_ollie.pipeline.joint_plans import GUARD_PREFERENCE, GUARD_TIMING
 
 from orch_helpers import CALIB
 
@@ -224,6 +224,23 @@ def test_guard_ties_go_to_the_preferred_plan_not_the_luckier_median():
     times = {"joint": 1e-3 * (1 - 2 * GUARD_MARGIN), "derivation": 1e-3}
     _, winner, report = guard_plans(plans, ARGS, timer=_fixed(times), prefer=GUARD_PREFERENCE)
     assert winner == "joint" and report.kept_s == times["joint"]
+
+
+def test_slowed_samples_do_not_tie_a_plan_with_tvm_alone():
+    """Segformer's case at load 7: the sequential plan runs 16 ms with every third sample
+    slowed to 80 ms, TVM alone 54 ms. Seven rounds judged on the median span the slowed
+    samples, tie, and the tie keeps TVM alone (3.4x slower); the joint guard's timing
+    (15 rounds, the first quartile) separates them and keeps the sequential plan."""
+    steps = {"original": [54e-3], "sequential": [16e-3, 16e-3, 80e-3] * 20}
+    now = [0.0]
+    runs, _ = _steps(steps, now)
+    res = alternating(runs, time_s=0.0, clock=lambda: now[0], prefer=GUARD_PREFERENCE)
+    assert res.rounds == 7 and res.winner == "original" and not res.separated
+    now = [0.0]
+    runs, _ = _steps(steps, now)
+    res = alternating(runs, time_s=0.0, clock=lambda: now[0], prefer=GUARD_PREFERENCE,
+                      **GUARD_TIMING)
+    assert res.rounds == 15 and res.winner == "sequential" and res.separated
 
 
 def test_a_joint_tie_with_tvm_alone_keeps_tvm_alone():

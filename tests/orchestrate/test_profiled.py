@@ -277,3 +277,24 @@ def test_a_plan_orchestrated_again_repeats_its_selection(tmp_path):
     again = orchestrate("joint", 2, again_timer)
     assert again_timer.calls == [] and again.profile.cached == first.profile.profiled
     assert _kernels(again) == _kernels(first)
+
+
+def test_a_cost_keeps_its_value_once_the_budget_is_spent(tmp_path):
+    """A candidate measured in one call keeps its measured cost in a later call for the same
+    graph, after the budget is spent (not the class's scaled estimate): the joint
+    selection's corrections are differences of the costs of nodes costed alone first."""
+    graph, cands = _graph_and_candidates()
+    analytic = AnalyticCost("llvm", CALIB).costs(graph, cands)
+    linear = [k for k, c in enumerate(cands) if cost_class(graph, c) == "linear"
+              and needs_profile(graph, c, analytic[k], 0.0)]
+    single = next(k for k in linear if cands[k].size == 1)
+    fused = next(k for k in linear if cands[k].size > 1)
+    timer = FakeTimer(fused_s=1e-6, single_s=3e-5)
+    cost = _cost(tmp_path, timer, profile_max_kernels=2)
+    first = cost.costs(graph, [cands[single], cands[fused]])
+    assert len(timer.calls) == 2
+    scaled = analytic[single] * cost._ratio("linear")  # noqa: SLF001
+    assert scaled != pytest.approx(first[0])  # what the spent budget would have priced it at
+    again = cost.costs(graph, cands)
+    assert len(timer.calls) == 2 and cost.stats.stopped == "budget"
+    assert again[single] == first[0] and again[fused] == first[1]

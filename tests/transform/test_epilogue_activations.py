@@ -14,7 +14,7 @@ from tvm_ollie import native
 from tvm_ollie.codegen import library as lib
 from tvm_ollie.pipeline import build
 from tvm_ollie.transform.activations import hardsigmoid_composite, hardswish_composite
-from tvm_ollie.transform.epilogue import fuse_epilogues
+from tvm_ollie.transform.epilogue import block_index, fold_chain, fuse_epilogues, use_counts
 from tvm_ollie.transform.inference_fold import fold_inference
 from tvm_ollie.verify.tolerance import tolerance
 
@@ -193,3 +193,35 @@ def test_build_folds_exporter_activations_into_native_convs():
     assert report.epilogues == {"conv2d": 2}
     args = sm.random_inputs(mod, seed=1)
     sm.assert_close(sm.run(ex, args), sm.run(tvm.compile(mod, target="llvm"), args))
+
+
+def _two_conv_chains():
+    """Two conv -> + bias -> hard-swish chains in one block (two folds sharing one index)."""
+    def body(bb, x, w):
+        a = bb.emit(_conv_then(_hardswish)(bb, x, w))
+        b = bb.emit(lib.emit_call(CONV, [x, w], (1, 8, 6, 6)))
+        b = bb.emit(op.nn.relu(b))
+        return op.add(a, b)
+    return _build(_conv_params(), body)
+
+
+def test_fold_chain_with_the_block_index_as_without():
+    """``fold_chain`` given the block's index once folds every call as it does computing the
+    index itself (the offer passes one index per block)."""
+    func = _two_conv_chains()["main"]
+    bindings = list(func.body.blocks[0].bindings)
+    uses = use_counts(func)
+    index = block_index(bindings)
+    calls = [(b.var, lib.lib_call_of(b.value)) for b in bindings if lib.lib_call_of(b.value)]
+    assert len(calls) == 2
+    got = []
+    for var, (kernel, operands) in calls:
+        shared = fold_chain(kernel, operands, var, bindings, uses, index)
+        alone = fold_chain(kernel, operands, var, bindings, uses)
+        assert shared.steps == alone.steps and shared.consumers == alone.consumers
+        tvm.ir.assert_structural_equal(shared.operands, alone.operands)
+        got.append(shared.steps)
+    assert got == [["bias", HS], ["relu"]]
+    first = index.readers[calls[0][0]]
+    assert bindings[first].value.args[0].same_as(calls[0][0])
+    assert index.position[calls[1][0]] == [b.var for b in bindings].index(calls[1][0])

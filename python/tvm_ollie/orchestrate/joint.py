@@ -38,7 +38,9 @@ When the Decider timed the alternatives (untuned check on CPUs, or tuned), each 
 candidates holding its last node pay a constant *correction* so that the alternatives' costs
 alone (sum of their singleton kernels) differ as the measured times do, plus the Decider's
 acceptance margin on every alternative but the original (the Decider takes an alternative
-only when it is ``MARGIN`` faster); fusion gains stay analytic (:class:`JointCost`). A folded alternative is timed as the
+only when it is ``MARGIN`` faster); fusion gains stay analytic (:class:`JointCost`): every
+candidate holding a node of such a group costs the analytic estimate, the scale the
+corrections are made on, whatever the inner model. A folded alternative is timed as the
 alternative it extends.
 """
 
@@ -253,6 +255,11 @@ def _folded_nodes(graph: PrimitiveGraph, group: Group, base: Optional[int], last
     return prefix + own, graph.nodes[stop].var, absorbed
 
 
+def _measured(group: Group) -> bool:
+    """Whether the Decider timed every alternative of ``group`` (its costs are corrected)."""
+    return all(info.measured_s is not None for info in group.infos)
+
+
 def _is_library(node) -> bool:
     """A native library call (``call_dps_packed`` of a ``tvm_ollie.`` kernel)."""
     return node.name.startswith("tvm_ollie.")
@@ -307,24 +314,41 @@ class JointCost(CostModel):
     model times library calls (``times_library``, :class:`~.profiled.ProfiledCost`): its
     estimate goes to the inner model as the call's analytic cost (:attr:`estimates`), which
     builds and times it like any candidate.
+
+    **Measured groups are costed analytically** (:attr:`pinned`): every candidate holding a
+    node of a group whose alternatives the Decider timed costs the inner model's analytic
+    estimate (``inner.analytic`` when it has one), library calls their fixed estimate. The
+    corrections are differences of singleton costs, so they hold only when every candidate
+    holding those nodes is priced on the singletons' scale; a profiled model prices some
+    candidates measured and the rest at the analytic estimate times a class ratio (0.3 on
+    Segformer), so a fused kernel holding the original call cost 0.03x its singleton, and on
+    Segformer quick the joint program took a TVM convolution the Decider had measured 34x
+    slower than its library kernel (the joint plan ran 2-3x slower than the sequential one).
+    The Decider's times are the measurement of these nodes; fusion gains stay analytic.
     """
 
     def __init__(self, inner: CostModel, groups: List[Group], graph: PrimitiveGraph,
                  margin: float = 0.0):
         self.inner, self.name = inner, f"{inner.name}+joint"
+        #: the analytic model of the measured groups' candidates (class docstring)
+        self.plain: CostModel = getattr(inner, "analytic", None) or inner
         self.fixed: Dict[int, float] = {}
         #: library nodes the inner model times, with their estimates (profiled alternatives)
         self.estimates: Dict[int, float] = {}
+        #: nodes of the groups the Decider timed: their candidates cost ``plain``'s estimate
+        self.pinned: set = {i for g in groups if _measured(g) for nodes in g.nodes
+                            for i in nodes}
         timed = bool(getattr(inner, "times_library", False))
         for g in groups:
             for k, info in enumerate(g.infos):
                 calls = [i for i in g.nodes[k] if _is_library(graph.nodes[i])]
-                where = self.estimates if info.profiled and timed else self.fixed
+                where = self.estimates if info.profiled and timed and not _measured(g) \
+                    else self.fixed
                 for i in calls if info.native else []:
                     where[i] = info.estimate_s / len(calls)
         self.correction: Dict[int, float] = {}
         for g in groups:
-            if any(info.measured_s is None for info in g.infos):
+            if not _measured(g):
                 continue
             alone = [sum(self._seconds(graph, make_candidate(graph, 1 << i)) for i in nodes)
                      for nodes in g.nodes]
@@ -340,7 +364,12 @@ class JointCost(CostModel):
     def _seconds(self, graph: PrimitiveGraph, cand: Candidate) -> float:
         if cand.size == 1 and cand.nodes[0] in self.fixed:
             return self.fixed[cand.nodes[0]]
+        if self._is_pinned(cand):
+            return self.plain.costs(graph, [cand])[0]
         return self._inner_costs(graph, [cand])[0]
+
+    def _is_pinned(self, cand: Candidate) -> bool:
+        return bool(self.pinned) and any(i in self.pinned for i in cand.nodes)
 
     def _inner_costs(self, graph: PrimitiveGraph, cands: list) -> list:
         """The inner model's costs; the library nodes it times get their estimates."""
@@ -358,10 +387,12 @@ class JointCost(CostModel):
         """The inner model's costs of all candidates at once (a profiled model orders its
         measurements over them), the library estimates and corrections applied."""
         cands = list(cands)
-        fixed = [c.size == 1 and c.nodes[0] in self.fixed for c in cands]
-        inner = iter(self._inner_costs(graph, [c for c, f in zip(cands, fixed) if not f]))
-        return [(self.fixed[c.nodes[0]] if f else next(inner)) + self._extra(c)
-                for c, f in zip(cands, fixed)]
+        how = ["fixed" if c.size == 1 and c.nodes[0] in self.fixed else
+               "plain" if self._is_pinned(c) else "inner" for c in cands]
+        plain = iter(self.plain.costs(graph, [c for c, h in zip(cands, how) if h == "plain"]))
+        inner = iter(self._inner_costs(graph, [c for c, h in zip(cands, how) if h == "inner"]))
+        return [(self.fixed[c.nodes[0]] if h == "fixed" else next(plain) if h == "plain"
+                 else next(inner)) + self._extra(c) for c, h in zip(cands, how)]
 
 
 def apply_picked(mod: "tvm.IRModule", table: JointTable) -> "tvm.IRModule":

@@ -142,7 +142,7 @@ def alternating(runs: Dict[str, Callable[[], object]], time_s: float = 2.0,
                 min_rounds: int = 7, max_rounds: int = 51,
                 clock: Callable[[], float] = time.perf_counter, hopeless: float = 3.0,
                 prefer: Optional[Sequence[str]] = None,
-                margin: float = GUARD_MARGIN) -> Comparison:
+                margin: float = GUARD_MARGIN, quantile: float = 0.5) -> Comparison:
     """Every plan timed in alternating rounds under :func:`~tvm_ollie.tune.compare.compare`
     (module docstring): until the fastest is separated, at least ``min_rounds`` and at most
     ``max_rounds`` rounds, none started after ``time_s``.
@@ -152,7 +152,8 @@ def alternating(runs: Dict[str, Callable[[], object]], time_s: float = 2.0,
     plan: that of the fastest), so that a sample is not the timer's noise. A plan ``hopeless``
     times slower than the leader in two samples leaves the rounds (``hopeless=inf`` times every
     plan in every round): at large sizes the plan without derivation runs for seconds where
-    the others take milliseconds.
+    the others take milliseconds. ``quantile``: the statistic judged (the median by default;
+    :func:`~tvm_ollie.tune.compare.compare`).
     """
     first = {}
     for name, run in runs.items():
@@ -160,7 +161,8 @@ def alternating(runs: Dict[str, Callable[[], object]], time_s: float = 2.0,
     number = calls_per_sample(min(first.values()))
     samplers = {name: clocked(run, number, clock) for name, run in runs.items()}
     return compare(samplers, prefer, margin, min_rounds=min_rounds, max_rounds=max_rounds,
-                   time_s=time_s, clock=clock, hopeless=hopeless, initial=first)
+                   time_s=time_s, clock=clock, hopeless=hopeless, initial=first,
+                   quantile=quantile)
 
 
 def alternating_medians(runs: Dict[str, Callable[[], object]], time_s: float = 2.0,
@@ -210,7 +212,8 @@ def _one_line(err: Exception) -> str:
 def guard_plans(plans: Sequence[Tuple[str, Callable[[], object]]], args: Sequence[np.ndarray],
                 reference: Optional[str] = None, timer: Optional[PlanTimer] = None,
                 device=None, target=None, prefer: Optional[Sequence[str]] = None,
-                margin: float = GUARD_MARGIN) -> Tuple[object, str, GuardReport]:
+                margin: float = GUARD_MARGIN, timing: Optional[Dict[str, float]] = None
+                ) -> Tuple[object, str, GuardReport]:
     """Build every plan, keep the fastest that computes what the reference plan computes.
 
     Parameters
@@ -235,6 +238,10 @@ def guard_plans(plans: Sequence[Tuple[str, Callable[[], object]]], args: Sequenc
         of ``plans``.
     margin : float
         Relative margin of separation (:data:`GUARD_MARGIN`).
+    timing : dict, optional
+        Keywords of the default timer :func:`alternating` (``min_rounds``, ``time_s``,
+        ``quantile``...): the joint build times seven plans and asks for more rounds and the
+        first quartile (:data:`~.joint_plans.GUARD_TIMING`).
 
     Returns
     -------
@@ -284,7 +291,7 @@ def guard_plans(plans: Sequence[Tuple[str, Callable[[], object]]], args: Sequenc
     winner = next(n for n in order if n in runs)
     if len(runs) > 1:
         timed = timer(runs) if timer is not None else \
-            alternating(runs, prefer=prefer, margin=margin)
+            alternating(runs, prefer=prefer, margin=margin, **(timing or {}))
         if not isinstance(timed, Comparison):
             timed = from_seconds(timed, prefer, margin)
         (timed.winner, timed.fastest, timed.separated, timed.tied,

@@ -23,7 +23,7 @@ from ..orchestrate.joint import ALT_RE, ALT_TAG, AltInfo, JointTable
 from ..transform.choosing import native_everywhere
 from ..transform.decide import DERIVABLE_OPS, MARGIN, Decider, call_signature, unit_signature
 from ..transform.emit import emit_program
-from ..transform.epilogue import fold_chain, use_counts
+from ..transform.epilogue import block_index, fold_chain, use_counts
 from ..transform.optimize import optimize_module
 from ..transform.regions import static_tensor
 from ..transform.report import OptimizeReport
@@ -141,6 +141,7 @@ def _folded_bindings(bindings: list, table: JointTable, uses) -> Optional[list]:
     after: Dict[int, list] = {}
     latest: Dict[str, object] = {}
     bb = relax.BlockBuilder()
+    index = None  # the block's readers, made once (each fold_chain would walk the block)
     for binding in bindings:
         hit = ALT_RE.match(binding.var.name)
         if hit is None:
@@ -151,7 +152,8 @@ def _folded_bindings(bindings: list, table: JointTable, uses) -> Optional[list]:
         if infos is None or found is None or var is None or k >= len(infos) \
                 or infos[k].base is not None:
             continue
-        chain = fold_chain(found[0], found[1], var, bindings, uses)
+        index = index or block_index(bindings)
+        chain = fold_chain(found[0], found[1], var, bindings, uses, index)
         if chain is None:
             continue
         stop = bindings[chain.consumers[-1]].var

@@ -34,8 +34,8 @@ from ..codegen import library as lib
 from ..compat import relax, tvm
 from .activations import match_hardsigmoid, match_hardswish
 
-__all__ = ["ACTIVATIONS", "CPU_ONLY_ACTIVATIONS", "FoldedChain", "fold_chain",
-           "fuse_epilogues", "use_counts"]
+__all__ = ["ACTIVATIONS", "BlockIndex", "CPU_ONLY_ACTIVATIONS", "FoldedChain", "block_index",
+           "fold_chain", "fuse_epilogues", "use_counts"]
 
 #: Relax activation -> the kernel's ``act`` value (``clip`` takes its bounds from the call,
 #: ``leaky_relu`` its slope: ``clip_LO_HI``, ``leaky_relu_A``).
@@ -178,7 +178,7 @@ def _fold(kernel, operands, consumer, y) -> Optional[Tuple[lib.LibCall, list, li
     return kernel.with_attrs(bias=1), operands + [other], pre
 
 
-def _composite(kernel: lib.LibCall, var, bindings: List, readers: Dict[object, int],
+def _composite(kernel: lib.LibCall, var, bindings: List, index: "BlockIndex",
                uses: Counter) -> Optional[Tuple[lib.LibCall, List[int]]]:
     """The kernel with a composite activation of ``var`` folded (:data:`_COMPOSITES`), and the
     positions of the chain's bindings (the last one's variable is the result); else None.
@@ -187,11 +187,10 @@ def _composite(kernel: lib.LibCall, var, bindings: List, readers: Dict[object, i
     outside it, every inner step has one reader, and the result has ``var``'s shape."""
     if kernel.func not in lib.EPILOGUE_KERNELS or not _guard_step_order(kernel, "act"):
         return None
+    readers, position, value_of = index.readers, index.position, index.values.get
     first = readers.get(var)
     if first is None or not _is_op(bindings[first].value, "relax.multiply"):
         return None  # both composites start with y·α
-    position = {b.var: j for j, b in enumerate(bindings)}
-    value_of = {b.var: b.value for b in bindings}.get
     cur = var
     for _ in range(_COMPOSITE_STEPS):
         at = readers.get(cur)
@@ -220,16 +219,16 @@ def _is_op(value, name: str) -> bool:
 
 
 def _next_fold(kernel: lib.LibCall, operands: list, var, bindings: List,
-               readers: Dict[object, int], uses: Counter):
+               index: "BlockIndex", uses: Counter):
     """The kernel computing ``var`` with its next consumer folded in: ``(call, operands,
     bindings to emit first, positions of the folded bindings)`` (the last position's variable
     is the call's result); None when nothing folds."""
-    composite = _composite(kernel, var, bindings, readers, uses)
+    composite = _composite(kernel, var, bindings, index, uses)
     if composite is not None:
         return composite[0], operands, [], composite[1]
-    if uses[var] != 1 or var not in readers:
+    if uses[var] != 1 or var not in index.readers:
         return None
-    at = readers[var]
+    at = index.readers[var]
     folded = _fold(kernel, operands, bindings[at], var)
     return None if folded is None else (*folded, [at])
 
@@ -252,18 +251,21 @@ class FoldedChain:
 
 
 def fold_chain(kernel: lib.LibCall, operands: list, var, bindings: List,
-               uses: Counter) -> Optional[FoldedChain]:
+               uses: Counter, index: Optional["BlockIndex"] = None) -> Optional[FoldedChain]:
     """The kernel ``kernel(operands)``, which computes ``var``, with every consumer of ``var``
     that :func:`fuse_epilogues` would fold (same guards, same order) folded in; None when the
     first consumer does not fold. ``bindings``: the dataflow block holding ``var``; ``uses``:
-    reads of every variable in the function (:func:`use_counts`). Lets the joint selection
-    (:mod:`tvm_ollie.orchestrate.joint`) offer a library alternative with its epilogue."""
-    readers = _first_readers(bindings)
+    reads of every variable in the function (:func:`use_counts`); ``index``: the block's
+    :func:`block_index` (computed here when None; a caller folding several calls of one block
+    passes it: computing it walks the whole block, which made one offer quadratic in the
+    block's length). Lets the joint selection (:mod:`tvm_ollie.orchestrate.joint`) offer a
+    library alternative with its epilogue."""
+    index = index if index is not None else block_index(bindings)
     pre: List = []
     consumers: List[int] = []
     steps: List[str] = []
     while True:
-        folded = _next_fold(kernel, operands, var, bindings, readers, uses)
+        folded = _next_fold(kernel, operands, var, bindings, index, uses)
         if folded is None:
             break
         new_kernel, operands, more, positions = folded
@@ -290,29 +292,46 @@ def use_counts(func: "relax.Function") -> Counter:
     return counter.uses
 
 
-def _first_readers(bindings: List) -> Dict[object, int]:
-    """For each variable, the index of the first binding that reads it."""
+@dataclass
+class BlockIndex:
+    """What the fold's guards look up in a dataflow block: for each variable the position of
+    the first binding reading it (``readers``), the position of its binding (``position``) and
+    its bound value (``values``). Valid for the bindings it was made from only."""
+
+    readers: Dict[object, int]
+    position: Dict[object, int]
+    values: Dict[object, object]
+
+
+def block_index(bindings: List) -> BlockIndex:
+    """The :class:`BlockIndex` of a dataflow block's bindings: one walk over the block.
+
+    One visitor serves every binding: constructing a ``PyExprVisitor`` costs about 0.1 ms
+    (TVM collects its overridden methods), which per binding and per folded call made the
+    library offer of YOLOX quick spend 12 s here."""
     first: Dict[object, int] = {}
+    counter = _UseCounter()
     for j, binding in enumerate(bindings):
-        counter = _UseCounter()
+        counter.uses = Counter()
         counter.visit_expr(binding.value)
         for var in counter.uses:
             first.setdefault(var, j)
-    return first
+    return BlockIndex(first, {b.var: j for j, b in enumerate(bindings)},
+                      {b.var: b.value for b in bindings})
 
 
 def _fuse_block(bindings: List, uses: Counter, counts: Dict[str, int]) -> Tuple[List, bool]:
     """One pass over a dataflow block's bindings (each binding folded at most once); whether
     anything was folded."""
     out: List = list(bindings)
-    readers = _first_readers(bindings)
+    index = block_index(bindings)
     changed = False
     for k, binding in enumerate(bindings):
         found = lib.lib_call_of(binding.value)
         if found is None or out[k] is not binding:
             continue
         kernel, operands = found
-        folded = _next_fold(kernel, operands, binding.var, bindings, readers, uses)
+        folded = _next_fold(kernel, operands, binding.var, bindings, index, uses)
         if folded is None:
             continue
         # the guards keep bias before residual, so appended operands are in the kernel's order
