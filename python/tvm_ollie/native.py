@@ -125,9 +125,16 @@ CONV2D_INT8_PACK_WEIGHT = "tvm_ollie.cpu.conv2d_int8_pack_weight"
 LIBRARY_NAME = "libtvm_ollie_native.so"
 
 #: GNU OpenMP's waiting policy, applied when this module is imported (before TVM loads a
-#: libgomp: :func:`_default_omp_wait_policy`), unless the user set ``OMP_WAIT_POLICY``. See
-#: docs/threads.md ("Two pools in one call") for what it gains and costs.
-DEFAULT_OMP_WAIT_POLICY: Optional[str] = "PASSIVE"
+#: libgomp: :func:`_default_omp_wait_policy`), unless the user set ``OMP_WAIT_POLICY``: None
+#: keeps GNU OpenMP's own (spin a while after a parallel region, then sleep). With one pool
+#: (TVM's parallel loops on OpenMP, the default :data:`DEFAULT_PARALLEL_RUNTIME`) every TVM
+#: kernel opens a parallel region, and sleeping workers woke for each: ``PASSIVE`` ran Candy
+#: quick in 4.5-4.8 ms against 1.67 ms on a quiet machine (docs/threads.md, "One pool").
+DEFAULT_OMP_WAIT_POLICY: Optional[str] = None
+#: The policy when TVM's own pool runs TVM's kernels (``TVM_OLLIE_PARALLEL_RUNTIME=tvm``): two
+#: pools take turns on the cores, and OpenMP's spinning workers starved TVM's (docs/threads.md,
+#: "Two pools in one call").
+TWO_POOLS_OMP_WAIT_POLICY = "PASSIVE"
 
 _LOG = logging.getLogger(__name__)
 _HANDLES: List[ctypes.CDLL] = []  # keep the libraries loaded
@@ -135,7 +142,8 @@ _PARALLEL_RUNTIME_SET: List[str] = []  # the runtime once set (by the default or
 
 
 def _default_omp_wait_policy() -> None:
-    """``OMP_WAIT_POLICY`` = :data:`DEFAULT_OMP_WAIT_POLICY` unless the user set it (or
+    """``OMP_WAIT_POLICY`` = :data:`DEFAULT_OMP_WAIT_POLICY` (:data:`TWO_POOLS_OMP_WAIT_POLICY`
+    with ``TVM_OLLIE_PARALLEL_RUNTIME=tvm``) unless the user set it (or
     ``TVM_OLLIE_OMP_WAIT_POLICY`` says otherwise). libgomp reads it once, when it initializes,
     and ``import tvm`` already loads one (torch's, in this environment): setting it when the
     library loads (:func:`_open`) was too late in every process that imported TVM first, i.e.
@@ -143,7 +151,9 @@ def _default_omp_wait_policy() -> None:
     this module is imported, which ``import tvm_ollie`` does before anything imports TVM. Seen
     as oneDNN int8 calls of 12 us taking 4-48 ms (the scheduler's tick) with two threads beside
     TVM's pool on the loaded 2-core machine (:mod:`tvm_ollie.transform.int8_choice`)."""
-    policy = os.environ.get("TVM_OLLIE_OMP_WAIT_POLICY", DEFAULT_OMP_WAIT_POLICY or "unset")
+    two_pools = os.environ.get("TVM_OLLIE_PARALLEL_RUNTIME") == "tvm"
+    default = TWO_POOLS_OMP_WAIT_POLICY if two_pools else DEFAULT_OMP_WAIT_POLICY
+    policy = os.environ.get("TVM_OLLIE_OMP_WAIT_POLICY", default or "unset")
     if policy not in ("", "unset"):
         os.environ.setdefault("OMP_WAIT_POLICY", policy)
 

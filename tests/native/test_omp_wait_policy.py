@@ -27,7 +27,8 @@ print(seen.get("tvm"))
 
 def _policy_when_tvm_loads(**env) -> str:
     environ = {k: v for k, v in os.environ.items()
-               if k not in ("OMP_WAIT_POLICY", "TVM_OLLIE_OMP_WAIT_POLICY")}
+               if k not in ("OMP_WAIT_POLICY", "TVM_OLLIE_OMP_WAIT_POLICY",
+                            "TVM_OLLIE_PARALLEL_RUNTIME")}
     environ.update(env)
     out = subprocess.run([sys.executable, "-c", _CHILD], cwd=ROOT, env=environ,
                          capture_output=True, text=True, timeout=300, check=True)
@@ -36,6 +37,7 @@ def _policy_when_tvm_loads(**env) -> str:
 
 @pytest.mark.slow  # two fresh interpreters importing TVM: ~20 s on the shared 2-core machine
 def test_policy_is_set_before_tvm_loads_libgomp():
-    assert _policy_when_tvm_loads() == "PASSIVE"
+    assert _policy_when_tvm_loads() == "unset"  # one pool: OpenMP's own policy
+    assert _policy_when_tvm_loads(TVM_OLLIE_PARALLEL_RUNTIME="tvm") == "PASSIVE"  # two pools
     assert _policy_when_tvm_loads(OMP_WAIT_POLICY="ACTIVE") == "ACTIVE"  # the user's kept
     assert _policy_when_tvm_loads(TVM_OLLIE_OMP_WAIT_POLICY="unset") == "unset"
