@@ -1,6 +1,6 @@
-// tvm_ollie.cpu.set_parallel_runtime / get_parallel_runtime / parallel_stats: the parallel loops of TVM's
-// generated CPU kernels run on the OpenMP pool the oneDNN kernels use, so that one call of a
-// model has one pool of threads, not two.
+// tvm_ollie.cpu.set_parallel_runtime / get_parallel_runtime / parallel_stats: the parallel
+// loops of TVM's generated CPU kernels run on the OpenMP pool the oneDNN kernels use, so that
+// one call of a model has one pool of threads, not two.
 //
 // Why: TVM's kernels launch their parallel loops through the context symbol
 // `__TVMBackendParallelLaunch` (a function pointer in every compiled library, filled when the
