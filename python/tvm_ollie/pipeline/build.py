@@ -17,7 +17,9 @@ rewritten). When the pass rewrote something and the build can time here (the loc
 GPU present here; not over RPC), :func:`build` also builds the module as given the same way
 (same compile path, tuning records and ``orchestrate`` flag; nothing more is tuned for it) and
 times the two executables whole under the guard's protocol (:func:`~.guard.guard_plans`:
-alternating rounds, outputs checked against the original's). The simplest plan is TVM's build
+alternating rounds, at least 15, judged on the first quartile as the joint build's guard,
+:data:`~.joint_plans.GUARD_TIMING`: with 7 rounds on the median a tie under load kept TVM
+alone; outputs checked against the original's). The simplest plan is TVM's build
 of the original, so it wins ties::
 
     kept = rewritten if rewritten computes the same and is separated faster, else original
@@ -62,7 +64,7 @@ from .compile import compile_module, default_pipeline
 from .guard import (GUARD_MARGIN, GuardError, GuardReport, PlanOutcome, alternating,
                     guard_plans)
 from .joint import library_plan
-from .joint_plans import joint_build
+from .joint_plans import GUARD_TIMING, joint_build
 
 __all__ = ["MODEL_PREFERENCE", "PIPELINE_NAME", "RecordedVerdict", "build", "cuda_source",
            "model_guard_on", "ollie_pipeline"]
@@ -391,7 +393,7 @@ class RecordedVerdict:
             self.read_back = True
             return recorded
         timed = self.timer(runs) if self.timer is not None else \
-            alternating(runs, prefer=MODEL_PREFERENCE, margin=GUARD_MARGIN)
+            alternating(runs, prefer=MODEL_PREFERENCE, margin=GUARD_MARGIN, **GUARD_TIMING)
         if not isinstance(timed, Comparison):
             timed = from_seconds(timed, MODEL_PREFERENCE, GUARD_MARGIN)
         self.records.put(key, signature, timed)
