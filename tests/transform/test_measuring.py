@@ -14,7 +14,9 @@ from tvm_ollie.transform.alternatives import Alternative, Candidates
 from tvm_ollie.transform.choosing import (MARGIN, NATIVE_MARGIN, REPRODUCIBLE_MARGIN,
                                           choose_measured, decision_margin, preference)
 from tvm_ollie.transform.costing import CallableTiming, UntunedTiming
-from tvm_ollie.transform.measuring import DecisionRecords, DecisionTiming
+from tvm_ollie.transform.int8_choice import INT8_PROTOCOL
+from tvm_ollie.transform.measuring import (HOPELESS, PROTOCOL, DecisionRecords,
+                                           DecisionTiming)
 
 logging.getLogger("tvm_ollie.derive").setLevel(logging.CRITICAL)
 
@@ -159,6 +161,23 @@ def test_decision_timing_builds_once_and_samples(conv, tmp_path):
     res = DecisionTiming(Timing(lambda m, label: 1e-3), DecisionRecords(str(tmp_path))).step(
         call, "sig")([prog, other], [prog.label], MARGIN)
     assert not res.recorded and len(built) == 2
+
+
+def test_a_hopeless_alternative_leaves_after_two_rounds(conv, tmp_path):
+    """PROTOCOL's ``hopeless``: an alternative over HOPELESS x the leader's slowest sample in
+    two samples is timed no more, and is still judged beaten (the same winner, separated)."""
+    call, base, (prog, other) = conv
+    times = {base.label: 50e-3, prog.label: 1e-3, other.label: 1.2e-3}
+
+    def seconds(_module, label):  # the label is "<unit signature>|<alternative>"
+        return times[label.split("|", 1)[1]]
+
+    res = DecisionTiming(CallableTiming(seconds), DecisionRecords(str(tmp_path))).step(
+        call, "sig")([base, prog, other], ["original"], MARGIN)
+    assert res.winner == prog.label and res.separated
+    assert res.timings[base.label].retired and len(res.timings[base.label].samples) == 2
+    assert len(res.timings[prog.label].samples) >= PROTOCOL["min_rounds"]
+    assert PROTOCOL["hopeless"] == HOPELESS and INT8_PROTOCOL["hopeless"] == float("inf")
 
 
 def test_untuned_timing_samples_a_built_module(conv):

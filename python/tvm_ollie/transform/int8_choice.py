@@ -35,6 +35,7 @@ models); the report says so.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -56,12 +57,12 @@ LOG = logging.getLogger("tvm_ollie.transform")
 INT32, INT8_REQUANT, INT8 = "tvm-int32", "onednn-int8-requant", "onednn-int8"
 PREFERENCE = (INT32, INT8_REQUANT, INT8)
 #: The protocol of an int8 decision: the float decisions' (:data:`~.measuring.PROTOCOL`), with
-#: no alternative retired early. (Measured before :func:`tvm_ollie.native.
+#: no alternative retired early (``hopeless`` infinite). (Measured before :func:`tvm_ollie.native.
 #: _default_omp_wait_policy` made GNU OpenMP's passive policy effective: with two threads on the
 #: loaded 2-core machine a 12 us oneDNN call timed in turns with TVM's int32 kernel took the
 #: scheduler's tick or several, 4-48 ms, in most samples, and every such decision kept TVM's
 #: loops.)
-INT8_PROTOCOL = dict(PROTOCOL)
+INT8_PROTOCOL = dict(PROTOCOL, hopeless=math.inf)
 
 
 @dataclass

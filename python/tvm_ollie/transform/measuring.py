@@ -25,9 +25,17 @@ from .alternatives import Alternative
 from .choosing import DECISION_QUANTILE
 from .costing import ModuleTiming, UnitCostModel
 
-__all__ = ["PROTOCOL", "DecisionRecords", "DecisionTiming"]
+__all__ = ["HOPELESS", "PROTOCOL", "DecisionRecords", "DecisionTiming"]
 
 LOG = logging.getLogger("tvm_ollie.transform")
+
+#: An alternative whose fastest of two samples is more than this many times the leader's slowest
+#: leaves the rounds (:func:`~tvm_ollie.tune.compare.compare`'s ``hopeless``; the whole-model
+#: guard's value). Why: it cannot win (the margin a measured decision separates by is 15 %,
+#: not 3x), and it was timed in every round: TVM's untuned kernel of the demo's transposed
+#: convolution (49 ms a call, two calls a sample) against the library's (0.26 ms) took 8 rounds
+#: and the whole 2 s of its decision; its samples still judge it (it is beaten, not dropped).
+HOPELESS = 3.0
 
 #: The protocol of one decision: at least 5 rounds, at most 15, no new round after 2 s, judged
 #: on the first quartile (:data:`~.choosing.DECISION_QUANTILE`,
@@ -35,8 +43,10 @@ LOG = logging.getLogger("tvm_ollie.transform")
 #: are only ever slowed by the machine, and a third of them slowed (a thread descheduled, a
 #: pool's worker waiting for the scheduler's tick) widened the median's interval past the
 #: alternative it beat: the same clear 3x gain was taken by some builds and not by others
-#: (``tests/transform/test_stable_decisions.py``).
-PROTOCOL = dict(min_rounds=5, max_rounds=15, time_s=2.0, quantile=DECISION_QUANTILE)
+#: (``tests/transform/test_stable_decisions.py``). Hopeless alternatives leave after two
+#: rounds (:data:`HOPELESS`).
+PROTOCOL = dict(min_rounds=5, max_rounds=15, time_s=2.0, quantile=DECISION_QUANTILE,
+                hopeless=HOPELESS)
 
 
 class DecisionRecords(JsonRecords):
