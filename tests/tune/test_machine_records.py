@@ -114,3 +114,70 @@ def test_store_values_by_machine(tmp_path):
         == {"x": 1}
     assert MachineStore("llvm", "decisions", dirs=[str(tmp_path)], machine="m2").get("k") is None
     assert MachineStore("llvm", "other", dirs=[str(tmp_path)], machine="m1").get("k") is None
+
+
+def test_calibration_keeps_across_unrelated_code(tmp_path, monkeypatch, measured):
+    """The calibration's key holds the sources it runs (:func:`~tvm_ollie.tune.machine.
+    source_version`), not every source of the package: another change keeps it, a change
+    of those sources measures again."""
+    monkeypatch.setenv("TVM_OLLIE_CACHE_DIR", str(tmp_path))
+    cal.calibrate("llvm", cache=True)
+    monkeypatch.setattr(machine, "code_version", lambda: "elsewhere-changed")
+    cal.calibrate("llvm", cache=True)
+    assert measured == ["roof"]
+    monkeypatch.setattr(cal, "source_version", lambda modules: "calibration-changed")
+    cal.calibrate("llvm", cache=True)
+    assert measured == ["roof", "roof"]
+
+
+def test_source_version_follows_the_sources_given(tmp_path):
+    one, two = tmp_path / "one.py", tmp_path / "two.py"
+    one.write_text("A = 1\n")
+    two.write_text("B = 1\n")
+    mods = [type("M", (), {"__file__": str(p)}) for p in (one, two)]
+    base = machine.source_version(mods)
+    assert machine.source_version(list(reversed(mods))) == base
+    two.write_text("B = 2\n")
+    assert machine.source_version(mods) != base
+    assert machine.machine_key("llvm", code="abc").endswith("code=abc")
+
+
+@pytest.mark.parametrize("single", [True, False])
+def test_roof_is_one_blas_thread_times_the_kernels_threads(monkeypatch, single):
+    """With OpenBLAS found, the GEMM runs on one BLAS thread (restored after) and the roof is
+    its rate times the kernels' threads; otherwise the GEMM on the BLAS's own threads."""
+    threads = [4]
+    calls = []
+
+    def set_threads(n):
+        calls.append(n)
+        threads[0] = n
+
+    monkeypatch.setattr(cal, "_openblas_thread_setter",
+                        lambda: (set_threads, lambda: threads[0]) if single else None)
+    monkeypatch.setattr(cal, "_best_time", lambda fn, repeat: (fn(), 1e-3)[1])
+    monkeypatch.setenv("TVM_NUM_THREADS", "3")
+    assert cal.kernel_threads() == 3
+    peak, bandwidth = cal.measure_cpu_roofline.__wrapped__(n=16, mib=1, repeat=1)
+    rate = 2.0 * 16 ** 3 / 1e-3
+    assert peak == pytest.approx(rate * 3 if single else rate) and bandwidth > 0
+    assert calls == ([1, 4] if single else []) and threads == [4]
+
+
+def test_the_real_blas_roof_restores_its_threads():
+    """numpy's OpenBLAS (where it is the BLAS): one thread inside, its count back after."""
+    found = cal._openblas_thread_setter()  # pylint: disable=protected-access
+    if found is None:
+        pytest.skip("numpy's BLAS here is not OpenBLAS")
+    before = found[1]()
+    with cal._one_blas_thread() as single:  # pylint: disable=protected-access
+        assert single and found[1]() == 1
+    assert found[1]() == before
+
+
+def test_tvm_cases_built_in_one_module_are_timed_each():
+    from tvm_ollie.compat import relax  # pylint: disable=import-outside-toplevel
+    seconds = cal._tvm_seconds_of(  # pylint: disable=protected-access
+        {"add": (lambda bb, a, b: relax.op.add(a, b), [(4, 4), (4, 4)]),
+         "mm": (lambda bb, a, b: relax.op.matmul(a, b), [(8, 8), (8, 8)])}, "llvm", 1)
+    assert set(seconds) == {"add", "mm"} and all(s > 0 for s in seconds.values())

@@ -31,9 +31,12 @@ the hand-set ``EFFICIENCY["cuda"]`` row is used and :meth:`Calibration.describe`
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import functools
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from typing import Dict, Mapping, Optional, Tuple
@@ -41,13 +44,18 @@ from typing import Dict, Mapping, Optional, Tuple
 import numpy as np
 import tvm_ffi
 
-from .. import native
+from .. import compat, native
+from .. import target as target_module
+from ..codegen import builder
 from ..codegen import library as lib
-from ..codegen.builder import single_function_module, tensor_var
+from ..codegen.builder import tensor_var
 from ..compat import relax, tvm
 from ..derive.cost import TARGET_DEFAULTS
 from ..target import gpu_available, normalize_target, target_device, target_kind  # noqa: F401  (re-exported: tune.calibrate.target_kind)
+from . import cpu_schedule, metaschedule
 from . import cuda_calibration as cc
+from .cpu_schedule import ENV_SWITCH as CPU_SCHEDULE_ENV
+from .machine import machine_key, source_version
 from .metaschedule import default_pipeline
 from .records import MachineStore
 
@@ -130,17 +138,89 @@ def _best_time(fn, repeat: int) -> float:
     return float(np.min(times))
 
 
+#: The names OpenBLAS builds give the call that sets its thread count (numpy's wheels bundle
+#: ``scipy_openblas64``), in the order tried.
+_OPENBLAS_SET_THREADS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+                         "openblas_set_num_threads64_", "openblas_set_num_threads")
+
+
+def _openblas_thread_setter():
+    """The loaded OpenBLAS's ``set_num_threads`` and ``get_num_threads`` (ctypes), or None
+    (another BLAS, or no ``/proc/self/maps`` to find it in)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
+            paths = sorted({line.split()[-1] for line in fh
+                            if "openblas" in os.path.basename(line.split()[-1]).lower()
+                            and ".so" in line.split()[-1]})
+    except OSError:
+        return None
+    for path in paths:
+        try:
+            blas = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for name in _OPENBLAS_SET_THREADS:
+            getter = name.replace("set_num_threads", "get_num_threads")
+            if hasattr(blas, name) and hasattr(blas, getter):
+                return getattr(blas, name), getattr(blas, getter)
+    return None
+
+
+@contextlib.contextmanager
+def _one_blas_thread():
+    """Run numpy's BLAS on one thread inside (restored on exit); yields whether it could."""
+    found = _openblas_thread_setter()
+    if found is None:
+        yield False
+        return
+    set_threads, get_threads = found
+    before = int(get_threads())
+    set_threads(1)
+    try:
+        yield True
+    finally:
+        set_threads(before)
+
+
+def kernel_threads() -> int:
+    """The threads the compiled kernels run with: ``TVM_NUM_THREADS``, else the CPUs this
+    process may run on."""
+    try:
+        threads = int(os.environ.get("TVM_NUM_THREADS", "0") or 0)
+    except ValueError:
+        threads = 0
+    if threads > 0:
+        return threads
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 @functools.lru_cache(maxsize=1)
 def measure_cpu_roofline(n: int = 384, mib: int = 64, repeat: int = 5) -> tuple:
     """``(peak FLOP/s, bytes/s)`` of this CPU: an ``n``-cube float32 GEMM and a ``mib`` copy.
+
+    The compute roof is the GEMM on one BLAS thread times :func:`kernel_threads` (where the
+    BLAS is OpenBLAS, numpy's; another BLAS runs it on its own threads). Why: numpy's OpenBLAS
+    on two threads of the shared 2-core machine ran the GEMM at 3.5-7 GFLOP/s in some processes
+    and at 100-160 in others (the same code, the same minute), while on one thread it ran at
+    93-96 in every process; a roof 30x too low capped every measured efficiency at 1 (the
+    library's GEMM and convolution looked as fast as the roof) and moved every estimate, the
+    search bounds and the decisions with it. The one-thread rate times the threads is a roof
+    the kernels cannot pass (they run on that many threads), so no measured efficiency is
+    capped by it.
 
     Cached per process: it takes well under a second and the roof does not change.
     """
     rng = np.random.default_rng(0)
     a = rng.standard_normal((n, n), dtype=np.float32)
     b = rng.standard_normal((n, n), dtype=np.float32)
-    a @ b  # warm up the BLAS threads
-    peak = 2.0 * n ** 3 / max(_best_time(lambda: a @ b, repeat), 1e-9)
+    with _one_blas_thread() as single:
+        a @ b  # warm up the BLAS (and its threads)
+        peak = 2.0 * n ** 3 / max(_best_time(lambda: a @ b, repeat), 1e-9)
+    if single:
+        peak *= kernel_threads()
     src = np.ones(mib * (1 << 20) // 4, dtype=np.float32)
     dst = np.empty_like(src)
     np.copyto(dst, src)
@@ -221,19 +301,36 @@ def _native_conv_transpose_efficiency(rng, peak: float, repeat: int) -> float:
 def _tvm_seconds(build_body, shapes, target, repeat: int) -> float:
     """Best seconds of a one-call Relax module built by TVM's default pipeline (untuned), on
     ``target``'s device (a GPU call ends with a synchronization)."""
+    return _tvm_seconds_of({"main": (build_body, shapes)}, target, repeat)["main"]
 
-    names = [f"x{k}" for k in range(len(shapes))]
-    mod = single_function_module([tensor_var(n, s) for n, s in zip(names, shapes)], build_body)
 
-    ex = tvm.compile(mod, target=target, relax_pipeline=default_pipeline(target))
+def _tvm_seconds_of(cases: Mapping[str, tuple], target, repeat: int) -> Dict[str, float]:
+    """``{name: best seconds}`` of ``cases`` (``{name: (build_body, shapes)}``), one Relax
+    function each, all built in one module by TVM's default pipeline (untuned): one build
+    instead of one per case (each build of these one-kernel modules cost 0.2-0.4 s of fixed
+    work); each function timed alone, on ``target``'s device (a GPU call ends with a
+    synchronization)."""
+    bb = relax.BlockBuilder()
+    for name, (build_body, shapes) in cases.items():
+        params = [tensor_var(f"x{k}", s) for k, s in enumerate(shapes)]
+        with bb.function(name, params):
+            with bb.dataflow():
+                out = bb.emit_output(build_body(bb, *params))
+            bb.emit_func_output(out)
+    ex = tvm.compile(bb.get(), target=target, relax_pipeline=default_pipeline(target))
     dev = target_device(target)
     vm = relax.VirtualMachine(ex, dev)
+    on_cpu = dev.dlpack_device_type() == tvm.cpu(0).dlpack_device_type()
     rng = np.random.default_rng(0)
-    args = [tvm.runtime.tensor(rng.standard_normal(s, dtype=np.float32), dev) for s in shapes]
-    vm["main"](*args)
-    if dev.dlpack_device_type() == tvm.cpu(0).dlpack_device_type():
-        return _best_time(lambda: vm["main"](*args), repeat)
-    return _best_time(lambda: (vm["main"](*args), dev.sync()), repeat)
+    out = {}
+    for name, (_, shapes) in cases.items():
+        func = vm[name]
+        args = [tvm.runtime.tensor(rng.standard_normal(s, dtype=np.float32), dev)
+                for s in shapes]
+        func(*args)
+        out[name] = _best_time((lambda: func(*args)) if on_cpu else
+                               (lambda: (func(*args), dev.sync())), repeat)
+    return out
 
 
 #: measured untuned-TVM efficiencies per target (``str(target)``)
@@ -243,18 +340,18 @@ _TVM_EFFICIENCY: Dict[str, Dict[str, float]] = {}
 def _measure_tvm_efficiency(target, repeat: int) -> Dict[str, float]:
     peak, _ = measure_cpu_roofline()
     n = 128
-    t_mm = _tvm_seconds(lambda bb, a, b: relax.op.matmul(a, b), [(n, n), (n, n)], target,
-                        repeat)
     conv = ((1, 32, 28, 28), (32, 32, 3, 3))
-    t_conv = _tvm_seconds(lambda bb, x, w: relax.op.nn.conv2d(x, w, padding=1), conv, target,
-                          repeat)
     convt = ((1, 32, 14, 14), (32, 32, 4, 4))
-    t_convt = _tvm_seconds(lambda bb, x, w: relax.op.nn.conv2d_transpose(
-        x, w, strides=2, padding=1), convt, target, repeat)
+    t = _tvm_seconds_of({
+        "matmul": (lambda bb, a, b: relax.op.matmul(a, b), [(n, n), (n, n)]),
+        "conv2d": (lambda bb, x, w: relax.op.nn.conv2d(x, w, padding=1), conv),
+        "conv_transpose": (lambda bb, x, w: relax.op.nn.conv2d_transpose(
+            x, w, strides=2, padding=1), convt)}, target, repeat)
     conv_flops = 2.0 * 32 * 32 * 9 * 28 * 28
     convt_flops = 2.0 * 32 * 32 * 16 * 14 * 14  # useful work: each input point times a kernel
-    eff = {"matmul": 2.0 * n ** 3 / t_mm / peak, "conv2d": conv_flops / t_conv / peak,
-           "conv_transpose": convt_flops / t_convt / peak}
+    eff = {"matmul": 2.0 * n ** 3 / t["matmul"] / peak,
+           "conv2d": conv_flops / t["conv2d"] / peak,
+           "conv_transpose": convt_flops / t["conv_transpose"] / peak}
     eff["batch_matmul"] = eff["matmul"]
     return {k: float(min(1.0, v)) for k, v in eff.items()}
 
@@ -298,7 +395,7 @@ def calibrate(target, peak_flops: Optional[float] = None,
 def _cpu_calibration(target, cache: bool) -> Tuple[float, float, Dict[str, float], str]:
     """``(peak, bandwidth, efficiencies, note)`` measured here, or read back (module docs)."""
     tgt = normalize_target(target)
-    store = MachineStore.for_run(tgt, "calibration", cache)
+    store = MachineStore.for_run(tgt, "calibration", cache, machine=_calibration_key(tgt))
     stored = store.get("llvm", _stored_roof) if store is not None else None
     if stored is not None:
         return (*stored, "read from the per-machine cache")
@@ -307,6 +404,17 @@ def _cpu_calibration(target, cache: bool) -> Tuple[float, float, Dict[str, float
     if store is not None:
         store.put("llvm", {"peak_flops": peak, "bandwidth": bw, "efficiency": eff})
     return peak, bw, eff, ""
+
+
+def _calibration_key(target) -> str:
+    """The per-machine key of the CPU calibration: :func:`~.machine.machine_key` with the code
+    part the sources of what it runs (this module, the builder of its modules, the pipeline
+    they are built with, the native library's calls and loader) and the CPU schedules'
+    switch. Why not every source of the package: the calibration was measured again after
+    any change anywhere (2-5 s of every first build after an edit or an update)."""
+    code = source_version([sys.modules[__name__], builder, compat, cpu_schedule, lib,
+                           metaschedule, native, target_module])
+    return machine_key(target, f"cpu_schedule={os.environ.get(CPU_SCHEDULE_ENV, '')}", code)
 
 
 def _stored_roof(value) -> Tuple[float, float, Dict[str, float]]:

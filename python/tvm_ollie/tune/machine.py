@@ -13,7 +13,9 @@ A timing or a roofline measured in one process is reused by another (the per-use
 * the target (its full text: ``num-cores``, ``mcpu``...), the TVM version and the loaded native
   library's identity (:func:`native_identity`: its content, and the vendor libraries it opens);
 * the code: :func:`code_version`, a hash of every Python source of the package (any change to
-  how a module is emitted, built, timed or compared makes every stored measurement a miss).
+  how a module is emitted, built, timed or compared makes every stored measurement a miss);
+  a measurement that runs only a few modules (the calibration) keys on theirs instead
+  (:func:`source_version`).
 
 Why this much: a stored measurement skips the measuring, so everything that could make the
 measurement come out differently must be in the key; a key too fine only costs a measurement.
@@ -25,13 +27,14 @@ import functools
 import hashlib
 import os
 import platform
-from typing import Optional
+from types import ModuleType
+from typing import Optional, Sequence
 
 from .. import native
 from ..compat import tvm
 
 __all__ = ["REMEASURE_ENV", "SPIN_ENV", "code_version", "cpu_identity", "machine_key",
-           "native_identity", "remeasure", "sleeping_pool"]
+           "native_identity", "remeasure", "sleeping_pool", "source_version"]
 
 #: Set to 1 to measure again what the per-machine caches hold (the stored value is replaced).
 REMEASURE_ENV = "TVM_OLLIE_REMEASURE"
@@ -138,16 +141,32 @@ def code_version() -> str:
     return digest.hexdigest()[:16]
 
 
-def machine_key(target, extra: Optional[str] = None) -> str:
+def source_version(modules: Sequence[ModuleType]) -> str:
+    """A hash of the Python sources of ``modules`` (their package-relative paths and
+    contents): the code part of a key whose measurement runs only that code
+    (:func:`machine_key`'s ``code``)."""
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    digest = hashlib.sha256()
+    for path in sorted({os.path.abspath(m.__file__) for m in modules}):
+        digest.update(os.path.relpath(path, pkg).encode())
+        with open(path, "rb") as fh:
+            digest.update(fh.read())
+    return digest.hexdigest()[:16]
+
+
+def machine_key(target, extra: Optional[str] = None, code: Optional[str] = None) -> str:
     """The identity of a measurement taken here for ``target`` (module docstring), with
-    ``extra`` (the caller's own part: what was measured, and how)."""
+    ``extra`` (the caller's own part: what was measured, and how). ``code``: the code part
+    (default :func:`code_version`, every source of the package; a measurement that runs only
+    a few modules gives their :func:`source_version`, so that a change elsewhere keeps it)."""
     try:
         affinity = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         affinity = os.cpu_count()
     threads = ",".join(f"{k}={os.environ.get(k, '')}" for k in _THREAD_ENVS)
     parts = [f"cpu={cpu_identity()}", f"affinity={affinity}", threads, f"target={target}",
-             f"tvm={tvm.__version__}", f"native={native_identity()}", f"code={code_version()}"]
+             f"tvm={tvm.__version__}", f"native={native_identity()}",
+             f"code={code or code_version()}"]
     if extra:
         parts.append(str(extra))
     return "\n".join(parts)

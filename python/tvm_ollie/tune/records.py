@@ -59,12 +59,13 @@ class MachineStore:
         self.hits = self.stores = 0
 
     @classmethod
-    def for_run(cls, target, what: str, enabled: bool = True) -> Optional["MachineStore"]:
+    def for_run(cls, target, what: str, enabled: bool = True,
+                machine: Optional[str] = None) -> Optional["MachineStore"]:
         """The store of a compile, or None when it is off (``enabled`` False, or no per-user
-        cache directory)."""
+        cache directory); ``machine`` as in the constructor."""
         if not enabled or not user_cache_dir(SUBDIR):
             return None
-        return cls(target, what)
+        return cls(target, what, machine=machine)
 
     def _keyed(self, key: str):
         material = json.dumps({"format": RECORD_FORMAT, "machine": self.machine,
