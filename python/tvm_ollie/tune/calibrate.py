@@ -145,15 +145,17 @@ _OPENBLAS_SET_THREADS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_se
 
 
 def _openblas_thread_setter():
-    """The loaded OpenBLAS's ``set_num_threads`` and ``get_num_threads`` (ctypes), or None
-    (another BLAS, or no ``/proc/self/maps`` to find it in)."""
+    """The loaded OpenBLAS's ``set_num_threads`` and ``get_num_threads`` (ctypes), numpy's own
+    first (``numpy.libs``), or None (another BLAS, or no ``/proc/self/maps`` to find it in)."""
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
-            paths = sorted({line.split()[-1] for line in fh
-                            if "openblas" in os.path.basename(line.split()[-1]).lower()
-                            and ".so" in line.split()[-1]})
+            found = {line.split()[-1] for line in fh
+                     if "openblas" in os.path.basename(line.split()[-1]).lower()
+                     and ".so" in line.split()[-1]}
     except OSError:
         return None
+    numpy_dir = os.path.dirname(os.path.abspath(np.__file__))
+    paths = sorted(found, key=lambda p: (not p.startswith(numpy_dir), p))
     for path in paths:
         try:
             blas = ctypes.CDLL(path)
