@@ -72,6 +72,24 @@ struct Reorder {
     }
     prim.execute(Stream(), args);
   }
+  // The arguments of repeated runs between kept memory objects (a call site's), with a kept
+  // scratchpad memory whose handle RunKept sets: no map or memory object made per run.
+  std::unordered_map<int, dnnl::memory> KeptArgs(const dnnl::memory& from,
+                                                 const dnnl::memory& to) const {
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
+    if (needed && scratch_md.get_size() > 0) {
+      args[DNNL_ARG_SCRATCHPAD] = dnnl::memory(scratch_md, Engine(), DNNL_MEMORY_NONE);
+    }
+    return args;
+  }
+  void RunKept(const std::unordered_map<int, dnnl::memory>& args, int scratch_slot) const {
+    auto it = args.find(DNNL_ARG_SCRATCHPAD);
+    if (it != args.end()) {
+      void* buf = ScratchBuffer(scratch_slot, scratch_md.get_size());
+      if (it->second.get_data_handle() != buf) it->second.set_data_handle(buf);
+    }
+    prim.execute(Stream(), args);
+  }
 };
 
 // Process-wide cache of prepared kernels (primitives, descriptors), keyed by a string built from

@@ -500,6 +500,9 @@ struct ConvSite {
   // a memory over blocked weights is zero-padded whenever it is made or its handle changes
   std::unordered_map<const void*, dnnl::memory> weights;
   std::unordered_map<int, dnnl::memory> args;  // the primitive's arguments (handles above)
+  // the reorders' arguments (over the memories above; the weights' source set per call)
+  std::unordered_map<int, dnnl::memory> src_in, wei_in, res_in, dst_out;
+  size_t src_bytes = 0, wei_bytes = 0, dst_bytes = 0, out_bytes = 0, scratch_bytes = 0;
 };
 
 // The shapes of a call's tensor arguments (rank, then dims, for each), the key of its site.
@@ -648,6 +651,15 @@ void BindSite(const ConvParams& p, ConvSite* site, int nthr) {
   site->args = {{DNNL_ARG_SRC, site->src}, {DNNL_ARG_DST, site->dst}};
   if (p.has_bias) site->args[DNNL_ARG_BIAS] = site->bias;
   if (scratch) site->args[DNNL_ARG_SCRATCHPAD] = site->scratch;
+  site->src_in = e.src_in.KeptArgs(site->user_src, site->src);
+  site->wei_in = e.wei_in.KeptArgs(site->wei, site->wei);  // FROM: the call's weights
+  site->res_in = e.res_in.KeptArgs(site->user_res, site->dst);
+  site->dst_out = e.dst_out.KeptArgs(site->dst, site->user_dst);
+  site->src_bytes = e.src_md.get_size();
+  site->wei_bytes = e.wei_md.get_size();
+  site->dst_bytes = e.dst_md.get_size();
+  site->out_bytes = e.user_dst.get_size();
+  site->scratch_bytes = e.scratch_md.get_size();
 }
 
 // Points `m` at `data` (a handle change only when it differs).
@@ -672,8 +684,8 @@ void RunSite(const ConvParams& p, ConvSite* site, const ConvTensors& t) {
   Point(site->user_src, t.x);
   Point(site->user_dst, t.out);
   if (e.src_in.needed) {
-    Point(site->src, ScratchBuffer(1, e.src_md.get_size()));
-    e.src_in.Run(site->user_src, site->src, 5);
+    Point(site->src, ScratchBuffer(1, site->src_bytes));
+    e.src_in.RunKept(site->src_in, 5);
   }
   dnnl::memory wei;
   if (p.wpacked) {
@@ -682,26 +694,26 @@ void RunSite(const ConvParams& p, ConvSite* site, const ConvTensors& t) {
   } else {
     wei = SiteWeights(site, e.user_wei, t.w);
     if (e.wei_in.needed) {
-      Point(site->wei, ScratchBuffer(2, e.wei_md.get_size()));
-      e.wei_in.Run(wei, site->wei, 5);
+      Point(site->wei, ScratchBuffer(2, site->wei_bytes));
+      site->wei_in[DNNL_ARG_FROM] = wei;
+      e.wei_in.RunKept(site->wei_in, 5);
       wei = site->wei;
     }
   }
   site->args[DNNL_ARG_WEIGHTS] = wei;
-  if (e.dst_out.needed) Point(site->dst, ScratchBuffer(3, e.dst_md.get_size()));
+  if (e.dst_out.needed) Point(site->dst, ScratchBuffer(3, site->dst_bytes));
   if (p.has_bias) Point(site->bias, t.bias);
   if (p.has_res) {  // the sum post-op adds what dst holds: the residual
     if (e.res_in.needed) {
       Point(site->user_res, t.res);
-      e.res_in.Run(site->user_res, site->dst, 5);
+      e.res_in.RunKept(site->res_in, 5);
     } else if (t.res != t.out) {
-      std::memcpy(t.out, t.res, e.user_dst.get_size());
+      std::memcpy(t.out, t.res, site->out_bytes);
     }
   }
-  const size_t scratch = e.scratch_md.get_size();
-  if (scratch > 0) Point(site->scratch, ScratchBuffer(0, scratch));
+  if (site->scratch_bytes > 0) Point(site->scratch, ScratchBuffer(0, site->scratch_bytes));
   e.prim.execute(Stream(), site->args);
-  if (e.dst_out.needed) e.dst_out.Run(site->dst, site->user_dst, 5);
+  if (e.dst_out.needed) e.dst_out.RunKept(site->dst_out, 5);
   Stream().wait();
   if (p.dst_blk > 0) ZeroChannelPadding(t.out, site->s.N, site->s.O, site->s.OH * site->s.OW,
                                         p.dst_blk);
