@@ -16,6 +16,11 @@
 //   tvm_ollie.cpu.conv2d_preferred_format(attrs, data_shape, weight_shape) -> [src, dst]: the
 //   formats oneDNN picks for src and dst with format_tag::any for this problem on this CPU, as
 //   src_fmt values, or "other".
+//
+// Per call: each thread keeps, with the parsed attrs and per argument shapes, a call site
+// (ConvSite: the resolved problem, the primitive, the pack hash and the call's dnnl::memory
+// objects with their handles reset per call), so that a model's repeated call builds no string,
+// takes no lock and allocates nothing of ours (docs/native-library.md, "Per call").
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/reflection/registry.h>
 
