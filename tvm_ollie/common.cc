@@ -140,6 +140,17 @@ float* CheckFloatTensor(const ffi::TensorView& t, const std::string& kernel,
   return reinterpret_cast<float*>(static_cast<char*>(t.data_ptr()) + t.byte_offset());
 }
 
+std::string_view AttrsView(ffi::PackedArgs args, const char* kernel,
+                           std::optional<ffi::String>* holder) {
+  if (args.size() < 1) TVM_FFI_THROW(TypeError) << kernel << ": missing attrs";
+  *holder = args[0].try_cast<ffi::String>();
+  if (!holder->has_value()) {
+    TVM_FFI_THROW(TypeError) << kernel << ": first argument must be the attrs string";
+  }
+  const ffi::String& text = holder->value();
+  return std::string_view(text.data(), text.size());
+}
+
 // ---------------------------------------------------------------------------------------------
 dnnl::engine& Engine() {
   static dnnl::engine eng(dnnl::engine::kind::cpu, 0);

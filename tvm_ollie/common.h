@@ -5,13 +5,17 @@
 
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/error.h>
+#include <tvm/ffi/function.h>
+#include <tvm/ffi/string.h>
 
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -68,6 +72,24 @@ struct Reorder {
     }
     prim.execute(Stream(), args);
   }
+  // The arguments of repeated runs between kept memory objects (a call site's), with a kept
+  // scratchpad memory whose handle RunKept sets: no map or memory object made per run.
+  std::unordered_map<int, dnnl::memory> KeptArgs(const dnnl::memory& from,
+                                                 const dnnl::memory& to) const {
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
+    if (needed && scratch_md.get_size() > 0) {
+      args[DNNL_ARG_SCRATCHPAD] = dnnl::memory(scratch_md, Engine(), DNNL_MEMORY_NONE);
+    }
+    return args;
+  }
+  void RunKept(const std::unordered_map<int, dnnl::memory>& args, int scratch_slot) const {
+    auto it = args.find(DNNL_ARG_SCRATCHPAD);
+    if (it != args.end()) {
+      void* buf = ScratchBuffer(scratch_slot, scratch_md.get_size());
+      if (it->second.get_data_handle() != buf) it->second.set_data_handle(buf);
+    }
+    prim.execute(Stream(), args);
+  }
 };
 
 // Process-wide cache of prepared kernels (primitives, descriptors), keyed by a string built from
@@ -99,18 +121,32 @@ std::shared_ptr<T> CachedGet(const std::string& key, const std::function<std::sh
 // The parsed form of a kernel's attribute string, parsed once per string and thread. A Relax
 // module passes the same literal string on every call, and parsing it (the keys, the numbers,
 // the canonical cache key) took about 4.5 us of CPU per conv2d call, as much as a small kernel
-// (docs/per-call.md). A string that fails to parse is not kept (its error is thrown at every
-// call). The reference is valid until the calling thread's next ParsedAttrs call.
+// (docs/per-call.md). The lookup takes a view of the caller's text (no copy: the map's keys view
+// the strings its entries own). A string that fails to parse is not kept (its error is thrown at
+// every call). The reference is valid until the calling thread's next ParsedAttrs call for T;
+// it is mutable so that a kernel can keep per-thread state of the call site with it.
 template <typename T>
-const T& ParsedAttrs(const std::string& text, T (*parse)(const std::string&)) {
+T& ParsedAttrs(std::string_view text, T (*parse)(const std::string&)) {
   constexpr size_t kMaxStrings = 1024;  // a bound for processes that build strings at run time
-  thread_local std::unordered_map<std::string, T> parsed;
+  struct Entry {
+    std::string text;
+    T value;
+  };
+  thread_local std::unordered_map<std::string_view, std::unique_ptr<Entry>> parsed;
   auto it = parsed.find(text);
-  if (it != parsed.end()) return it->second;
-  T value = parse(text);
+  if (it != parsed.end()) return it->second->value;
+  std::string owned(text);
+  T value = parse(owned);
   if (parsed.size() >= kMaxStrings) parsed.clear();
-  return parsed.emplace(text, std::move(value)).first->second;
+  auto entry = std::make_unique<Entry>(Entry{std::move(owned), std::move(value)});
+  std::string_view key(entry->text);
+  return parsed.emplace(key, std::move(entry)).first->second->value;
 }
+
+// The attribute string (argument 0) of a packed call as a view: valid while `holder`, which
+// keeps the caller's string object alive, is. No copy (a raw C string is wrapped once).
+std::string_view AttrsView(tvm::ffi::PackedArgs args, const char* kernel,
+                           std::optional<tvm::ffi::String>* holder);
 
 // ---------------------------------------------------------------------------------------------
 // Threads: one count for OpenMP (oneDNN) and OpenBLAS.

@@ -16,12 +16,23 @@
 //   tvm_ollie.cpu.conv2d_preferred_format(attrs, data_shape, weight_shape) -> [src, dst]: the
 //   formats oneDNN picks for src and dst with format_tag::any for this problem on this CPU, as
 //   src_fmt values, or "other".
+//
+// Per call: each thread keeps, with the parsed attrs and per argument shapes, a call site
+// (ConvSite: the resolved problem, the primitive, the pack hash and the call's dnnl::memory
+// objects with their handles reset per call), so that a model's repeated call builds no string,
+// takes no lock and allocates nothing of ours (docs/native-library.md, "Per call").
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/reflection/registry.h>
 
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "common.h"
@@ -414,19 +425,22 @@ struct PortableWeights {
 };
 
 // The weights of a wpacked call: the packed tensor itself when it was made for this problem on
-// this machine and thread count; else reordered from its format tag into scratch slot 2.
+// this machine and thread count (`hash`: PackHash of the call's key and e.wei_md, computed once
+// per call site; `as_is` wraps the pointer in a memory of e.wei_md); else reordered from its
+// format tag into scratch slot 2.
 dnnl::memory PackedWeights(const ffi::TensorView& Wt, float* w, const std::string& key,
-                           const OneDNNConv& e) {
+                           uint64_t hash, const OneDNNConv& e,
+                           const std::function<dnnl::memory(void*)>& as_is) {
   const PackHeader h = Wt.numel() >= kPackHeaderFloats ? ReadPackHeader(w) : PackHeader{};
   const dnnl::engine& eng = Engine();
-  if (h.magic == kPackMagic && h.hash == PackHash(key, e.wei_md)) {
+  if (h.magic == kPackMagic && h.hash == hash) {
     if (Wt.numel() != PackedFloats(e)) {
       TVM_FFI_THROW(ValueError) << kName << ": packed weight has " << Wt.numel()
                                 << " elements, expected " << PackedFloats(e)
                                 << " (pack it with tvm_ollie.cpu.conv2d_pack_weight and the "
                                 << "same attrs and shapes)";
     }
-    return dnnl::memory(e.wei_md, eng, w + kPackHeaderFloats);
+    return as_is(w + kPackHeaderFloats);
   }
   const int64_t want = kPackHeaderFloats + static_cast<int64_t>((h.bytes + 3) / 4);
   if (h.magic != kPackMagic || h.tag == 0 || h.dims != DimsHash(e.wei_md.get_dims())) {
@@ -471,13 +485,70 @@ std::vector<int64_t> PackedWeightDims(const ConvParams& p, const std::vector<int
   return {o, p.pkh, p.pkw, i};
 }
 
-const ConvParams& ParseArgsAttrs(ffi::PackedArgs args, const char* fname) {
-  if (args.size() < 1) TVM_FFI_THROW(TypeError) << fname << ": missing attrs";
-  auto attrs_opt = args[0].try_cast<ffi::String>();
-  if (!attrs_opt.has_value()) {
-    TVM_FFI_THROW(TypeError) << fname << ": first argument must be the attrs string";
+// One thread's state of the conv2d calls made with one attribute string and one set of argument
+// shapes (a call site, as a Relax module makes it on every run): the problem resolved once (its
+// checks, the implementation, the primitive cache's key and entry, the pack hash) and the
+// dnnl::memory objects of the call, whose data handles are reset when they change. Measured on
+// YOLOX's small convolutions (docs/native-library.md, "Per call"): building the cache key and
+// the pack hash (strings), the cache's mutex and map, and creating ~5 dnnl::memory objects and
+// the argument map at every call cost several microseconds of CPU per call, more than the
+// arithmetic of a 4x4 1x1 64 -> 64 convolution.
+struct ConvSite {
+  ConvShape s;
+  Fmt fmt = Fmt::kAuto;
+  std::string key;                 // ConvKey: the primitive cache's key
+  int nthr = 0;                    // the OpenMP thread count `e` was made for (0: not bound)
+  std::shared_ptr<OneDNNConv> e;
+  uint64_t pack_hash = 0;          // PackHash(key, e->wei_md) (wpacked calls)
+  dnnl::memory user_src, user_dst, user_res, src, wei, dst, bias, scratch;
+  // weights by data pointer (a site's weights are constants: the same few pointers every run):
+  // a memory over blocked weights is zero-padded whenever it is made or its handle changes
+  std::unordered_map<const void*, dnnl::memory> weights;
+  std::unordered_map<int, dnnl::memory> args;  // the primitive's arguments (handles above)
+  // the reorders' arguments (over the memories above; the weights' source set per call)
+  std::unordered_map<int, dnnl::memory> src_in, wei_in, res_in, dst_out;
+  size_t src_bytes = 0, wei_bytes = 0, dst_bytes = 0, out_bytes = 0, scratch_bytes = 0;
+};
+
+// The shapes of a call's tensor arguments (rank, then dims, for each), the key of its site.
+struct ShapeKey {
+  static constexpr int kMax = 40;
+  std::array<int64_t, kMax> d{};
+  int n = 0;
+  bool Add(const ffi::TensorView& t) {
+    if (n + 1 + t.ndim() > kMax) return false;
+    d[n++] = t.ndim();
+    for (int i = 0; i < t.ndim(); ++i) d[n++] = t.shape()[i];
+    return true;
   }
-  return ParsedAttrs<ConvParams>(std::string(attrs_opt.value()), ParseConvAttrs);
+  bool operator==(const ShapeKey& o) const {
+    return n == o.n && std::equal(d.begin(), d.begin() + n, o.d.begin());
+  }
+};
+
+struct ShapeKeyHash {
+  size_t operator()(const ShapeKey& k) const {
+    uint64_t h = 1469598103934665603ULL;
+    for (int i = 0; i < k.n; ++i) h = (h ^ static_cast<uint64_t>(k.d[i])) * 1099511628211ULL;
+    return static_cast<size_t>(h);
+  }
+};
+
+// The ParsedAttrs value of conv2d: the attributes and, per argument shapes, the call sites.
+struct ConvCall {
+  ConvParams p;
+  std::unordered_map<ShapeKey, std::unique_ptr<ConvSite>, ShapeKeyHash> sites;
+};
+
+ConvCall ParseConvCall(const std::string& text) { return ConvCall{ParseConvAttrs(text), {}}; }
+
+ConvCall& ParseArgsCall(ffi::PackedArgs args, const char* fname) {
+  std::optional<ffi::String> holder;
+  return ParsedAttrs<ConvCall>(AttrsView(args, fname, &holder), ParseConvCall);
+}
+
+const ConvParams& ParseArgsAttrs(ffi::PackedArgs args, const char* fname) {
+  return ParseArgsCall(args, fname).p;
 }
 
 ffi::TensorView TensorArg(ffi::PackedArgs args, int i, const char* fname, const char* what) {
@@ -500,9 +571,14 @@ void ZeroChannelPadding(float* out, int64_t n, int64_t c, int64_t hw, int64_t bl
   }
 }
 
-void Conv2d(ffi::PackedArgs args, ffi::Any* rv) {
-  ThreadScope threads;
-  const ConvParams& p = ParseArgsAttrs(args, kName);
+// The tensors of a conv2d call after the per-call checks (dtype, device, contiguity, rank).
+struct ConvTensors {
+  ffi::TensorView X, Wt, Out;
+  std::optional<ffi::TensorView> Bias, Res;
+  float *x = nullptr, *w = nullptr, *bias = nullptr, *res = nullptr, *out = nullptr;
+};
+
+ConvTensors CheckConvTensors(const ConvParams& p, ffi::PackedArgs args) {
   const int want = 4 + (p.has_bias ? 1 : 0) + (p.has_res ? 1 : 0);
   if (args.size() != want) {
     TVM_FFI_THROW(TypeError) << kName << ": expected " << want << " arguments (attrs, data, weight"
@@ -511,87 +587,173 @@ void Conv2d(ffi::PackedArgs args, ffi::Any* rv) {
                              << args.size();
   }
   int i = 1;
-  ffi::TensorView X = TensorArg(args, i++, kName, "data");
-  ffi::TensorView Wt = TensorArg(args, i++, kName, "weight");
-  float* x = CheckFloatTensor(X, kName, "data", 4);
-  float* w = CheckFloatTensor(Wt, kName, "weight", p.wpacked ? 1 : 4);
-  float* bias = nullptr;
-  float* res = nullptr;
-  std::optional<ffi::TensorView> Bias, Res;
+  ConvTensors t{TensorArg(args, i, kName, "data"), TensorArg(args, i + 1, kName, "weight"),
+                TensorArg(args, args.size() - 1, kName, "Out")};
+  i += 2;
+  t.x = CheckFloatTensor(t.X, kName, "data", 4);
+  t.w = CheckFloatTensor(t.Wt, kName, "weight", p.wpacked ? 1 : 4);
   if (p.has_bias) {
-    Bias = TensorArg(args, i++, kName, "bias");
-    bias = CheckFloatTensor(*Bias, kName, "bias", 1);
+    t.Bias = TensorArg(args, i++, kName, "bias");
+    t.bias = CheckFloatTensor(*t.Bias, kName, "bias", 1);
   }
   if (p.has_res) {
-    Res = TensorArg(args, i++, kName, "residual");
-    res = CheckFloatTensor(*Res, kName, "residual", 0);
+    t.Res = TensorArg(args, i++, kName, "residual");
+    t.res = CheckFloatTensor(*t.Res, kName, "residual", 0);
   }
-  ffi::TensorView Out = TensorArg(args, i++, kName, "Out");
-  float* out = CheckFloatTensor(Out, kName, "Out", 4);
-  const std::vector<int64_t> out_dims = LogicalDims(Dims(Out), p.dst_blk, p.dst_c, "Out");
-  const std::vector<int64_t> x_dims = LogicalDims(Dims(X), p.src_blk, p.src_c, "data");
+  t.out = CheckFloatTensor(t.Out, kName, "Out", 4);
+  return t;
+}
+
+// The problem of a call from its shapes (every shape check), or nullopt when Out is empty.
+std::optional<ConvSite> ResolveSite(const ConvParams& p, const ConvTensors& t) {
+  const std::vector<int64_t> out_dims = LogicalDims(Dims(t.Out), p.dst_blk, p.dst_c, "Out");
+  const std::vector<int64_t> x_dims = LogicalDims(Dims(t.X), p.src_blk, p.src_c, "data");
   const int64_t o = p.nhwc ? out_dims[3] : out_dims[1];
-  const std::vector<int64_t> w_dims = p.wpacked ? PackedWeightDims(p, x_dims, o) : Dims(Wt);
-  if (p.wpacked && Wt.ndim() != 1) {
+  const std::vector<int64_t> w_dims = p.wpacked ? PackedWeightDims(p, x_dims, o) : Dims(t.Wt);
+  if (p.wpacked && t.Wt.ndim() != 1) {
     TVM_FFI_THROW(ValueError) << kName << ": with wpacked=1 the weight must be the 1-D output of "
-                              << "tvm_ollie.cpu.conv2d_pack_weight, got " << ShapeStr(Wt);
+                              << "tvm_ollie.cpu.conv2d_pack_weight, got " << ShapeStr(t.Wt);
   }
-  ConvShape s = CheckConvShapes(p, x_dims, w_dims, &out_dims);
-  if (Bias.has_value() && (Bias->ndim() != 1 || Bias->shape()[0] != s.O)) {
-    TVM_FFI_THROW(ValueError) << kName << ": bias has shape " << ShapeStr(*Bias) << ", expected ["
-                              << s.O << "]";
+  ConvSite site;
+  site.s = CheckConvShapes(p, x_dims, w_dims, &out_dims);
+  if (t.Bias.has_value() && (t.Bias->ndim() != 1 || t.Bias->shape()[0] != site.s.O)) {
+    TVM_FFI_THROW(ValueError) << kName << ": bias has shape " << ShapeStr(*t.Bias)
+                              << ", expected [" << site.s.O << "]";
   }
-  if (Res.has_value() && Dims(*Res) != Dims(Out)) {
-    TVM_FFI_THROW(ValueError) << kName << ": residual has shape " << ShapeStr(*Res)
-                              << ", expected Out's shape " << ShapeStr(Out);
+  if (t.Res.has_value() && Dims(*t.Res) != Dims(t.Out)) {
+    TVM_FFI_THROW(ValueError) << kName << ": residual has shape " << ShapeStr(*t.Res)
+                              << ", expected Out's shape " << ShapeStr(t.Out);
   }
-  if (Out.numel() == 0) return;
-  if (X.numel() == 0) {
-    TVM_FFI_THROW(ValueError) << kName << ": data " << ShapeStr(X) << " is empty";
+  if (t.Out.numel() == 0) return std::nullopt;
+  if (t.X.numel() == 0) {
+    TVM_FFI_THROW(ValueError) << kName << ": data " << ShapeStr(t.X) << " is empty";
   }
-  threads.SerialBelow(ConvFlops(s));
-  Fmt fmt = p.wpacked || p.src_blk || p.dst_blk
-                ? Fmt::kBlocked
-                : (p.fmt == Fmt::kAuto ? ChooseFormat(p, s) : p.fmt);
-  const std::string key = ConvKey(p, s, fmt);
-  auto e = CachedGet<OneDNNConv>(key, [&]() { return CreateConv(p, s, fmt); });
+  site.fmt = p.wpacked || p.src_blk || p.dst_blk
+                 ? Fmt::kBlocked
+                 : (p.fmt == Fmt::kAuto ? ChooseFormat(p, site.s) : p.fmt);
+  site.key = ConvKey(p, site.s, site.fmt);
+  return site;
+}
+
+// The site's primitive for the OpenMP thread count in effect (the cache keys by it), and fresh
+// memory objects for its descriptors (no buffer until a call sets the handles).
+void BindSite(const ConvParams& p, ConvSite* site, int nthr) {
+  site->e = CachedGet<OneDNNConv>(site->key, [&]() { return CreateConv(p, site->s, site->fmt); });
+  site->nthr = nthr;
+  const OneDNNConv& e = *site->e;
+  site->pack_hash = p.wpacked ? PackHash(site->key, e.wei_md) : 0;
   const dnnl::engine& eng = Engine();
-  dnnl::memory user_src(e->user_src, eng, x), user_dst(e->user_dst, eng, out);
-  dnnl::memory src = user_src, dst = user_dst, wei;
+  site->user_src = dnnl::memory(e.user_src, eng, DNNL_MEMORY_NONE);
+  site->user_dst = dnnl::memory(e.user_dst, eng, DNNL_MEMORY_NONE);
+  site->user_res = dnnl::memory(e.user_dst, eng, DNNL_MEMORY_NONE);
+  site->src = e.src_in.needed ? dnnl::memory(e.src_md, eng, DNNL_MEMORY_NONE) : site->user_src;
+  site->dst = e.dst_out.needed ? dnnl::memory(e.dst_md, eng, DNNL_MEMORY_NONE) : site->user_dst;
+  site->wei = dnnl::memory(e.wei_md, eng, DNNL_MEMORY_NONE);
+  site->bias = p.has_bias ? dnnl::memory(e.bias_md, eng, DNNL_MEMORY_NONE) : dnnl::memory();
+  const bool scratch = e.scratch_md.get_size() > 0;
+  site->scratch = scratch ? dnnl::memory(e.scratch_md, eng, DNNL_MEMORY_NONE) : dnnl::memory();
+  site->weights.clear();
+  site->args = {{DNNL_ARG_SRC, site->src}, {DNNL_ARG_DST, site->dst}};
+  if (p.has_bias) site->args[DNNL_ARG_BIAS] = site->bias;
+  if (scratch) site->args[DNNL_ARG_SCRATCHPAD] = site->scratch;
+  site->src_in = e.src_in.KeptArgs(site->user_src, site->src);
+  site->wei_in = e.wei_in.KeptArgs(site->wei, site->wei);  // FROM: the call's weights
+  site->res_in = e.res_in.KeptArgs(site->user_res, site->dst);
+  site->dst_out = e.dst_out.KeptArgs(site->dst, site->user_dst);
+  site->src_bytes = e.src_md.get_size();
+  site->wei_bytes = e.wei_md.get_size();
+  site->dst_bytes = e.dst_md.get_size();
+  site->out_bytes = e.user_dst.get_size();
+  site->scratch_bytes = e.scratch_md.get_size();
+}
+
+// Points `m` at `data` (a handle change only when it differs).
+void Point(const dnnl::memory& m, void* data) {
+  if (m.get_data_handle() != data) m.set_data_handle(data);
+}
+
+// The memory over weights at `data` in the site's format `md`, kept per pointer (bounded).
+dnnl::memory SiteWeights(ConvSite* site, const dnnl::memory::desc& md, void* data) {
+  constexpr size_t kMaxWeights = 256;
+  auto it = site->weights.find(data);
+  if (it != site->weights.end()) return it->second;
+  if (site->weights.size() >= kMaxWeights) site->weights.clear();
+  return site->weights.emplace(data, dnnl::memory(md, Engine(), data)).first->second;
+}
+
+// One call on a bound site: reorders into the primitive's formats where they differ, the
+// residual into dst (sum post-op), the convolution, the reorder out, the padding channels.
+void RunSite(const ConvParams& p, ConvSite* site, const ConvTensors& t) {
+  const OneDNNConv& e = *site->e;
   // Scratch slots: 0 conv scratchpad, 1 src, 2 weights, 3 dst, 4 residual, 5 reorder scratch.
-  if (e->src_in.needed) {
-    src = dnnl::memory(e->src_md, eng, ScratchBuffer(1, e->src_md.get_size()));
-    e->src_in.Run(user_src, src, 5);
+  Point(site->user_src, t.x);
+  Point(site->user_dst, t.out);
+  if (e.src_in.needed) {
+    Point(site->src, ScratchBuffer(1, site->src_bytes));
+    e.src_in.RunKept(site->src_in, 5);
   }
+  dnnl::memory wei;
   if (p.wpacked) {
-    wei = PackedWeights(Wt, w, key, *e);
+    wei = PackedWeights(t.Wt, t.w, site->key, site->pack_hash, e,
+                        [&](void* data) { return SiteWeights(site, e.wei_md, data); });
   } else {
-    wei = dnnl::memory(e->user_wei, eng, w);
-    if (e->wei_in.needed) {
-      dnnl::memory user_wei = wei;
-      wei = dnnl::memory(e->wei_md, eng, ScratchBuffer(2, e->wei_md.get_size()));
-      e->wei_in.Run(user_wei, wei, 5);
+    wei = SiteWeights(site, e.user_wei, t.w);
+    if (e.wei_in.needed) {
+      Point(site->wei, ScratchBuffer(2, site->wei_bytes));
+      site->wei_in[DNNL_ARG_FROM] = wei;
+      e.wei_in.RunKept(site->wei_in, 5);
+      wei = site->wei;
     }
   }
-  if (e->dst_out.needed) dst = dnnl::memory(e->dst_md, eng, ScratchBuffer(3, e->dst_md.get_size()));
-  std::unordered_map<int, dnnl::memory> cargs{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei},
-                                              {DNNL_ARG_DST, dst}};
-  if (p.has_bias) cargs[DNNL_ARG_BIAS] = dnnl::memory(e->bias_md, eng, bias);
+  site->args[DNNL_ARG_WEIGHTS] = wei;
+  if (e.dst_out.needed) Point(site->dst, ScratchBuffer(3, site->dst_bytes));
+  if (p.has_bias) Point(site->bias, t.bias);
   if (p.has_res) {  // the sum post-op adds what dst holds: the residual
-    if (e->res_in.needed) {
-      e->res_in.Run(dnnl::memory(e->user_dst, eng, res), dst, 5);
-    } else if (res != out) {
-      std::memcpy(out, res, e->user_dst.get_size());
+    if (e.res_in.needed) {
+      Point(site->user_res, t.res);
+      e.res_in.RunKept(site->res_in, 5);
+    } else if (t.res != t.out) {
+      std::memcpy(t.out, t.res, site->out_bytes);
     }
   }
-  size_t scratch = e->scratch_md.get_size();
-  if (scratch > 0) {
-    cargs[DNNL_ARG_SCRATCHPAD] = dnnl::memory(e->scratch_md, eng, ScratchBuffer(0, scratch));
-  }
-  e->prim.execute(Stream(), cargs);
-  if (e->dst_out.needed) e->dst_out.Run(dst, user_dst, 5);
+  if (site->scratch_bytes > 0) Point(site->scratch, ScratchBuffer(0, site->scratch_bytes));
+  e.prim.execute(Stream(), site->args);
+  if (e.dst_out.needed) e.dst_out.RunKept(site->dst_out, 5);
   Stream().wait();
-  if (p.dst_blk > 0) ZeroChannelPadding(out, s.N, s.O, s.OH * s.OW, p.dst_blk);
+  if (p.dst_blk > 0) ZeroChannelPadding(t.out, site->s.N, site->s.O, site->s.OH * site->s.OW,
+                                        p.dst_blk);
+}
+
+void Conv2d(ffi::PackedArgs args, ffi::Any* rv) {
+  constexpr size_t kMaxSites = 256;  // per attribute string and thread
+  ThreadScope threads;
+  ConvCall& call = ParseArgsCall(args, kName);
+  const ConvParams& p = call.p;
+  const ConvTensors t = CheckConvTensors(p, args);
+  ShapeKey key;
+  bool keyed = key.Add(t.X) && key.Add(t.Wt) && (!t.Bias || key.Add(*t.Bias)) &&
+               (!t.Res || key.Add(*t.Res)) && key.Add(t.Out);
+  auto it = keyed ? call.sites.find(key) : call.sites.end();
+  ConvSite* site;
+  std::optional<ConvSite> unkept;
+  if (it != call.sites.end()) {
+    site = it->second.get();
+  } else {
+    std::optional<ConvSite> resolved = ResolveSite(p, t);
+    if (!resolved.has_value()) return;  // empty Out
+    if (keyed) {
+      if (call.sites.size() >= kMaxSites) call.sites.clear();
+      site = call.sites.emplace(key, std::make_unique<ConvSite>(std::move(*resolved)))
+                 .first->second.get();
+    } else {
+      unkept = std::move(resolved);
+      site = &*unkept;
+    }
+  }
+  threads.SerialBelow(ConvFlops(site->s));
+  const int nthr = omp_get_max_threads();
+  if (site->nthr != nthr) BindSite(p, site, nthr);
+  RunSite(p, site, t);
 }
 
 constexpr const char* kPackName = "tvm_ollie.cpu.conv2d_pack_weight";
