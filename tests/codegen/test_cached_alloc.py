@@ -18,7 +18,7 @@ from tvm.script import relax as R
 from tvm_ollie.codegen import cached_alloc
 from tvm_ollie.codegen.cached_alloc import DropCachedKills, LiftPlannedAllocations
 from tvm_ollie.compat import relax, tvm
-from tvm_ollie.config import OllieConfig, config_scope
+from tvm_ollie.config import ConfigError, OllieConfig, config_scope
 from tvm_ollie.tune.metaschedule import default_pipeline
 
 # pylint: disable=invalid-name,no-self-argument,missing-class-docstring,missing-function-docstring
@@ -166,6 +166,8 @@ def test_switch():
     assert tvm_names == [p.info.name for p in cpu_generic.finalize_passes(target)]
     with config_scope(OllieConfig(cached_alloc=False)):
         assert not cached_alloc.enabled()
+    with pytest.raises(ConfigError):
+        OllieConfig(cached_alloc="no")
     with cached_alloc.cached_alloc_scope(False):
         assert [p.info.name for p in cached_alloc.finalize_passes(target)] == tvm_names
     if not cached_alloc.available():
