@@ -72,6 +72,61 @@ def test_lift_structure():
     tvm.ir.assert_structural_equal(LiftPlannedAllocations()(Planned), Lifted)
 
 
+def test_lift_reshape_structure():
+    """Before/Expected: a reshape of a lifted view (read through a trivial binding) is a view
+    of the same cached memory: lifted with it."""
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((2, 8), "float32")) -> R.Tensor((4, 4), "float32"):
+            R.func_attr({"relax.force_pure": True})
+            storage: R.Any = R.memory.alloc_storage(R.shape([64]), 0, R.str("global"),
+                                                    R.dtype("float32"))
+            a: R.Tensor((2, 8), "float32") = R.memory.alloc_tensor(
+                storage, 0, R.shape([2, 8]), R.dtype("float32"), 0)
+            _1: R.Tuple = R.call_packed("test.relu", x, a, ty_args=(R.Tuple,))
+            lv: R.Tensor((2, 8), "float32") = a
+            r: R.Tensor((4, 4), "float32") = R.reshape(lv, R.shape([4, 4]))
+            out: R.Tensor((4, 4), "float32") = R.builtin.alloc_tensor(
+                R.shape([4, 4]), R.dtype("float32"), 0, R.str("global"))
+            _2: R.Tuple = R.call_packed("test.relu", r, out, ty_args=(R.Tuple,))
+            return out
+
+    @I.ir_module
+    class Expected:
+        @R.function(private=True)
+        def main_cached_alloc() -> R.Tuple(R.Tensor((2, 8), "float32"),
+                                           R.Tensor((4, 4), "float32")):
+            R.func_attr({"relax.force_pure": True})
+            storage: R.Any = R.memory.alloc_storage(R.shape([64]), 0, R.str("global"),
+                                                    R.dtype("float32"))
+            a: R.Tensor((2, 8), "float32") = R.memory.alloc_tensor(
+                storage, 0, R.shape([2, 8]), R.dtype("float32"), 0)
+            r: R.Tensor((4, 4), "float32") = R.reshape(a, R.shape([4, 4]))
+            return (a, r)
+
+        @R.function
+        def main(x: R.Tensor((2, 8), "float32")) -> R.Tensor((4, 4), "float32"):
+            R.func_attr({"relax.force_pure": True})
+            cls = Expected
+            cached: R.Tuple(R.Tensor((2, 8), "float32"), R.Tensor((4, 4), "float32")) = \
+                R.call_builtin_with_ctx(
+                    "tvm_ollie.vm.cached_alloc", (cls.main_cached_alloc,),
+                    ty_args=(R.Tuple(R.Tensor((2, 8), "float32"),
+                                     R.Tensor((4, 4), "float32")),))
+            a: R.Tensor((2, 8), "float32") = cached[0]
+            _1: R.Tuple = R.call_packed("test.relu", x, a, ty_args=(R.Tuple,))
+            lv: R.Tensor((2, 8), "float32") = a
+            r: R.Tensor((4, 4), "float32") = cached[1]
+            out: R.Tensor((4, 4), "float32") = R.builtin.alloc_tensor(
+                R.shape([4, 4]), R.dtype("float32"), 0, R.str("global"))
+            _2: R.Tuple = R.call_packed("test.relu", r, out, ty_args=(R.Tuple,))
+            return out
+
+    tvm.ir.assert_structural_equal(LiftPlannedAllocations()(Before), Expected)
+
+
 def test_drop_kills_structure():
     """Before/Expected: the kill of a cached view goes, the kill of the tuple and of an
     uncached tensor stay."""
@@ -186,11 +241,14 @@ def builtin():
 @I.ir_module
 class Chain:
     @R.function
-    def main(x: R.Tensor((2, 16), "float32"), w: R.Tensor((16, 16), "float32")
+    def main(x: R.Tensor((2, 16), "float32"), w: R.Tensor((16, 16), "float32"),
+             w8: R.Tensor((8, 8), "float32")
              ) -> R.Tuple(R.Tensor((2, 16), "float32"), R.Tensor((2, 16), "float32")):
         with R.dataflow():
             a = R.nn.relu(R.matmul(x, w))
-            b = R.nn.relu(R.matmul(a, w))
+            r = R.reshape(a, (4, 8))  # a reshape of a planned tensor: lifted too
+            t = R.reshape(R.matmul(r, w8), (2, 16))
+            b = R.nn.relu(R.matmul(t, w))
             c = R.add(R.matmul(b, w), a)
             d = R.reshape(R.nn.relu(R.matmul(c, w)), (2, 16))
             e = R.multiply(R.matmul(d, w), b)
@@ -198,10 +256,11 @@ class Chain:
         return (d, e)
 
 
-def _reference(x, w):
+def _reference(x, w, w8):
     relu = lambda v: np.maximum(v, 0)  # noqa: E731
     a = relu(x @ w)
-    b = relu(a @ w)
+    t = (a.reshape(4, 8) @ w8).reshape(2, 16)
+    b = relu(t @ w)
     c = b @ w + a
     d = relu(c @ w)
     return d, (d @ w) * b
@@ -217,6 +276,7 @@ def test_outputs_survive_later_calls(builtin):  # pylint: disable=redefined-oute
     intact through the next calls (outputs are never in the reused memory)."""
     rng = np.random.default_rng(0)
     w = rng.standard_normal((16, 16)).astype("float32") * 0.3
+    w8 = rng.standard_normal((8, 8)).astype("float32") * 0.3
     xs = [rng.standard_normal((2, 16)).astype("float32") for _ in range(3)]
     ex = _build(Chain, True)
     assert "tvm_ollie.vm.cached_alloc" in ex.as_text()
@@ -224,11 +284,11 @@ def test_outputs_survive_later_calls(builtin):  # pylint: disable=redefined-oute
         tvm.target.Target("llvm")))
     vm = relax.VirtualMachine(ex, tvm.cpu())
     tvm_vm = relax.VirtualMachine(tvm_ex, tvm.cpu())
-    wt = tvm.runtime.tensor(w)
-    outs = [vm["main"](tvm.runtime.tensor(x), wt) for x in xs]  # kept, not copied
+    wt, w8t = tvm.runtime.tensor(w), tvm.runtime.tensor(w8)
+    outs = [vm["main"](tvm.runtime.tensor(x), wt, w8t) for x in xs]  # kept, not copied
     for x, out in zip(xs, outs):
-        ref = tvm_vm["main"](tvm.runtime.tensor(x), wt)
-        for got, want, exact in zip(out, ref, _reference(x, w)):
+        ref = tvm_vm["main"](tvm.runtime.tensor(x), wt, w8t)
+        for got, want, exact in zip(out, ref, _reference(x, w, w8)):
             np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
             np.testing.assert_allclose(got.numpy(), exact, rtol=1e-4, atol=1e-4)
 
@@ -238,17 +298,18 @@ def test_vms_have_their_own_memory(builtin):  # pylint: disable=redefined-outer-
     with it."""
     rng = np.random.default_rng(1)
     w = rng.standard_normal((16, 16)).astype("float32") * 0.3
+    w8 = rng.standard_normal((8, 8)).astype("float32") * 0.3
     x1, x2 = (rng.standard_normal((2, 16)).astype("float32") for _ in range(2))
     ex = _build(Chain, True)
     gc.collect()
     before = cached_alloc.cached_entries()
     vm1, vm2 = relax.VirtualMachine(ex, tvm.cpu()), relax.VirtualMachine(ex, tvm.cpu())
-    wt = tvm.runtime.tensor(w)
+    wt, w8t = tvm.runtime.tensor(w), tvm.runtime.tensor(w8)
     for _ in range(2):
-        o1 = vm1["main"](tvm.runtime.tensor(x1), wt)
-        o2 = vm2["main"](tvm.runtime.tensor(x2), wt)
+        o1 = vm1["main"](tvm.runtime.tensor(x1), wt, w8t)
+        o2 = vm2["main"](tvm.runtime.tensor(x2), wt, w8t)
         for out, x in ((o1, x1), (o2, x2)):
-            for got, exact in zip(out, _reference(x, w)):
+            for got, exact in zip(out, _reference(x, w, w8)):
                 np.testing.assert_allclose(got.numpy(), exact, rtol=1e-4, atol=1e-4)
     assert cached_alloc.cached_entries() == before + 2
     del vm1, vm2

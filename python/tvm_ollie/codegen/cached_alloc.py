@@ -13,8 +13,8 @@ whose shapes are all static::
     R.vm.kill_object(t)          (dropped)          t = cache[i]
 
 :class:`LiftPlannedAllocations` (right after ``StaticPlanBlockMemory``) moves the planned
-storages and their static tensor views into a private function ``<name>_cached_alloc`` that
-returns them as a tuple; the native builtin ``tvm_ollie.vm.cached_alloc`` (``vm_cache.cc``)
+storages, their static tensor views and the static reshapes of those views into a private
+function ``<name>_cached_alloc`` that returns them as a tuple; the native builtin ``tvm_ollie.vm.cached_alloc`` (``vm_cache.cc``)
 calls it on a VM's first call and returns the same tuple to every later call of that VM. This is
 what TVM's CUDA-graph rewrite does with ``vm.builtin.cuda_graph.get_cached_alloc``, which the
 CPU wheel does not have. :class:`DropCachedKills` (right after ``KillAfterLastUse``) removes the
@@ -53,6 +53,7 @@ SUFFIX = "_cached_alloc"
 
 _ALLOC_STORAGE = tvm.ir.Op.get("relax.memory.alloc_storage")
 _ALLOC_TENSOR = tvm.ir.Op.get("relax.memory.alloc_tensor")
+_RESHAPE = tvm.ir.Op.get("relax.reshape")
 _KILLS = tuple(tvm.ir.Op.get(n) for n in ("relax.memory.kill_tensor",
                                           "relax.memory.kill_storage", "relax.vm.kill_object"))
 
@@ -149,6 +150,18 @@ def static_view(binding, lifted: Dict) -> bool:
         _static_offset(call.args[1]) and _static_ints(call.args[2]) is not None
 
 
+def static_reshape(binding, lifted: Dict, alias: Dict) -> bool:
+    """Rule: ``v = R.reshape(t, R.shape(dims))`` (or ``vm.builtin.reshape``) with ``t`` (or a var bound to it)
+    lifted and constant dims (a view of cached memory, the same at every call)."""
+    call = getattr(binding, "value", None)
+    if not isinstance(call, relax.Call) or len(call.args) != 2:
+        return False
+    reshape = call.op.same_as(_RESHAPE) or (isinstance(call.op, relax.ExternFunc) and
+                                            call.op.global_symbol == "vm.builtin.reshape")
+    return reshape and alias.get(call.args[0], call.args[0]) in lifted and \
+        _static_ints(call.args[1]) is not None
+
+
 def _static_signature(func: "relax.Function") -> bool:
     """Every parameter and the result have static shapes (no symbolic dimension)."""
     return not relax.analysis.free_symbolic_vars(func) and \
@@ -182,13 +195,18 @@ def _lift_function(bb: "relax.BlockBuilder", gv, func: "relax.Function"):
     if not isinstance(func.body, relax.SeqExpr):
         return None
     lifted: Dict = {}  # var -> binding, in binding order
+    alias: Dict = {}  # var bound to a lifted var (``lv = alloc``) -> that var
     for block in func.body.blocks:
         for binding in block.bindings:
-            if static_storage(binding) or static_view(binding, lifted):
+            value = getattr(binding, "value", None)
+            if static_storage(binding) or static_view(binding, lifted) or \
+                    static_reshape(binding, lifted, alias):
                 lifted[binding.var] = binding
+            elif isinstance(value, relax.Var) and alias.get(value, value) in lifted:
+                alias[binding.var] = alias.get(value, value)
     if not lifted:
         return None
-    views = [v for v, b in lifted.items() if b.value.op.same_as(_ALLOC_TENSOR)]
+    views = [v for v, b in lifted.items() if not b.value.op.same_as(_ALLOC_STORAGE)]
     used = _used_outside(func, lifted)
     # storages that a binding left in the function still reads (a view with a dynamic shape)
     returned = views + [v for v in lifted if v in used and v not in views]
@@ -200,7 +218,8 @@ def _lift_function(bb: "relax.BlockBuilder", gv, func: "relax.Function"):
     with alloc.function(name, [], {"relax.force_pure": True}, private=True):
         for var, binding in lifted.items():
             call = binding.value
-            args = [remap.get(a, a) if isinstance(a, relax.Var) else a for a in call.args]
+            args = [remap.get(alias.get(a, a), a) if isinstance(a, relax.Var) else a
+                    for a in call.args]
             remap[var] = alloc.emit(relax.Call(call.op, args, call.attrs, call.ty_args),
                                     name_hint=var.name)
         alloc.emit_func_output(relax.Tuple([remap[v] for v in returned]))
