@@ -223,6 +223,10 @@ def test_switch():
         assert not cached_alloc.enabled()
     with pytest.raises(ConfigError):
         OllieConfig(cached_alloc="no")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(cached_alloc.ENV_SWITCH, "0")
+        with cached_alloc.cached_alloc_scope(True):
+            assert not cached_alloc.enabled()
     with cached_alloc.cached_alloc_scope(False):
         assert [p.info.name for p in cached_alloc.finalize_passes(target)] == tvm_names
     if not cached_alloc.available():

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 from typing import Dict, Iterator, List, Optional
 
 import tvm_ffi
@@ -47,6 +48,9 @@ __all__ = ["BUILTIN", "DropCachedKills", "LiftPlannedAllocations", "available",
 
 #: The native builtin that runs a lifted allocation function once per VM.
 BUILTIN = "tvm_ollie.vm.cached_alloc"
+
+#: Environment switch for ablation: ``TVM_OLLIE_CACHED_ALLOC=0`` turns the passes off.
+ENV_SWITCH = "TVM_OLLIE_CACHED_ALLOC"
 
 #: Suffix of the lifted allocation function's name.
 SUFFIX = "_cached_alloc"
@@ -78,8 +82,12 @@ def cached_alloc_scope(on: bool) -> Iterator[None]:
 
 def enabled() -> bool:
     """Whether the CPU pipelines cache planned allocations: the :func:`cached_alloc_scope`'s
-    switch, else :attr:`OllieConfig.cached_alloc` of the current config; never without the
-    native builtin (an executable calling it could not run)."""
+    switch, else :attr:`OllieConfig.cached_alloc` of the current config; never with
+    ``TVM_OLLIE_CACHED_ALLOC=0`` in the environment (an ablation switch, as
+    ``TVM_OLLIE_CPU_SCHEDULE``) or without the native builtin (an executable calling it could
+    not run)."""
+    if os.environ.get(ENV_SWITCH, "1").strip() == "0":
+        return False
     on = _SWITCH.get()
     if on is None:
         on = current_config().cached_alloc
