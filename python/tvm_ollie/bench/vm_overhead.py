@@ -11,6 +11,8 @@ it times (``vm.builtin.alloc_tensor`` is ~0.1 us), so this measures without it:
 * **whole model**: the two executables (``cached_alloc`` off, on) in one process, warm plain
   loops in alternating rounds (50 calls each), medians and the median of per-round ratios.
 * **calls**: the calls in ``main`` of each lowered module, by callee.
+* **builtins** (``--builtins``): nanoseconds per call of single VM builtins, from Relax
+  functions of N unrolled calls each, less an empty function, calling-thread CPU time.
 
 Both executables are built from one rewritten module (:func:`optimize_module`, with the
 decisions kept in the work dir: the second build reuses the first's), lowered by the ollie CPU
@@ -29,6 +31,8 @@ import os
 import statistics
 import time
 from typing import Callable, Dict, List, Sequence, Tuple
+
+import numpy as np
 
 from ..codegen.cached_alloc import cached_alloc_scope
 from ..compat import relax, tirx, tvm
@@ -139,6 +143,71 @@ def _runner(ex, args) -> Callable[[], object]:
     return lambda: main(*args)
 
 
+def _builtin_bodies(n: int) -> Dict[str, Callable]:
+    """Bodies of the ``--builtins`` functions: ``n`` calls of one builtin (or pair) each."""
+    nop = relax.ExternFunc(NOP)
+    mem = relax.op.memory
+
+    def storage(bb):
+        return bb.emit(mem.alloc_storage(relax.ShapeExpr([4096]), 0, "global", "uint8"))
+
+    def view(bb, st):
+        return bb.emit(mem.alloc_tensor(st, 0, relax.ShapeExpr([1, 8]), "float32"))
+
+    def echo3(bb, x):  # an opaque tuple: its items cannot be folded away
+        return bb.emit(relax.Call(relax.ExternFunc("testing.echo"), [relax.Tuple([x, x, x])],
+                                  ty_args=[relax.TupleType([x.ty] * 3)]))
+
+    def call(bb, func, args):
+        return bb.emit(relax.Call(func, args, ty_args=[relax.ObjectType()]))
+
+    def once(state, key, make):  # one storage / tuple shared by the n calls
+        if key not in state:
+            state[key] = make()
+        return state[key]
+
+    def repeat(step):
+        def body(bb, x):
+            state = {}
+            for i in range(n):
+                step(bb, x, i, state)
+        return body
+
+    return {
+        "empty": lambda bb, x: None,
+        "null_value (a kill)": repeat(lambda bb, x, i, st: call(
+            bb, relax.ExternFunc("vm.builtin.null_value"), [])),
+        "alloc_tensor (+ its kill)": repeat(lambda bb, x, i, st: bb.emit(mem.kill_tensor(
+            view(bb, once(st, "s", lambda: storage(bb)))))),
+        "alloc_storage (+ its kill)": repeat(lambda bb, x, i, st: bb.emit(
+            mem.kill_storage(storage(bb)))),
+        "testing.nop, 1 tensor argument": repeat(lambda bb, x, i, st: call(bb, nop, [x])),
+        "testing.nop, 3 tensor arguments": repeat(lambda bb, x, i, st: call(bb, nop, [x] * 3)),
+        "tuple_getitem (+ its kill) + testing.nop": repeat(lambda bb, x, i, st: call(
+            bb, nop, [bb.emit(relax.TupleGetItem(once(st, "t", lambda: echo3(bb, x)), i % 3))])),
+    }
+
+
+def builtin_costs(n: int = 200) -> Dict[str, float]:
+    """Nanoseconds of CPU per call of each body of :func:`_builtin_bodies` (less the empty
+    function's, divided by ``n``); the empty function's own time per run under ``empty``."""
+    bodies = _builtin_bodies(n)
+    bb = relax.BlockBuilder()
+    names = {}
+    for i, (label, body) in enumerate(bodies.items()):
+        x = relax.Var("x", relax.TensorType((1, 8), "float32"))
+        names[label] = f"f{i}"
+        with bb.function(names[label], [x]):
+            body(bb, x)
+            bb.emit_func_output(x)
+    vm = relax.VirtualMachine(tvm.compile(bb.get(), target="llvm"), tvm.cpu())
+    x = tvm.runtime.tensor(np.zeros((1, 8), "float32"))
+    per_run = {label: cpu_per_run(lambda f=vm[name]: f(x), rounds=15, number=200)
+               for label, name in names.items()}
+    empty = per_run.pop("empty")
+    return dict({"empty": empty * 1e9}, **{k: (v - empty) / n * 1e9 for k, v in per_run.items()})
+
+
 def measure_model(name: str, work_dir: str, threads: int, rounds: int) -> dict:
     """Build ``name`` (quick, constant weights) off and on; the three measurements."""
     spec = get_model(name, quick=True)
@@ -180,11 +249,16 @@ def to_text(results: Sequence[dict], threads: int) -> str:
 def main(argv=None) -> int:
     """The command line (module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
-    parser.add_argument("models", nargs="+")
+    parser.add_argument("models", nargs="*")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--work-dir", default="bench_vm_overhead")
+    parser.add_argument("--builtins", action="store_true",
+                        help="also time single VM builtins (ns per call)")
     args = parser.parse_args(argv)
+    if args.builtins:
+        for label, ns in builtin_costs().items():
+            print(f"{label}: {ns:.0f} ns" + (" per run (the floor)" if label == "empty" else ""))
     results = [measure_model(m, args.work_dir, args.threads, args.rounds) for m in args.models]
     print(f"load average {os.getloadavg()}")
     print(to_text(results, args.threads))
