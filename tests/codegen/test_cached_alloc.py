@@ -12,6 +12,7 @@ import gc
 
 import numpy as np
 import pytest
+from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 from tvm.script import ir as I
 from tvm.script import relax as R
 
@@ -21,7 +22,8 @@ from tvm_ollie.compat import relax, tvm
 from tvm_ollie.config import ConfigError, OllieConfig, config_scope
 from tvm_ollie.tune.metaschedule import default_pipeline
 
-# pylint: disable=invalid-name,no-self-argument,missing-class-docstring,missing-function-docstring
+# pylint: disable=invalid-name,no-self-argument,missing-class-docstring
+# pylint: disable=missing-function-docstring,redefined-outer-name,unused-argument
 
 
 @I.ir_module
@@ -217,7 +219,6 @@ def test_switch():
     the two passes where they belong."""
     target = tvm.target.Target("llvm")
     tvm_names = [p.info.name for p in cached_alloc.finalize_passes(target, on=False)]
-    from tvm.relax.backend.cpu_generic import pipeline as cpu_generic  # pylint: disable=import-outside-toplevel
     assert tvm_names == [p.info.name for p in cpu_generic.finalize_passes(target)]
     with config_scope(OllieConfig(cached_alloc=False)):
         assert not cached_alloc.enabled()
@@ -275,7 +276,7 @@ def _build(mod, on: bool):
         return tvm.compile(mod, target="llvm", relax_pipeline=default_pipeline("llvm"))
 
 
-def test_outputs_survive_later_calls(builtin):  # pylint: disable=redefined-outer-name,unused-argument
+def test_outputs_survive_later_calls(builtin):
     """The cached build computes what TVM's build does, and what a call returned stays
     intact through the next calls (outputs are never in the reused memory)."""
     rng = np.random.default_rng(0)
@@ -297,7 +298,7 @@ def test_outputs_survive_later_calls(builtin):  # pylint: disable=redefined-oute
             np.testing.assert_allclose(got.numpy(), exact, rtol=1e-4, atol=1e-4)
 
 
-def test_vms_have_their_own_memory(builtin):  # pylint: disable=redefined-outer-name,unused-argument
+def test_vms_have_their_own_memory(builtin):
     """Two VMs of one executable, called in turn, do not share buffers; a VM's entry goes
     with it."""
     rng = np.random.default_rng(1)
@@ -321,7 +322,7 @@ def test_vms_have_their_own_memory(builtin):  # pylint: disable=redefined-outer-
     assert cached_alloc.cached_entries() == before
 
 
-def test_dynamic_shapes_left_alone(builtin):  # pylint: disable=redefined-outer-name,unused-argument
+def test_dynamic_shapes_left_alone(builtin):
     """A model with a symbolic batch builds without the cached call and still computes."""
 
     @I.ir_module

@@ -8,14 +8,15 @@ quick YOLOX (docs/per-call.md). ONNX Runtime plans its memory once per session. 
 placed around TVM's ``KillAfterLastUse`` (:func:`finalize_passes`) do the same for a function
 whose shapes are all static::
 
-    storage = R.memory.alloc_storage(...)          cache = R.call_builtin_with_ctx(
-    t = R.memory.alloc_tensor(storage, off, ...)  ->    "tvm_ollie.vm.cached_alloc", (main_cached_alloc,))
-    R.vm.kill_object(t)          (dropped)          t = cache[i]
+    s = R.memory.alloc_storage(...)         cache = R.call_builtin_with_ctx(
+    t = R.memory.alloc_tensor(s, off, ...)  ->    "tvm_ollie.vm.cached_alloc", (main_cached_alloc,))
+    R.vm.kill_object(t)    (dropped)          t = cache[i]
 
 :class:`LiftPlannedAllocations` (right after ``StaticPlanBlockMemory``) moves the planned
 storages, their static tensor views and the static reshapes of those views into a private
-function ``<name>_cached_alloc`` that returns them as a tuple; the native builtin ``tvm_ollie.vm.cached_alloc`` (``vm_cache.cc``)
-calls it on a VM's first call and returns the same tuple to every later call of that VM. This is
+function ``<name>_cached_alloc`` that returns them as a tuple; the native builtin
+``tvm_ollie.vm.cached_alloc`` (``vm_cache.cc``) calls it on a VM's first call and returns the
+same tuple to every later call of that VM. This is
 what TVM's CUDA-graph rewrite does with ``vm.builtin.cuda_graph.get_cached_alloc``, which the
 CPU wheel does not have. :class:`DropCachedKills` (right after ``KillAfterLastUse``) removes the
 kills of the cached views: dropping one releases nothing, the cache holds it.
@@ -38,6 +39,7 @@ import os
 from typing import Dict, Iterator, List, Optional
 
 import tvm_ffi
+from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
 from ..compat import relax, tirx, tvm
 from ..config import current_config
@@ -112,7 +114,7 @@ def finalize_passes(target, backend=None, on: Optional[bool] = None
     :class:`DropCachedKills` after ``KillAfterLastUse`` on CPU (llvm) targets; TVM's list
     unchanged for other targets or when ``on`` (None: :func:`enabled`) is false."""
     if backend is None:
-        from tvm.relax.backend.cpu_generic import pipeline as backend  # noqa: E501  pylint: disable=import-outside-toplevel
+        backend = cpu_generic
     passes = list(backend.finalize_passes(target))
     if not is_llvm(target) or not (enabled() if on is None else bool(on) and available()):
         return passes
@@ -159,8 +161,9 @@ def static_view(binding, lifted: Dict) -> bool:
 
 
 def static_reshape(binding, lifted: Dict, alias: Dict) -> bool:
-    """Rule: ``v = R.reshape(t, R.shape(dims))`` (or ``vm.builtin.reshape``) with ``t`` (or a var bound to it)
-    lifted and constant dims (a view of cached memory, the same at every call)."""
+    """Rule: ``v = R.reshape(t, R.shape(dims))`` (or ``vm.builtin.reshape``) with ``t`` (or a
+    var bound to it) lifted and constant dims (a view of cached memory, the same at every
+    call)."""
     call = getattr(binding, "value", None)
     if not isinstance(call, relax.Call) or len(call.args) != 2:
         return False
