@@ -129,6 +129,64 @@ def test_lift_reshape_structure():
     tvm.ir.assert_structural_equal(LiftPlannedAllocations()(Before), Expected)
 
 
+def test_equal_views_share_an_item():
+    """Before/Expected: two views with the same storage, offset, shape and dtype (the planner
+    reusing a block for tensors of one size) are one tensor: one item, the second bound to the
+    first (a binding that generates no code)."""
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((2, 8), "float32")) -> R.Tensor((16,), "float32"):
+            R.func_attr({"relax.force_pure": True})
+            storage: R.Any = R.memory.alloc_storage(R.shape([64]), 0, R.str("global"),
+                                                    R.dtype("float32"))
+            a: R.Tensor((2, 8), "float32") = R.memory.alloc_tensor(
+                storage, 0, R.shape([2, 8]), R.dtype("float32"), 0)
+            _1: R.Tuple = R.call_packed("test.relu", x, a, ty_args=(R.Tuple,))
+            b: R.Tensor((2, 8), "float32") = R.memory.alloc_tensor(
+                storage, 0, R.shape([2, 8]), R.dtype("float32"), 0)
+            _2: R.Tuple = R.call_packed("test.relu", a, b, ty_args=(R.Tuple,))
+            r: R.Tensor((16,), "float32") = R.reshape(b, R.shape([16]))
+            out: R.Tensor((16,), "float32") = R.builtin.alloc_tensor(
+                R.shape([16]), R.dtype("float32"), 0, R.str("global"))
+            _3: R.Tuple = R.call_packed("test.relu", r, out, ty_args=(R.Tuple,))
+            return out
+
+    @I.ir_module
+    class Expected:
+        @R.function(private=True)
+        def main_cached_alloc() -> R.Tuple(R.Tensor((2, 8), "float32"),
+                                           R.Tensor((16,), "float32")):
+            R.func_attr({"relax.force_pure": True})
+            storage: R.Any = R.memory.alloc_storage(R.shape([64]), 0, R.str("global"),
+                                                    R.dtype("float32"))
+            a: R.Tensor((2, 8), "float32") = R.memory.alloc_tensor(
+                storage, 0, R.shape([2, 8]), R.dtype("float32"), 0)
+            r: R.Tensor((16,), "float32") = R.reshape(a, R.shape([16]))
+            return (a, r)
+
+        @R.function
+        def main(x: R.Tensor((2, 8), "float32")) -> R.Tensor((16,), "float32"):
+            R.func_attr({"relax.force_pure": True})
+            cls = Expected
+            cached: R.Tuple(R.Tensor((2, 8), "float32"), R.Tensor((16,), "float32")) = \
+                R.call_builtin_with_ctx(
+                    "tvm_ollie.vm.cached_alloc", (cls.main_cached_alloc,),
+                    ty_args=(R.Tuple(R.Tensor((2, 8), "float32"), R.Tensor((16,), "float32")),))
+            a: R.Tensor((2, 8), "float32") = cached[0]
+            _1: R.Tuple = R.call_packed("test.relu", x, a, ty_args=(R.Tuple,))
+            b: R.Tensor((2, 8), "float32") = a
+            _2: R.Tuple = R.call_packed("test.relu", a, b, ty_args=(R.Tuple,))
+            r: R.Tensor((16,), "float32") = cached[1]
+            out: R.Tensor((16,), "float32") = R.builtin.alloc_tensor(
+                R.shape([16]), R.dtype("float32"), 0, R.str("global"))
+            _3: R.Tuple = R.call_packed("test.relu", r, out, ty_args=(R.Tuple,))
+            return out
+
+    tvm.ir.assert_structural_equal(LiftPlannedAllocations()(Before), Expected)
+
+
 def test_drop_kills_structure():
     """Before/Expected: the kill of a cached view goes, the kill of the tuple and of an
     uncached tensor stay."""

@@ -201,44 +201,52 @@ def _called_functions(mod: "tvm.IRModule") -> set:
 
 # --- the passes ------------------------------------------------------------------------------
 
+def _view_key(binding, alias: Dict, same: Dict):
+    """What makes a lifted view: two with one key are the same tensor (same storage, offset,
+    shape and dtype; or the same reshape of the same view); None for a storage."""
+    call = binding.value
+    if call.op.same_as(_ALLOC_STORAGE):
+        return None
+    source = alias.get(call.args[0], call.args[0])
+    rest = tuple(str(a) for a in call.args[1:])
+    return (str(call.op), same.get(source, source), rest)
+
+
 def _lift_function(bb: "relax.BlockBuilder", gv, func: "relax.Function"):
     """``func`` with its planned static allocations lifted, or None when nothing applies."""
     if not isinstance(func.body, relax.SeqExpr):
         return None
     lifted: Dict = {}  # var -> binding, in binding order
     alias: Dict = {}  # var bound to a lifted var (``lv = alloc``) -> that var
+    same: Dict = {}  # a view equal to an earlier one (``_view_key``) -> the earlier one
+    seen: Dict = {}
     for block in func.body.blocks:
         for binding in block.bindings:
             value = getattr(binding, "value", None)
             if static_storage(binding) or static_view(binding, lifted) or \
                     static_reshape(binding, lifted, alias):
                 lifted[binding.var] = binding
+                key = _view_key(binding, alias, same)
+                if key is not None and key in seen:
+                    same[binding.var] = seen[key]
+                elif key is not None:
+                    seen[key] = binding.var
             elif isinstance(value, relax.Var) and alias.get(value, value) in lifted:
                 alias[binding.var] = alias.get(value, value)
     if not lifted:
         return None
-    views = [v for v, b in lifted.items() if not b.value.op.same_as(_ALLOC_STORAGE)]
+    views = [v for v, b in lifted.items()
+             if not b.value.op.same_as(_ALLOC_STORAGE) and v not in same]
     used = _used_outside(func, lifted)
     # storages that a binding left in the function still reads (a view with a dynamic shape)
-    returned = views + [v for v in lifted if v in used and v not in views]
+    returned = views + [v for v, b in lifted.items()
+                        if v in used and b.value.op.same_as(_ALLOC_STORAGE)]
+    alloc_gv, ret_ty = _allocation_function(bb, gv.name_hint + SUFFIX, lifted, alias, same,
+                                            returned)
 
-    # The allocation function: the lifted bindings, on fresh variables.
-    name = gv.name_hint + SUFFIX
-    remap: Dict = {}
-    alloc = relax.BlockBuilder()
-    with alloc.function(name, [], {"relax.force_pure": True}, private=True):
-        for var, binding in lifted.items():
-            call = binding.value
-            args = [remap.get(alias.get(a, a), a) if isinstance(a, relax.Var) else a
-                    for a in call.args]
-            remap[var] = alloc.emit(relax.Call(call.op, args, call.attrs, call.ty_args),
-                                    name_hint=var.name)
-        alloc.emit_func_output(relax.Tuple([remap[v] for v in returned]))
-    alloc_func = alloc.get()[name]
-    alloc_gv = bb.add_func(alloc_func, name)
-
-    # The function: the first lifted binding becomes the cached call, each lifted var an item.
-    cache = relax.Var("cached_alloc", alloc_func.ret_ty)
+    # The function: the first lifted binding becomes the cached call, each lifted var an item
+    # (a view equal to an earlier one: that one, a binding that generates no code).
+    cache = relax.Var("cached_alloc", ret_ty)
     index = {v: i for i, v in enumerate(returned)}
     blocks = []
     first = True
@@ -249,17 +257,45 @@ def _lift_function(bb: "relax.BlockBuilder", gv, func: "relax.Function"):
                 bindings.append(binding)
                 continue
             if first:
-                call = relax.op.call_builtin_with_ctx(
-                    BUILTIN, relax.Tuple([alloc_gv]), ty_args=[alloc_func.ret_ty])
+                call = relax.op.call_builtin_with_ctx(BUILTIN, relax.Tuple([alloc_gv]),
+                                                      ty_args=[ret_ty])
                 bindings.append(relax.VarBinding(cache, call))
                 first = False
-            if binding.var in index:
+            if binding.var in same:
+                bindings.append(relax.VarBinding(binding.var, same[binding.var]))
+            elif binding.var in index:
                 bindings.append(relax.VarBinding(
                     binding.var, relax.TupleGetItem(cache, index[binding.var])))
         blocks.append(relax.BindingBlock(bindings))
     body = relax.SeqExpr(blocks, func.body.body)
     return bb.normalize(relax.Function(func.params, body, func.ret_ty, func.is_pure,
                                        func.attrs, func.span))
+
+
+def _root(var, alias: Dict, same: Dict):
+    """The lifted binding a var stands for (through trivial bindings and equal views)."""
+    var = alias.get(var, var)
+    return same.get(var, var)
+
+
+def _allocation_function(bb: "relax.BlockBuilder", name: str, lifted: Dict, alias: Dict,
+                         same: Dict, returned: List):
+    """``(GlobalVar, return type)`` of the private function that makes the lifted bindings
+    (on fresh variables; one view for views that are the same) and returns ``returned``."""
+    remap: Dict = {}
+    alloc = relax.BlockBuilder()
+    with alloc.function(name, [], {"relax.force_pure": True}, private=True):
+        for var, binding in lifted.items():
+            if var in same:
+                continue
+            call = binding.value
+            args = [remap[_root(a, alias, same)] if isinstance(a, relax.Var) else a
+                    for a in call.args]
+            remap[var] = alloc.emit(relax.Call(call.op, args, call.attrs, call.ty_args),
+                                    name_hint=var.name)
+        alloc.emit_func_output(relax.Tuple([remap[v] for v in returned]))
+    func = alloc.get()[name]
+    return bb.add_func(func, name), func.ret_ty
 
 
 def _used_outside(func: "relax.Function", lifted: Dict) -> set:
