@@ -200,6 +200,12 @@ class OllieConfig:
         only. The per-unit decisions cannot see what a whole chain of library calls gains
         (layouts kept across it, no hand-over between oneDNN's and TVM's threads), so this plan
         can win although it lost unit by unit.
+    cached_alloc : bool
+        CPU targets: allocate a static-shape function's planned intermediate memory once per
+        virtual machine and reuse it at every call, instead of allocating and freeing every
+        storage and tensor view at each call (:mod:`tvm_ollie.codegen.cached_alloc`; needs the
+        native library's ``tvm_ollie.vm.cached_alloc``). A VM then serves one call at a time,
+        as TVM's VM does anyway; returned tensors are still allocated per call.
     derivation_cache : bool
         Reuse derivation search results across compiles and models (in ``work_dir`` and the
         per-user cache, :mod:`tvm_ollie.derive.cache`); False: search every signature.
@@ -235,6 +241,7 @@ class OllieConfig:
     blocked_layout: bool = True
     pack_weights: bool = True
     library_plan: bool = True
+    cached_alloc: bool = True
 
     def __post_init__(self):
         if self.targets is not None and not isinstance(self.targets, tuple):
@@ -265,7 +272,7 @@ class OllieConfig:
                               f"{self.min_share!r}")
         for name in ("derive", "fold_inference", "orchestrate", "joint", "joint_guard",
                      "verbose", "derivation_cache", "blocked_layout",
-                     "pack_weights", "library_plan"):
+                     "pack_weights", "library_plan", "cached_alloc"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"OllieConfig.{name} must be True or False, not "
                                   f"{getattr(self, name)!r}")

@@ -26,6 +26,7 @@ import importlib
 
 import tvm_ffi
 
+from ..codegen.cached_alloc import finalize_passes
 from ..compat import relax, tvm
 from ..compile_profile import stage
 from ..config import OrchestrateConfig
@@ -609,7 +610,7 @@ def orchestrate_pipeline(target="llvm", cost: Optional[CostModel] = None,
         with tgt:
             seq = tvm.transform.Sequential(
                 backend.library_dispatch_passes(tgt) + pre + legalize
-                + backend.dataflow_lower_passes(tgt) + backend.finalize_passes(tgt))
+                + backend.dataflow_lower_passes(tgt) + finalize_passes(tgt, backend))
             out = seq(mod)
         if offered:
             note_library(orch.last_report, orch.joint)

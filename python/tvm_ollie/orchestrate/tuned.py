@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Callable, List, Optional
 
+from ..codegen.cached_alloc import finalize_passes
 from ..compat import tvm
 from ..config import OrchestrateConfig
 from ..target import is_llvm
@@ -98,7 +99,7 @@ def finish_pipeline(target, cpu_schedules: bool = True) -> "tvm.transform.Pass":
         with tgt:
             return tvm.transform.Sequential(
                 backend.library_dispatch_passes(tgt) + legalize
-                + backend.dataflow_lower_passes(tgt) + backend.finalize_passes(tgt))(mod)
+                + backend.dataflow_lower_passes(tgt) + finalize_passes(tgt, backend))(mod)
 
     return _pipeline
 

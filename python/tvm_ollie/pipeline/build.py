@@ -46,6 +46,7 @@ from typing import Any, Dict, Optional, Tuple
 import tvm_ffi
 
 from .. import native
+from ..codegen.cached_alloc import cached_alloc_scope
 from ..compat import relax, tvm
 from ..compile_profile import profile_scope, stage
 from ..config import OllieConfig, resolve_config
@@ -146,7 +147,8 @@ def build(mod: "tvm.IRModule", target=None, config: Optional[OllieConfig] = None
         cfg = cfg.replace(work_dir=tempfile.mkdtemp(prefix="ollie_tune_"))
     # One process at a time tunes in a work dir: MetaSchedule's database refers to workloads
     # by line number, so two processes appending to it at once would mix their records up.
-    with profile_scope() as prof, work_dir_lock(cfg.work_dir):
+    with profile_scope() as prof, work_dir_lock(cfg.work_dir), \
+            cached_alloc_scope(cfg.cached_alloc):
         prepare_work_dir(cfg.work_dir)
         ex, report = _build(mod, cfg, hooks)
     report.compile_profile = prof  # (the whole build's: the pass's stages and TVM's build)
@@ -496,7 +498,7 @@ def ollie_pipeline(target=None, config: Optional[OllieConfig] = None, *, timer=N
         cfg = cfg.replace(target=tgt)
         mod = OllieOptimize(config=cfg, **hooks)(mod)
         orch = cfg.orchestrate_config() if cfg.orchestrate else None
-        with tgt:
+        with tgt, cached_alloc_scope(cfg.cached_alloc):
             return default_pipeline(tgt, orchestrate=cfg.orchestrate,
                                     orchestrate_config=orch)(mod)
 

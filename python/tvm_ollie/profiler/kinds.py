@@ -86,8 +86,9 @@ class KindRule:
 RULES: Tuple[KindRule, ...] = (
     KindRule(VM_ALLOC, lambda n: n in ("vm.builtin.alloc_storage", "vm.builtin.alloc_tensor",
                                        "vm.builtin.null_value", "vm.builtin.kill_object",
-                                       "vm.builtin.memory_stats"),
-             "memory planning at run time: storage and tensor views, releases"),
+                                       "vm.builtin.memory_stats", "tvm_ollie.vm.cached_alloc"),
+             "memory planning at run time: storage and tensor views, releases, the cached "
+             "planned memory (codegen/cached_alloc.py)"),
     KindRule(VM_CHECK, lambda n: n in ("vm.builtin.check_tensor_info", "vm.builtin.match_shape",
                                        "vm.builtin.make_shape", "vm.builtin.check_shape_info",
                                        "vm.builtin.check_tuple_info", "vm.builtin.shape_of",

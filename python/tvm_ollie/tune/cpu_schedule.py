@@ -51,6 +51,7 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.target.codegen import llvm_get_vector_width
 import tvm_ffi
 
+from ..codegen.cached_alloc import finalize_passes
 from ..compat import BufferLoadNode, dlight, sym, tirx, tvm
 from ..target import is_llvm
 
@@ -693,7 +694,7 @@ def cpu_pipeline(target: "tvm.target.Target",
                 + legalize
                 + schedule
                 + cpu_generic.dataflow_lower_passes(target)
-                + cpu_generic.finalize_passes(target)
+                + finalize_passes(target, cpu_generic)
             )
             return seq(mod)
 
