@@ -5,9 +5,9 @@ import pytest
 
 from rulecheck import conv2d_nhwc, conv_transpose_gather
 from tvm_ollie.derive import StopReason, derive
-from tvm_ollie.derive.cost import expr_cost, least_work
+from tvm_ollie.derive.cost import EOP_COMPUTE_EFFICIENCY, expr_cost, least_work
 from tvm_ollie.derive.useful import useful_flops
-from tvm_ollie.derive.search import CostBound
+from tvm_ollie.derive.search import DEFAULT_TARGETS, CostBound
 from tvm_ollie.ir.nodes import IterVar, Scope, Tensor, Var
 from tvm_ollie.tune import analytic
 from tvm_ollie.tune.calibrate import EFFICIENCY, Calibration
@@ -184,3 +184,75 @@ def test_an_improvement_within_the_margin_is_no_improvement():
     res = derive(expr, max_depth=4, verify=False, max_candidates=None,
                  bound=CostBound(slightly, 1e-12, 0.03, 1))
     assert res.stats.stop_reason is StopReason.STALE and res.stats.max_depth_reached == 1
+
+
+#: A calibration whose original kernel (the library's transposed convolution) is the fastest
+#: kind, and whose memory is fast enough that the arithmetic decides: TVM's and the library's
+#: GEMM at 5 %, the library's convolution at ``conv``.
+def _skewed(conv: float, conv_transpose: float = 0.9) -> Calibration:
+    eff = {k: 0.05 for k in ("matmul", "batch_matmul", "conv2d", "conv_transpose", "g2bmm",
+                             "gbmm", "tir", "native_matmul", "native_g2bmm", "native_gbmm")}
+    eff.update(eop=0.5, native_conv2d=conv, native_conv_transpose=conv_transpose)
+    return Calibration("llvm", 1e11, 1e14, eff, "given")
+
+
+_TRANSPOSED = conv_transpose_gather(1, 4, 4, [4, 4], [4, 4], [2, 2], [1, 1], [1, 1], [0, 0])
+_ORIGINAL = "relax.nn.conv2d_transpose"
+
+
+def test_the_bound_counts_only_the_kinds_a_derived_program_can_run_on():
+    calib = _skewed(conv=0.05)
+    assert "native_conv_transpose" not in analytic.derived_kinds()
+    assert "conv_transpose" not in analytic.derived_kinds()
+    assert analytic.derived_kinds(False, ("matmul",)) == ("matmul",)
+    assert analytic.derived_kinds(True, ("batch_matmul",)) == (
+        "batch_matmul", "matmul", "native_matmul")
+    # the library's transposed convolution (0.9) no longer lowers the bound: the eOperators'
+    # arithmetic (EOP_COMPUTE_EFFICIENCY) is the best a derived program reaches here
+    assert analytic.derived_efficiency(calib) == pytest.approx(EOP_COMPUTE_EFFICIENCY)
+    flops = least_work(_TRANSPOSED)[0]
+    assert analytic.least_seconds(_TRANSPOSED, calib) == pytest.approx(
+        flops / (1e11 * EOP_COMPUTE_EFFICIENCY))
+    # a reachable fast kind does lower it
+    assert analytic.least_seconds(_TRANSPOSED, _skewed(conv=0.9)) == pytest.approx(
+        flops / (1e11 * 0.9))
+    assert analytic.least_seconds(_TRANSPOSED, _skewed(conv=0.9), targets=("matmul",)) == \
+        pytest.approx(flops / (1e11 * EOP_COMPUTE_EFFICIENCY))
+
+
+def _bounded(calib: Calibration, targets, conv_transpose_s: float):
+    def seconds(prog):
+        return min(analytic.program_seconds(prog, calib, impl) for impl in ("tvm", "native"))
+
+    lower = analytic.least_seconds(_TRANSPOSED, calib, targets=targets)
+    return derive(_TRANSPOSED, targets=targets, max_depth=2, verify=False,
+                  max_candidates=None,
+                  bound=CostBound(seconds, lower, 0.15, known_s=conv_transpose_s))
+
+
+def test_a_form_reaching_only_a_slow_gemm_is_pruned_by_a_faster_original():
+    calib = _skewed(conv=0.9, conv_transpose=0.5)
+    known = analytic.original_seconds(_TRANSPOSED, _ORIGINAL, calib, "native")
+    # only the GEMMs reachable: no program can beat the library's transposed convolution
+    gemm = _bounded(calib, ("matmul", "batch_matmul"), known)
+    assert gemm.stats.stop_reason is StopReason.NEAR_BOUND
+    assert gemm.stats.max_depth_reached == 0
+    # the library convolution (0.9) reachable: a derived program might beat it, search on
+    conv = _bounded(calib, DEFAULT_TARGETS, known)
+    assert conv.stats.stop_reason is StopReason.MAX_DEPTH
+    assert conv.stats.max_depth_reached == 2
+
+
+@pytest.mark.parametrize("calib", [_skewed(conv=0.05), _skewed(conv=0.9)])
+@pytest.mark.parametrize("expr", [
+    _TRANSPOSED, conv_transpose_gather(1, 4, 2, [3, 3], [3, 3], [2, 2], [1, 1], [1, 1], [1, 1]),
+    conv2d_nhwc(h=4, c=4, f=4)])
+def test_the_lower_bound_holds_when_the_arithmetic_decides(calib, expr):
+    """Memory 1000x faster than in CALIB: every candidate's arithmetic, in its operators and
+    its eOperators, is what its estimate is made of."""
+    res = derive(expr, max_depth=3, verify=False, max_candidates=None)
+    lower = analytic.least_seconds(expr, calib)
+    assert res.candidates
+    for prog in res.candidates:
+        for impl in ("tvm", "native"):
+            assert analytic.program_seconds(prog, calib, impl) >= lower * (1 - 1e-9), prog

@@ -178,13 +178,15 @@ def expr_cost(expr: Scope) -> Tuple[float, float]:
 
 
 def least_work(expr: Scope) -> Tuple[float, float]:
-    """``(flops, bytes)`` that every program of ``expr`` does at least, in its operators.
+    """``(flops, bytes)`` that every program of ``expr`` does at least, in its stages.
 
     Bytes: the output written once and every input read once (at most its reads), as
     :func:`expr_cost` counts one kernel. Flops: the expression's arithmetic (:func:`expr_cost`)
     when it is a plain sum of products: one summing scope whose body is arithmetic on reads of
     unpadded tensors (the rules reorder, split and regroup such a sum, and instantiation
-    computes its products in the matched operator, so none drops a product). Derivation may
+    computes its products in the matched operator or leaves them in an eOperator, so none
+    drops a product; :func:`tvm_ollie.tune.analytic.least_seconds` charges them at the best
+    rate any of those stages reaches). Derivation may
     skip work that the expression counts otherwise (the zero taps behind the ``select`` of a
     strided transposed convolution, the padded margins a tightened boundary leaves out, a
     nested stage computed once): a product of padded or ``select``-guarded reads is bounded by

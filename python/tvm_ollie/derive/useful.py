@@ -8,7 +8,8 @@ skip the false taps), so the expression's flops are no lower bound of its progra
 (:func:`tvm_ollie.derive.cost.least_work`). The products that read data are: a derived program
 computes the same values, every rule reorders, splits or regroups the sum's products without
 dropping one that can be nonzero (no rule factors a sum algebraically), and instantiation
-computes each in its matched operator. So ::
+computes each in one of its stages (a matched operator, or an eOperator where a reduction is
+left unmatched). So ::
 
     useful_products(expr) = #{points p of the iteration space : every guard holds at p}
 

@@ -18,19 +18,20 @@ cost nothing: TVM's ``FoldConstant`` evaluates them once, at compile time
 
 from __future__ import annotations
 
-from typing import AbstractSet, FrozenSet, Optional
+from typing import AbstractSet, FrozenSet, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..codegen import library as lib
-from ..derive.cost import expr_cost, least_work, stage_cost
+from ..derive.cost import EOP_COMPUTE_EFFICIENCY, expr_cost, least_work, stage_cost
 from ..derive.program import Program
-from ..derive.targets import target_op
+from ..derive.targets import TARGET_NAMES, TARGET_OPS, target_op
 from ..ir.nodes import Scope
 from .calibrate import Calibration
 
-__all__ = ["NATIVE_KIND", "ORIGINAL_KIND", "folded_stages", "least_seconds", "original_seconds",
-           "program_seconds", "stage_seconds", "useful_flops"]
+__all__ = ["NATIVE_KIND", "ORIGINAL_KIND", "derived_efficiency", "derived_kinds", "folded_stages",
+           "least_seconds", "original_seconds", "program_seconds", "stage_seconds",
+           "useful_flops"]
 
 #: Kernel kind of an original Relax operator (keys of :data:`.calibrate.EFFICIENCY`).
 ORIGINAL_KIND = {
@@ -45,8 +46,14 @@ ORIGINAL_KIND = {
 
 
 def _roof(flops: float, moved: float, calib: Calibration, kind: str) -> float:
+    """An eOperator's arithmetic runs at :data:`~tvm_ollie.derive.cost.EOP_COMPUTE_EFFICIENCY`
+    of the compute roof, as :func:`~tvm_ollie.derive.cost.stage_cost` charges it (TE code
+    without an operator's schedule; at the full roof a program leaving convolution phases in
+    an eOperator was estimated cheaper than any operator could run them, below the search's
+    lower bound), its bytes at the calibrated ``eop`` fraction of the bandwidth."""
     if kind == "eop":
-        return max(flops / calib.peak_flops, moved / (calib.bandwidth * calib.eff("eop")))
+        return max(flops / (calib.peak_flops * EOP_COMPUTE_EFFICIENCY),
+                   moved / (calib.bandwidth * calib.eff("eop")))
     return max(flops / (calib.peak_flops * calib.eff(kind)), moved / calib.bandwidth)
 
 
@@ -121,13 +128,62 @@ def original_seconds(expr: Scope, op_name: str, calib: Calibration, impl: str = 
     return _roof(flops, moved, calib, kind)
 
 
-def least_seconds(expr: Scope, calib: Calibration, library: bool = True) -> float:
+def derived_kinds(library: bool = True,
+                  targets: Sequence[str] = TARGET_NAMES) -> Tuple[str, ...]:
+    """The kernel kinds a derived program's operator stages can run on: the target operators
+    the search matches (``targets``; a one-batch ``batch_matmul`` is costed as ``matmul``,
+    :func:`stage_seconds`) and, with ``library``, their native kernels (``native_matmul``,
+    ``native_conv2d``, ``native_g2bmm``, ``native_gbmm``). Not the original operator's own
+    kinds (``conv_transpose``, ``native_conv_transpose``): no rule instantiates a stage as a
+    transposed convolution, so only the original runs on them."""
+    kinds = []
+    for name in targets:
+        op = TARGET_OPS.get(name)
+        if op is None:
+            continue  # the search ignores unknown target names (match_scope)
+        kinds.append(name)
+        if name == "batch_matmul":
+            kinds.append("matmul")
+        if library and op.library:
+            kinds.append(f"native_{op.library}")
+    return tuple(dict.fromkeys(kinds))
+
+
+def derived_efficiency(calib: Calibration, library: bool = True,
+                       targets: Sequence[str] = TARGET_NAMES) -> float:
+    """The highest fraction of the compute roof at which a derived program does arithmetic:
+    the best calibrated efficiency of :func:`derived_kinds` (``calib.eff``, as
+    :func:`stage_seconds` reads it, with its ``tir`` default for an uncalibrated kind) or an
+    eOperator's :data:`~tvm_ollie.derive.cost.EOP_COMPUTE_EFFICIENCY`, whichever is higher."""
+    return max([calib.eff(k) for k in derived_kinds(library, targets)] +
+               [EOP_COMPUTE_EFFICIENCY])
+
+
+def least_seconds(expr: Scope, calib: Calibration, library: bool = True,
+                  targets: Sequence[str] = TARGET_NAMES) -> float:
     """The roofline lower bound of any derived program of ``expr``: its
-    :func:`~tvm_ollie.derive.cost.least_work` at the calibration's best operator efficiency
-    (every kind but the eOperators'; the native library's kinds only with ``library``) and at
-    the full bandwidth. Each program :func:`program_seconds` costs is at least this (its
-    operators do those flops, each at its kind's efficiency; its stages move those bytes)."""
+    :func:`~tvm_ollie.derive.cost.least_work` at the best efficiency a derived program can do
+    arithmetic at (:func:`derived_efficiency`: the kinds of the target operators in
+    ``targets``, their native kernels with ``library``, and the eOperators') and at the full
+    bandwidth.
+
+    Why it is a true lower bound of :func:`program_seconds` (optimistic, never
+    pessimistic): every product of ``least_work``'s flops is computed in some stage of the
+    program (the rules reorder, split and regroup products and never drop one that can be
+    nonzero); :func:`stage_seconds` charges a stage's flops at its own kind's efficiency,
+    which is one of :func:`derived_kinds` for an operator stage (instantiation only makes
+    target operators, on TVM's kernel or the library's) and
+    :data:`~tvm_ollie.derive.cost.EOP_COMPUTE_EFFICIENCY` for an eOperator, so at most the
+    maximum of them; the time of a sum of stages is at least their flops at that best rate,
+    and at least their bytes at the full bandwidth (an eOperator's bytes are charged at a
+    fraction of it, an operator's at all of it; every program moves ``least_work``'s bytes).
+    The original operator's own kernels (the library's transposed convolution, TVM's
+    ``conv_transpose``) are no derived program's, so their efficiency does not lower the
+    bound: a transposed convolution whose library kernel is calibrated faster than the
+    library GEMM any derived form runs on can now be proved unbeatable
+    (``tests/derive/test_search_bound.py`` checks the bound against every candidate of
+    depth-3 searches, under calibrations that make the operators or the eOperators' arithmetic
+    the cheaper)."""
     flops, moved = least_work(expr)
-    kinds = [k for k in calib.efficiency if k != "eop" and (library or not k.startswith("native"))]
-    best = max([calib.eff(k) for k in kinds] + [calib.eff("tir")])
+    best = derived_efficiency(calib, library, targets)
     return max(flops / (calib.peak_flops * best), moved / calib.bandwidth)
