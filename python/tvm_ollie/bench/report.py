@@ -6,11 +6,21 @@ import json
 import os
 from typing import List, Optional
 
+from .timing import Protocol
+
 
 _MODES = {
     "isolated": "isolated mode (each system in its own process, one at a time)",
     "interleaved": "interleaved mode (all systems in one process)",
 }
+
+
+def _protocol(protocol: Optional[dict]) -> str:
+    """The timing protocol of a run's config (runs before 2026-12-03 recorded none: they took
+    samples of about 2 ms with no warm-up, mostly one cold call)."""
+    if not protocol:
+        return "samples of about 2 ms, no warm-up (the protocol before 2026-12-03)"
+    return Protocol(**protocol).describe()
 
 
 def describe_peaks(peaks) -> str:
@@ -56,8 +66,8 @@ def markdown(results: dict) -> str:
         f"target `{cfg['target']}`, {'quick' if cfg['quick'] else 'paper'} sizes, batch "
         f"{cfg['batch']}, {cfg['threads']} threads, MetaSchedule trials per model "
         f"{cfg['trials']}, weights as {cfg.get('weights', 'params')}, "
-        f"{_MODES.get(cfg.get('mode', 'interleaved'), cfg.get('mode'))}; started "
-        f"{cfg['started']}.",
+        f"{_MODES.get(cfg.get('mode', 'interleaved'), cfg.get('mode'))}, "
+        f"{_protocol(cfg.get('protocol'))}; started {cfg['started']}.",
         f"Peaks: {describe_peaks(_Peaks.of(results.get('peaks')))}.",
         "",
         "## Median latency (ms)",
