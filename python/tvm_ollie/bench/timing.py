@@ -196,6 +196,16 @@ def measure_interleaved(
                           hard_min_rounds, settle=settle, protocol=protocol)  # fmt: skip
 
 
+def warm_samples(fn: Callable[[], object], samples: int,
+                 protocol: Optional[Protocol] = None) -> Samples:
+    """``samples`` samples of ``fn`` alone in this process under ``protocol`` (default
+    :data:`WARM`): the warm steady state of a model, as the benchmark times it (the profiler's
+    "model without the profiler" on both sides, :mod:`tvm_ollie.profiler`)."""
+    return measure_rounds({"fn": CallSampler(fn)}, budget_s=0.0, min_rounds=samples,
+                          max_rounds=samples, hard_min_rounds=samples,
+                          protocol=protocol)["fn"]  # fmt: skip
+
+
 def rotation(names: List[str], round_index: int) -> List[str]:
     """The order of round ``round_index``: ``names`` rotated left by the round's index, so
     that every system comes first (right after the round's start) equally often."""
