@@ -16,7 +16,8 @@ times one call of it in these situations (rotating rounds, :func:`.timing.measur
 Only our call is timed, under the benchmark's warm protocol (:data:`.timing.WARM`: untimed
 warm-up calls, each with its ``before``, then at least 20 ms of calls). The settings
 (:data:`SETTINGS`) are the runtimes' defaults, OpenMP's workers sleeping at once
-(``OMP_WAIT_POLICY=PASSIVE``), and the cores split between us and the others (half the threads
+(``OMP_WAIT_POLICY=PASSIVE``) or after a short spin (``GOMP_SPINCOUNT=10000``: GNU OpenMP's
+default is 300,000 polls, a few hundred microseconds), and the cores split between us and the others (half the threads
 each: "alone" is then our call on our half); ``docs/threads.md`` says what to set::
 
     python -m tvm_ollie.bench.crowded --model resnet18 --threads 2
@@ -46,6 +47,8 @@ from .worker import Worker, WorkerFailed, wait_idle
 SETTINGS = {
     "defaults": {"env": {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None}, "others": "all"},
     "OpenMP passive": {"env": {"OMP_WAIT_POLICY": "PASSIVE"}, "others": "all"},
+    "OpenMP spin 10k": {"env": {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": "10000"},
+                        "others": "all"},
     "cores split": {"env": {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None}, "split": True,
                     "others": "rest"},
 }
