@@ -223,3 +223,12 @@ def test_cli_cold_option():
 
     assert build_parser().parse_args(["--cold"]).cold
     assert not build_parser().parse_args([]).cold
+
+
+def test_the_load_average_is_recorded(tmp_path):
+    results = run_bench(models=["infogan"], quick=True, systems=["torch"], reference="torch",
+                        out_dir=str(tmp_path), time_budget_s=0.0, min_rounds=2, plot=False,
+                        log=lambda _: None, mode="interleaved")
+    load = results["models"]["infogan"]["load"]
+    assert len(load) == 2 and all(v >= 0 for v in load)
+    assert "Load average (1 minute)" in (tmp_path / "results.md").read_text()

@@ -27,6 +27,7 @@ from .check import as_numpy_list
 from .env import configure_threads, runtime_default_environ
 from .isolated import bench_systems_isolated
 from .outcome import check_outcome, prepare_outcome
+from ..tune.evidence import machine_load
 from .roofline import count_module, measure_cpu_peaks, measure_cuda_peaks
 from .systems import BenchContext, get_system
 from .timing import (PROTOCOLS, Protocol, measure_interleaved, paired_ratio,
@@ -149,11 +150,12 @@ def run_bench(
     }  # fmt: skip
     log(f"peaks: {report.describe_peaks(peaks)}")
     for name in models:
-        start = time.perf_counter()
+        start, load_before = time.perf_counter(), machine_load()
         spec = get_model(name, quick=quick, batch=batch)
         entry = bench_model(spec, systems, reference, ctx, peaks, budget, log, min_rounds,
                             worker_env=worker_env, protocol=proto)
         entry["wall_s"] = time.perf_counter() - start
+        entry["load"] = [v for v in (load_before, machine_load()) if v is not None]
         results["models"][name] = entry
         report.write_results(results, out_dir)
         log(report.model_line(name, entry, reference))

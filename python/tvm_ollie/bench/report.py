@@ -23,6 +23,15 @@ def _protocol(protocol: Optional[dict]) -> str:
     return Protocol(**protocol).describe()
 
 
+def _load(models: dict) -> str:
+    """`` Load average ...`` over the models' starts and ends (runs before 2026-12-03 recorded
+    none): a loaded machine's numbers are not a quiet machine's."""
+    loads = [v for e in models.values() for v in e.get("load", [])]
+    if not loads:
+        return ""
+    return f" Load average (1 minute) {min(loads):.2f}-{max(loads):.2f}."
+
+
 def describe_peaks(peaks) -> str:
     """One line: measured peak GFLOP/s and GB/s."""
     if peaks is None:
@@ -68,7 +77,7 @@ def markdown(results: dict) -> str:
         f"{cfg['trials']}, weights as {cfg.get('weights', 'params')}, "
         f"{_MODES.get(cfg.get('mode', 'interleaved'), cfg.get('mode'))}, "
         f"{_protocol(cfg.get('protocol'))}; started {cfg['started']}.",
-        f"Peaks: {describe_peaks(_Peaks.of(results.get('peaks')))}.",
+        f"Peaks: {describe_peaks(_Peaks.of(results.get('peaks')))}.{_load(models)}",
         "",
         "## Median latency (ms)",
         "",
