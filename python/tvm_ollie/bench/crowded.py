@@ -17,7 +17,7 @@ Only our call is timed, under the benchmark's warm protocol (:data:`.timing.WARM
 warm-up calls, each with its ``before``, then at least 20 ms of calls). The settings
 (:data:`SETTINGS`) are the runtimes' defaults, OpenMP's workers sleeping at once
 (``OMP_WAIT_POLICY=PASSIVE``) or after a short spin (``GOMP_SPINCOUNT=10000``: GNU OpenMP's
-default is 300,000 polls, a few hundred microseconds), and the cores split between us and the others (half the threads
+default is 300,000 polls), and the cores split between us and the others (half the threads
 each: "alone" is then our call on our half); ``docs/threads.md`` says what to set::
 
     python -m tvm_ollie.bench.crowded --model resnet18 --threads 2
