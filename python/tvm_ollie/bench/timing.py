@@ -118,8 +118,8 @@ class CallSampler:
 
     def calibrate(self, min_sample_s: float) -> int:
         """The calls per sample that last at least ``min_sample_s`` (1 when it is 0, after one
-        untimed call): from the fastest of up to three timed calls after an untimed one, since
-        a first call after other work runs slower than the calls that follow it."""
+        untimed call): from up to three timed calls after an untimed one, since a first call
+        after other work runs slower than the calls that follow it (:func:`calls_for`)."""
         return calls_for(self.fn, min_sample_s)
 
     def sample(self, number: int, warmup: int = 0) -> float:
@@ -136,18 +136,21 @@ class CallSampler:
 def calls_for(fn: Callable[[], object], min_sample_s: float, cap: int = 1000,
               max_s: float = 0.5) -> int:
     """Calls of ``fn`` that last at least ``min_sample_s`` (at most ``cap``; :meth:`CallSampler.
-    calibrate`). The timed calls stop early once they took ``max_s``."""
+    calibrate`), from the median of up to three timed calls after an untimed one (the fastest
+    would let one lucky call on a busy machine stretch every sample). The timed calls stop
+    early once they took ``max_s``."""
     fn()
     if min_sample_s <= 0:
         return 1
-    once, spent = math.inf, 0.0
+    took, spent = [], 0.0
     for _ in range(3):
         start = time.perf_counter()
         fn()
-        took = time.perf_counter() - start
-        once, spent = min(once, took), spent + took
+        took.append(time.perf_counter() - start)
+        spent += took[-1]
         if spent >= max_s:
             break
+    once = statistics.median(took)
     return max(1, min(cap, math.ceil(min_sample_s / max(once, 1e-9))))
 
 
