@@ -57,7 +57,9 @@ def test_interleaved_timing_stops_on_budget_and_batches_fast_calls():
     samples = measure_interleaved({"t": tick}, budget_s=0.0, min_rounds=2, min_sample_s=1e-3)
     assert len(samples["t"].seconds) == 2
     assert samples["t"].number > 1  # sub-microsecond calls are repeated within one sample
-    assert counter["n"] == 1 + 2 * samples["t"].number
+    # calibration: one untimed call and three timed ones; no warm-up with a caller's length
+    assert samples["t"].warmup == 0
+    assert counter["n"] == 4 + 2 * samples["t"].number
     assert measure_interleaved({}) == {}
 
 

@@ -194,3 +194,41 @@ def test_the_guards_timing_of_the_kept_plan_is_set_beside_the_fresh_one():
     assert "## Never-worse guards" in text
     assert "Never-worse guards" not in markdown(
         {"config": cfg, "models": {"m": {"systems": {"ollie": untimed}}}})
+
+
+@pytest.mark.parametrize("protocol", ["warm", "cold"])
+def test_the_timing_protocol_is_recorded(tmp_path, protocol):
+    results = run_bench(models=["infogan"], quick=True, systems=["torch"], reference="torch",
+                        out_dir=str(tmp_path), time_budget_s=0.0, min_rounds=2, plot=False,
+                        log=lambda _: None, mode="interleaved", protocol=protocol)
+    recorded = results["config"]["protocol"]
+    assert recorded["name"] == protocol
+    with open(tmp_path / "results.json", encoding="utf-8") as f:
+        assert json.load(f)["config"]["protocol"] == recorded
+    torch_result = results["models"]["infogan"]["systems"]["torch"]
+    report = (tmp_path / "results.md").read_text()
+    if protocol == "cold":
+        assert torch_result["calls_per_sample"] == 1 and torch_result["warmup_calls"] == 0
+        assert "cold protocol: one call per sample, no warm-up" in report
+    else:
+        assert torch_result["warmup_calls"] >= 1
+        assert "warm protocol: samples of at least 20 ms" in report
+    with pytest.raises(ValueError, match="protocol"):
+        run_bench(models=["infogan"], quick=True, systems=["torch"], out_dir=str(tmp_path),
+                  protocol="lukewarm", log=lambda _: None)
+
+
+def test_cli_cold_option():
+    from tvm_ollie.bench.__main__ import build_parser  # pylint: disable=import-outside-toplevel
+
+    assert build_parser().parse_args(["--cold"]).cold
+    assert not build_parser().parse_args([]).cold
+
+
+def test_the_load_average_is_recorded(tmp_path):
+    results = run_bench(models=["infogan"], quick=True, systems=["torch"], reference="torch",
+                        out_dir=str(tmp_path), time_budget_s=0.0, min_rounds=2, plot=False,
+                        log=lambda _: None, mode="interleaved")
+    load = results["models"]["infogan"]["load"]
+    assert len(load) == 2 and all(v >= 0 for v in load)
+    assert "Load average (1 minute)" in (tmp_path / "results.md").read_text()

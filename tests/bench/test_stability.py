@@ -71,3 +71,13 @@ def test_two_builds_of_a_tiny_model_each_timed_in_its_own_process(tmp_path):
     assert builds[0]["library"] == library_digest(builds[0]["path"])
     text = (tmp_path / "stability.md").read_text()
     assert "| infogan |" in text and "weights as params" in text
+
+
+def test_the_report_says_the_protocol_and_the_load():
+    from tvm_ollie.bench import stability  # pylint: disable=import-outside-toplevel
+
+    args = build_parser().parse_args(["--models", "m1", "--weights", "params"])
+    results = {"models": [_row("m1", "ollie", 1.0, 1.1)], "load": [0.5, 2.25], "comparisons": []}
+    text = stability._tables(results, args)  # pylint: disable=protected-access
+    assert text.startswith("Timed under the warm protocol: samples of at least 20 ms")
+    assert "load average 0.50-2.25" in text and "weights as params" in text

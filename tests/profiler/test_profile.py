@@ -200,3 +200,27 @@ def test_typical_run_per_call_median_or_min_and_mean_when_runs_differ():
     assert _typical(same, "min") == [("a", 1.0, 1.0), ("b", 2.0, 1.0)]
     differ = [[("a", 1.0)], [("a", 3.0), ("b", 2.0)]]
     assert _typical(differ) == [("a", 1.0, 0.5), ("a", 3.0, 0.5), ("b", 2.0, 0.5)]
+
+
+def test_model_time_is_the_benchmarks_warm_samples(monkeypatch):
+    """Both sides' "model without the profiler" are warm samples under the benchmark's
+    protocol (untimed warm-up calls, then at least 20 ms of calls per sample)."""
+    import tvm  # pylint: disable=import-outside-toplevel
+
+    from tvm_ollie.bench import timing  # pylint: disable=import-outside-toplevel
+    from tvm_ollie.profiler import api, ort  # pylint: disable=import-outside-toplevel
+
+    seen = []
+
+    def spy(fn, samples, protocol=None):
+        got = timing.warm_samples(fn, samples, protocol)
+        seen.append(got)
+        return got
+
+    monkeypatch.setattr(api, "warm_samples", spy)
+    monkeypatch.setattr(ort, "warm_samples", spy)
+    ex = tvm.compile(conv_relu_matmul(), target="llvm")
+    profile = profile_executable(ex, random_args(ARG_SHAPES), tvm.cpu(0), runs=RUNS)
+    (samples,) = seen
+    assert profile.unprofiled_s == samples.seconds and len(samples.seconds) == RUNS
+    assert samples.warmup >= timing.WARM.min_warmup

@@ -37,6 +37,10 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
                         help="isolated (default): each system prepared and timed in a worker "
                              "process of its own, the workers taking turns; interleaved: all "
                              "systems in one process, every thread pool waiting passively")
+    parser.add_argument("--cold", action="store_true",
+                        help="time one call per sample right after the other systems ran (a "
+                             "call after idle time), not the default warm steady state "
+                             "(untimed warm-up calls, then at least 20 ms of back-to-back calls)")
     parser.add_argument("--threads", type=int, help="threads per system (default: all cores)")
     parser.add_argument("--budget", type=float, help="timing budget per model in seconds")
     parser.add_argument("--min-rounds", type=int,
@@ -102,6 +106,7 @@ def run_from_args(args: argparse.Namespace, restart_argv: Optional[List[str]] = 
         work_dir=args.work_dir, threads=args.threads, time_budget_s=args.budget,
         min_rounds=getattr(args, "min_rounds", None), plot=not args.no_plot,
         weights=getattr(args, "weights", "constants"), mode=getattr(args, "mode", "isolated"),
+        protocol="cold" if getattr(args, "cold", False) else "warm",
     )  # fmt: skip
     print(f"\nwrote {args.out}/results.json, results.md")
     failed = [(m, s) for m, e in results["models"].items() for s, r in e["systems"].items()

@@ -13,8 +13,12 @@ times one call of it in these situations (rotating rounds, :func:`.timing.measur
 * ``after ORT (spinning)``: an ONNX Runtime session (its defaults) runs right before each call;
 * ``after ORT (no spinning)``: the same with ``session.intra_op.allow_spinning=0``.
 
-Only our call is timed. The settings are the runtimes' defaults and TVM's pool without spinning
-(``TVM_THREAD_POOL_SPIN_COUNT=0``); ``docs/threads.md`` says what to set::
+Only our call is timed, under the benchmark's warm protocol (:data:`.timing.WARM`: untimed
+warm-up calls, each with its ``before``, then at least 20 ms of calls). The settings
+(:data:`SETTINGS`) are the runtimes' defaults, OpenMP's workers sleeping at once
+(``OMP_WAIT_POLICY=PASSIVE``) or after a short spin (``GOMP_SPINCOUNT=10000``: GNU OpenMP's
+default is 300,000 polls), and the cores split between us and the others (half the threads
+each: "alone" is then our call on our half); ``docs/threads.md`` says what to set::
 
     python -m tvm_ollie.bench.crowded --model resnet18 --threads 2
 """
@@ -32,13 +36,21 @@ from typing import Callable, Dict, List, Optional
 from ..models import get_model, to_onnx
 from .exported import build_and_export, load_exported
 from .systems import ort_runner
-from .timing import measure_rounds
+from .timing import calls_for, measure_rounds
 from .worker import Worker, WorkerFailed, wait_idle
 
-#: Thread settings, each timed in a fresh process: name -> variables set (None: removed).
+#: Thread settings, each timed in a fresh process: name -> the variables set (None: removed) and
+#: ``others``, the thread count of PyTorch and ONNX Runtime (``"all"``: ``--threads``; ``"rest"``:
+#: the cores ours do not take). Since ollie's executables run TVM's kernels on the native
+#: library's OpenMP threads (one pool, docs/threads.md), OpenMP's waiting is what our library's
+#: workers do between calls, and TVM's pool no longer runs in our calls.
 SETTINGS = {
-    "defaults": {"TVM_THREAD_POOL_SPIN_COUNT": None},
-    "TVM pool not spinning": {"TVM_THREAD_POOL_SPIN_COUNT": "0"},
+    "defaults": {"env": {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None}, "others": "all"},
+    "OpenMP passive": {"env": {"OMP_WAIT_POLICY": "PASSIVE"}, "others": "all"},
+    "OpenMP spin 10k": {"env": {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": "10000"},
+                        "others": "all"},
+    "cores split": {"env": {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None}, "split": True,
+                    "others": "rest"},
 }
 
 SCENARIOS = ("alone", "after torch", "beside a torch thread", "after ORT (spinning)",
@@ -54,16 +66,18 @@ class BesideSampler:
         self.run, self.before, self.background = run, before, background
 
     def calibrate(self, min_sample_s: float) -> int:
-        """One warm-up call (after ``before``); calls per sample that last ``min_sample_s``."""
+        """Calls per sample that last at least ``min_sample_s`` (:func:`.timing.calls_for`;
+        ``before`` runs before each call, untimed)."""
+        return calls_for(self._timed_call, min_sample_s)
+
+    def _timed_call(self) -> None:
         if self.before is not None:
             self.before()
-        start = time.perf_counter()
         self.run()
-        once = time.perf_counter() - start
-        return max(1, min(1000, int(min_sample_s / max(once, 1e-9)) + 1))
 
-    def sample(self, number: int) -> float:
-        """Mean seconds of our ``number`` calls (only they are timed)."""
+    def sample(self, number: int, warmup: int = 0) -> float:
+        """Mean seconds of our ``number`` calls (only they are timed), after ``warmup``
+        untimed ones (each with its ``before``, and in the background's company)."""
         stop = threading.Event()
         thread = None
         if self.background is not None:
@@ -71,6 +85,8 @@ class BesideSampler:
             thread.start()
         total = 0.0
         try:
+            for _ in range(warmup):
+                self._timed_call()
             for _ in range(number):
                 if self.before is not None:
                     self.before()
@@ -89,9 +105,10 @@ class BesideSampler:
 
 
 def crowded_outcome(path: str, onnx_path: str, model: str, threads: int, budget_s: float,
-                    min_rounds: int) -> tuple:  # fmt: skip
+                    min_rounds: int, others: Optional[int] = None) -> tuple:  # fmt: skip
     """A worker's factory: load the library, PyTorch's model and two ONNX Runtime sessions in
-    this process, time our call in every scenario; ``(result, None, None)``."""
+    this process, time our call in every scenario; ``(result, None, None)``. ``others``: the
+    threads of PyTorch and ONNX Runtime (default ``threads``)."""
     # pylint: disable=import-outside-toplevel
     # lazy: onnxruntime is an optional dependency; torch is a heavy, optional dependency
     import onnxruntime as ort
@@ -99,7 +116,8 @@ def crowded_outcome(path: str, onnx_path: str, model: str, threads: int, budget_
 
     result, run, _ = load_exported(path, model)
     spec = get_model(model, quick=True)
-    torch.set_num_threads(threads)
+    others = others or threads
+    torch.set_num_threads(others)
 
     def torch_run():
         with torch.inference_mode():
@@ -108,7 +126,7 @@ def crowded_outcome(path: str, onnx_path: str, model: str, threads: int, budget_
     ort_runs = {}
     for spinning in (True, False):
         options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
+        options.intra_op_num_threads = others
         if not spinning:
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         session = ort.InferenceSession(onnx_path, options, providers=["CPUExecutionProvider"])
@@ -125,7 +143,9 @@ def crowded_outcome(path: str, onnx_path: str, model: str, threads: int, budget_
     result["median_s"] = {name: s.median for name, s in samples.items()}
     result["rounds"] = min(len(s.seconds) for s in samples.values())
     result["env"] = {k: os.environ.get(k, "unset") for k in
-                     ("TVM_NUM_THREADS", "TVM_THREAD_POOL_SPIN_COUNT", "OMP_WAIT_POLICY")}
+                     ("TVM_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT",
+                      "TVM_OLLIE_PARALLEL_RUNTIME")}
+    result["others_threads"] = others
     return result, None, None
 
 
@@ -146,13 +166,22 @@ def crowded_table(rows: Dict[str, dict]) -> str:
 
 def _environment(changes: Dict[str, Optional[str]], threads: int) -> Dict[str, str]:
     env = dict(os.environ)
-    env.setdefault("TVM_NUM_THREADS", str(threads))
+    env["TVM_NUM_THREADS"] = str(threads)
     for key, value in changes.items():
         if value is None:
             env.pop(key, None)
         else:
             env[key] = value
     return env
+
+
+def split_threads(threads: int, setting: dict) -> tuple:
+    """``(ours, others)`` thread counts of a setting: all ``threads`` each, or (``split``) half
+    of them ours (at least one) and the rest, at least one, the others'."""
+    if not setting.get("split"):
+        return threads, threads
+    ours = max(1, threads // 2)
+    return ours, max(1, threads - ours)
 
 
 def run_crowded(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict:
@@ -173,12 +202,13 @@ def run_crowded(args: argparse.Namespace, log: Callable[[str], None] = print) ->
     onnx_path = to_onnx(get_model(args.model, quick=True),
                         os.path.join(out, "work", f"{args.model}.onnx"))  # fmt: skip
     rows: Dict[str, dict] = {}
-    for name, changes in SETTINGS.items():
+    for name, setting in SETTINGS.items():
+        ours, others = split_threads(args.threads, setting)
         worker = Worker(name, crowded_outcome,
                         dict(path=lib, onnx_path=onnx_path, model=args.model,
-                             threads=args.threads, budget_s=args.budget,
-                             min_rounds=args.min_rounds),
-                        env=_environment(changes, args.threads))  # fmt: skip
+                             threads=ours, budget_s=args.budget,
+                             min_rounds=args.min_rounds, others=others),
+                        env=_environment(setting["env"], ours))  # fmt: skip
         try:
             rows[name] = worker.ready()[0]
         except WorkerFailed as err:

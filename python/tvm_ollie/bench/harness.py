@@ -27,9 +27,11 @@ from .check import as_numpy_list
 from .env import configure_threads, runtime_default_environ
 from .isolated import bench_systems_isolated
 from .outcome import check_outcome, prepare_outcome
+from ..tune.evidence import machine_load
 from .roofline import count_module, measure_cpu_peaks, measure_cuda_peaks
 from .systems import BenchContext, get_system
-from .timing import measure_interleaved, paired_ratio, paired_ratio_quartiles
+from .timing import (PROTOCOLS, Protocol, measure_interleaved, paired_ratio,
+                     paired_ratio_quartiles)
 
 DEFAULT_SYSTEMS = ("ollie", "ollie-lib", "tvm", "onnxruntime", "torch", "torch_compile")
 
@@ -54,6 +56,7 @@ def run_bench(
     log: Callable[[str], None] = print,
     weights: str = "constants",
     mode: str = "isolated",
+    protocol: str = "warm",
 ) -> dict:
     """Run the benchmark and write ``results.json``, ``results.md`` (and ``speedups.png``).
 
@@ -102,6 +105,10 @@ def run_bench(
         of its own, one worker running at a time, each runtime with its own thread defaults
         (:mod:`.isolated`); ``"interleaved"``: all systems in this process, with passive
         waiting for every thread pool (:mod:`.env`).
+    protocol : str
+        What a sample measures (:mod:`.timing`): ``"warm"`` (the default: untimed warm-up
+        calls, then at least 20 ms of back-to-back calls; the warm steady state) or ``"cold"``
+        (one call right after the other systems ran). Recorded in ``results.json``.
 
     Returns
     -------
@@ -111,6 +118,9 @@ def run_bench(
 
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {sorted(PROTOCOLS)}, not {protocol!r}")
+    proto = PROTOCOLS[protocol]
     models = list(models) if models else list_models()
     systems = list(systems) if systems else list(DEFAULT_SYSTEMS)
     for name in systems:
@@ -128,7 +138,7 @@ def run_bench(
         "config": {
             "models": models, "systems": systems, "reference": reference, "quick": quick,
             "trials": trials, "target": target, "batch": batch, "threads": threads,
-            "weights": weights, "mode": mode,
+            "weights": weights, "mode": mode, "protocol": proto.to_dict(),
             "thread_env": thread_env,
             "worker_thread_env": None if worker_env is None else {
                 k: worker_env[k] for k in thread_env if k in worker_env},
@@ -140,11 +150,12 @@ def run_bench(
     }  # fmt: skip
     log(f"peaks: {report.describe_peaks(peaks)}")
     for name in models:
-        start = time.perf_counter()
+        start, load_before = time.perf_counter(), machine_load()
         spec = get_model(name, quick=quick, batch=batch)
         entry = bench_model(spec, systems, reference, ctx, peaks, budget, log, min_rounds,
-                            worker_env=worker_env)
+                            worker_env=worker_env, protocol=proto)
         entry["wall_s"] = time.perf_counter() - start
+        entry["load"] = [v for v in (load_before, machine_load()) if v is not None]
         results["models"][name] = entry
         report.write_results(results, out_dir)
         log(report.model_line(name, entry, reference))
@@ -162,11 +173,13 @@ def run_bench(
 def bench_model(spec, systems: List[str], reference: str, ctx: BenchContext, peaks,
                 budget_s: float, log: Callable[[str], None],
                 min_rounds: Optional[int] = None,
-                worker_env: Optional[Dict[str, str]] = None) -> dict:  # fmt: skip
+                worker_env: Optional[Dict[str, str]] = None,
+                protocol: Optional[Protocol] = None) -> dict:  # fmt: skip
     """Prepare, check and time ``systems`` on one model; returns the model's result entry.
 
     ``worker_env`` given: the isolated mode (each system in a worker with that environment,
     :func:`.isolated.bench_systems_isolated`); None: every system in this process.
+    ``protocol``: what a sample measures (default :data:`.timing.WARM`).
     """
     # lazy: torch is a heavy, optional dependency
     import torch  # pylint: disable=import-outside-toplevel
@@ -186,6 +199,7 @@ def bench_model(spec, systems: List[str], reference: str, ctx: BenchContext, pea
         entry["counts_error"] = f"{type(err).__name__}: {err}"
     rounds = {} if min_rounds is None else dict(
         min_rounds=min_rounds, hard_min_rounds=min_rounds, max_rounds=max(200, min_rounds))
+    rounds["protocol"] = protocol
     if worker_env is not None:
         ctx_kwargs = dict(target=ctx.target_kind, threads=ctx.threads, trials=ctx.trials,
                           work_dir=ctx.work_dir, weights=ctx.weights,
@@ -206,6 +220,7 @@ def bench_model(spec, systems: List[str], reference: str, ctx: BenchContext, pea
         result["median_s"] = sample.median
         result["rounds"] = len(sample.seconds)
         result["calls_per_sample"] = sample.number
+        result["warmup_calls"] = sample.warmup
         if reference in samples:
             result["ratio_to_ref"] = paired_ratio(sample, samples[reference])
             result["ratio_quartiles"] = paired_ratio_quartiles(sample, samples[reference])

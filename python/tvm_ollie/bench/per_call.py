@@ -53,7 +53,7 @@ from .check import as_numpy_list
 from .outcome import Outcome, check_outcome, prepare_outcome
 from .systems import UNTUNED_SHARED, BenchContext, prepare_tvm_executable
 from .table import markdown_table
-from .timing import Samples, measure_rounds
+from .timing import WARM, Samples, measure_rounds
 from .worker import Worker, WorkerFailed
 
 #: The chains, in table order.
@@ -397,7 +397,8 @@ def run_per_call(args: argparse.Namespace, log: Callable[[str], None] = print) -
     ctx_kwargs = dict(target="llvm", threads=args.threads, trials=0,
                       work_dir=os.path.join(out, "work"), weights="constants",
                       ort_spinning=True)  # fmt: skip
-    timing = dict(budget_s=args.budget, min_rounds=args.min_rounds, min_sample_s=args.sample_s)
+    timing = dict(budget_s=args.budget, min_rounds=args.min_rounds, min_sample_s=args.sample_s,
+                  protocol=WARM)
     lengths = {chain: layers(chain, args.length) for chain in args.chains}
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     rows: Dict[str, Dict[str, dict]] = {}
@@ -455,7 +456,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="threads of every runtime (default: all cores)")
     parser.add_argument("--budget", type=float, default=3.0, help="timing seconds per chain")
     parser.add_argument("--min-rounds", type=int, default=15, help="timing rounds at least")
-    parser.add_argument("--sample-s", type=float, default=2e-3, help="seconds per sample")
+    parser.add_argument("--sample-s", type=float, default=None,
+                        help="seconds per sample at least, after untimed warm-up calls "
+                        "(default: the warm protocol's, bench/timing.py WARM)")
     parser.add_argument("--profile-runs", type=int, default=20,
                         help="profiled runs of ollie's build per chain (0: no profile)")
     parser.add_argument("--serial-sweep", type=int, nargs="*", default=[], metavar="C",

@@ -6,11 +6,30 @@ import json
 import os
 from typing import List, Optional
 
+from .timing import Protocol
+
 
 _MODES = {
     "isolated": "isolated mode (each system in its own process, one at a time)",
     "interleaved": "interleaved mode (all systems in one process)",
 }
+
+
+def _protocol(protocol: Optional[dict]) -> str:
+    """The timing protocol of a run's config (runs before 2026-12-03 recorded none: they took
+    samples of about 2 ms with no warm-up, mostly one cold call)."""
+    if not protocol:
+        return "samples of about 2 ms, no warm-up (the protocol before 2026-12-03)"
+    return Protocol(**protocol).describe()
+
+
+def _load(models: dict) -> str:
+    """`` Load average ...`` over the models' starts and ends (runs before 2026-12-03 recorded
+    none): a loaded machine's numbers are not a quiet machine's."""
+    loads = [v for e in models.values() for v in e.get("load", [])]
+    if not loads:
+        return ""
+    return f" Load average (1 minute) {min(loads):.2f}-{max(loads):.2f}."
 
 
 def describe_peaks(peaks) -> str:
@@ -56,9 +75,9 @@ def markdown(results: dict) -> str:
         f"target `{cfg['target']}`, {'quick' if cfg['quick'] else 'paper'} sizes, batch "
         f"{cfg['batch']}, {cfg['threads']} threads, MetaSchedule trials per model "
         f"{cfg['trials']}, weights as {cfg.get('weights', 'params')}, "
-        f"{_MODES.get(cfg.get('mode', 'interleaved'), cfg.get('mode'))}; started "
-        f"{cfg['started']}.",
-        f"Peaks: {describe_peaks(_Peaks.of(results.get('peaks')))}.",
+        f"{_MODES.get(cfg.get('mode', 'interleaved'), cfg.get('mode'))}, "
+        f"{_protocol(cfg.get('protocol'))}; started {cfg['started']}.",
+        f"Peaks: {describe_peaks(_Peaks.of(results.get('peaks')))}.{_load(models)}",
         "",
         "## Median latency (ms)",
         "",

@@ -5,7 +5,8 @@ machine at build time), so two builds of the same model can differ. For each mod
 it ``--builds`` times (default 3), each in a fresh process with a fresh work dir (nothing
 measured by one build is reused by the next), exports each library, then loads every library
 in a process of its own and times them in rotating rounds, one process at a time
-(:mod:`.worker`, :func:`.timing.measure_rounds`), after checking each one's outputs against
+(:mod:`.worker`, :func:`.timing.measure_rounds`, warm samples: :data:`.timing.WARM`), after
+checking each one's outputs against
 PyTorch eager. The table gives each build's median, the fastest and the slowest, and
 slowest / fastest (1.00: the builds run alike)::
 
@@ -47,7 +48,7 @@ from ..tune.machine import REMEASURE_ENV, sleeping_pool
 from .check import as_numpy_list
 from .exported import EXPORTABLE, build_and_export, load_exported
 from .outcome import check_outcome
-from .timing import measure_rounds
+from .timing import WARM, measure_rounds
 from .worker import Worker, WorkerFailed
 
 
@@ -202,7 +203,7 @@ def _time_all(model: str, builds: List[dict], args, log: Callable[[str], None]) 
                 workers[previous].settle()
 
         samples = measure_rounds(workers, budget_s=args.budget, min_rounds=args.min_rounds,
-                                 settle=settle, failures=failures)  # fmt: skip
+                                 settle=settle, failures=failures, protocol=WARM)  # fmt: skip
         for i, sample in samples.items():
             builds[i].update(median_s=sample.median, rounds=len(sample.seconds))
         for i, reason in failures.items():
@@ -220,6 +221,7 @@ def run_stability(args: argparse.Namespace, log: Callable[[str], None] = print) 
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     results = {"config": {k: v for k, v in vars(args).items() if k != "func"},
+               "protocol": WARM.to_dict(), "load": _load(),
                "started": time.strftime("%Y-%m-%d %H:%M:%S"), "models": []}  # fmt: skip
     for model in args.models:
         builds = {system: _build_all(model, system, args, out, log) for system in args.systems}
@@ -227,6 +229,7 @@ def run_stability(args: argparse.Namespace, log: Callable[[str], None] = print) 
         results["models"] += [stability_row(model, builds[system], system)
                               for system in args.systems]  # fmt: skip
         results["comparisons"] = compare_systems(results["models"])
+        results["load"] += _load()
         with open(os.path.join(out, "stability.json"), "w", encoding="utf-8") as f:
             json.dump(results, f, indent=1, default=str)
         with open(os.path.join(out, "stability.md"), "w", encoding="utf-8") as f:
@@ -235,8 +238,20 @@ def run_stability(args: argparse.Namespace, log: Callable[[str], None] = print) 
     return results
 
 
+def _load() -> list:
+    """The 1-minute load average now (empty where there is none): the stability run records
+    it at its start and after each model, since a loaded machine spreads the builds' times."""
+    try:
+        return [round(os.getloadavg()[0], 2)]
+    except (AttributeError, OSError):
+        return []
+
+
 def _tables(results: dict, args: argparse.Namespace) -> str:
-    text = stability_table(results["models"], " / ".join(args.systems), args.weights)
+    loads = results.get("load") or []
+    text = f"Timed under the {WARM.describe()}"
+    text += f"; load average {min(loads):.2f}-{max(loads):.2f}.\n\n" if loads else ".\n\n"
+    text += stability_table(results["models"], " / ".join(args.systems), args.weights)
     if results.get("comparisons"):
         text += "\n" + comparison_table(results["comparisons"])
     return text

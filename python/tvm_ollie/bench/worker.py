@@ -2,12 +2,12 @@
 
 A :class:`Worker` spawns a fresh interpreter (``multiprocessing``'s spawn context: nothing of
 the coordinator's runtimes, thread pools or memory is inherited) that calls a factory, ships the
-result and the first outputs back, and then takes timing commands: ``calibrate`` (one warm-up
-call, returns the calls per sample) and ``sample`` (``number`` back-to-back calls timed in the
-worker, returns seconds per call); a call that raises is answered with ``failed`` and the
-worker exits. A worker is a sampler of :func:`.timing.measure_rounds`, so
-a coordinator times several workers in rotating rounds, one at a time, while the others block
-on their pipes. :meth:`Worker.settle` waits until the worker's threads have stopped running
+result and the first outputs back, and then takes timing commands: ``calibrate`` (returns the
+calls per sample, :meth:`.CallSampler.calibrate`) and ``sample`` (``warmup`` untimed calls,
+then ``number`` back-to-back calls timed in the worker; returns seconds per call); a call that
+raises is answered with ``failed`` and the worker exits. A worker is a sampler of
+:func:`.timing.measure_rounds`, so a coordinator times several workers in rotating rounds, one
+at a time, while the others block on their pipes. :meth:`Worker.settle` waits until the worker's threads have stopped running
 (spinning thread pools included) so that the next worker starts on idle cores.
 
 A worker that dies (a crash, an abort in native code) or fails raises :class:`WorkerFailed`
@@ -56,7 +56,8 @@ def serve(conn, factory: Callable[..., tuple], kwargs: dict, modules: Iterable[s
             if command == "calibrate":
                 conn.send(("calibrated", sampler.calibrate(arg)))
             elif command == "sample":
-                conn.send(("sampled", sampler.sample(arg)))
+                number, warmup = arg if isinstance(arg, (tuple, list)) else (arg, 0)
+                conn.send(("sampled", sampler.sample(number, warmup)))
             else:
                 conn.send(("failed", f"unknown command {command!r}"))
         except Exception as err:  # pylint: disable=broad-except
@@ -202,13 +203,14 @@ class Worker:
         return self._receive("ready", None)
 
     def calibrate(self, min_sample_s: float) -> int:
-        """One warm-up call in the worker; the calls per sample (see :class:`.CallSampler`)."""
+        """The calls per sample, found in the worker (see :class:`.CallSampler`)."""
         self._send("calibrate", min_sample_s)
         return self._receive("calibrated", self.reply_timeout_s)[0]
 
-    def sample(self, number: int) -> float:
-        """Seconds per call over ``number`` calls, timed in the worker."""
-        self._send("sample", number)
+    def sample(self, number: int, warmup: int = 0) -> float:
+        """Seconds per call over ``number`` calls timed in the worker after ``warmup`` untimed
+        ones."""
+        self._send("sample", (number, warmup))
         return self._receive("sampled", self.reply_timeout_s)[0]
 
     def settle(self) -> float:

@@ -58,6 +58,7 @@ from ..transform.precision import to_precision
 from ..transform.report import OptimizeReport
 from ..tune.budget import TrialBudget
 from ..tune.compare import Comparison, from_seconds
+from ..tune.evidence import doubts, evidence, machine_load
 from ..tune.metaschedule import Tuner
 from ..tune.records import MachineStore
 from ..tune.workdir import prepare_work_dir, work_dir_lock
@@ -315,6 +316,8 @@ def _model_guard(given: "tvm.IRModule", plans, report: OptimizeReport, tgt, time
         guard.notes.append(f"verdict read back from work_dir/{DecisionRecords.FILE} or the "
                            "per-machine cache (timed by an earlier build of the same "
                            "modules)")
+    elif getattr(timer, "retimed", None):
+        guard.notes.append("a recorded verdict was timed again: " + "; ".join(timer.retimed))
     report.model_guard = guard
     if winner == "original" and _rewritten_units(report):
         why = _reverted_because(guard)
@@ -348,11 +351,19 @@ class RecordedVerdict:
     same target, ``orchestrate`` and ``trials`` reads the comparison back and times nothing,
     so the same model compiled twice keeps the same build. ``modules``: the plans' modules by
     name (``original``, ``rewritten``, ``library``; None: no such plan). ``timer``: None, the
-    protocol (:func:`~.guard.alternating`); else a test's. ``read_back``: whether it did."""
+    protocol (:func:`~.guard.alternating`); else a test's. ``read_back``: whether it did.
+
+    Each verdict is kept with the conditions it was timed in (:mod:`tvm_ollie.tune.evidence`:
+    the load average before and after the rounds, the cores, each plan's spread between
+    quartiles), and one with a doubt (timed under load, noisy samples, a tie, or recorded
+    without them) is not reused: it is timed again (``retimed``: the doubts) and the new
+    verdict replaces it. ``load``: the load probe (tests give one)."""
 
     def __init__(self, records: DecisionRecords, modules: Dict[str, Optional["tvm.IRModule"]],
-                 cfg: OllieConfig, timer=None):
+                 cfg: OllieConfig, timer=None, load=None):
         self.records, self.timer, self.read_back = records, timer, False
+        self.load = load if load is not None else machine_load
+        self.retimed: list = []
         self.modules = {k: m for k, m in modules.items() if m is not None}
         self._keyed: Optional[Tuple[str, str]] = None
         self.model = f"model guard {cfg.target} orchestrate={cfg.orchestrate} " \
@@ -368,11 +379,19 @@ class RecordedVerdict:
             self._keyed = DecisionRecords.key(self.model, signature), signature
         return self._keyed
 
+    def _trusted(self, entry: Optional[dict], res: Comparison) -> bool:
+        """Whether ``res`` (recorded in ``entry``) may be reused: no doubt about it
+        (:func:`~tvm_ollie.tune.evidence.doubts`); else the doubts go to ``retimed``."""
+        found = doubts(res, (entry or {}).get("evidence"))
+        if found:
+            self.retimed = found
+        return not found
+
     def known(self) -> Optional[Comparison]:
         """The per-machine cache's comparison of these modules (the kept plan and the original
         both ran, their outputs agreed, and they were timed on this machine, by this code, TVM
-        and library); None when there is none (then the guard builds every plan and compares,
-        or reads the work dir's verdict back, as before)."""
+        and library, under conditions without doubt); None when there is none (then the guard
+        builds every plan and compares, or reads the work dir's verdict back, as before)."""
         shared = self.records.shared
         if shared is None:
             return None
@@ -383,7 +402,8 @@ class RecordedVerdict:
         except (KeyError, TypeError, ValueError):
             return None
         if res is None or res.winner not in self.modules or \
-                any(res.seconds(n) is None for n in ("original", res.winner)):
+                any(res.seconds(n) is None for n in ("original", res.winner)) or \
+                not self._trusted(entry, res):
             return None
         self.read_back = True
         return res
@@ -391,14 +411,16 @@ class RecordedVerdict:
     def __call__(self, runs) -> Comparison:
         key, signature = self._key()
         recorded = self.records.get(key, list(runs))
-        if recorded is not None and set(recorded.timings) == set(runs):
+        if recorded is not None and set(recorded.timings) == set(runs) and \
+                self._trusted(self.records.entry(key), recorded):
             self.read_back = True
             return recorded
+        before = self.load()
         timed = self.timer(runs) if self.timer is not None else \
             alternating(runs, prefer=MODEL_PREFERENCE, margin=GUARD_MARGIN, **GUARD_TIMING)
         if not isinstance(timed, Comparison):
             timed = from_seconds(timed, MODEL_PREFERENCE, GUARD_MARGIN)
-        self.records.put(key, signature, timed)
+        self.records.put(key, signature, timed, evidence(timed, before, self.load()))
         return timed
 
 

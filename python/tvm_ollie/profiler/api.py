@@ -21,6 +21,7 @@ from ..config import OllieConfig
 from ..frontend.inputs import arrange_inputs, module_signature
 from ..frontend.loader import ModelLoadError, load_module
 from ..frontend.targets import parse_target
+from ..bench.timing import warm_samples
 from ..models import get_model, to_onnx
 from ..pipeline import build
 from .ort import profile_onnxruntime
@@ -69,14 +70,25 @@ def _build_tvm(mod, target):
 def profile_executable(ex, args: Sequence, device, runs: int = 10, system: str = "ollie",
                        build_s: float = 0.0, stat: str = "median") -> SystemProfile:  # fmt: skip
     """Profile ``runs`` calls of ``main`` of a built executable on ``args`` (numpy arrays or
-    TVM tensors), each beside a run without the instrument."""
+    TVM tensors), each beside a run without the instrument; then the model's time without the
+    profiler: ``runs`` warm samples of a VM without the instrument, as the benchmark takes them
+    (:func:`~tvm_ollie.bench.timing.warm_samples`: untimed warm-up calls, then at least 20 ms
+    of back-to-back calls per sample)."""
 
     sync = None if device.dlpack_device_type() == tvm.cpu().dlpack_device_type() else device.sync
     tensors = [a if isinstance(a, tvm.runtime.Tensor) else tvm.runtime.tensor(a, device)
                for a in args]  # fmt: skip
-    events, plain, traced = record_runs(relax.VirtualMachine(ex, device),
-                                        relax.VirtualMachine(ex, device), "main", tensors, runs,
-                                        sync)  # fmt: skip
+    plain_vm = relax.VirtualMachine(ex, device)
+    events, _, traced = record_runs(plain_vm, relax.VirtualMachine(ex, device), "main", tensors,
+                                    runs, sync)  # fmt: skip
+    main = plain_vm["main"]
+
+    def call():
+        main(*tensors)
+        if sync is not None:
+            sync()
+
+    plain = warm_samples(call, runs).seconds
     return SystemProfile(system, events, runs, plain, traced, len(vm_calls(ex)), build_s, stat)
 
 

@@ -6,8 +6,11 @@ node it ran, whose ``args`` name the operator type (``op_name``: ``Conv``, ``Fus
 ``Relu``...) and the execution provider. Its graph optimizations have run by then, so the op
 types are those of the optimized graph (a batch norm folded into the conv is gone; a
 ``FusedConv`` carries its activation). The warm-up run's events are dropped; the model's time
-without the profiler is measured in a second session with profiling off, run by run in turn
-with the profiled one.
+without the profiler is measured afterwards in a second session with profiling off and ONNX
+Runtime's defaults (its workers spin after a run), as the benchmark times it: warm samples
+(:func:`~tvm_ollie.bench.timing.warm_samples`: untimed warm-up calls, then at least 20 ms of
+back-to-back calls per sample). Until 2026-12-03 it alternated single runs with the profiled
+session, both not spinning: YOLOX quick read 1.62 ms there against 0.5 ms in a warm loop.
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ import dataclasses
 import json
 import os
 import tempfile
-import time
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
+
+from ..bench.timing import warm_samples
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,10 +72,10 @@ def _session(path: str, threads: int, profile_prefix: Optional[str] = None):
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
-    # as the benchmark's onnxruntime system: spinning workers would steal the cores from the
-    # other system measured in the same process
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if profile_prefix:
+        # the profiled session's workers sleep after a run: the unprofiled session runs after
+        # it, and a spinning pool would take its cores
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.enable_profiling = True
         options.profile_file_prefix = profile_prefix
     return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
@@ -87,24 +91,20 @@ def _feeds(session, inputs: Sequence[np.ndarray]) -> Dict[str, np.ndarray]:
 def profile_onnxruntime(path: str, inputs: Sequence[np.ndarray], runs: int = 10,
                         threads: Optional[int] = None) -> OrtProfile:  # fmt: skip
     """Profile ``runs`` inferences of the ONNX model at ``path`` on ``inputs`` (in the graph's
-    input order) with ONNX Runtime's CPU provider, after one warm-up run each session."""
+    input order) with ONNX Runtime's CPU provider, after one warm-up run; then ``runs`` warm
+    samples of a session without profiling (module docstring)."""
     threads = int(threads or os.cpu_count() or 1)
-    plain = _session(path, threads)
-    feeds = _feeds(plain, inputs)
-    unprofiled = []
     with tempfile.TemporaryDirectory(prefix="ollie_ort_profile_") as tmp:
         profiled = _session(path, threads, os.path.join(tmp, "ort"))
-        plain.run(None, feeds)
-        profiled.run(None, feeds)  # the warm-up, dropped from the profile
-        for _ in range(runs):  # alternating, so that both see the same load
-            start = time.perf_counter()
-            plain.run(None, feeds)
-            unprofiled.append(time.perf_counter() - start)
+        feeds = _feeds(profiled, inputs)
+        for _ in range(runs + 1):  # the first is the warm-up, dropped from the profile
             profiled.run(None, feeds)
         trace = profiled.end_profiling()
         with open(trace, encoding="utf-8") as f:
             events = json.load(f)
     nodes, run_us = parse_trace(events, skip_runs=1)
+    plain = _session(path, threads)
+    unprofiled = warm_samples(lambda: plain.run(None, feeds), runs).seconds
     return OrtProfile(nodes, run_us, unprofiled, threads)
 
 

@@ -73,21 +73,30 @@ class DecisionRecords(JsonRecords):
         """One key per (cost model, signature)."""
         return hashlib.sha1(f"{model}\n{signature}".encode()).hexdigest()
 
-    def get(self, key: str, labels: List[str]) -> Optional[Comparison]:
-        """The recorded comparison if its winner is one of ``labels`` (the alternatives of
-        the decision now); None: not decided in this work dir, or the winner is not offered."""
+    def entry(self, key: str) -> Optional[dict]:
+        """The raw record of ``key``: this work dir's, else the per-machine cache's."""
         entry = self.data.get(key)
         if entry is None and self.shared is not None:
             entry = self.shared.get(key)
+        return entry if isinstance(entry, dict) else None
+
+    def get(self, key: str, labels: List[str]) -> Optional[Comparison]:
+        """The recorded comparison if its winner is one of ``labels`` (the alternatives of
+        the decision now); None: not decided in this work dir, or the winner is not offered."""
+        entry = self.entry(key)
         try:
             res = Comparison.from_dict(entry["comparison"]) if entry else None
         except (KeyError, TypeError, ValueError):  # a record of another version: time again
             return None
         return res if res is not None and res.winner in labels else None
 
-    def put(self, key: str, signature: str, comparison: Comparison) -> None:
-        """Record and save."""
+    def put(self, key: str, signature: str, comparison: Comparison,
+            evidence: Optional[dict] = None) -> None:
+        """Record and save (``evidence``: the conditions it was timed in,
+        :func:`tvm_ollie.tune.evidence.evidence`, when the caller keeps them)."""
         self.data[key] = {"signature": signature, "comparison": comparison.to_dict()}
+        if evidence is not None:
+            self.data[key]["evidence"] = evidence
         self.save()
         if self.shared is not None:
             self.shared.put(key, self.data[key])
