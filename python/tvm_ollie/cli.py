@@ -91,7 +91,7 @@ def _compile(args: argparse.Namespace) -> int:
                      blocked_layout=not args.no_blocked_layout,
                      library_plan=not args.no_library_plan,
                      pack_weights=not args.no_pack_weights,
-                     cached_alloc=not args.no_cached_alloc)
+                     cached_alloc=args.cached_alloc)
     out = args.output or os.path.splitext(os.path.basename(args.model.split(":")[0]))[0] + ".so"
     with _Output(out) as tmp_out, profile_scope(), Stages(
             ["loading model", "optimizing and building", "exporting"]) as stages:
@@ -547,9 +547,10 @@ def build_parser() -> argparse.ArgumentParser:
     cmd.add_argument("--no-library-plan", action="store_true",
                      help="the whole-model guard does not also time the library plan (every "
                           "operator the library has on its kernel, blocked layouts)")
-    cmd.add_argument("--no-cached-alloc", action="store_true",
-                     help="allocate the intermediate tensors at every call (default on CPU: "
-                          "once per loaded model, reused by every call; docs/per-call.md)")
+    cmd.add_argument("--cached-alloc", action="store_true",
+                     help="CPU: allocate the intermediate tensors once per loaded model and "
+                          "reuse them at every call (default off: it measured 2x slower on "
+                          "quick Segformer; docs/per-call.md)")
     cmd.add_argument("--explain", action="store_true",
                      help="also print the optimizer's report: each decision, the derivations "
                           "cached or searched and the compile time per stage")
