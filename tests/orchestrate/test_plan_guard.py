@@ -7,8 +7,9 @@ import pytest
 
 from tvm_ollie.compat import relax, tvm
 from tvm_ollie.config import ConfigError, OllieConfig
-from tvm_ollie.pipeline.guard import (GUARD_MARGIN, GuardError, PlanSkipped, alternating,
-                                      alternating_medians, guard_plans, plan_tolerance)
+from tvm_ollie.pipeline.guard import (GUARD_MARGIN, WARM_TIMING, GuardError, PlanSkipped,
+                                      alternating, alternating_medians, guard_plans,
+                                      plan_tolerance)
 from tvm_ollie.pipeline.joint_plans import GUARD_PREFERENCE, GUARD_TIMING
 
 from orch_helpers import CALIB
@@ -204,6 +205,27 @@ def test_a_plan_slow_on_its_first_timing_is_still_kept_when_fastest():
                       prefer=["derivation", "joint"])
     assert res.winner == "derivation" and not res.timings["derivation"].retired
     assert res.separated and res.rounds == 8 and calls["derivation"] > 2
+
+
+def test_warm_samples_time_each_plan_after_its_own_calls():
+    """A call right after another plan's costs 3 ms, after one of its own 1 ms (plan a) or
+    2 ms (plan b): cold, the rotation makes a's median the cold call; warm (each sample after
+    an untimed call of the same plan), every sample but the first is the plan's steady state."""
+    now, last = [0.0], [None]
+
+    def run(name, warm_s):
+        def _run():
+            now[0] += warm_s if last[0] == name else 3e-3
+            last[0] = name
+        return _run
+
+    runs = {"a": run("a", 1e-3), "b": run("b", 2e-3)}
+    cold = alternating(runs, time_s=0.0, min_rounds=5, max_rounds=5, clock=lambda: now[0])
+    assert cold.medians()["a"] == pytest.approx(3e-3)
+    warm = alternating(runs, time_s=0.0, min_rounds=5, max_rounds=5, clock=lambda: now[0],
+                       **WARM_TIMING)
+    assert warm.medians() == pytest.approx({"a": 1e-3, "b": 2e-3})
+    assert GUARD_TIMING["warmup"] == WARM_TIMING["warmup"]
 
 
 def test_guard_ties_go_to_the_preferred_plan_not_the_luckier_median():

@@ -17,6 +17,7 @@ from tvm_ollie.transform.costing import CallableTiming, UntunedTiming
 from tvm_ollie.transform.int8_choice import INT8_PROTOCOL
 from tvm_ollie.transform.measuring import (HOPELESS, PROTOCOL, DecisionRecords,
                                            DecisionTiming)
+from tvm_ollie.tune.compare import PAIRED_MIN
 
 logging.getLogger("tvm_ollie.derive").setLevel(logging.CRITICAL)
 
@@ -62,8 +63,9 @@ def test_one_outlier_does_not_flip_a_decision(conv):
     choice = choose_measured(base, [prog], [], 3, _accept, measure, 3, "measured")
     assert choice.label == prog.label and (choice.before_s, choice.after_s) == (1e-3, 0.5e-3)
     # judged on the first quartile, whose interval trims a sample too fast (which the machine
-    # cannot produce, unlike a slow one) only from 15 samples on
-    assert "stop: separated" in choice.reason and measure.calls["original"] == 15
+    # cannot produce, unlike a slow one) only from 15 samples on; the per-round ratios (0.5 in
+    # every round but the first) separate from PAIRED_MIN rounds, the outlying round trimmed
+    assert "stop: separated" in choice.reason and measure.calls["original"] == PAIRED_MIN
 
 
 def test_near_ties_keep_the_original_and_say_so(conv):

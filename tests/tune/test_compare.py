@@ -7,8 +7,9 @@ import math
 
 import pytest
 
-from tvm_ollie.tune.compare import (Comparison, Timing, beats, calls_per_sample, clocked,
-                                    compare, from_seconds, judge, median_interval)
+from tvm_ollie.tune.compare import (PAIRED_MIN, Comparison, Timing, beats, calls_per_sample,
+                                    clocked, compare, from_seconds, judge, median_interval,
+                                    paired_ratio_interval)
 
 
 def _series(values, outliers=None):
@@ -191,3 +192,31 @@ def test_a_low_quantile_separates_through_one_sided_noise():
     again = Comparison.from_dict(json.loads(json.dumps(res.to_dict())))
     assert again.timings["fast"].quantile == 0.25 and again.winner == "fast"
     assert "judged on the 25% quantile" in res.to_text()
+
+
+DRIFT = [1.0, 2.2, 1.3, 2.5, 1.1, 1.9, 1.4, 2.4, 1.0, 2.0]
+
+
+def test_paired_rounds_separate_what_the_drift_hides():
+    """The machine's speed drifts 2.5x between rounds, alike for both: a is 20% faster in every
+    round. The marginal intervals overlap; the per-round ratios (0.8 each) do not."""
+    a = Timing("a", [0.8e-3 * d for d in DRIFT])
+    b = Timing("b", [1.0e-3 * d for d in DRIFT])
+    assert a.interval[1] >= b.interval[0]
+    assert paired_ratio_interval(a, b) == pytest.approx((0.8, 0.8))
+    assert beats(a, b, 0.03) and not beats(b, a, 0.03)
+    # without pairs (a round missing: a retired or failed alternative) the drift hides it
+    assert paired_ratio_interval(Timing("a", a.samples[:-1]), b) is None
+    assert not beats(Timing("a", a.samples[:-1]), b, 0.03)
+
+
+def test_paired_rounds_keep_the_margin_and_ignore_one_round():
+    """A 1% gain in every round stays a tie under a 3% margin; a 2x gain in one round of ten
+    (the others equal) is one outlying ratio, not a verdict."""
+    b = Timing("b", [1.0e-3 * d for d in DRIFT])
+    assert not beats(Timing("a", [0.99e-3 * d for d in DRIFT]), b, 0.03)
+    one = [1.0e-3 * d for d in DRIFT]
+    one[3] *= 0.5
+    assert not beats(Timing("a", one), b, 0.0)
+    assert paired_ratio_interval(Timing("a", one[:PAIRED_MIN - 1]),
+                                 Timing("b", b.samples[:PAIRED_MIN - 1])) is None

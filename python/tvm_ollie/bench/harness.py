@@ -86,7 +86,8 @@ def run_bench(
         waiting for the thread pools if unset (see :mod:`.env`); the isolated mode's workers
         get the thread count but keep each runtime's own waiting.
     time_budget_s : float, optional
-        Timing budget per model (default 2 s quick, 10 s full).
+        Timing budget per model (default 10 s quick, 20 s full: the machine's speed drifts
+        over seconds, and 2 s left the same library 1.15-1.3x apart, docs/measuring.md).
     min_rounds : int, optional
         Timing rounds per model at least, whatever the budget (more rounds: a narrower spread of
         the per-round ratios, reported as their quartiles). Default: 5, or 3 when one round
@@ -127,7 +128,7 @@ def run_bench(
         get_system(name)  # unknown names fail early
     threads = int(threads or os.cpu_count() or 1)
     thread_env = configure_threads(threads)
-    budget = time_budget_s if time_budget_s is not None else (2.0 if quick else 10.0)
+    budget = time_budget_s if time_budget_s is not None else (10.0 if quick else 20.0)
     os.makedirs(out_dir, exist_ok=True)
     ctx = BenchContext(target, threads, trials, work_dir or os.path.join(out_dir, "work"),
                        weights=weights, ort_spinning=mode == "isolated")

@@ -269,7 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--weights", choices=("constants", "params"), default="constants")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--trials", type=int, default=0, help="tuning trials per build")
-    parser.add_argument("--budget", type=float, default=2.0, help="timing seconds per model")
+    parser.add_argument("--budget", type=float, default=20.0,
+                        help="timing seconds per model (2 s left identical libraries 1.15-1.3x "
+                        "apart on this machine: docs/measuring.md)")
     parser.add_argument("--min-rounds", type=int, default=10, help="timing rounds at least")
     parser.add_argument("--remeasure-calibration", action="store_true",
                         help="every build measures this machine's roofline again too (default: "

@@ -51,6 +51,7 @@ whole-model guard: the rewritten module against the original built alike (``repo
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -63,7 +64,8 @@ from ..tune.compare import Comparison, calls_per_sample, clocked, compare, from_
 from ..verify.tolerance import narrowest_float, tolerance
 
 __all__ = ["GUARD_MARGIN", "GuardError", "GuardReport", "PlanOutcome", "PlanSkipped",
-           "PlanTimer", "alternating", "alternating_medians", "guard_plans", "plan_tolerance"]
+           "PlanTimer", "WARM_TIMING", "alternating", "alternating_medians", "guard_plans",
+           "plan_tolerance"]
 
 #: ``timer(runs) -> {plan: seconds}`` or a :class:`~tvm_ollie.tune.compare.Comparison`: the
 #: time of one call of each plan (``runs[plan]()`` runs it once); the default is
@@ -74,6 +76,15 @@ PlanTimer = Callable[[Dict[str, Callable[[], object]]], Union[Dict[str, float], 
 #: intervals are disjoint; closer plans are tied (two builds of one plan timed by these rounds
 #: agreed within 0.4-2% here, docs/benchmarks-history.md).
 GUARD_MARGIN = 0.03
+
+#: Warm samples for the whole-model guards (``**WARM_TIMING`` to :func:`alternating`): each
+#: sample at least 5 ms of back-to-back calls of one plan after half as many untimed calls.
+#: Samples of about 1 ms taken right after another plan ran (the default) timed cold calls:
+#: the plan kept by quick YOLOX's guard read 1.52 ms during the build against 0.74 ms for the
+#: finished executable timed warm by the benchmark, Candy 1.48x, Segformer 1.41x
+#: (docs/measuring.md, "The guard's samples"); the benchmark's own protocol is
+#: :data:`tvm_ollie.bench.timing.WARM`. A round of three plans stays near 25 ms.
+WARM_TIMING = {"sample_s": 5e-3, "warmup": 0.5}
 
 
 class GuardError(RuntimeError):
@@ -142,24 +153,29 @@ def alternating(runs: Dict[str, Callable[[], object]], time_s: float = 2.0,
                 min_rounds: int = 7, max_rounds: int = 51,
                 clock: Callable[[], float] = time.perf_counter, hopeless: float = 3.0,
                 prefer: Optional[Sequence[str]] = None,
-                margin: float = GUARD_MARGIN, quantile: float = 0.5) -> Comparison:
+                margin: float = GUARD_MARGIN, quantile: float = 0.5,
+                sample_s: float = 1e-3, warmup: float = 0.0) -> Comparison:
     """Every plan timed in alternating rounds under :func:`~tvm_ollie.tune.compare.compare`
     (module docstring): until the fastest is separated, at least ``min_rounds`` and at most
     ``max_rounds`` rounds, none started after ``time_s``.
 
     The first call of every plan is its first sample and sets the calls per sample: a plan
-    faster than a millisecond is called several times per sample (the same count for every
-    plan: that of the fastest), so that a sample is not the timer's noise. A plan ``hopeless``
-    times slower than the leader in two samples leaves the rounds (``hopeless=inf`` times every
-    plan in every round): at large sizes the plan without derivation runs for seconds where
-    the others take milliseconds. ``quantile``: the statistic judged (the median by default;
-    :func:`~tvm_ollie.tune.compare.compare`).
+    faster than ``sample_s`` is called several times per sample (the same count for every
+    plan: that of the fastest), so that a sample is not the timer's noise. With ``warmup > 0``
+    each sample comes after untimed calls of the same plan, ``warmup`` times as many as the
+    sample's (at least one), so that a plan is timed in its steady state and not right after
+    another plan's threads and data had the cores and caches (:data:`WARM_TIMING`). A plan
+    ``hopeless`` times slower than the leader in two samples leaves the rounds
+    (``hopeless=inf`` times every plan in every round): at large sizes the plan without
+    derivation runs for seconds where the others take milliseconds. ``quantile``: the
+    statistic judged (the median by default; :func:`~tvm_ollie.tune.compare.compare`).
     """
     first = {}
     for name, run in runs.items():
         first[name] = max(clocked(run, 1, clock)(), 1e-9)
-    number = calls_per_sample(min(first.values()))
-    samplers = {name: clocked(run, number, clock) for name, run in runs.items()}
+    number = calls_per_sample(min(first.values()), floor_s=sample_s)
+    warm = max(1, math.ceil(number * warmup)) if warmup > 0 else 0
+    samplers = {name: clocked(run, number, clock, warmup=warm) for name, run in runs.items()}
     return compare(samplers, prefer, margin, min_rounds=min_rounds, max_rounds=max_rounds,
                    time_s=time_s, clock=clock, hopeless=hopeless, initial=first,
                    quantile=quantile)

@@ -23,6 +23,16 @@ the executable: the same model built twice then runs at different speeds. Every 
   random resampling (a bootstrap would make the decision depend on a seed), and ignore the
   ``k - 1`` most extreme samples at each end: one outlier widens the interval only until
   ``n = 8`` (at 90%), then it is ignored;
+* **paired rounds**: the machine's speed drifts over seconds (on the 2-vCPU development VM
+  the same library's median moved between 0.12 and 0.25 ms from one second to the next,
+  docs/measuring.md), which widens every alternative's interval alike. Samples of the same
+  round were taken side by side, so from :data:`PAIRED_MIN` rounds in which both were timed
+  ``a`` also beats ``b`` when the median of the per-round ratios ``a_r / b_r`` is below
+  ``1 - margin`` beyond doubt (the upper end of its order-statistic interval), and ``a``'s
+  judged statistic is the lower: the drift divides out of a ratio::
+
+      beats(a, b) = (hi(a) < lo(b)  and  median(a) < (1 - margin) * median(b))
+                    or (hi(median_r a_r / b_r) < 1 - margin  and  median(a) < median(b))
 * **a low quantile where the noise is one-sided** (``quantile``): the machine can only slow a
   sample down (a descheduled thread, a core taken by another process), never speed it up, so
   the decisions of :mod:`tvm_ollie.transform` judge the first quartile instead of the median,
@@ -58,13 +68,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-__all__ = ["Comparison", "Margin", "Sampler", "Timing", "beats", "calls_per_sample", "clocked",
-           "compare", "from_seconds", "judge", "median_interval", "quantile_interval"]
+__all__ = ["PAIRED_MIN", "Comparison", "Margin", "Sampler", "Timing", "beats",
+           "calls_per_sample", "clocked", "compare", "from_seconds", "judge", "median_interval",
+           "paired_ratio_interval", "quantile_interval"]
 
 #: ``sampler() -> seconds of one call`` (one sample; None or an exception: it failed).
 Sampler = Callable[[], Optional[float]]
 #: A relative margin, or ``margin(faster, other) -> relative margin`` per pair of names.
 Margin = Union[float, Callable[[str, str], float]]
+
+#: Rounds of two alternatives from which :func:`beats` also judges their per-round ratios
+#: (module docstring, "paired rounds"): from 8 the median's 90% interval leaves out the most
+#: extreme ratio at each end, so that one outlying round cannot decide.
+PAIRED_MIN = 8
 
 #: Why the rounds stopped (:attr:`Comparison.stop`).
 STOPS = ("separated", "rounds", "time", "single", "failed", "given")
@@ -168,12 +184,28 @@ class Timing:
         return out
 
 
+def paired_ratio_interval(a: Timing, b: Timing) -> Optional[Tuple[float, float]]:
+    """The confidence interval of the median per-round ratio ``a_r / b_r`` (module docstring,
+    "paired rounds"), or None with fewer than :data:`PAIRED_MIN` rounds of both (an
+    alternative that retired or failed has fewer samples than the others)."""
+    if len(a.samples) != len(b.samples) or len(a.samples) < PAIRED_MIN:
+        return None
+    ratios = [x / y for x, y in zip(a.samples, b.samples) if y > 0]
+    if len(ratios) < PAIRED_MIN:
+        return None
+    return median_interval(ratios, min(a.confidence, b.confidence))
+
+
 def beats(a: Timing, b: Timing, margin: float = 0.0) -> bool:
     """Whether ``a`` is faster than ``b`` beyond doubt: disjoint intervals and judged statistics
-    (medians by default) apart by ``margin`` (relative to ``b``'s)."""
+    (medians by default) apart by ``margin`` (relative to ``b``'s), or, over paired rounds, a
+    median ratio below ``1 - margin`` beyond doubt (module docstring)."""
     if not a.samples or not b.samples:
         return bool(a.samples)
-    return a.interval[1] < b.interval[0] and a.center < (1.0 - margin) * b.center
+    if a.interval[1] < b.interval[0] and a.center < (1.0 - margin) * b.center:
+        return True
+    ratio = paired_ratio_interval(a, b)
+    return ratio is not None and ratio[1] < 1.0 - margin and a.center < b.center
 
 
 def _margin(margin: Margin, faster: str, other: str) -> float:
