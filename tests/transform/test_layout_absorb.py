@@ -293,3 +293,16 @@ def test_kept_when_the_original_measures_faster():
     (decision,) = [d for d in report.regions if d.kind == "region"]
     assert decision.chosen == "original"
     assert "original [native]" in decision.reason  # it was timed
+
+
+def test_not_offered_without_a_permutation():
+    """NCHW views only: the form exists (and computes the same) but is not an alternative:
+    kept, the region's conv is decided alone with the same epilogue fold."""
+    from tvm_ollie.transform.alternatives import Candidates
+
+    region = _region(mix_ffn(tokens_in=False, tokens_out=False, groups=1, f=6))
+    assert region.library_form() is not None
+    found = Candidates(library=True, derive=False, max_depth=1)(region, 1.0)
+    assert [a.label for a in found.alternatives] == ["original"]
+    offered = Candidates(library=True, derive=False, max_depth=1)(_region(mix_ffn()), 1.0)
+    assert [a.label for a in offered.alternatives] == ["original", "original [native]"]

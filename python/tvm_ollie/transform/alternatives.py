@@ -154,12 +154,17 @@ class Candidates:
     @staticmethod
     def _native_form(unit, region: bool) -> bool:
         """Whether the original has a library form: a call's native kernel, or a region as one
-        library convolution with its layout permutations absorbed
-        (:func:`~.layout_absorb.absorbed_conv`)."""
+        library convolution with a layout permutation absorbed
+        (:func:`~.layout_absorb.absorbed_conv`). A region whose form absorbs no permutation
+        (only the conv's bias and activation) is not offered: kept, its conv is decided alone
+        with the same epilogue fold, and its derived forms too (a region ``concat -> conv 1x1
+        -> add -> relu`` took its native form at 175 us where the conv alone chose a derived
+        GEMM at 85 us)."""
         if not region:
             return lib.call_form(unit) is not None
         form = getattr(unit, "library_form", None)
-        return form is not None and form() is not None
+        absorbed = form() if form is not None else None
+        return absorbed is not None and absorbed.absorbs_layout
 
     def search(self, expr, budget_s: float, constants: AbstractSet[str] = frozenset(),
                known_s: Optional[float] = None) -> Tuple[List[Program], str]:
