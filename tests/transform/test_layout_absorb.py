@@ -306,3 +306,28 @@ def test_not_offered_without_a_permutation():
     assert [a.label for a in found.alternatives] == ["original"]
     offered = Candidates(library=True, derive=False, max_depth=1)(_region(mix_ffn()), 1.0)
     assert [a.label for a in offered.alternatives] == ["original", "original [native]"]
+
+
+@pytest.mark.parametrize("bias_shape,folds", [((6,), True), ((1, 5, 1, 1), False)])
+def test_epilogue_bias_of_a_channels_last_call(bias_shape, folds):
+    """A call writing channels-last (``dst_fmt=nhwc``, out [1, 5, 5, 6]) takes a bias along its
+    last axis as its epilogue, never one along axis 1 (the NCHW channel axis, here H): the
+    fold leaves the numerics unchanged."""
+    from tvm_ollie.transform.epilogue import fuse_epilogues
+
+    x = _var("x", (1, 5, 5, 4))
+    kernel = lib.conv2d_call((1, 1), (1, 1, 1, 1), (1, 1), 1, "NCHW", "OIHW").with_attrs(
+        src_fmt="nhwc", dst_fmt="nhwc")
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(lib.emit_call(kernel, [x, relax.const(_rng_w(1, 6, 4, 3, 3))],
+                                      (1, 5, 5, 6)))
+            out = bb.emit_output(R.add(y, relax.const(_rng_w(2, *bias_shape))))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    fused, counts = fuse_epilogues(mod)
+    assert bool(counts) == folds
+    assert ("bias=1" in fused.script()) == folds
+    x_val = np.random.default_rng(0).standard_normal((1, 5, 5, 4)).astype(F32)
+    np.testing.assert_allclose(_run(fused, [x_val]), _run(mod, [x_val]), rtol=1e-5, atol=1e-5)
