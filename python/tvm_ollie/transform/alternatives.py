@@ -1,7 +1,9 @@
 """The candidates stage of a decision: every way to compute a unit (a call, a region, a group).
 
 A unit's alternatives are the baseline (the original as TVM builds it), the original on its
-native library kernel (:mod:`tvm_ollie.codegen.library`, when it has one), and each derived
+native library kernel (:mod:`tvm_ollie.codegen.library`, when it has one; for a region, one
+library convolution with the region's layout permutations, bias and activation absorbed:
+:mod:`.layout_absorb`), and each derived
 program with its matched operators either built by TVM or run as library kernels. This stage
 only enumerates them; their cost is the next stage's (:mod:`.costing`).
 """
@@ -135,7 +137,7 @@ class Candidates:
             return UnitAlternatives([Alternative(None, "tvm")], 0, f"; not liftable: {err}",
                                     False)
         alts = [Alternative(None, "tvm")]
-        if not region and self.library and lib.call_form(unit) is not None:
+        if self.library and self._native_form(unit, region):
             alts.append(Alternative(None, "native"))
         if not self.derive:
             return UnitAlternatives(alts)
@@ -148,6 +150,21 @@ class Candidates:
             seen.add(repr(prog))
             alts.extend(self.program_alternatives(prog))
         return UnitAlternatives(alts, len(seen), note)
+
+    @staticmethod
+    def _native_form(unit, region: bool) -> bool:
+        """Whether the original has a library form: a call's native kernel, or a region as one
+        library convolution with a layout permutation absorbed
+        (:func:`~.layout_absorb.absorbed_conv`). A region whose form absorbs no permutation
+        (only the conv's bias and activation) is not offered: kept, its conv is decided alone
+        with the same epilogue fold, and its derived forms too (a region ``concat -> conv 1x1
+        -> add -> relu`` took its native form at 175 us where the conv alone chose a derived
+        GEMM at 85 us)."""
+        if not region:
+            return lib.call_form(unit) is not None
+        form = getattr(unit, "library_form", None)
+        absorbed = form() if form is not None else None
+        return absorbed is not None and absorbed.absorbs_layout
 
     def search(self, expr, budget_s: float, constants: AbstractSet[str] = frozenset(),
                known_s: Optional[float] = None) -> Tuple[List[Program], str]:

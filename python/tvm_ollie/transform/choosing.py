@@ -107,20 +107,22 @@ def kind_leaders(alts: List[Alternative]) -> List[Alternative]:
 
 
 def shortlist(base: Alternative, others: List[Alternative], region: bool,
-              measures: bool) -> List[Alternative]:
+              measures: bool, library_form: bool = False) -> List[Alternative]:
     """The alternatives worth checking, in order (``others`` sorted by estimate).
 
     To be chosen by the analytic cost an alternative must beat the original by :data:`MARGIN`;
     to be measured it must be no worse than the original within :data:`MARGIN` (ties are
     common where both sides are memory-bound, e.g. a small matmul on TVM or a library). The
     analytic cost of a region's original (several kernels) is rough: measured, the cheapest
-    program of every operator kind is tried whatever its estimate; a region's shortlist leads
-    with one alternative of each kind.
+    program of every operator kind, and with ``library_form`` the region's library form (one
+    call, :mod:`.layout_absorb`), are tried whatever their estimate; a region's shortlist
+    leads with one alternative of each kind.
     """
     bound = base.estimate * ((1 + MARGIN) if measures else (1 - MARGIN))
     better = [a for a in others if a.estimate < bound]
     if region and measures:
-        firsts = kind_leaders(others)
+        natives = [a for a in others if a.program is None] if library_form else []
+        firsts = natives + kind_leaders(others)
         better = firsts + [a for a in better if a not in firsts]
     if region and better:
         leaders = kind_leaders(better)

@@ -100,6 +100,11 @@ class AnalyticUnitCost(UnitCostModel):
         if is_group(unit) and alt.impl != "tvm":
             return sum(analytic.original_seconds(lift_relax_call(c), c.op.name, self.calib,
                                                  alt.impl) for c in unit.heavy_calls)
+        if is_region(unit) and alt.impl != "tvm":
+            # the region as one library call (:mod:`.layout_absorb`): its convolution's kernel
+            heavy = unit.heavy_call
+            return analytic.original_seconds(lift_relax_call(heavy), heavy.op.name, self.calib,
+                                             alt.impl)
         if is_region(unit):
             return region_seconds(unit, self.calib)
         return analytic.original_seconds(lift_relax_call(unit), unit.op.name, self.calib,

@@ -58,8 +58,8 @@ from .costing import (AnalyticUnitCost, CallableTiming, ModuleTiming, Timer, Tun
 from .emit import EmitError
 from .measuring import DecisionRecords, DecisionTiming
 from .remembered import RememberedDecisions
-from .units import (call_signature, constant_inputs, is_region, isolated_module, unit_module,
-                    unit_operands, unit_signature)
+from .units import (call_signature, constant_inputs, is_group, is_region, isolated_module,
+                    unit_module, unit_operands, unit_signature)
 
 __all__ = ["DERIVABLE_OPS", "MARGIN", "RTOL", "Alternative", "Checker", "Choice", "Chooser",
            "Decider", "Decision", "Timer", "call_signature", "check_exact", "constant_inputs",
@@ -304,7 +304,8 @@ class Decider:
             if forced is not None:
                 return choose_forced(base, forced, names, n_cand,
                                      functools.partial(self.check, unit))
-        better = shortlist(base, others, is_region(unit), self.measures)
+        better = shortlist(base, others, is_region(unit), self.measures,
+                           is_region(unit) and not is_group(unit))
         if not better:
             return kept_by_estimate(base, others, names, n_cand, note)
         build = self.unit_build(unit, [base] + self._to_check(better))

@@ -34,8 +34,8 @@ from ..codegen import library as lib
 from ..compat import relax, tvm
 from .activations import match_hardsigmoid, match_hardswish
 
-__all__ = ["ACTIVATIONS", "BlockIndex", "CPU_ONLY_ACTIVATIONS", "FoldedChain", "block_index",
-           "fold_chain", "fuse_epilogues", "use_counts"]
+__all__ = ["ACTIVATIONS", "BlockIndex", "CPU_ONLY_ACTIVATIONS", "FoldedChain",
+           "activation_value", "block_index", "fold_chain", "fuse_epilogues", "use_counts"]
 
 #: Relax activation -> the kernel's ``act`` value (``clip`` takes its bounds from the call,
 #: ``leaky_relu`` its slope: ``clip_LO_HI``, ``leaky_relu_A``).
@@ -89,9 +89,12 @@ def _is_f32(expr) -> bool:
 
 
 def _channel_axis(call: lib.LibCall, rank: int) -> int:
-    """The output axis a bias runs along (NCHW convolutions: 1; otherwise the last)."""
+    """The output axis a bias runs along (NCHW convolutions: 1, or the last when they write
+    channels-last, ``dst_fmt=nhwc``; -1, none, when they write a blocked format; otherwise the
+    last)."""
     if call.kind in ("conv2d", "conv2d_transpose") and call.get("layout") == "NCHW":
-        return 1
+        fmt = call.get("dst_fmt", "nchw")
+        return 1 if fmt == "nchw" else rank - 1 if fmt == "nhwc" else -1
     return rank - 1
 
 
@@ -115,7 +118,7 @@ def _bias_length(bias, out_shape: Tuple[int, ...], axis: int) -> Optional[int]:
     return out_shape[axis]
 
 
-def _activation(value) -> Optional[str]:
+def activation_value(value) -> Optional[str]:
     """The kernel's ``act`` value for an activation call (clip with its bounds, leaky ReLU with
     its slope), else None."""
     name = value.op.name
@@ -150,7 +153,7 @@ def _fold(kernel, operands, consumer, y) -> Optional[Tuple[lib.LibCall, list, li
     if _shape(consumer.var) != out_shape or not _is_f32(consumer.var):
         return None
     if value.op.name in ACTIVATIONS and len(value.args) >= 1 and value.args[0].same_as(y):
-        act = _activation(value)
+        act = activation_value(value)
         if act is None or not _guard_step_order(kernel, "act"):
             return None
         if not _guard_device_has(kernel, act):

@@ -132,10 +132,13 @@ class _RegionRewriter(relax.PyExprMutator):
             return
         region, choice = hit
         values = {n: self.visit_expr(v) for n, v in region.inputs()}
-        in_names = [n for n, _ in region.inputs()]
-        mapping = {pn: values[cn] for pn, cn in zip(choice.names, in_names)}
-        out = emit_program(self.builder_, choice.program, mapping, region.out_shape,
-                           impl=choice.impl, name="ollie_region")
+        if choice.program is None:  # its library form (:meth:`Region.library_form`)
+            out = region.replay(self.builder_, values, impl=choice.impl)
+        else:
+            in_names = [n for n, _ in region.inputs()]
+            mapping = {pn: values[cn] for pn, cn in zip(choice.names, in_names)}
+            out = emit_program(self.builder_, choice.program, mapping, region.out_shape,
+                               impl=choice.impl, name="ollie_region")
         if isinstance(binding.var, relax.DataflowVar):
             new_var = self.builder_.emit(out)
         else:

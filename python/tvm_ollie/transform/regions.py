@@ -32,6 +32,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..codegen.library import current_device
 from ..compat import relax, tvm
 from ..config import DEFAULTS
 from ..derive.program import Program, map_accesses, stage_merge
@@ -40,6 +41,8 @@ from ..ir.nodes import (Access, BinOp, Const, IterVar, Scope, Tensor, free_vars,
 from ..ir.simplify import simplify
 from ..lift import LiftError, Operands, lift_relax_call
 from ..lift.common import is_identifier
+from .emit import EmitError
+from .layout_absorb import AbsorbedConv, absorbed_conv
 from .units import build_isolated_module
 
 __all__ = ["BlockFacts", "HEAVY_OPS", "MAX_CALLS", "MOVE_OPS", "Region", "find_regions",
@@ -116,6 +119,7 @@ class Region:
     keep: frozenset = field(default=frozenset(), repr=False)
     _expr: Optional[Scope] = field(default=None, repr=False)
     _inputs: Optional[List[Tuple[str, object]]] = field(default=None, repr=False)
+    _forms: Dict[str, Optional[AbsorbedConv]] = field(default_factory=dict, repr=False)
 
     is_region = True
 
@@ -261,11 +265,26 @@ class Region:
         """:func:`isolated_region_module` of this region."""
         return isolated_region_module(self, program, names, impl)
 
-    def replay(self, bb: "relax.BlockBuilder", values: Dict[str, object], funcs=None):
+    def library_form(self) -> Optional[AbsorbedConv]:
+        """The region as one library convolution with its layout permutations, bias and
+        activation absorbed (:func:`~.layout_absorb.absorbed_conv`), or None."""
+        device = current_device()
+        if device not in self._forms:
+            self._forms[device] = absorbed_conv(self.bindings, self.heavy)
+        return self._forms[device]
+
+    def replay(self, bb: "relax.BlockBuilder", values: Dict[str, object], funcs=None,
+               impl: str = "tvm"):
         """Emit the region's original calls on ``values`` (by input name; ``funcs`` maps the
-        callees of ``call_tir`` to the builder's copies); return the output (not bound)."""
+        callees of ``call_tir`` to the builder's copies), or with ``impl="native"`` its
+        :meth:`library_form`; return the output (not bound)."""
         env = {hash(v): values[n] for n, v in self.inputs()}
         env.update(funcs or {})
+        if impl != "tvm":
+            form = self.library_form()
+            if form is None:
+                raise EmitError("the region has no library form")
+            return form.emit(bb, self.bindings, env)
         out = None
         for k, b in enumerate(self.bindings):
             call = b.value
@@ -669,6 +688,6 @@ def isolated_region_module(region: Region, program: Optional[Program] = None,
             gv = call.args[0]
             funcs[hash(gv)] = bb.add_func(region.mod[gv], gv.name_hint)
     return build_isolated_module(region.inputs(),
-                                 lambda b, values: region.replay(b, values, funcs),
+                                 lambda b, values: region.replay(b, values, funcs, impl),
                                  region.out_shape, program, names, impl, "ollie_region", bb)
 
