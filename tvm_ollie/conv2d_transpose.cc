@@ -20,7 +20,8 @@
 // the row-major [C/G, O/G*KH*KW] matrix as it is), each column row scattered into Out, which was
 // first filled with bias + residual; then the activation. The output channels are split over
 // the OpenMP threads (one parallel region per call; each thread's GEMM runs on its own columns),
-// and the data rows into blocks whose columns stay in cache (kColFloats).
+// and the data rows into blocks whose columns stay in cache (kColFloats); blocks of few data
+// columns compute them transposed (kTransposedColumns).
 // Per call: each thread keeps, with the parsed attrs and per argument shapes, a call site
 // (DeconvSite: the resolved problem and, for oneDNN, the primitive and the call's dnnl::memory
 // objects with their handles reset per call), as conv2d's ConvSite.
