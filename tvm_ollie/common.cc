@@ -67,11 +67,11 @@ void AppendActivation(const Activation& act, dnnl::post_ops* ops) {
   }
 }
 
-void ApplyActivation(const Activation& act, float* x, int64_t n) {
+void ApplyActivation(const Activation& act, float* x, int64_t n, bool parallel) {
   if (act.kind == Act::kNone) return;
   const float lo = act.lo, hi = act.hi, alpha = act.alpha, beta = act.beta;
   const Act kind = act.kind;
-#pragma omp parallel for schedule(static) if (n > 32768)
+#pragma omp parallel for schedule(static) if (parallel && n > 32768)
   for (int64_t i = 0; i < n; ++i) {
     float v = x[i];
     switch (kind) {

@@ -1,5 +1,5 @@
 // tvm_ollie.cpu.conv2d_transpose: Out = act(conv2d_transpose(data, weight) + bias + residual),
-// float32, oneDNN deconvolution_forward.
+// float32: oneDNN deconvolution_forward, or a GEMM and a scatter of its columns (fmt=gemm).
 //
 // Calling convention (destination-passing style, Out last):
 //   tvm_ollie.cpu.conv2d_transpose(attrs: str, data, weight, [bias], [residual], Out)
@@ -10,17 +10,35 @@
 //                            weight[g*Ig + i, o, ky, kx]  where y = h*SH - TOP + ky*DH, ...
 // attrs: layout=NCHW, klayout=IOHW, stride=SH,SW, pad=TOP,LEFT,BOTTOM,RIGHT, opad=OPH,OPW,
 //        dil=DH,DW, groups=G, bias=0|1, res=0|1, act=... (as matmul),
-//        fmt=plain|blocked (oneDNN on the caller's formats, or on oneDNN's preferred formats with
-//        reorders inside the call; default: see ChooseFormat).
-// The residual is a sum post-op (Out prefilled with it), not binary_add: see CreateDeconv.
+//        fmt=plain|blocked|gemm (oneDNN on the caller's formats, oneDNN on its preferred formats
+//        with reorders inside the call, or the GEMM + col2im of RunGemm; default: see
+//        ChooseFormat).
+// oneDNN: the residual is a sum post-op (Out prefilled with it), not binary_add: see
+// CreateDeconv.
+// fmt=gemm (what ONNX Runtime's ConvTranspose does, with the epilogue fused): per image and
+// group, cols[O/G*KH*KW, H*W] = weight^T @ data (one dnnl_sgemm; the IOHW weight of a group is
+// the row-major [C/G, O/G*KH*KW] matrix as it is), each column row scattered into Out, which was
+// first filled with bias + residual; then the activation. The output channels are split over
+// the OpenMP threads (one parallel region per call; each thread's GEMM runs on its own columns),
+// and the data rows into blocks whose columns stay in cache (kColFloats); blocks of few data
+// columns compute them transposed (kTransposedColumns).
+// Per call: each thread keeps, with the parsed attrs and per argument shapes, a call site
+// (DeconvSite: the resolved problem and, for oneDNN, the primitive and the call's dnnl::memory
+// objects with their handles reset per call), as conv2d's ConvSite.
 // oneDNN has no output padding: it is expressed as a smaller right padding (BOTTOM - OPH), which
 // oneDNN accepts while it is > -stride, hence the requirement OPH < SH (OPW < SW).
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/reflection/registry.h>
 
+#include <omp.h>
+
+#include <algorithm>
 #include <cstring>
+#include <exception>
+#include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "common.h"
@@ -34,7 +52,7 @@ namespace {
 
 constexpr const char* kName = "tvm_ollie.cpu.conv2d_transpose";
 
-enum class Fmt { kAuto, kPlain, kBlocked };
+enum class Fmt { kAuto, kPlain, kBlocked, kGemm };
 
 struct DeconvParams {
   int64_t sh = 1, sw = 1, pt = 0, pl = 0, pb = 0, pr = 0, oph = 0, opw = 0, dh = 1, dw = 1;
@@ -73,8 +91,11 @@ DeconvParams ParseDeconvAttrs(const std::string& text) {
   p.has_bias = attrs.GetBool("bias", false);
   p.has_res = attrs.GetBool("res", false);
   p.act = ParseActivation(attrs, attrs.GetRaw("act", "none"));
-  std::string fmt = attrs.GetStr("fmt", "auto", {"auto", "plain", "blocked"});
-  p.fmt = fmt == "plain" ? Fmt::kPlain : (fmt == "blocked" ? Fmt::kBlocked : Fmt::kAuto);
+  std::string fmt = attrs.GetStr("fmt", "auto", {"auto", "plain", "blocked", "gemm"});
+  p.fmt = fmt == "plain"     ? Fmt::kPlain
+          : fmt == "blocked" ? Fmt::kBlocked
+          : fmt == "gemm"    ? Fmt::kGemm
+                             : Fmt::kAuto;
   attrs.CheckAllUsed();
   p.sh = s[0], p.sw = s[1];
   p.pt = pad[0], p.pl = pad[1], p.pb = pad[2], p.pr = pad[3];
@@ -206,7 +227,7 @@ Fmt ChooseFormat(const DeconvParams& p, const DeconvShape& s) {
   if (p.groups > 1) return Fmt::kBlocked;
   const int64_t wsize = s.C * s.O * s.KH * s.KW;
   const int64_t asize = s.N * (s.C * s.H * s.W + s.O * s.OH * s.OW);
-  if (wsize > asize || s.O < 16) return Fmt::kPlain;
+  if (wsize > asize || s.O < 16) return Fmt::kGemm;
   return Fmt::kBlocked;
 }
 
@@ -265,18 +286,6 @@ std::shared_ptr<OneDNNDeconv> CreateDeconv(const DeconvParams& p, const DeconvSh
   return e;
 }
 
-// Out += residual, then Out = act(Out): the epilogue of a SeparateEpilogue deconvolution.
-// ``res`` is the residual (a copy when it was Out itself, which the deconvolution overwrote).
-void RunSeparateEpilogue(const OneDNNDeconv& e, const float* res, const dnnl::memory& out) {
-  Stream().wait();
-  float* o = static_cast<float*>(out.get_data_handle());
-  if (res != nullptr) {
-    const size_t n = e.user_dst.get_size() / sizeof(float);
-    for (size_t i = 0; i < n; ++i) o[i] += res[i];
-  }
-  if (e.has_act) e.act.execute(Stream(), {{DNNL_ARG_SRC, out}, {DNNL_ARG_DST, out}});
-}
-
 std::string DeconvKey(const DeconvParams& p, const DeconvShape& s, Fmt fmt) {
   return std::string(kName) + "|" + p.canonical + "|fmt=" + (fmt == Fmt::kBlocked ? "b" : "p") +
          "|" + std::to_string(s.N) + "," + std::to_string(s.C) + "," + std::to_string(s.H) + "," +
@@ -290,22 +299,14 @@ ffi::TensorView TensorArg(ffi::PackedArgs args, int i, const char* what) {
   return t.value();
 }
 
-// The operands of one call, checked.
-struct DeconvArgs {
-  DeconvParams p;
-  DeconvShape s;
+// The tensors of a call after the per-call checks (count, dtype, device, contiguity, rank).
+struct DeconvTensors {
+  ffi::TensorView X, Wt, Out;
+  std::optional<ffi::TensorView> Bias, Res;
   float *x = nullptr, *w = nullptr, *bias = nullptr, *res = nullptr, *out = nullptr;
 };
 
-DeconvArgs ParseArgs(ffi::PackedArgs args) {
-  if (args.size() < 1) TVM_FFI_THROW(TypeError) << kName << ": missing attrs";
-  auto attrs_opt = args[0].try_cast<ffi::String>();
-  if (!attrs_opt.has_value()) {
-    TVM_FFI_THROW(TypeError) << kName << ": first argument must be the attrs string";
-  }
-  DeconvArgs a;
-  a.p = ParsedAttrs<DeconvParams>(std::string(attrs_opt.value()), ParseDeconvAttrs);
-  const DeconvParams& p = a.p;
+DeconvTensors CheckDeconvTensors(const DeconvParams& p, ffi::PackedArgs args) {
   const int want = 4 + (p.has_bias ? 1 : 0) + (p.has_res ? 1 : 0);
   if (args.size() != want) {
     TVM_FFI_THROW(TypeError) << kName << ": expected " << want << " arguments (attrs, data, weight"
@@ -313,83 +314,448 @@ DeconvArgs ParseArgs(ffi::PackedArgs args) {
                              << ", Out) for attrs \"" << p.canonical << "\", got "
                              << args.size();
   }
-  int i = 1;
-  ffi::TensorView X = TensorArg(args, i++, "data");
-  ffi::TensorView Wt = TensorArg(args, i++, "weight");
-  a.x = CheckFloatTensor(X, kName, "data", 4);
-  a.w = CheckFloatTensor(Wt, kName, "weight", 4);
-  std::optional<ffi::TensorView> Bias, Res;
+  DeconvTensors t{TensorArg(args, 1, "data"), TensorArg(args, 2, "weight"),
+                  TensorArg(args, args.size() - 1, "Out")};
+  t.x = CheckFloatTensor(t.X, kName, "data", 4);
+  t.w = CheckFloatTensor(t.Wt, kName, "weight", 4);
+  int i = 3;
   if (p.has_bias) {
-    Bias = TensorArg(args, i++, "bias");
-    a.bias = CheckFloatTensor(*Bias, kName, "bias", 1);
+    t.Bias = TensorArg(args, i++, "bias");
+    t.bias = CheckFloatTensor(*t.Bias, kName, "bias", 1);
   }
   if (p.has_res) {
-    Res = TensorArg(args, i++, "residual");
-    a.res = CheckFloatTensor(*Res, kName, "residual", 0);
+    t.Res = TensorArg(args, i++, "residual");
+    t.res = CheckFloatTensor(*t.Res, kName, "residual", 0);
   }
-  ffi::TensorView Out = TensorArg(args, i++, "Out");
-  a.out = CheckFloatTensor(Out, kName, "Out", 4);
-  a.s = CheckDeconvShapes(p, Dims(X), Dims(Wt), Dims(Out));
-  if (Bias.has_value() && (Bias->ndim() != 1 || Bias->shape()[0] != a.s.O)) {
-    TVM_FFI_THROW(ValueError) << kName << ": bias has shape " << ShapeStr(*Bias) << ", expected ["
-                              << a.s.O << "]";
+  t.out = CheckFloatTensor(t.Out, kName, "Out", 4);
+  return t;
+}
+
+// One thread's state of the calls made with one attribute string and one set of argument shapes
+// (a call site, as a Relax module makes it on every run), as conv2d's ConvSite: the problem
+// resolved once (shape checks, implementation, cache key) and, for oneDNN, the primitive for the
+// thread count in effect and the dnnl::memory objects and argument maps of the call, whose data
+// handles are reset when a pointer changes. A call on a kept site builds no string, takes no lock
+// and allocates nothing of ours.
+struct DeconvSite {
+  DeconvShape s;
+  Fmt fmt = Fmt::kAuto;
+  double flops = 0;  // of one call: every input element meets O / groups * KH * KW weights
+  // fmt=gemm: per kernel column kx, the data columns [w_lo, w_hi) that land inside Out
+  std::vector<int64_t> w_lo, w_hi;
+  // fmt=gemm with a transcendental activation (GemmActivationByOneDNN): per thread of the call,
+  // an eltwise primitive over that thread's range of Out, its memory and arguments, made for
+  // act_nthr threads (0: not made)
+  int act_nthr = 0;
+  std::vector<dnnl::eltwise_forward> act_prims;
+  std::vector<dnnl::memory> act_mems;
+  std::vector<std::unordered_map<int, dnnl::memory>> act_args;
+  // oneDNN
+  std::string key;  // DeconvKey: the primitive cache's key
+  int nthr = 0;     // the OpenMP thread count `e` was made for (0: not bound)
+  std::shared_ptr<OneDNNDeconv> e;
+  dnnl::memory user_src, user_dst, user_res, src, wei, dst, bias, scratch;
+  std::unordered_map<const void*, dnnl::memory> weights;  // by data pointer (bounded)
+  std::unordered_map<int, dnnl::memory> args;             // the primitive's
+  std::unordered_map<int, dnnl::memory> src_in, wei_in, res_in, dst_out, act;  // the reorders'
+  size_t src_bytes = 0, wei_bytes = 0, dst_bytes = 0, out_bytes = 0, scratch_bytes = 0;
+};
+
+// The ParsedAttrs value: the attributes and, per argument shapes, the call sites.
+struct DeconvCall {
+  DeconvParams p;
+  std::unordered_map<ShapeKey, std::unique_ptr<DeconvSite>, ShapeKeyHash> sites;
+};
+
+DeconvCall ParseDeconvCall(const std::string& text) {
+  return DeconvCall{ParseDeconvAttrs(text), {}};
+}
+
+// fmt=gemm: the data columns w whose output column w * SW - LEFT + kx * DW lies in [0, OW).
+void GemmColumns(const DeconvParams& p, DeconvSite* site) {
+  const DeconvShape& s = site->s;
+  site->w_lo.assign(s.KW, 0);
+  site->w_hi.assign(s.KW, 0);
+  for (int64_t kx = 0; kx < s.KW; ++kx) {
+    const int64_t x0 = kx * p.dw - p.pl;  // the output column of data column 0
+    const int64_t lo = x0 >= 0 ? 0 : (-x0 + p.sw - 1) / p.sw;
+    const int64_t hi = s.OW - 1 - x0 < 0 ? 0 : std::min(s.W, (s.OW - 1 - x0) / p.sw + 1);
+    site->w_lo[kx] = std::min(lo, hi);
+    site->w_hi[kx] = hi;
   }
-  if (Res.has_value() && Dims(*Res) != Dims(Out)) {
-    TVM_FFI_THROW(ValueError) << kName << ": residual has shape " << ShapeStr(*Res)
-                              << ", expected Out's shape " << ShapeStr(Out);
+}
+
+// The problem of a call from its shapes (every shape check), or nullopt when Out is empty.
+std::optional<DeconvSite> ResolveSite(const DeconvParams& p, const DeconvTensors& t) {
+  DeconvSite site;
+  site.s = CheckDeconvShapes(p, Dims(t.X), Dims(t.Wt), Dims(t.Out));
+  if (t.Bias.has_value() && (t.Bias->ndim() != 1 || t.Bias->shape()[0] != site.s.O)) {
+    TVM_FFI_THROW(ValueError) << kName << ": bias has shape " << ShapeStr(*t.Bias)
+                              << ", expected [" << site.s.O << "]";
   }
-  return a;
+  if (t.Res.has_value() && Dims(*t.Res) != Dims(t.Out)) {
+    TVM_FFI_THROW(ValueError) << kName << ": residual has shape " << ShapeStr(*t.Res)
+                              << ", expected Out's shape " << ShapeStr(t.Out);
+  }
+  if (site.s.N == 0) return std::nullopt;
+  const DeconvShape& s = site.s;
+  site.flops = 2.0 * s.N * s.C * s.H * s.W * (s.O / p.groups) * s.KH * s.KW;
+  site.fmt = p.fmt == Fmt::kAuto ? ChooseFormat(p, s) : p.fmt;
+  if (site.fmt == Fmt::kGemm) {
+    GemmColumns(p, &site);
+  } else {
+    site.key = DeconvKey(p, s, site.fmt);
+  }
+  return site;
+}
+
+// ---------------------------------------------------------------------------------------------
+// oneDNN (fmt=plain|blocked) on a site.
+
+// The site's primitive for the OpenMP thread count in effect (the cache keys by it), and fresh
+// memory objects for its descriptors (no buffer until a call sets the handles).
+void BindSite(const DeconvParams& p, DeconvSite* site, int nthr) {
+  site->e = CachedGet<OneDNNDeconv>(site->key,
+                                    [&]() { return CreateDeconv(p, site->s, site->fmt); });
+  site->nthr = nthr;
+  const OneDNNDeconv& e = *site->e;
+  const dnnl::engine& eng = Engine();
+  site->user_src = dnnl::memory(e.user_src, eng, DNNL_MEMORY_NONE);
+  site->user_dst = dnnl::memory(e.user_dst, eng, DNNL_MEMORY_NONE);
+  site->user_res = dnnl::memory(e.user_dst, eng, DNNL_MEMORY_NONE);
+  site->src = e.src_in.needed ? dnnl::memory(e.src_md, eng, DNNL_MEMORY_NONE) : site->user_src;
+  site->dst = e.dst_out.needed ? dnnl::memory(e.dst_md, eng, DNNL_MEMORY_NONE) : site->user_dst;
+  site->wei = dnnl::memory(e.wei_md, eng, DNNL_MEMORY_NONE);
+  site->bias = p.has_bias ? dnnl::memory(e.bias_md, eng, DNNL_MEMORY_NONE) : dnnl::memory();
+  const bool scratch = e.scratch_md.get_size() > 0;
+  site->scratch = scratch ? dnnl::memory(e.scratch_md, eng, DNNL_MEMORY_NONE) : dnnl::memory();
+  site->weights.clear();
+  site->args = {{DNNL_ARG_SRC, site->src}, {DNNL_ARG_DST, site->dst}};
+  if (p.has_bias) site->args[DNNL_ARG_BIAS] = site->bias;
+  if (scratch) site->args[DNNL_ARG_SCRATCHPAD] = site->scratch;
+  site->src_in = e.src_in.KeptArgs(site->user_src, site->src);
+  site->wei_in = e.wei_in.KeptArgs(site->wei, site->wei);  // FROM: the call's weights
+  site->res_in = e.res_in.KeptArgs(site->user_res, site->dst);
+  site->dst_out = e.dst_out.KeptArgs(site->dst, site->user_dst);
+  site->act = {{DNNL_ARG_SRC, site->user_dst}, {DNNL_ARG_DST, site->user_dst}};
+  site->src_bytes = e.src_md.get_size();
+  site->wei_bytes = e.wei_md.get_size();
+  site->dst_bytes = e.dst_md.get_size();
+  site->out_bytes = e.user_dst.get_size();
+  site->scratch_bytes = e.scratch_md.get_size();
+}
+
+// Points `m` at `data` (a handle change only when it differs).
+void Point(const dnnl::memory& m, void* data) {
+  if (m.get_data_handle() != data) m.set_data_handle(data);
+}
+
+// The memory over the caller's weights at `data`, kept per pointer (bounded).
+dnnl::memory SiteWeights(DeconvSite* site, const dnnl::memory::desc& md, void* data) {
+  constexpr size_t kMaxWeights = 256;
+  auto it = site->weights.find(data);
+  if (it != site->weights.end()) return it->second;
+  if (site->weights.size() >= kMaxWeights) site->weights.clear();
+  return site->weights.emplace(data, dnnl::memory(md, Engine(), data)).first->second;
+}
+
+// One oneDNN call on a bound site: reorders into the primitive's formats where they differ, the
+// residual into dst (sum post-op) or kept for after, the deconvolution, the reorder out, and
+// the separate epilogue (SeparateEpilogue).
+void RunSite(const DeconvParams& p, DeconvSite* site, const DeconvTensors& t) {
+  const OneDNNDeconv& e = *site->e;
+  // Scratch slots: 0 primitive scratchpad, 1 src, 2 weights, 3 dst, 4 residual, 5 reorders.
+  Point(site->user_src, t.x);
+  Point(site->user_dst, t.out);
+  if (e.src_in.needed) {
+    Point(site->src, ScratchBuffer(1, site->src_bytes));
+    e.src_in.RunKept(site->src_in, 5);
+  }
+  dnnl::memory wei = SiteWeights(site, e.user_wei, t.w);
+  if (e.wei_in.needed) {
+    Point(site->wei, ScratchBuffer(2, site->wei_bytes));
+    site->wei_in[DNNL_ARG_FROM] = wei;
+    e.wei_in.RunKept(site->wei_in, 5);
+    wei = site->wei;
+  }
+  site->args[DNNL_ARG_WEIGHTS] = wei;
+  if (e.dst_out.needed) Point(site->dst, ScratchBuffer(3, site->dst_bytes));
+  if (p.has_bias) Point(site->bias, t.bias);
+  const float* res = t.res;
+  if (p.has_res && e.separate && t.res == t.out) {  // the deconvolution overwrites it
+    void* copy = ScratchBuffer(4, site->out_bytes);
+    std::memcpy(copy, t.res, site->out_bytes);
+    res = static_cast<const float*>(copy);
+  }
+  if (p.has_res && !e.separate) {  // the sum post-op adds what dst holds: the residual
+    if (e.res_in.needed) {
+      Point(site->user_res, t.res);
+      e.res_in.RunKept(site->res_in, 5);
+    } else if (t.res != t.out) {
+      std::memcpy(t.out, t.res, site->out_bytes);
+    }
+  }
+  if (site->scratch_bytes > 0) Point(site->scratch, ScratchBuffer(0, site->scratch_bytes));
+  e.prim.execute(Stream(), site->args);
+  if (e.dst_out.needed) e.dst_out.RunKept(site->dst_out, 5);
+  if (e.separate) {  // Out += residual, then Out = act(Out)
+    Stream().wait();
+    if (p.has_res) {
+      const size_t n = site->out_bytes / sizeof(float);
+      for (size_t i = 0; i < n; ++i) t.out[i] += res[i];
+    }
+    if (e.has_act) e.act.execute(Stream(), site->act);
+  }
+  Stream().wait();
+}
+
+// ---------------------------------------------------------------------------------------------
+// fmt=gemm on a site.
+
+// Floats of one thread's column block: 256 KiB, which stay in cache between the GEMM that writes
+// them and the scatter that reads them (the data rows are cut into blocks to fit; at least one).
+constexpr int64_t kColFloats = 1 << 16;
+
+// orow[x0 + w * sw] += c[w * es] for w in [lo, hi).
+void AddStrided(float* orow, int64_t x0, int64_t sw, const float* c, int64_t es, int64_t lo,
+                int64_t hi) {
+  for (int64_t w = lo; w < hi; ++w) orow[w * sw + x0] += c[w * es];
+}
+
+// o[2w] += a[w], o[2w + 1] += b[w] for w in [0, n): two column rows of stride 2 whose outputs
+// interleave into one contiguous run (the compiler vectorizes it: unpack and add).
+void AddInterleaved(float* __restrict o, const float* __restrict a, const float* __restrict b,
+                    int64_t n) {
+  for (int64_t w = 0; w < n; ++w) {
+    o[2 * w] += a[w];
+    o[2 * w + 1] += b[w];
+  }
+}
+
+// One data row's column rows of kernel row ky (kx = 0 .. KW-1, `crow` at kx = 0, `stride`
+// floats between them, `es` between a row's data columns) added into output row `orow`: data
+// column w of kernel column kx lands at x = w * SW - LEFT + kx * DW. With SW = 2, DW = 1 and
+// unit `es` the kernel columns kx, kx + 1 fill alternate output columns, so they are added in
+// pairs (AddInterleaved) on the columns both reach, one by one elsewhere.
+void AddRow(const DeconvParams& p, const DeconvSite& site, float* orow, const float* crow,
+            int64_t stride, int64_t es) {
+  const int64_t kw = site.s.KW;
+  int64_t kx = 0;
+  if (p.sw == 2 && p.dw == 1 && es == 1) {
+    for (; kx + 1 < kw; kx += 2) {
+      const int64_t x0 = kx - p.pl, lo_a = site.w_lo[kx], hi_a = site.w_hi[kx];
+      const int64_t lo_b = site.w_lo[kx + 1], hi_b = site.w_hi[kx + 1];
+      const float* ca = crow + kx * stride;
+      const float* cb = ca + stride;
+      const int64_t lo = std::max(lo_a, lo_b), hi = std::max(lo, std::min(hi_a, hi_b));
+      if (hi > lo) AddInterleaved(orow + 2 * lo + x0, ca + lo, cb + lo, hi - lo);
+      AddStrided(orow, x0, 2, ca, 1, lo_a, std::min(lo, hi_a));
+      AddStrided(orow, x0, 2, ca, 1, std::max(hi, lo_a), hi_a);
+      AddStrided(orow, x0 + 1, 2, cb, 1, lo_b, std::min(lo, hi_b));
+      AddStrided(orow, x0 + 1, 2, cb, 1, std::max(hi, lo_b), hi_b);
+    }
+  }
+  for (; kx < kw; ++kx) {
+    AddStrided(orow, kx * p.dw - p.pl, p.sw, crow + kx * stride, es, site.w_lo[kx],
+               site.w_hi[kx]);
+  }
+}
+
+// Out += the column rows of `channels` output channels for the block of data rows
+// [h0, h0 + nh): column row (o, ky, kx) of data (h, w) lands at
+// (h * SH - TOP + ky * DH, w * SW - LEFT + kx * DW) when inside Out. The columns are
+// [rows, ncols] (element (r, j) at r * ncols + j), or transposed [ncols, rows].
+void ScatterColumns(const DeconvParams& p, const DeconvSite& site, const float* cols,
+                    int64_t ncols, int64_t h0, int64_t nh, int64_t channels, bool transposed,
+                    float* out) {
+  const DeconvShape& s = site.s;
+  const int64_t ohw = s.OH * s.OW, rows = channels * s.KH * s.KW;
+  const int64_t rs = transposed ? 1 : ncols, cs = transposed ? rows : 1;  // row, column strides
+  for (int64_t o = 0; o < channels; ++o) {
+    for (int64_t ky = 0; ky < s.KH; ++ky) {
+      const float* krow = cols + (o * s.KH + ky) * s.KW * rs;
+      for (int64_t h = h0; h < h0 + nh; ++h) {
+        const int64_t y = h * p.sh - p.pt + ky * p.dh;
+        if (y < 0 || y >= s.OH) continue;
+        AddRow(p, site, out + o * ohw + y * s.OW, krow + (h - h0) * s.W * cs, rs, cs);
+      }
+    }
+  }
+}
+
+// Whether a block's GEMM computes the columns transposed, cols^T = data^T @ weight: with few
+// data columns (small inputs) oneDNN's sgemm runs that orientation faster (one thread, us,
+// weight^T @ data vs data^T @ weight: 512 rows x 16 columns x 64 deep 15.4 vs 10.4; 48 x 1024
+// x 8: 10.7 vs 9.1; 128 x 256 x 16: 11.3 vs 12.0), and the transposed columns still fit in L1.
+constexpr int64_t kTransposedColumns = 16;
+
+// Out channels [oa, ob) of group g of image n: filled with bias + residual, then per block of
+// data rows one GEMM (cols = weight^T @ data) and its scatter (the activation follows, over the
+// thread's whole range: GemmActivate).
+void GemmChannels(const DeconvParams& p, const DeconvSite& site, const DeconvTensors& t,
+                  int64_t n, int64_t g, int64_t oa, int64_t ob) {
+  const DeconvShape& s = site.s;
+  const int64_t og = s.O / p.groups, ig = s.C / p.groups, kk = s.KH * s.KW;
+  const int64_t hw = s.H * s.W, ohw = s.OH * s.OW, channels = ob - oa, rows = channels * kk;
+  const int64_t first = (n * s.O + g * og + oa) * ohw;
+  float* out = t.out + first;
+  for (int64_t o = 0; o < channels; ++o) {
+    const float b = p.has_bias ? t.bias[g * og + oa + o] : 0.f;
+    float* dst = out + o * ohw;
+    if (p.has_res) {  // elementwise, so a residual that is Out itself is read before written
+      const float* r = t.res + first + o * ohw;
+      for (int64_t i = 0; i < ohw; ++i) dst[i] = r[i] + b;
+    } else {
+      std::fill(dst, dst + ohw, b);
+    }
+  }
+  const int64_t hb = std::max<int64_t>(1, std::min(s.H, kColFloats / (rows * s.W)));
+  float* cols = static_cast<float*>(ScratchBuffer(6, sizeof(float) * rows * hb * s.W));
+  // the group's IOHW weight is the row-major [ig, og * kk] matrix; its columns from oa * kk
+  const float* wg = t.w + g * ig * og * kk + oa * kk;
+  const float* xg = t.x + (n * s.C + g * ig) * hw;
+  for (int64_t h0 = 0; h0 < s.H; h0 += hb) {
+    const int64_t nh = std::min(hb, s.H - h0), ncols = nh * s.W;
+    const bool transposed = ncols <= kTransposedColumns;
+    const dnnl_status_t st =
+        transposed ? dnnl_sgemm('T', 'N', ncols, rows, ig, 1.f, xg + h0 * s.W, hw, wg, og * kk,
+                                0.f, cols, rows)
+                   : dnnl_sgemm('T', 'N', rows, ncols, ig, 1.f, wg, og * kk, xg + h0 * s.W, hw,
+                                0.f, cols, ncols);
+    if (st != dnnl_success) {
+      TVM_FFI_THROW(RuntimeError) << kName << ": dnnl_sgemm failed (status "
+                                  << static_cast<int>(st) << ")";
+    }
+    ScatterColumns(p, site, cols, ncols, h0, nh, channels, transposed, out);
+  }
+}
+
+// Whether fmt=gemm applies the activation with oneDNN's eltwise primitive (vectorized) rather
+// than ApplyActivation's loop: for the activations that call exp/tanh/erf per element there.
+// DCGAN quick's last layer, 3x64x64 outputs with tanh, one thread: the loop made the call 176 us,
+// the whole deconvolution before it ~30 us.
+bool GemmActivationByOneDNN(const Activation& act) {
+  switch (act.kind) {
+    case Act::kNone:
+    case Act::kRelu:
+    case Act::kClip:
+    case Act::kLeakyRelu:
+      return false;
+    default:
+      return true;
+  }
+}
+
+// The per-thread eltwise primitives of a fmt=gemm site for `nthr` threads splitting `units`
+// output channels (RunGemm's ranges), made once per site and thread count.
+void BindGemmActivation(const DeconvParams& p, DeconvSite* site, int nthr, int64_t units) {
+  const int64_t ohw = site->s.OH * site->s.OW;
+  site->act_prims.clear();
+  site->act_mems.clear();
+  site->act_args.clear();
+  for (int64_t i = 0; i < nthr; ++i) {
+    const int64_t count = (units * (i + 1) / nthr - units * i / nthr) * ohw;
+    const dnnl::memory::desc md(dims{count}, dt::f32, dims{1});
+    site->act_prims.push_back(ActivationPrimitive(p.act, md));
+    site->act_mems.push_back(dnnl::memory(md, Engine(), DNNL_MEMORY_NONE));
+    site->act_args.push_back(
+        {{DNNL_ARG_SRC, site->act_mems.back()}, {DNNL_ARG_DST, site->act_mems.back()}});
+  }
+  site->act_nthr = nthr;
+}
+
+// The activation over Out's output channels [u0, u1) (contiguous: channel unit u of image n,
+// group g is n * O + g * O/G + o) on thread `i` of the call.
+void GemmActivate(const DeconvParams& p, DeconvSite* site, const DeconvTensors& t, int64_t u0,
+                  int64_t u1, int i, bool nested) {
+  const int64_t ohw = site->s.OH * site->s.OW;
+  float* out = t.out + u0 * ohw;
+  if (!GemmActivationByOneDNN(p.act)) {
+    ApplyActivation(p.act, out, (u1 - u0) * ohw, !nested);
+    return;
+  }
+  Point(site->act_mems[i], out);
+  site->act_prims[i].execute(Stream(), site->act_args[i]);
+  Stream().wait();
+}
+
+// fmt=gemm: the output channels of every image and group, split into one contiguous range per
+// OpenMP thread (one parallel region); with one range (one thread, or a single output channel)
+// on the calling thread, where dnnl_sgemm may use the threads itself.
+void RunGemm(const DeconvParams& p, DeconvSite* site, const DeconvTensors& t) {
+  const DeconvShape& s = site->s;
+  const int64_t og = s.O / p.groups, units = s.N * p.groups * og;
+  const int nthr = static_cast<int>(std::min<int64_t>(omp_get_max_threads(), units));
+  if (GemmActivationByOneDNN(p.act) && site->act_nthr != std::max(nthr, 1)) {
+    BindGemmActivation(p, site, std::max(nthr, 1), units);
+  }
+  auto run = [&](int64_t u0, int64_t u1, int i, bool nested) {
+    for (int64_t u = u0; u < u1;) {  // cut at image and group boundaries
+      const int64_t ng = u / og, oa = u % og, ob = std::min(og, oa + (u1 - u));
+      GemmChannels(p, *site, t, ng / p.groups, ng % p.groups, oa, ob);
+      u += ob - oa;
+    }
+    GemmActivate(p, site, t, u0, u1, i, nested);
+  };
+  if (nthr <= 1) {
+    run(0, units, 0, false);
+    return;
+  }
+  std::string error;
+#pragma omp parallel num_threads(nthr)
+  {
+    // nthr ranges whatever the team's size (BindGemmActivation made one primitive per range)
+    const int team = omp_get_num_threads();
+    try {
+      for (int i = omp_get_thread_num(); i < nthr; i += team) {
+        run(units * i / nthr, units * (i + 1) / nthr, i, true);
+      }
+    } catch (const std::exception& ex) {  // no exception may leave a parallel region
+#pragma omp critical(tvm_ollie_deconv_error)
+      error = ex.what();
+    } catch (...) {
+#pragma omp critical(tvm_ollie_deconv_error)
+      error = "unknown error";
+    }
+  }
+  if (!error.empty()) TVM_FFI_THROW(RuntimeError) << kName << ": " << error;
 }
 
 void Conv2dTranspose(ffi::PackedArgs args, ffi::Any* rv) {
+  constexpr size_t kMaxSites = 256;  // per attribute string and thread
   ThreadScope threads;
-  DeconvArgs a = ParseArgs(args);
-  const DeconvParams& p = a.p;
-  if (a.s.N == 0) return;
-  // every input element meets O / groups * KH * KW weights (multiply and add each)
-  const double flops = 2.0 * a.s.N * a.s.C * a.s.H * a.s.W * (a.s.O / p.groups) * a.s.KH * a.s.KW;
-  threads.SerialBelow(flops);
-  const Fmt fmt = p.fmt == Fmt::kAuto ? ChooseFormat(p, a.s) : p.fmt;
-  auto e = CachedGet<OneDNNDeconv>(DeconvKey(p, a.s, fmt),
-                                   [&]() { return CreateDeconv(p, a.s, fmt); });
-  const dnnl::engine& eng = Engine();
-  dnnl::memory user_src(e->user_src, eng, a.x), user_dst(e->user_dst, eng, a.out);
-  dnnl::memory src = user_src, dst = user_dst, wei(e->user_wei, eng, a.w);
-  // Scratch slots: 0 primitive scratchpad, 1 src, 2 weights, 3 dst, 4 residual, 5 reorders.
-  if (e->src_in.needed) {
-    src = dnnl::memory(e->src_md, eng, ScratchBuffer(1, e->src_md.get_size()));
-    e->src_in.Run(user_src, src, 5);
-  }
-  if (e->wei_in.needed) {
-    dnnl::memory user_wei = wei;
-    wei = dnnl::memory(e->wei_md, eng, ScratchBuffer(2, e->wei_md.get_size()));
-    e->wei_in.Run(user_wei, wei, 5);
-  }
-  if (e->dst_out.needed) dst = dnnl::memory(e->dst_md, eng, ScratchBuffer(3, e->dst_md.get_size()));
-  std::unordered_map<int, dnnl::memory> cargs{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei},
-                                              {DNNL_ARG_DST, dst}};
-  if (p.has_bias) cargs[DNNL_ARG_BIAS] = dnnl::memory(e->bias_md, eng, a.bias);
-  const float* res = a.res;
-  if (p.has_res && e->separate && a.res == a.out) {  // the deconvolution overwrites it
-    void* copy = ScratchBuffer(4, e->user_dst.get_size());
-    std::memcpy(copy, a.res, e->user_dst.get_size());
-    res = static_cast<const float*>(copy);
-  }
-  if (p.has_res && !e->separate) {  // the sum post-op adds what dst holds: the residual
-    if (e->res_in.needed) {
-      e->res_in.Run(dnnl::memory(e->user_dst, eng, a.res), dst, 5);
-    } else if (a.res != a.out) {
-      std::memcpy(a.out, a.res, e->user_dst.get_size());
+  std::optional<ffi::String> holder;
+  DeconvCall& call = ParsedAttrs<DeconvCall>(AttrsView(args, kName, &holder), ParseDeconvCall);
+  const DeconvParams& p = call.p;
+  const DeconvTensors t = CheckDeconvTensors(p, args);
+  ShapeKey key;
+  const bool keyed = key.Add(t.X) && key.Add(t.Wt) && (!t.Bias || key.Add(*t.Bias)) &&
+                     (!t.Res || key.Add(*t.Res)) && key.Add(t.Out);
+  auto it = keyed ? call.sites.find(key) : call.sites.end();
+  DeconvSite* site;
+  std::optional<DeconvSite> unkept;
+  if (it != call.sites.end()) {
+    site = it->second.get();
+  } else {
+    std::optional<DeconvSite> resolved = ResolveSite(p, t);
+    if (!resolved.has_value()) return;  // empty Out (N == 0)
+    if (keyed) {
+      if (call.sites.size() >= kMaxSites) call.sites.clear();
+      site = call.sites.emplace(key, std::make_unique<DeconvSite>(std::move(*resolved)))
+                 .first->second.get();
+    } else {
+      unkept = std::move(resolved);
+      site = &*unkept;
     }
   }
-  const size_t scratch = e->scratch_md.get_size();
-  if (scratch > 0) {
-    cargs[DNNL_ARG_SCRATCHPAD] = dnnl::memory(e->scratch_md, eng, ScratchBuffer(0, scratch));
+  threads.SerialBelow(site->flops);
+  if (site->fmt == Fmt::kGemm) {
+    RunGemm(p, site, t);
+    return;
   }
-  e->prim.execute(Stream(), cargs);
-  if (e->dst_out.needed) e->dst_out.Run(dst, user_dst, 5);
-  if (e->separate) RunSeparateEpilogue(*e, p.has_res ? res : nullptr, user_dst);
-  Stream().wait();
+  const int nthr = omp_get_max_threads();
+  if (site->nthr != nthr) BindSite(p, site, nthr);
+  RunSite(p, site, t);
 }
 
 }  // namespace
@@ -397,8 +763,8 @@ void Conv2dTranspose(ffi::PackedArgs args, ffi::Any* rv) {
 std::string Conv2dTransposeInfo() {
   return "conv2d_transpose default: oneDNN deconvolution on its blocked formats with reorders "
          "inside the call, except without groups when the weights are larger than data + output "
-         "or there are fewer than 16 output channels: oneDNN on plain formats, with the residual "
-         "and activation applied after it (not as post-ops)";
+         "or there are fewer than 16 output channels: a GEMM and a scatter of its columns "
+         "(fmt=gemm), bias, residual and activation fused";
 }
 
 TVM_FFI_STATIC_INIT_BLOCK() {

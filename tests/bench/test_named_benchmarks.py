@@ -51,7 +51,8 @@ def test_native_choice_quick_both(capsys):
 
 @needs_native
 @pytest.mark.parametrize("what, header, first", [
-    ("deconv", "| shape | default | plain | blocked |", native_choice.DECONV_SHAPES[0][0]),
+    ("deconv", "| shape | default | plain | blocked | gemm |",
+     native_choice.DECONV_SHAPES[0][0]),
     ("deconv-epilogue", "| shape | bias | bias+relu | bias+residual |",
      native_choice.EPILOGUE_SHAPES[0][0]),
 ])

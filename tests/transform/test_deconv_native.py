@@ -4,6 +4,7 @@ the kernel call."""
 
 import logging
 
+import numpy as np
 import pytest
 import tvm
 from tvm import relax
@@ -131,3 +132,37 @@ def test_calibration_measures_the_native_transposed_convolution():
 
     eff = measure_native_efficiency()
     assert 0 < eff["native_conv_transpose"] <= 1.0
+
+
+#: the GAN generators' quick layers (models/gan.py): (data shape, out channels, k, stride, pad)
+GAN_LAYERS = [((1, 12, 1, 1), 64, 4, 1, 0), ((1, 64, 4, 4), 32, 4, 2, 1),
+              ((1, 16, 16, 16), 8, 4, 2, 1), ((1, 8, 32, 32), 3, 4, 2, 1),
+              ((1, 56, 2, 2), 32, 4, 2, 1)]
+
+
+@pytest.mark.parametrize("layer", GAN_LAYERS, ids=lambda l: "x".join(map(str, l[0])))
+def test_gan_layers_with_folded_epilogue_match_tvm(layer):
+    """conv2d_transpose + bias + relu (tanh on the RGB output), as the GAN generators run it
+    after the epilogue fold, against TVM's own build of the Relax ops: the kernel's default,
+    oneDNN on the plain formats and fmt=gemm."""
+    import tvm_ffi
+
+    shape, o, k, s, p = layer
+    act = "tanh" if o == 3 else "relu"
+
+    def body(bb, x, w, b):
+        y = bb.emit(relax.op.nn.conv2d_transpose(x, w, strides=s, padding=p))
+        y = bb.emit(relax.op.add(y, relax.op.reshape(b, (1, o, 1, 1))))
+        return relax.op.tanh(y) if act == "tanh" else relax.op.nn.relu(y)
+
+    mod = single_function_module([tensor_var("x", shape), tensor_var("w", (shape[1], o, k, k)),
+                                  tensor_var("b", (o,))], body)
+    args = sm.random_inputs(mod, seed=o)
+    ref = sm.run(tvm.compile(mod, target="llvm"), args)
+    form = lib.call_form(_call(mod)).with_attrs(bias=1, act=act)
+    kernel = tvm_ffi.get_global_func(lib.CONV2D_TRANSPOSE)
+    for fmt in (None, "plain", "gemm"):
+        text = form.text() if fmt is None else form.with_attrs(fmt=fmt).text()
+        out = np.full(ref.shape, np.nan, "float32")
+        kernel(text, *[tvm_ffi.from_dlpack(a) for a in args], tvm_ffi.from_dlpack(out))
+        sm.assert_close(out, ref)

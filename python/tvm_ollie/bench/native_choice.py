@@ -6,8 +6,9 @@
 * ``gemm``: oneDNN vs OpenBLAS (``lib=``) on :data:`~.kernel_bench.GEMM_SHAPES`, GFLOP/s;
 * ``conv``: the default, plain, blocked and prepacked-weight conv2d on
   :data:`~.kernel_bench.CONV_SHAPES` in NCHW and NHWC, ms;
-* ``deconv``: conv2d_transpose in the default, plain and blocked formats on transposed
-  convolutions of the zoo's kinds (GCN, DCGAN, FSRCNN, a grouped one), ms;
+* ``deconv``: conv2d_transpose by implementation (the default; oneDNN on the plain and on the
+  blocked formats; the GEMM + scatter of ``fmt=gemm``) on transposed convolutions of the zoo's
+  kinds (GCN, DCGAN, FSRCNN, a grouped one), ms;
 * ``deconv-epilogue``: what a relu or a residual adds to conv2d_transpose on DCGAN's quick
   layers, us;
 * ``both`` (the default): ``gemm`` then ``conv``.
@@ -125,7 +126,7 @@ def deconv(budget_s: float, quick: bool) -> List[Row]:
         tx, tw, to = map(tvm_ffi.from_dlpack, (x, wt, np.empty((n, o, oh, ow), "float32")))
         attrs = f"stride={s},{s};pad={p},{p},{p},{p};opad={op},{op};groups={g}"
         cells = {}
-        for fmt in ("default", "plain", "blocked"):
+        for fmt in ("default", "plain", "blocked", "gemm"):
             text = attrs if fmt == "default" else attrs + f";fmt={fmt}"
             cells[fmt] = _cell(lambda text=text: f(text, tx, tw, to), budget_s, 1e3)
         rows.append((label, cells))
