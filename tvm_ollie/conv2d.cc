@@ -510,30 +510,6 @@ struct ConvSite {
   size_t src_bytes = 0, wei_bytes = 0, dst_bytes = 0, out_bytes = 0, scratch_bytes = 0;
 };
 
-// The shapes of a call's tensor arguments (rank, then dims, for each), the key of its site.
-struct ShapeKey {
-  static constexpr int kMax = 40;
-  std::array<int64_t, kMax> d{};
-  int n = 0;
-  bool Add(const ffi::TensorView& t) {
-    if (n + 1 + t.ndim() > kMax) return false;
-    d[n++] = t.ndim();
-    for (int i = 0; i < t.ndim(); ++i) d[n++] = t.shape()[i];
-    return true;
-  }
-  bool operator==(const ShapeKey& o) const {
-    return n == o.n && std::equal(d.begin(), d.begin() + n, o.d.begin());
-  }
-};
-
-struct ShapeKeyHash {
-  size_t operator()(const ShapeKey& k) const {
-    uint64_t h = 1469598103934665603ULL;
-    for (int i = 0; i < k.n; ++i) h = (h ^ static_cast<uint64_t>(k.d[i])) * 1099511628211ULL;
-    return static_cast<size_t>(h);
-  }
-};
-
 // The ParsedAttrs value of conv2d: the attributes and, per argument shapes, the call sites.
 struct ConvCall {
   ConvParams p;
@@ -665,11 +641,6 @@ void BindSite(const ConvParams& p, ConvSite* site, int nthr) {
   site->dst_bytes = e.dst_md.get_size();
   site->out_bytes = e.user_dst.get_size();
   site->scratch_bytes = e.scratch_md.get_size();
-}
-
-// Points `m` at `data` (a handle change only when it differs).
-void Point(const dnnl::memory& m, void* data) {
-  if (m.get_data_handle() != data) m.set_data_handle(data);
 }
 
 // The memory over weights at `data` in the site's format `md`, kept per pointer (bounded).
