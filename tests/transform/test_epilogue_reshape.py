@@ -241,10 +241,11 @@ def _unchanged_scores(body):
     assert counts == {}
 
 
-def test_guard_scale_by_a_vector_or_a_variable():
+def test_guard_scale_by_a_vector_or_per_batch():
     _unchanged_scores(lambda bb, q, k: _scores(bb, q, k, relax.const(np.ones(4, "float32"))))
     _unchanged_scores(lambda bb, q, k: relax.op.multiply(
-        bb.emit(lib.emit_call(MATMUL, [q, k], (2, 4, 4))), q))
+        bb.emit(lib.emit_call(MATMUL, [q, k], (2, 4, 4))),
+        relax.const(np.ones((2, 1, 1), "float32"))))
 
 
 def test_guard_scale_not_on_cuda_kernels():
