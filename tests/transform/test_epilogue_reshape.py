@@ -279,3 +279,29 @@ def test_scaled_scores_softmax_numerics_against_tvm():
     assert counts == {"matmul": 1}
     np.testing.assert_allclose(run(fused), run(_build(_scores_params(), body(False))),
                                rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(not native.load(), reason="native library not loaded")
+def test_bert_quick_library_plan_folds_every_epilogue(tmp_path):
+    """The zoo's BERT layer as the benchmark imports it (PyTorch, constant weights): in the
+    library plan every bias, residual, GELU and the attention scale is in a native call, and
+    the plan computes what TVM's build of the imported module does."""
+    from tvm_ollie.config import OllieConfig
+    from tvm_ollie.models.export import to_relax
+    from tvm_ollie.models.registry import get_model
+    from tvm_ollie.pipeline.joint import library_plan
+
+    spec = get_model("bert", quick=True)
+    mod, _ = to_relax(spec, weights="constants")
+    plan, _ = library_plan(mod, OllieConfig(target="llvm", work_dir=str(tmp_path)))
+    attrs = sorted(_kernel_attrs(plan))
+    assert attrs == sorted(["ta=0;tb=0;bias=1", "ta=0;tb=0;act=scale_0.125", "ta=0;tb=0",
+                            "ta=0;tb=0;bias=1;res=1", "ta=0;tb=0;bias=1;act=gelu",
+                            "ta=0;tb=0;bias=1;res=1"])
+    x = spec.example_inputs[0].detach().numpy().astype("float32")
+
+    def run(m):
+        vm = relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu())
+        return vm["main"](tvm.runtime.tensor(x)).numpy()
+
+    np.testing.assert_allclose(run(plan), run(mod), rtol=1e-4, atol=1e-4)
