@@ -46,6 +46,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from .. import native
 from ..codegen import library as lib
 from ..compat import relax, tvm
 from .activations import match_hardsigmoid, match_hardswish
@@ -165,9 +166,13 @@ def _scale(value, y) -> Optional[float]:
     return c if np.isfinite(c) else None
 
 
+#: The CUDA kernels (their activations: :func:`_guard_device_has`).
+_CUDA_KERNELS = (lib.CUDA_MATMUL, lib.CUDA_CONV2D)
+
+
 def _guard_device_has(kernel: lib.LibCall, act: str) -> bool:
     """The kernel's device implements the activation (CUDA: not :data:`CPU_ONLY_ACTIVATIONS`)."""
-    if kernel.func not in (lib.CUDA_MATMUL, lib.CUDA_CONV2D):
+    if kernel.func not in _CUDA_KERNELS:
         return True
     return not any(act.startswith(name) for name in CPU_ONLY_ACTIVATIONS)
 
@@ -195,6 +200,8 @@ def _fold(kernel, operands, consumer, y) -> Optional[Tuple[lib.LibCall, list, li
         act = f"scale_{scale!r}"
         if not _guard_step_order(kernel, "act") or not _guard_device_has(kernel, act):
             return None
+        if kernel.func not in _CUDA_KERNELS and not native.takes_activation(act):
+            return None  # a library built before scale_A
         return kernel.with_attrs(act=act), operands, []
     if value.op.name != "relax.add" or len(value.args) != 2:
         return None
