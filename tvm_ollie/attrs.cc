@@ -144,6 +144,7 @@ static const ParamActivation kParamActivations[] = {
     {"hardswish_", Act::kHardswish, 2},
     {"hardsigmoid_", Act::kHardsigmoid, 2},
     {"leaky_relu_", Act::kLeakyRelu, 1},
+    {"scale_", Act::kScale, 1},
 };
 
 // `n` finite decimal numbers separated by '_' (numbers hold no '_') into out[0..n).
@@ -166,8 +167,8 @@ Activation ParseActivation(const Attrs& attrs, const std::string& value) {
     float p[2] = {0.f, 0.f};
     if (!ParseParams(value.substr(prefix.size()), pa.params, p)) {
       TVM_FFI_THROW(ValueError) << attrs.kernel() << ": bad activation '" << value
-                                << "' (expected hardswish_A_B, hardsigmoid_A_B or leaky_relu_A "
-                                   "with finite decimal A, B, e.g. leaky_relu_0.1)";
+                                << "' (expected hardswish_A_B, hardsigmoid_A_B, leaky_relu_A or "
+                                   "scale_A with finite decimal A, B, e.g. leaky_relu_0.1)";
     }
     a.kind = pa.kind;
     a.alpha = p[0];
@@ -203,8 +204,8 @@ Activation ParseActivation(const Attrs& attrs, const std::string& value) {
   } else {
     TVM_FFI_THROW(ValueError) << attrs.kernel() << ": bad activation '" << value
                               << "' (expected none, relu, clip_LO_HI, sigmoid, tanh, gelu, "
-                                 "gelu_tanh, silu, hardswish_A_B, hardsigmoid_A_B or "
-                                 "leaky_relu_A)";
+                                 "gelu_tanh, silu, hardswish_A_B, hardsigmoid_A_B, "
+                                 "leaky_relu_A or scale_A)";
   }
   return a;
 }

@@ -53,17 +53,19 @@ enum class Act {
   kHardswish,    // x * clip(alpha * x + beta, 0, 1)
   kHardsigmoid,  // clip(alpha * x + beta, 0, 1)
   kLeakyRelu,    // x > 0 ? x : alpha * x
+  kScale,        // alpha * x (a product by a constant after the kernel, e.g. attention's 1/sqrt(d))
 };
 
 struct Activation {
   Act kind = Act::kNone;
   float lo = 0.f, hi = 0.f;        // clip bounds
-  float alpha = 0.f, beta = 0.f;   // hardswish/hardsigmoid (alpha, beta), leaky_relu (alpha)
+  float alpha = 0.f, beta = 0.f;   // hardswish/hardsigmoid (alpha, beta), leaky_relu, scale
+                                   // (alpha)
   std::string text = "none";
 };
 
 // Parses "none|relu|clip_LO_HI|sigmoid|tanh|gelu|gelu_tanh|silu|hardswish_A_B|
-// hardsigmoid_A_B|leaky_relu_A"; throws ValueError.
+// hardsigmoid_A_B|leaky_relu_A|scale_A"; throws ValueError.
 Activation ParseActivation(const Attrs& attrs, const std::string& value);
 // Decimal integer / float parsing of a whole string (false on trailing text or overflow; NaN is
 // rejected, infinities are accepted).

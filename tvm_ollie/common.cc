@@ -64,6 +64,9 @@ void AppendActivation(const Activation& act, dnnl::post_ops* ops) {
     case Act::kLeakyRelu:  // relu with alpha: d = s > 0 ? s : alpha * s
       ops->append_eltwise(alg::eltwise_relu, act.alpha, 0.f);
       return;
+    case Act::kScale:  // d = alpha * s + 0
+      ops->append_eltwise(alg::eltwise_linear, act.alpha, 0.f);
+      return;
   }
 }
 
@@ -104,6 +107,9 @@ void ApplyActivation(const Activation& act, float* x, int64_t n, bool parallel) 
         break;
       case Act::kLeakyRelu:
         v = v > 0.f ? v : alpha * v;
+        break;
+      case Act::kScale:
+        v = alpha * v;
         break;
       case Act::kNone:
         break;

@@ -96,6 +96,12 @@ struct Reorder {
   }
 };
 
+// Points `m` at `data` (a handle change only when it differs: a call site's memory objects
+// are kept between calls and most calls pass the same buffers).
+inline void Point(const dnnl::memory& m, void* data) {
+  if (m.get_data_handle() != data) m.set_data_handle(data);
+}
+
 // Process-wide cache of prepared kernels (primitives, descriptors), keyed by a string built from
 // the kernel name, attributes and shapes, and by the OpenMP thread count in effect (oneDNN sizes
 // a primitive's work split and scratchpad for the count at its creation). Never keyed by data
@@ -146,6 +152,32 @@ T& ParsedAttrs(std::string_view text, T (*parse)(const std::string&)) {
   std::string_view key(entry->text);
   return parsed.emplace(key, std::move(entry)).first->second->value;
 }
+
+// The shapes of a kernel call's tensor arguments (rank, then dims, for each): the key of its call
+// site (ConvSite, MatmulSite), kept per attribute string and thread. Add returns false when the
+// shapes do not fit (the call then runs without a kept site).
+struct ShapeKey {
+  static constexpr int kMax = 40;
+  std::array<int64_t, kMax> d{};
+  int n = 0;
+  bool Add(const tvm::ffi::TensorView& t) {
+    if (n + 1 + t.ndim() > kMax) return false;
+    d[n++] = t.ndim();
+    for (int i = 0; i < t.ndim(); ++i) d[n++] = t.shape()[i];
+    return true;
+  }
+  bool operator==(const ShapeKey& o) const {
+    return n == o.n && std::equal(d.begin(), d.begin() + n, o.d.begin());
+  }
+};
+
+struct ShapeKeyHash {
+  size_t operator()(const ShapeKey& k) const {
+    uint64_t h = 1469598103934665603ULL;
+    for (int i = 0; i < k.n; ++i) h = (h ^ static_cast<uint64_t>(k.d[i])) * 1099511628211ULL;
+    return static_cast<size_t>(h);
+  }
+};
 
 // The attribute string (argument 0) of a packed call as a view: valid while `holder`, which
 // keeps the caller's string object alive, is. No copy (a raw C string is wrapped once).

@@ -643,11 +643,6 @@ void BindSite(const ConvParams& p, ConvSite* site, int nthr) {
   site->scratch_bytes = e.scratch_md.get_size();
 }
 
-// Points `m` at `data` (a handle change only when it differs).
-void Point(const dnnl::memory& m, void* data) {
-  if (m.get_data_handle() != data) m.set_data_handle(data);
-}
-
 // The memory over weights at `data` in the site's format `md`, kept per pointer (bounded).
 dnnl::memory SiteWeights(ConvSite* site, const dnnl::memory::desc& md, void* data) {
   constexpr size_t kMaxWeights = 256;

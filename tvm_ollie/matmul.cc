@@ -5,14 +5,23 @@
 //   tvm_ollie.cpu.matmul(attrs: str, A, B, [bias], [residual], Out)
 // attrs: ta=0|1 (A stored [..., K, M]), tb=0|1 (B stored [..., N, K]), bias=0|1, res=0|1,
 //        act=none|relu|clip_LO_HI|sigmoid|tanh|gelu|gelu_tanh|silu|hardswish_A_B|hardsigmoid_A_B|
-//        leaky_relu_A, lib=onednn|openblas.
+//        leaky_relu_A|scale_A (A * x), lib=onednn|openblas.
+//
+// Per call: each thread keeps, with the parsed attrs and per argument shapes, a call site
+// (MatmulSite: the checked GEMM, the library, the oneDNN primitive and the call's dnnl::memory
+// objects with their handles reset per call), as conv2d does (docs/per-call.md).
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/reflection/registry.h>
+
+#include <omp.h>
 
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "cblas.h"
@@ -147,101 +156,166 @@ std::string DimsKey(const std::vector<int64_t>& d) {
   return s;
 }
 
-void RunOneDNN(const MatmulParams& p, const GemmShape& pr, const float* a, const float* b,
-               const float* bias, const float* res, float* out) {
-  using dt = dnnl::memory::data_type;
-  using dims = dnnl::memory::dims;
-  const int64_t M = pr.M, N = pr.N, K = pr.K;
-  // Fold A's batch into M when B is not batched (one big 2-D GEMM).
+// The problem oneDNN is given: A's batch folded into M when B is not batched (one big 2-D
+// GEMM), else the batch dims as they are.
+struct OneDNNProblem {
+  std::vector<int64_t> a_batch, b_batch, batch;
+  int64_t m = 0, N = 0, K = 0;
+};
+
+OneDNNProblem FoldProblem(const MatmulParams& p, const GemmShape& pr) {
   const bool b_broadcast = std::all_of(pr.b_batch.begin(), pr.b_batch.end(),
                                        [](int64_t d) { return d == 1; });
   const bool fold = b_broadcast && !p.ta &&
                     std::equal(pr.a_batch.begin(), pr.a_batch.end(), pr.batch.begin());
-  std::vector<int64_t> a_batch = pr.a_batch, b_batch = pr.b_batch, batch = pr.batch;
-  int64_t m = M;
+  OneDNNProblem q;
+  q.N = pr.N;
+  q.K = pr.K;
   if (fold) {
-    m = M * pr.count;
-    a_batch.clear();
-    b_batch.clear();
-    batch.clear();
+    q.m = pr.M * pr.count;
+  } else {
+    q.m = pr.M;
+    q.a_batch = pr.a_batch;
+    q.b_batch = pr.b_batch;
+    q.batch = pr.batch;
   }
-  if (batch.empty()) {  // oneDNN wants the same rank everywhere; 2-D is fine.
+  return q;
+}
+
+std::string OneDNNKey(const MatmulParams& p, const OneDNNProblem& q) {
+  return std::string(kName) + "|" + p.canonical + "|a" + DimsKey(q.a_batch) + "|b" +
+         DimsKey(q.b_batch) + "|" + std::to_string(q.m) + "x" + std::to_string(q.N) + "x" +
+         std::to_string(q.K);
+}
+
+std::shared_ptr<OneDNNMatmul> CreateOneDNNMatmul(const MatmulParams& p, const OneDNNProblem& q) {
+  using dt = dnnl::memory::data_type;
+  using dims = dnnl::memory::dims;
+  const int64_t m = q.m, N = q.N, K = q.K;
+  auto e = std::make_shared<OneDNNMatmul>();
+  const int nb = static_cast<int>(q.batch.size());
+  dims src_d(q.a_batch.begin(), q.a_batch.end()), wei_d(q.b_batch.begin(), q.b_batch.end()),
+      dst_d(q.batch.begin(), q.batch.end());
+  src_d.push_back(m);
+  src_d.push_back(K);
+  wei_d.push_back(K);
+  wei_d.push_back(N);
+  dst_d.push_back(m);
+  dst_d.push_back(N);
+  // Strides of A and B as stored (transposes are expressed as strides).
+  dims src_s(nb + 2), wei_s(nb + 2);
+  src_s[nb] = p.ta ? 1 : K;
+  src_s[nb + 1] = p.ta ? m : 1;
+  wei_s[nb] = p.tb ? 1 : N;
+  wei_s[nb + 1] = p.tb ? K : 1;
+  int64_t acc_a = m * K, acc_b = K * N;
+  for (int i = nb - 1; i >= 0; --i) {
+    src_s[i] = acc_a;
+    acc_a *= q.a_batch[i];
+    wei_s[i] = acc_b;
+    acc_b *= q.b_batch[i];
   }
-  std::string key = std::string(kName) + "|" + p.canonical + "|a" + DimsKey(a_batch) + "|b" +
-                    DimsKey(b_batch) + "|" + std::to_string(m) + "x" + std::to_string(N) + "x" +
-                    std::to_string(K);
-  auto entry = CachedGet<OneDNNMatmul>(key, [&]() {
-    auto e = std::make_shared<OneDNNMatmul>();
-    const int nb = static_cast<int>(batch.size());
-    dims src_d(a_batch.begin(), a_batch.end()), wei_d(b_batch.begin(), b_batch.end()),
-        dst_d(batch.begin(), batch.end());
-    src_d.push_back(m);
-    src_d.push_back(K);
-    wei_d.push_back(K);
-    wei_d.push_back(N);
-    dst_d.push_back(m);
-    dst_d.push_back(N);
-    // Strides of A and B as stored (transposes are expressed as strides).
-    dims src_s(nb + 2), wei_s(nb + 2);
-    src_s[nb] = p.ta ? 1 : K;
-    src_s[nb + 1] = p.ta ? m : 1;
-    wei_s[nb] = p.tb ? 1 : N;
-    wei_s[nb + 1] = p.tb ? K : 1;
-    int64_t acc_a = m * K, acc_b = K * N;
-    for (int i = nb - 1; i >= 0; --i) {
-      src_s[i] = acc_a;
-      acc_a *= a_batch[i];
-      wei_s[i] = acc_b;
-      acc_b *= b_batch[i];
-    }
-    e->src_md = dnnl::memory::desc(src_d, dt::f32, src_s);
-    e->wei_md = dnnl::memory::desc(wei_d, dt::f32, wei_s);
-    e->dst_md = dnnl::memory::desc(dst_d, dt::f32, dnnl::memory::format_tag::any);
-    // dst must be plain row-major: give explicit strides.
-    dims dst_s(nb + 2);
-    int64_t acc = 1;
-    for (int i = nb + 1; i >= 0; --i) {
-      dst_s[i] = acc;
-      acc *= dst_d[i];
-    }
-    e->dst_md = dnnl::memory::desc(dst_d, dt::f32, dst_s);
-    dnnl::primitive_attr attr;
-    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    dnnl::post_ops ops;
-    if (p.has_res) ops.append_binary(dnnl::algorithm::binary_add, e->dst_md);
-    AppendActivation(p.act, &ops);
-    attr.set_post_ops(ops);
-    dnnl::matmul::primitive_desc pd;
-    if (p.has_bias) {
-      dims bias_d(nb + 2, 1);
-      bias_d[nb + 1] = N;
-      dims bias_s(nb + 2, N);
-      bias_s[nb + 1] = 1;
-      e->bias_md = dnnl::memory::desc(bias_d, dt::f32, bias_s);
-      pd = dnnl::matmul::primitive_desc(Engine(), e->src_md, e->wei_md, e->bias_md, e->dst_md,
-                                        attr);
-    } else {
-      pd = dnnl::matmul::primitive_desc(Engine(), e->src_md, e->wei_md, e->dst_md, attr);
-    }
-    e->scratch_md = pd.scratchpad_desc();
-    e->prim = dnnl::matmul(pd);
-    return e;
-  });
-  const dnnl::engine& eng = Engine();
+  e->src_md = dnnl::memory::desc(src_d, dt::f32, src_s);
+  e->wei_md = dnnl::memory::desc(wei_d, dt::f32, wei_s);
+  // dst must be plain row-major: give explicit strides.
+  dims dst_s(nb + 2);
+  int64_t acc = 1;
+  for (int i = nb + 1; i >= 0; --i) {
+    dst_s[i] = acc;
+    acc *= dst_d[i];
+  }
+  e->dst_md = dnnl::memory::desc(dst_d, dt::f32, dst_s);
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  dnnl::post_ops ops;
+  if (p.has_res) ops.append_binary(dnnl::algorithm::binary_add, e->dst_md);
+  AppendActivation(p.act, &ops);
+  attr.set_post_ops(ops);
+  dnnl::matmul::primitive_desc pd;
+  if (p.has_bias) {
+    dims bias_d(nb + 2, 1);
+    bias_d[nb + 1] = N;
+    dims bias_s(nb + 2, N);
+    bias_s[nb + 1] = 1;
+    e->bias_md = dnnl::memory::desc(bias_d, dt::f32, bias_s);
+    pd = dnnl::matmul::primitive_desc(Engine(), e->src_md, e->wei_md, e->bias_md, e->dst_md,
+                                      attr);
+  } else {
+    pd = dnnl::matmul::primitive_desc(Engine(), e->src_md, e->wei_md, e->dst_md, attr);
+  }
+  e->scratch_md = pd.scratchpad_desc();
+  e->prim = dnnl::matmul(pd);
+  return e;
+}
+
+// One thread's state of the matmul calls made with one attribute string and one set of argument
+// shapes (a call site, as a Relax module makes it on every run), as ConvSite is for conv2d
+// (docs/per-call.md): the shapes checked and resolved once (the GEMM, the library, the oneDNN
+// problem and its cache key), the primitive for the OpenMP thread count it was bound under, and
+// the dnnl::memory objects and argument map of the call, whose data handles are reset when they
+// change. Before, every call built the key string, took the cache's mutex, and made 3-5
+// dnnl::memory objects and a map.
+struct MatmulSite {
+  GemmShape pr;
+  Lib lib = Lib::kOneDNN;
+  double flops = 0;
+  OneDNNProblem q;
+  std::string key;  // OneDNNKey (oneDNN sites)
+  int nthr = 0;     // the OpenMP thread count `e` was made for (0: not bound)
+  std::shared_ptr<OneDNNMatmul> e;
+  dnnl::memory src, wei, dst, bias, res, scratch;
   std::unordered_map<int, dnnl::memory> args;
-  args[DNNL_ARG_SRC] = dnnl::memory(entry->src_md, eng, const_cast<float*>(a));
-  args[DNNL_ARG_WEIGHTS] = dnnl::memory(entry->wei_md, eng, const_cast<float*>(b));
-  args[DNNL_ARG_DST] = dnnl::memory(entry->dst_md, eng, out);
-  if (p.has_bias) args[DNNL_ARG_BIAS] = dnnl::memory(entry->bias_md, eng, const_cast<float*>(bias));
+  size_t scratch_bytes = 0;
+};
+
+// The ParsedAttrs value of matmul: the attributes and, per argument shapes, the call sites.
+struct MatmulCall {
+  MatmulParams p;
+  std::unordered_map<ShapeKey, std::unique_ptr<MatmulSite>, ShapeKeyHash> sites;
+};
+
+MatmulCall ParseMatmulCall(const std::string& text) {
+  return MatmulCall{ParseMatmulAttrs(text), {}};
+}
+
+// The site's primitive for the OpenMP thread count in effect (the cache keys by it), and fresh
+// memory objects for its descriptors (no buffer until a call sets the handles).
+void BindSite(const MatmulParams& p, MatmulSite* site, int nthr) {
+  site->e = CachedGet<OneDNNMatmul>(site->key,
+                                    [&]() { return CreateOneDNNMatmul(p, site->q); });
+  site->nthr = nthr;
+  const OneDNNMatmul& e = *site->e;
+  const dnnl::engine& eng = Engine();
+  site->src = dnnl::memory(e.src_md, eng, DNNL_MEMORY_NONE);
+  site->wei = dnnl::memory(e.wei_md, eng, DNNL_MEMORY_NONE);
+  site->dst = dnnl::memory(e.dst_md, eng, DNNL_MEMORY_NONE);
+  site->args = {{DNNL_ARG_SRC, site->src}, {DNNL_ARG_WEIGHTS, site->wei},
+                {DNNL_ARG_DST, site->dst}};
+  if (p.has_bias) {
+    site->bias = dnnl::memory(e.bias_md, eng, DNNL_MEMORY_NONE);
+    site->args[DNNL_ARG_BIAS] = site->bias;
+  }
   if (p.has_res) {
-    args[DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1] =
-        dnnl::memory(entry->dst_md, eng, const_cast<float*>(res));
+    site->res = dnnl::memory(e.dst_md, eng, DNNL_MEMORY_NONE);
+    site->args[DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1] = site->res;
   }
-  size_t scratch = entry->scratch_md.get_size();
-  if (scratch > 0) {
-    args[DNNL_ARG_SCRATCHPAD] = dnnl::memory(entry->scratch_md, eng, ScratchBuffer(0, scratch));
+  site->scratch_bytes = e.scratch_md.get_size();
+  if (site->scratch_bytes > 0) {
+    site->scratch = dnnl::memory(e.scratch_md, eng, DNNL_MEMORY_NONE);
+    site->args[DNNL_ARG_SCRATCHPAD] = site->scratch;
   }
-  entry->prim.execute(Stream(), args);
+}
+
+// One oneDNN call on a bound site.
+void RunSite(const MatmulParams& p, MatmulSite* site, const float* a, const float* b,
+             const float* bias, const float* res, float* out) {
+  Point(site->src, const_cast<float*>(a));
+  Point(site->wei, const_cast<float*>(b));
+  Point(site->dst, out);
+  if (p.has_bias) Point(site->bias, const_cast<float*>(bias));
+  if (p.has_res) Point(site->res, const_cast<float*>(res));
+  if (site->scratch_bytes > 0) Point(site->scratch, ScratchBuffer(0, site->scratch_bytes));
+  site->e->prim.execute(Stream(), site->args);
   Stream().wait();
 }
 
@@ -256,15 +330,21 @@ Lib ChooseLib(const GemmShape& pr) {
   return (pr.M == 1 || pr.N == 1) ? Lib::kOpenBLAS : Lib::kOneDNN;
 }
 
-void Matmul(ffi::PackedArgs args, ffi::Any* rv) {
-  ThreadScope threads;
-  if (args.size() < 1) TVM_FFI_THROW(TypeError) << kName << ": missing attrs";
-  auto attrs_opt = args[0].try_cast<ffi::String>();
-  if (!attrs_opt.has_value()) {
-    TVM_FFI_THROW(TypeError) << kName << ": first argument must be the attrs string";
-  }
-  const MatmulParams& p =
-      ParsedAttrs<MatmulParams>(std::string(attrs_opt.value()), ParseMatmulAttrs);
+// The tensors of a matmul call after the per-call checks (dtype, device, contiguity, rank).
+struct MatmulTensors {
+  ffi::TensorView A, B, Out;
+  std::optional<ffi::TensorView> Bias, Res;
+  const float *a = nullptr, *b = nullptr, *bias = nullptr, *res = nullptr;
+  float* out = nullptr;
+};
+
+ffi::TensorView TensorArg(ffi::PackedArgs args, int i, const char* what) {
+  auto t = args[i].try_cast<ffi::TensorView>();
+  if (!t.has_value()) TVM_FFI_THROW(TypeError) << kName << ": " << what << " must be a tensor";
+  return t.value();
+}
+
+MatmulTensors CheckMatmulTensors(const MatmulParams& p, ffi::PackedArgs args) {
   const int want = 4 + (p.has_bias ? 1 : 0) + (p.has_res ? 1 : 0);
   if (args.size() != want) {
     TVM_FFI_THROW(TypeError) << kName << ": expected " << want
@@ -272,47 +352,83 @@ void Matmul(ffi::PackedArgs args, ffi::Any* rv) {
                              << (p.has_res ? ", residual" : "") << ", Out) for attrs \""
                              << p.canonical << "\", got " << args.size();
   }
-  auto tensor = [&](int i, const char* what) {
-    auto t = args[i].try_cast<ffi::TensorView>();
-    if (!t.has_value()) TVM_FFI_THROW(TypeError) << kName << ": " << what << " must be a tensor";
-    return t.value();
-  };
   int i = 1;
-  ffi::TensorView A = tensor(i++, "A");
-  ffi::TensorView B = tensor(i++, "B");
-  const float* a = CheckFloatTensor(A, kName, "A", 2);
-  const float* b = CheckFloatTensor(B, kName, "B", 2);
-  const float* bias = nullptr;
-  const float* res = nullptr;
-  std::optional<ffi::TensorView> Bias, Res;
+  MatmulTensors t{TensorArg(args, i, "A"), TensorArg(args, i + 1, "B"),
+                  TensorArg(args, args.size() - 1, "Out")};
+  i += 2;
+  t.a = CheckFloatTensor(t.A, kName, "A", 2);
+  t.b = CheckFloatTensor(t.B, kName, "B", 2);
   if (p.has_bias) {
-    Bias = tensor(i++, "bias");
-    bias = CheckFloatTensor(*Bias, kName, "bias", 1);
+    t.Bias = TensorArg(args, i++, "bias");
+    t.bias = CheckFloatTensor(*t.Bias, kName, "bias", 1);
   }
   if (p.has_res) {
-    Res = tensor(i++, "residual");
-    res = CheckFloatTensor(*Res, kName, "residual", 0);
+    t.Res = TensorArg(args, i++, "residual");
+    t.res = CheckFloatTensor(*t.Res, kName, "residual", 0);
   }
-  ffi::TensorView Out = tensor(i++, "Out");
-  float* out = CheckFloatTensor(Out, kName, "Out", 2);
-  const GemmShape pr = CheckGemmShapes(kName, p.ta, p.tb, A, B, Out);
-  if (Bias.has_value() && (Bias->ndim() != 1 || Bias->shape()[0] != pr.N)) {
-    TVM_FFI_THROW(ValueError) << kName << ": bias has shape " << ShapeStr(*Bias)
+  t.out = CheckFloatTensor(t.Out, kName, "Out", 2);
+  return t;
+}
+
+// The problem of a call from its shapes (every shape check), or nullopt when Out is empty.
+std::optional<MatmulSite> ResolveSite(const MatmulParams& p, const MatmulTensors& t) {
+  MatmulSite site;
+  site.pr = CheckGemmShapes(kName, p.ta, p.tb, t.A, t.B, t.Out);
+  const GemmShape& pr = site.pr;
+  if (t.Bias.has_value() && (t.Bias->ndim() != 1 || t.Bias->shape()[0] != pr.N)) {
+    TVM_FFI_THROW(ValueError) << kName << ": bias has shape " << ShapeStr(*t.Bias)
                               << ", expected [" << pr.N << "]";
   }
-  if (Res.has_value() && Dims(*Res) != Dims(Out)) {
-    TVM_FFI_THROW(ValueError) << kName << ": residual has shape " << ShapeStr(*Res)
-                              << ", expected Out's shape " << ShapeStr(Out);
+  if (t.Res.has_value() && Dims(*t.Res) != Dims(t.Out)) {
+    TVM_FFI_THROW(ValueError) << kName << ": residual has shape " << ShapeStr(*t.Res)
+                              << ", expected Out's shape " << ShapeStr(t.Out);
   }
-  if (Out.numel() == 0) return;
-  Lib lib = p.lib == Lib::kAuto ? ChooseLib(pr) : p.lib;
-  if (pr.K == 0) lib = Lib::kOpenBLAS;  // the BLAS path handles K == 0 (out = epilogue only)
-  if (lib == Lib::kOpenBLAS) {
-    RunOpenBLAS(p, pr, a, b, bias, res, out);
+  if (t.Out.numel() == 0) return std::nullopt;
+  site.lib = p.lib == Lib::kAuto ? ChooseLib(pr) : p.lib;
+  if (pr.K == 0) site.lib = Lib::kOpenBLAS;  // the BLAS path handles K == 0 (epilogue only)
+  site.flops = 2.0 * pr.count * pr.M * pr.N * pr.K;
+  if (site.lib == Lib::kOneDNN) {
+    site.q = FoldProblem(p, pr);
+    site.key = OneDNNKey(p, site.q);
+  }
+  return site;
+}
+
+void Matmul(ffi::PackedArgs args, ffi::Any* rv) {
+  constexpr size_t kMaxSites = 256;  // per attribute string and thread
+  ThreadScope threads;
+  std::optional<ffi::String> holder;
+  MatmulCall& call = ParsedAttrs<MatmulCall>(AttrsView(args, kName, &holder), ParseMatmulCall);
+  const MatmulParams& p = call.p;
+  const MatmulTensors t = CheckMatmulTensors(p, args);
+  ShapeKey key;
+  const bool keyed = key.Add(t.A) && key.Add(t.B) && (!t.Bias || key.Add(*t.Bias)) &&
+                     (!t.Res || key.Add(*t.Res)) && key.Add(t.Out);
+  auto it = keyed ? call.sites.find(key) : call.sites.end();
+  MatmulSite* site;
+  std::optional<MatmulSite> unkept;
+  if (it != call.sites.end()) {
+    site = it->second.get();
   } else {
-    threads.SerialBelow(2.0 * pr.count * pr.M * pr.N * pr.K);
-    RunOneDNN(p, pr, a, b, bias, res, out);
+    std::optional<MatmulSite> resolved = ResolveSite(p, t);
+    if (!resolved.has_value()) return;  // empty Out
+    if (keyed) {
+      if (call.sites.size() >= kMaxSites) call.sites.clear();
+      site = call.sites.emplace(key, std::make_unique<MatmulSite>(std::move(*resolved)))
+                 .first->second.get();
+    } else {
+      unkept = std::move(resolved);
+      site = &*unkept;
+    }
   }
+  if (site->lib == Lib::kOpenBLAS) {
+    RunOpenBLAS(p, site->pr, t.a, t.b, t.bias, t.res, t.out);
+    return;
+  }
+  threads.SerialBelow(site->flops);
+  const int nthr = omp_get_max_threads();
+  if (site->nthr != nthr) BindSite(p, site, nthr);
+  RunSite(p, site, t.a, t.b, t.bias, t.res, t.out);
 }
 
 }  // namespace

@@ -69,6 +69,7 @@ __all__ = [
     "conv2d_packed_size",
     "conv2d_preferred_format",
     "provides",
+    "takes_activation",
     "int8_exact_products",
     "DEFAULT_PARALLEL_RUNTIME",
     "set_parallel_runtime",
@@ -262,6 +263,32 @@ def provides(name: str) -> bool:
     the pass asks before it offers one, so that a stale build degrades to TVM's kernels.
     """
     return _LOADER.provides(name)
+
+
+_ACTIVATION_PROBES: Dict[str, bool] = {}
+
+
+def takes_activation(act: str) -> bool:
+    """Whether the loaded library's CPU kernels accept ``act=ACT`` (e.g. ``scale_0.125``).
+
+    A library built before an activation was added rejects it at run time ("bad activation");
+    the epilogue pass asks before it folds a newer one, so that a stale build keeps TVM's
+    kernel. Probed once per value with a 1x1 OpenBLAS matmul. True when no library is loaded
+    (no native call runs then; the pass only rewrites modules)."""
+    if not available():
+        return True
+    if act not in _ACTIVATION_PROBES:
+        import numpy as np  # pylint: disable=import-outside-toplevel
+        import tvm_ffi  # pylint: disable=import-outside-toplevel
+
+        one, out = np.ones((1, 1), "float32"), np.zeros((1, 1), "float32")
+        try:
+            _LOADER.func(MATMUL)(f"act={act};lib=openblas", tvm_ffi.from_dlpack(one),
+                                 tvm_ffi.from_dlpack(one), tvm_ffi.from_dlpack(out))
+            _ACTIVATION_PROBES[act] = True
+        except (TypeError, ValueError):
+            _ACTIVATION_PROBES[act] = False
+    return _ACTIVATION_PROBES[act]
 
 
 def int8_exact_products() -> bool:

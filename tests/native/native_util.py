@@ -72,6 +72,8 @@ def act_ref(x, act):
         alpha, beta = (float(v) for v in act.split("_", 1)[1].split("_"))
         gate = np.clip(alpha * x + beta, 0, 1)
         return x * gate if act.startswith("hardswish_") else gate
+    if act.startswith("scale_"):
+        return float(act[len("scale_"):]) * x
     if act.startswith("leaky_relu_"):
         return np.where(x > 0, x, float(act[len("leaky_relu_"):]) * x)
     raise ValueError(act)
@@ -81,4 +83,4 @@ ACTS = ["none", "relu", "clip_0_6", "clip_-0.5_0.25", "sigmoid", "tanh", "gelu",
         "silu"]
 #: The activations with parameters (the CPU library's only: the CUDA epilogue lacks them).
 PARAM_ACTS = ["hardswish_0.16666667_0.5", "hardsigmoid_0.2_0.5", "hardsigmoid_-0.25_0.75",
-              "leaky_relu_0.1", "leaky_relu_1e-02"]
+              "leaky_relu_0.1", "leaky_relu_1e-02", "scale_0.125", "scale_-2.5"]

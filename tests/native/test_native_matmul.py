@@ -159,6 +159,9 @@ def test_through_relax_call_dps_packed():
         ("act=hardswish_0.2", "bad activation"),
         ("act=hardsigmoid_0.2_inf", "bad activation"),
         ("act=hardsigmoid_a_0.5", "bad activation"),
+        ("act=scale_", "bad activation"),
+        ("act=scale_inf", "bad activation"),
+        ("act=scale_0.5_1", "bad activation"),
         ("lib=mkl", "bad value 'mkl'"),
         ("ta", "expected key=value"),
         ("ta=0;ta=1", "given twice"),
@@ -202,3 +205,12 @@ def test_non_contiguous_raises():
     f = tvm_ffi.get_global_func(native.MATMUL)
     with pytest.raises(ValueError, match="contiguous"):
         f("", tvm_ffi.from_dlpack(a), tvm_ffi.from_dlpack(b), tvm_ffi.from_dlpack(out))
+
+
+def test_takes_activation_probes_the_loaded_library():
+    """native.takes_activation: what this library parses, not what it rejects; asked twice,
+    the same answer (cached)."""
+    assert native.takes_activation("scale_0.125") and native.takes_activation("relu")
+    assert not native.takes_activation("swish")
+    assert not native.takes_activation("scale_")
+    assert native.takes_activation("scale_0.125") and not native.takes_activation("swish")

@@ -10,8 +10,10 @@ again. One rule, applied in a dataflow block while it matches::
     y = call_dps_packed(K, (attrs, ...));        z = add(y, r)      ->  z = K(attrs+res, .., r)
     y = call_dps_packed(K, (attrs, ...));        z = act(y)         ->  z = K(attrs+act, ...)
 
-``act`` is one Relax activation (:data:`ACTIVATIONS`, leaky ReLU with its slope) or one of the
-canonical composites of :mod:`.activations`, several bindings folded at once: hard-sigmoid
+``act`` is one Relax activation (:data:`ACTIVATIONS`, leaky ReLU with its slope), a product
+by a float32 scalar constant (``multiply(y, c)``: ``act=scale_c``, attention's ``1/sqrt(d)``
+after ``Q @ K^T``; oneDNN's ``eltwise_linear`` post-op, one rounding as TVM's multiply), or one
+of the canonical composites of :mod:`.activations`, several bindings folded at once: hard-sigmoid
 ``clip(y·α + β, 0, 1)`` and hard-swish ``y·clip(y·α + β, 0, 1)`` (Relax has no operator for
 them; TVM builds the composite where no library kernel precedes it). The activations added with
 them (:data:`CPU_ONLY_ACTIVATIONS`) fold into the CPU kernels only: the CUDA epilogue lacks them.
@@ -20,6 +22,20 @@ Guards (each named below): ``y`` is used once, by ``z``, in the same block; the 
 the kernel's order (bias, then residual, then activation; each at most once); ``z`` has ``y``'s
 shape and dtype; a bias broadcasts along the output channel only; a residual is float32 of the
 output's shape.
+
+A reshape between the kernel and its consumer (what importers write around a linear layer on a
+``[batch, seq, hidden]`` input: ``reshape`` to 2-D, ``matmul``, ``add`` of the bias,
+``reshape`` back, then the activation or the residual ``add``) is sunk below the consumer
+first (:data:`SINK_RESHAPE`), so that the consumer folds too::
+
+    r = reshape(y, S2);  z = act(r)         ->  z0 = act(y);  z = reshape(z0, S2)
+    r = reshape(y, S2);  z = add(r, res)    ->  z0 = add(y, reshape(res, S1));  z = reshape(z0, S2)
+    r = reshape(y, S2);  z = add(r, bias)   ->  z0 = add(y, bias);  z = reshape(z0, S2)
+
+(``S1`` is ``y``'s shape.) Exact: a reshape renumbers the elements of a row-major tensor and
+the consumers are elementwise. Guards: ``y`` and ``r`` are each read once, in the same block;
+the consumer folds into the kernel afterwards (the sink is made only then); a bias runs along
+the last axis of both shapes, which is the kernel's output channel.
 """
 
 from __future__ import annotations
@@ -30,11 +46,12 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from .. import native
 from ..codegen import library as lib
 from ..compat import relax, tvm
 from .activations import match_hardsigmoid, match_hardswish
 
-__all__ = ["ACTIVATIONS", "BlockIndex", "CPU_ONLY_ACTIVATIONS", "FoldedChain",
+__all__ = ["ACTIVATIONS", "BlockIndex", "CPU_ONLY_ACTIVATIONS", "FoldedChain", "SINK_RESHAPE",
            "activation_value", "block_index", "fold_chain", "fuse_epilogues", "use_counts"]
 
 #: Relax activation -> the kernel's ``act`` value (``clip`` takes its bounds from the call,
@@ -46,8 +63,9 @@ ACTIVATIONS = {
 }
 
 #: Activations the CPU kernels take and the CUDA kernels do not (``hardswish_A_B``,
-#: ``hardsigmoid_A_B``: the composites of :mod:`.activations`).
-CPU_ONLY_ACTIVATIONS = ("leaky_relu", "hardswish", "hardsigmoid")
+#: ``hardsigmoid_A_B``: the composites of :mod:`.activations`; ``scale_A``: a product by a
+#: float32 scalar constant, :func:`_scale`).
+CPU_ONLY_ACTIVATIONS = ("leaky_relu", "hardswish", "hardsigmoid", "scale")
 
 #: The composite activations: a matcher of the chain's last value, the kernel's name, and how
 #: many times the chain reads its input.
@@ -134,9 +152,30 @@ def activation_value(value) -> Optional[str]:
     return f"clip_{lo!r}_{hi!r}"
 
 
+def _scale(value, y) -> Optional[float]:
+    """``c`` when ``value`` is ``multiply(y, c)`` or ``multiply(c, y)`` with ``c`` a float32
+    constant of one element that does not widen ``y``; else None."""
+    if not _is_op(value, "relax.multiply") or len(value.args) != 2:
+        return None
+    a, b = value.args
+    other = b if a.same_as(y) else a if b.same_as(y) else None
+    if other is None or other.same_as(y) or not isinstance(other, tvm.ir.expr.Constant):
+        return None
+    shape, out = _shape(other), _shape(y)
+    if shape is None or out is None or not _is_f32(other) or int(np.prod(shape)) != 1 \
+            or len(shape) > len(out):
+        return None
+    c = float(other.value.numpy().reshape(()))
+    return c if np.isfinite(c) else None
+
+
+#: The CUDA kernels (their activations: :func:`_guard_device_has`).
+_CUDA_KERNELS = (lib.CUDA_MATMUL, lib.CUDA_CONV2D)
+
+
 def _guard_device_has(kernel: lib.LibCall, act: str) -> bool:
     """The kernel's device implements the activation (CUDA: not :data:`CPU_ONLY_ACTIVATIONS`)."""
-    if kernel.func not in (lib.CUDA_MATMUL, lib.CUDA_CONV2D):
+    if kernel.func not in _CUDA_KERNELS:
         return True
     return not any(act.startswith(name) for name in CPU_ONLY_ACTIVATIONS)
 
@@ -158,6 +197,14 @@ def _fold(kernel, operands, consumer, y) -> Optional[Tuple[lib.LibCall, list, li
             return None
         if not _guard_device_has(kernel, act):
             return None
+        return kernel.with_attrs(act=act), operands, []
+    scale = _scale(value, y)
+    if scale is not None:
+        act = f"scale_{scale!r}"
+        if not _guard_step_order(kernel, "act") or not _guard_device_has(kernel, act):
+            return None
+        if kernel.func not in _CUDA_KERNELS and not native.takes_activation(act):
+            return None  # a library built before scale_A
         return kernel.with_attrs(act=act), operands, []
     if value.op.name != "relax.add" or len(value.args) != 2:
         return None
@@ -358,6 +405,117 @@ def _fuse_block(bindings: List, uses: Counter, counts: Dict[str, int]) -> Tuple[
     return flat, changed
 
 
+#: The rule that sinks a reshape below an epilogue step (module docstring), by name with its
+#: equation: ``step(reshape(y, S2), other) = reshape(step(y, view(other, S1)), S2)`` for an
+#: elementwise ``step`` (an activation, a product by a scalar constant, the ``add`` of a
+#: residual or of a last-axis bias).
+SINK_RESHAPE = ("sink_reshape_below_epilogue",
+                "step(reshape(y, S2), o) = reshape(step(y, view(o, S1)), S2)")
+
+
+def _viewed(expr, shape: Tuple[int, ...]) -> Tuple[object, list]:
+    """``expr`` in ``shape`` (same elements, row-major): itself, a reshaped constant, or a new
+    variable with its reshape binding to emit first."""
+    if _shape(expr) == tuple(shape):
+        return expr, []
+    if isinstance(expr, tvm.ir.expr.Constant):
+        return relax.const(expr.value.numpy().reshape(shape).astype(np.float32)), []
+    var = relax.DataflowVar("ollie_view", relax.TensorType(tuple(shape), "float32"))
+    return var, [relax.VarBinding(var, relax.BlockBuilder().normalize(
+        relax.op.reshape(expr, shape)))]
+
+
+def _sunk_step(kernel: lib.LibCall, value, r, y, s1: Tuple[int, ...], s2: Tuple[int, ...]
+               ) -> Optional[Tuple[object, list]]:
+    """The consumer ``value`` of ``r = reshape(y, S2)`` rewritten on ``y`` (:data:`SINK_RESHAPE`)
+    and the bindings to emit before it; None when it is not an elementwise epilogue step."""
+    if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
+        return None
+    name = value.op.name
+    if name in ACTIVATIONS:
+        if not value.args or not value.args[0].same_as(r) or \
+                any(a.same_as(r) for a in value.args[1:]):
+            return None
+        return relax.Call(value.op, [y] + list(value.args[1:]), value.attrs), []
+    if _scale(value, r) is not None:
+        a, b = value.args
+        return relax.op.multiply(*([y, b] if a.same_as(r) else [a, y])), []
+    if name != "relax.add" or len(value.args) != 2:
+        return None
+    a, b = value.args
+    other = b if a.same_as(r) else a if b.same_as(r) else None
+    if other is None or other.same_as(r) or not _is_f32(other):
+        return None
+    if _shape(other) == s2:  # a residual, viewed in the kernel's shape
+        other, pre = _viewed(other, s1)
+    else:  # a bias: along the last axis of both shapes, the kernel's channel axis
+        if _channel_axis(kernel, len(s1)) != len(s1) - 1 or s1[-1] != s2[-1]:
+            return None
+        length = _bias_length(other, s2, len(s2) - 1)
+        if length is None:
+            return None
+        other, pre = _viewed(other, (length,))
+    return relax.op.add(*([y, other] if a.same_as(r) else [other, y])), pre
+
+
+def _sink_one(kernel: lib.LibCall, operands: list, y, bindings: List, index: "BlockIndex",
+              uses: Counter) -> Optional[Tuple[int, int, list]]:
+    """For the kernel computing ``y``: ``(position of the reshape, position of its consumer,
+    the consumer's new bindings)`` when :data:`SINK_RESHAPE` applies and the moved consumer
+    then folds into the kernel; else None."""
+    if kernel.func not in lib.EPILOGUE_KERNELS or uses[y] != 1 or y not in index.readers:
+        return None
+    j = index.readers[y]
+    reshape = bindings[j]
+    if not _is_op(reshape.value, "relax.reshape") or not reshape.value.args[0].same_as(y):
+        return None
+    r = reshape.var
+    if uses[r] != 1 or r not in index.readers:
+        return None
+    m = index.readers[r]
+    s1, s2 = _shape(y), _shape(r)
+    if s1 is None or s2 is None or not _is_f32(y) or _shape(bindings[m].var) != s2:
+        return None
+    moved = _sunk_step(kernel, bindings[m].value, r, y, s1, s2)
+    if moved is None:
+        return None
+    value, pre = moved
+    bb = relax.BlockBuilder()
+    z0 = relax.DataflowVar("ollie_epilogue", relax.TensorType(s1, "float32"))
+    step = relax.VarBinding(z0, bb.normalize(value))
+    if _fold(kernel, operands, step, y) is None:
+        return None
+    tail = relax.VarBinding(bindings[m].var,
+                            bb.normalize(relax.op.reshape(z0, reshape.value.args[1])))
+    return j, m, pre + [step, tail]
+
+
+def _sink_reshapes(bindings: List, uses: Counter) -> Tuple[List, bool]:
+    """One pass of :data:`SINK_RESHAPE` over a dataflow block's library calls; whether any
+    reshape was sunk."""
+    out: List = list(bindings)
+    index = block_index(bindings)
+    changed = False
+    for binding in bindings:
+        found = lib.lib_call_of(binding.value)
+        if found is None:
+            continue
+        sunk = _sink_one(found[0], found[1], binding.var, bindings, index, uses)
+        if sunk is None:
+            continue
+        j, m, new = sunk
+        if out[j] is not bindings[j] or out[m] is not bindings[m]:
+            continue
+        out[j] = None
+        out[m] = new
+        changed = True
+    flat: List = []
+    for item in out:
+        if item is not None:
+            flat.extend(item if isinstance(item, list) else [item])
+    return flat, changed
+
+
 def _fuse_function(func: "relax.Function", counts: Dict[str, int]) -> "relax.Function":
     body = func.body
     if not isinstance(body, relax.SeqExpr):
@@ -369,11 +527,12 @@ def _fuse_function(func: "relax.Function", counts: Dict[str, int]) -> "relax.Fun
             continue
         bindings = list(block.bindings)
         while True:
+            bindings, sunk = _sink_reshapes(bindings, _uses_of(bindings, blocks, bi, body))
             bindings, changed = _fuse_block(bindings, _uses_of(bindings, blocks, bi, body),
                                             counts)
+            changed_any = changed_any or sunk or changed
             if not changed:
                 break
-            changed_any = True
         blocks[bi] = relax.DataflowBlock(bindings)
     if not changed_any:
         return func
