@@ -154,7 +154,7 @@ T& ParsedAttrs(std::string_view text, T (*parse)(const std::string&)) {
 }
 
 // The shapes of a kernel call's tensor arguments (rank, then dims, for each): the key of its call
-// site (ConvSite, MatmulSite), kept per attribute string and thread. Add returns false when the
+// site (ConvSite, DeconvSite, MatmulSite), kept per attribute string and thread. Add returns false when the
 // shapes do not fit (the call then runs without a kept site).
 struct ShapeKey {
   static constexpr int kMax = 40;
@@ -183,32 +183,6 @@ struct ShapeKeyHash {
 // keeps the caller's string object alive, is. No copy (a raw C string is wrapped once).
 std::string_view AttrsView(tvm::ffi::PackedArgs args, const char* kernel,
                            std::optional<tvm::ffi::String>* holder);
-
-// The shapes of a call's tensor arguments (rank, then dims, for each): the key of a kernel's
-// per-thread call site (conv2d's ConvSite, conv2d_transpose's DeconvSite).
-struct ShapeKey {
-  static constexpr int kMax = 40;
-  std::array<int64_t, kMax> d{};
-  int n = 0;
-  // Appends t's rank and dims; false when the key has no room left (the call is then not kept).
-  bool Add(const tvm::ffi::TensorView& t) {
-    if (n + 1 + t.ndim() > kMax) return false;
-    d[n++] = t.ndim();
-    for (int i = 0; i < t.ndim(); ++i) d[n++] = t.shape()[i];
-    return true;
-  }
-  bool operator==(const ShapeKey& o) const {
-    return n == o.n && std::equal(d.begin(), d.begin() + n, o.d.begin());
-  }
-};
-
-struct ShapeKeyHash {
-  size_t operator()(const ShapeKey& k) const {
-    uint64_t h = 1469598103934665603ULL;
-    for (int i = 0; i < k.n; ++i) h = (h ^ static_cast<uint64_t>(k.d[i])) * 1099511628211ULL;
-    return static_cast<size_t>(h);
-  }
-};
 
 // ---------------------------------------------------------------------------------------------
 // Threads: one count for OpenMP (oneDNN) and OpenBLAS.

@@ -445,11 +445,6 @@ void BindSite(const DeconvParams& p, DeconvSite* site, int nthr) {
   site->scratch_bytes = e.scratch_md.get_size();
 }
 
-// Points `m` at `data` (a handle change only when it differs).
-void Point(const dnnl::memory& m, void* data) {
-  if (m.get_data_handle() != data) m.set_data_handle(data);
-}
-
 // The memory over the caller's weights at `data`, kept per pointer (bounded).
 dnnl::memory SiteWeights(DeconvSite* site, const dnnl::memory::desc& md, void* data) {
   constexpr size_t kMaxWeights = 256;
