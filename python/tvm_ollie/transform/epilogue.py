@@ -398,11 +398,17 @@ def _fuse_block(bindings: List, uses: Counter, counts: Dict[str, int]) -> Tuple[
         out[at] = pre + [relax.VarBinding(bindings[at].var, bb.normalize(call))]
         counts[kernel.kind] = counts.get(kernel.kind, 0) + 1
         changed = True
+    return _flatten_slots(out), changed
+
+
+def _flatten_slots(out: List) -> List:
+    """The bindings of a block rewritten slot by slot: a slot holds its binding, a list of
+    bindings that replace it, or None when it was folded away."""
     flat: List = []
     for item in out:
         if item is not None:
             flat.extend(item if isinstance(item, list) else [item])
-    return flat, changed
+    return flat
 
 
 #: The rule that sinks a reshape below an epilogue step (module docstring), by name with its
@@ -509,11 +515,7 @@ def _sink_reshapes(bindings: List, uses: Counter) -> Tuple[List, bool]:
         out[j] = None
         out[m] = new
         changed = True
-    flat: List = []
-    for item in out:
-        if item is not None:
-            flat.extend(item if isinstance(item, list) else [item])
-    return flat, changed
+    return _flatten_slots(out), changed
 
 
 def _fuse_function(func: "relax.Function", counts: Dict[str, int]) -> "relax.Function":
