@@ -192,6 +192,11 @@ class OllieConfig:
         this machine (CPU and thread count); where the module runs on another, or with another
         thread count, the kernel reorders it from the oneDNN format named in its header on
         every call, as it does unpacked weights (docs/layouts.md).
+    norm_kernels : bool
+        Before the decisions, replace every instance normalization (Relax's
+        ``nn.instance_norm`` or the ONNX importer's mean/variance decomposition) by the native
+        library's ``tvm_ollie.cpu.instance_norm``, its residual add and activation folded in
+        (:mod:`tvm_ollie.transform.norm_kernels`); CPU targets with the native library only.
     library_plan : bool
         The whole-model guard (``model_guard``) also builds and times the library plan: every
         operator the native library has on its kernel (no derivation), chains of
@@ -242,6 +247,7 @@ class OllieConfig:
     derivation_cache: bool = True
     blocked_layout: bool = True
     pack_weights: bool = True
+    norm_kernels: bool = True
     library_plan: bool = True
     cached_alloc: bool = False
 
@@ -274,7 +280,7 @@ class OllieConfig:
                               f"{self.min_share!r}")
         for name in ("derive", "fold_inference", "orchestrate", "joint", "joint_guard",
                      "verbose", "derivation_cache", "blocked_layout",
-                     "pack_weights", "library_plan", "cached_alloc"):
+                     "pack_weights", "norm_kernels", "library_plan", "cached_alloc"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"OllieConfig.{name} must be True or False, not "
                                   f"{getattr(self, name)!r}")

@@ -10,11 +10,14 @@ VM) the output:
 * ``tvm_ollie.cpu.conv2d(attrs, data, weight, [bias], [residual], Out)``;
 * ``tvm_ollie.cpu.conv2d_transpose(attrs, data, weight, [bias], [residual], Out)`` (NCHW data,
   IOHW weight, Relax's ``nn.conv2d_transpose`` with ``opad`` its output padding);
+* ``tvm_ollie.cpu.instance_norm(attrs, X, [scale], [bias], [residual], Out)``, instance
+  normalization of each ``(n, c)`` plane of ``X`` with its per-channel affine
+  (:mod:`tvm_ollie.transform.norm_kernels`);
 * ``tvm_ollie.cpu.g2bmm(attrs, A, B, Out)`` and ``tvm_ollie.cpu.gbmm(attrs, A, B, Out)``, the
   banded matmuls of the ``g2bmm``/``gbmm`` target operators (``width=W;dil=D``), which run
   matched program stages only.
 
-The first three compute ``Out = act(op + bias + residual)``; the epilogue keys (``bias``,
+The first four compute ``Out = act(op + bias + residual)``; the epilogue keys (``bias``,
 ``res``, ``act``) are added by :mod:`tvm_ollie.transform.epilogue` when it folds consumers into
 the call (:data:`EPILOGUE_KERNELS`; the banded kernels have no epilogue).
 
@@ -41,10 +44,10 @@ from ..derive.targets import target_op
 from ..target import target_kind
 
 __all__ = ["BAND_KERNELS", "CONV2D", "CONV2D_INT8", "CONV2D_TRANSPOSE", "CUDA_CONV2D",
-           "CUDA_MATMUL", "EPILOGUE_KERNELS", "G2BMM", "GBMM", "KERNELS", "MATMUL", "MATMUL_INT8",
-           "LibCall", "band_call", "call_form", "conv2d_int8_call", "conv2d_transpose_call",
-           "current_device", "device_of", "emit_call", "kernel_device", "matmul_int8_call",
-           "parse_attrs", "stage_form"]
+           "CUDA_MATMUL", "EPILOGUE_KERNELS", "G2BMM", "GBMM", "INSTANCE_NORM", "KERNELS",
+           "MATMUL", "MATMUL_INT8", "LibCall", "band_call", "call_form", "conv2d_int8_call",
+           "conv2d_transpose_call", "current_device", "device_of", "emit_call", "kernel_device",
+           "matmul_int8_call", "parse_attrs", "stage_form"]
 
 MATMUL = "tvm_ollie.cpu.matmul"
 CONV2D = "tvm_ollie.cpu.conv2d"
@@ -57,8 +60,11 @@ CUDA_CONV2D = "tvm_ollie.cuda.conv2d"
 #: and matmuls of quantized ONNX models (:mod:`tvm_ollie.transform.int8_kernels`).
 CONV2D_INT8 = "tvm_ollie.cpu.conv2d_int8"
 MATMUL_INT8 = "tvm_ollie.cpu.matmul_int8"
+#: Instance normalization with its affine (:mod:`tvm_ollie.transform.norm_kernels`):
+#: ``tvm_ollie.cpu.instance_norm(attrs, X, [scale], [bias], [residual], Out)``.
+INSTANCE_NORM = "tvm_ollie.cpu.instance_norm"
 #: The kernels that take the ``bias``/``res``/``act`` epilogue keys.
-EPILOGUE_KERNELS = (MATMUL, CONV2D, CONV2D_TRANSPOSE, CUDA_MATMUL, CUDA_CONV2D)
+EPILOGUE_KERNELS = (MATMUL, CONV2D, CONV2D_TRANSPOSE, CUDA_MATMUL, CUDA_CONV2D, INSTANCE_NORM)
 #: The banded matmul kernels, by target operator name.
 BAND_KERNELS = {"g2bmm": G2BMM, "gbmm": GBMM}
 #: Every kernel :func:`emit_call` emits (what :func:`lib_call_of` recognizes).
@@ -124,7 +130,8 @@ class LibCall:
 
     @property
     def kind(self) -> str:
-        """``"matmul"``, ``"conv2d"``, ``"conv2d_transpose"``, ``"g2bmm"`` or ``"gbmm"``."""
+        """``"matmul"``, ``"conv2d"``, ``"conv2d_transpose"``, ``"instance_norm"``, ``"g2bmm"``
+        or ``"gbmm"``."""
         return self.func.rsplit(".", 1)[-1]
 
     def text(self) -> str:

@@ -40,6 +40,7 @@ from .groups import find_shared_input_groups
 from .inference_fold import fold_inference
 from .int8_choice import Int8Choice, Int8Report
 from .int8_kernels import int8_kernels
+from .norm_kernels import instance_norm_kernels
 from .regions import Region, find_regions, static_tensor, used_vars
 from .report import OptimizeReport
 from .units import (call_signature, is_group, is_region, operand_values, original_form,
@@ -256,6 +257,10 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
             mod, int8 = int8_kernels(mod, choice=choice)
         folds = {**folds, **int8}
         int8_report = choice.report() if choice is not None else Int8Report(False)
+    if cfg.norm_kernels and decider.library and lib.current_device() == "cpu":
+        with stage("norm kernels"):
+            mod, norms = instance_norm_kernels(mod)
+        folds = {**folds, **norms}
     with stage("regions"):
         calls, regions, groups = _find_units(mod, cfg)
     report = OptimizeReport(target=kind_name(tgt),
