@@ -75,19 +75,21 @@ void NormalizePlane(const NormParams& p, const float* x, const float* r, float* 
   const double var = sq / static_cast<double>(count);
   const float mul = static_cast<float>(scale / std::sqrt(var + static_cast<double>(p.eps)));
   const float m = static_cast<float>(mean);
+  const bool relu = p.act.kind == Act::kRelu;  // the common case, applied in the same pass
   if (r != nullptr) {
 #pragma omp simd
-    for (int64_t i = 0; i < count; ++i) out[i] = (x[i] - m) * mul + bias + r[i];
+    for (int64_t i = 0; i < count; ++i) {
+      const float v = (x[i] - m) * mul + bias + r[i];
+      out[i] = relu && v < 0.f ? 0.f : v;
+    }
   } else {
 #pragma omp simd
-    for (int64_t i = 0; i < count; ++i) out[i] = (x[i] - m) * mul + bias;
+    for (int64_t i = 0; i < count; ++i) {
+      const float v = (x[i] - m) * mul + bias;
+      out[i] = relu && v < 0.f ? 0.f : v;
+    }
   }
-  if (p.act.kind == Act::kRelu) {
-#pragma omp simd
-    for (int64_t i = 0; i < count; ++i) out[i] = out[i] > 0.f ? out[i] : 0.f;
-  } else {
-    ApplyActivation(p.act, out, count, false);
-  }
+  if (!relu) ApplyActivation(p.act, out, count, false);
 }
 
 ffi::TensorView TensorArg(ffi::PackedArgs args, int i, const char* what) {
