@@ -11,9 +11,15 @@ times one call of it in these situations (rotating rounds, :func:`.timing.measur
 * ``after torch``: PyTorch eager runs the same model right before each of our calls;
 * ``beside a torch thread``: a thread runs PyTorch eager in a loop while we are timed;
 * ``after ORT (spinning)``: an ONNX Runtime session (its defaults) runs right before each call;
-* ``after ORT (no spinning)``: the same with ``session.intra_op.allow_spinning=0``.
+* ``after ORT (no spinning)``: the same with ``session.intra_op.allow_spinning=0``;
+* ``after a cache sweep``: one thread writes a buffer larger than the last-level cache
+  (``--sweep-mb``) right before each call: what any call pays when another model ran before
+  it and evicted its weights and activations, with no thread of anyone else's awake;
+* ``ORT alone``, ``ORT after torch``, ``ORT after a cache sweep``: ONNX Runtime's own call (its
+  defaults) in the same situations, the yardstick: a ratio that ONNX Runtime pays too is the
+  caches', not our thread pool's.
 
-Only our call is timed, under the benchmark's warm protocol (:data:`.timing.WARM`: untimed
+Only the subject's call is timed, under the benchmark's warm protocol (:data:`.timing.WARM`: untimed
 warm-up calls, each with its ``before``, then at least 20 ms of calls). The settings
 (:data:`SETTINGS`) are the runtimes' defaults, OpenMP's workers sleeping at once
 (``OMP_WAIT_POLICY=PASSIVE``) or after a short spin (``GOMP_SPINCOUNT=10000``: GNU OpenMP's
@@ -54,7 +60,27 @@ SETTINGS = {
 }
 
 SCENARIOS = ("alone", "after torch", "beside a torch thread", "after ORT (spinning)",
-             "after ORT (no spinning)")  # fmt: skip
+             "after ORT (no spinning)", "after a cache sweep", "ORT alone", "ORT after torch",
+             "ORT after a cache sweep")  # fmt: skip
+#: The scenario each row's ratio is taken to (``alone`` for the rest).
+BASELINES = {"ORT after torch": "ORT alone", "ORT after a cache sweep": "ORT alone"}
+#: Default size of the cache sweep, MiB: above the last-level cache of the development machine
+#: (32 MiB L3) and of most servers' per-socket share.
+DEFAULT_SWEEP_MB = 64
+
+
+def cache_sweep(megabytes: int) -> Callable[[], None]:
+    """A function that writes every byte of a ``megabytes`` MiB buffer on the calling thread
+    (numpy, no OpenMP): it evicts what the caches held, and wakes no worker thread."""
+    # lazy: numpy is always installed with the benchmark, but this module's import stays light
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
+    buffer = np.zeros(megabytes << 20, np.uint8)
+
+    def sweep() -> None:
+        buffer[:] += 1
+
+    return sweep
 
 
 class BesideSampler:
@@ -105,10 +131,11 @@ class BesideSampler:
 
 
 def crowded_outcome(path: str, onnx_path: str, model: str, threads: int, budget_s: float,
-                    min_rounds: int, others: Optional[int] = None) -> tuple:  # fmt: skip
+                    min_rounds: int, others: Optional[int] = None,
+                    sweep_mb: int = DEFAULT_SWEEP_MB) -> tuple:  # fmt: skip
     """A worker's factory: load the library, PyTorch's model and two ONNX Runtime sessions in
-    this process, time our call in every scenario; ``(result, None, None)``. ``others``: the
-    threads of PyTorch and ONNX Runtime (default ``threads``)."""
+    this process, time our call (and ONNX Runtime's) in every scenario; ``(result, None,
+    None)``. ``others``: the threads of PyTorch and ONNX Runtime (default ``threads``)."""
     # pylint: disable=import-outside-toplevel
     # lazy: onnxruntime is an optional dependency; torch is a heavy, optional dependency
     import onnxruntime as ort
@@ -131,12 +158,17 @@ def crowded_outcome(path: str, onnx_path: str, model: str, threads: int, budget_
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         session = ort.InferenceSession(onnx_path, options, providers=["CPUExecutionProvider"])
         ort_runs[spinning] = ort_runner(session, spec.example_inputs)
+    sweep = cache_sweep(sweep_mb)
     samplers = {
         "alone": BesideSampler(run),
         "after torch": BesideSampler(run, before=torch_run),
         "beside a torch thread": BesideSampler(run, background=torch_run),
         "after ORT (spinning)": BesideSampler(run, before=ort_runs[True]),
         "after ORT (no spinning)": BesideSampler(run, before=ort_runs[False]),
+        "after a cache sweep": BesideSampler(run, before=sweep),
+        "ORT alone": BesideSampler(ort_runs[True]),
+        "ORT after torch": BesideSampler(ort_runs[True], before=torch_run),
+        "ORT after a cache sweep": BesideSampler(ort_runs[True], before=sweep),
     }
     samples = measure_rounds(samplers, budget_s=budget_s, min_rounds=min_rounds,
                              settle=lambda _: wait_idle(os.getpid()))  # fmt: skip
@@ -150,14 +182,15 @@ def crowded_outcome(path: str, onnx_path: str, model: str, threads: int, budget_
 
 
 def crowded_table(rows: Dict[str, dict]) -> str:
-    """Markdown: a row per scenario, a column per setting: median ms (and x alone)."""
+    """Markdown: a row per scenario, a column per setting: median ms (and x its baseline,
+    :data:`BASELINES`: ``alone`` for our call, ``ORT alone`` for ONNX Runtime's)."""
     names = list(rows)
     lines = ["| our call | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
     for scenario in SCENARIOS:
         cells = []
         for name in names:
             medians = rows[name].get("median_s") or {}
-            value, alone = medians.get(scenario), medians.get("alone")
+            value, alone = medians.get(scenario), medians.get(BASELINES.get(scenario, "alone"))
             text = "-" if value is None else f"{value * 1e3:.3f}"
             cells.append(text + (f" ({value / alone:.2f}x)" if value and alone else ""))
         lines.append(f"| {scenario} | " + " | ".join(cells) + " |")
@@ -203,11 +236,14 @@ def run_crowded(args: argparse.Namespace, log: Callable[[str], None] = print) ->
                         os.path.join(out, "work", f"{args.model}.onnx"))  # fmt: skip
     rows: Dict[str, dict] = {}
     for name, setting in SETTINGS.items():
+        if args.settings and name not in args.settings:
+            continue
         ours, others = split_threads(args.threads, setting)
         worker = Worker(name, crowded_outcome,
                         dict(path=lib, onnx_path=onnx_path, model=args.model,
                              threads=ours, budget_s=args.budget,
-                             min_rounds=args.min_rounds, others=others),
+                             min_rounds=args.min_rounds, others=others,
+                             sweep_mb=args.sweep_mb),
                         env=_environment(setting["env"], ours))  # fmt: skip
         try:
             rows[name] = worker.ready()[0]
@@ -237,6 +273,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="threads of every runtime (default: all cores)")
     parser.add_argument("--budget", type=float, default=3.0, help="timing seconds per setting")
     parser.add_argument("--min-rounds", type=int, default=15, help="timing rounds at least")
+    parser.add_argument("--settings", nargs="*", choices=list(SETTINGS), default=None,
+                        help="time only these settings (default: all)")
+    parser.add_argument("--sweep-mb", type=int, default=DEFAULT_SWEEP_MB,
+                        help="MiB written by the cache sweep (above the last-level cache)")
     parser.add_argument("--out", default="bench_crowded", help="output directory")
     return parser
 
