@@ -39,3 +39,11 @@ def test_cache_sweep_writes_the_whole_buffer():
     sweep()
     sweep()
     assert int(buffer.min()) == int(buffer.max()) == 2
+
+
+def test_sample_is_timed_with_the_given_clock():
+    """Only the subject's calls are read off the clock: two readings per call."""
+    ticks = iter(range(100))
+    sampler = BesideSampler(lambda: None, before=lambda: None, clock=lambda: float(next(ticks)))
+    assert sampler.sample(3, warmup=2) == 1.0  # each call spans one tick
+    assert next(ticks) == 6

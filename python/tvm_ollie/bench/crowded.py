@@ -32,6 +32,7 @@ each: "alone" is then our call on our half); ``docs/threads.md`` says what to se
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -58,6 +59,13 @@ SETTINGS = {
     "cores split": {"env": {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None}, "split": True,
                     "others": "rest"},
 }
+
+#: What a sample's calls are timed with: ``wall`` (the default) or ``thread``, the CPU time of
+#: the calling thread (``time.thread_time``). With one thread (``--threads 1``: ours and the
+#: others' calls run on the calling thread) the CPU time leaves out the moments another process
+#: held the core, so the cache part of a ratio can be measured on a loaded machine; with more
+#: threads it misses the workers' time and counts the caller's spinning: use ``wall``.
+CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
 
 SCENARIOS = ("alone", "after torch", "beside a torch thread", "after ORT (spinning)",
              "after ORT (no spinning)", "after a cache sweep", "ORT alone", "ORT after torch",
@@ -88,8 +96,10 @@ class BesideSampler:
     ``background()`` looping on a thread for the whole sample."""
 
     def __init__(self, run: Callable[[], object], before: Optional[Callable[[], object]] = None,
-                 background: Optional[Callable[[], object]] = None):  # fmt: skip
+                 background: Optional[Callable[[], object]] = None,
+                 clock: Callable[[], float] = time.perf_counter):  # fmt: skip
         self.run, self.before, self.background = run, before, background
+        self.clock = clock
 
     def calibrate(self, min_sample_s: float) -> int:
         """Calls per sample that last at least ``min_sample_s`` (:func:`.timing.calls_for`;
@@ -116,9 +126,9 @@ class BesideSampler:
             for _ in range(number):
                 if self.before is not None:
                     self.before()
-                start = time.perf_counter()
+                start = self.clock()
                 self.run()
-                total += time.perf_counter() - start
+                total += self.clock() - start
         finally:
             stop.set()
             if thread is not None:
@@ -132,10 +142,11 @@ class BesideSampler:
 
 def crowded_outcome(path: str, onnx_path: str, model: str, threads: int, budget_s: float,
                     min_rounds: int, others: Optional[int] = None,
-                    sweep_mb: int = DEFAULT_SWEEP_MB) -> tuple:  # fmt: skip
+                    sweep_mb: int = DEFAULT_SWEEP_MB, clock: str = "wall") -> tuple:  # fmt: skip
     """A worker's factory: load the library, PyTorch's model and two ONNX Runtime sessions in
     this process, time our call (and ONNX Runtime's) in every scenario; ``(result, None,
-    None)``. ``others``: the threads of PyTorch and ONNX Runtime (default ``threads``)."""
+    None)``. ``others``: the threads of PyTorch and ONNX Runtime (default ``threads``);
+    ``clock``: a key of :data:`CLOCKS`."""
     # pylint: disable=import-outside-toplevel
     # lazy: onnxruntime is an optional dependency; torch is a heavy, optional dependency
     import onnxruntime as ort
@@ -159,16 +170,17 @@ def crowded_outcome(path: str, onnx_path: str, model: str, threads: int, budget_
         session = ort.InferenceSession(onnx_path, options, providers=["CPUExecutionProvider"])
         ort_runs[spinning] = ort_runner(session, spec.example_inputs)
     sweep = cache_sweep(sweep_mb)
+    sampler = functools.partial(BesideSampler, clock=CLOCKS[clock])
     samplers = {
-        "alone": BesideSampler(run),
-        "after torch": BesideSampler(run, before=torch_run),
-        "beside a torch thread": BesideSampler(run, background=torch_run),
-        "after ORT (spinning)": BesideSampler(run, before=ort_runs[True]),
-        "after ORT (no spinning)": BesideSampler(run, before=ort_runs[False]),
-        "after a cache sweep": BesideSampler(run, before=sweep),
-        "ORT alone": BesideSampler(ort_runs[True]),
-        "ORT after torch": BesideSampler(ort_runs[True], before=torch_run),
-        "ORT after a cache sweep": BesideSampler(ort_runs[True], before=sweep),
+        "alone": sampler(run),
+        "after torch": sampler(run, before=torch_run),
+        "beside a torch thread": sampler(run, background=torch_run),
+        "after ORT (spinning)": sampler(run, before=ort_runs[True]),
+        "after ORT (no spinning)": sampler(run, before=ort_runs[False]),
+        "after a cache sweep": sampler(run, before=sweep),
+        "ORT alone": sampler(ort_runs[True]),
+        "ORT after torch": sampler(ort_runs[True], before=torch_run),
+        "ORT after a cache sweep": sampler(ort_runs[True], before=sweep),
     }
     samples = measure_rounds(samplers, budget_s=budget_s, min_rounds=min_rounds,
                              settle=lambda _: wait_idle(os.getpid()))  # fmt: skip
@@ -178,6 +190,7 @@ def crowded_outcome(path: str, onnx_path: str, model: str, threads: int, budget_
                      ("TVM_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT",
                       "TVM_OLLIE_PARALLEL_RUNTIME")}
     result["others_threads"] = others
+    result["clock"] = clock
     return result, None, None
 
 
@@ -243,7 +256,7 @@ def run_crowded(args: argparse.Namespace, log: Callable[[str], None] = print) ->
                         dict(path=lib, onnx_path=onnx_path, model=args.model,
                              threads=ours, budget_s=args.budget,
                              min_rounds=args.min_rounds, others=others,
-                             sweep_mb=args.sweep_mb),
+                             sweep_mb=args.sweep_mb, clock=args.clock),
                         env=_environment(setting["env"], ours))  # fmt: skip
         try:
             rows[name] = worker.ready()[0]
@@ -275,6 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--min-rounds", type=int, default=15, help="timing rounds at least")
     parser.add_argument("--settings", nargs="*", choices=list(SETTINGS), default=None,
                         help="time only these settings (default: all)")
+    parser.add_argument("--clock", choices=list(CLOCKS), default="wall",
+                        help="wall time, or the calling thread's CPU time (--threads 1 only)")
     parser.add_argument("--sweep-mb", type=int, default=DEFAULT_SWEEP_MB,
                         help="MiB written by the cache sweep (above the last-level cache)")
     parser.add_argument("--out", default="bench_crowded", help="output directory")
