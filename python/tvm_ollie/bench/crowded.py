@@ -12,6 +12,8 @@ times one call of it in these situations (rotating rounds, :func:`.timing.measur
 * ``beside a torch thread``: a thread runs PyTorch eager in a loop while we are timed;
 * ``after ORT (spinning)``: an ONNX Runtime session (its defaults) runs right before each call;
 * ``after ORT (no spinning)``: the same with ``session.intra_op.allow_spinning=0``;
+* ``after ORT (spin stops at return)``: the same with ``session.force_spinning_stop=1`` (its
+  workers spin during its call, and stop when the call returns);
 * ``after a cache sweep``: one thread writes a buffer larger than the last-level cache
   (``--sweep-mb``) right before each call: what any call pays when another model ran before
   it and evicted its weights and activations, with no thread of anyone else's awake;
@@ -68,8 +70,17 @@ SETTINGS = {
 CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
 
 SCENARIOS = ("alone", "after torch", "beside a torch thread", "after ORT (spinning)",
-             "after ORT (no spinning)", "after a cache sweep", "ORT alone", "ORT after torch",
-             "ORT after a cache sweep")  # fmt: skip
+             "after ORT (no spinning)", "after ORT (spin stops at return)", "after a cache sweep",
+             "ORT alone", "ORT after torch", "ORT after a cache sweep")  # fmt: skip
+#: ONNX Runtime's sessions, by their workers' spinning (session config entries): its default
+#: (spin during and after a call), never, or during its call only (``force_spinning_stop``:
+#: "forces any thread-pool threads spinning stop immediately when the last of concurrent Run()
+#: calls returns", ONNX Runtime's session_options_config_keys.h).
+ORT_SESSIONS = {
+    "spinning": {},
+    "no spinning": {"session.intra_op.allow_spinning": "0"},
+    "spin stops at return": {"session.force_spinning_stop": "1"},
+}
 #: The scenario each row's ratio is taken to (``alone`` for the rest).
 BASELINES = {"ORT after torch": "ORT alone", "ORT after a cache sweep": "ORT alone"}
 #: Default size of the cache sweep, MiB: above the last-level cache of the development machine
@@ -162,25 +173,26 @@ def crowded_outcome(path: str, onnx_path: str, model: str, threads: int, budget_
             spec.module(*spec.example_inputs)
 
     ort_runs = {}
-    for spinning in (True, False):
+    for name, config in ORT_SESSIONS.items():
         options = ort.SessionOptions()
         options.intra_op_num_threads = others
-        if not spinning:
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        for key, value in config.items():
+            options.add_session_config_entry(key, value)
         session = ort.InferenceSession(onnx_path, options, providers=["CPUExecutionProvider"])
-        ort_runs[spinning] = ort_runner(session, spec.example_inputs)
+        ort_runs[name] = ort_runner(session, spec.example_inputs)
     sweep = cache_sweep(sweep_mb)
     sampler = functools.partial(BesideSampler, clock=CLOCKS[clock])
     samplers = {
         "alone": sampler(run),
         "after torch": sampler(run, before=torch_run),
         "beside a torch thread": sampler(run, background=torch_run),
-        "after ORT (spinning)": sampler(run, before=ort_runs[True]),
-        "after ORT (no spinning)": sampler(run, before=ort_runs[False]),
+        "after ORT (spinning)": sampler(run, before=ort_runs["spinning"]),
+        "after ORT (no spinning)": sampler(run, before=ort_runs["no spinning"]),
+        "after ORT (spin stops at return)": sampler(run, before=ort_runs["spin stops at return"]),
         "after a cache sweep": sampler(run, before=sweep),
-        "ORT alone": sampler(ort_runs[True]),
-        "ORT after torch": sampler(ort_runs[True], before=torch_run),
-        "ORT after a cache sweep": sampler(ort_runs[True], before=sweep),
+        "ORT alone": sampler(ort_runs["spinning"]),
+        "ORT after torch": sampler(ort_runs["spinning"], before=torch_run),
+        "ORT after a cache sweep": sampler(ort_runs["spinning"], before=sweep),
     }
     samples = measure_rounds(samplers, budget_s=budget_s, min_rounds=min_rounds,
                              settle=lambda _: wait_idle(os.getpid()))  # fmt: skip
