@@ -21,6 +21,10 @@ times one call of it in these situations (rotating rounds, :func:`.timing.measur
   defaults) in the same situations, the yardstick: a ratio that ONNX Runtime pays too is the
   caches', not our thread pool's.
 
+Then each runtime's call once more, followed by a pause: the CPU time the process's other
+threads burn in the pause (:func:`.spin_after.spin_after`) is what that runtime's idle
+workers spin, a number that holds on a loaded machine too.
+
 Only the subject's call is timed, under the benchmark's warm protocol (:data:`.timing.WARM`: untimed
 warm-up calls, each with its ``before``, then at least 20 ms of calls). The settings
 (:data:`SETTINGS`) are the runtimes' defaults, OpenMP's workers sleeping at once
@@ -44,6 +48,7 @@ from typing import Callable, Dict, List, Optional
 
 from ..models import get_model, to_onnx
 from .exported import build_and_export, load_exported
+from .spin_after import spin_after, spin_table
 from .systems import ort_runner
 from .timing import calls_for, measure_rounds
 from .worker import Worker, WorkerFailed, wait_idle
@@ -203,6 +208,9 @@ def crowded_outcome(path: str, onnx_path: str, model: str, threads: int, budget_
                       "TVM_OLLIE_PARALLEL_RUNTIME")}
     result["others_threads"] = others
     result["clock"] = clock
+    spinners = {"ours": run, "torch": torch_run}
+    spinners.update({f"ORT ({name})": call for name, call in ort_runs.items()})
+    result["spin_ms"] = {name: spin_after(call) for name, call in spinners.items()}
     return result, None, None
 
 
@@ -279,7 +287,7 @@ def run_crowded(args: argparse.Namespace, log: Callable[[str], None] = print) ->
         log(f"{name}: {rows[name].get('median_s', rows[name].get('reason'))}")
     results = {"config": vars(args), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                "build": built, "settings": rows}  # fmt: skip
-    table = crowded_table(rows)
+    table = crowded_table(rows) + "\n" + spin_table(rows)
     with open(os.path.join(out, "crowded.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1, default=str)
     with open(os.path.join(out, "crowded.md"), "w", encoding="utf-8") as f:
