@@ -63,10 +63,13 @@ def symbol_file(symbol: str, library: Optional[str] = None) -> Optional[str]:
     ``library``'s own dependencies, as the dynamic loader looks; None when neither defines it.
 
     ``symbol_file("GOMP_parallel", native_library)`` is the OpenMP runtime whose team runs the
-    native kernels' parallel regions."""
+    native kernels' parallel regions. A ``library`` not loaded in this process adds no scope."""
     scopes = [ctypes.CDLL(None)]
     if library is not None:
-        scopes.append(ctypes.CDLL(library, mode=os.RTLD_NOLOAD | os.RTLD_LAZY))
+        try:  # RTLD_NOLOAD: only a library already loaded, never load one here
+            scopes.append(ctypes.CDLL(library, mode=os.RTLD_NOLOAD | os.RTLD_LAZY))
+        except OSError:
+            pass
     for scope in scopes:
         try:
             address = ctypes.cast(getattr(scope, symbol), ctypes.c_void_p).value
