@@ -29,7 +29,7 @@ FLOORS: dict[str, int] = {
     "ir": 1, "models": 1,
     "lift": 2, "verify": 2,
     "derive": 3,
-    "codegen": 4, "native": 4, "native_cuda": 4, "runtime": 4,
+    "codegen": 4, "native": 4, "native_cuda": 4, "native_openmp": 4, "runtime": 4,
     "tune": 5,
     "transform": 6, "orchestrate": 6,
     "pipeline": 7,

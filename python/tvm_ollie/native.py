@@ -20,7 +20,9 @@ Environment variables:
 * ``TVM_OLLIE_PARALLEL_RUNTIME``: where the parallel loops of TVM's CPU kernels run in this
   process, ``openmp`` (the OpenMP pool of the native kernels: one pool for both; the default,
   :data:`DEFAULT_PARALLEL_RUNTIME`) or ``tvm`` (TVM's own thread pool), see
-  :func:`set_parallel_runtime` and docs/threads.md.
+  :func:`set_parallel_runtime` and docs/threads.md;
+* ``TVM_OLLIE_OPENMP_CHECK=0``: no warning when the process holds two OpenMP runtimes
+  (:mod:`tvm_ollie.native_openmp`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import os
 import sys
 from typing import Dict, Iterator, List, Optional, Tuple
 
+from . import native_openmp
 from .library_loader import LibraryLoader, LoadState, candidate_paths, disabled, find_dist_file
 
 __all__ = [
@@ -211,6 +214,7 @@ def _open(state: LoadState) -> bool:
         state.reason = f"{lib} loaded but {MATMUL} is not registered"
         return False
     state.path = str(lib)
+    native_openmp.check(str(lib))  # a second OpenMP runtime (a renamed copy) is worth a warning
     return True
 
 
