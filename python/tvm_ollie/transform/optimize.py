@@ -40,6 +40,7 @@ from .groups import find_shared_input_groups
 from .inference_fold import fold_inference
 from .int8_choice import Int8Choice, Int8Report
 from .int8_kernels import int8_kernels
+from .pool_cover import pool_cover
 from .regions import Region, find_regions, static_tensor, used_vars
 from .report import OptimizeReport
 from .units import (call_signature, is_group, is_region, operand_values, original_form,
@@ -296,6 +297,9 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
     if cfg.blocked_layout and decider.library and lib.current_device() == "cpu":
         with stage("layouts"):
             new_mod, report.layouts = _laid_out(new_mod, cfg.pack_weights)
+    if cfg.fold_inference:  # after the layouts: a pool in a channels-last chain stays in it
+        new_mod, pools = pool_cover(new_mod)
+        folds = {**folds, "pool_covers_input": pools} if pools else folds
     report.decisions = [d for _, d in decided if d.kind == "call"]
     report.regions = [d for _, d in decided if d.kind != "call"]
     report.inference_folds = folds
