@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ..compat import relax, tvm
 
-__all__ = ["same_pool_kernel", "pool_cascade"]
+__all__ = ["pool_cascade", "same_pool_kernel"]
 
 
 def same_pool_kernel(call) -> Optional[Tuple[int, int]]:

@@ -5,7 +5,7 @@ A max pool with padding never reads its padding (the padding value is the identi
 clipped window is the whole spatial extent of the input, every output of a channel is the
 same number, the channel's maximum, and the pool is a global reduction broadcast back::
 
-    max_pool2d(x, k, s, p)[n, c, o_h, o_w] = max_{h, w} x[n, c, h, w]        (rule pool_covers_input)
+    max_pool2d(x, k, s, p)[n, c, o_h, o_w] = max_{h, w} x[n, c, h, w]     (rule pool_covers_input)
     avg_pool2d(x, k, s, p, count_include_pad=False)[n, c, o_h, o_w] = mean_{h, w} x[n, c, h, w]
 
 It holds along one spatial axis of input size ``I``, kernel ``k``, stride ``s``, dilation 1,
