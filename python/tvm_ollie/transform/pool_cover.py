@@ -19,7 +19,7 @@ latest). Spatial pyramid pooling (YOLOX's SPP: 5x5, 9x9 and 13x13 stride-1 pools
 padding) on a small feature map is the usual case: at YOLOX quick's 2x2 map each 13x13 pool
 scanned 169 positions of a padded 14x14 copy per output, where the reduction reads the 4
 elements once. ``count_include_pad=True`` divides by the window size, padding included, and is
-left alone; so is a dilated pool (its window has holes).
+left alone; so are a dilated pool (its window has holes) and an integer average.
 
 The pass works on any layout the pool names (``NCHW``, ``NHWC``, after
 :mod:`.blocked_layout` too) and shares one reduction between the pools of one input that
@@ -69,6 +69,9 @@ def pool_reduction(call) -> Optional[Tuple[str, Tuple[int, int]]]:
     if not isinstance(data_t, relax.TensorType) or not isinstance(out_t, relax.TensorType) \
             or data_t.shape is None or out_t.shape is None:
         return None
+    if call.op.name == "relax.nn.avg_pool2d" and not str(data_t.dtype).startswith(
+            ("float", "bfloat")):
+        return None  # an integer average rounds per window: keep TVM's
     shape, out = _static(data_t.shape), _static(out_t.shape)
     if shape is None or out is None or len(shape) != 4:
         return None
