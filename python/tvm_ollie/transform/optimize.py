@@ -41,6 +41,8 @@ from .inference_fold import fold_inference
 from .int8_choice import Int8Choice, Int8Report
 from .int8_kernels import int8_kernels
 from .norm_kernels import instance_norm_kernels
+from .pool_cascade import pool_cascade
+from .pool_cover import pool_cover
 from .regions import Region, find_regions, static_tensor, used_vars
 from .report import OptimizeReport
 from .units import (call_signature, is_group, is_region, operand_values, original_form,
@@ -301,6 +303,11 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
     if cfg.blocked_layout and decider.library and lib.current_device() == "cpu":
         with stage("layouts"):
             new_mod, report.layouts = _laid_out(new_mod, cfg.pack_weights)
+    if cfg.fold_inference:  # after the layouts: a pool in a channels-last chain stays in it
+        new_mod, pools = pool_cover(new_mod)
+        new_mod, cascaded = pool_cascade(new_mod)
+        counts = {"pool_covers_input": pools, "pool_cascade": cascaded}
+        folds = {**folds, **{k: v for k, v in counts.items() if v}}
     report.decisions = [d for _, d in decided if d.kind == "call"]
     report.regions = [d for _, d in decided if d.kind != "call"]
     report.inference_folds = folds
