@@ -261,3 +261,41 @@ def test_the_original_seeds_a_measured_search_only_when_it_is_large():
     big = least_work(expr)[0] >= MEASURED_SEED_FLOPS
     bound = cands.bound(expr, frozenset(), known)
     assert bound.known_s == (known if big else None) and bound.margin == (0.15 if big else 0.03)
+
+
+def test_a_forced_choice_is_checked_from_one_build(monkeypatch):
+    """The library plan's decisions (a chooser forcing one alternative): its check runs the
+    original and the forced alternative from one merged build, not two builds alone; a
+    forced original builds nothing."""
+    builds = []
+    real = batched.compile_module
+    monkeypatch.setattr(batched, "compile_module",
+                        lambda mod, target: builds.append(mod) or real(mod, target))
+    monkeypatch.setattr(checking, "_run_llvm", lambda *a: (_ for _ in ()).throw(
+        AssertionError("built alone")))
+    forced = Decider("llvm", calibration=sm.LLVM_CALIB, library=False, max_depth=2,
+                     derivation_cache=False, chooser=lambda sig, others: others[0])
+    choice = forced.decide(_call(sm.conv3x3()), 2.0)
+    assert choice.rewritten and choice.reason == "forced by the chooser"
+    assert len(builds) == 1
+    assert len([f for f in builds[0].functions if f.name_hint.endswith("_main")]) == 2
+    kept = Decider("llvm", calibration=sm.LLVM_CALIB, library=False, max_depth=2,
+                   derivation_cache=False, chooser=lambda sig, others: BASE)
+    assert not kept.decide(_call(sm.conv3x3()), 2.0).rewritten and len(builds) == 1
+
+
+def test_a_forced_choice_that_computes_something_else_is_rejected(monkeypatch):
+    """The merged build checks as strictly as the builds alone: a forced alternative whose
+    module computes another function is rejected and the original kept."""
+    call = _call(sm.conv3x3())
+    wrong = _module([_var("x", (1, 8, 8, 8)), _var("w", (16, 8, 3, 3))],
+                    lambda bb, x, w: relax.op.nn.relu(relax.op.nn.conv2d(x, w, padding=1)))
+    decide_mod = __import__("tvm_ollie.transform.decide", fromlist=["unit_module"])
+    real = decide_mod.unit_module
+    monkeypatch.setattr(decide_mod, "unit_module",
+                        lambda unit, program=None, *a: real(unit, program, *a)
+                        if program is None else wrong)
+    forced = Decider("llvm", calibration=sm.LLVM_CALIB, library=False, max_depth=2,
+                     derivation_cache=False, chooser=lambda sig, others: others[0])
+    choice = forced.decide(call, 2.0)
+    assert not choice.rewritten and "rejected: numerics differ" in choice.reason

@@ -301,9 +301,10 @@ class Decider:
         others = sorted(alts[1:], key=lambda a: (a.estimate, a.label))
         if self.chooser is not None:
             forced = self.chooser(sig, others)
-            if forced is not None:
+            if forced is not None:  # its check from one build of both modules (.batched)
+                build = None if forced.is_baseline else self.unit_build(unit, [base, forced])
                 return choose_forced(base, forced, names, n_cand,
-                                     functools.partial(self.check, unit))
+                                     functools.partial(self.check, unit, build=build))
         better = shortlist(base, others, is_region(unit), self.measures,
                            is_region(unit) and not is_group(unit))
         if not better:
