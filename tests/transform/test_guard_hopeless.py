@@ -34,7 +34,8 @@ def test_skipped_at_the_guards_own_factor_and_not_below():
     assert ORIGINAL_HOPELESS == HOPELESS
     report = _report(_dec("a", 2e-3), _dec("b", 1e-3))  # L = 3 ms
     why = hopeless_original(report, 1e-3)  # exactly HOPELESS x: skipped
-    assert why is not None and "3.000ms" in why and "1.000ms" in why
+    assert why is not None and "3.000ms" in why and "the rewritten plan's 1.000ms" in why
+    assert "the library plan's" in hopeless_original(report, 1e-3, "library")
     assert hopeless_original(report, 1.01e-3) is None
     assert hopeless_original(report, None) is None and hopeless_original(report, 0.0) is None
     # only estimates: nothing measured bounds the original
@@ -123,3 +124,69 @@ def test_an_original_that_could_win_is_built_and_timed(monkeypatch):
     assert plans.seen == [["original", "rewritten"]]
     assert report.model_guard.winner == "rewritten"
     assert report.model_guard.reference == "original"
+
+
+def test_a_plan_built_before_the_original_is_built_once():
+    from tvm_ollie.pipeline.build import _once
+
+    calls = []
+    build_once = _once(lambda: calls.append(1) or "ex")
+    assert build_once() == "ex" and build_once() == "ex" and calls == [1]
+
+    def broken():
+        calls.append(2)
+        raise RuntimeError("no build")
+
+    failing = _once(broken)
+    for _ in range(2):
+        try:
+            failing()
+        except RuntimeError as err:
+            assert str(err) == "no build"
+    assert calls == [1, 2]
+
+
+def test_the_leader_is_the_fastest_plan_that_runs(monkeypatch):
+    """The original is judged against the fastest plan built before it (the guard retires a
+    plan against its leader); a plan that does not build is passed over."""
+    import tvm
+
+    build_mod = __import__("tvm_ollie.pipeline.build", fromlist=["_fastest_plan"])
+    mod = sm.conv1x1()
+    ex = tvm.compile(mod, target="llvm")
+    seconds = iter([3e-3, 1e-3])
+    monkeypatch.setattr(build_mod, "fastest_call", lambda run: (run(), next(seconds))[1])
+
+    def broken():
+        raise RuntimeError("no build")
+
+    leader = build_mod._fastest_plan(mod, {"rewritten": lambda: ex, "broken": broken,
+                                           "library": lambda: ex})
+    assert leader == (1e-3, "library")
+
+
+def test_a_verdict_without_the_original_is_read_back_only_when_it_was_skipped(tmp_path):
+    """Warm builds: a verdict recorded with the original skipped (:mod:`.hopeless`) is read
+    back (the kept plan alone built); one that merely lacks the original's timing is not."""
+    from tvm_ollie.config import OllieConfig
+    from tvm_ollie.pipeline.build import RecordedVerdict
+    from tvm_ollie.transform.measuring import DecisionRecords
+
+    class Shared(dict):
+        def put(self, key, entry):
+            self[key] = entry
+
+    mods = {"original": sm.conv1x1(), "rewritten": sm.conv3x3(), "library": sm.conv3x3()}
+    cfg = OllieConfig(target="llvm")
+    for skipped, read_back in (("hopeless: ...", True), (None, False)):
+        shared = Shared()
+        verdict = RecordedVerdict(DecisionRecords(str(tmp_path), shared), mods, cfg,
+                                  timer=lambda runs: {n: 1e-3 if n == "library" else 2e-3
+                                                      for n in runs},
+                                  load=lambda: 0.1)
+        verdict.skipped = skipped
+        res = verdict({"rewritten": None, "library": None})
+        assert res.winner == "library"
+        again = RecordedVerdict(DecisionRecords(None, shared), mods, cfg, load=lambda: 0.1)
+        known = again.known()
+        assert (known is not None and known.winner == "library") == read_back

@@ -221,10 +221,10 @@ def _build(mod: "tvm.IRModule", cfg: OllieConfig, hooks: dict
     if not _rewritten_units(report):  # nothing rewritten: what was built is the original
         plans = [("original", lambda: ex)]
     if library is not None:
-        plans.append(("library", as_given(library[0])))
+        plans.append(("library", _once(as_given(library[0]))))
     if _rewritten_units(report):  # built last: not at all where it cannot win (.hopeless)
-        plans.append(("original", _unless_hopeless(as_given(mod), mod, ex, report, tgt,
-                                                   verdict)))
+        plans.append(("original", _unless_hopeless(as_given(mod), mod, dict(plans), report,
+                                                   tgt, verdict)))
     with stage("model guard"):
         return _model_guard(mod, plans, report, tgt, verdict,
                             library[1] if library else None), report
@@ -333,20 +333,35 @@ def _model_guard(given: "tvm.IRModule", plans, report: OptimizeReport, tgt, time
     return kept
 
 
-def _unless_hopeless(build_original, given: "tvm.IRModule", rewritten_ex, report, tgt,
-                     verdict=None):
+def _once(build):
+    """``build`` run on the first call only; later calls return (or raise) what it did."""
+    done: list = []
+
+    def first():
+        if not done:
+            try:
+                done.append((build(), None))
+            except Exception as err:  # pylint: disable=broad-except
+                done.append((None, err))
+        ex, err = done[0]
+        if err is not None:
+            raise err
+        return ex
+
+    return first
+
+
+def _unless_hopeless(build_original, given: "tvm.IRModule", built: Dict[str, Any], report,
+                     tgt, verdict=None):
     """The original plan's build, raising :class:`~.guard.PlanSkipped` instead where it
-    cannot win (:func:`~.hopeless.hopeless_original`, on a CPU target: the rewritten module
-    timed here; the reason is kept with the verdict, ``verdict.skipped``)."""
+    cannot win (:func:`~.hopeless.hopeless_original`, on a CPU target, against the fastest of
+    the plans ``built`` before it, ``name -> build``, each timed here; the reason is kept with
+    the verdict, ``verdict.skipped``)."""
 
     def build_or_skip():
         if is_llvm(tgt):
-            try:
-                main = relax.VirtualMachine(rewritten_ex, tvm.cpu())["main"]
-                inputs = [tvm.runtime.tensor(a) for a in sample_args(given["main"])]
-                why = hopeless_original(report, fastest_call(lambda: main(*inputs)))
-            except Exception:  # pylint: disable=broad-except
-                why = None  # (the rewritten module does not run here: the guard says why)
+            leader = _fastest_plan(given, built)
+            why = hopeless_original(report, *leader) if leader is not None else None
             if why is not None:
                 if isinstance(verdict, RecordedVerdict):
                     verdict.skipped = why
@@ -354,6 +369,25 @@ def _unless_hopeless(build_original, given: "tvm.IRModule", rewritten_ex, report
         return build_original()
 
     return build_or_skip
+
+
+def _fastest_plan(given: "tvm.IRModule", built: Dict[str, Any]) -> Optional[Tuple[float, str]]:
+    """``(seconds, name)`` of the fastest of the plans ``built`` (:func:`~.hopeless.
+    fastest_call` of each that builds and runs here; None: none does)."""
+    best = None
+    try:
+        inputs = [tvm.runtime.tensor(a) for a in sample_args(given["main"])]
+    except Exception:  # pylint: disable=broad-except
+        return None
+    for name, build in built.items():
+        try:
+            main = relax.VirtualMachine(build(), tvm.cpu())["main"]
+            seconds = fastest_call(lambda m=main: m(*inputs))
+        except Exception:  # pylint: disable=broad-except
+            continue  # (the guard says why it does not run)
+        if best is None or seconds < best[0]:
+            best = (seconds, name)
+    return best
 
 
 #: The first words of the whole-model guard's report.

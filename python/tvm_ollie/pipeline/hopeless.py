@@ -10,15 +10,15 @@ samples; this rule applies the same test before the build, with the decisions' o
 as the original's lower bound::
 
     L = sum over the calls decided by timing of their original's measured seconds (TVM's build)
-    skip(original)  iff  L >= HOPELESS * t_rewritten
+    skip(original)  iff  L >= HOPELESS * t_leader
 
-``t_rewritten``: the fastest of a few calls of the rewritten module, already built and run
-by the guard. Why ``L`` bounds the original from below: the original module runs each of
+``t_leader``: the fastest of a few calls of each plan built before it (the rewritten module
+and the library plan, already built and run by the guard), the fastest plan's. Why ``L`` bounds the original from below: the original module runs each of
 those calls on TVM's kernels (each call counted once, a call appears in one decision), plus
 everything else; each call's seconds are the median its decision measured for TVM's build of
 the call alone (the same pipeline builds it; in the whole model it is fused with at most its
 elementwise epilogue, which adds work). So when the rule holds, the original is at least
-``HOPELESS`` times slower than the rewritten module, which the guard's timing would retire
+``HOPELESS`` times slower than the leading plan, which the guard's timing would retire
 after two samples and never keep (the guard keeps it only if separated faster). Calls decided
 by the estimate (``measured`` false: small units skipped, the estimate's decisions) and
 regions (their calls may also be decided alone) add nothing to ``L``. Where the original is
@@ -27,8 +27,8 @@ kernels, each call checked against TVM's build of it), else there is nothing to 
 rewritten call was checked against the original's when it was decided.
 
 What could make it wrong: a decision timed in a loaded phase of the machine inflates ``L``
-(and the guard's own timing would then be as unreliable); a rewritten module timed in such a
-phase only keeps the original's build (the rule does not hold).
+(and the guard's own timing would then be as unreliable); a plan timed in such a phase
+only keeps the original's build (the rule does not hold).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ __all__ = ["ORIGINAL_HOPELESS", "REWRITTEN_CALLS", "hopeless_original", "origina
 #: build: the guard's own retiring factor.
 ORIGINAL_HOPELESS = HOPELESS
 
-#: Calls of the rewritten module timed (after one untimed) for ``t_rewritten``.
+#: Calls of each plan timed (after one untimed) for ``t_leader``.
 REWRITTEN_CALLS = 5
 
 
@@ -62,17 +62,19 @@ def original_lower_bound(report) -> float:
     return total
 
 
-def hopeless_original(report, rewritten_s: Optional[float],
+def hopeless_original(report, leader_s: Optional[float], leader: str = "rewritten",
                       factor: float = ORIGINAL_HOPELESS) -> Optional[str]:
     """Why TVM's build of the original need not be built (module docstring), or None: build
-    it (no timing of the rewritten module, or the bound does not hold)."""
-    if rewritten_s is None or not rewritten_s > 0:
+    it (no timing of a plan, or the bound does not hold). ``leader_s``: the fastest plan
+    built before it (``leader``: its name), as the guard's timing retires a plan
+    ``HOPELESS`` times slower than its leader."""
+    if leader_s is None or not leader_s > 0:
         return None
     lower = original_lower_bound(report)
-    if lower < factor * rewritten_s:
+    if lower < factor * leader_s:
         return None
     return (f"hopeless: its calls decided by timing alone measured {lower * 1e3:.3f}ms on "
-            f"TVM's kernels, >= {factor:g} x the rewritten module's {rewritten_s * 1e3:.3f}ms")
+            f"TVM's kernels, >= {factor:g} x the {leader} plan's {leader_s * 1e3:.3f}ms")
 
 
 def fastest_call(run: Callable[[], object], calls: int = REWRITTEN_CALLS,
