@@ -12,6 +12,7 @@ from tvm import relax
 import small_models as sm
 from tvm_ollie.codegen.builder import single_function_module as _module
 from tvm_ollie.codegen.builder import tensor_var as _var
+from tvm_ollie import native
 from tvm_ollie.compat import tvm
 from tvm_ollie.config import ConfigError, OllieConfig
 from tvm_ollie.derive.cost import least_work
@@ -299,3 +300,62 @@ def test_a_forced_choice_that_computes_something_else_is_rejected(monkeypatch):
                      derivation_cache=False, chooser=lambda sig, others: others[0])
     choice = forced.decide(call, 2.0)
     assert not choice.rewritten and "rejected: numerics differ" in choice.reason
+
+
+# -- programs far behind the library kernel -------------------------------------------------
+
+def _alts(**estimates):
+    """Alternatives by name -> estimate: ``native`` the original on its library kernel, the
+    others derived programs (a stand-in program per name)."""
+    from types import SimpleNamespace
+    out = []
+    for name, est in estimates.items():
+        if name == "native":
+            out.append(Alternative(None, "native", est))
+        else:
+            out.append(Alternative(SimpleNamespace(name=name), "tvm", est))
+    return out
+
+
+def test_far_behind_leaves_out_programs_ten_times_the_library_kernel():
+    from tvm_ollie.transform.choosing import FAR_BEHIND, far_behind
+    assert FAR_BEHIND == 10.0
+    alts = _alts(native=1e-4, near=9.9e-4, edge=1e-3, far=1.18)
+    assert [a.estimate for a in far_behind(alts)] == [1e-3, 1.18]  # at or above 10x
+    assert far_behind(_alts(near=1.0, far=100.0)) == []  # no library form: nothing left out
+    assert far_behind([]) == []
+
+
+def test_a_measured_decision_never_builds_a_program_far_behind(monkeypatch):
+    """The untuned decision of a convolution whose library kernel is estimated 1000x cheaper
+    than every derived program: the programs are neither checked, built nor timed (the merged
+    build holds the original and its library kernel); with the library kernel estimated as
+    slow as the programs they are kept."""
+    if not native.load():
+        pytest.skip("the native library is not built here")
+    builds = []
+    real = batched.compile_module
+    monkeypatch.setattr(batched, "compile_module",
+                        lambda mod, target: builds.append(mod) or real(mod, target))
+
+    class Estimates:
+        measured = False
+
+        def __init__(self, native_s):
+            self.native_s = native_s
+
+        def seconds(self, unit, alt):
+            if alt.program is None:
+                return 1.0 if alt.impl == "tvm" else self.native_s
+            return 1e-2
+
+    for native_s, programs in ((1e-5, 0), (1e-2, 1)):
+        builds.clear()
+        decider = Decider("llvm", calibration=sm.LLVM_CALIB, max_depth=2, check_untuned=True,
+                          derivation_cache=False, max_measured=1,
+                          estimator=Estimates(native_s))
+        choice = decider.decide(_call(sm.conv3x3()), 2.0)
+        assert choice.measured, choice.reason
+        (mod,) = builds
+        mains = [f for f in mod.functions if f.name_hint.endswith("_main")]
+        assert len(mains) == 2 + programs  # the original, its library kernel, the programs
