@@ -110,6 +110,7 @@ def test_a_hopeless_original_is_not_built(monkeypatch):
     original = next(p for p in guard.plans if p.name == "original")
     assert original.dropped.startswith("skipped: hopeless")
     assert "10.000ms" in original.dropped and "1.000ms" in original.dropped
+    assert "rewritten (not timed: nothing else ran)" in guard.to_text()
 
 
 def test_an_original_that_could_win_is_built_and_timed(monkeypatch):

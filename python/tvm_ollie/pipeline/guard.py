@@ -132,7 +132,8 @@ class GuardReport:
         """One line: each plan's median (or why it was dropped) and the winner; the evidence
         (rounds, separated or tied) after it."""
         parts = [f"{p.name} {p.seconds * 1e3:.3f}ms" if p.seconds is not None
-                 else f"{p.name} dropped ({p.dropped})" for p in self.plans]
+                 else f"{p.name} dropped ({p.dropped})" if p.dropped
+                 else f"{p.name} (not timed: nothing else ran)" for p in self.plans]
         text = f"{self.title} (whole modules timed here): {', '.join(parts)}; " \
                f"kept {self.winner or 'none'}"
         if self.comparison is not None:
