@@ -5,6 +5,7 @@ timers and clocks: nothing here depends on this machine's speed."""
 from types import SimpleNamespace
 
 import small_models as sm
+from tvm_ollie.frontend.explain import guard_line
 from tvm_ollie.pipeline import build
 from tvm_ollie.pipeline.guard import guard_plans
 from tvm_ollie.pipeline.hopeless import (ORIGINAL_HOPELESS, fastest_call, hopeless_original,
@@ -111,6 +112,9 @@ def test_a_hopeless_original_is_not_built(monkeypatch):
     assert original.dropped.startswith("skipped: hopeless")
     assert "10.000ms" in original.dropped and "1.000ms" in original.dropped
     assert "rewritten (not timed: nothing else ran)" in guard.to_text()
+    assert not guard.notes  # nothing was compared: no note says it was
+    assert guard_line(report).startswith(
+        "whole-model guard: kept rewritten (original skipped: hopeless:")
 
 
 def test_an_original_that_could_win_is_built_and_timed(monkeypatch):
