@@ -112,7 +112,6 @@ def test_a_hopeless_original_is_not_built(monkeypatch):
     assert original.dropped.startswith("skipped: hopeless")
     assert "10.000ms" in original.dropped and "1.000ms" in original.dropped
     assert "rewritten (not timed: nothing else ran)" in guard.to_text()
-    assert not guard.notes  # nothing was compared: no note says it was
     assert guard_line(report).startswith(
         "whole-model guard: kept rewritten (original skipped: hopeless:")
 

@@ -298,7 +298,7 @@ def guard_plans(plans: Sequence[Tuple[str, Callable[[], object]]], args: Sequenc
     wanted = [reference] if isinstance(reference, str) else list(reference or [])
     ref = next((n for n in wanted if n in runs), ran[0])
     report.reference = ref
-    if wanted and ref != wanted[0] and len(ran) > 1:
+    if wanted and ref != wanted[0]:
         report.notes.append(f"outputs compared with {ref} ({wanted[0]} did not run)")
     for name in ran:
         why = _differs(outputs[ref], outputs[name]) if name != ref else ""
