@@ -12,6 +12,7 @@ from tvm import relax
 import small_models as sm
 from tvm_ollie.codegen.builder import single_function_module as _module
 from tvm_ollie.codegen.builder import tensor_var as _var
+from tvm_ollie import native
 from tvm_ollie.compat import tvm
 from tvm_ollie.config import ConfigError, OllieConfig
 from tvm_ollie.derive.cost import least_work
@@ -261,3 +262,101 @@ def test_the_original_seeds_a_measured_search_only_when_it_is_large():
     big = least_work(expr)[0] >= MEASURED_SEED_FLOPS
     bound = cands.bound(expr, frozenset(), known)
     assert bound.known_s == (known if big else None) and bound.margin == (0.15 if big else 0.03)
+
+
+def test_a_forced_choice_is_checked_from_one_build(monkeypatch):
+    """The library plan's decisions (a chooser forcing one alternative): its check runs the
+    original and the forced alternative from one merged build, not two builds alone; a
+    forced original builds nothing."""
+    builds = []
+    real = batched.compile_module
+    monkeypatch.setattr(batched, "compile_module",
+                        lambda mod, target: builds.append(mod) or real(mod, target))
+    monkeypatch.setattr(checking, "_run_llvm", lambda *a: (_ for _ in ()).throw(
+        AssertionError("built alone")))
+    forced = Decider("llvm", calibration=sm.LLVM_CALIB, library=False, max_depth=2,
+                     derivation_cache=False, chooser=lambda sig, others: others[0])
+    choice = forced.decide(_call(sm.conv3x3()), 2.0)
+    assert choice.rewritten and choice.reason == "forced by the chooser"
+    assert len(builds) == 1
+    assert len([f for f in builds[0].functions if f.name_hint.endswith("_main")]) == 2
+    kept = Decider("llvm", calibration=sm.LLVM_CALIB, library=False, max_depth=2,
+                   derivation_cache=False, chooser=lambda sig, others: BASE)
+    assert not kept.decide(_call(sm.conv3x3()), 2.0).rewritten and len(builds) == 1
+
+
+def test_a_forced_choice_that_computes_something_else_is_rejected(monkeypatch):
+    """The merged build checks as strictly as the builds alone: a forced alternative whose
+    module computes another function is rejected and the original kept."""
+    call = _call(sm.conv3x3())
+    wrong = _module([_var("x", (1, 8, 8, 8)), _var("w", (16, 8, 3, 3))],
+                    lambda bb, x, w: relax.op.nn.relu(relax.op.nn.conv2d(x, w, padding=1)))
+    decide_mod = __import__("tvm_ollie.transform.decide", fromlist=["unit_module"])
+    real = decide_mod.unit_module
+    monkeypatch.setattr(decide_mod, "unit_module",
+                        lambda unit, program=None, *a: real(unit, program, *a)
+                        if program is None else wrong)
+    forced = Decider("llvm", calibration=sm.LLVM_CALIB, library=False, max_depth=2,
+                     derivation_cache=False, chooser=lambda sig, others: others[0])
+    choice = forced.decide(call, 2.0)
+    assert not choice.rewritten and "rejected: numerics differ" in choice.reason
+
+
+# -- programs far behind the library kernel -------------------------------------------------
+
+def _alts(**estimates):
+    """Alternatives by name -> estimate: ``native`` the original on its library kernel, the
+    others derived programs (a stand-in program per name)."""
+    from types import SimpleNamespace
+    out = []
+    for name, est in estimates.items():
+        if name == "native":
+            out.append(Alternative(None, "native", est))
+        else:
+            out.append(Alternative(SimpleNamespace(name=name), "tvm", est))
+    return out
+
+
+def test_far_behind_leaves_out_programs_a_hundred_times_the_library_kernel():
+    from tvm_ollie.transform.choosing import FAR_BEHIND, far_behind
+    assert FAR_BEHIND == 100.0
+    alts = _alts(native=1e-4, near=9.9e-3, edge=1e-2, far=1.18)
+    assert [a.estimate for a in far_behind(alts)] == [1e-2, 1.18]  # at or above 100x
+    assert far_behind(_alts(native=1e-4, gemm=1.9e-3)) == []  # 19x: kept (the calibration)
+    assert far_behind(_alts(near=1.0, far=100.0)) == []  # no library form: nothing left out
+    assert far_behind([]) == []
+
+
+def test_a_measured_decision_never_builds_a_program_far_behind(monkeypatch):
+    """The untuned decision of a convolution whose library kernel is estimated 1000x cheaper
+    than every derived program: the programs are neither checked, built nor timed (the merged
+    build holds the original and its library kernel); with the library kernel estimated as
+    slow as the programs they are kept."""
+    if not native.load():
+        pytest.skip("the native library is not built here")
+    builds = []
+    real = batched.compile_module
+    monkeypatch.setattr(batched, "compile_module",
+                        lambda mod, target: builds.append(mod) or real(mod, target))
+
+    class Estimates:
+        measured = False
+
+        def __init__(self, native_s):
+            self.native_s = native_s
+
+        def seconds(self, unit, alt):
+            if alt.program is None:
+                return 1.0 if alt.impl == "tvm" else self.native_s
+            return 1e-2
+
+    for native_s, programs in ((1e-5, 0), (1e-2, 1)):
+        builds.clear()
+        decider = Decider("llvm", calibration=sm.LLVM_CALIB, max_depth=2, check_untuned=True,
+                          derivation_cache=False, max_measured=1,
+                          estimator=Estimates(native_s))
+        choice = decider.decide(_call(sm.conv3x3()), 2.0)
+        assert choice.measured, choice.reason
+        (mod,) = builds
+        mains = [f for f in mod.functions if f.name_hint.endswith("_main")]
+        assert len(mains) == 2 + programs  # the original, its library kernel, the programs

@@ -142,7 +142,9 @@ def guard_line(report: Any) -> str:
             continue
         times = ", ".join(f"{plan} {format_time(sec)}" for plan, sec in guard.times().items())
         notes = list(getattr(guard, "notes", []))
-        detail = times or (notes[0] if notes else "not timed")
+        dropped = [f"{p.name} {p.dropped}" for p in getattr(guard, "plans", []) or []
+                   if getattr(p, "dropped", "")]  # (e.g. the original not built: hopeless)
+        detail = times or (dropped or notes or ["not timed"])[0]
         return f"{name}: kept {guard.winner} ({detail})"
     return ""
 

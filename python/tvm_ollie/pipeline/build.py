@@ -63,8 +63,9 @@ from ..tune.metaschedule import Tuner
 from ..tune.records import MachineStore
 from ..tune.workdir import prepare_work_dir, work_dir_lock
 from .compile import compile_module, default_pipeline
-from .guard import (GUARD_MARGIN, GuardError, GuardReport, PlanOutcome, alternating,
-                    guard_plans)
+from .guard import (GUARD_MARGIN, GuardError, GuardReport, PlanOutcome, PlanSkipped,
+                    alternating, guard_plans)
+from .hopeless import fastest_call, hopeless_original
 from .joint import library_plan
 from .joint_plans import GUARD_TIMING, joint_build
 
@@ -216,11 +217,14 @@ def _build(mod: "tvm.IRModule", cfg: OllieConfig, hooks: dict
         return _compile_final(mod, cfg, tuner, budget, tunable, orch), report
     if verdict is None:
         return ex, report
-    plans = [("rewritten", lambda: ex), ("original", as_given(mod))]
+    plans = [("rewritten", lambda: ex)]
     if not _rewritten_units(report):  # nothing rewritten: what was built is the original
         plans = [("original", lambda: ex)]
     if library is not None:
-        plans.append(("library", as_given(library[0])))
+        plans.append(("library", _once(as_given(library[0]))))
+    if _rewritten_units(report):  # built last: not at all where it cannot win (.hopeless)
+        plans.append(("original", _unless_hopeless(as_given(mod), mod, dict(plans), report,
+                                                   tgt, verdict)))
     with stage("model guard"):
         return _model_guard(mod, plans, report, tgt, verdict,
                             library[1] if library else None), report
@@ -306,7 +310,8 @@ def _model_guard(given: "tvm.IRModule", plans, report: OptimizeReport, tgt, time
             f"not timed: no main with static tensor inputs ({type(err).__name__})"])
         return first[1]()
     try:
-        kept, winner, guard = guard_plans(plans, args, reference="original", timer=timer,
+        kept, winner, guard = guard_plans(plans, args, reference=("original", "library"),
+                                          timer=timer,
                                           target=tgt, prefer=MODEL_PREFERENCE)
     except GuardError as err:  # none ran here: keep what the pass built
         guard = GuardReport(winner=first[0], notes=[f"not timed: {err}"])
@@ -326,6 +331,63 @@ def _model_guard(given: "tvm.IRModule", plans, report: OptimizeReport, tgt, time
     elif winner == "library":
         _adopt(report, library, _library_because(guard))
     return kept
+
+
+def _once(build):
+    """``build`` run on the first call only; later calls return (or raise) what it did."""
+    done: list = []
+
+    def first():
+        if not done:
+            try:
+                done.append((build(), None))
+            except Exception as err:  # pylint: disable=broad-except
+                done.append((None, err))
+        ex, err = done[0]
+        if err is not None:
+            raise err
+        return ex
+
+    return first
+
+
+def _unless_hopeless(build_original, given: "tvm.IRModule", built: Dict[str, Any], report,
+                     tgt, verdict=None):
+    """The original plan's build, raising :class:`~.guard.PlanSkipped` instead where it
+    cannot win (:func:`~.hopeless.hopeless_original`, on a CPU target, against the fastest of
+    the plans ``built`` before it, ``name -> build``, each timed here; the reason is kept with
+    the verdict, ``verdict.skipped``)."""
+
+    def build_or_skip():
+        if is_llvm(tgt):
+            leader = _fastest_plan(given, built)
+            why = hopeless_original(report, *leader) if leader is not None else None
+            if why is not None:
+                if isinstance(verdict, RecordedVerdict):
+                    verdict.skipped = why
+                raise PlanSkipped(why)
+        return build_original()
+
+    return build_or_skip
+
+
+def _fastest_plan(given: "tvm.IRModule", built: Dict[str, Any]) -> Optional[Tuple[float, str]]:
+    """``(seconds, name)`` of the fastest of the plans ``built`` (:func:`~.hopeless.
+    fastest_call` of each that builds and runs here; None: none does)."""
+    best = None
+    try:
+        inputs = [tvm.runtime.tensor(a) for a in sample_args(given["main"])]
+    except Exception:  # pylint: disable=broad-except
+        return None
+    for name, build in built.items():
+        try:
+            main = relax.VirtualMachine(build(), tvm.cpu())["main"]
+            seconds = fastest_call(lambda m=main: m(*inputs))
+        except Exception:  # pylint: disable=broad-except
+            continue  # (the guard says why it does not run)
+        if best is None or seconds < best[0]:
+            best = (seconds, name)
+    return best
 
 
 #: The first words of the whole-model guard's report.
@@ -364,6 +426,8 @@ class RecordedVerdict:
         self.records, self.timer, self.read_back = records, timer, False
         self.load = load if load is not None else machine_load
         self.retimed: list = []
+        #: why the original was not built (:mod:`.hopeless`), kept with the verdict
+        self.skipped: Optional[str] = None
         self.modules = {k: m for k, m in modules.items() if m is not None}
         self._keyed: Optional[Tuple[str, str]] = None
         self.model = f"model guard {cfg.target} orchestrate={cfg.orchestrate} " \
@@ -389,7 +453,8 @@ class RecordedVerdict:
 
     def known(self) -> Optional[Comparison]:
         """The per-machine cache's comparison of these modules (the kept plan and the original
-        both ran, their outputs agreed, and they were timed on this machine, by this code, TVM
+        both ran, or the original was not built because it could not win, :mod:`.hopeless`;
+        their outputs agreed, and they were timed on this machine, by this code, TVM
         and library, under conditions without doubt); None when there is none (then the guard
         builds every plan and compares, or reads the work dir's verdict back, as before)."""
         shared = self.records.shared
@@ -401,8 +466,12 @@ class RecordedVerdict:
             res = Comparison.from_dict(entry["comparison"]) if entry else None
         except (KeyError, TypeError, ValueError):
             return None
-        if res is None or res.winner not in self.modules or \
-                any(res.seconds(n) is None for n in ("original", res.winner)) or \
+        if res is None:
+            return None
+        skipped = (entry.get("evidence") or {}).get("original skipped")
+        needed = (res.winner,) if skipped else ("original", res.winner)
+        if res.winner not in self.modules or \
+                any(res.seconds(n) is None for n in needed) or \
                 not self._trusted(entry, res):
             return None
         self.read_back = True
@@ -420,7 +489,10 @@ class RecordedVerdict:
             alternating(runs, prefer=MODEL_PREFERENCE, margin=GUARD_MARGIN, **GUARD_TIMING)
         if not isinstance(timed, Comparison):
             timed = from_seconds(timed, MODEL_PREFERENCE, GUARD_MARGIN)
-        self.records.put(key, signature, timed, evidence(timed, before, self.load()))
+        found = evidence(timed, before, self.load())
+        if self.skipped and "original" not in runs:
+            found["original skipped"] = self.skipped
+        self.records.put(key, signature, timed, found)
         return timed
 
 

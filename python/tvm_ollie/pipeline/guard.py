@@ -132,7 +132,8 @@ class GuardReport:
         """One line: each plan's median (or why it was dropped) and the winner; the evidence
         (rounds, separated or tied) after it."""
         parts = [f"{p.name} {p.seconds * 1e3:.3f}ms" if p.seconds is not None
-                 else f"{p.name} dropped ({p.dropped})" for p in self.plans]
+                 else f"{p.name} dropped ({p.dropped})" if p.dropped
+                 else f"{p.name} (not timed: nothing else ran)" for p in self.plans]
         text = f"{self.title} (whole modules timed here): {', '.join(parts)}; " \
                f"kept {self.winner or 'none'}"
         if self.comparison is not None:
@@ -226,7 +227,8 @@ def _one_line(err: Exception) -> str:
 
 
 def guard_plans(plans: Sequence[Tuple[str, Callable[[], object]]], args: Sequence[np.ndarray],
-                reference: Optional[str] = None, timer: Optional[PlanTimer] = None,
+                reference: Union[str, Sequence[str], None] = None,
+                timer: Optional[PlanTimer] = None,
                 device=None, target=None, prefer: Optional[Sequence[str]] = None,
                 margin: float = GUARD_MARGIN, timing: Optional[Dict[str, float]] = None
                 ) -> Tuple[object, str, GuardReport]:
@@ -238,9 +240,10 @@ def guard_plans(plans: Sequence[Tuple[str, Callable[[], object]]], args: Sequenc
         ``build()`` returns the plan's Relax executable.
     args : sequence of ndarray
         Inputs of ``main`` (one set, shared by every plan).
-    reference : str, optional
-        The plan whose outputs the others must match (when it runs; else the first plan that
-        runs is the reference). None: the first plan that runs.
+    reference : str or sequence of str, optional
+        The plan whose outputs the others must match (when it runs; several: the first of
+        them that runs; else the first plan that runs is the reference). None: the first plan
+        that runs.
     timer : PlanTimer, optional
         Times the plans that ran (default :func:`alternating`).
     device : Device, optional
@@ -292,10 +295,11 @@ def guard_plans(plans: Sequence[Tuple[str, Callable[[], object]]], args: Sequenc
     if not ran:
         raise GuardError("no plan built and ran: " + "; ".join(
             f"{p.name} {p.dropped}" for p in report.plans))
-    ref = reference if reference in runs else ran[0]
+    wanted = [reference] if isinstance(reference, str) else list(reference or [])
+    ref = next((n for n in wanted if n in runs), ran[0])
     report.reference = ref
-    if reference is not None and ref != reference:
-        report.notes.append(f"outputs compared with {ref} ({reference} did not run)")
+    if wanted and ref != wanted[0]:
+        report.notes.append(f"outputs compared with {ref} ({wanted[0]} did not run)")
     for name in ran:
         why = _differs(outputs[ref], outputs[name]) if name != ref else ""
         if why:

@@ -26,9 +26,9 @@ from ..tune.compare import Comparison, Margin, compare
 from .alternatives import Alternative
 from .decision import Decision
 
-__all__ = ["DECISION_QUANTILE", "MARGIN", "MAX_VERIFY", "NATIVE_MARGIN", "REPRODUCIBLE_MARGIN",
+__all__ = ["DECISION_QUANTILE", "FAR_BEHIND", "MARGIN", "MAX_VERIFY", "NATIVE_MARGIN", "REPRODUCIBLE_MARGIN",
            "Choice", "Chooser", "Decision", "TimingStep", "choose_analytic", "choose_forced",
-           "choose_measured", "chosen", "decided", "decision_margin", "format_seconds",
+           "choose_measured", "chosen", "decided", "decision_margin", "far_behind", "format_seconds",
            "kept_by_estimate", "kind_leaders", "native_everywhere", "preference", "sampled",
            "shortlist"]
 
@@ -57,6 +57,13 @@ REPRODUCIBLE_MARGIN = 0.15
 DECISION_QUANTILE = 0.25
 #: Candidates verified before giving up (cheapest first) when choosing by the analytic cost.
 MAX_VERIFY = 3
+#: A derived program estimated this many times slower than the original on its library
+#: kernel is not checked, built or timed in a measured decision (:func:`far_behind`). Not 10:
+#: the calibration measured per process put two library kernels 15-20x apart where they time
+#: within 2x (GCN: the library convolution at 0.888 of the roof, its GEMM at 0.057), and at 10x
+#: Segformer's 1x1 convolution lost its ``matmul[64x256 @ 256x256]`` form, which the quiet
+#: benchmark chose.
+FAR_BEHIND = 100.0
 
 #: ``chooser(signature, alternatives) -> alternative or None``: forces the choice for a unit
 #: signature among its non-baseline alternatives (cheapest estimate first, then by label); the
@@ -128,6 +135,29 @@ def shortlist(base: Alternative, others: List[Alternative], region: bool,
         leaders = kind_leaders(better)
         better = leaders + [a for a in better if a not in leaders]
     return better
+
+
+def far_behind(better: List[Alternative], factor: float = FAR_BEHIND) -> List[Alternative]:
+    """The shortlisted programs a measured decision leaves out: estimated at least ``factor``
+    times the original on its library kernel (the cheapest such alternative of ``better``)::
+
+        drop(p)  iff  estimate(p) >= factor * estimate(original [native])
+
+    Why they cannot win: the timing retires an alternative 3x slower than the leader after two
+    rounds (:data:`~.measuring.HOPELESS`) and keeps a program only when it is separated faster
+    than the original on its library kernel; the estimates misjudge the library's kernels by
+    2-4x on small units (:data:`~.alternatives.MEASURED_SEED_FLOPS`) and one library kind
+    against another by up to 20x under a calibration measured on the loaded machine
+    (:data:`FAR_BEHIND`), so at 100x the program would have to be misjudged 5 times worse than
+    the worst seen. What it saves: the demo's transposed
+    convolution shortlisted ``matmul[1x32768 @ 32768x65536]`` (estimated 1.18 s against the
+    library's 180 us, under TVM's 3.5 s), whose merged build took 145 s of a 180 s cold build
+    and each sample 2.5 s. Without a library form of the original nothing is left out."""
+    natives = [a.estimate for a in better if a.program is None and a.impl != "tvm"]
+    if not natives:
+        return []
+    bar = factor * min(natives)
+    return [a for a in better if a.program is not None and a.estimate >= bar]
 
 
 def kept_by_estimate(base: Alternative, others: List[Alternative], names, n_cand: int,

@@ -52,7 +52,8 @@ from .alternatives import Alternative, Candidates, UnitAlternatives
 from .batched import UnitBuild
 from .checking import RTOL, Checker, CheckFn, VerdictCache, check_exact, checked
 from .choosing import (MARGIN, REPRODUCIBLE_MARGIN, Choice, Chooser, Decision, choose_analytic,
-                       choose_forced, choose_measured, decided, kept_by_estimate, shortlist)
+                       choose_forced, choose_measured, decided, far_behind, kept_by_estimate,
+                       shortlist)
 from .costing import (AnalyticUnitCost, CallableTiming, ModuleTiming, Timer, TunedTiming,
                       UnitCostModel, UntunedTiming)
 from .emit import EmitError
@@ -301,11 +302,15 @@ class Decider:
         others = sorted(alts[1:], key=lambda a: (a.estimate, a.label))
         if self.chooser is not None:
             forced = self.chooser(sig, others)
-            if forced is not None:
+            if forced is not None:  # its check from one build of both modules (.batched)
+                build = None if forced.is_baseline else self.unit_build(unit, [base, forced])
                 return choose_forced(base, forced, names, n_cand,
-                                     functools.partial(self.check, unit))
+                                     functools.partial(self.check, unit, build=build))
         better = shortlist(base, others, is_region(unit), self.measures,
                            is_region(unit) and not is_group(unit))
+        if self.measures:  # (estimated 10x behind the library kernel: never built or timed)
+            behind = far_behind(better)
+            better = [a for a in better if a not in behind]
         if not better:
             return kept_by_estimate(base, others, names, n_cand, note)
         build = self.unit_build(unit, [base] + self._to_check(better))
