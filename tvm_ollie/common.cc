@@ -119,8 +119,8 @@ void ApplyActivation(const Activation& act, float* x, int64_t n, bool parallel) 
 }
 
 // ---------------------------------------------------------------------------------------------
-float* CheckFloatTensor(const ffi::TensorView& t, const std::string& kernel,
-                        const std::string& what, int min_rank) {
+float* CheckFloatTensor(const ffi::TensorView& t, const char* kernel, const char* what,
+                        int min_rank) {
   DLDataType dt = t.dtype();
   if (dt.code != kDLFloat || dt.bits != 32 || dt.lanes != 1) {
     TVM_FFI_THROW(TypeError) << kernel << ": " << what << " must be float32";
@@ -166,6 +166,15 @@ dnnl::engine& Engine() {
 dnnl::stream& Stream() {
   thread_local dnnl::stream s(Engine());
   return s;
+}
+
+void Execute(const dnnl::primitive& prim, const std::unordered_map<int, dnnl::memory>& args) {
+  thread_local std::vector<dnnl_exec_arg_t> c_args;  // grows to the largest call, then reused
+  c_args.clear();
+  for (const auto& [arg, mem] : args) c_args.push_back({arg, mem.get(true)});
+  dnnl::error::wrap_c_api(dnnl_primitive_execute(prim.get(), Stream().get(),
+                                                 static_cast<int>(c_args.size()), c_args.data()),
+                          "could not execute a primitive");
 }
 
 void* ScratchBuffer(int slot, size_t bytes) {

@@ -41,9 +41,11 @@ void ApplyActivation(const Activation& act, float* data, int64_t n, bool paralle
 // ---------------------------------------------------------------------------------------------
 // Tensor checks.
 // Checks float32, CPU, contiguous, rank >= min_rank; returns the data pointer (byte_offset
-// applied). `what` names the argument in errors.
-float* CheckFloatTensor(const tvm::ffi::TensorView& t, const std::string& kernel,
-                        const std::string& what, int min_rank);
+// applied). `what` names the argument in errors. C strings, not std::string: a kernel name such
+// as "tvm_ollie.cpu.conv2d" is longer than the short-string buffer, so a std::string parameter
+// cost a heap allocation per tensor per call (docs/native-library.md, "Per call").
+float* CheckFloatTensor(const tvm::ffi::TensorView& t, const char* kernel, const char* what,
+                        int min_rank);
 
 // ---------------------------------------------------------------------------------------------
 // oneDNN engine, per-thread stream, per-thread scratch buffers.
@@ -52,6 +54,11 @@ dnnl::stream& Stream();
 // A per-thread buffer of at least `bytes` bytes (64-byte aligned); slot selects one of a few
 // independent buffers so that one call can hold several at once.
 void* ScratchBuffer(int slot, size_t bytes);
+
+// Runs `prim` on the calling thread's stream with a call site's kept arguments. Through oneDNN's
+// C API with a per-thread argument array: the C++ `primitive::execute` builds a std::vector of
+// the arguments on every call (an allocation and a free per kernel call).
+void Execute(const dnnl::primitive& prim, const std::unordered_map<int, dnnl::memory>& args);
 
 // A reorder with a user scratchpad (thread-safe execution of a cached primitive).
 struct Reorder {
@@ -92,7 +99,7 @@ struct Reorder {
       void* buf = ScratchBuffer(scratch_slot, scratch_md.get_size());
       if (it->second.get_data_handle() != buf) it->second.set_data_handle(buf);
     }
-    prim.execute(Stream(), args);
+    Execute(prim, args);
   }
 };
 

@@ -273,6 +273,7 @@ struct OneDNNConv {
   dnnl::memory::desc user_src, user_wei, user_dst, bias_md;
   dnnl::memory::desc src_md, wei_md, dst_md, scratch_md;
   Reorder src_in, wei_in, res_in, dst_out;
+  size_t wei_bytes = 0;  // wei_md.get_size(), read by every packed call (not recomputed there)
   std::string impl;  // the oneDNN implementation name (for info/benchmarks)
 };
 
@@ -324,6 +325,7 @@ std::shared_ptr<OneDNNConv> CreateConv(const ConvParams& p, const ConvShape& s, 
   e->wei_md = pd.weights_desc();
   e->dst_md = pd.dst_desc();
   e->scratch_md = pd.scratchpad_desc();
+  e->wei_bytes = e->wei_md.get_size();
   e->impl = pd.impl_info_str();
   e->prim = dnnl::convolution_forward(pd);
   e->src_in.Init(e->user_src, e->src_md);
@@ -382,7 +384,7 @@ uint64_t PackHash(const std::string& key, const dnnl::memory::desc& md) {
 }
 
 int64_t PackedFloats(const OneDNNConv& e) {
-  return kPackHeaderFloats + static_cast<int64_t>((e.wei_md.get_size() + 3) / 4);
+  return kPackHeaderFloats + static_cast<int64_t>((e.wei_bytes + 3) / 4);
 }
 
 // A hash of the logical weight dims (the packed header's check that the weights are these).
@@ -688,7 +690,7 @@ void RunSite(const ConvParams& p, ConvSite* site, const ConvTensors& t) {
     }
   }
   if (site->scratch_bytes > 0) Point(site->scratch, ScratchBuffer(0, site->scratch_bytes));
-  e.prim.execute(Stream(), site->args);
+  Execute(e.prim, site->args);
   if (e.dst_out.needed) e.dst_out.RunKept(site->dst_out, 5);
   Stream().wait();
   if (p.dst_blk > 0) ZeroChannelPadding(t.out, site->s.N, site->s.O, site->s.OH * site->s.OW,

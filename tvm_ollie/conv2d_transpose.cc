@@ -491,7 +491,7 @@ void RunSite(const DeconvParams& p, DeconvSite* site, const DeconvTensors& t) {
     }
   }
   if (site->scratch_bytes > 0) Point(site->scratch, ScratchBuffer(0, site->scratch_bytes));
-  e.prim.execute(Stream(), site->args);
+  Execute(e.prim, site->args);
   if (e.dst_out.needed) e.dst_out.RunKept(site->dst_out, 5);
   if (e.separate) {  // Out += residual, then Out = act(Out)
     Stream().wait();
@@ -499,7 +499,7 @@ void RunSite(const DeconvParams& p, DeconvSite* site, const DeconvTensors& t) {
       const size_t n = site->out_bytes / sizeof(float);
       for (size_t i = 0; i < n; ++i) t.out[i] += res[i];
     }
-    if (e.has_act) e.act.execute(Stream(), site->act);
+    if (e.has_act) Execute(e.act, site->act);
   }
   Stream().wait();
 }
@@ -670,7 +670,7 @@ void GemmActivate(const DeconvParams& p, DeconvSite* site, const DeconvTensors& 
     return;
   }
   Point(site->act_mems[i], out);
-  site->act_prims[i].execute(Stream(), site->act_args[i]);
+  Execute(site->act_prims[i], site->act_args[i]);
   Stream().wait();
 }
 

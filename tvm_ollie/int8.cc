@@ -555,7 +555,7 @@ void Conv2dInt8(ffi::PackedArgs args, ffi::Any* rv) {
   if (e->scratch_bytes > 0) {
     SetArg(cargs, DNNL_ARG_SCRATCHPAD, e->scratch_md, ScratchBuffer(0, e->scratch_bytes));
   }
-  e->prim.execute(Stream(), *cargs);
+  Execute(e->prim, *cargs);
   if (e->dst_out.needed) {
     e->dst_out.Run(cargs->at(DNNL_ARG_DST), dnnl::memory(e->user_dst, eng, out), 5);
   }
@@ -788,7 +788,7 @@ void MatmulInt8(ffi::PackedArgs args, ffi::Any* rv) {
   if (e->scratch_bytes > 0) {
     SetArg(margs, DNNL_ARG_SCRATCHPAD, e->scratch_md, ScratchBuffer(0, e->scratch_bytes));
   }
-  e->prim.execute(Stream(), *margs);
+  Execute(e->prim, *margs);
   Stream().wait();
 }
 

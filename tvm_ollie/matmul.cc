@@ -315,7 +315,7 @@ void RunSite(const MatmulParams& p, MatmulSite* site, const float* a, const floa
   if (p.has_bias) Point(site->bias, const_cast<float*>(bias));
   if (p.has_res) Point(site->res, const_cast<float*>(res));
   if (site->scratch_bytes > 0) Point(site->scratch, ScratchBuffer(0, site->scratch_bytes));
-  site->e->prim.execute(Stream(), site->args);
+  Execute(site->e->prim, site->args);
   Stream().wait();
 }
 
