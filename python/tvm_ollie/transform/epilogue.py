@@ -52,7 +52,8 @@ from ..compat import relax, tvm
 from .activations import match_hardsigmoid, match_hardswish
 
 __all__ = ["ACTIVATIONS", "BlockIndex", "CPU_ONLY_ACTIVATIONS", "FoldedChain", "SINK_RESHAPE",
-           "activation_value", "block_index", "fold_chain", "fuse_epilogues", "use_counts"]
+           "activation_value", "block_index", "fold_chain", "fuse_epilogues", "is_f32",
+           "static_shape", "use_counts"]
 
 #: Relax activation -> the kernel's ``act`` value (``clip`` takes its bounds from the call,
 #: ``leaky_relu`` its slope: ``clip_LO_HI``, ``leaky_relu_A``).
@@ -92,7 +93,8 @@ class _UseCounter(relax.PyExprVisitor):
         self.uses[var] += 1
 
 
-def _shape(expr) -> Optional[Tuple[int, ...]]:
+def static_shape(expr) -> Optional[Tuple[int, ...]]:
+    """The static shape of a tensor-typed ``expr``, else None."""
     ty = expr.ty
     if not isinstance(ty, relax.TensorType) or ty.shape is None:
         return None
@@ -102,7 +104,8 @@ def _shape(expr) -> Optional[Tuple[int, ...]]:
         return None
 
 
-def _is_f32(expr) -> bool:
+def is_f32(expr) -> bool:
+    """Whether ``expr`` is a float32 tensor."""
     return isinstance(expr.ty, relax.TensorType) and str(expr.ty.dtype) == "float32"
 
 
@@ -126,8 +129,8 @@ def _guard_step_order(call: lib.LibCall, step: str) -> bool:
 
 def _bias_length(bias, out_shape: Tuple[int, ...], axis: int) -> Optional[int]:
     """The bias's length when it broadcasts along ``axis`` of the output only, else None."""
-    shape = _shape(bias)
-    if shape is None or not _is_f32(bias) or len(shape) > len(out_shape):
+    shape = static_shape(bias)
+    if shape is None or not is_f32(bias) or len(shape) > len(out_shape):
         return None
     offset = len(out_shape) - len(shape)
     for k, s in enumerate(shape):
@@ -163,8 +166,8 @@ def _scale(value, y) -> Optional[float]:
     other = b if a.same_as(y) else a if b.same_as(y) else None
     if other is None or other.same_as(y) or not isinstance(other, tvm.ir.expr.Constant):
         return None
-    shape, out = _shape(other), _shape(y)
-    if shape is None or out is None or not _is_f32(other) or int(np.prod(shape)) != 1 \
+    shape, out = static_shape(other), static_shape(y)
+    if shape is None or out is None or not is_f32(other) or int(np.prod(shape)) != 1 \
             or len(shape) > len(out):
         return None
     c = float(other.value.numpy().reshape(()))
@@ -190,8 +193,8 @@ def _fold(kernel, operands, consumer, y) -> Optional[Tuple[lib.LibCall, list, li
     value = consumer.value
     if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
         return None
-    out_shape = _shape(y)
-    if _shape(consumer.var) != out_shape or not _is_f32(consumer.var):
+    out_shape = static_shape(y)
+    if static_shape(consumer.var) != out_shape or not is_f32(consumer.var):
         return None
     if value.op.name in ACTIVATIONS and len(value.args) >= 1 and value.args[0].same_as(y):
         act = activation_value(value)
@@ -214,13 +217,13 @@ def _fold(kernel, operands, consumer, y) -> Optional[Tuple[lib.LibCall, list, li
     other = b if a.same_as(y) else a if b.same_as(y) else None
     if other is None or other.same_as(y):
         return None
-    if _shape(other) == out_shape and _is_f32(other) and _guard_step_order(kernel, "res"):
+    if static_shape(other) == out_shape and is_f32(other) and _guard_step_order(kernel, "res"):
         return kernel.with_attrs(res=1), operands + [other], []
     length = _bias_length(other, out_shape, _channel_axis(kernel, len(out_shape)))
     if length is None or not _guard_step_order(kernel, "bias"):
         return None
     pre = []
-    if _shape(other) != (length,):
+    if static_shape(other) != (length,):
         if isinstance(other, tvm.ir.expr.Constant):
             other = relax.const(other.value.numpy().reshape(length).astype(np.float32))
         else:
@@ -256,7 +259,7 @@ def _composite(kernel: lib.LibCall, var, bindings: List, index: "BlockIndex",
             _, alpha, beta, inner = found
             if any(uses[v] != 1 or v not in position for v in inner):
                 continue
-            if _shape(cur) != _shape(var) or not _is_f32(cur):
+            if static_shape(cur) != static_shape(var) or not is_f32(cur):
                 continue
             act = f"{name}_{alpha!r}_{beta!r}"
             if not _guard_device_has(kernel, act):
@@ -391,7 +394,7 @@ def _fuse_block(bindings: List, uses: Counter, counts: Dict[str, int]) -> Tuple[
         if any(out[p] is not bindings[p] for p in positions):
             continue  # already folded in this pass
         at = positions[-1]
-        call = lib.emit_call(new_kernel, new_operands, _shape(binding.var))
+        call = lib.emit_call(new_kernel, new_operands, static_shape(binding.var))
         bb = relax.BlockBuilder()
         pre = [relax.VarBinding(p.var, bb.normalize(p.value)) for p in pre]
         out[k] = None
@@ -424,7 +427,7 @@ SINK_RESHAPE = ("sink_reshape_below_epilogue",
 def _viewed(expr, shape: Tuple[int, ...]) -> Tuple[object, list]:
     """``expr`` in ``shape`` (same elements, row-major): itself, a reshaped constant, or a new
     variable with its reshape binding to emit first."""
-    if _shape(expr) == tuple(shape):
+    if static_shape(expr) == tuple(shape):
         return expr, []
     if isinstance(expr, tvm.ir.expr.Constant):
         return relax.const(expr.value.numpy().reshape(shape).astype(np.float32)), []
@@ -452,9 +455,9 @@ def _sunk_step(kernel: lib.LibCall, value, r, y, s1: Tuple[int, ...], s2: Tuple[
         return None
     a, b = value.args
     other = b if a.same_as(r) else a if b.same_as(r) else None
-    if other is None or other.same_as(r) or not _is_f32(other):
+    if other is None or other.same_as(r) or not is_f32(other):
         return None
-    if _shape(other) == s2:  # a residual, viewed in the kernel's shape
+    if static_shape(other) == s2:  # a residual, viewed in the kernel's shape
         other, pre = _viewed(other, s1)
     else:  # a bias: along the last axis of both shapes, the kernel's channel axis
         if _channel_axis(kernel, len(s1)) != len(s1) - 1 or s1[-1] != s2[-1]:
@@ -481,8 +484,8 @@ def _sink_one(kernel: lib.LibCall, operands: list, y, bindings: List, index: "Bl
     if uses[r] != 1 or r not in index.readers:
         return None
     m = index.readers[r]
-    s1, s2 = _shape(y), _shape(r)
-    if s1 is None or s2 is None or not _is_f32(y) or _shape(bindings[m].var) != s2:
+    s1, s2 = static_shape(y), static_shape(r)
+    if s1 is None or s2 is None or not is_f32(y) or static_shape(bindings[m].var) != s2:
         return None
     moved = _sunk_step(kernel, bindings[m].value, r, y, s1, s2)
     if moved is None:

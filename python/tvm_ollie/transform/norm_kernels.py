@@ -36,7 +36,7 @@ import numpy as np
 from .. import native
 from ..codegen import library as lib
 from ..compat import relax, tvm
-from .epilogue import block_index, fuse_epilogues, use_counts
+from .epilogue import block_index, fuse_epilogues, is_f32, static_shape, use_counts
 
 __all__ = ["INSTANCE_NORM_ONNX", "INSTANCE_NORM_OP", "instance_norm_kernels"]
 
@@ -48,20 +48,6 @@ INSTANCE_NORM_ONNX = ("instance_norm_onnx",
                       "vec(γ), vec(β))")
 
 _Match = Tuple[Dict[str, str], list, List[object]]  # attrs, operands, bindings replaced
-
-
-def _shape(expr) -> Optional[Tuple[int, ...]]:
-    ty = expr.ty
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    try:
-        return tuple(int(s) for s in ty.shape)
-    except (TypeError, ValueError):
-        return None
-
-
-def _f32(expr) -> bool:
-    return isinstance(expr.ty, relax.TensorType) and str(expr.ty.dtype) == "float32"
 
 
 def _is_op(value, name: str) -> bool:
@@ -81,8 +67,8 @@ def _plane_axes(axes: Sequence[int], shape: Tuple[int, ...]) -> bool:
 def _channel_vector(expr, shape: Tuple[int, ...]) -> bool:
     """``expr`` is float32 with ``C = shape[1]`` elements along the channel axis only
     (``[C]``, ``[C, 1, ..]`` aligned to the channel axis, or ``[1, C, 1, ..]``)."""
-    vs = _shape(expr)
-    if vs is None or not _f32(expr):
+    vs = static_shape(expr)
+    if vs is None or not is_f32(expr):
         return False
     if vs == (shape[1],):
         return True
@@ -110,8 +96,8 @@ def _match_op(binding) -> Optional[_Match]:
     if not _is_op(value, "relax.nn.instance_norm"):
         return None
     x, gamma, beta = value.args
-    shape = _shape(x)
-    if shape is None or len(shape) < 3 or not _f32(x) or _shape(binding.var) != shape:
+    shape = static_shape(x)
+    if shape is None or len(shape) < 3 or not is_f32(x) or static_shape(binding.var) != shape:
         return None
     at = value.attrs
     if int(at.channel_axis) % len(shape) != 1 or not _plane_axes(list(at.axes), shape):
@@ -146,7 +132,7 @@ def _match_onnx(binding, values, uses: Counter) -> Optional[_Match]:
     if parts is None:
         return None
     x, eps, inner = parts
-    shape = _shape(x)
+    shape = static_shape(x)
     chain = chain + inner
     # every value of the pattern but the last is read by the pattern alone, once
     if any(uses[v] != 1 for v in chain[1:] if v is not binding.var):
@@ -184,8 +170,8 @@ def _normalized(d, s, values) -> Optional[Tuple[object, float, List[object]]]:
     eps = _scalar(e)
     if vv is None or eps is None or not _is_op(vv, "relax.variance"):
         return None
-    shape = _shape(x)
-    if shape is None or len(shape) < 3 or not _f32(x) or _shape(d) != shape:
+    shape = static_shape(x)
+    if shape is None or len(shape) < 3 or not is_f32(x) or static_shape(d) != shape:
         return None
     for red in (muv, vv):
         if not red.args[0].same_as(x) or not bool(red.attrs.keepdims) or red.attrs.axis is None \
@@ -219,7 +205,7 @@ def _rewrite_block(bindings: List, uses: Counter, counts: Dict[str, int]) -> Lis
             out[p] = None
         call = lib.LibCall(lib.INSTANCE_NORM, tuple(attrs.items()))
         out[k] = relax.VarBinding(binding.var, relax.BlockBuilder().normalize(
-            lib.emit_call(call, operands, _shape(binding.var))))
+            lib.emit_call(call, operands, static_shape(binding.var))))
         counts[rule] = counts.get(rule, 0) + 1
     return [b for b in out if b is not None]
 
