@@ -45,3 +45,17 @@ def cpu_target(num_cores: int = None) -> "tvm.target.Target":
 def cuda_target(arch: str = "sm_90") -> "tvm.target.Target":
     """A CUDA target with an llvm host that builds without a GPU (``nvcc`` compiles)."""
     return tvm.target.Target({"kind": "cuda", "arch": arch}, host={"kind": "llvm"})
+
+
+def mutate_functions(mutator: "relax.PyExprMutator", mod: "tvm.IRModule") -> "tvm.IRModule":
+    """``mod`` with every Relax function replaced by ``mutator``'s visit of it; PrimFuncs pass
+    through unchanged. ``mutator`` must have been made from ``mod``.
+
+    Every module-level rewrite of the package drives its mutator this way: the mutator's block
+    builder holds the module, and ``builder_.get()`` returns it with the updated functions and
+    any PrimFunc the mutator added.
+    """
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            mutator.builder_.update_func(gv, mutator.visit_expr(func))
+    return mutator.builder_.get()

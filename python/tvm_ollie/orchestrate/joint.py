@@ -50,7 +50,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from ..compat import relax, tvm
+from ..compat import mutate_functions, relax, tvm
 from .candidates import Candidate, make_candidate
 from .cost import CostModel
 from .graph import PrimitiveGraph
@@ -433,11 +433,7 @@ def apply_picked(mod: "tvm.IRModule", table: JointTable) -> "tvm.IRModule":
                 else self.builder_.emit_output
             self.set_var_remap(old, emit(value, name_hint=old.name))
 
-    pick = _Pick(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            pick.builder_.update_func(gv, pick.visit_expr(func))
-    return relax.transform.DeadCodeElimination()(pick.builder_.get())
+    return relax.transform.DeadCodeElimination()(mutate_functions(_Pick(mod), mod))
 
 
 def keep_alternatives(inner: "tvm.transform.Pass") -> "tvm.transform.Pass":

@@ -18,7 +18,7 @@ from typing import Dict, Optional, Tuple
 import tvm_ffi
 
 from ..codegen import library as lib
-from ..compat import relax, tvm
+from ..compat import mutate_functions, relax, tvm
 from ..orchestrate.joint import ALT_RE, ALT_TAG, AltInfo, JointTable
 from ..transform.choosing import native_everywhere
 from ..transform.decide import DERIVABLE_OPS, MARGIN, Decider, call_signature, unit_signature
@@ -101,10 +101,7 @@ def offer_alternatives(mod: "tvm.IRModule", decider, max_alternatives: int = 2,
                 table.alts[name] = infos
 
     offer = _Offer(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            offer.builder_.update_func(gv, offer.visit_expr(func))
-    return offer.builder_.get(), table, decided
+    return mutate_functions(offer, mod), table, decided
 
 
 def offer_folded(mod: "tvm.IRModule", table: JointTable) -> "tvm.IRModule":

@@ -35,7 +35,7 @@ from typing import Optional, Tuple
 
 from .. import native
 from ..codegen import library as lib
-from ..compat import relax, tvm
+from ..compat import mutate_functions, relax, tvm
 from ..lift import LiftError, lift_relax_call
 from ..orchestrate.joint import ALT_RE, ALT_TAG, AltInfo, JointTable
 from ..tune import analytic
@@ -103,12 +103,7 @@ def offer_library(mod: "tvm.IRModule", target="llvm",
             table.alts[name] = [AltInfo("original", 0.0, sequential=True),
                                 AltInfo(LABEL, estimate, native=True, profiled=True)]
 
-    offer = _Offer(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            offer.builder_.update_func(gv, offer.visit_expr(func))
-    out = offer.builder_.get()
-    return offer_folded(out, table), table
+    return offer_folded(mutate_functions(_Offer(mod), mod), table), table
 
 
 def library_offer(target="llvm", calibration: Optional[Calibration] = None):

@@ -18,7 +18,7 @@ import time
 from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
 from ..codegen import library as lib
-from ..compat import relax, tvm
+from ..compat import mutate_functions, relax, tvm
 from ..compile_profile import profile_scope, stage
 from ..config import MIN_SEARCH_S, OllieConfig, resolve_config
 from ..lift import LiftError, lift_relax_call
@@ -361,10 +361,7 @@ def _rewritten(mod: "tvm.IRModule", decided: List[Tuple[object, Decision]]):
     groups = [(u, d) for u, d in decided if d.kind == "group" and d.rewritten]
     if regions or groups:
         rewriter = _RegionRewriter(mod, regions, groups)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-        mod = rewriter.builder_.get()
+        mod = mutate_functions(rewriter, mod)
     calls = {d.signature: d for _, d in decided if d.kind == "call"}
     # (a merged group on a library GEMM takes its one bias add as the kernel's epilogue)
     return apply_call_choices(mod, calls, any(d.impl == "native" for _, d in groups))
@@ -453,10 +450,7 @@ def apply_call_choices(mod: "tvm.IRModule", choices: Dict[str, object],
     rewrites = any(ch.rewritten for ch in choices.values())
     if rewrites:
         rewriter = _Rewriter(mod, choices)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-        mod = rewriter.builder_.get()
+        mod = mutate_functions(rewriter, mod)
     if rewrites or fold:
         return fuse_epilogues(mod)
     return mod, {}

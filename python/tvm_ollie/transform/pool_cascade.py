@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-from ..compat import relax, tvm
+from ..compat import mutate_functions, relax, tvm
 
 __all__ = ["pool_cascade", "same_pool_kernel"]
 
@@ -101,9 +101,5 @@ def pool_cascade(mod: "tvm.IRModule") -> Tuple["tvm.IRModule", int]:
     """``mod`` with every stride-1 "same" max pool computed from the largest earlier pool of
     the same input (module docstring), and how many pools were rewritten."""
     mutator = _PoolCascade(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            mutator.builder_.update_func(gv, mutator.visit_expr(func))
-    if not mutator.count:
-        return mod, 0
-    return mutator.builder_.get(), mutator.count
+    out = mutate_functions(mutator, mod)
+    return (out, mutator.count) if mutator.count else (mod, 0)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Dict, Optional, Tuple
 
-from ..compat import relax, tvm
+from ..compat import mutate_functions, relax, tvm
 
 __all__ = ["POOL_OPS", "covers_input", "pool_cover", "pool_reduction"]
 
@@ -125,9 +125,5 @@ def pool_cover(mod: "tvm.IRModule") -> Tuple["tvm.IRModule", int]:
     """``mod`` with every pool whose windows each cover the whole input written as one
     reduction broadcast back (module docstring), and how many pools were rewritten."""
     mutator = _PoolCover(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            mutator.builder_.update_func(gv, mutator.visit_expr(func))
-    if not mutator.count:
-        return mod, 0
-    return mutator.builder_.get(), mutator.count
+    out = mutate_functions(mutator, mod)
+    return (out, mutator.count) if mutator.count else (mod, 0)
