@@ -129,7 +129,8 @@ for path in sys.argv[1:]:
 f = tvm_ffi.get_global_func("tvm_ollie.cpu.conv2d")
 tvm_ffi.get_global_func("tvm_ollie.cpu.set_num_threads")(2)
 tvm_ffi.get_global_func("tvm_ollie.cpu.set_serial_flops")(0)
-x = np.random.rand(1, 32, 16, 16).astype("float32"); w = np.random.rand(32, 32, 3, 3).astype("float32")
+x = np.random.rand(1, 32, 16, 16).astype("float32")
+w = np.random.rand(32, 32, 3, 3).astype("float32")
 y = np.zeros_like(x); a = [tvm_ffi.from_dlpack(t) for t in (x, w, y)]
 for _ in range(200):
     f("pad=1,1,1,1", *a)  # the fastest parallel run, on both cores
