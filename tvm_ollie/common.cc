@@ -261,10 +261,19 @@ ThreadScope::ThreadScope() {
   if (previous_ != g_num_threads) omp_set_num_threads(g_num_threads);
 }
 
-void ThreadScope::SerialBelow(double flops) {
-  if (flops < static_cast<double>(SerialFlops()) && omp_get_max_threads() != 1) {
+void ThreadScope::SerialBelow(double flops, int64_t* best_ns) {
+  if (omp_get_max_threads() == 1) return;
+  if (flops < static_cast<double>(SerialFlops())) {
     omp_set_num_threads(1);
+    return;
   }
+  const int64_t now = NowNs();
+  if (SerialForStall(now)) {
+    omp_set_num_threads(1);
+    return;
+  }
+  best_ns_ = best_ns;
+  start_ns_ = now;
 }
 
 static std::atomic<int64_t> g_serial_flops{-1};  // -1: not read from the environment yet
@@ -287,6 +296,7 @@ void SetSerialFlops(int64_t flops) {
 }
 
 ThreadScope::~ThreadScope() {
+  if (best_ns_ != nullptr) NoteParallelRun(NowNs() - start_ns_, best_ns_);
   if (omp_get_max_threads() != previous_) omp_set_num_threads(previous_);
 }
 

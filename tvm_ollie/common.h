@@ -23,6 +23,7 @@
 
 #include "attrs.h"
 #include "oneapi/dnnl/dnnl.hpp"
+#include "stall.h"
 
 namespace tvm_ollie {
 
@@ -209,10 +210,15 @@ class ThreadScope {
   // Run the rest of this call on the calling thread alone (no OpenMP region, so no worker to
   // wake or wait for) when its work, `flops` floating-point operations, is below SerialFlops().
   // Call it before the primitive is looked up: the cache keys by the thread count in effect.
-  void SerialBelow(double flops);
+  // A call that stays parallel also runs serially while a recent stall holds parallel calls on
+  // the calling thread (stall.h); with `best_ns`, its call site's fastest parallel run, it is
+  // timed, and a stall of its own opens that window (docs/threads.md, "Stalled workers").
+  void SerialBelow(double flops, int64_t* best_ns = nullptr);
 
  private:
   int previous_;
+  int64_t* best_ns_ = nullptr;  // the timed call's site (null: not timed)
+  int64_t start_ns_ = 0;
 };
 
 // The work below which a kernel call runs single-threaded (ThreadScope::SerialBelow); 0: never.

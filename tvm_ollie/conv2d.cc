@@ -500,6 +500,7 @@ struct ConvSite {
   Fmt fmt = Fmt::kAuto;
   std::string key;                 // ConvKey: the primitive cache's key
   int nthr = 0;                    // the OpenMP thread count `e` was made for (0: not bound)
+  int64_t best_ns = kNoBestNs;     // the fastest parallel run (stall.h)
   std::shared_ptr<OneDNNConv> e;
   uint64_t pack_hash = 0;          // PackHash(key, e->wei_md) (wpacked calls)
   dnnl::memory user_src, user_dst, user_res, src, wei, dst, bias, scratch;
@@ -723,7 +724,7 @@ void Conv2d(ffi::PackedArgs args, ffi::Any* rv) {
       site = &*unkept;
     }
   }
-  threads.SerialBelow(ConvFlops(site->s));
+  threads.SerialBelow(ConvFlops(site->s), &site->best_ns);
   const int nthr = omp_get_max_threads();
   if (site->nthr != nthr) BindSite(p, site, nthr);
   RunSite(p, site, t);

@@ -353,6 +353,7 @@ struct DeconvSite {
   // oneDNN
   std::string key;  // DeconvKey: the primitive cache's key
   int nthr = 0;     // the OpenMP thread count `e` was made for (0: not bound)
+  int64_t best_ns = kNoBestNs;  // the fastest parallel run (stall.h)
   std::shared_ptr<OneDNNDeconv> e;
   dnnl::memory user_src, user_dst, user_res, src, wei, dst, bias, scratch;
   std::unordered_map<const void*, dnnl::memory> weights;  // by data pointer (bounded)
@@ -743,7 +744,7 @@ void Conv2dTranspose(ffi::PackedArgs args, ffi::Any* rv) {
       site = &*unkept;
     }
   }
-  threads.SerialBelow(site->flops);
+  threads.SerialBelow(site->flops, &site->best_ns);
   if (site->fmt == Fmt::kGemm) {
     RunGemm(p, site, t);
     return;

@@ -262,6 +262,7 @@ struct MatmulSite {
   OneDNNProblem q;
   std::string key;  // OneDNNKey (oneDNN sites)
   int nthr = 0;     // the OpenMP thread count `e` was made for (0: not bound)
+  int64_t best_ns = kNoBestNs;  // the fastest parallel run (stall.h)
   std::shared_ptr<OneDNNMatmul> e;
   dnnl::memory src, wei, dst, bias, res, scratch;
   std::unordered_map<int, dnnl::memory> args;
@@ -425,7 +426,7 @@ void Matmul(ffi::PackedArgs args, ffi::Any* rv) {
     RunOpenBLAS(p, site->pr, t.a, t.b, t.bias, t.res, t.out);
     return;
   }
-  threads.SerialBelow(site->flops);
+  threads.SerialBelow(site->flops, &site->best_ns);
   const int nthr = omp_get_max_threads();
   if (site->nthr != nthr) BindSite(p, site, nthr);
   RunSite(p, site, t.a, t.b, t.bias, t.res, t.out);

@@ -28,6 +28,7 @@
 #include <atomic>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 
 #include "common.h"
 
@@ -53,7 +54,8 @@ int OmpParallelLaunch(ParallelLambda flambda, void* cdata, int num_task) {
   g_launches.fetch_add(1, std::memory_order_relaxed);
   const int threads = GetNumThreads();
   const int wanted = num_task > 0 ? std::min(num_task, threads) : threads;
-  if (wanted <= 1 || omp_in_parallel()) {
+  const int64_t start = wanted > 1 ? NowNs() : 0;
+  if (wanted <= 1 || omp_in_parallel() || SerialForStall(start)) {
     ParallelGroupEnv env{nullptr, 1};
     return flambda(0, &env, cdata);
   }
@@ -64,6 +66,11 @@ int OmpParallelLaunch(ParallelLambda flambda, void* cdata, int num_task) {
     int rc = flambda(omp_get_thread_num(), &env, cdata);
     if (rc != 0) result.store(rc, std::memory_order_relaxed);
   }
+  // The fastest run of each kernel (by its lambda) on this thread: a launch far slower waited
+  // for a descheduled worker (stall.h).
+  thread_local std::unordered_map<void*, int64_t> best_by_kernel;
+  auto it = best_by_kernel.try_emplace(reinterpret_cast<void*>(flambda), kNoBestNs).first;
+  NoteParallelRun(NowNs() - start, &it->second);
   return result.load();
 }
 

@@ -22,7 +22,9 @@ Environment variables:
   :data:`DEFAULT_PARALLEL_RUNTIME`) or ``tvm`` (TVM's own thread pool), see
   :func:`set_parallel_runtime` and docs/threads.md;
 * ``TVM_OLLIE_OPENMP_CHECK=0``: no warning when the process holds two OpenMP runtimes
-  (:mod:`tvm_ollie.native_openmp`).
+  (:mod:`tvm_ollie.native_openmp`);
+* ``TVM_OLLIE_STALL_FALLBACK=0``: no stall fallback (parallel calls stay parallel after one
+  waited for a descheduled worker), see :func:`stall_stats` and docs/threads.md.
 """
 
 from __future__ import annotations
@@ -79,6 +81,13 @@ __all__ = [
     "get_parallel_runtime",
     "parallel_runtime",
     "parallel_stats",
+    "STALL_STATS",
+    "SET_STALL_FALLBACK",
+    "HOLD_SERIAL",
+    "IS_STALL",
+    "stall_stats",
+    "set_stall_fallback",
+    "hold_serial",
 ]
 
 #: Global function names (tvm-ffi) registered by the library.
@@ -98,6 +107,13 @@ GET_SERIAL_FLOPS = "tvm_ollie.cpu.get_serial_flops"
 SET_PARALLEL_RUNTIME = "tvm_ollie.cpu.set_parallel_runtime"
 GET_PARALLEL_RUNTIME = "tvm_ollie.cpu.get_parallel_runtime"
 PARALLEL_STATS = "tvm_ollie.cpu.parallel_stats"
+#: The stall fallback (``tvm_ollie/stall.cc``): a parallel call far slower than its call site's
+#: fastest waited for a worker that was not on a core (other processes hold the cores), and
+#: parallel calls then run on the calling thread for a while (docs/threads.md, "Stalled workers").
+STALL_STATS = "tvm_ollie.cpu.stall_stats"
+SET_STALL_FALLBACK = "tvm_ollie.cpu.set_stall_fallback"
+HOLD_SERIAL = "tvm_ollie.cpu.hold_serial"
+IS_STALL = "tvm_ollie.cpu.is_stall"
 #: The parallel runtime set when the library loads, unless ``TVM_OLLIE_PARALLEL_RUNTIME`` says
 #: otherwise: ``"openmp"`` runs TVM's parallel loops on the OpenMP threads of the oneDNN kernels,
 #: so that a model mixing both has one pool of threads (docs/threads.md, "One pool").
@@ -398,6 +414,31 @@ def parallel_stats() -> Dict[str, int]:
         return {"launches": 0, "barriers": 0}
     text = str(_LOADER.func(PARALLEL_STATS)())
     return {k: int(v) for k, v in (item.split("=") for item in text.split(";"))}
+
+
+def stall_stats() -> Dict[str, int]:
+    """The stall fallback's counters in this process: parallel calls seen to stall
+    (``stalls``), calls run on the calling thread because of one (``serial_calls``), the last
+    window's length and what is left of it (``window_us``, ``left_us``), and whether it is on
+    (``enabled``); empty without a library that has it."""
+    if not provides(STALL_STATS):
+        return {}
+    text = str(_LOADER.func(STALL_STATS)())
+    return {k: int(v) for k, v in (item.split("=") for item in text.split(";"))}
+
+
+def set_stall_fallback(on: bool) -> None:
+    """Turn the stall fallback on or off for this process (overrides
+    ``TVM_OLLIE_STALL_FALLBACK``); off also ends a window in progress."""
+    _LOADER.func(SET_STALL_FALLBACK)(bool(on))
+
+
+def hold_serial(us: int) -> None:
+    """Run the parallel kernel calls of the next ``us`` microseconds on the calling thread, as
+    after a stall (0: end the window now). For a caller that knows the cores are taken."""
+    if int(us) < 0:
+        raise ValueError(f"hold_serial: expected us >= 0, got {us}")
+    _LOADER.func(HOLD_SERIAL)(int(us))
 
 
 def _default_parallel_runtime() -> None:

@@ -65,6 +65,10 @@ SETTINGS = {
                         "others": "all"},
     "cores split": {"env": {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None}, "split": True,
                     "others": "rest"},
+    # the defaults before the native library's stall fallback (docs/threads.md, "Stalled
+    # workers"): parallel calls stay parallel after one waited for a descheduled worker
+    "no stall fallback": {"env": {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None,
+                                  "TVM_OLLIE_STALL_FALLBACK": "0"}, "others": "all"},
 }
 
 #: What a sample's calls are timed with: ``wall`` (the default) or ``thread``, the CPU time of
@@ -205,7 +209,7 @@ def crowded_outcome(path: str, onnx_path: str, model: str, threads: int, budget_
     result["rounds"] = min(len(s.seconds) for s in samples.values())
     result["env"] = {k: os.environ.get(k, "unset") for k in
                      ("TVM_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT",
-                      "TVM_OLLIE_PARALLEL_RUNTIME")}
+                      "TVM_OLLIE_PARALLEL_RUNTIME", "TVM_OLLIE_STALL_FALLBACK")}
     result["others_threads"] = others
     result["clock"] = clock
     spinners = {"ours": run, "torch": torch_run}

@@ -1,0 +1,160 @@
+"""The stall fallback (``tvm_ollie/stall.cc``): a parallel call far slower than its call
+site's fastest run waited for a descheduled worker; parallel calls then run on the calling
+thread for a window (native kernels and TVM's parallel loops alike), with the same numbers."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from native_util import call_direct, require_native
+from tvm_ollie import native
+from tvm_ollie.compat import relax, tvm
+from tvm.script import relax as R
+from tvm.script import tirx as T
+
+N = 64
+CONV = "pad=1,1,1,1;bias=1;act=relu"
+NO_BEST = 2**63 - 1
+
+
+@pytest.fixture(autouse=True)
+def _stall_api():
+    require_native()
+    if not native.provides(native.STALL_STATS):
+        pytest.skip("the loaded native library has no stall fallback (built before it)")
+    flops, threads = native.get_serial_flops(), native.get_num_threads()
+    native.set_num_threads(2)  # a real team even on a one-core machine (correctness only)
+    native.set_serial_flops(0)  # every call parallel unless the fallback says otherwise
+    native.set_stall_fallback(True)
+    yield
+    native.hold_serial(0)
+    native.set_stall_fallback(os.environ.get("TVM_OLLIE_STALL_FALLBACK") != "0")
+    native.set_serial_flops(flops)
+    native.set_num_threads(threads)
+
+
+def _is_stall(elapsed_us: int, best_us: int) -> bool:
+    import tvm_ffi
+
+    best_ns = best_us if best_us == NO_BEST else best_us * 1000
+    return bool(tvm_ffi.get_global_func(native.IS_STALL)(elapsed_us * 1000, best_ns))
+
+
+def test_stall_rule():
+    assert not _is_stall(10**6, NO_BEST)  # no fastest run known yet
+    assert not _is_stall(10**6, 0)
+    assert not _is_stall(300, 10)  # 30x, but 0.29 ms above: an interrupt, a page fault
+    assert _is_stall(600, 10)
+    assert not _is_stall(3900, 1000)  # 3.9x of a 1 ms call
+    assert _is_stall(4100, 1000)
+
+
+def _conv_case():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 16, 9, 9)).astype("float32")
+    w = rng.standard_normal((16, 16, 3, 3)).astype("float32")
+    b = rng.standard_normal(16).astype("float32")
+    return [x, w, b], (1, 16, 9, 9)
+
+
+def _cache_size() -> int:
+    import tvm_ffi
+
+    text = str(tvm_ffi.get_global_func(native.CACHE_STATS)())
+    return int(dict(kv.split("=") for kv in text.split(";"))["size"])
+
+
+def test_window_runs_native_calls_serially_with_equal_numbers():
+    arrays, out_shape = _conv_case()
+    parallel = call_direct(native.CONV2D, CONV, arrays, out_shape)
+    cached, before = _cache_size(), native.stall_stats()["serial_calls"]
+    native.hold_serial(10_000_000)  # 10 s
+    assert native.stall_stats()["left_us"] > 0
+    serial = call_direct(native.CONV2D, CONV, arrays, out_shape)
+    assert native.stall_stats()["serial_calls"] == before + 1
+    assert _cache_size() == cached + 1  # prepared for one thread
+    np.testing.assert_allclose(serial, parallel, rtol=1e-5, atol=1e-5)
+    native.set_stall_fallback(False)  # off: the window no longer applies
+    call_direct(native.CONV2D, CONV, arrays, out_shape)
+    native.set_stall_fallback(True)
+    native.hold_serial(0)
+    call_direct(native.CONV2D, CONV, arrays, out_shape)
+    assert native.stall_stats()["serial_calls"] == before + 1
+    with pytest.raises(ValueError):
+        native.hold_serial(-1)
+
+
+# fmt: off
+@tvm.script.ir_module
+class Scaled:
+    @T.prim_func
+    def scale_add(a: T.Buffer((N, 33), "float32"), b: T.Buffer((N, 33), "float32"),
+                  c: T.Buffer((N, 33), "float32")):
+        for i in T.parallel(N):
+            for j in range(33):
+                c[i, j] = a[i, j] * T.float32(2) + b[i, j]
+
+    @R.function
+    def main(x: R.Tensor((N, 33), "float32"), y: R.Tensor((N, 33), "float32")):
+        cls = Scaled
+        with R.dataflow():
+            z = R.call_tir(cls.scale_add, (x, y), R.Tensor((N, 33), "float32"))
+            R.output(z)
+        return z
+# fmt: on
+
+
+def test_window_runs_tvm_parallel_loops_on_the_calling_thread():
+    if not native.provides(native.SET_PARALLEL_RUNTIME):
+        pytest.skip("the loaded native library has no parallel runtime")
+    x, y = (np.random.default_rng(1).standard_normal((N, 33)).astype("float32")
+            for _ in range(2))
+    with native.parallel_runtime("openmp"):
+        vm = relax.VirtualMachine(tvm.compile(Scaled, target="llvm"), tvm.cpu())
+        args = [tvm.runtime.tensor(a) for a in (x, y)]
+        before = native.stall_stats()["serial_calls"]
+        native.hold_serial(10_000_000)
+        got = vm["main"](*args).numpy()
+        assert native.stall_stats()["serial_calls"] == before + 1
+    np.testing.assert_allclose(got, x * 2 + y, rtol=1e-6)
+
+
+STALLS = r"""
+import os, sys, numpy as np, tvm_ffi, ctypes
+for path in sys.argv[1:]:
+    ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+f = tvm_ffi.get_global_func("tvm_ollie.cpu.conv2d")
+tvm_ffi.get_global_func("tvm_ollie.cpu.set_num_threads")(2)
+tvm_ffi.get_global_func("tvm_ollie.cpu.set_serial_flops")(0)
+x = np.random.rand(1, 32, 16, 16).astype("float32")
+w = np.random.rand(32, 32, 3, 3).astype("float32")
+y = np.zeros_like(x); a = [tvm_ffi.from_dlpack(t) for t in (x, w, y)]
+for _ in range(200):
+    f("pad=1,1,1,1", *a)  # the fastest parallel run, on both cores
+tasks = os.listdir("/proc/self/task")
+for tid in tasks:  # every thread on one core: the worker waits for the spinning caller's slice
+    os.sched_setaffinity(int(tid), {min(os.sched_getaffinity(0))})
+for _ in range(30):
+    f("pad=1,1,1,1", *a)
+print(tvm_ffi.get_global_func("tvm_ollie.cpu.stall_stats")())
+"""
+
+
+@pytest.mark.slow  # fresh interpreters (tvm_ffi imports torch); two cores needed
+@pytest.mark.parametrize("enabled", ["1", "0"])
+def test_workers_that_cannot_run_are_detected(enabled):
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores")
+    env = dict(os.environ, TVM_OLLIE_STALL_FALLBACK=enabled)
+    env.pop("OMP_WAIT_POLICY", None)  # GNU OpenMP's own: the caller spins at the barrier
+    res = subprocess.run([sys.executable, "-c", STALLS, *native.library_files()], env=env,
+                         capture_output=True, text=True, check=True, timeout=300)  # fmt: skip
+    stats = dict(kv.split("=") for kv in res.stdout.split()[-1].split(";"))
+    assert int(stats["stalls"]) >= 1
+    if enabled == "1":
+        assert int(stats["serial_calls"]) >= 1  # the calls after the stall
+    else:
+        assert int(stats["serial_calls"]) == 0 and stats["enabled"] == "0"
