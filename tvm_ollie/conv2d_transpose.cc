@@ -130,6 +130,9 @@ std::string DimsStr(const std::vector<int64_t>& d) {
   return out + "]";
 }
 
+// The most floats of columns RunGemmPositions makes for the default implementation (16 MiB).
+constexpr int64_t kPositionColFloats = int64_t{1} << 22;
+
 // One output extent: (in - 1) * stride - pads + dil * (k - 1) + opad + 1.
 int64_t OutExtent(int64_t in, int64_t stride, int64_t pads, int64_t dil, int64_t k,
                   int64_t opad) {
@@ -420,6 +423,12 @@ std::optional<DeconvSite> ResolveSite(const DeconvParams& p, const DeconvTensors
   const DeconvShape& s = site.s;
   site.flops = 2.0 * s.N * s.C * s.H * s.W * (s.O / p.groups) * s.KH * s.KW;
   site.fmt = p.fmt == Fmt::kAuto ? ChooseFormat(p, s) : p.fmt;
+  // RunGemmPositions keeps every position's columns of an image at once (it does not block the
+  // data rows as RunGemm does): past kPositionColFloats the default is oneDNN's instead.
+  if (p.fmt == Fmt::kAuto && site.fmt == Fmt::kGemm && (p.src_nhwc || p.dst_nhwc) &&
+      s.H * s.W * s.O * s.KH * s.KW > kPositionColFloats) {
+    site.fmt = Fmt::kBlocked;
+  }
   if (site.fmt == Fmt::kGemm) {
     GemmColumns(p, &site);
   } else {

@@ -116,3 +116,11 @@ def test_channels_last_gemm_rows_over_threads(threads, act):
     finally:
         native.set_num_threads(threads0)
         native.set_serial_flops(serial0)
+
+
+def test_channels_last_large_default():
+    """Few output channels (the default is fmt=gemm) but more position columns than
+    RunGemmPositions keeps by default (4M floats): the default computes it (with oneDNN)."""
+    rng = np.random.default_rng(11)
+    _run(rng, "nhwc", "nhwc", 1, 2, 260, 260, 4, 4, stride=(2, 2), pad=(1, 1, 1, 1),
+         res=True, act="relu")
