@@ -12,7 +12,10 @@
 //        dil=DH,DW, groups=G, bias=0|1, res=0|1, act=... (as matmul),
 //        fmt=plain|blocked|gemm (oneDNN on the caller's formats, oneDNN on its preferred formats
 //        with reorders inside the call, or the GEMM + col2im of RunGemm; default: see
-//        ChooseFormat).
+//        ChooseFormat),
+//        src_fmt=nchw|nhwc, dst_fmt=nchw|nhwc (layout=NCHW semantics; nhwc: that activation is
+//        the 4-D [N, H, W, C] tensor, as conv2d's src_fmt/dst_fmt; the residual is in dst_fmt),
+//        so that a chain kept channels-last passes through the transposed convolution.
 // oneDNN: the residual is a sum post-op (Out prefilled with it), not binary_add: see
 // CreateDeconv.
 // fmt=gemm (what ONNX Runtime's ConvTranspose does, with the epilogue fused): per image and
@@ -25,6 +28,9 @@
 // Per call: each thread keeps, with the parsed attrs and per argument shapes, a call site
 // (DeconvSite: the resolved problem and, for oneDNN, the primitive and the call's dnnl::memory
 // objects with their handles reset per call), as conv2d's ConvSite.
+// fmt=gemm with a channels-last source or destination (RunGemmPositions): per image and group,
+// cols[H*W, O/G*KH*KW] = data^T @ weight (one row per data position), then each output row
+// gathers the columns that land in it (output rows split over the OpenMP threads).
 // oneDNN has no output padding: it is expressed as a smaller right padding (BOTTOM - OPH), which
 // oneDNN accepts while it is > -stride, hence the requirement OPH < SH (OPW < SW).
 #include <tvm/ffi/function.h>
@@ -60,6 +66,7 @@ struct DeconvParams {
   bool has_bias = false, has_res = false;
   Activation act;
   Fmt fmt = Fmt::kAuto;
+  bool src_nhwc = false, dst_nhwc = false;  // src_fmt/dst_fmt
   std::string canonical;  // every key but fmt (cache key, error messages)
 };
 
@@ -92,6 +99,8 @@ DeconvParams ParseDeconvAttrs(const std::string& text) {
   p.has_res = attrs.GetBool("res", false);
   p.act = ParseActivation(attrs, attrs.GetRaw("act", "none"));
   std::string fmt = attrs.GetStr("fmt", "auto", {"auto", "plain", "blocked", "gemm"});
+  p.src_nhwc = attrs.GetStr("src_fmt", "nchw", {"nchw", "nhwc"}) == "nhwc";
+  p.dst_nhwc = attrs.GetStr("dst_fmt", "nchw", {"nchw", "nhwc"}) == "nhwc";
   p.fmt = fmt == "plain"     ? Fmt::kPlain
           : fmt == "blocked" ? Fmt::kBlocked
           : fmt == "gemm"    ? Fmt::kGemm
@@ -106,6 +115,8 @@ DeconvParams ParseDeconvAttrs(const std::string& text) {
                 Pair(p.pb, p.pr) + ";opad=" + Pair(p.oph, p.opw) + ";dil=" + Pair(p.dh, p.dw) +
                 ";groups=" + std::to_string(p.groups) + ";bias=" + (p.has_bias ? "1" : "0") +
                 ";res=" + (p.has_res ? "1" : "0") + ";act=" + p.act.text;
+  if (p.src_nhwc) p.canonical += ";src_fmt=nhwc";
+  if (p.dst_nhwc) p.canonical += ";dst_fmt=nhwc";
   return p;
 }
 
@@ -118,6 +129,9 @@ std::string DimsStr(const std::vector<int64_t>& d) {
   for (size_t i = 0; i < d.size(); ++i) out += (i ? ", " : "") + std::to_string(d[i]);
   return out + "]";
 }
+
+// The most floats of columns RunGemmPositions makes for the default implementation (16 MiB).
+constexpr int64_t kPositionColFloats = int64_t{1} << 22;
 
 // One output extent: (in - 1) * stride - pads + dil * (k - 1) + opad + 1.
 int64_t OutExtent(int64_t in, int64_t stride, int64_t pads, int64_t dil, int64_t k,
@@ -132,7 +146,9 @@ DeconvShape CheckDeconvShapes(const DeconvParams& p, const std::vector<int64_t>&
                               << DimsStr(x) << ", weight " << DimsStr(w) << ", Out "
                               << DimsStr(out);
   }
-  DeconvShape s{x[0], x[1], x[2], x[3], w[1] * p.groups, w[2], w[3], 0, 0};
+  const int64_t c = p.src_nhwc ? x[3] : x[1], h = p.src_nhwc ? x[1] : x[2];
+  const int64_t wd = p.src_nhwc ? x[2] : x[3];
+  DeconvShape s{x[0], c, h, wd, w[1] * p.groups, w[2], w[3], 0, 0};
   if (w[0] != s.C || s.C % p.groups != 0 || w[1] < 1) {
     TVM_FFI_THROW(ValueError) << kName << ": weight " << DimsStr(w)
                               << " (IOHW) does not fit data " << DimsStr(x) << " with groups="
@@ -150,7 +166,8 @@ DeconvShape CheckDeconvShapes(const DeconvParams& p, const std::vector<int64_t>&
                               << s.OW << ") for data " << DimsStr(x) << " and weight "
                               << DimsStr(w);
   }
-  std::vector<int64_t> want{s.N, s.O, s.OH, s.OW};
+  std::vector<int64_t> want = p.dst_nhwc ? std::vector<int64_t>{s.N, s.OH, s.OW, s.O}
+                                         : std::vector<int64_t>{s.N, s.O, s.OH, s.OW};
   if (out != want) {
     TVM_FFI_THROW(ValueError) << kName << ": Out has shape " << DimsStr(out) << ", expected "
                               << DimsStr(want) << " for data " << DimsStr(x) << " and weight "
@@ -162,8 +179,13 @@ DeconvShape CheckDeconvShapes(const DeconvParams& p, const std::vector<int64_t>&
 using dims = dnnl::memory::dims;
 using dt = dnnl::memory::data_type;
 
-dnnl::memory::desc NchwDesc(int64_t n, int64_t c, int64_t h, int64_t w) {
-  return dnnl::memory::desc(dims{n, c, h, w}, dt::f32, dims{c * h * w, h * w, w, 1});
+// The element strides of an activation's n, c, h, w in NCHW or channels-last.
+dims ActivationStrides(bool nhwc, int64_t c, int64_t h, int64_t w) {
+  return nhwc ? dims{h * w * c, 1, w * c, c} : dims{c * h * w, h * w, w, 1};
+}
+
+dnnl::memory::desc ActivationDesc(bool nhwc, int64_t n, int64_t c, int64_t h, int64_t w) {
+  return dnnl::memory::desc(dims{n, c, h, w}, dt::f32, ActivationStrides(nhwc, c, h, w));
 }
 
 // The caller's IOHW weight as oneDNN's deconvolution weights {O, I, KH, KW} (groups:
@@ -238,8 +260,8 @@ dnnl::memory::desc AnyDesc(const dnnl::memory::desc& md) {
 std::shared_ptr<OneDNNDeconv> CreateDeconv(const DeconvParams& p, const DeconvShape& s,
                                            Fmt fmt) {
   auto e = std::make_shared<OneDNNDeconv>();
-  e->user_src = NchwDesc(s.N, s.C, s.H, s.W);
-  e->user_dst = NchwDesc(s.N, s.O, s.OH, s.OW);
+  e->user_src = ActivationDesc(p.src_nhwc, s.N, s.C, s.H, s.W);
+  e->user_dst = ActivationDesc(p.dst_nhwc, s.N, s.O, s.OH, s.OW);
   e->user_wei = WeightDesc(p, s);
   const bool blocked = fmt == Fmt::kBlocked;
   dnnl::memory::desc src_any = e->user_src, dst_any = e->user_dst;
@@ -402,6 +424,12 @@ std::optional<DeconvSite> ResolveSite(const DeconvParams& p, const DeconvTensors
   const DeconvShape& s = site.s;
   site.flops = 2.0 * s.N * s.C * s.H * s.W * (s.O / p.groups) * s.KH * s.KW;
   site.fmt = p.fmt == Fmt::kAuto ? ChooseFormat(p, s) : p.fmt;
+  // RunGemmPositions keeps every position's columns of an image at once (it does not block the
+  // data rows as RunGemm does): past kPositionColFloats the default is oneDNN's instead.
+  if (p.fmt == Fmt::kAuto && site.fmt == Fmt::kGemm && (p.src_nhwc || p.dst_nhwc) &&
+      s.H * s.W * s.O * s.KH * s.KW > kPositionColFloats) {
+    site.fmt = Fmt::kBlocked;
+  }
   if (site.fmt == Fmt::kGemm) {
     GemmColumns(p, &site);
   } else {
@@ -675,6 +703,76 @@ void GemmActivate(const DeconvParams& p, DeconvSite* site, const DeconvTensors& 
   Stream().wait();
 }
 
+// fmt=gemm on a channels-last source or destination (file comment): per image, one GEMM per
+// group into cols[H*W, O/G*KH*KW] (row r: data position r; column o*KH*KW + ky*KW + kx), then
+// output row y, filled with bias + residual, gathers the columns of the data rows
+// h = (y + TOP - ky*DH) / SH that land in it. Each output row is written by one thread, so the
+// rows are split over the OpenMP threads without locks; the activation follows over all of Out.
+void RunGemmPositions(const DeconvParams& p, DeconvSite* site, const DeconvTensors& t) {
+  const DeconvShape& s = site->s;
+  const int64_t og = s.O / p.groups, ig = s.C / p.groups, kk = s.KH * s.KW, hw = s.H * s.W;
+  const int64_t ncol = og * kk, gcols = hw * ncol;
+  const dims xs = ActivationStrides(p.src_nhwc, s.C, s.H, s.W);
+  const dims os = ActivationStrides(p.dst_nhwc, s.O, s.OH, s.OW);
+  float* cols = static_cast<float*>(ScratchBuffer(6, sizeof(float) * p.groups * gcols));
+  const int nthr = static_cast<int>(std::min<int64_t>(omp_get_max_threads(), s.OH));
+  for (int64_t n = 0; n < s.N; ++n) {
+    for (int64_t g = 0; g < p.groups; ++g) {
+      const float* xg = t.x + n * xs[0] + g * ig * xs[1];
+      const float* wg = t.w + g * ig * ncol;  // the group's IOHW weight: [ig, og * kk]
+      const dnnl_status_t st =
+          p.src_nhwc ? dnnl_sgemm('N', 'N', hw, ncol, ig, 1.f, xg, s.C, wg, ncol, 0.f,
+                                  cols + g * gcols, ncol)
+                     : dnnl_sgemm('T', 'N', hw, ncol, ig, 1.f, xg, hw, wg, ncol, 0.f,
+                                  cols + g * gcols, ncol);
+      if (st != dnnl_success) {
+        TVM_FFI_THROW(RuntimeError) << kName << ": dnnl_sgemm failed (status "
+                                    << static_cast<int>(st) << ")";
+      }
+    }
+    float* out = t.out + n * os[0];
+    const float* res = p.has_res ? t.res + n * os[0] : nullptr;
+    auto row = [&](int64_t y) {
+      for (int64_t x = 0; x < s.OW; ++x) {  // bias + residual (read before written: may be Out)
+        for (int64_t o = 0; o < s.O; ++o) {
+          const int64_t i = y * os[2] + x * os[3] + o * os[1];
+          out[i] = (res ? res[i] : 0.f) + (p.has_bias ? t.bias[o] : 0.f);
+        }
+      }
+      for (int64_t ky = 0; ky < s.KH; ++ky) {
+        const int64_t num = y + p.pt - ky * p.dh;
+        if (num < 0 || num % p.sh != 0 || num / p.sh >= s.H) continue;
+        const int64_t h = num / p.sh;
+        for (int64_t w = 0; w < s.W; ++w) {
+          for (int64_t kx = 0; kx < s.KW; ++kx) {
+            const int64_t x = w * p.sw - p.pl + kx * p.dw;
+            if (x < 0 || x >= s.OW) continue;
+            const float* c = cols + (h * s.W + w) * ncol + ky * s.KW + kx;
+            float* dst = out + y * os[2] + x * os[3];
+            for (int64_t g = 0; g < p.groups; ++g) {
+              for (int64_t o = 0; o < og; ++o) dst[(g * og + o) * os[1]] += c[g * gcols + o * kk];
+            }
+          }
+        }
+      }
+    };
+    if (nthr <= 1) {
+      for (int64_t y = 0; y < s.OH; ++y) row(y);
+    } else {
+#pragma omp parallel for num_threads(nthr) schedule(static)
+      for (int64_t y = 0; y < s.OH; ++y) row(y);
+    }
+  }
+  if (p.act.kind == Act::kNone) return;
+  const int64_t units = s.N * s.O;  // Out holds units * OH * OW floats in either format
+  if (!GemmActivationByOneDNN(p.act)) {
+    ApplyActivation(p.act, t.out, units * s.OH * s.OW);
+    return;
+  }
+  if (site->act_nthr != 1) BindGemmActivation(p, site, 1, units);
+  GemmActivate(p, site, t, 0, units, 0, false);
+}
+
 // fmt=gemm: the output channels of every image and group, split into one contiguous range per
 // OpenMP thread (one parallel region); with one range (one thread, or a single output channel)
 // on the calling thread, where dnnl_sgemm may use the threads itself.
@@ -746,7 +844,11 @@ void Conv2dTranspose(ffi::PackedArgs args, ffi::Any* rv) {
   }
   threads.SerialBelow(site->flops, &site->best_ns);
   if (site->fmt == Fmt::kGemm) {
-    RunGemm(p, site, t);
+    if (p.src_nhwc || p.dst_nhwc) {
+      RunGemmPositions(p, site, t);
+    } else {
+      RunGemm(p, site, t);
+    }
     return;
   }
   const int nthr = omp_get_max_threads();

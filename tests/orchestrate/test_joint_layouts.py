@@ -257,3 +257,24 @@ def test_calls_renamed_by_the_regions_pass_are_still_decided(monkeypatch):
     assert all(d.chosen == "original [native]" for d in report.decisions)
     derivation = [m for m in seen if not tvm_ffi.structural_equal(m, mod)]
     tvm.ir.assert_structural_equal(derivation[0], want)
+
+
+def test_the_library_plan_puts_small_calls_on_the_library_too():
+    """``library_plan`` decides every call, whatever ``min_share`` says: a call skipped as too
+    small (here the smaller convolution, a third of the estimate, at min_share 0.5) would stay on TVM and split the
+    chain; in the plan both convolutions are native calls in one channels-last chain."""
+    from tvm_ollie.config import OllieConfig
+    from tvm_ollie.pipeline.joint import library_plan
+
+    mod = _chain()
+    skipping, _ = optimize_module(mod, config=OllieConfig(**_OPTS, min_share=0.5),
+                                  chooser=_native_everywhere)
+    assert skipping.script().count("R.nn.conv2d(") == 1  # the smaller conv skipped, on TVM
+    plan, report = library_plan(mod, OllieConfig(**_OPTS, min_share=0.5))
+    text = plan.script()
+    assert "R.nn.conv2d(" not in text and text.count("tvm_ollie.cpu.conv2d") == 2
+    assert report.layouts is not None  # (a chain when oneDNN prefers a blocked format here)
+    assert all(convs == 2 for convs, _ in report.layouts.chains)
+    x = np.random.default_rng(6).standard_normal(X_SHAPE).astype("float32")
+    np.testing.assert_allclose(_run(tvm.compile(plan, "llvm"), x),
+                               _run(tvm.compile(mod, "llvm"), x), rtol=1e-4, atol=1e-4)

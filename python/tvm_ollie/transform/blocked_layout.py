@@ -29,6 +29,11 @@ Rules (each a guard below, named):
   ``concat`` along channels (axis 1 -> 3), every operand a 4-D float32 tensor, at least one in
   the chain. In ``nChw{B}c`` a concatenation would mix padding into the channels, so a chain
   whose format is blocked is found again without these operators.
+* ``member_deconv`` (channels-last chains only, as ``member_spatial``): a native NCHW
+  ``conv2d_transpose`` (static float32 shapes) whose data or residual is in the chain, rewritten
+  with ``src_fmt``/``dst_fmt`` (the kernel reads a data operand from outside the chain as NCHW,
+  so it needs no entry). Without it each transposed convolution splits the chain with an exit
+  and an entry (GCN quick: five of them, 13 of its 14 transforms).
 * ``chain_length``: a chain with fewer than two convolutions is left alone (it would only move
   the reorder out of the call).
 * ``saves_reorders`` (:func:`saves_reorders`; not when the caller forces a format): the chain
@@ -46,6 +51,7 @@ NCHW right after its binding, under its original variable, so nothing outside ch
 
 from __future__ import annotations
 
+import functools
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Set, Tuple
@@ -58,9 +64,9 @@ from ..codegen import library as lib
 from ..compat import relax, tvm
 
 __all__ = ["BINARY", "SPATIAL", "UNARY", "Chain", "LayoutReport", "blocked_layout",
-           "choose_format", "constant_to_format", "find_chains", "formatted_shape",
-           "from_format", "member_conv", "member_elementwise", "member_spatial", "pack_weight",
-           "preferred", "saves_reorders", "to_format", "unpad"]
+           "choose_format", "constant_to_format", "deconv_takes_formats", "find_chains",
+           "formatted_shape", "from_format", "member_conv", "member_deconv", "member_elementwise",
+           "member_spatial", "pack_weight", "preferred", "saves_reorders", "to_format", "unpad"]
 
 #: Unary elementwise operators a chain passes through (finite at 0).
 UNARY = ("relax.nn.relu", "relax.nn.relu6", "relax.clip", "relax.sigmoid", "relax.tanh",
@@ -216,6 +222,41 @@ def member_conv(value) -> Optional[Tuple[lib.LibCall, list]]:
     return call, ops
 
 
+@functools.lru_cache(maxsize=None)
+def deconv_takes_formats() -> bool:
+    """Whether the loaded native library's conv2d_transpose takes ``src_fmt``/``dst_fmt`` (a
+    library built before them rejects the keys): one call on a 1x1x1x1 problem, once."""
+    if not native.available() or not native.provides(native.CONV2D_TRANSPOSE):
+        return False
+    one = [np.ones((1, 1, 1, 1), "float32") for _ in range(3)]
+    try:
+        tvm_ffi.get_global_func(native.CONV2D_TRANSPOSE)(
+            "src_fmt=nhwc;dst_fmt=nhwc", *[tvm_ffi.from_dlpack(a) for a in one])
+    except (ValueError, TypeError, RuntimeError):
+        return False
+    return True
+
+
+def member_deconv(value) -> Optional[Tuple[lib.LibCall, list]]:
+    """``(call, operands)`` of a native NCHW conv2d_transpose in plain formats whose shapes are
+    static (guard ``member_deconv``, before the chain test), else None (also when the library
+    predates the kernel's formats)."""
+    found = lib.lib_call_of(value)
+    if found is None or found[0].func != lib.CONV2D_TRANSPOSE or not deconv_takes_formats():
+        return None
+    call, ops = found
+    if call.get("layout", "NCHW") != "NCHW" or call.get("src_fmt") or call.get("dst_fmt"):
+        return None
+    if not (_f32_4d(ops[0]) and _f32_4d(value) and _static_shape(ops[1]) is not None):
+        return None
+    return call, ops
+
+
+def _lib_member(value) -> Optional[Tuple[lib.LibCall, list]]:
+    """The call and operands of a member convolution or transposed convolution, else None."""
+    return member_conv(value) or member_deconv(value)
+
+
 def _op_name(value) -> str:
     if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
         return value.op.name
@@ -284,8 +325,9 @@ def _bindings(func: "relax.Function") -> Dict["relax.Var", "relax.Expr"]:
 
 
 def _operand_vars(value) -> List["relax.Var"]:
-    if member_conv(value) is not None:
-        return [v for v in member_conv(value)[1] if isinstance(v, relax.Var)]
+    found = _lib_member(value)
+    if found is not None:
+        return [v for v in found[1] if isinstance(v, relax.Var)]
     args = list(getattr(value, "args", []))
     if _op_name(value) == "relax.concat":
         args = list(args[0].fields)
@@ -303,7 +345,7 @@ def find_chains(func: "relax.Function", spatial: bool = True) -> List[Chain]:
     for var, value in bindings.items():
         if member_conv(value) is not None:
             convs.add(var)
-        elif spatial and member_spatial(value, members):
+        elif spatial and (member_spatial(value, members) or _deconv_member(value, members)):
             spatials.add(var)
         elif not member_elementwise(value, members):
             continue
@@ -331,10 +373,19 @@ def find_chains(func: "relax.Function", spatial: bool = True) -> List[Chain]:
     return list(groups.values())
 
 
+def _deconv_member(value, members: Set["relax.Var"]) -> bool:
+    """Guard ``member_deconv``: a transposed convolution reading a chain value (data or
+    residual)."""
+    found = member_deconv(value)
+    if found is None:
+        return False
+    return any(isinstance(a, relax.Var) and a in members and _links(value, a) for a in found[1])
+
+
 def _links(value, arg: "relax.Var") -> bool:
     """Whether ``arg`` is an operand a member reads in the chain's format: a conv's data or
     residual, or an elementwise operand (never a conv's weight or bias)."""
-    conv = member_conv(value)
+    conv = _lib_member(value)
     if conv is None:
         return True
     call, ops = conv
@@ -449,6 +500,8 @@ class _Rewriter:
         conv = member_conv(value)
         if conv is not None:
             new_value = self._conv(value, conv, fmt, out, dataflow)
+        elif member_deconv(value) is not None:
+            new_value = self._deconv(value, member_deconv(value), fmt, out, dataflow)
         elif _op_name(value) == "relax.concat":
             fields = [self._in_format(f, fmt, out, dataflow) for f in value.args[0].fields]
             new_value = relax.op.concat(fields, axis=3)
@@ -491,6 +544,20 @@ class _Rewriter:
         new_call = call.with_attrs(**updates)
         if self.pack_weights and isinstance(ops[1], tvm.ir.expr.Constant):
             new_call, new_ops[1] = pack_weight(new_call, _static_shape(data), ops[1])
+        return lib.emit_call(new_call, new_ops, formatted_shape(_static_shape(value), fmt))
+
+    def _deconv(self, value, deconv, fmt: str, out, dataflow: bool):
+        """A transposed convolution in a channels-last chain: its data read as it is (in the
+        chain's format when a member, else NCHW: no entry), its residual and result in
+        ``fmt``."""
+        call, ops = deconv
+        data = ops[0]
+        src = fmt if data in self.new and self.member_fmt.get(data) == fmt else "nchw"
+        new_ops = list(ops)
+        new_ops[0] = self.new[data] if src == fmt else data
+        if call.get("res", "0") == "1":
+            new_ops[-1] = self._in_format(ops[-1], fmt, out, dataflow)
+        new_call = call.with_attrs(src_fmt=src, dst_fmt=fmt)
         return lib.emit_call(new_call, new_ops, formatted_shape(_static_shape(value), fmt))
 
     def _elementwise(self, value, fmt: str, out, dataflow: bool):
