@@ -289,12 +289,25 @@ def test_a_faster_library_plan_is_kept_and_reported():
 @needs_library
 @pytest.mark.parametrize("seconds,winner", [
     ({"rewritten": 2e-3, "original": 1e-3, "library": 1e-3}, "original"),  # a tie: simplest
-    ({"rewritten": 1e-3, "original": 2e-3, "library": 1e-3}, "rewritten"),
+    ({"rewritten": 1e-3, "original": 2e-3, "library": 2e-3}, "rewritten"),
 ])
-def test_the_library_plan_wins_only_when_separated(seconds, winner):
+def test_the_library_plan_loses_to_a_plan_separated_faster_or_tied_with_the_original(
+        seconds, winner):
     _, report = build(sm.conv_stack(), "llvm", plan_timer=_timer(seconds), **LIB_OPTS)
     assert report.model_guard.winner == winner
     assert not any("library plan kept" in d.reason for d in report.decisions)
+
+
+@needs_library
+def test_a_tie_of_the_library_plan_and_the_rewritten_module_keeps_the_library_plan():
+    """MODEL_PREFERENCE: the library plan, fixed by a rule, before the rewritten module, the
+    outcome of every unit's timed decision (the same in every build where they tie)."""
+    timer = _timer({"rewritten": 1e-3, "original": 2e-3, "library": 1e-3})
+    _, report = build(sm.conv_stack(), "llvm", plan_timer=timer, **LIB_OPTS)
+    assert report.model_guard.winner == "library" and not report.model_guard.comparison.separated
+    assert all(d.reason.endswith("a tie keeps the library plan); the library plan kept")
+               for d in report.rewritten), [d.reason for d in report.decisions]
+    assert MODEL_PREFERENCE.index("library") < MODEL_PREFERENCE.index("rewritten")
 
 
 @needs_library
