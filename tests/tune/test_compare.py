@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from tvm_ollie.tune.compare import (DISTURBED, PAIRED_MIN, RETAKES, Comparison, Timing, beats,
-                                    calls_per_sample, clocked, compare, from_seconds, judge,
-                                    median_interval, paired_ratio_interval, run_queue_wait)
+from tvm_ollie.tune.compare import (PAIRED_MIN, Comparison, Timing, beats, calls_per_sample,
+                                    clocked, compare, from_seconds, judge, median_interval,
+                                    paired_ratio_interval)
 
 
 def _series(values, outliers=None):
@@ -155,74 +155,6 @@ def test_clocked_samples_and_calls_per_sample():
     assert len(calls) == 3
     assert calls_per_sample(2e-4) == 5 and calls_per_sample(1.0) == 1
     assert calls_per_sample(1e-9) == 100
-
-
-def _scheduled(calls, now, wait):
-    """``run`` of a kernel whose ``i``-th call takes ``calls[i]`` = (seconds, seconds waited on
-    the run queue), cycling; ``now`` the fake clock, ``wait`` the fake run-queue total."""
-    i = [0]
-
-    def run():
-        seconds, waited = calls[i[0] % len(calls)]
-        i[0] += 1
-        now[0] += seconds
-        wait[0] += waited
-
-    run.calls = i
-    return run
-
-
-def test_clocked_takes_a_disturbed_sample_again_and_keeps_the_fastest_attempt():
-    now, wait = [0.0], [0.0]
-    # a 0.3 ms kernel; its second and third calls were descheduled for a 4 ms tick
-    run = _scheduled([(3e-4, 0.0), (4.3e-3, 4e-3), (8.3e-3, 8e-3), (3e-4, 0.0)], now, wait)
-    sample = clocked(run, 1, lambda: now[0], waited=lambda: wait[0])
-    assert sample() == pytest.approx(3e-4) and run.calls[0] == 1  # undisturbed: once
-    assert sample() == pytest.approx(3e-4) and run.calls[0] == 4  # two retakes
-    # every attempt disturbed: RETAKES more, then the fastest of them
-    run = _scheduled([(8.3e-3, 8e-3), (4.3e-3, 4e-3)], now, wait)
-    assert clocked(run, 1, lambda: now[0], waited=lambda: wait[0])() == pytest.approx(4.3e-3)
-    assert run.calls[0] == 1 + RETAKES
-    # a wait within DISTURBED of the sample's seconds is not a disturbance
-    run = _scheduled([(1e-3, DISTURBED * 1e-3 / 2), (5e-4, 0.0)], now, wait)
-    assert clocked(run, 1, lambda: now[0], waited=lambda: wait[0])() == pytest.approx(1e-3)
-    # a fake clock without ``waited``: its seconds are not the run queue's, nothing retaken
-    run = _scheduled([(4.3e-3, 4e-3), (3e-4, 0.0)], now, wait)
-    assert clocked(run, 1, lambda: now[0])() == pytest.approx(4.3e-3) and run.calls[0] == 1
-
-
-def test_retaken_samples_decide_alike_whatever_the_ticks():
-    """GCN's case at load 8: two kernels (0.30 and 0.40 ms) whose calls are descheduled for
-    4-16 ms ticks two times in three (measured: 198 of 300 samples), in a pattern that differs
-    from build to build. On raw samples the builds
-    decide differently (a tie in some, the slower one separated in others); with disturbed
-    samples retaken every build separates the faster one."""
-    import random  # pylint: disable=import-outside-toplevel
-
-    def build(seed, retakes):
-        rng = random.Random(seed)
-        now, wait = [0.0], [0.0]
-
-        def kernel(seconds):
-            def run():
-                tick = rng.choice([4e-3, 8e-3, 16e-3]) if rng.random() < 0.66 else 0.0
-                now[0] += seconds + tick
-                wait[0] += tick
-            return run
-
-        samplers = {name: clocked(kernel(t), 1, lambda: now[0], retakes=retakes,
-                                  waited=lambda: wait[0])
-                    for name, t in (("original", 4e-4), ("program", 3e-4))}
-        return compare(samplers, ["original", "program"], 0.15, min_rounds=5, max_rounds=15,
-                       quantile=0.25).winner
-
-    assert {build(seed, RETAKES) for seed in range(12)} == {"program"}
-    assert len({build(seed, 0) for seed in range(12)}) > 1
-
-
-def test_run_queue_wait_counts_this_process():
-    waited = run_queue_wait()
-    assert waited is None or waited >= 0.0
 
 
 def test_comparison_round_trips_and_given_seconds_are_judged_alike():

@@ -51,14 +51,6 @@ the executable: the same model built twice then runs at different speeds. Every 
       tied   = {fastest} + {b : not beats(fastest, b)}
       winner = first w in prefer, w in tied, with beats(w, p) for all p before w, p not in tied
 
-* **disturbed samples are taken again** (:func:`clocked`, ``retakes``): a sample during which
-  this process's threads waited on the scheduler's run queue (Linux ``/proc/self/task/*/
-  schedstat``, :func:`run_queue_wait`) for more than :data:`DISTURBED` of its seconds measured
-  the other processes, not the alternative, and is taken again, up to :data:`RETAKES` times
-  (the fastest attempt is kept). On this 2-core machine at load 5-9 with the build at ``nice
-  10``, samples of a 0.3 ms kernel with no such wait were 0.2-0.45 ms and those with it 0.2-60
-  ms (median 39 ms), in multiples of the scheduler's 4 ms tick: three fresh builds of GCN took
-  16 of 21 unit decisions differently, some "separated" on samples of 8 ms against 16 ms;
 * **hopeless alternatives leave early**: one whose fastest sample (of at least two) is more
   than ``hopeless`` times the leader's slowest cannot win, and is not timed again (a plan that
   runs for seconds where the others take milliseconds). Two samples, not one, decide it.
@@ -72,14 +64,13 @@ reused.
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-__all__ = ["DISTURBED", "PAIRED_MIN", "RETAKES", "Comparison", "Margin", "Sampler", "Timing",
-           "beats", "calls_per_sample", "clocked", "compare", "from_seconds", "judge",
-           "median_interval", "paired_ratio_interval", "quantile_interval", "run_queue_wait"]
+__all__ = ["PAIRED_MIN", "Comparison", "Margin", "Sampler", "Timing", "beats",
+           "calls_per_sample", "clocked", "compare", "from_seconds", "judge", "median_interval",
+           "paired_ratio_interval", "quantile_interval"]
 
 #: ``sampler() -> seconds of one call`` (one sample; None or an exception: it failed).
 Sampler = Callable[[], Optional[float]]
@@ -323,69 +314,19 @@ def calls_per_sample(seconds: float, floor_s: float = 1e-3, cap: int = 100) -> i
     return max(1, min(cap, math.ceil(floor_s / max(seconds, 1e-9))))
 
 
-#: A sample during which this process's threads waited on the run queue for more than this
-#: share of its seconds is disturbed (module docstring): taken again by :func:`clocked`.
-DISTURBED = 0.05
-#: Attempts after the first at an undisturbed sample (:func:`clocked`). At load 8 on the
-#: 2 cores a third of 1.5 ms samples were undisturbed, so four attempts find one four times in
-#: five; the rest keep their fastest attempt (judged on a low quantile, :func:`compare`).
-RETAKES = 3
-
-
-def run_queue_wait() -> Optional[float]:
-    """Seconds this process's threads have waited on the scheduler's run queue so far (the
-    second field of Linux's ``/proc/self/task/<tid>/schedstat``, summed over the threads);
-    None where there is no such file (another OS, schedstats off)."""
-    total, seen = 0, False
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:
-        return None
-    for tid in tids:
-        try:
-            with open(f"/proc/self/task/{tid}/schedstat", "rb") as fh:
-                total += int(fh.read().split()[1])
-            seen = True
-        except (OSError, IndexError, ValueError):
-            continue  # (a thread that ended between the listing and the read)
-    return total * 1e-9 if seen else None
-
-
 def clocked(run: Callable[[], object], number: int = 1,
-            clock: Callable[[], float] = time.perf_counter, warmup: int = 0,
-            retakes: int = RETAKES,
-            waited: Optional[Callable[[], Optional[float]]] = None) -> Sampler:
+            clock: Callable[[], float] = time.perf_counter, warmup: int = 0) -> Sampler:
     """A sampler timing ``number`` calls of ``run`` with ``clock`` (seconds per call), after
     ``warmup`` untimed calls (caches and thread pools back to this alternative's steady state
-    after the others ran).
+    after the others ran)."""
 
-    A sample whose calls waited on the run queue (``waited() -> seconds so far``, default
-    :func:`run_queue_wait` with the real clock, none with another: a fake clock's seconds are
-    not the run queue's) for more than :data:`DISTURBED` of their seconds is taken again (warm-
-    up included), at most ``retakes`` times; the fastest attempt is the sample."""
-    if waited is None and clock is time.perf_counter:
-        waited = run_queue_wait
-
-    def attempt() -> Tuple[float, bool]:
+    def sample() -> float:
         for _ in range(warmup):
             run()
-        before = waited() if waited is not None else None
         start = clock()
         for _ in range(number):
             run()
-        seconds = clock() - start
-        after = waited() if before is not None else None
-        quiet = after is None or after - before <= DISTURBED * seconds
-        return seconds / number, quiet
-
-    def sample() -> float:
-        best, quiet = attempt()
-        for _ in range(retakes if waited is not None else 0):
-            if quiet:
-                break
-            seconds, quiet = attempt()
-            best = min(best, seconds)
-        return best
+        return (clock() - start) / number
 
     return sample
 
