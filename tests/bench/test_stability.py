@@ -42,6 +42,15 @@ def test_systems_compared_with_the_first_beyond_or_within_the_spread():
     assert "| a | ollie-joint | 2.500 | 2.600 | 2.400 | 2.400 | 2.600 | 1.08 |" in table
 
 
+def test_systems_whose_builds_wrote_the_same_library_are_not_ranked():
+    rows = [stability_row("candy", [{"median_s": 65.0e-3, "library": "abc"}], "ollie"),
+            stability_row("candy", [{"median_s": 95.9e-3, "library": "abc"}], "ollie-joint")]
+    found = compare_systems(rows)[0]
+    assert found["verdict"] == "same library" and found["ratio"] == pytest.approx(95.9 / 65.0)
+    rows[1]["builds"][0]["library"] = "def"  # another library: ranked by its timings
+    assert compare_systems(rows)[0]["verdict"] == "slower beyond the spread"
+
+
 def test_builds_that_wrote_the_same_bytes_count_as_one_library(tmp_path):
     paths = []
     for i, content in enumerate([b"same", b"same", b"other"]):

@@ -275,6 +275,19 @@ def test_a_joint_tie_with_tvm_alone_keeps_tvm_alone():
     assert winner == "original" and ex is built["original"]
 
 
+def test_a_tie_of_the_library_and_derivation_plans_keeps_the_library_plan():
+    """The library plan (fixed by a rule, the same in every build) before the derivation plan
+    (every unit's timed decision), as the sequential build's whole-model guard."""
+    built = {}
+    plans = [(n, _builder(1.0, built, n)) for n in ("joint", "derivation", "library")]
+    times = {"joint": 2e-3, "derivation": 1e-3, "library": 1e-3 * (1 + GUARD_MARGIN / 2)}
+    ex, winner, _ = guard_plans(plans, ARGS, timer=_fixed(times), prefer=GUARD_PREFERENCE)
+    assert winner == "library" and ex is built["library"]
+    times["library"] = 1e-3 * (1 + 2 * GUARD_MARGIN)
+    _, winner, _ = guard_plans(plans, ARGS, timer=_fixed(times), prefer=GUARD_PREFERENCE)
+    assert winner == "derivation"
+
+
 def test_the_guard_times_with_the_protocol_by_default():
     built = {}
     plans = [(n, _builder(1.0, built, n)) for n in ("joint", "derivation")]

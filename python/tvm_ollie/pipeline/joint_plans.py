@@ -69,9 +69,12 @@ ORCHESTRATED = ("joint", "refined", "sequential", "orchestration")
 GUARD_REFERENCE = "derivation"
 
 #: Who wins when the guard's timing does not separate the leaders: the simplest plan first
-#: (TVM alone, then derivation only, what the ``ollie`` system builds), so that a rewrite is
-#: kept only when it is separated faster than TVM's build of the module as given.
-GUARD_PREFERENCE = ("original", "derivation", "library", "sequential", "refined", "joint",
+#: (TVM alone, then the library plan, then derivation only, what the ``ollie`` system builds),
+#: so that a rewrite is kept only when it is separated faster than TVM's build of the module
+#: as given. The library plan before derivation, as in the sequential build's whole-model
+#: guard (:data:`~.build.MODEL_PREFERENCE`): it is fixed by a rule and the same in every
+#: build, the derivation plan follows every unit's timed decision.
+GUARD_PREFERENCE = ("original", "library", "derivation", "sequential", "refined", "joint",
                     "orchestration")
 
 #: How the guard times the plans (:func:`~.guard.alternating`): at least 15 rounds, judged on
