@@ -283,6 +283,19 @@ def test_a_search_whose_gain_cannot_repay_it_stops_paid_back():
     assert 0 < len(res.candidates) < len(plain.candidates)
 
 
+def test_nothing_to_gain_still_returns_the_first_level():
+    """An original estimated below the bound (nothing left to gain from the start): the
+    search still returns the root's programs, and stops where ``near_bound`` stops it."""
+    expr = conv2d_nhwc(h=4, c=4, f=4)
+    near = derive(expr, max_depth=2, verify=False, max_candidates=None,
+                  bound=CostBound(_constant, 1.0, 0.03, known_s=0.5))
+    paid = derive(expr, max_depth=2, verify=False, max_candidates=None,
+                  bound=CostBound(_constant, 1.0, 0.03, known_s=0.5, payback_runs=1e5))
+    assert near.stats.stop_reason is paid.stats.stop_reason is StopReason.NEAR_BOUND
+    assert paid.stats.states_visited == near.stats.states_visited == 1
+    assert [repr(p) for p in paid.candidates] == [repr(p) for p in near.candidates] != []
+
+
 def test_a_gain_that_repays_the_search_changes_nothing():
     expr = conv2d_nhwc(h=4, c=4, f=4)
     plain = derive(expr, max_depth=2, verify=False, max_candidates=None,

@@ -138,7 +138,9 @@ class CostBound:
     fires on the small operators, whose whole estimate is microseconds (InfoGAN's transposed
     convolutions, 10-20 us: at 100 000 runs their searches stop after 1-2 s instead of
     running to their share), and on a search that found a program near its bound; an
-    operator whose estimate is a millisecond could repay 100 s, and runs to its share.
+    operator whose estimate is a millisecond could repay 100 s, and runs to its share. It is
+    checked from the second state on: the root's programs (the original as a target
+    operator, level 0) are always found, as ``near_bound`` finds them.
     """
 
     seconds: Callable[[object], float]
@@ -395,7 +397,9 @@ class _Search:
         now = time.perf_counter()
         if self.deadline is not None and now > self.deadline:
             raise _Limits(StopReason.TIME_BUDGET)
-        if self.bound is not None and self.bound.paid_back(self.stats.best_s, now - self.t0):
+        # (not before the root's programs: the first level is what every search returns)
+        if self.stats.states_visited and self.bound is not None and \
+                self.bound.paid_back(self.stats.best_s, now - self.t0):
             raise _Limits(StopReason.PAID_BACK)
         if self.max_states is not None and self.stats.states_visited >= self.max_states:
             raise _Limits(StopReason.MAX_STATES)
