@@ -27,9 +27,9 @@ expanded (``max_depth``; ``exhausted`` when no state remained at all), and, give
 :class:`CostBound`, once its best candidate costs within the bound's slack of the least any
 program of the expression can cost (``near_bound``: no candidate still to be found could beat
 it by more than a measurement can tell), ``stale`` (the bound's patience) or ``paid_back`` (the
-seconds spent reach what is left to gain over the bound's number of runs). The time budget covers verification too: a share of
-it (:data:`VERIFY_SHARE`) is reserved for verification, so that a search that explores until
-its deadline still returns what it found.
+seconds spent reach what is left to gain over the bound's number of runs). The time budget
+covers verification too: a share of it (:data:`VERIFY_SHARE`) is reserved for verification,
+so that a search that explores until its deadline still returns what it found.
 Verification goes in order of value: first the cheapest candidate of every target kind (the
 best matmul form, the best conv2d form...), then the cheapest others; the stats count the
 candidates found, verified, rejected and those the budget left unverified. The exploration is
