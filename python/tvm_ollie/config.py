@@ -111,7 +111,9 @@ class OllieConfig:
     search_payback_runs : float
         The module's search time is at most this many runs of what its searches could gain
         (each signature's best known estimate less its roofline bound:
-        :class:`tvm_ollie.tune.budget.SearchPayback`); ``math.inf``: ``search_time_s`` always.
+        :class:`tvm_ollie.tune.budget.SearchPayback`), and each search stops once its seconds
+        reach this many runs of what is left to gain (``paid_back``:
+        :class:`tvm_ollie.derive.search.CostBound`); ``math.inf``: ``search_time_s`` always.
     min_share : float
         A signature whose calls' estimated time is below this share of the module's is not
         decided (not searched, checked, built or timed: "skipped: too small to matter",

@@ -256,3 +256,51 @@ def test_the_lower_bound_holds_when_the_arithmetic_decides(calib, expr):
     for prog in res.candidates:
         for impl in ("tvm", "native"):
             assert analytic.program_seconds(prog, calib, impl) >= lower * (1 - 1e-9), prog
+
+
+def test_paid_back_compares_the_seconds_spent_with_the_gain_left_over_the_runs():
+    bound = CostBound(_constant, lower_s=1e-5, margin=0.03, payback_runs=1000)
+    # best 3e-5: 2e-5 s per run left to gain, 0.02 s over 1000 runs
+    assert not bound.paid_back(3e-5, 0.019) and bound.paid_back(3e-5, 0.021)
+    assert not bound.paid_back(None, 1e9)  # nothing found, nothing known: no stop
+    known = CostBound(_constant, 1e-5, 0.03, known_s=2e-5, payback_runs=1000)
+    assert known.paid_back(None, 0.011) and not known.paid_back(None, 0.009)
+    assert known.paid_back(5e-5, 0.011)  # the lower of the candidate and the original
+    assert not CostBound(_constant, 1e-5, 0.03).paid_back(3e-5, 1e9)  # no runs: no stop
+    assert not CostBound(_constant, 0.0, 0.03, payback_runs=1).paid_back(3e-5, 1e9)
+
+
+def test_a_search_whose_gain_cannot_repay_it_stops_paid_back():
+    expr = conv2d_nhwc(h=4, c=4, f=4)
+    plain = derive(expr, max_depth=2, verify=False, max_candidates=None,
+                   bound=CostBound(_constant, 1e-12, 0.03))
+    # a gain of ~1 s per run over 1e-12 runs: a picosecond of search repays nothing more
+    res = derive(expr, max_depth=2, verify=False, max_candidates=None,
+                 bound=CostBound(_constant, 1e-12, 0.03, payback_runs=1e-12))
+    assert plain.stats.stop_reason is StopReason.MAX_DEPTH
+    assert res.stats.stop_reason is StopReason.PAID_BACK and "paid_back" in res.stats.summary()
+    assert res.stats.states_visited == 1  # the root found the first candidates: then the stop
+    assert 0 < len(res.candidates) < len(plain.candidates)
+
+
+def test_nothing_to_gain_still_returns_the_first_level():
+    """An original estimated below the bound (nothing left to gain from the start): the
+    search still returns the root's programs, and stops where ``near_bound`` stops it."""
+    expr = conv2d_nhwc(h=4, c=4, f=4)
+    near = derive(expr, max_depth=2, verify=False, max_candidates=None,
+                  bound=CostBound(_constant, 1.0, 0.03, known_s=0.5))
+    paid = derive(expr, max_depth=2, verify=False, max_candidates=None,
+                  bound=CostBound(_constant, 1.0, 0.03, known_s=0.5, payback_runs=1e5))
+    assert near.stats.stop_reason is paid.stats.stop_reason is StopReason.NEAR_BOUND
+    assert paid.stats.states_visited == near.stats.states_visited == 1
+    assert [repr(p) for p in paid.candidates] == [repr(p) for p in near.candidates] != []
+
+
+def test_a_gain_that_repays_the_search_changes_nothing():
+    expr = conv2d_nhwc(h=4, c=4, f=4)
+    plain = derive(expr, max_depth=2, verify=False, max_candidates=None,
+                   bound=CostBound(_constant, 1e-12, 0.03))
+    res = derive(expr, max_depth=2, verify=False, max_candidates=None,
+                 bound=CostBound(_constant, 1e-12, 0.03, payback_runs=1e9))
+    assert res.stats.stop_reason is StopReason.MAX_DEPTH
+    assert [repr(p) for p in res.candidates] == [repr(p) for p in plain.candidates]

@@ -2,6 +2,7 @@
 built once together (checked and timed from that one build), the search shares go to the
 units decided."""
 
+import itertools
 import logging
 import math
 
@@ -20,7 +21,7 @@ from tvm_ollie.lift import lift_relax_call
 from tvm_ollie.transform import batched
 from tvm_ollie.transform import checking
 from tvm_ollie.transform.alternatives import MEASURED_SEED_FLOPS, Alternative, Candidates
-from tvm_ollie.transform.batched import UnitBuild, merged_module
+from tvm_ollie.transform.batched import UnitBuild, build_parts, merged_module
 from tvm_ollie.transform.checking import Checker
 from tvm_ollie.transform.costing import CallableTiming, UntunedTiming
 from tvm_ollie.transform.decide import Decider
@@ -140,6 +141,11 @@ def test_the_pass_skips_a_unit_too_small_to_matter():
 # -- the merged build ---------------------------------------------------------------------
 
 
+def _mains(builds) -> int:
+    """The modules merged into ``builds`` (each one's ``main``, renamed)."""
+    return sum(1 for mod in builds for f in mod.functions if f.name_hint.endswith("_main"))
+
+
 def test_merged_module_computes_what_each_module_computes(conv):
     call, alts = conv
     mods = [unit_module(call, a.program, None, a.impl) for a in alts]
@@ -162,7 +168,8 @@ def test_checker_gives_the_same_verdicts_from_one_build(conv, monkeypatch):
         AssertionError("built alone")))
     shared = [Checker().check(call, a, build) for a in alts[1:]]
     assert shared == alone and all(ok for ok, _ in shared) and not runs
-    assert build.builds == 1 and len(build.memo) == 1  # the reference ran once
+    # the reference ran once; one build per part
+    assert build.builds == build_parts(len(alts)) and len(build.memo) == 1
 
 
 def test_a_wrong_alternative_fails_from_the_merged_build_too(conv):
@@ -191,6 +198,33 @@ def test_a_failed_merged_build_falls_back_to_one_build_each(conv, monkeypatch):
     assert sample is not None and sample() > 0
 
 
+def test_build_parts_is_bounded_by_the_modules_the_cpus_and_the_cap(monkeypatch):
+    monkeypatch.setattr(batched.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert batched.MAX_PARALLEL_BUILDS == 2
+    assert build_parts(5) == 2 and build_parts(1) == 1 and build_parts(0) == 1
+    monkeypatch.setattr(batched.os, "sched_getaffinity", lambda pid: {0})
+    assert build_parts(5) == 1
+
+
+def test_one_failing_part_falls_back_to_one_build_each(conv, monkeypatch):
+    """The parts build at once; should one fail, every module is built alone as when the one
+    merged build failed."""
+    call, alts = conv
+    monkeypatch.setattr(batched, "build_parts", lambda count: min(2, count))
+    calls, real = itertools.count(), batched.compile_module
+
+    def second_fails(mod, target):
+        if next(calls) == 1:
+            raise RuntimeError("injected")
+        return real(mod, target)
+
+    monkeypatch.setattr(batched, "compile_module", second_fails)
+    build = UnitBuild({a.label: unit_module(call, a.program, None, a.impl) for a in alts},
+                      "llvm")
+    assert Checker().check(call, alts[1], build) == (True, "")
+    assert build.failed and build.builds == 2 and build.function(alts[1].label) is None
+
+
 def test_untuned_timing_samples_from_the_merged_build(conv, monkeypatch):
     call, alts = conv
     build = UnitBuild({a.label: unit_module(call, a.program, None, a.impl) for a in alts},
@@ -201,7 +235,7 @@ def test_untuned_timing_samples_from_the_merged_build(conv, monkeypatch):
     monkeypatch.setattr(timing, "compile", lambda *a: (_ for _ in ()).throw(
         AssertionError("built alone")))
     samples = [timing.sampler(call, a)() for a in alts]
-    assert all(s > 0 for s in samples) and build.builds == 1
+    assert all(s > 0 for s in samples) and build.builds == build_parts(len(alts))
     timing.use_build(None, None)
     assert timing.build_of(call) is None
 
@@ -221,8 +255,7 @@ def test_a_decision_builds_its_modules_once(monkeypatch):
                       check_untuned=True, derivation_cache=False, max_measured=2)
     choice = decider.decide(_call(sm.conv3x3()), 2.0)
     assert choice.measured, choice.reason
-    assert len(builds) == 1
-    assert len([f for f in builds[0].functions if f.name_hint.endswith("_main")]) == 3
+    assert len(builds) == build_parts(3) and _mains(builds) == 3
 
 
 def test_the_pass_shares_the_paid_back_search_time(monkeypatch):
@@ -264,6 +297,17 @@ def test_the_original_seeds_a_measured_search_only_when_it_is_large():
     assert bound.known_s == (known if big else None) and bound.margin == (0.15 if big else 0.03)
 
 
+def test_the_bound_carries_the_payback_runs_of_the_config():
+    """The decider's searches stop when what is left to gain cannot repay them over
+    ``search_payback_runs`` (``CostBound.paid_back``); ``math.inf`` turns that off."""
+    expr = lift_relax_call(_call(sm.conv3x3()))
+    for runs, expect in ((1e5, 1e5), (math.inf, None)):
+        decider = Decider("llvm", calibration=sm.LLVM_CALIB, library=False, max_depth=1,
+                          derivation_cache=False, search_payback_runs=runs)
+        assert decider.candidates.bound(expr).payback_runs == expect
+    assert Candidates(False, True, 1).payback_runs is None
+
+
 def test_a_forced_choice_is_checked_from_one_build(monkeypatch):
     """The library plan's decisions (a chooser forcing one alternative): its check runs the
     original and the forced alternative from one merged build, not two builds alone; a
@@ -278,11 +322,11 @@ def test_a_forced_choice_is_checked_from_one_build(monkeypatch):
                      derivation_cache=False, chooser=lambda sig, others: others[0])
     choice = forced.decide(_call(sm.conv3x3()), 2.0)
     assert choice.rewritten and choice.reason == "forced by the chooser"
-    assert len(builds) == 1
-    assert len([f for f in builds[0].functions if f.name_hint.endswith("_main")]) == 2
+    assert len(builds) == build_parts(2) and _mains(builds) == 2
     kept = Decider("llvm", calibration=sm.LLVM_CALIB, library=False, max_depth=2,
                    derivation_cache=False, chooser=lambda sig, others: BASE)
-    assert not kept.decide(_call(sm.conv3x3()), 2.0).rewritten and len(builds) == 1
+    assert not kept.decide(_call(sm.conv3x3()), 2.0).rewritten
+    assert len(builds) == build_parts(2)
 
 
 def test_a_forced_choice_that_computes_something_else_is_rejected(monkeypatch):
@@ -357,6 +401,5 @@ def test_a_measured_decision_never_builds_a_program_far_behind(monkeypatch):
                           estimator=Estimates(native_s))
         choice = decider.decide(_call(sm.conv3x3()), 2.0)
         assert choice.measured, choice.reason
-        (mod,) = builds
-        mains = [f for f in mod.functions if f.name_hint.endswith("_main")]
-        assert len(mains) == 2 + programs  # the original, its library kernel, the programs
+        # the original, its library kernel, the programs: each in one of the parallel parts
+        assert len(builds) == build_parts(2 + programs) and _mains(builds) == 2 + programs

@@ -26,9 +26,10 @@ also stops on its own once searching on cannot pay: when every state up to the a
 expanded (``max_depth``; ``exhausted`` when no state remained at all), and, given a
 :class:`CostBound`, once its best candidate costs within the bound's slack of the least any
 program of the expression can cost (``near_bound``: no candidate still to be found could beat
-it by more than a measurement can tell). The time budget covers verification too: a share of
-it (:data:`VERIFY_SHARE`) is reserved for verification, so that a search that explores until
-its deadline still returns what it found.
+it by more than a measurement can tell), ``stale`` (the bound's patience) or ``paid_back`` (the
+seconds spent reach what is left to gain over the bound's number of runs). The time budget
+covers verification too: a share of it (:data:`VERIFY_SHARE`) is reserved for verification,
+so that a search that explores until its deadline still returns what it found.
 Verification goes in order of value: first the cheapest candidate of every target kind (the
 best matmul form, the best conv2d form...), then the cheapest others; the stats count the
 candidates found, verified, rejected and those the budget left unverified. The exploration is
@@ -89,6 +90,7 @@ class StopReason(enum.Enum):
     FIRST_FOUND = "first_found"  # stop_on_first: every target has a candidate
     NEAR_BOUND = "near_bound"  # the best candidate is within the CostBound's slack of its floor
     STALE = "stale"  # the CostBound's patience: whole depth levels found nothing better
+    PAID_BACK = "paid_back"  # the CostBound's payback: what is left to gain cannot repay more
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,23 @@ class CostBound:
     on its cheaper kernel) the best is the lower of it and the best candidate's: a candidate
     that cannot beat the original by the margin is not worth searching for either, so a unit
     whose original already runs near the bound stops after its first level (``near_bound``).
+
+    With ``payback_runs`` (a number of runs of the model) the search also stops
+    (``paid_back``) once the seconds it has run reach what is still to gain, over that many
+    runs::
+
+        elapsed_s >= payback_runs * (best - lower_s)
+
+    (``best``: as for ``near_bound``). The remaining gain is the most any program still to
+    be found could save per run; a search second is worth spending only if the model runs
+    often enough to win it back, the rule that sizes the module's search time
+    (:class:`tvm_ollie.tune.budget.SearchPayback`), applied to each search as it goes. It
+    fires on the small operators, whose whole estimate is microseconds (InfoGAN's transposed
+    convolutions, 10-20 us: at 100 000 runs their searches stop after 1-2 s instead of
+    running to their share), and on a search that found a program near its bound; an
+    operator whose estimate is a millisecond could repay 100 s, and runs to its share. It is
+    checked from the second state on: the root's programs (the original as a target
+    operator, level 0) are always found, as ``near_bound`` finds them.
     """
 
     seconds: Callable[[object], float]
@@ -129,6 +148,7 @@ class CostBound:
     margin: float
     patience: Optional[int] = None
     known_s: Optional[float] = None
+    payback_runs: Optional[float] = None
 
     @property
     def slack(self) -> float:
@@ -137,8 +157,20 @@ class CostBound:
 
     def reached(self, best_s: Optional[float]) -> bool:
         """Whether a best candidate of ``best_s`` seconds (None: none yet) ends the search."""
-        best = min(s for s in (best_s, self.known_s, math.inf) if s is not None)
+        best = self._best(best_s)
         return self.lower_s > 0 and best <= self.lower_s * (1.0 + self.slack)
+
+    def paid_back(self, best_s: Optional[float], elapsed_s: float) -> bool:
+        """Whether a search that ran ``elapsed_s`` seconds with a best candidate of ``best_s``
+        (None: none yet) has spent what its remaining gain could repay."""
+        if self.payback_runs is None or self.lower_s <= 0:
+            return False
+        best = self._best(best_s)
+        return math.isfinite(best) and elapsed_s >= self.payback_runs * (best - self.lower_s)
+
+    def _best(self, best_s: Optional[float]) -> float:
+        """The best known seconds: the best candidate's or ``known_s``, the lower."""
+        return min(s for s in (best_s, self.known_s, math.inf) if s is not None)
 
 
 @dataclass
@@ -362,8 +394,13 @@ class _Search:
 
     # -- exploration ----------------------------------------------------------------------------
     def _check_limits(self) -> None:
-        if self.deadline is not None and time.perf_counter() > self.deadline:
+        now = time.perf_counter()
+        if self.deadline is not None and now > self.deadline:
             raise _Limits(StopReason.TIME_BUDGET)
+        # (not before the root's programs: the first level is what every search returns)
+        if self.stats.states_visited and self.bound is not None and \
+                self.bound.paid_back(self.stats.best_s, now - self.t0):
+            raise _Limits(StopReason.PAID_BACK)
         if self.max_states is not None and self.stats.states_visited >= self.max_states:
             raise _Limits(StopReason.MAX_STATES)
 

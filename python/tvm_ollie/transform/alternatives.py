@@ -10,6 +10,7 @@ only enumerates them; their cost is the next stage's (:mod:`.costing`).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import AbstractSet, List, Optional, Tuple
@@ -102,12 +103,17 @@ class Candidates:
         :func:`~tvm_ollie.tune.analytic.least_seconds`); None: no such stop.
     margin : float
         The relative margin of a measured decision (the choose stage's).
+    payback_runs : float, optional
+        With ``calibration``, a search also stops once its seconds reach what is left to gain
+        over this many runs of the model (``OllieConfig.search_payback_runs``; the bound's
+        ``paid_back``); None: no such stop.
     """
 
     def __init__(self, library: bool, derive: bool, max_depth: int, max_states=None,
                  max_candidates=None, cost_target: str = "llvm",
                  cache: Optional[DerivationCache] = None,
-                 calibration: Optional[Calibration] = None, margin: float = 0.0):
+                 calibration: Optional[Calibration] = None, margin: float = 0.0,
+                 payback_runs: Optional[float] = None):
         self.library = bool(library)
         self.derive = bool(derive)
         self.max_depth = max_depth
@@ -117,6 +123,8 @@ class Candidates:
         self.cache = cache
         self.calibration = calibration
         self.margin = margin
+        self.payback_runs = None if payback_runs is None or math.isinf(payback_runs) \
+            else float(payback_runs)
         #: under a measured decision, its margin (the search's slack from
         #: :data:`MEASURED_SEED_FLOPS` on, :meth:`bound`); None: decided by the estimate
         self.measured_margin: Optional[float] = None
@@ -212,7 +220,7 @@ class Candidates:
 
         margin, known = self._margin(known_s, least_work(expr)[0])
         return CostBound(seconds, analytic.least_seconds(expr, calib, self.library),
-                         margin, SEARCH_PATIENCE, known)
+                         margin, SEARCH_PATIENCE, known, self.payback_runs)
 
     def _margin(self, known_s: Optional[float],
                 flops: float) -> Tuple[float, Optional[float]]:

@@ -164,7 +164,8 @@ class Decider:
         # the stages
         self.candidates = Candidates(self.library, self.derive, cfg.max_depth, cfg.max_states,
                                      cfg.max_candidates, self.calib.kind,
-                                     derivations, self.calib, MARGIN)
+                                     derivations, self.calib, MARGIN,
+                                     cfg.search_payback_runs)
         if cost_model is not None and not cost_model.measured and estimator is None:
             estimator, cost_model = cost_model, None  # decide by that estimate
         self.estimator: UnitCostModel = estimator or AnalyticUnitCost(self.calib)
