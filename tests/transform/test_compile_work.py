@@ -2,7 +2,6 @@
 built once together (checked and timed from that one build), the search shares go to the
 units decided."""
 
-import itertools
 import logging
 import math
 
@@ -21,7 +20,7 @@ from tvm_ollie.lift import lift_relax_call
 from tvm_ollie.transform import batched
 from tvm_ollie.transform import checking
 from tvm_ollie.transform.alternatives import MEASURED_SEED_FLOPS, Alternative, Candidates
-from tvm_ollie.transform.batched import UnitBuild, build_parts, merged_module
+from tvm_ollie.transform.batched import UnitBuild, merged_module
 from tvm_ollie.transform.checking import Checker
 from tvm_ollie.transform.costing import CallableTiming, UntunedTiming
 from tvm_ollie.transform.decide import Decider
@@ -141,11 +140,6 @@ def test_the_pass_skips_a_unit_too_small_to_matter():
 # -- the merged build ---------------------------------------------------------------------
 
 
-def _mains(builds) -> int:
-    """The modules merged into ``builds`` (each one's ``main``, renamed)."""
-    return sum(1 for mod in builds for f in mod.functions if f.name_hint.endswith("_main"))
-
-
 def test_merged_module_computes_what_each_module_computes(conv):
     call, alts = conv
     mods = [unit_module(call, a.program, None, a.impl) for a in alts]
@@ -168,8 +162,7 @@ def test_checker_gives_the_same_verdicts_from_one_build(conv, monkeypatch):
         AssertionError("built alone")))
     shared = [Checker().check(call, a, build) for a in alts[1:]]
     assert shared == alone and all(ok for ok, _ in shared) and not runs
-    # the reference ran once; one build per part
-    assert build.builds == build_parts(len(alts)) and len(build.memo) == 1
+    assert build.builds == 1 and len(build.memo) == 1  # the reference ran once
 
 
 def test_a_wrong_alternative_fails_from_the_merged_build_too(conv):
@@ -198,33 +191,6 @@ def test_a_failed_merged_build_falls_back_to_one_build_each(conv, monkeypatch):
     assert sample is not None and sample() > 0
 
 
-def test_build_parts_is_bounded_by_the_modules_the_cpus_and_the_cap(monkeypatch):
-    monkeypatch.setattr(batched.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
-    assert batched.MAX_PARALLEL_BUILDS == 2
-    assert build_parts(5) == 2 and build_parts(1) == 1 and build_parts(0) == 1
-    monkeypatch.setattr(batched.os, "sched_getaffinity", lambda pid: {0})
-    assert build_parts(5) == 1
-
-
-def test_one_failing_part_falls_back_to_one_build_each(conv, monkeypatch):
-    """The parts build at once; should one fail, every module is built alone as when the one
-    merged build failed."""
-    call, alts = conv
-    monkeypatch.setattr(batched, "build_parts", lambda count: min(2, count))
-    calls, real = itertools.count(), batched.compile_module
-
-    def second_fails(mod, target):
-        if next(calls) == 1:
-            raise RuntimeError("injected")
-        return real(mod, target)
-
-    monkeypatch.setattr(batched, "compile_module", second_fails)
-    build = UnitBuild({a.label: unit_module(call, a.program, None, a.impl) for a in alts},
-                      "llvm")
-    assert Checker().check(call, alts[1], build) == (True, "")
-    assert build.failed and build.builds == 2 and build.function(alts[1].label) is None
-
-
 def test_untuned_timing_samples_from_the_merged_build(conv, monkeypatch):
     call, alts = conv
     build = UnitBuild({a.label: unit_module(call, a.program, None, a.impl) for a in alts},
@@ -235,7 +201,7 @@ def test_untuned_timing_samples_from_the_merged_build(conv, monkeypatch):
     monkeypatch.setattr(timing, "compile", lambda *a: (_ for _ in ()).throw(
         AssertionError("built alone")))
     samples = [timing.sampler(call, a)() for a in alts]
-    assert all(s > 0 for s in samples) and build.builds == build_parts(len(alts))
+    assert all(s > 0 for s in samples) and build.builds == 1
     timing.use_build(None, None)
     assert timing.build_of(call) is None
 
@@ -255,7 +221,8 @@ def test_a_decision_builds_its_modules_once(monkeypatch):
                       check_untuned=True, derivation_cache=False, max_measured=2)
     choice = decider.decide(_call(sm.conv3x3()), 2.0)
     assert choice.measured, choice.reason
-    assert len(builds) == build_parts(3) and _mains(builds) == 3
+    assert len(builds) == 1
+    assert len([f for f in builds[0].functions if f.name_hint.endswith("_main")]) == 3
 
 
 def test_the_pass_shares_the_paid_back_search_time(monkeypatch):
@@ -322,11 +289,11 @@ def test_a_forced_choice_is_checked_from_one_build(monkeypatch):
                      derivation_cache=False, chooser=lambda sig, others: others[0])
     choice = forced.decide(_call(sm.conv3x3()), 2.0)
     assert choice.rewritten and choice.reason == "forced by the chooser"
-    assert len(builds) == build_parts(2) and _mains(builds) == 2
+    assert len(builds) == 1
+    assert len([f for f in builds[0].functions if f.name_hint.endswith("_main")]) == 2
     kept = Decider("llvm", calibration=sm.LLVM_CALIB, library=False, max_depth=2,
                    derivation_cache=False, chooser=lambda sig, others: BASE)
-    assert not kept.decide(_call(sm.conv3x3()), 2.0).rewritten
-    assert len(builds) == build_parts(2)
+    assert not kept.decide(_call(sm.conv3x3()), 2.0).rewritten and len(builds) == 1
 
 
 def test_a_forced_choice_that_computes_something_else_is_rejected(monkeypatch):
@@ -401,5 +368,6 @@ def test_a_measured_decision_never_builds_a_program_far_behind(monkeypatch):
                           estimator=Estimates(native_s))
         choice = decider.decide(_call(sm.conv3x3()), 2.0)
         assert choice.measured, choice.reason
-        # the original, its library kernel, the programs: each in one of the parallel parts
-        assert len(builds) == build_parts(2 + programs) and _mains(builds) == 2 + programs
+        (mod,) = builds
+        mains = [f for f in mod.functions if f.name_hint.endswith("_main")]
+        assert len(mains) == 2 + programs  # the original, its library kernel, the programs

@@ -17,22 +17,11 @@ are only renamed apart), so a function of the merged module computes what the mo
 computed, with the same kernels. Should the merged build fail (one alternative TVM cannot
 build), nothing is lost but that build: every stage then builds its modules one at a time as
 before (:attr:`UnitBuild.failed`), so a failing alternative fails its own check only.
-
-The modules are merged into up to :data:`MAX_PARALLEL_BUILDS` parts (the original in the
-first), each built in a thread of its own at the same time, and each executable's code loaded
-there (the first virtual machine of an executable loads its LLVM code: 0.1-1 s that the
-checker paid before). TVM's build releases the GIL in its C++ passes and code generation, and
-it is most of a cold build of a small model (a cProfile of InfoGAN's: 15 of 51 s in
-``tvm.compile``, 7 s more in the first virtual machine of each executable), so on two cores
-the parts build about twice as fast. A timing never overlaps them: an executable is returned
-only once every part is built.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..compat import relax, tvm
@@ -40,31 +29,9 @@ from ..compile_profile import stage
 from ..target import normalize_target
 from ..tune.measure import compile_module
 
-__all__ = ["MAX_PARALLEL_BUILDS", "UnitBuild", "build_parts", "merged_module"]
+__all__ = ["UnitBuild", "merged_module"]
 
 LOG = logging.getLogger("tvm_ollie.transform")
-
-#: The most builds one decision's modules are split into, built at once. Why two: each part
-#: builds its own copy of the pipeline's work (a part holds at least one module), and the
-#: machines this runs on for the benchmark have two cores.
-MAX_PARALLEL_BUILDS = 2
-
-
-def build_parts(count: int) -> int:
-    """How many parallel builds ``count`` modules are split into: at most
-    :data:`MAX_PARALLEL_BUILDS`, the CPUs this process may run on, and ``count``."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # (not on Linux)
-        cpus = os.cpu_count() or 1
-    return max(1, min(MAX_PARALLEL_BUILDS, cpus, int(count)))
-
-
-def _loaded(mod: "tvm.IRModule", target) -> "tvm.runtime.Executable":
-    """``mod`` built for the CPU ``target``, its code loaded (a first virtual machine)."""
-    ex = compile_module(mod, target)
-    relax.VirtualMachine(ex, tvm.cpu())
-    return ex
 
 
 @relax.expr_functor.mutator
@@ -119,11 +86,11 @@ class UnitBuild:
     def __init__(self, modules: Dict[str, "tvm.IRModule"], target):
         self.modules = dict(modules)
         self.target = normalize_target(target)
-        #: per key, the executable holding its module and the function computing it
-        self._built: Dict[str, Tuple["tvm.runtime.Executable", str]] = {}
+        self._names: Dict[str, str] = {}
+        self._ex = None
         #: the merged build was tried and failed (each module is then built alone)
         self.failed = False
-        #: how many TVM builds this object ran (0, or the parts it was split into)
+        #: how many TVM builds this object ran (0 or 1)
         self.builds = 0
         #: results its users keep per build (the checker's reference outputs)
         self.memo: Dict[object, object] = {}
@@ -131,29 +98,21 @@ class UnitBuild:
     def __contains__(self, key: str) -> bool:
         return key in self.modules
 
-    def built(self) -> bool:
-        """Build every part now if not yet (at once, :data:`MAX_PARALLEL_BUILDS`); False:
-        a build failed."""
-        if not self._built and not self.failed:
+    def executable(self) -> Optional["tvm.runtime.Executable"]:
+        """The merged executable (built now if not yet; None: the build failed)."""
+        if self._ex is None and not self.failed:
             keys = list(self.modules)
-            parts = build_parts(len(keys))
-            groups = [keys[j::parts] for j in range(parts)]
             try:
-                merged = [merged_module([self.modules[k] for k in g]) for g in groups]
-                self.builds += len(groups)
-                if len(groups) == 1:
-                    exes = [_loaded(merged[0][0], self.target)]
-                else:
-                    with ThreadPoolExecutor(len(groups)) as pool:
-                        exes = list(pool.map(lambda m: _loaded(m[0], self.target), merged))
+                merged, mains = merged_module([self.modules[k] for k in keys])
+                self.builds += 1
+                self._ex = compile_module(merged, self.target)
             except Exception as err:  # pylint: disable=broad-except
                 LOG.info("ollie: the merged build of %d modules failed (%s: %s); building "
                          "them one at a time", len(keys), type(err).__name__, err)
                 self.failed = True
-                return False
-            for group, (_, mains), ex in zip(groups, merged, exes):
-                self._built.update({k: (ex, name) for k, name in zip(group, mains)})
-        return not self.failed
+                return None
+            self._names = dict(zip(keys, mains))
+        return self._ex
 
     def function(self, key: str) -> Optional[Tuple["tvm.runtime.Executable", str]]:
         """``(executable, function name)`` computing module ``key`` (None: not in this build,
@@ -161,5 +120,5 @@ class UnitBuild:
         if key not in self.modules:
             return None
         with stage("candidate builds"):
-            ok = self.built()
-        return self._built[key] if ok else None
+            ex = self.executable()
+        return None if ex is None else (ex, self._names[key])
