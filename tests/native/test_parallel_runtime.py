@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from native_util import require_native
+from parallel_modules import N, Scaled
 from tvm_ollie import native
 from tvm_ollie.compat import relax, tvm
 from tvm.script import relax as R
 from tvm.script import tirx as T
 
-N = 64
 AT_IMPORT = native.get_parallel_runtime()  # at collection, after conftest imported tvm_ollie
 
 
@@ -30,24 +30,6 @@ def _runtime_api():
 
 
 # fmt: off
-@tvm.script.ir_module
-class Scaled:
-    @T.prim_func
-    def scale_add(a: T.Buffer((N, 33), "float32"), b: T.Buffer((N, 33), "float32"),
-                  c: T.Buffer((N, 33), "float32")):
-        for i in T.parallel(N):
-            for j in range(33):
-                c[i, j] = a[i, j] * T.float32(2) + b[i, j]
-
-    @R.function
-    def main(x: R.Tensor((N, 33), "float32"), y: R.Tensor((N, 33), "float32")):
-        cls = Scaled
-        with R.dataflow():
-            z = R.call_tir(cls.scale_add, (x, y), R.Tensor((N, 33), "float32"))
-            R.output(z)
-        return z
-
-
 @tvm.script.ir_module
 class Rotated:
     """Two parallel loops in one launch, a barrier between them: the second reads what other

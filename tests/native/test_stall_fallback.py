@@ -10,12 +10,10 @@ import numpy as np
 import pytest
 
 from native_util import call_direct, require_native
+from parallel_modules import N, Scaled
 from tvm_ollie import native
 from tvm_ollie.compat import relax, tvm
-from tvm.script import relax as R
-from tvm.script import tirx as T
 
-N = 64
 CONV = "pad=1,1,1,1;bias=1;act=relu"
 NO_BEST = 2**63 - 1
 
@@ -87,24 +85,6 @@ def test_window_runs_native_calls_serially_with_equal_numbers():
         native.hold_serial(-1)
 
 
-# fmt: off
-@tvm.script.ir_module
-class Scaled:
-    @T.prim_func
-    def scale_add(a: T.Buffer((N, 33), "float32"), b: T.Buffer((N, 33), "float32"),
-                  c: T.Buffer((N, 33), "float32")):
-        for i in T.parallel(N):
-            for j in range(33):
-                c[i, j] = a[i, j] * T.float32(2) + b[i, j]
-
-    @R.function
-    def main(x: R.Tensor((N, 33), "float32"), y: R.Tensor((N, 33), "float32")):
-        cls = Scaled
-        with R.dataflow():
-            z = R.call_tir(cls.scale_add, (x, y), R.Tensor((N, 33), "float32"))
-            R.output(z)
-        return z
-# fmt: on
 
 
 def test_window_runs_tvm_parallel_loops_on_the_calling_thread():
