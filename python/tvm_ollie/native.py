@@ -406,14 +406,18 @@ def get_parallel_runtime() -> str:
     return str(_LOADER.func(GET_PARALLEL_RUNTIME)())
 
 
+def _counters(text) -> Dict[str, int]:
+    """The library's ``name=value;name=value`` counter string as a dict of ints."""
+    return {k: int(v) for k, v in (item.split("=") for item in str(text).split(";"))}
+
+
 def parallel_stats() -> Dict[str, int]:
     """How many parallel loops of TVM's kernels ran on the OpenMP pool in this process
     (``launches``) and how many times one of their tasks waited at a barrier (``barriers``);
     zeros without the native library. Counters, for tests and the profiler."""
     if not provides(PARALLEL_STATS):
         return {"launches": 0, "barriers": 0}
-    text = str(_LOADER.func(PARALLEL_STATS)())
-    return {k: int(v) for k, v in (item.split("=") for item in text.split(";"))}
+    return _counters(_LOADER.func(PARALLEL_STATS)())
 
 
 def stall_stats() -> Dict[str, int]:
@@ -423,8 +427,7 @@ def stall_stats() -> Dict[str, int]:
     (``enabled``); empty without a library that has it."""
     if not provides(STALL_STATS):
         return {}
-    text = str(_LOADER.func(STALL_STATS)())
-    return {k: int(v) for k, v in (item.split("=") for item in text.split(";"))}
+    return _counters(_LOADER.func(STALL_STATS)())
 
 
 def set_stall_fallback(on: bool) -> None:

@@ -5,6 +5,7 @@ every epilogue; the residual in the destination's format, and possibly Out itsel
 
 import numpy as np
 import pytest
+import tvm_ffi
 
 from native_util import act_ref, call_direct, require_native
 from test_native_conv2d_transpose import _attrs, deconv_ref
@@ -75,8 +76,6 @@ def test_channels_last_epilogues(fmt, act):
 
 @pytest.mark.parametrize("fmt", ["plain", "blocked", "gemm"])
 def test_channels_last_residual_may_be_the_output(fmt):
-    import tvm_ffi
-
     rng = np.random.default_rng(9)
     x = rng.standard_normal((1, 4, 3, 3)).astype("float32")
     wt = rng.standard_normal((4, 2, 4, 4)).astype("float32")

@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+import tvm_ffi
 
 from native_util import call_direct, require_native
 from parallel_modules import N, Scaled
@@ -35,8 +36,6 @@ def _stall_api():
 
 
 def _is_stall(elapsed_us: int, best_us: int) -> bool:
-    import tvm_ffi
-
     best_ns = best_us if best_us == NO_BEST else best_us * 1000
     return bool(tvm_ffi.get_global_func(native.IS_STALL)(elapsed_us * 1000, best_ns))
 
@@ -59,8 +58,6 @@ def _conv_case():
 
 
 def _cache_size() -> int:
-    import tvm_ffi
-
     text = str(tvm_ffi.get_global_func(native.CACHE_STATS)())
     return int(dict(kv.split("=") for kv in text.split(";"))["size"])
 

@@ -15,7 +15,9 @@ import tvm_ffi
 
 from tvm_ollie import native
 from tvm_ollie.compat import relax, tvm
+from tvm_ollie.config import OllieConfig
 from tvm_ollie.pipeline import joint_plans
+from tvm_ollie.pipeline.joint import library_plan
 from tvm_ollie.pipeline.joint_plans import joint_build
 from tvm_ollie.transform.alternatives import Alternative
 from tvm_ollie.transform.optimize import optimize_module
@@ -261,11 +263,9 @@ def test_calls_renamed_by_the_regions_pass_are_still_decided(monkeypatch):
 
 def test_the_library_plan_puts_small_calls_on_the_library_too():
     """``library_plan`` decides every call, whatever ``min_share`` says: a call skipped as too
-    small (here the smaller convolution, a third of the estimate, at min_share 0.5) would stay on TVM and split the
-    chain; in the plan both convolutions are native calls in one channels-last chain."""
-    from tvm_ollie.config import OllieConfig
-    from tvm_ollie.pipeline.joint import library_plan
-
+    small (here the smaller convolution, a third of the estimate, at min_share 0.5) would stay
+    on TVM and split the chain; in the plan both convolutions are native calls in one
+    channels-last chain."""
     mod = _chain()
     skipping, _ = optimize_module(mod, config=OllieConfig(**_OPTS, min_share=0.5),
                                   chooser=_native_everywhere)

@@ -17,6 +17,7 @@ import tvm
 from test_blocked_layout import CONV, Net, build_pair, run, _w
 from tvm_ollie import native
 from tvm_ollie.codegen import library as lib
+from tvm_ollie.transform import blocked_layout as bl
 from tvm_ollie.transform.blocked_layout import blocked_layout, member_deconv
 
 
@@ -147,8 +148,6 @@ def test_before_expected():
 def test_a_library_without_deconv_formats_keeps_deconvs_nchw(monkeypatch):
     """A native library built before conv2d_transpose took src_fmt/dst_fmt (the probe
     ``deconv_takes_formats`` says so): the transposed convolution splits the chain as before."""
-    from tvm_ollie.transform import blocked_layout as bl
-
     assert bl.deconv_takes_formats()  # this checkout's library
     monkeypatch.setattr(bl, "deconv_takes_formats", lambda: False)
     new, report = blocked_layout(ConvDeconvConv, fmt="nhwc")

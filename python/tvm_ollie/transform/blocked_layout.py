@@ -62,6 +62,7 @@ import tvm_ffi
 from .. import native
 from ..codegen import library as lib
 from ..compat import relax, tvm
+from .epilogue import static_shape
 
 __all__ = ["BINARY", "SPATIAL", "UNARY", "Chain", "LayoutReport", "blocked_layout",
            "choose_format", "constant_to_format", "deconv_takes_formats", "find_chains",
@@ -191,18 +192,8 @@ def constant_to_format(value: np.ndarray, fmt: str, channels: int) -> Optional[n
 # ---------------------------------------------------------------------------------------------
 # Finding the chains.
 
-def _static_shape(expr) -> Optional[Tuple[int, ...]]:
-    ty = expr.ty
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    dims = list(ty.shape.values) if hasattr(ty.shape, "values") else None
-    if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
-        return None
-    return tuple(int(d) for d in dims)
-
-
 def _f32_4d(expr) -> bool:
-    shape = _static_shape(expr)
+    shape = static_shape(expr)
     return shape is not None and len(shape) == 4 and str(expr.ty.dtype) == "float32"
 
 
@@ -217,7 +208,7 @@ def member_conv(value) -> Optional[Tuple[lib.LibCall, list]]:
         return None
     if call.get("fmt", "auto") == "plain" or call.get("src_fmt") or call.get("dst_fmt"):
         return None
-    if not (_f32_4d(ops[0]) and _f32_4d(value) and _static_shape(ops[1]) is not None):
+    if not (_f32_4d(ops[0]) and _f32_4d(value) and static_shape(ops[1]) is not None):
         return None
     return call, ops
 
@@ -247,7 +238,7 @@ def member_deconv(value) -> Optional[Tuple[lib.LibCall, list]]:
     call, ops = found
     if call.get("layout", "NCHW") != "NCHW" or call.get("src_fmt") or call.get("dst_fmt"):
         return None
-    if not (_f32_4d(ops[0]) and _f32_4d(value) and _static_shape(ops[1]) is not None):
+    if not (_f32_4d(ops[0]) and _f32_4d(value) and static_shape(ops[1]) is not None):
         return None
     return call, ops
 
@@ -277,12 +268,12 @@ def member_elementwise(value, members: Set["relax.Var"]) -> bool:
         return False
     if not _f32_4d(value):
         return False
-    out = _static_shape(value)
+    out = static_shape(value)
     tensors = [a for a in value.args if isinstance(a.ty, relax.TensorType)]
     if len(tensors) != len(value.args) or not any(a in members for a in tensors):
         return False
     for arg in tensors:
-        if isinstance(arg, relax.Var) and _f32_4d(arg) and _static_shape(arg) == out:
+        if isinstance(arg, relax.Var) and _f32_4d(arg) and static_shape(arg) == out:
             continue
         if not _is_channel_constant(arg, out[1]):
             return False
@@ -399,8 +390,8 @@ def _links(value, arg: "relax.Var") -> bool:
 def preferred(value) -> Tuple[str, str]:
     """oneDNN's preferred (src, dst) formats of a member conv."""
     call, ops = member_conv(value)
-    return native.conv2d_preferred_format(call.text(), _static_shape(ops[0]),
-                                          _static_shape(ops[1]))
+    return native.conv2d_preferred_format(call.text(), static_shape(ops[0]),
+                                          static_shape(ops[1]))
 
 
 def choose_format(chain: Chain, bindings) -> str:
@@ -500,8 +491,8 @@ class _Rewriter:
         conv = member_conv(value)
         if conv is not None:
             new_value = self._conv(value, conv, fmt, out, dataflow)
-        elif member_deconv(value) is not None:
-            new_value = self._deconv(value, member_deconv(value), fmt, out, dataflow)
+        elif (deconv := member_deconv(value)) is not None:
+            new_value = self._deconv(value, deconv, fmt, out, dataflow)
         elif _op_name(value) == "relax.concat":
             fields = [self._in_format(f, fmt, out, dataflow) for f in value.args[0].fields]
             new_value = relax.op.concat(fields, axis=3)
@@ -515,8 +506,8 @@ class _Rewriter:
                    or not _links(self.bindings[u], var)]
         if outside or not isinstance(var, relax.DataflowVar):
             back = relax.BlockBuilder().normalize(from_format(new, fmt))
-            channels = _static_shape(var)[1]
-            if _static_shape(back)[1] != channels:  # nChw{B}c padding: keep the first C
+            channels = static_shape(var)[1]
+            if static_shape(back)[1] != channels:  # nChw{B}c padding: keep the first C
                 padded = self._bind(out, f"{var.name}_padded", back, dataflow)
                 back = relax.BlockBuilder().normalize(unpad(padded, channels))
             out.append(relax.VarBinding(var, back))
@@ -525,7 +516,7 @@ class _Rewriter:
     def _conv(self, value, conv, fmt: str, out, dataflow: bool):
         call, ops = conv
         data = ops[0]
-        cin, cout = _static_shape(data)[1], _static_shape(value)[1]
+        cin, cout = static_shape(data)[1], static_shape(value)[1]
         if self.forced or data in self.new and self.member_fmt.get(data) == fmt:
             src = fmt
         else:
@@ -543,8 +534,8 @@ class _Rewriter:
             new_ops[-1] = self._in_format(ops[-1], fmt, out, dataflow)
         new_call = call.with_attrs(**updates)
         if self.pack_weights and isinstance(ops[1], tvm.ir.expr.Constant):
-            new_call, new_ops[1] = pack_weight(new_call, _static_shape(data), ops[1])
-        return lib.emit_call(new_call, new_ops, formatted_shape(_static_shape(value), fmt))
+            new_call, new_ops[1] = pack_weight(new_call, static_shape(data), ops[1])
+        return lib.emit_call(new_call, new_ops, formatted_shape(static_shape(value), fmt))
 
     def _deconv(self, value, deconv, fmt: str, out, dataflow: bool):
         """A transposed convolution in a channels-last chain: its data read as it is (in the
@@ -558,10 +549,10 @@ class _Rewriter:
         if call.get("res", "0") == "1":
             new_ops[-1] = self._in_format(ops[-1], fmt, out, dataflow)
         new_call = call.with_attrs(src_fmt=src, dst_fmt=fmt)
-        return lib.emit_call(new_call, new_ops, formatted_shape(_static_shape(value), fmt))
+        return lib.emit_call(new_call, new_ops, formatted_shape(static_shape(value), fmt))
 
     def _elementwise(self, value, fmt: str, out, dataflow: bool):
-        channels = _static_shape(value)[1]
+        channels = static_shape(value)[1]
         args = []
         for arg in value.args:
             if isinstance(arg, tvm.ir.expr.Constant):
