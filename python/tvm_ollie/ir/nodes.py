@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from typing import Any, Iterable, Iterator, Sequence, Tuple, Union
+from typing import Any, Callable, Iterable, Iterator, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -63,6 +63,16 @@ _set = object.__setattr__
 def _forget(ref: "weakref.KeyedRef") -> None:
     if _TABLE.get(ref.key) is ref:
         del _TABLE[ref.key]
+
+
+#: How a node prints: :mod:`tvm_ollie.ir.printer`, a floor above this module, installs its
+#: ``to_text`` here (:func:`install_printer`) when the package loads; until then the class name.
+_PRINTER = [lambda node: f"<{type(node).__name__}>"]
+
+
+def install_printer(to_text: Callable[["Node"], str]) -> None:
+    """Make ``str(node)`` the text ``to_text(node)`` (called once by the printer module)."""
+    _PRINTER[0] = to_text
 
 
 #: A node's cache entry meaning "this node itself" (an idempotent transformation's answer): a
@@ -132,10 +142,7 @@ class Node:
         return tuple(_iter_nodes(self._args))
 
     def __str__(self) -> str:
-        # lazy: cycle: the printer imports the node classes defined here
-        from .printer import to_text  # pylint: disable=import-outside-toplevel
-
-        return to_text(self)
+        return _PRINTER[0](self)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self})"

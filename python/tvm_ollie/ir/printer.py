@@ -18,7 +18,7 @@ import math
 from typing import List
 
 from .nodes import (DEFAULT_DTYPES, Access, BinOp, Call, Const, IterVar, Node, Scope, Tensor, Var,
-                    input_tensors)
+                    input_tensors, install_printer)
 
 # Binding strength of binary operators (higher binds tighter).
 PRECEDENCE = {
@@ -118,3 +118,6 @@ def _tensor_ref(t: Tensor) -> str:
     if t.pad_value != 0.0:
         attrs.append(f"value={format_const(t.pad_value, 'float32')}")
     return t.name + (f"<{', '.join(attrs)}>" if attrs else "")
+
+
+install_printer(to_text)

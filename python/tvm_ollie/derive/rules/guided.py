@@ -23,9 +23,12 @@ from __future__ import annotations
 from typing import Iterator, List, Tuple
 
 from ...ir.nodes import Access, Scope
-from ..focus import replace_node
+from ..canon import canonicalize
+from ..focus import apply_eager, compute_scopes, replace_node
+from ..targets import match_scope
 from .base import Rewrite, Rule, RuleContext
 from .merge import map_iters_with_pairs
+from .plain import EAGER_RULES
 
 
 def _contraction(outer: Scope) -> Scope:
@@ -69,12 +72,6 @@ def reaches_target(stage: Scope, ctx: RuleContext) -> List:
     key = ("reaches_target", ctx.targets)
     hit = cache.get(key)
     if hit is None:
-        # lazy: cycle: canon/focus/match import the rules package
-        from ..canon import canonicalize  # pylint: disable=import-outside-toplevel
-        from ..focus import apply_eager, compute_scopes  # pylint: disable=import-outside-toplevel
-        from ..targets import match_scope  # pylint: disable=import-outside-toplevel
-        from . import EAGER_RULES  # pylint: disable=import-outside-toplevel
-
         hit = []
         if match_scope(stage, ctx.targets):
             normal = canonicalize(apply_eager(stage, EAGER_RULES, ctx))
