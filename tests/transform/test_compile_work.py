@@ -231,7 +231,7 @@ def test_the_pass_shares_the_paid_back_search_time(monkeypatch):
     spends its budget on a fake clock)."""
     budgets = []
 
-    def fake_search(self, expr, budget_s, constants=frozenset(), known_s=None):
+    def fake_search(self, expr, budget_s, constants=frozenset(), known_s=None, gain_cap=None):
         budgets.append(budget_s)
         self.search_s += budget_s
         self.searched += 1
