@@ -304,3 +304,44 @@ def test_a_gain_that_repays_the_search_changes_nothing():
                  bound=CostBound(_constant, 1e-12, 0.03, payback_runs=1e9))
     assert res.stats.stop_reason is StopReason.MAX_DEPTH
     assert [repr(p) for p in res.candidates] == [repr(p) for p in plain.candidates]
+
+
+def test_the_gain_is_at_most_the_measured_cap():
+    """``gain_cap``: the gain over the runs is the lower of the estimated gain and the
+    measured seconds; a cap above the estimated gain, or none, changes nothing."""
+    capped = CostBound(_constant, 1e-5, 0.03, payback_runs=1000, gain_cap=lambda: 4e-6)
+    # estimated gain 2e-5 s per run (0.02 s over 1000 runs), measured 4e-6 (0.004 s)
+    assert not capped.paid_back(3e-5, 0.0039) and capped.paid_back(3e-5, 0.0041)
+    above = CostBound(_constant, 1e-5, 0.03, payback_runs=1000, gain_cap=lambda: 1.0)
+    assert not above.paid_back(3e-5, 0.019) and above.paid_back(3e-5, 0.021)
+    failed = CostBound(_constant, 1e-5, 0.03, payback_runs=1000, gain_cap=lambda: None)
+    assert not failed.paid_back(3e-5, 0.019) and failed.paid_back(3e-5, 0.021)
+    assert not CostBound(_constant, 1e-5, 0.03, gain_cap=lambda: 0.0).paid_back(3e-5, 1e9)
+
+
+def test_a_measured_cap_stops_a_search_its_estimates_would_run_on():
+    """Estimated, every program has ~1 s a run to gain (a search of 1000 runs would go on);
+    measured at a nanosecond, the original leaves nothing to repay: the search stops after
+    its first state, with the root's programs, and measures once."""
+    expr = conv2d_nhwc(h=4, c=4, f=4)
+    calls = []
+
+    def cap():
+        calls.append(1)
+        return 1e-9
+
+    plain = derive(expr, max_depth=2, verify=False, max_candidates=None,
+                   bound=CostBound(_constant, 1e-12, 0.03, payback_runs=1000))
+    res = derive(expr, max_depth=2, verify=False, max_candidates=None,
+                 bound=CostBound(_constant, 1e-12, 0.03, payback_runs=1000, gain_cap=cap))
+    assert plain.stats.stop_reason is StopReason.MAX_DEPTH
+    assert res.stats.stop_reason is StopReason.PAID_BACK and res.stats.states_visited == 1
+    assert 0 < len(res.candidates) < len(plain.candidates) and calls
+
+
+def test_a_search_that_stops_at_its_first_state_never_measures():
+    expr = conv2d_nhwc(h=4, c=4, f=4)
+    res = derive(expr, max_depth=2, verify=False, max_candidates=None,
+                 bound=CostBound(_constant, 1.0, 0.03, known_s=0.5, payback_runs=1e5,
+                                 gain_cap=lambda: pytest.fail("measured")))
+    assert res.stats.stop_reason is StopReason.NEAR_BOUND

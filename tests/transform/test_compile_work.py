@@ -27,6 +27,7 @@ from tvm_ollie.transform.decide import Decider
 from tvm_ollie.transform.optimize import _SearchShare, optimize_module
 from tvm_ollie.transform.units import unit_module
 from tvm_ollie.tune.budget import MIN_SHARE, PAYBACK_RUNS, SearchPayback, SmallUnitGuard
+from tvm_ollie.tune.library_timing import library_seconds
 from tvm_ollie.tune.measure import compile_module, random_args
 
 logging.getLogger("tvm_ollie.derive").setLevel(logging.CRITICAL)
@@ -230,7 +231,7 @@ def test_the_pass_shares_the_paid_back_search_time(monkeypatch):
     spends its budget on a fake clock)."""
     budgets = []
 
-    def fake_search(self, expr, budget_s, constants=frozenset(), known_s=None):
+    def fake_search(self, expr, budget_s, constants=frozenset(), known_s=None, gain_cap=None):
         budgets.append(budget_s)
         self.search_s += budget_s
         self.searched += 1
@@ -273,6 +274,41 @@ def test_the_bound_carries_the_payback_runs_of_the_config():
                           derivation_cache=False, search_payback_runs=runs)
         assert decider.candidates.bound(expr).payback_runs == expect
     assert Candidates(False, True, 1).payback_runs is None
+
+
+def test_a_search_gains_at_most_the_original_on_its_library_kernel():
+    """With the library, a unit's search is capped by its original timed on the library kernel
+    (``library_timer``, measured once, when the payback is first checked): a kernel measured
+    at no time leaves nothing to repay, and the search stops after its first state; without
+    the timer, the estimated gain over 10^12 runs never stops it."""
+    if not native.load():
+        pytest.skip("native library unavailable")
+    call, timed = _call(sm.conv3x3()), []
+
+    def timer(unit):
+        timed.append(unit)
+        return 0.0
+
+    opts = dict(calibration=sm.LLVM_CALIB, margin=0.03, payback_runs=1e12)
+    capped = Candidates(True, True, 2, library_timer=timer, **opts)
+    found = capped(call, 30.0)
+    assert "stop=paid_back" in found.note and timed == [call]
+    plain = Candidates(True, True, 2, **opts)(call, 30.0)
+    assert "paid_back" not in plain.note and found.candidates < plain.candidates
+    # no payback, or no library form: never timed
+    Candidates(True, True, 1, library_timer=timer, calibration=sm.LLVM_CALIB,
+               margin=0.03)(call, 30.0)
+    Candidates(False, True, 1, library_timer=timer, **opts)(call, 30.0)
+    assert timed == [call]
+
+
+def test_the_decider_times_the_library_kernels_on_a_cpu_with_the_library():
+    for library, expect in ((True, library_seconds), (False, None)):
+        if library and not native.load():
+            continue
+        decider = Decider("llvm", calibration=sm.LLVM_CALIB, library=library, max_depth=1,
+                          derivation_cache=False)
+        assert decider.candidates.library_timer is expect
 
 
 def test_a_forced_choice_is_checked_from_one_build(monkeypatch):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import AbstractSet, List, Optional, Tuple
+from typing import AbstractSet, Callable, List, Optional, Tuple
 
 from ..codegen import library as lib
 from ..compile_profile import stage
@@ -107,13 +107,20 @@ class Candidates:
         With ``calibration``, a search also stops once its seconds reach what is left to gain
         over this many runs of the model (``OllieConfig.search_payback_runs``; the bound's
         ``paid_back``); None: no such stop.
+    library_timer : callable, optional
+        ``library_timer(call) -> seconds or None``: the call timed on its library kernel
+        (:func:`~tvm_ollie.tune.library_timing.library_seconds`). With ``payback_runs``, a
+        unit whose original has a library form is timed so when its search first checks the
+        payback, and what the search could gain is at most that (the bound's ``gain_cap``);
+        None: the estimates alone.
     """
 
     def __init__(self, library: bool, derive: bool, max_depth: int, max_states=None,
                  max_candidates=None, cost_target: str = "llvm",
                  cache: Optional[DerivationCache] = None,
                  calibration: Optional[Calibration] = None, margin: float = 0.0,
-                 payback_runs: Optional[float] = None):
+                 payback_runs: Optional[float] = None,
+                 library_timer: Optional[Callable[[object], Optional[float]]] = None):
         self.library = bool(library)
         self.derive = bool(derive)
         self.max_depth = max_depth
@@ -125,6 +132,7 @@ class Candidates:
         self.margin = margin
         self.payback_runs = None if payback_runs is None or math.isinf(payback_runs) \
             else float(payback_runs)
+        self.library_timer = library_timer
         #: under a measured decision, its margin (the search's slack from
         #: :data:`MEASURED_SEED_FLOPS` on, :meth:`bound`); None: decided by the estimate
         self.measured_margin: Optional[float] = None
@@ -145,12 +153,14 @@ class Candidates:
             return UnitAlternatives([Alternative(None, "tvm")], 0, f"; not liftable: {err}",
                                     False)
         alts = [Alternative(None, "tvm")]
-        if self.library and self._native_form(unit, region):
+        native_form = self.library and self._native_form(unit, region)
+        if native_form:
             alts.append(Alternative(None, "native"))
         if not self.derive:
             return UnitAlternatives(alts)
         known = self.original_seconds(unit, expr)
-        programs, note = self.search(expr, budget_s, constant_inputs(unit), known)
+        cap = self.measured_cap(unit) if native_form and not region else None
+        programs, note = self.search(expr, budget_s, constant_inputs(unit), known, cap)
         seen = set()
         for prog in programs:
             if repr(prog) in seen:
@@ -174,12 +184,31 @@ class Candidates:
         absorbed = form() if form is not None else None
         return absorbed is not None and absorbed.absorbs_layout
 
+    def measured_cap(self, call) -> Optional[Callable[[], Optional[float]]]:
+        """``gain_cap() -> seconds or None``: ``call`` timed on its library kernel by
+        ``library_timer`` on the first call, the same seconds after (None without a timer or
+        without the payback stop; ``gain_cap()`` None when the timing fails)."""
+        if self.library_timer is None or self.payback_runs is None:
+            return None
+        timer, kept = self.library_timer, []
+
+        def gain_cap() -> Optional[float]:
+            if not kept:
+                with stage("timing"):
+                    kept.append(timer(call))
+            return kept[0]
+
+        return gain_cap
+
     def search(self, expr, budget_s: float, constants: AbstractSet[str] = frozenset(),
-               known_s: Optional[float] = None) -> Tuple[List[Program], str]:
+               known_s: Optional[float] = None,
+               gain_cap: Optional[Callable[[], Optional[float]]] = None
+               ) -> Tuple[List[Program], str]:
         """The derived programs of ``expr`` (from the cache when it holds them, else searched
         within ``budget_s`` seconds and stored) and a note on where they came from
         (``constants``: the inputs that are constants, for the estimates of the bound;
-        ``known_s``: the original's estimate, :class:`~tvm_ollie.derive.search.CostBound`)."""
+        ``known_s``: the original's estimate, ``gain_cap``: its measured seconds on its
+        library kernel, :class:`~tvm_ollie.derive.search.CostBound`)."""
 
         limits = dict(max_depth=self.max_depth, targets=tuple(DEFAULT_TARGETS),
                       max_states=self.max_states, max_candidates=self.max_candidates,
@@ -195,7 +224,7 @@ class Candidates:
             res = derive(expr, max_depth=self.max_depth, search_time_s=budget_s,
                          max_states=self.max_states, verify=False,
                          max_candidates=self.max_candidates, cost_target=self.cost_target,
-                         bound=self.bound(expr, constants, known_s))
+                         bound=self.bound(expr, constants, known_s, gain_cap))
         self.search_s += time.perf_counter() - t0
         self.searched += 1
         programs = [p for p in res.candidates if not p.multi]
@@ -206,10 +235,13 @@ class Candidates:
         return programs, f", search stop={stop}"
 
     def bound(self, expr, constants: AbstractSet[str] = frozenset(),
-              known_s: Optional[float] = None) -> Optional[CostBound]:
+              known_s: Optional[float] = None,
+              gain_cap: Optional[Callable[[], Optional[float]]] = None
+              ) -> Optional[CostBound]:
         """The early stop of the search of ``expr``: a program's estimate on its cheaper
         implementation (:meth:`program_alternatives`), or ``known_s`` when lower (the
-        original's), against the roofline lower bound."""
+        original's), against the roofline lower bound; the payback's gain at most
+        ``gain_cap()`` (the original's measured seconds)."""
         calib = self.calibration
         if calib is None or self.margin <= 0:
             return None
@@ -220,7 +252,7 @@ class Candidates:
 
         margin, known = self._margin(known_s, least_work(expr)[0])
         return CostBound(seconds, analytic.least_seconds(expr, calib, self.library),
-                         margin, SEARCH_PATIENCE, known, self.payback_runs)
+                         margin, SEARCH_PATIENCE, known, self.payback_runs, gain_cap)
 
     def _margin(self, known_s: Optional[float],
                 flops: float) -> Tuple[float, Optional[float]]:

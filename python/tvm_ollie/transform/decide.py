@@ -46,6 +46,7 @@ from ..derive.cache import DerivationCache
 from ..target import gpu_available, is_gpu_target, is_llvm, normalize_target
 from ..tune.budget import TrialBudget
 from ..tune.calibrate import calibrate
+from ..tune.library_timing import library_seconds
 from ..tune.metaschedule import Tuner
 from ..tune.records import MachineStore
 from .alternatives import Alternative, Candidates, UnitAlternatives
@@ -161,11 +162,12 @@ class Decider:
         if self.can_measure and not work_dir:
             self.work_dir = tempfile.mkdtemp(prefix="ollie_tune_")
         self.chooser = chooser
-        # the stages
+        # the stages (on a CPU, a search's gain is at most its original's library time)
+        timer_of_library = library_seconds if self.library and is_llvm(self.target) else None
         self.candidates = Candidates(self.library, self.derive, cfg.max_depth, cfg.max_states,
                                      cfg.max_candidates, self.calib.kind,
                                      derivations, self.calib, MARGIN,
-                                     cfg.search_payback_runs)
+                                     cfg.search_payback_runs, timer_of_library)
         if cost_model is not None and not cost_model.measured and estimator is None:
             estimator, cost_model = cost_model, None  # decide by that estimate
         self.estimator: UnitCostModel = estimator or AnalyticUnitCost(self.calib)
