@@ -181,3 +181,35 @@ def test_tvm_cases_built_in_one_module_are_timed_each():
         {"add": (lambda bb, a, b: relax.op.add(a, b), [(4, 4), (4, 4)]),
          "mm": (lambda bb, a, b: relax.op.matmul(a, b), [(8, 8), (8, 8)])}, "llvm", 1)
     assert set(seconds) == {"add", "mm"} and all(s > 0 for s in seconds.values())
+
+
+def _fake_bursts(per_burst):
+    """A clock and a kernel whose calls take ``per_burst[k]`` seconds in burst ``k`` (a burst
+    ends at each pause); returns ``(clock, kernel, pause)``."""
+    state = {"now": 0.0, "burst": 0}
+
+    def kernel():
+        state["now"] += per_burst[min(state["burst"], len(per_burst) - 1)]
+
+    def pause(_seconds):
+        state["burst"] += 1
+
+    return (lambda: state["now"]), kernel, pause, state
+
+
+def test_a_burst_in_the_low_mode_is_sampled_again_and_rejected():
+    clock, kernel, pause, state = _fake_bursts([40e-3, 0.5e-3, 0.5e-3])
+    assert cal._settled_time(kernel, 5, clock=clock, pause=pause) == pytest.approx(0.5e-3)
+    assert state["burst"] == 2  # low, high, high again: settled
+    clock, kernel, pause, state = _fake_bursts([0.5e-3, 40e-3, 0.6e-3])
+    assert cal._settled_time(kernel, 5, clock=clock, pause=pause) == pytest.approx(0.5e-3)
+    assert state["burst"] == 3  # the last two must agree
+
+
+def test_agreeing_bursts_stop_at_two_and_disagreeing_ones_at_the_limit():
+    clock, kernel, pause, state = _fake_bursts([0.5e-3, 0.6e-3])
+    assert cal._settled_time(kernel, 5, clock=clock, pause=pause) == pytest.approx(0.5e-3)
+    assert state["burst"] == 1
+    clock, kernel, pause, state = _fake_bursts([40e-3, 1e-3, 30e-3, 2e-3, 0.1e-3])
+    assert cal._settled_time(kernel, 5, clock=clock, pause=pause) == pytest.approx(1e-3)
+    assert state["burst"] == cal.MAX_BURSTS - 1
