@@ -11,6 +11,7 @@ import pytest
 import tvm
 
 import small_models as sm
+from tvm_ollie.frontend.explain import guard_line
 from tvm_ollie.pipeline import build
 from tvm_ollie.tune.compare import compare
 
@@ -176,6 +177,7 @@ def test_a_loaded_verdict_is_read_back_while_loaded_and_only_the_kept_plan_built
     notes = " ".join(again.model_guard.notes)
     assert "read back from work_dir/ollie_decisions.json" in notes
     assert "reused with its doubts (loaded" in notes and "original not built" in notes
+    assert guard_line(again).endswith("; verdict read back from work_dir/ollie_decisions.json)")
 
 
 def test_a_forced_retiming_times_a_recorded_verdict_again(tmp_path, monkeypatch, load):

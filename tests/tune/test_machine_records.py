@@ -183,33 +183,18 @@ def test_tvm_cases_built_in_one_module_are_timed_each():
     assert set(seconds) == {"add", "mm"} and all(s > 0 for s in seconds.values())
 
 
-def _fake_bursts(per_burst):
-    """A clock and a kernel whose calls take ``per_burst[k]`` seconds in burst ``k`` (a burst
-    ends at each pause); returns ``(clock, kernel, pause)``."""
-    state = {"now": 0.0, "burst": 0}
 
-    def kernel():
-        state["now"] += per_burst[min(state["burst"], len(per_burst) - 1)]
-
-    def pause(_seconds):
-        state["burst"] += 1
-
-    return (lambda: state["now"]), kernel, pause, state
-
-
-def test_a_burst_in_the_low_mode_is_sampled_again_and_rejected():
-    clock, kernel, pause, state = _fake_bursts([40e-3, 0.5e-3, 0.5e-3])
-    assert cal._settled_time(kernel, 5, clock=clock, pause=pause) == pytest.approx(0.5e-3)
-    assert state["burst"] == 2  # low, high, high again: settled
-    clock, kernel, pause, state = _fake_bursts([0.5e-3, 40e-3, 0.6e-3])
-    assert cal._settled_time(kernel, 5, clock=clock, pause=pause) == pytest.approx(0.5e-3)
-    assert state["burst"] == 3  # the last two must agree
-
-
-def test_agreeing_bursts_stop_at_two_and_disagreeing_ones_at_the_limit():
-    clock, kernel, pause, state = _fake_bursts([0.5e-3, 0.6e-3])
-    assert cal._settled_time(kernel, 5, clock=clock, pause=pause) == pytest.approx(0.5e-3)
-    assert state["burst"] == 1
-    clock, kernel, pause, state = _fake_bursts([40e-3, 1e-3, 30e-3, 2e-3, 0.1e-3])
-    assert cal._settled_time(kernel, 5, clock=clock, pause=pause) == pytest.approx(1e-3)
-    assert state["burst"] == cal.MAX_BURSTS - 1
+def test_a_library_time_is_never_above_its_one_thread_time(monkeypatch):
+    """The low mode (every parallel call waiting for the scheduler's tick) cannot make a
+    library kernel look slower than on one thread; outside it the threads' time is kept."""
+    threads = {"n": 2}
+    monkeypatch.setattr(cal.native, "get_num_threads", lambda: threads["n"])
+    monkeypatch.setattr(cal.native, "set_num_threads", lambda n: threads.update(n=n))
+    low = {2: 24e-3, 1: 1.0e-3}  # the low mode: 2 threads 24x slower than one
+    assert cal._threads_or_one(lambda: low[threads["n"]], 2) == 1.0e-3
+    assert threads["n"] == 2  # restored
+    high = {2: 0.55e-3, 1: 1.0e-3}
+    assert cal._threads_or_one(lambda: high[threads["n"]], 2) == 0.55e-3
+    calls = []
+    assert cal._threads_or_one(lambda: calls.append(threads["n"]) or 1e-3, 1) == 1e-3
+    assert calls == [2]  # one thread already: timed once

@@ -128,45 +128,14 @@ class Calibration:
                        source="given")
 
 
-def _best_time(fn, repeat: int, clock=time.perf_counter) -> float:
+def _best_time(fn, repeat: int) -> float:
     """Fastest of ``repeat`` runs: the roof is what the machine can reach, not its load."""
     times = []
     for _ in range(repeat):
-        t0 = clock()
+        t0 = time.perf_counter()
         fn()
-        times.append(clock() - t0)
+        times.append(time.perf_counter() - t0)
     return float(np.min(times))
-
-
-#: Two bursts of a library kernel's samples agree when their fastest are within this factor.
-BURSTS_AGREE = 1.5
-#: Bursts of a library kernel's samples at most (:func:`_settled_time`).
-MAX_BURSTS = 4
-#: Pause between two bursts (s): the other threads of the machine get the cores meanwhile.
-BURST_PAUSE_S = 0.01
-
-
-def _settled_time(fn, repeat: int, clock=time.perf_counter, pause=time.sleep,
-                  bursts: int = MAX_BURSTS) -> float:
-    """Fastest call of ``fn`` over bursts of ``repeat`` calls: a second burst after a pause,
-    and more (up to ``bursts``) until the fastest of the last two agree within
-    :data:`BURSTS_AGREE`.
-
-    Why: on the loaded 2-core machine the library's kernels have phases in which a call takes
-    20-80 times its time (a thread of its pool waiting for a core until the scheduler's next
-    tick, docs/compile-time.md): one burst of five calls inside such a phase measured the
-    library convolution at 0.012-0.04 of the roof in some processes and 0.88-1.0 in others,
-    and the decisions and the search bounds followed the low mode. A burst in the low mode
-    disagrees with one outside it, so the burst after is taken, and the fastest of all wins;
-    two bursts in the same mode agree and stop the sampling at two (a few milliseconds
-    more than one)."""
-    best = [_best_time(fn, repeat, clock)]
-    while len(best) < max(bursts, 2):
-        if len(best) >= 2 and max(best[-2:]) <= BURSTS_AGREE * min(best[-2:]):
-            break
-        pause(BURST_PAUSE_S)
-        best.append(_best_time(fn, repeat, clock))
-    return float(min(best))
 
 
 #: The names OpenBLAS builds give the call that sets its thread count (numpy's wheels bundle
@@ -261,14 +230,50 @@ def measure_cpu_roofline(n: int = 384, mib: int = 64, repeat: int = 5) -> tuple:
     return float(peak), float(bandwidth)
 
 
+@contextlib.contextmanager
+def _native_threads(count: int):
+    """The native kernels on ``count`` threads inside (restored on exit)."""
+    before = native.get_num_threads()
+    native.set_num_threads(count)
+    try:
+        yield
+    finally:
+        native.set_num_threads(before)
+
+
 def _time_native(func_name: str, attrs: str, arrays, out_shape, repeat: int) -> float:
-    """Best seconds of one native kernel call on float32 arrays (DPS: output last)."""
+    """Best seconds of one native kernel call on float32 arrays (DPS: output last), on the
+    library's threads, and never more than on one thread (:func:`_threads_or_one`)."""
 
     func = tvm_ffi.get_global_func(func_name)
     args = [tvm.runtime.tensor(a) for a in arrays]
     out = tvm.runtime.tensor(np.zeros(out_shape, dtype="float32"))
-    func(attrs, *args, out)  # first call builds and caches the library's primitive
-    return _settled_time(lambda: func(attrs, *args, out), repeat)
+
+    def best() -> float:
+        func(attrs, *args, out)  # first call builds and caches the library's primitive
+        return _best_time(lambda: func(attrs, *args, out), repeat)
+
+    return _threads_or_one(best, native.get_num_threads())
+
+
+def _threads_or_one(best, threads: int) -> float:
+    """``min(best() on the kernels' threads, best() on one thread)``.
+
+    Why: T threads are never slower than one at the calibration's sizes, except in what
+    docs/compile-time.md calls the low mode of the loaded 2-core machine, where every parallel
+    call waits for a descheduled worker until the scheduler's next tick (4-24 ms a call): then
+    five calls in a row measured the library's convolution at 0.012-0.04 of the roof in some
+    processes and 0.88-1.0 in others, its GEMM at 0.047, and the decisions and the search
+    bounds followed the mode of the process. A call on one thread waits for nobody (the roof
+    is measured so, :func:`measure_cpu_roofline`), so the rate used is at least the one-thread
+    rate whatever the mode: the efficiency moves by at most the threads' factor between
+    processes, not by 25-80x. Outside the low mode the threads' time is the lower one and
+    nothing changes."""
+    seconds = best()
+    if threads > 1:
+        with _native_threads(1):
+            seconds = min(seconds, best())
+    return seconds
 
 
 @functools.lru_cache(maxsize=1)
@@ -361,8 +366,11 @@ def _tvm_seconds_of(cases: Mapping[str, tuple], target, repeat: int) -> Dict[str
         args = [tvm.runtime.tensor(rng.standard_normal(s, dtype=np.float32), dev)
                 for s in shapes]
         func(*args)
-        out[name] = _best_time((lambda: func(*args)) if on_cpu else
-                               (lambda: (func(*args), dev.sync())), repeat)
+        if on_cpu:  # (their parallel loops run on the library's threads, native.py)
+            out[name] = _threads_or_one(lambda f=func, a=args: _best_time(lambda: f(*a), repeat),
+                                        native.get_num_threads() if native.load() else 1)
+        else:
+            out[name] = _best_time(lambda: (func(*args), dev.sync()), repeat)
     return out
 
 
