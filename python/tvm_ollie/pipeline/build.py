@@ -327,6 +327,8 @@ def _model_guard(given: "tvm.IRModule", plans, report: OptimizeReport, tgt, time
         guard = GuardReport(winner=first[0], notes=[f"not timed: {err}"])
         kept, winner = first[1](), first[0]
     guard.title = GUARD_TITLE
+    if guard.comparison is None and isinstance(timer, RecordedVerdict):
+        timer.record_alone(winner)  # (the original skipped, nothing else ran: nothing timed)
     if getattr(timer, "read_back", False):
         guard.notes.append(f"verdict read back from {timer.source} (timed by an earlier "
                            "build of the same modules)")
@@ -373,7 +375,7 @@ def _unless_hopeless(build_original, given: "tvm.IRModule", built: Dict[str, Any
             why = hopeless_original(report, *leader) if leader is not None else None
             if why is not None:
                 if isinstance(verdict, RecordedVerdict):
-                    verdict.skipped = why
+                    verdict.skipped, verdict.leader = why, leader
                 raise PlanSkipped(why)
         return build_original()
 
@@ -452,8 +454,10 @@ class RecordedVerdict:
         self.carried: list = []
         #: where the verdict read back came from
         self.source = ""
-        #: why the original was not built (:mod:`.hopeless`), kept with the verdict
+        #: why the original was not built (:mod:`.hopeless`), kept with the verdict, and the
+        #: ``(seconds, plan)`` it was found hopeless against
         self.skipped: Optional[str] = None
+        self.leader: Optional[Tuple[float, str]] = None
         self.modules = {k: m for k, m in modules.items() if m is not None}
         self._keyed: Optional[Tuple[str, str]] = None
         self._known: Optional[Tuple[Optional[Comparison]]] = None
@@ -521,6 +525,22 @@ class RecordedVerdict:
             return None
         self.read_back = True
         return res
+
+    def record_alone(self, winner: str) -> None:
+        """Keep the verdict of a guard where only ``winner`` ran because the original was
+        skipped as hopeless against it (the library plan absent or the same module): nothing
+        was timed, so :meth:`__call__` recorded nothing, and every later build built the
+        original again wherever its hopeless check, a few calls timed in a loaded moment,
+        came out the other way (the demo warm: 6-8 s of 7-9 s). The record is the leader's
+        fastest call, given (not rounds), with the reason the original was skipped."""
+        if not self.skipped or self.leader is None or self.leader[1] != winner:
+            return
+        key, signature = self._key()
+        res = from_seconds({winner: self.leader[0]}, MODEL_PREFERENCE, GUARD_MARGIN)
+        load = self.load()
+        found = evidence(res, load, load)
+        found["original skipped"] = self.skipped
+        self.records.put(key, signature, res, found)
 
     def __call__(self, runs) -> Comparison:
         key, signature = self._key()
