@@ -1,12 +1,17 @@
-"""The whole-model guard's recorded verdict is reused only when its evidence holds: a verdict
-timed under load, on noisy rounds, or recorded without its conditions is timed again.
-A fake plan timer (the protocol on fixed samples) and a fake load probe stand for the machine."""
+"""The whole-model guard's recorded verdict: reused when its evidence holds or when timing it
+now could not do better (a verdict timed under load, read back while the machine is still
+loaded), and then only the plan it kept is built; timed again when recorded without its
+conditions, timed under load and the machine quiet now, noisy once, for changed plans, a
+corrupt record file, or when asked (``TVM_OLLIE_REMEASURE``). A fake plan timer (the protocol
+on fixed samples) and a fake load probe stand for the machine."""
 
 import json
 
 import pytest
+import tvm
 
 import small_models as sm
+from tvm_ollie.frontend.explain import guard_line
 from tvm_ollie.pipeline import build
 from tvm_ollie.tune.compare import compare
 
@@ -134,3 +139,106 @@ def test_the_per_machine_cache_does_not_skip_builds_on_a_loaded_verdict(tmp_path
     _, third = build(sm.conv1x1(), "llvm", work_dir=str(tmp_path / "c"), **OPTS)
     assert timer.calls == 2 and third.model_guard.winner == "rewritten"
     assert any("per-machine cache" in n for n in third.model_guard.notes)
+
+
+def _refuse_guard_and_count_builds(monkeypatch, mod):
+    """The guard's plans must not be built or timed; returns the list of modules built
+    (``"original"`` or ``"rewritten"``)."""
+    build_mod = __import__("tvm_ollie.pipeline.build", fromlist=["guard_plans"])
+
+    def refused(*_args, **_kwargs):
+        raise AssertionError("the guard built and timed again")
+
+    built = []
+    real = build_mod._compile_final  # pylint: disable=protected-access
+
+    def compile_final(module, *args):
+        built.append("original" if module is mod else "rewritten")
+        return real(module, *args)
+
+    monkeypatch.setattr(build_mod, "guard_plans", refused)
+    monkeypatch.setattr(build_mod, "_compile_final", compile_final)
+    return built
+
+
+def test_a_loaded_verdict_is_read_back_while_loaded_and_only_the_kept_plan_built(
+        tmp_path, monkeypatch, load):
+    load.value = 6.0
+    first = _protocol_timer(QUIET)
+    mod = sm.conv1x1()
+    _, report = build(mod, "llvm", plan_timer=first, work_dir=str(tmp_path), **OPTS)
+    assert first.calls == 1 and report.model_guard.winner == "rewritten"
+    built = _refuse_guard_and_count_builds(monkeypatch, mod)
+    again_timer = _protocol_timer(LOADED)
+    _, again = build(mod, "llvm", plan_timer=again_timer, work_dir=str(tmp_path), **OPTS)
+    assert again_timer.calls == 0 and built == ["rewritten"]
+    assert again.model_guard.winner == "rewritten"
+    assert again.model_guard.times() == report.model_guard.times()
+    notes = " ".join(again.model_guard.notes)
+    assert "read back from work_dir/ollie_decisions.json" in notes
+    assert "reused with its doubts (loaded" in notes and "original not built" in notes
+    assert guard_line(again).endswith("; verdict read back from work_dir/ollie_decisions.json)")
+
+
+def test_a_forced_retiming_times_a_recorded_verdict_again(tmp_path, monkeypatch, load):
+    load.value = 0.5
+    first = _protocol_timer(QUIET)
+    build(sm.conv1x1(), "llvm", plan_timer=first, work_dir=str(tmp_path), **OPTS)
+    monkeypatch.setenv("TVM_OLLIE_REMEASURE", "model guard")
+    second = _protocol_timer(LOADED)
+    _, again = build(sm.conv1x1(), "llvm", plan_timer=second, work_dir=str(tmp_path), **OPTS)
+    assert second.calls == 1 and again.model_guard.winner == "original"
+    monkeypatch.delenv("TVM_OLLIE_REMEASURE")
+    third = _protocol_timer(QUIET)  # the new verdict replaced the old one (it is noisy:
+    load.value = 6.0                # kept while the machine is loaded)
+    _, kept = build(sm.conv1x1(), "llvm", plan_timer=third, work_dir=str(tmp_path), **OPTS)
+    assert third.calls == 0 and kept.model_guard.winner == "original"
+
+
+def test_a_changed_plan_is_timed_again(tmp_path, monkeypatch, load):
+    load.value = 0.5
+    first = _protocol_timer(QUIET)
+    build(sm.conv1x1(), "llvm", plan_timer=first, work_dir=str(tmp_path), **OPTS)
+    build_mod = __import__("tvm_ollie.pipeline.build", fromlist=["optimize_module"])
+    real = build_mod.optimize_module
+
+    def changed(mod, **kwargs):  # the same decisions, one more (unused) function
+        new_mod, report = real(mod, **kwargs)
+        extra = sm.conv1x1()["main"].with_attr("global_symbol", "unused")
+        return tvm.IRModule({**{gv: f for gv, f in new_mod.functions.items()},
+                             tvm.ir.GlobalVar("unused"): extra}), report
+
+    monkeypatch.setattr(build_mod, "optimize_module", changed)
+    second = _protocol_timer(QUIET)
+    _, again = build(sm.conv1x1(), "llvm", plan_timer=second, work_dir=str(tmp_path), **OPTS)
+    assert second.calls == 1 and again.model_guard.winner == "rewritten"
+    assert not any("read back" in n for n in again.model_guard.notes)
+
+
+def test_a_corrupt_record_file_is_ignored_with_one_warning(tmp_path, load, stand_in_log,
+                                                           monkeypatch):
+    workdir = __import__("tvm_ollie.tune.workdir", fromlist=["LOG"])
+    monkeypatch.setattr(workdir, "LOG", stand_in_log)
+    load.value = 0.5
+    build(sm.conv1x1(), "llvm", plan_timer=_protocol_timer(QUIET), work_dir=str(tmp_path),
+          **OPTS)
+    (tmp_path / "ollie_decisions.json").write_text('{"cut short": ')
+    second = _protocol_timer(QUIET)
+    _, again = build(sm.conv1x1(), "llvm", plan_timer=second, work_dir=str(tmp_path), **OPTS)
+    assert second.calls == 1 and again.model_guard.winner == "rewritten"
+    assert sum("ollie_decisions.json" in line for line in stand_in_log.lines) == 1
+    assert json.loads((tmp_path / "ollie_decisions.json").read_text())  # written whole again
+
+
+def test_an_unwritable_cache_keeps_the_verdict_in_the_work_dir(tmp_path, monkeypatch, load):
+    build_mod = __import__("tvm_ollie.pipeline.build", fromlist=["alternating"])
+    timer = _protocol_timer(QUIET)
+    monkeypatch.setattr(build_mod, "alternating", lambda runs, **_kw: timer(runs))
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    monkeypatch.setenv("TVM_OLLIE_CACHE_DIR", str(blocker))
+    load.value = 0.5
+    _, first = build(sm.conv1x1(), "llvm", work_dir=str(tmp_path / "w"), **OPTS)
+    _, again = build(sm.conv1x1(), "llvm", work_dir=str(tmp_path / "w"), **OPTS)
+    assert timer.calls == 1 and again.model_guard.winner == first.model_guard.winner
+    assert any("read back from work_dir" in n for n in again.model_guard.notes)

@@ -194,3 +194,33 @@ def test_a_verdict_without_the_original_is_read_back_only_when_it_was_skipped(tm
         again = RecordedVerdict(DecisionRecords(None, shared), mods, cfg, load=lambda: 0.1)
         known = again.known()
         assert (known is not None and known.winner == "library") == read_back
+
+
+def test_a_hopeless_verdict_with_nothing_timed_is_kept_for_the_next_build(monkeypatch,
+                                                                            tmp_path):
+    """The original skipped and no library plan: one plan ran and nothing was timed. The
+    verdict is still kept, so the next build neither builds the original nor asks again
+    whether it is hopeless (there, in a loaded moment, the rewritten module's calls took 5 ms
+    and the original would have been built and timed)."""
+    _rewritten_takes(monkeypatch, 1e-3)
+    mod = sm.conv1x1()
+    _, report = build(mod, "llvm", timer=_unit_timer(1e-2, 1e-4), plan_timer=_plan_timer(),
+                      work_dir=str(tmp_path), **OPTS)
+    assert report.model_guard.winner == "rewritten"
+    _rewritten_takes(monkeypatch, 5e-3)
+    build_mod = __import__("tvm_ollie.pipeline.build", fromlist=["guard_plans"])
+    built = []
+    real = build_mod._compile_final  # pylint: disable=protected-access
+    monkeypatch.setattr(build_mod, "_compile_final", lambda module, *args: (
+        built.append("original" if module is mod else "rewritten"), real(module, *args))[1])
+
+    def refused(*_args, **_kwargs):
+        raise AssertionError("the guard built its plans again")
+
+    monkeypatch.setattr(build_mod, "guard_plans", refused)
+    plans = _plan_timer()
+    _, again = build(mod, "llvm", timer=_unit_timer(1e-2, 1e-4), plan_timer=plans,
+                     work_dir=str(tmp_path), **OPTS)
+    assert built == ["rewritten"] and plans.seen == []
+    assert again.model_guard.winner == "rewritten"
+    assert any("read back" in n for n in again.model_guard.notes)

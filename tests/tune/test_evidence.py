@@ -1,7 +1,8 @@
 """The evidence kept with a timed verdict, and the doubts that make a reader time it again."""
 
 from tvm_ollie.tune.compare import compare, from_seconds
-from tvm_ollie.tune.evidence import SPREAD, doubts, evidence, relative_spread
+from tvm_ollie.tune.evidence import (MAX_TIMINGS, SPREAD, doubts, evidence, loaded_now,
+                                     relative_spread, resolvable)
 
 
 def _compare(samples, prefer=("original", "rewritten"), margin=0.03):
@@ -60,3 +61,27 @@ def test_a_tie_that_kept_a_much_slower_plan_is_doubted():
                        margin=0.5)  # a margin wider than the gap: not separated
     assert not res.separated and res.winner == "original"
     assert [d.split(":")[0] for d in doubts(res, evidence(res, 0.5, 0.5, cpus=2))] == ["tie"]
+
+
+def _names(found):
+    return [d.split(":")[0] for d in found]
+
+
+def test_a_loaded_verdict_is_timed_again_only_once_the_machine_is_quiet():
+    res = _compare(QUIET)
+    loaded = evidence(res, 0.5, 6.0, cpus=2)
+    assert _names(resolvable(res, loaded, load_now=5.0, cpus=2)) == []  # loaded now too
+    assert _names(resolvable(res, loaded, load_now=1.5, cpus=2)) == ["loaded"]
+    assert _names(resolvable(res, None, load_now=5.0, cpus=2)) == ["unrecorded"]
+    assert loaded_now(2.1, cpus=2) and not loaded_now(2.0, cpus=2) and not loaded_now(None)
+
+
+def test_noisy_rounds_get_one_more_timing_on_a_quiet_machine_not_more():
+    slowed = dict(QUIET, original=[2e-3 * (1 + (i % 3)) for i in range(15)])
+    res = _compare(slowed)
+    first = evidence(res, 0.5, 0.5, cpus=2)
+    assert first["timings"] == 1 and _names(resolvable(res, first, 0.5, cpus=2)) == ["noisy"]
+    second = evidence(res, 0.5, 0.5, cpus=2, previous=first)
+    assert second["timings"] == MAX_TIMINGS == 2
+    assert resolvable(res, second, 0.5, cpus=2) == []
+    assert _names(doubts(res, second)) == ["noisy"]  # still a doubt, reported with the verdict

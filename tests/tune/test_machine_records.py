@@ -181,3 +181,20 @@ def test_tvm_cases_built_in_one_module_are_timed_each():
         {"add": (lambda bb, a, b: relax.op.add(a, b), [(4, 4), (4, 4)]),
          "mm": (lambda bb, a, b: relax.op.matmul(a, b), [(8, 8), (8, 8)])}, "llvm", 1)
     assert set(seconds) == {"add", "mm"} and all(s > 0 for s in seconds.values())
+
+
+
+def test_a_library_time_is_never_above_its_one_thread_time(monkeypatch):
+    """The low mode (every parallel call waiting for the scheduler's tick) cannot make a
+    library kernel look slower than on one thread; outside it the threads' time is kept."""
+    threads = {"n": 2}
+    monkeypatch.setattr(cal.native, "get_num_threads", lambda: threads["n"])
+    monkeypatch.setattr(cal.native, "set_num_threads", lambda n: threads.update(n=n))
+    low = {2: 24e-3, 1: 1.0e-3}  # the low mode: 2 threads 24x slower than one
+    assert cal._threads_or_one(lambda: low[threads["n"]], 2) == 1.0e-3
+    assert threads["n"] == 2  # restored
+    high = {2: 0.55e-3, 1: 1.0e-3}
+    assert cal._threads_or_one(lambda: high[threads["n"]], 2) == 0.55e-3
+    calls = []
+    assert cal._threads_or_one(lambda: calls.append(threads["n"]) or 1e-3, 1) == 1e-3
+    assert calls == [2]  # one thread already: timed once

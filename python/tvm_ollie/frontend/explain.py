@@ -130,7 +130,9 @@ def summary_line(decisions: Sequence[Any]) -> str:
 
 def guard_line(report: Any) -> str:
     """What the never-worse guard of the build kept, with its timings: ``"whole-model guard:
-    kept rewritten (rewritten 0.812 ms, original 1.020 ms)"``; ``""`` when no guard ran.
+    kept rewritten (rewritten 0.812 ms, original 1.020 ms)"``, with ``"; verdict read back
+    from work_dir/ollie_decisions.json"`` when an earlier build's verdict was reused (nothing
+    timed); ``""`` when no guard ran.
 
     The whole-model guard (``report.model_guard``) times the rewritten module against TVM's
     build of the original, the joint build's guard (``report.plans``) its plans; either way
@@ -145,6 +147,9 @@ def guard_line(report: Any) -> str:
         dropped = [f"{p.name} {p.dropped}" for p in getattr(guard, "plans", []) or []
                    if getattr(p, "dropped", "")]  # (e.g. the original not built: hopeless)
         detail = times or (dropped or notes or ["not timed"])[0]
+        read = next((n for n in notes if n.startswith("verdict read back from ")), None)
+        if read is not None:  # (where from: the work dir or the per-machine cache)
+            detail += "; " + read.split(" (", 1)[0]
         return f"{name}: kept {guard.winner} ({detail})"
     return ""
 

@@ -30,14 +30,17 @@ guard's verdict as the reason; ``report.model_guard`` holds the evidence
 (:class:`RecordedVerdict`) for the next build of the same model. With the per-user cache on
 (``derivation_cache``, ``TVM_OLLIE_CACHE_DIR``) the verdict is also kept there, keyed by this
 machine, its threads, the target, TVM, the native library and the code
-(:class:`~tvm_ollie.tune.records.MachineStore`): a later build of the same two modules, in any
-work dir, reads it back, and when the rewritten module had won (its outputs agreed with the
-original's and it was separated faster) it does not build the original at all: the same two
-modules, built by the same code, TVM and library on the same machine, were compared before.
+(:class:`~tvm_ollie.tune.records.MachineStore`): a later build of the same modules, in this
+work dir or any other, reads it back and builds only the plan it kept (the others are not
+built at all): the same modules, built by the same code, TVM and library on the same machine,
+were compared before. A verdict timed under load is reused while the machine is still loaded
+and timed again once it is quiet (:func:`~tvm_ollie.tune.evidence.resolvable`);
+``TVM_OLLIE_REMEASURE='model guard'`` times it again anyway.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import tempfile
@@ -58,7 +61,8 @@ from ..transform.precision import to_precision
 from ..transform.report import OptimizeReport
 from ..tune.budget import TrialBudget
 from ..tune.compare import Comparison, from_seconds
-from ..tune.evidence import doubts, evidence, machine_load
+from ..tune.evidence import doubts, evidence, machine_load, resolvable
+from ..tune.machine import REMEASURE_ENV, machine_key, remeasure
 from ..tune.metaschedule import Tuner
 from ..tune.records import MachineStore
 from ..tune.workdir import prepare_work_dir, work_dir_lock
@@ -203,7 +207,7 @@ def _build(mod: "tvm.IRModule", cfg: OllieConfig, hooks: dict
         with stage("model guard"):  # (hashing the modules to look the verdict up)
             known = verdict.known()
     if known is not None and known.winner in ("original", "library"):  # build only the kept
-        report.model_guard = _read_back(known)
+        report.model_guard = _read_back(verdict, known)
         if known.winner == "original":
             original = mod if _rewritten_units(report) else new_mod
             _revert(report, _reverted_because(report.model_guard))
@@ -307,7 +311,7 @@ def _model_guard(given: "tvm.IRModule", plans, report: OptimizeReport, tgt, time
     first = plans[0]
     known = timer.known() if isinstance(timer, RecordedVerdict) else None
     if known is not None and known.winner == first[0]:  # compared here before: no build
-        report.model_guard = _read_back(known)
+        report.model_guard = _read_back(timer, known)
         return first[1]()
     try:
         args = sample_args(given["main"])
@@ -323,10 +327,11 @@ def _model_guard(given: "tvm.IRModule", plans, report: OptimizeReport, tgt, time
         guard = GuardReport(winner=first[0], notes=[f"not timed: {err}"])
         kept, winner = first[1](), first[0]
     guard.title = GUARD_TITLE
+    if guard.comparison is None and isinstance(timer, RecordedVerdict):
+        timer.record_alone(winner)  # (the original skipped, nothing else ran: nothing timed)
     if getattr(timer, "read_back", False):
-        guard.notes.append(f"verdict read back from work_dir/{DecisionRecords.FILE} or the "
-                           "per-machine cache (timed by an earlier build of the same "
-                           "modules)")
+        guard.notes.append(f"verdict read back from {timer.source} (timed by an earlier "
+                           "build of the same modules)")
     elif getattr(timer, "retimed", None):
         guard.notes.append("a recorded verdict was timed again: " + "; ".join(timer.retimed))
     report.model_guard = guard
@@ -370,7 +375,7 @@ def _unless_hopeless(build_original, given: "tvm.IRModule", built: Dict[str, Any
             why = hopeless_original(report, *leader) if leader is not None else None
             if why is not None:
                 if isinstance(verdict, RecordedVerdict):
-                    verdict.skipped = why
+                    verdict.skipped, verdict.leader = why, leader
                 raise PlanSkipped(why)
         return build_original()
 
@@ -401,43 +406,64 @@ GUARD_TITLE = "whole-model guard: the rewritten module, the library plan and TVM
               "of the original, timed whole"
 
 
-def _read_back(comparison: Comparison) -> GuardReport:
-    """The guard's report of a verdict read back from the per-machine cache: the kept module
-    alone was built."""
+def _read_back(verdict: "RecordedVerdict", comparison: Comparison) -> GuardReport:
+    """The guard's report of a verdict read back (:meth:`RecordedVerdict.known`): the kept
+    module alone was built; the note says where the verdict came from and the doubts it was
+    reused with."""
     plans = [PlanOutcome(name, comparison.seconds(name)) for name in comparison.timings]
     others = ", ".join(p.name for p in plans if p.name != comparison.winner) or "nothing else"
+    notes = [f"verdict read back from {verdict.source} (the same modules built and compared "
+             f"on this machine before); {others} not built"]
+    if verdict.carried:
+        notes.append("reused with its doubts (" + "; ".join(verdict.carried) + "): timing it "
+                     "again under the load of now would carry them too; "
+                     f"{REMEASURE_ENV}='model guard' times it again")
     return GuardReport(plans=plans, winner=comparison.winner, reference="original",
-                       comparison=comparison, title=GUARD_TITLE, notes=[
-                           "verdict read back from the per-machine cache (the same modules "
-                           f"built and compared on this machine before); {others} not built"])
+                       comparison=comparison, title=GUARD_TITLE, notes=notes)
 
 
 class RecordedVerdict:
     """The whole-model guard's timer (a :data:`~.guard.PlanTimer`) with its verdict kept in
     ``work_dir`` (:class:`~tvm_ollie.transform.measuring.DecisionRecords`), as the unit
-    decisions keep theirs: a later build of the same modules (structural hashes) for the
-    same target, ``orchestrate`` and ``trials`` reads the comparison back and times nothing,
-    so the same model compiled twice keeps the same build. ``modules``: the plans' modules by
-    name (``original``, ``rewritten``, ``library``; None: no such plan). ``timer``: None, the
-    protocol (:func:`~.guard.alternating`); else a test's. ``read_back``: whether it did.
+    decisions keep theirs, and in the per-machine cache: a later build of the same modules
+    (structural hashes of every plan) for the same target, ``orchestrate`` and ``trials`` on
+    the same machine (:func:`~tvm_ollie.tune.machine.machine_key`: the CPU, the threads, TVM,
+    the native library, the code; in the work dir's key too) reads the comparison back, times
+    nothing and builds only the plan it kept (:meth:`known`), so the same model compiled twice
+    keeps the same build. ``modules``: the plans' modules by name (``original``,
+    ``rewritten``, ``library``; None: no such plan). ``timer``: None, the protocol
+    (:func:`~.guard.alternating`); else a test's. ``read_back``: whether it did.
 
     Each verdict is kept with the conditions it was timed in (:mod:`tvm_ollie.tune.evidence`:
     the load average before and after the rounds, the cores, each plan's spread between
-    quartiles), and one with a doubt (timed under load, noisy samples, a tie, or recorded
-    without them) is not reused: it is timed again (``retimed``: the doubts) and the new
-    verdict replaces it. ``load``: the load probe (tests give one)."""
+    quartiles, how many times it was timed). A verdict with a doubt that timing it now can
+    resolve (:func:`~tvm_ollie.tune.evidence.resolvable`: no evidence; timed under load and
+    the machine quiet now; noisy rounds or a wide tie, timed once, and the machine quiet now)
+    is timed again (``retimed``: those doubts) and the new verdict replaces it; one whose
+    doubts the present cannot resolve is reused with them (``carried``, in the report).
+    ``TVM_OLLIE_REMEASURE`` naming ``model guard`` (or ``1``) reads neither the work dir's
+    verdict nor the per-machine cache's: everything is built and timed again. ``load``: the
+    load probe (tests give one)."""
 
     def __init__(self, records: DecisionRecords, modules: Dict[str, Optional["tvm.IRModule"]],
                  cfg: OllieConfig, timer=None, load=None):
         self.records, self.timer, self.read_back = records, timer, False
         self.load = load if load is not None else machine_load
         self.retimed: list = []
-        #: why the original was not built (:mod:`.hopeless`), kept with the verdict
+        #: the doubts a verdict read back was reused with (the present could not resolve them)
+        self.carried: list = []
+        #: where the verdict read back came from
+        self.source = ""
+        #: why the original was not built (:mod:`.hopeless`), kept with the verdict, and the
+        #: ``(seconds, plan)`` it was found hopeless against
         self.skipped: Optional[str] = None
+        self.leader: Optional[Tuple[float, str]] = None
         self.modules = {k: m for k, m in modules.items() if m is not None}
         self._keyed: Optional[Tuple[str, str]] = None
+        self._known: Optional[Tuple[Optional[Comparison]]] = None
+        machine = hashlib.sha256(machine_key(cfg.target).encode()).hexdigest()[:16]
         self.model = f"model guard {cfg.target} orchestrate={cfg.orchestrate} " \
-                     f"trials={cfg.trials}"
+                     f"trials={cfg.trials} machine={machine}"
 
     def _key(self) -> Tuple[str, str]:
         """``(key, signature)``: hashed once, when first asked (the modules may be large)."""
@@ -449,25 +475,42 @@ class RecordedVerdict:
             self._keyed = DecisionRecords.key(self.model, signature), signature
         return self._keyed
 
-    def _trusted(self, entry: Optional[dict], res: Comparison) -> bool:
-        """Whether ``res`` (recorded in ``entry``) may be reused: no doubt about it
-        (:func:`~tvm_ollie.tune.evidence.doubts`); else the doubts go to ``retimed``."""
-        found = doubts(res, (entry or {}).get("evidence"))
-        if found:
-            self.retimed = found
-        return not found
-
-    def known(self) -> Optional[Comparison]:
-        """The per-machine cache's comparison of these modules (the kept plan and the original
-        both ran, or the original was not built because it could not win, :mod:`.hopeless`;
-        their outputs agreed, and they were timed on this machine, by this code, TVM
-        and library, under conditions without doubt); None when there is none (then the guard
-        builds every plan and compares, or reads the work dir's verdict back, as before)."""
-        shared = self.records.shared
-        if shared is None:
+    def _entry(self) -> Optional[dict]:
+        """The recorded verdict of these modules (the work dir's, else the per-machine
+        cache's; ``source`` says which), or None (none, or re-timing asked for)."""
+        if remeasure("model guard"):
             return None
         key, _ = self._key()
-        entry = shared.get(key)
+        entry = self.records.data.get(key)
+        self.source = f"work_dir/{DecisionRecords.FILE}"
+        if not isinstance(entry, dict) and self.records.shared is not None:
+            entry, self.source = self.records.shared.get(key), "the per-machine cache"
+        return entry if isinstance(entry, dict) else None
+
+    def _trusted(self, entry: Optional[dict], res: Comparison) -> bool:
+        """Whether ``res`` (recorded in ``entry``) may be reused: no doubt that timing it now
+        could resolve (:func:`~tvm_ollie.tune.evidence.resolvable`; those go to ``retimed``,
+        the others to ``carried``)."""
+        recorded = (entry or {}).get("evidence")
+        found = resolvable(res, recorded, self.load())
+        if found:
+            self.retimed = found
+            return False
+        self.carried = doubts(res, recorded)
+        return True
+
+    def known(self) -> Optional[Comparison]:
+        """The recorded comparison of these modules when the plan it kept can be built alone
+        (the kept plan and the original both ran, or the original was not built because it
+        could not win, :mod:`.hopeless`; their outputs agreed, and :meth:`_trusted`); None
+        when there is none (then the guard builds every plan and compares). Judged once per
+        build: the load may move between two questions."""
+        if self._known is None:
+            self._known = (self._lookup(),)
+        return self._known[0]
+
+    def _lookup(self) -> Optional[Comparison]:
+        entry = self._entry()
         try:
             res = Comparison.from_dict(entry["comparison"]) if entry else None
         except (KeyError, TypeError, ValueError):
@@ -483,11 +526,31 @@ class RecordedVerdict:
         self.read_back = True
         return res
 
+    def record_alone(self, winner: str) -> None:
+        """Keep the verdict of a guard where only ``winner`` ran because the original was
+        skipped as hopeless against it (the library plan absent or the same module): nothing
+        was timed, so :meth:`__call__` recorded nothing, and every later build built the
+        original again wherever its hopeless check, a few calls timed in a loaded moment,
+        came out the other way (the demo warm: 6-8 s of 7-9 s). The record is the leader's
+        fastest call, given (not rounds), with the reason the original was skipped."""
+        if not self.skipped or self.leader is None or self.leader[1] != winner:
+            return
+        key, signature = self._key()
+        res = from_seconds({winner: self.leader[0]}, MODEL_PREFERENCE, GUARD_MARGIN)
+        load = self.load()
+        found = evidence(res, load, load)
+        found["original skipped"] = self.skipped
+        self.records.put(key, signature, res, found)
+
     def __call__(self, runs) -> Comparison:
         key, signature = self._key()
-        recorded = self.records.get(key, list(runs))
+        entry = self._entry()
+        try:
+            recorded = Comparison.from_dict(entry["comparison"]) if entry else None
+        except (KeyError, TypeError, ValueError):
+            recorded = None
         if recorded is not None and set(recorded.timings) == set(runs) and \
-                self._trusted(self.records.entry(key), recorded):
+                self._trusted(entry, recorded):
             self.read_back = True
             return recorded
         before = self.load()
@@ -495,7 +558,8 @@ class RecordedVerdict:
             alternating(runs, prefer=MODEL_PREFERENCE, margin=GUARD_MARGIN, **GUARD_TIMING)
         if not isinstance(timed, Comparison):
             timed = from_seconds(timed, MODEL_PREFERENCE, GUARD_MARGIN)
-        found = evidence(timed, before, self.load())
+        found = evidence(timed, before, self.load(),
+                         previous=(entry or {}).get("evidence") if entry else None)
         if self.skipped and "original" not in runs:
             found["original skipped"] = self.skipped
         self.records.put(key, signature, timed, found)

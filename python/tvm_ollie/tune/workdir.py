@@ -206,11 +206,29 @@ def repair_measurements(work_dir: str) -> List[str]:
     return [note]
 
 
+#: (path, size, modification time) of the unreadable record files already warned about
+_UNREADABLE: set = set()
+
+
+def _warn_unreadable(path: str, err: Exception) -> None:
+    """One warning per unreadable version of a record file (several readers open it in one
+    build)."""
+    try:
+        st = os.stat(path)
+        version = (path, st.st_size, st.st_mtime_ns)
+    except OSError:
+        version = (path, None, None)
+    if version not in _UNREADABLE:
+        _UNREADABLE.add(version)
+        LOG.warning("ollie: ignoring the unreadable %s (%s: %s); it is written again",
+                    path, type(err).__name__, str(err)[:120])
+
+
 class JsonRecords:
     """One JSON object kept in a work dir's file ``FILE``, read once and saved whole after
     every change (atomically: other processes sharing the work dir may read it). Without a work
-    dir the records live in memory only; an unreadable file reads as empty, and is replaced by
-    the next save."""
+    dir the records live in memory only; an unreadable file (cut short, not JSON, not an
+    object) reads as empty with one warning, and is replaced by the next save."""
 
     FILE = ""
 
@@ -221,7 +239,10 @@ class JsonRecords:
             try:
                 with open(self.path, encoding="utf-8") as f:
                     self.data = json.load(f)
-            except (OSError, ValueError):
+                if not isinstance(self.data, dict):
+                    raise ValueError(f"a JSON {type(self.data).__name__}, not an object")
+            except (OSError, ValueError) as err:
+                _warn_unreadable(self.path, err)
                 self.data = {}
 
     def save(self) -> None:
