@@ -67,8 +67,10 @@ constexpr int kLanes = 32;
 
 // Mean and biased variance of `count` floats in one pass: sums of d and d^2 in double with
 // d = x - x[0]. The shift keeps sum(d^2) - sum(d)^2 / count free of the cancellation that the
-// unshifted one-pass formula suffers when |mean| >> std (x[0] lies within the data's spread).
-inline __attribute__((always_inline)) void PlaneMoments(const float* x, int64_t count, double* mean, double* var) {
+// unshifted one-pass formula suffers when |mean| >> std: x[0] is one of the values, so
+// |mean - x[0]| is bounded by the data's range, not by |mean|.
+inline __attribute__((always_inline)) void PlaneMoments(const float* x, int64_t count,
+                                                        double* mean, double* var) {
   const double shift = x[0];
   double s1[kLanes] = {}, s2[kLanes] = {};
   int64_t i = 0;
