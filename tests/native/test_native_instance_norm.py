@@ -81,6 +81,21 @@ def test_constant_plane_is_beta():
     np.testing.assert_allclose(out, np.broadcast_to(bias.reshape(1, 2, 1, 1), x.shape))
 
 
+@pytest.mark.parametrize("offset, first", [(300.0, None), (-2.0e3, None), (0.0, 1.0e3)])
+def test_one_pass_moments_far_from_the_shift(offset, first):
+    """The mean and variance come from one pass of sums shifted by the plane's first value:
+    planes whose mean is far from zero (|mean| >> std), and a plane whose first value is an
+    outlier far from the rest, normalize as the float64 two-pass reference does. Counts of
+    1000 and 37 floats: full 32-lane blocks with and without a tail."""
+    rng = np.random.default_rng(3)
+    for shape in [(1, 3, 10, 100), (2, 2, 37)]:
+        x = (rng.standard_normal(shape) + offset).astype("float32")
+        if first is not None:
+            x.reshape(-1, x.shape[-1])[:, 0] = first
+        out = call_direct(lib.INSTANCE_NORM, "eps=1e-05", [x], shape)
+        np.testing.assert_allclose(out, reference(x), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("attrs, arrays, match", [
     ("eps=-1", [np.ones((1, 2, 3, 3), "float32")], "eps"),
     ("bogus=1", [np.ones((1, 2, 3, 3), "float32")], "bogus"),

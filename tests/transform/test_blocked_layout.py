@@ -180,6 +180,44 @@ def test_chain_of_one_conv_is_left_alone():
     tvm.ir.assert_structural_equal(new, mod)
 
 
+@pytest.mark.parametrize("stride", [1, 2])
+def test_lone_conv_weights_packed(stride):
+    """A convolution no chain takes keeps its NCHW activations but, with ``pack_weights``, gets
+    its constant weight packed for its call (``wpacked=1``, ``kernel=KH,KW``): no transform is
+    added, and it computes what TVM's build of the original does."""
+    rng = np.random.default_rng(7)
+
+    def one(net, x, c):
+        y = net.conv(x, c[0], bias=c[1], act="relu", stride=stride)
+        return net.bb.emit(relax.op.nn.relu(y))
+
+    mod, ref_mod = build_pair(one, (1, 5, 9, 9), [_w(rng, 13, 5, 3, 3), _w(rng, 13)])
+    new, report = blocked_layout(mod, pack_weights=True)
+    assert report.chains == [] and report.lone_packed == 1
+    script = new.script()
+    assert script.count("wpacked=1") == 1 and "kernel=3,3" in script
+    assert "layout_transform" not in script and "dst_fmt" not in script
+    assert "lone convs' weights packed" in report.to_text()
+    x = rng.standard_normal((1, 5, 9, 9)).astype("float32")
+    np.testing.assert_allclose(run(new, x), run(ref_mod, x), rtol=1e-4, atol=1e-4)
+
+
+def test_lone_conv_with_a_weight_parameter_is_left_alone():
+    """Only constant weights are packed: a weight given at run time stays OIHW."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4, 6, 6), "float32"))
+    w = relax.Var("w", relax.TensorType((8, 4, 3, 3), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            call = lib.conv2d_call((1, 1), (1, 1, 1, 1), (1, 1), 1, "NCHW", "OIHW")
+            y = bb.emit_output(bb.emit(lib.emit_call(call, [x, w], (1, 8, 6, 6))))
+        bb.emit_func_output(y)
+    mod = bb.get()
+    new, report = blocked_layout(mod, pack_weights=True)
+    assert report.lone_packed == 0
+    tvm.ir.assert_structural_equal(new, mod)
+
+
 def test_preferred_format_is_a_chain_format_or_skipped():
     rng = np.random.default_rng(1)
     mod, _ = build_pair(relu_chain, (1, 32, 8, 8),
@@ -340,7 +378,8 @@ def test_in_optimize_module(on, pack):
     else:
         assert report.layouts is not None
         assert ("dst_fmt" in new.script()) == bool(report.layouts.chains)
-        assert ("wpacked=1" in new.script()) == (pack and bool(report.layouts.chains))
+        # packed inside the chain, or outside every chain (pack_lone_weights)
+        assert ("wpacked=1" in new.script()) == pack
         assert "layouts:" in report.to_text()
 
 
@@ -353,8 +392,8 @@ def test_pack_weights(fmt, case):
     program, weights = _cases(rng, 5, 13)[case]
     mod, ref_mod = build_pair(program, (1, 5, 8, 8), weights)
     new, report = blocked_layout(mod, fmt=fmt, pack_weights=True)
-    if report.chains:
-        assert new.script().count("wpacked=1") == 2
+    assert new.script().count("wpacked=1") == 2  # in the chain, or each conv alone
+    assert report.lone_packed == (0 if report.chains else 2)
     x = rng.standard_normal((1, 5, 8, 8)).astype("float32")
     np.testing.assert_allclose(run(new, x), run(ref_mod, x), rtol=1e-4, atol=1e-4)
 

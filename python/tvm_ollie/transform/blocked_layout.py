@@ -67,7 +67,8 @@ from .epilogue import static_shape
 __all__ = ["BINARY", "SPATIAL", "UNARY", "Chain", "LayoutReport", "blocked_layout",
            "choose_format", "constant_to_format", "deconv_takes_formats", "find_chains",
            "formatted_shape", "from_format", "member_conv", "member_deconv", "member_elementwise",
-           "member_spatial", "pack_weight", "preferred", "saves_reorders", "to_format", "unpad"]
+           "member_spatial", "pack_lone_weights", "pack_weight", "preferred", "saves_reorders",
+           "to_format", "unpad"]
 
 #: Unary elementwise operators a chain passes through (finite at 0).
 UNARY = ("relax.nn.relu", "relax.nn.relu6", "relax.clip", "relax.sigmoid", "relax.tanh",
@@ -120,16 +121,19 @@ class LayoutReport:
     exits: int = 0
     #: member convolutions that still read NCHW (and reorder it inside the call)
     plain_sources: int = 0
+    #: convolutions outside every chain whose constant weights were packed (``pack_weights``)
+    lone_packed: int = 0
     skipped: List[str] = field(default_factory=list)
 
     def to_text(self) -> str:
         """One line."""
+        lone = f"; {self.lone_packed} lone convs' weights packed" if self.lone_packed else ""
         if not self.chains:
             return "layouts: no chain converted" + (
-                f" ({'; '.join(self.skipped)})" if self.skipped else "")
+                f" ({'; '.join(self.skipped)})" if self.skipped else "") + lone
         convs = ", ".join(f"{n} convs in {f}" for n, f in self.chains)
         return f"layouts: {len(self.chains)} chains ({convs}); {self.entries} entry and " \
-               f"{self.exits} exit transforms"
+               f"{self.exits} exit transforms" + lone
 
 
 # ---------------------------------------------------------------------------------------------
@@ -597,6 +601,39 @@ def saves_reorders(func: "relax.Function", chain: Chain) -> bool:
     return 2 * len(chain.convs) - dry.plain_sources > dry.entries + dry.exits
 
 
+def pack_lone_weights(func: "relax.Function", chained: Set["relax.Var"],
+                      report: LayoutReport) -> "relax.Function":
+    """``func`` with the constant weights of its native convolutions outside every chain
+    (``chained``: the chains' members) packed for their calls (:func:`pack_weight`).
+
+    Why: a convolution that no chain takes (its neighbours need NCHW: an instance norm, a
+    mirror pad; or it is alone) still reads its weights as OIHW, and oneDNN reorders them into
+    its blocked format at every call (Candy quick's rewritten plan: 8 weight reorders per
+    inference, 3-9 us each in ``ONEDNN_VERBOSE``). Its activations stay NCHW: only the weight
+    operand changes, so no transform is added."""
+    blocks, changed = [], 0
+    for block in func.body.blocks:
+        out = []
+        for b in block.bindings:
+            conv = member_conv(b.value) if isinstance(b, relax.VarBinding) else None
+            constant = conv is not None and isinstance(conv[1][1], tvm.ir.expr.Constant)
+            if not constant or b.var in chained:
+                out.append(b)
+                continue
+            call, ops = conv
+            new_call, weight = pack_weight(call, static_shape(ops[0]), ops[1])
+            value = lib.emit_call(new_call, [ops[0], weight, *ops[2:]], static_shape(b.value))
+            out.append(relax.VarBinding(b.var, value))
+            changed += 1
+        blocks.append(relax.DataflowBlock(out) if isinstance(block, relax.DataflowBlock)
+                      else relax.BindingBlock(out))
+    if not changed:
+        return func
+    report.lone_packed += changed
+    return relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty,
+                          func.is_pure, func.attrs)
+
+
 def blocked_layout(mod: "tvm.IRModule", fmt: Optional[str] = None, pack_weights: bool = False
                    ) -> Tuple["tvm.IRModule", LayoutReport]:
     """``mod`` with its convolution chains kept in oneDNN's preferred format (module
@@ -611,7 +648,8 @@ def blocked_layout(mod: "tvm.IRModule", fmt: Optional[str] = None, pack_weights:
         instead of oneDNN's preference (tests, and comparing formats).
     pack_weights : bool
         Also pack the constant weights of the chain's convolutions into oneDNN's format for
-        these very calls (``wpacked=1``), so that no call reorders its weights. The packs are
+        these very calls (``wpacked=1``), so that no call reorders its weights, and those of
+        the convolutions outside every chain (:func:`pack_lone_weights`). The packs are
         made for this machine's CPU and thread count; run elsewhere (or with another thread
         count), a call reorders its pack from the oneDNN format tag in the pack's header, as
         it reorders unpacked weights.
@@ -630,9 +668,15 @@ def blocked_layout(mod: "tvm.IRModule", fmt: Optional[str] = None, pack_weights:
         if any(c.spatial and c.fmt != "nhwc" for c in chains):
             chains = _formatted_chains(func, fmt, False, report)
         report.chains.extend((len(c.convs), c.fmt) for c in chains)
+        new = func
+        if pack_weights:
+            chained = {v for c in chains for v in c.members}
+            new = pack_lone_weights(func, chained, report)
         if chains:
-            updates[gv] = _Rewriter(func, chains, report, forced=fmt is not None,
-                                    pack_weights=pack_weights).run()
+            new = _Rewriter(new, chains, report, forced=fmt is not None,
+                            pack_weights=pack_weights).run()
+        if new is not func:
+            updates[gv] = new
     if not updates:
         return mod, report
     out = mod.shallow_copy() if hasattr(mod, "shallow_copy") else tvm.IRModule(
