@@ -40,6 +40,7 @@ from .groups import find_shared_input_groups
 from .inference_fold import fold_inference
 from .int8_choice import Int8Choice, Int8Report
 from .int8_kernels import int8_kernels
+from .matmul_pack import PackReport, pack_matmul_weights
 from .norm_kernels import instance_norm_kernels
 from .pool_cascade import pool_cascade
 from .pool_cover import pool_cover
@@ -303,6 +304,9 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
     if cfg.blocked_layout and decider.library and lib.current_device() == "cpu":
         with stage("layouts"):
             new_mod, report.layouts = _laid_out(new_mod, cfg.pack_weights)
+        if cfg.pack_weights:
+            with stage("matmul packs"):
+                new_mod, report.matmul_packs = packed_matmuls(new_mod)
     if cfg.fold_inference:  # after the layouts: a pool in a channels-last chain stays in it
         new_mod, pools = pool_cover(new_mod)
         new_mod, cascaded = pool_cascade(new_mod)
@@ -381,6 +385,17 @@ def _laid_out(mod: "tvm.IRModule", pack_weights: bool) -> Tuple["tvm.IRModule", 
         why = f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:200] if str(err) else ''}"
         LOG.warning("ollie: the layout step failed (%s); activations stay NCHW", why)
         return mod, LayoutReport(skipped=[f"the layout step failed: {why}"])
+
+
+def packed_matmuls(mod: "tvm.IRModule") -> Tuple["tvm.IRModule", PackReport]:
+    """``mod`` after :func:`~.matmul_pack.pack_matmul_weights`, or as it is when the step
+    fails (an optional step never fails the build; the report says why)."""
+    try:
+        return pack_matmul_weights(mod)
+    except Exception as err:  # pylint: disable=broad-except
+        why = f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:200] if str(err) else ''}"
+        LOG.warning("ollie: packing the matmul weights failed (%s); they stay plain", why)
+        return mod, PackReport(kept=[f"the step failed: {why}"])
 
 
 def _decide_units(units: list, choose, verbose: bool) -> List[Tuple[object, Decision]]:
