@@ -1,25 +1,28 @@
-"""Constant matmul weights packed once into oneDNN's format, where that measures faster.
+"""Constant matmul weights stored in the form the kernel reads fastest: as they are, in the
+other order, or packed once into oneDNN's format.
 
-oneDNN's matmul reads a plain ``B`` through a copy into its blocked format on every call;
-ONNX Runtime's MLAS packs constant weights once when the session starts. For every native
-``matmul`` call whose ``B`` is a constant matrix, this step makes the copy at build time
-(``tvm_ollie.cpu.matmul_pack_weight``) and gives the call ``wpacked=1`` and the pack::
+oneDNN's matmul reads a plain ``B`` through a copy into its blocked format on every call where
+it cannot use it as stored (measured: a transposed ``B`` of a few-row product, e.g. 4x128x512
+with ``tb=1`` 13.4 us plain against 7.1 us packed); ONNX Runtime's MLAS packs constant weights
+once when the session starts. For every native ``matmul`` call whose ``B`` is a constant
+matrix, this step times three forms of the call on the kernel itself, :data:`FORMS`::
 
-    lv = R.call_dps_packed("tvm_ollie.cpu.matmul", ("tb=1;bias=1", x, W, b), out)
-      ->
+    lv = R.call_dps_packed("tvm_ollie.cpu.matmul", ("tb=1;bias=1", x, W, b), out)    # as is
+    lv = R.call_dps_packed("tvm_ollie.cpu.matmul", ("tb=0;bias=1", x, W.T, b), out)  # transposed
     lv = R.call_dps_packed("tvm_ollie.cpu.matmul", ("tb=1;bias=1;wpacked=1", x, P, b), out)
 
-with ``P`` the 1-D pack (a header naming the problem, the format and the machine, then ``W``
-in the primitive's format). A pack is made for one call's attributes and shapes, on this
-machine: it runs after every other rewrite of the call (epilogues, layouts). Elsewhere (another
-CPU or thread count) the kernel reorders the pack from its header's format tag on each call.
+with ``P`` the 1-D pack of ``tvm_ollie.cpu.matmul_pack_weight`` (a header naming the problem,
+the format and the machine, then ``W`` in the primitive's format), and gives the call the
+fastest. No form wins everywhere: on the same machine a 4x128x128 product ran 2.5 us with
+``B`` stored [K, N], 5.1 us stored [N, K] and 3.6 us packed, a 4x128x512 one 11.1, 13.4 and
+6.4 us. A pack is made for one call's attributes and shapes, on this machine: the step runs
+after every other rewrite of the call (epilogues, layouts). Elsewhere (another CPU or thread
+count) the kernel reorders the pack from its header's format tag on each call.
 
 Eligible: ``ta=0`` (the packed call folds ``A``'s batch into the rows), ``B`` a float32
-constant of rank 2, static shapes, and a problem the kernel gives oneDNN (more than one row
-and column: matrix-vector products stay on OpenBLAS). Each distinct problem is timed plain and
-packed on the native kernel itself (interleaved rounds, medians of the rounds' per-call times),
-and packed only when it measures faster: the pack costs a call its plain weight's reads where
-oneDNN would have used ``B`` as it is.
+constant of rank 2 (or the transpose of one, :func:`constant_weight`), static shapes, and a
+problem the kernel gives oneDNN (more than one row and column: matrix-vector products stay on
+OpenBLAS). Each distinct problem is timed once per module (:func:`time_forms`).
 """
 
 from __future__ import annotations
@@ -36,23 +39,30 @@ from .. import native
 from ..codegen import library as lib
 from ..compat import relax, tirx, tvm
 
-__all__ = ["PackReport", "packed_weight", "pack_matmul_weights", "time_plain_packed"]
+__all__ = ["PackReport", "constant_weight", "packed_weight", "pack_matmul_weights", "time_forms"]
 
-#: ``timer(call, shapes, weight, packed) -> (plain seconds, packed seconds)`` per call.
-Timer = Callable[[lib.LibCall, dict, np.ndarray, np.ndarray], Tuple[float, float]]
+#: ``timer(forms, shapes) -> seconds per call of each form`` (:func:`time_forms`).
+Timer = Callable[[Sequence[Tuple[lib.LibCall, np.ndarray]], dict], List[float]]
 
 
 @dataclass
 class PackReport:
-    """What :func:`pack_matmul_weights` did: ``packed`` and ``kept`` hold one line per call
-    site (``MxKxN`` of the folded problem, the per-call times when measured, why kept)."""
+    """What :func:`pack_matmul_weights` did: one line per call site (``MxKxN`` of the folded
+    problem, its attributes, the seconds per call of each form of :data:`FORMS`), in ``chosen``
+    (with the form given) or ``kept``."""
 
-    packed: List[str] = field(default_factory=list)
+    chosen: List[str] = field(default_factory=list)
     kept: List[str] = field(default_factory=list)
+
+    @property
+    def packed(self) -> List[str]:
+        """The lines of the calls given a packed ``B``."""
+        return [line for line in self.chosen if line.endswith("-> packed")]
 
     def to_text(self) -> str:
         """One line."""
-        return f"matmul weights packed: {len(self.packed)} calls ({len(self.kept)} kept plain)"
+        return f"matmul weights: {len(self.packed)} calls packed, " \
+               f"{len(self.chosen) - len(self.packed)} transposed, {len(self.kept)} as they were"
 
 
 def _static(shape) -> Optional[List[int]]:
@@ -80,43 +90,62 @@ def packed_weight(call: lib.LibCall, a_shape: Sequence[int], weight: np.ndarray,
     return packed
 
 
-def time_plain_packed(call: lib.LibCall, shapes: dict, weight: np.ndarray, packed: np.ndarray,
-                      rounds: int = 7, calls: int = 10) -> Tuple[float, float]:
-    """Seconds per call of ``call`` on ``weight`` and with ``wpacked=1`` on ``packed``:
-    ``rounds`` interleaved rounds of ``calls`` calls each (random operands of ``shapes``:
-    ``a``, ``out`` and the optional ``bias``, ``res``), the median of the rounds."""
+#: A form of a call's constant ``B``: the call's attributes and the ``B`` it takes.
+Form = Tuple[lib.LibCall, np.ndarray]
+
+
+def time_forms(forms: Sequence[Form], shapes: dict, rounds: int = 7,
+               calls: int = 10) -> List[float]:
+    """Seconds per call of each form: ``rounds`` rounds of ``calls`` calls of every form, the
+    order rotated each round (random operands of ``shapes``: ``a``, ``out`` and the optional
+    ``bias``, ``res``), the median of the rounds."""
     rng = np.random.default_rng(0)
     a = rng.standard_normal(shapes["a"], dtype=np.float32)
     extra = [rng.standard_normal(shapes[k], dtype=np.float32) for k in ("bias", "res")
              if k in shapes]
     out = np.zeros(shapes["out"], "float32")
     func = tvm_ffi.get_global_func(lib.MATMUL)
-    plain = (call.text(), _t(a), _t(np.ascontiguousarray(weight)), *map(_t, extra), _t(out))
-    pack = (call.with_attrs(wpacked=1).text(), _t(a), _t(packed), *map(_t, extra), _t(out))
-    times: Dict[int, List[float]] = {0: [], 1: []}
-    for args in (plain, pack):
-        func(*args)  # primitives created, caches warm
+    args = [(call.text(), _t(a), _t(b), *map(_t, extra), _t(out)) for call, b in forms]
+    for one in args:
+        func(*one)  # primitives created, caches warm
+    times: List[List[float]] = [[] for _ in forms]
     for r in range(rounds):
-        for which in ((0, 1) if r % 2 == 0 else (1, 0)):
-            args = plain if which == 0 else pack
+        for i in [(r + j) % len(forms) for j in range(len(forms))]:
             start = time.perf_counter()
             for _ in range(calls):
-                func(*args)
-            times[which].append((time.perf_counter() - start) / calls)
-    return statistics.median(times[0]), statistics.median(times[1])
+                func(*args[i])
+            times[i].append((time.perf_counter() - start) / calls)
+    return [statistics.median(t) for t in times]
 
 
-def _eligible(call: lib.LibCall, ops: list, out_shape) -> Optional[dict]:
-    """The operand shapes of a native matmul whose constant ``B`` may be packed, else None."""
+def constant_weight(expr, bound: Dict[object, object]) -> Optional[np.ndarray]:
+    """The value of ``B`` when it is a constant, or a variable bound to a constant or to the
+    transpose of a constant matrix (``permute_dims(W, [1, 0])``: the library plan's linear
+    layers; TVM folds it later, the pack needs it now), else None. ``bound``: the function's
+    ``{var: value}``."""
+    expr = bound.get(expr, expr)
+    if isinstance(expr, tvm.ir.expr.Constant):
+        return expr.value.numpy()
+    if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) \
+            and expr.op.name == "relax.permute_dims":
+        inner = bound.get(expr.args[0], expr.args[0])
+        axes = expr.attrs.axes
+        if isinstance(inner, tvm.ir.expr.Constant) and len(inner.value.shape) == 2 and (
+                axes is None or [int(a) for a in axes] == [1, 0]):
+            return np.ascontiguousarray(inner.value.numpy().T)
+    return None
+
+
+def _eligible(call: lib.LibCall, ops: list, weight: Optional[np.ndarray], out_shape
+              ) -> Optional[dict]:
+    """The operand shapes of a native matmul whose constant ``B`` (``weight``) may be packed,
+    else None."""
     if call.func != lib.MATMUL or call.get("wpacked", "0") == "1" or call.get("ta", "0") == "1" \
-            or call.get("lib", "auto") == "openblas":
-        return None
-    if len(ops) < 2 or not isinstance(ops[1], tvm.ir.expr.Constant):
+            or call.get("lib", "auto") == "openblas" or weight is None or len(ops) < 2:
         return None
     a_shape, out_shape = _static(ops[0].ty.shape), _static(out_shape)
-    b_shape = [int(d) for d in ops[1].value.shape]
-    if a_shape is None or out_shape is None or len(b_shape) != 2 or len(a_shape) < 2 \
-            or str(ops[1].value.dtype) != "float32":
+    if a_shape is None or out_shape is None or weight.ndim != 2 or len(a_shape) < 2 \
+            or weight.dtype != np.float32:
         return None
     rows, n = int(np.prod(a_shape[:-1])), out_shape[-1]
     if rows <= 1 or n <= 1 or a_shape[-1] == 0:
@@ -137,45 +166,58 @@ def _problem(shapes: dict) -> str:
     return f"{int(np.prod(a[:-1]))}x{a[-1]}x{shapes['out'][-1]}"
 
 
+#: The forms of a constant ``B`` timed per call: as the call has it, stored in the other order
+#: (``tb`` flipped, the constant transposed at build time), packed (``wpacked=1``).
+FORMS = ("as is", "transposed", "packed")
+
+
 class _Packer:
     """Decides and makes the packs of one module (one timing per distinct problem)."""
 
     def __init__(self, timer: Optional[Timer]):
-        self.timer = timer or time_plain_packed
+        self.timer = timer or time_forms
         self.report = PackReport()
-        self.verdicts: Dict[tuple, Optional[Tuple[float, float]]] = {}
+        self.verdicts: Dict[tuple, List[float]] = {}
 
-    def binding(self, var, value) -> Optional["relax.Call"]:
+    def binding(self, var, value, bound: Dict[object, object]) -> Optional["relax.Call"]:
         """The packed call replacing ``value`` (bound to ``var``), or None."""
         found = lib.lib_call_of(value)
         if found is None:
             return None
         call, ops = found
-        shapes = _eligible(call, ops, var.ty.shape)
+        weight = constant_weight(ops[1], bound) if len(ops) > 1 else None
+        shapes = _eligible(call, ops, weight, var.ty.shape)
         if shapes is None:
             return None
-        weight = ops[1].value.numpy()
-        packed = packed_weight(call, shapes["a"], weight, shapes["out"])
+        tb = call.get("tb", "0") == "1"
+        forms = [(call, weight),  # B as it is, the other storage order, packed
+                 (call.with_attrs(tb=int(not tb)), np.ascontiguousarray(weight.T)),
+                 (call.with_attrs(wpacked=1), packed_weight(call, shapes["a"], weight,
+                                                            shapes["out"]))]
         key = (call.text(), tuple(shapes["a"]), weight.shape, tuple(shapes["out"]))
         if key not in self.verdicts:
-            self.verdicts[key] = self.timer(call, shapes, weight, packed)
-        plain_s, packed_s = self.verdicts[key]
-        line = f"{_problem(shapes)} {call.text()}: plain {plain_s * 1e6:.1f} us, packed " \
-               f"{packed_s * 1e6:.1f} us"
-        if packed_s >= plain_s:
-            self.report.kept.append(line + " (packed not faster)")
+            self.verdicts[key] = list(self.timer(forms, shapes))
+        seconds = self.verdicts[key]
+        best = min(range(len(forms)), key=lambda i: (seconds[i], i))
+        line = f"{_problem(shapes)} {call.text()}: " + ", ".join(
+            f"{name} {s * 1e6:.1f} us" for name, s in zip(FORMS, seconds))
+        if best == 0 and isinstance(ops[1], tvm.ir.expr.Constant):
+            self.report.kept.append(line)
             return None
-        self.report.packed.append(line)
-        return lib.emit_call(call.with_attrs(wpacked=1), [ops[0], relax.const(packed)] + ops[2:],
-                             shapes["out"])
+        self.report.chosen.append(f"{line} -> {FORMS[best]}")
+        chosen, b = forms[best]
+        return lib.emit_call(chosen, [ops[0], relax.const(b)] + ops[2:], shapes["out"])
 
 
 def _rewritten(func: "relax.Function", packer: _Packer) -> Optional["relax.Function"]:
     blocks, changed = [], False
+    bound = {b.var: b.value for block in func.body.blocks for b in block.bindings
+             if isinstance(b, relax.VarBinding)}
     for block in func.body.blocks:
         bindings = []
         for b in block.bindings:
-            packed = packer.binding(b.var, b.value) if isinstance(b, relax.VarBinding) else None
+            packed = packer.binding(b.var, b.value, bound) if isinstance(b, relax.VarBinding) \
+                else None
             changed |= packed is not None
             bindings.append(b if packed is None else relax.VarBinding(b.var, packed))
         blocks.append(relax.DataflowBlock(bindings) if isinstance(block, relax.DataflowBlock)
@@ -188,8 +230,8 @@ def _rewritten(func: "relax.Function", packer: _Packer) -> Optional["relax.Funct
 
 def pack_matmul_weights(mod: "tvm.IRModule", timer: Optional[Timer] = None
                         ) -> Tuple["tvm.IRModule", PackReport]:
-    """``mod`` with the constant ``B`` of each eligible native matmul call packed where the
-    packed call measures faster (module docstring), and what was done. ``mod`` as it is when
+    """``mod`` with the constant ``B`` of each eligible native matmul call in the form that
+    measures fastest (module docstring), and what was done. ``mod`` as it is when
     the loaded library cannot pack.
 
     Parameters
@@ -198,8 +240,8 @@ def pack_matmul_weights(mod: "tvm.IRModule", timer: Optional[Timer] = None
         A Relax module after the rewrite (native calls as ``call_dps_packed``), its layouts
         and epilogues decided.
     timer : callable, optional
-        ``timer(call, shapes, weight, packed) -> (plain s, packed s)`` (tests);
-        default :func:`time_plain_packed`.
+        ``timer(forms, shapes) -> seconds per call of each form`` (tests); default
+        :func:`time_forms`.
     """
     packer = _Packer(timer)
     if not native.available() or not native.provides(native.MATMUL_PACK_WEIGHT):
