@@ -1,6 +1,6 @@
-"""pack_matmul_weights: Before/Expected of the rewrite (constant B in the form the timer
-says is fastest: as it is, transposed or packed; kept where the call is not eligible) and numerics of the built
-module against the original."""
+"""pack_matmul_weights: Before/Expected of the rewrite (constant B in the form the timer says
+is fastest: as it is, transposed or packed; kept where the call is not eligible) and numerics
+of the built module against the original."""
 
 import numpy as np
 import pytest
