@@ -9,7 +9,7 @@ from tvm import relax
 
 from tvm_ollie import native
 from tvm_ollie.codegen import library as lib
-from tvm_ollie.transform.matmul_pack import pack_matmul_weights, packed_weight
+from tvm_ollie.transform.matmul_pack import FORMS_FILE, pack_matmul_weights, packed_weight
 
 
 @pytest.fixture(autouse=True)
@@ -163,3 +163,19 @@ def test_default_timer_numbers():
     after, report = pack_matmul_weights(before)
     assert len(report.chosen) + len(report.kept) == 1
     np.testing.assert_allclose(_run(after, a), a @ w, rtol=1e-4, atol=1e-4)
+
+
+def test_times_kept_in_work_dir(tmp_path):
+    """With a work directory the forms' times are written once and read back: a second build
+    times nothing and makes the same module."""
+    w = np.arange(32, dtype="float32").reshape(8, 4)
+    before = _module("tb=0", (3, 8), w, 4)
+    first, _ = pack_matmul_weights(before, timer=_faster, work_dir=str(tmp_path))
+    assert (tmp_path / FORMS_FILE).is_file()
+
+    def timer(*_):
+        raise AssertionError("timed again")
+
+    second, report = pack_matmul_weights(before, timer=timer, work_dir=str(tmp_path))
+    tvm.ir.assert_structural_equal(second, first)
+    assert len(report.packed) == 1

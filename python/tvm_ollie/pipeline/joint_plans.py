@@ -270,7 +270,7 @@ def layout_step(cfg: OllieConfig, decider, target):
     def step(module):
         module, layouts = blocked_layout(module, pack_weights=cfg.pack_weights)
         if cfg.pack_weights:  # the matmuls' constant weights too, as the sequential build
-            module = packed_matmuls(module)[0]
+            module = packed_matmuls(module, cfg.work_dir)[0]
         return module, layouts
 
     return step

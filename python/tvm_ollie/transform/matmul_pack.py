@@ -22,11 +22,16 @@ count) the kernel reorders the pack from its header's format tag on each call.
 Eligible: ``ta=0`` (the packed call folds ``A``'s batch into the rows), ``B`` a float32
 constant of rank 2 (or the transpose of one, :func:`constant_weight`), static shapes, and a
 problem the kernel gives oneDNN (more than one row and column: matrix-vector products stay on
-OpenBLAS). Each distinct problem is timed once per module (:func:`time_forms`).
+OpenBLAS). Each distinct problem is timed once per module (:func:`time_forms`), and once per
+work directory when there is one (:data:`FORMS_FILE`: a warm build makes the same module, which
+the whole-model guard's recorded verdicts are keyed by).
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -38,8 +43,14 @@ import tvm_ffi
 from .. import native
 from ..codegen import library as lib
 from ..compat import relax, tirx, tvm
+from ..tune.workdir import atomic_write_bytes
 
 __all__ = ["PackReport", "constant_weight", "packed_weight", "pack_matmul_weights", "time_forms"]
+
+LOG = logging.getLogger(__name__)
+
+#: The times of each problem's forms in a work directory, ``{key: [seconds per form]}``.
+FORMS_FILE = "matmul_forms.json"
 
 #: ``timer(forms, shapes) -> seconds per call of each form`` (:func:`time_forms`).
 Timer = Callable[[Sequence[Tuple[lib.LibCall, np.ndarray]], dict], List[float]]
@@ -174,10 +185,31 @@ FORMS = ("as is", "transposed", "packed")
 class _Packer:
     """Decides and makes the packs of one module (one timing per distinct problem)."""
 
-    def __init__(self, timer: Optional[Timer]):
+    def __init__(self, timer: Optional[Timer], work_dir: Optional[str] = None):
         self.timer = timer or time_forms
         self.report = PackReport()
-        self.verdicts: Dict[tuple, List[float]] = {}
+        self.path = os.path.join(work_dir, FORMS_FILE) if work_dir else None
+        self.verdicts: Dict[str, List[float]] = self._read()
+        self.added = False
+
+    def _read(self) -> Dict[str, List[float]]:
+        if self.path is None or not os.path.isfile(self.path):
+            return {}
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                data = json.load(f)
+            return {k: [float(s) for s in v] for k, v in data.items() if len(v) == len(FORMS)}
+        except (OSError, ValueError, TypeError, AttributeError) as err:
+            LOG.warning("ollie: %s unreadable (%s); the matmul forms are timed again",
+                        self.path, err)
+            return {}
+
+    def save(self) -> None:
+        """Write the times to the work directory when some were measured now."""
+        if self.path is not None and self.added:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            atomic_write_bytes(self.path, json.dumps(self.verdicts, indent=0,
+                                                     sort_keys=True).encode())
 
     def binding(self, var, value, bound: Dict[object, object]) -> Optional["relax.Call"]:
         """The packed call replacing ``value`` (bound to ``var``), or None."""
@@ -194,9 +226,11 @@ class _Packer:
                  (call.with_attrs(tb=int(not tb)), np.ascontiguousarray(weight.T)),
                  (call.with_attrs(wpacked=1), packed_weight(call, shapes["a"], weight,
                                                             shapes["out"]))]
-        key = (call.text(), tuple(shapes["a"]), weight.shape, tuple(shapes["out"]))
+        key = f"{call.text()}|a={shapes['a']}|b={list(weight.shape)}|out={shapes['out']}" \
+              f"|threads={native.get_num_threads()}"
         if key not in self.verdicts:
-            self.verdicts[key] = list(self.timer(forms, shapes))
+            self.verdicts[key] = [float(s) for s in self.timer(forms, shapes)]
+            self.added = True
         seconds = self.verdicts[key]
         best = min(range(len(forms)), key=lambda i: (seconds[i], i))
         line = f"{_problem(shapes)} {call.text()}: " + ", ".join(
@@ -228,8 +262,8 @@ def _rewritten(func: "relax.Function", packer: _Packer) -> Optional["relax.Funct
                           func.is_pure, func.attrs)
 
 
-def pack_matmul_weights(mod: "tvm.IRModule", timer: Optional[Timer] = None
-                        ) -> Tuple["tvm.IRModule", PackReport]:
+def pack_matmul_weights(mod: "tvm.IRModule", timer: Optional[Timer] = None,
+                        work_dir: Optional[str] = None) -> Tuple["tvm.IRModule", PackReport]:
     """``mod`` with the constant ``B`` of each eligible native matmul call in the form that
     measures fastest (module docstring), and what was done. ``mod`` as it is when
     the loaded library cannot pack.
@@ -242,8 +276,10 @@ def pack_matmul_weights(mod: "tvm.IRModule", timer: Optional[Timer] = None
     timer : callable, optional
         ``timer(forms, shapes) -> seconds per call of each form`` (tests); default
         :func:`time_forms`.
+    work_dir : str, optional
+        Where the times are kept (:data:`FORMS_FILE`) and read back in later builds.
     """
-    packer = _Packer(timer)
+    packer = _Packer(timer, work_dir)
     if not native.available() or not native.provides(native.MATMUL_PACK_WEIGHT):
         packer.report.kept.append("the native library has no matmul_pack_weight")
         return mod, packer.report
@@ -253,6 +289,7 @@ def pack_matmul_weights(mod: "tvm.IRModule", timer: Optional[Timer] = None
             new = _rewritten(func, packer)
             if new is not None:
                 updates[gv] = new
+    packer.save()
     if not updates:
         return mod, packer.report
     out = mod.shallow_copy() if hasattr(mod, "shallow_copy") else tvm.IRModule(

@@ -306,7 +306,7 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
             new_mod, report.layouts = _laid_out(new_mod, cfg.pack_weights)
         if cfg.pack_weights:
             with stage("matmul packs"):
-                new_mod, report.matmul_packs = packed_matmuls(new_mod)
+                new_mod, report.matmul_packs = packed_matmuls(new_mod, cfg.work_dir)
     if cfg.fold_inference:  # after the layouts: a pool in a channels-last chain stays in it
         new_mod, pools = pool_cover(new_mod)
         new_mod, cascaded = pool_cascade(new_mod)
@@ -387,11 +387,13 @@ def _laid_out(mod: "tvm.IRModule", pack_weights: bool) -> Tuple["tvm.IRModule", 
         return mod, LayoutReport(skipped=[f"the layout step failed: {why}"])
 
 
-def packed_matmuls(mod: "tvm.IRModule") -> Tuple["tvm.IRModule", PackReport]:
-    """``mod`` after :func:`~.matmul_pack.pack_matmul_weights`, or as it is when the step
-    fails (an optional step never fails the build; the report says why)."""
+def packed_matmuls(mod: "tvm.IRModule", work_dir: Optional[str] = None
+                   ) -> Tuple["tvm.IRModule", PackReport]:
+    """``mod`` after :func:`~.matmul_pack.pack_matmul_weights` (its times kept in
+    ``work_dir``), or as it is when the step fails (an optional step never fails the build;
+    the report says why)."""
     try:
-        return pack_matmul_weights(mod)
+        return pack_matmul_weights(mod, work_dir=work_dir)
     except Exception as err:  # pylint: disable=broad-except
         why = f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:200] if str(err) else ''}"
         LOG.warning("ollie: packing the matmul weights failed (%s); they stay plain", why)
