@@ -72,8 +72,10 @@ class PackReport:
 
     def to_text(self) -> str:
         """One line."""
-        return f"matmul weights: {len(self.packed)} calls packed, " \
-               f"{len(self.chosen) - len(self.packed)} transposed, {len(self.kept)} as they were"
+        counts = {form: sum(line.endswith(f"-> {form}") for line in self.chosen)
+                  for form in FORMS}
+        counts["as is"] += len(self.kept)
+        return "matmul weights: " + ", ".join(f"{n} {form}" for form, n in counts.items())
 
 
 def _static(shape) -> Optional[List[int]]:
