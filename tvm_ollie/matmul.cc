@@ -5,7 +5,15 @@
 //   tvm_ollie.cpu.matmul(attrs: str, A, B, [bias], [residual], Out)
 // attrs: ta=0|1 (A stored [..., K, M]), tb=0|1 (B stored [..., N, K]), bias=0|1, res=0|1,
 //        act=none|relu|clip_LO_HI|sigmoid|tanh|gelu|gelu_tanh|silu|hardswish_A_B|hardsigmoid_A_B|
-//        leaky_relu_A|scale_A (A * x), lib=onednn|openblas.
+//        leaky_relu_A|scale_A (A * x), lib=onednn|openblas, wpacked=0|1.
+//
+// Packed weights: oneDNN's matmul reads a plain B through its own copy into a blocked format on
+// every call (as MLAS would without its pre-packing). tvm_ollie.cpu.matmul_pack_weight(attrs, A,
+// B, Out, Packed) makes that copy once (float32 Packed of matmul_packed_size(attrs, A, B, Out)
+// elements: a header (weight_pack.h), then B in the format oneDNN picks for this problem); a
+// call with wpacked=1 takes it as B (1-D; K from A, N from Out; ta=0, B not batched; always
+// oneDNN). Where the pack was made for another primitive (another thread count's or CPU's
+// format), the call reorders it from the header's format tag on every call.
 //
 // Per call: each thread keeps, with the parsed attrs and per argument shapes, a call site
 // (MatmulSite: the checked GEMM, the library, the oneDNN primitive and the call's dnnl::memory
@@ -27,6 +35,7 @@
 #include "cblas.h"
 #include "common.h"
 #include "kernels.h"
+#include "weight_pack.h"
 
 namespace tvm_ollie {
 
@@ -39,7 +48,7 @@ constexpr const char* kName = "tvm_ollie.cpu.matmul";
 enum class Lib { kAuto, kOneDNN, kOpenBLAS };
 
 struct MatmulParams {
-  bool ta = false, tb = false, has_bias = false, has_res = false;
+  bool ta = false, tb = false, has_bias = false, has_res = false, wpacked = false;
   Activation act;
   Lib lib = Lib::kAuto;
   std::string canonical;  // attrs in canonical order (cache key)
@@ -55,10 +64,14 @@ MatmulParams ParseMatmulAttrs(const std::string& text) {
   p.act = ParseActivation(attrs, attrs.GetRaw("act", "none"));
   std::string lib = attrs.GetStr("lib", "auto", {"auto", "onednn", "openblas"});
   p.lib = lib == "onednn" ? Lib::kOneDNN : (lib == "openblas" ? Lib::kOpenBLAS : Lib::kAuto);
+  p.wpacked = attrs.GetBool("wpacked", false);
   attrs.CheckAllUsed();
+  if (p.wpacked && (p.ta || p.lib == Lib::kOpenBLAS)) {
+    TVM_FFI_THROW(ValueError) << kName << ": wpacked=1 needs ta=0 and the oneDNN kernel";
+  }
   p.canonical = std::string("ta=") + (p.ta ? "1" : "0") + ";tb=" + (p.tb ? "1" : "0") +
                 ";bias=" + (p.has_bias ? "1" : "0") + ";res=" + (p.has_res ? "1" : "0") +
-                ";act=" + p.act.text;
+                ";act=" + p.act.text + (p.wpacked ? ";wp=1" : "");
   return p;
 }
 
@@ -145,9 +158,11 @@ void RunOpenBLAS(const MatmulParams& p, const GemmShape& pr, const float* a, con
 }
 
 // A cached oneDNN matmul for one (attrs, shapes) pair.
+// wei_md: the primitive's weight format (a blocked one with wpacked=1); user_wei_md: B as the
+// caller stores it (what matmul_pack_weight reorders from).
 struct OneDNNMatmul {
   dnnl::matmul prim;
-  dnnl::memory::desc src_md, wei_md, bias_md, dst_md, scratch_md;
+  dnnl::memory::desc src_md, wei_md, user_wei_md, bias_md, dst_md, scratch_md;
 };
 
 std::string DimsKey(const std::vector<int64_t>& d) {
@@ -216,7 +231,9 @@ std::shared_ptr<OneDNNMatmul> CreateOneDNNMatmul(const MatmulParams& p, const On
     acc_b *= q.b_batch[i];
   }
   e->src_md = dnnl::memory::desc(src_d, dt::f32, src_s);
-  e->wei_md = dnnl::memory::desc(wei_d, dt::f32, wei_s);
+  e->wei_md = p.wpacked ? dnnl::memory::desc(wei_d, dt::f32, dnnl::memory::format_tag::any)
+                        : dnnl::memory::desc(wei_d, dt::f32, wei_s);
+  e->user_wei_md = dnnl::memory::desc(wei_d, dt::f32, wei_s);
   // dst must be plain row-major: give explicit strides.
   dims dst_s(nb + 2);
   int64_t acc = 1;
@@ -244,6 +261,7 @@ std::shared_ptr<OneDNNMatmul> CreateOneDNNMatmul(const MatmulParams& p, const On
     pd = dnnl::matmul::primitive_desc(Engine(), e->src_md, e->wei_md, e->dst_md, attr);
   }
   e->scratch_md = pd.scratchpad_desc();
+  e->wei_md = pd.weights_desc();
   e->prim = dnnl::matmul(pd);
   return e;
 }
@@ -267,6 +285,7 @@ struct MatmulSite {
   dnnl::memory src, wei, dst, bias, res, scratch;
   std::unordered_map<int, dnnl::memory> args;
   size_t scratch_bytes = 0;
+  uint64_t pack_hash = 0;  // weight_pack::Hash of the bound primitive (wpacked=1)
 };
 
 // The ParsedAttrs value of matmul: the attributes and, per argument shapes, the call sites.
@@ -301,10 +320,52 @@ void BindSite(const MatmulParams& p, MatmulSite* site, int nthr) {
     site->args[DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1] = site->res;
   }
   site->scratch_bytes = e.scratch_md.get_size();
+  if (p.wpacked) site->pack_hash = weight_pack::Hash(site->key, e.wei_md);
   if (site->scratch_bytes > 0) {
     site->scratch = dnnl::memory(e.scratch_md, eng, DNNL_MEMORY_NONE);
     site->args[DNNL_ARG_SCRATCHPAD] = site->scratch;
   }
+}
+
+// A reorder from a pack's format tag into a primitive's weight format (cached per primitive and
+// tag).
+struct PortablePack {
+  dnnl::memory::desc from;
+  Reorder reorder;
+};
+
+// The weights of a wpacked=1 call: the pack's data as they are when its header was made for the
+// site's primitive; else (another thread count's or CPU's format) reordered from the header's
+// format tag into scratch slot 2; a pack of other weights or without a tag is rejected.
+const float* PackedWeights(const MatmulSite& site, const float* b, int64_t numel) {
+  const weight_pack::Header h = weight_pack::ReadHeader(b, numel);
+  const OneDNNMatmul& e = *site.e;
+  const int64_t have = weight_pack::PackedFloats(h.bytes);
+  if (h.magic != weight_pack::kMagic || h.dims != weight_pack::DimsHash(e.wei_md.get_dims()) ||
+      numel != have) {
+    TVM_FFI_THROW(ValueError) << kName << ": the packed B (" << numel << " elements) was made "
+                              << "for other weights; repack it with "
+                              << "tvm_ollie.cpu.matmul_pack_weight";
+  }
+  if (h.hash == site.pack_hash) return b + weight_pack::kHeaderFloats;
+  if (h.tag == 0) {
+    TVM_FFI_THROW(ValueError) << kName << ": the packed B was made for another primitive in a "
+                              << "format without a oneDNN tag; repack it in this process";
+  }
+  auto port = CachedGet<PortablePack>(site.key + "|from_tag=" + std::to_string(h.tag), [&]() {
+    auto r = std::make_shared<PortablePack>();
+    r->from = dnnl::memory::desc(e.wei_md.get_dims(), e.wei_md.get_data_type(),
+                                 static_cast<dnnl::memory::format_tag>(h.tag));
+    r->reorder.Init(r->from, e.wei_md);
+    return r;
+  });
+  const dnnl::engine& eng = Engine();
+  const float* data = b + weight_pack::kHeaderFloats;
+  if (!port->reorder.needed) return data;
+  void* wei = ScratchBuffer(2, e.wei_md.get_size());
+  port->reorder.Run(dnnl::memory(port->from, eng, const_cast<float*>(data)),
+                    dnnl::memory(e.wei_md, eng, wei), 5);
+  return static_cast<const float*>(wei);
 }
 
 // One oneDNN call on a bound site.
@@ -358,7 +419,11 @@ MatmulTensors CheckMatmulTensors(const MatmulParams& p, ffi::PackedArgs args) {
                   TensorArg(args, args.size() - 1, "Out")};
   i += 2;
   t.a = CheckFloatTensor(t.A, kName, "A", 2);
-  t.b = CheckFloatTensor(t.B, kName, "B", 2);
+  t.b = CheckFloatTensor(t.B, kName, "B", p.wpacked ? 1 : 2);
+  if (p.wpacked && t.B.ndim() != 1) {
+    TVM_FFI_THROW(ValueError) << kName << ": with wpacked=1 B must be the 1-D output of "
+                              << "tvm_ollie.cpu.matmul_pack_weight, got " << ShapeStr(t.B);
+  }
   if (p.has_bias) {
     t.Bias = TensorArg(args, i++, "bias");
     t.bias = CheckFloatTensor(*t.Bias, kName, "bias", 1);
@@ -371,10 +436,31 @@ MatmulTensors CheckMatmulTensors(const MatmulParams& p, ffi::PackedArgs args) {
   return t;
 }
 
+// The GEMM of a wpacked=1 call (ta=0): A [..., M, K], Out [..., M, N], B not batched.
+GemmShape PackedGemmShape(const ffi::TensorView& A, const ffi::TensorView& Out) {
+  const std::vector<int64_t> ad = Dims(A), od = Dims(Out);
+  std::vector<int64_t> want(ad);
+  want.back() = od.empty() ? 0 : od.back();
+  if (od != want) {
+    TVM_FFI_THROW(ValueError) << kName << ": with wpacked=1 Out must have A's shape "
+                              << ShapeStr(A) << " with the last dim N, got " << ShapeStr(Out);
+  }
+  GemmShape pr;
+  pr.batch.assign(ad.begin(), ad.end() - 2);
+  pr.a_batch = pr.batch;
+  pr.b_batch.assign(pr.batch.size(), 1);
+  pr.M = ad[ad.size() - 2];
+  pr.K = ad.back();
+  pr.N = od.back();
+  for (int64_t d : pr.batch) pr.count *= d;
+  return pr;
+}
+
 // The problem of a call from its shapes (every shape check), or nullopt when Out is empty.
 std::optional<MatmulSite> ResolveSite(const MatmulParams& p, const MatmulTensors& t) {
   MatmulSite site;
-  site.pr = CheckGemmShapes(kName, p.ta, p.tb, t.A, t.B, t.Out);
+  site.pr = p.wpacked ? PackedGemmShape(t.A, t.Out)
+                      : CheckGemmShapes(kName, p.ta, p.tb, t.A, t.B, t.Out);
   const GemmShape& pr = site.pr;
   if (t.Bias.has_value() && (t.Bias->ndim() != 1 || t.Bias->shape()[0] != pr.N)) {
     TVM_FFI_THROW(ValueError) << kName << ": bias has shape " << ShapeStr(*t.Bias)
@@ -385,8 +471,8 @@ std::optional<MatmulSite> ResolveSite(const MatmulParams& p, const MatmulTensors
                               << ", expected Out's shape " << ShapeStr(t.Out);
   }
   if (t.Out.numel() == 0) return std::nullopt;
-  site.lib = p.lib == Lib::kAuto ? ChooseLib(pr) : p.lib;
-  if (pr.K == 0) site.lib = Lib::kOpenBLAS;  // the BLAS path handles K == 0 (epilogue only)
+  site.lib = p.wpacked ? Lib::kOneDNN : (p.lib == Lib::kAuto ? ChooseLib(pr) : p.lib);
+  if (pr.K == 0 && !p.wpacked) site.lib = Lib::kOpenBLAS;  // epilogue only: the BLAS path
   site.flops = 2.0 * pr.count * pr.M * pr.N * pr.K;
   if (site.lib == Lib::kOneDNN) {
     site.q = FoldProblem(p, pr);
@@ -429,7 +515,80 @@ void Matmul(ffi::PackedArgs args, ffi::Any* rv) {
   threads.SerialBelow(site->flops, &site->best_ns);
   const int nthr = omp_get_max_threads();
   if (site->nthr != nthr) BindSite(p, site, nthr);
-  RunSite(p, site, t.a, t.b, t.bias, t.res, t.out);
+  const float* b = p.wpacked ? PackedWeights(*site, t.b, t.B.numel()) : t.b;
+  RunSite(p, site, t.a, b, t.bias, t.res, t.out);
+}
+
+// matmul_packed_size(attrs, A, B, Out) -> int and matmul_pack_weight(attrs, A, B, Out, Packed):
+// attrs those of the calls that will take the pack (with or without wpacked=1); A and Out give
+// the shapes only, B the weights ([K, N], or [N, K] with tb=1). The pack is made for the
+// primitive those calls run with the thread count in effect (SerialBelow as in a call).
+constexpr const char* kPackSizeName = "tvm_ollie.cpu.matmul_packed_size";
+constexpr const char* kPackName = "tvm_ollie.cpu.matmul_pack_weight";
+
+// The pack's site: the packed call's problem resolved and bound as a call would.
+MatmulSite PackSite(ffi::PackedArgs args, const char* name, int count, ThreadScope* threads) {
+  if (args.size() != count) {
+    TVM_FFI_THROW(TypeError) << name << ": expected " << count << " arguments";
+  }
+  std::optional<ffi::String> holder;
+  const std::string text(AttrsView(args, name, &holder));
+  const MatmulParams p = ParseMatmulAttrs(text.find("wpacked=") == std::string::npos
+                                              ? text + (text.empty() ? "" : ";") + "wpacked=1"
+                                              : text);
+  if (!p.wpacked) TVM_FFI_THROW(ValueError) << name << ": attrs must not set wpacked=0";
+  ffi::TensorView A = TensorArg(args, 1, "A"), B = TensorArg(args, 2, "B");
+  ffi::TensorView Out = TensorArg(args, 3, "Out");
+  CheckFloatTensor(A, name, "A", 2);
+  CheckFloatTensor(B, name, "B", 2);
+  CheckFloatTensor(Out, name, "Out", 2);
+  if (B.ndim() != 2) TVM_FFI_THROW(ValueError) << name << ": B must have rank 2";
+  const int64_t K = p.tb ? B.shape()[1] : B.shape()[0], N = p.tb ? B.shape()[0] : B.shape()[1];
+  MatmulSite site;
+  site.pr = PackedGemmShape(A, Out);
+  if (site.pr.K != K || site.pr.N != N) {
+    TVM_FFI_THROW(ValueError) << name << ": B " << ShapeStr(B) << (p.tb ? " (tb=1)" : "")
+                              << " does not fit A " << ShapeStr(A) << " and Out "
+                              << ShapeStr(Out);
+  }
+  site.lib = Lib::kOneDNN;
+  site.flops = 2.0 * site.pr.count * site.pr.M * site.pr.N * site.pr.K;
+  site.q = FoldProblem(p, site.pr);
+  site.key = OneDNNKey(p, site.q);
+  threads->SerialBelow(site.flops);
+  BindSite(p, &site, omp_get_max_threads());
+  return site;
+}
+
+void PackedSize(ffi::PackedArgs args, ffi::Any* rv) {
+  ThreadScope threads;
+  const MatmulSite site = PackSite(args, kPackSizeName, 4, &threads);
+  *rv = weight_pack::PackedFloats(site.e->wei_md.get_size());
+}
+
+void PackWeight(ffi::PackedArgs args, ffi::Any* rv) {
+  ThreadScope threads;
+  const MatmulSite site = PackSite(args, kPackName, 5, &threads);
+  const OneDNNMatmul& e = *site.e;
+  ffi::TensorView B = TensorArg(args, 2, "B"), P = TensorArg(args, 4, "Packed");
+  float* packed = CheckFloatTensor(P, kPackName, "Packed", 1);
+  const int64_t want = weight_pack::PackedFloats(e.wei_md.get_size());
+  if (P.ndim() != 1 || P.numel() != want) {
+    TVM_FFI_THROW(ValueError) << kPackName << ": Packed has shape " << ShapeStr(P)
+                              << ", expected [" << want << "] (" << kPackSizeName << ")";
+  }
+  weight_pack::WriteHeader(weight_pack::MakeHeader(site.key, e.wei_md), packed);
+  float* b = CheckFloatTensor(B, kPackName, "B", 2);
+  Reorder to_packed;
+  to_packed.Init(e.user_wei_md, e.wei_md);
+  float* dst = packed + weight_pack::kHeaderFloats;
+  if (to_packed.needed) {
+    to_packed.Run(dnnl::memory(e.user_wei_md, Engine(), b), dnnl::memory(e.wei_md, Engine(), dst),
+                  5);
+    Stream().wait();
+  } else {
+    std::memcpy(dst, b, e.wei_md.get_size());
+  }
 }
 
 }  // namespace
@@ -440,7 +599,10 @@ std::string MatmulInfo() {
 
 TVM_FFI_STATIC_INIT_BLOCK() {
   namespace refl = tvm::ffi::reflection;
-  refl::GlobalDef().def_packed(kName, Matmul);
+  refl::GlobalDef()
+      .def_packed(kName, Matmul)
+      .def_packed(kPackSizeName, PackedSize)
+      .def_packed(kPackName, PackWeight);
 }
 
 }  // namespace tvm_ollie

@@ -54,6 +54,8 @@ __all__ = [
     "DEFAULT_SERIAL_FLOPS",
     "CONV2D_PACKED_SIZE",
     "CONV2D_PACK_WEIGHT",
+    "MATMUL_PACKED_SIZE",
+    "MATMUL_PACK_WEIGHT",
     "CONV2D_PREFERRED_FORMAT",
     "CONV2D_INT8",
     "MATMUL_INT8",
@@ -129,6 +131,10 @@ DEFAULT_SERIAL_FLOPS = 1_000_000
 #: Optional weight prepacking for conv2d (see docs/native-library.md): size query and DPS packer.
 CONV2D_PACKED_SIZE = "tvm_ollie.cpu.conv2d_packed_size"
 CONV2D_PACK_WEIGHT = "tvm_ollie.cpu.conv2d_pack_weight"
+#: The float matmul's constant ``B`` packed once into oneDNN's format, for calls with
+#: ``wpacked=1`` (:mod:`tvm_ollie.transform.matmul_pack`): size query and DPS packer.
+MATMUL_PACKED_SIZE = "tvm_ollie.cpu.matmul_packed_size"
+MATMUL_PACK_WEIGHT = "tvm_ollie.cpu.matmul_pack_weight"
 #: The activation formats oneDNN prefers for a conv (``src_fmt``/``dst_fmt`` values: nchw, nhwc,
 #: nChw{B}c; docs/layouts.md).
 CONV2D_PREFERRED_FORMAT = "tvm_ollie.cpu.conv2d_preferred_format"

@@ -285,6 +285,26 @@ def test_offered_and_chosen_when_it_measures_faster():
     np.testing.assert_allclose(_run(new, args), _run(mod, args), rtol=1e-5, atol=1e-5)
 
 
+def test_library_plan_takes_the_native_form():
+    """The guard's library plan (no derivation) finds the regions and takes a region's native
+    form, as it takes every call's library kernel: Before = the Mix-FFN region, Expected = one
+    channels-last conv call with the GELU folded, no transpose left; the same result."""
+    from tvm_ollie.config import OllieConfig
+    from tvm_ollie.pipeline.joint import library_plan
+
+    mod = mix_ffn(h=4, w=4, c=8)
+    new, report = library_plan(mod, OllieConfig(target="llvm", **OPTS))
+    (decision,) = [d for d in report.regions if d.kind == "region"]
+    assert decision.chosen == "original [native]", decision.reason
+    script = new.script()
+    assert "nn.conv2d" not in script and "permute_dims" not in script
+    assert "src_fmt=nhwc" in script and "act=gelu" in script
+    rng = np.random.default_rng(1)
+    args = [rng.standard_normal((16, 8)).astype(F32), rng.standard_normal((1, 8, 1, 1))
+            .astype(F32)]
+    np.testing.assert_allclose(_run(new, args), _run(mod, args), rtol=1e-5, atol=1e-5)
+
+
 def test_kept_when_the_original_measures_faster():
     from tvm_ollie.transform.optimize import optimize_module
 

@@ -193,7 +193,8 @@ def library_plan(given: "tvm.IRModule", cfg, checker=None
     """The *library* plan of the whole-model guards: ``given`` with every heavy call on its
     native library kernel where it has one (:func:`~tvm_ollie.transform.choosing.
     native_everywhere`), no derivation, and the pass's other steps as ``cfg`` has them
-    (inference folds, epilogues folded, chains of convolutions kept in oneDNN's format);
+    (inference folds, epilogues folded, chains of convolutions kept in oneDNN's format, the
+    regions' native forms);
     ``(module, report)``, or None when it rewrites nothing.
 
     The sequential build's whole-model guard (``pipeline.build._library_plan``) and the joint
@@ -208,9 +209,14 @@ def library_plan(given: "tvm.IRModule", cfg, checker=None
     # small call on TVM (it saves compile time where a decision is searched and timed; here
     # none is), and each such call splits the chain the layout step keeps channels-last:
     # GCN quick's plan kept 31 of its 46 convolutions on TVM, in 7 chains with 13 transforms.
+    # native_regions: a region's native form (its transposes, conv and epilogue as one
+    # channels-last call, transform/layout_absorb.py) is a library kernel too; SegFormer quick's
+    # library plan ran 1.23x (one thread) and 1.38x (two) faster with its four Mix-FFN regions
+    # in that form (docs/layouts.md, "Constant matmul weights in their fastest form")
     module, report = optimize_module(given, config=cfg.replace(derive=False, trials=0,
                                                                min_share=0.0),
-                                     chooser=native_everywhere, checker=checker)
+                                     chooser=native_everywhere, checker=checker,
+                                     native_regions=True)
     if not (report.rewritten or any(r.rewritten for r in report.regions)):
         return None
     return module, report

@@ -45,7 +45,7 @@ from ..orchestrate.tuned import tuned_orchestrate_build
 from ..target import kind_name, normalize_target
 from ..transform.blocked_layout import blocked_layout
 from ..transform.decide import DERIVABLE_OPS, Alternative, call_signature
-from ..transform.optimize import apply_call_choices, optimize_module
+from ..transform.optimize import apply_call_choices, optimize_module, packed_matmuls
 from ..transform.decision import Decision
 from ..transform.report import OptimizeReport
 from ..tune.metaschedule import STATS
@@ -266,7 +266,14 @@ def layout_step(cfg: OllieConfig, decider, target):
     """
     if not (cfg.blocked_layout and decider.library and lib.device_of(target) == "cpu"):
         return None
-    return lambda module: blocked_layout(module, pack_weights=cfg.pack_weights)
+
+    def step(module):
+        module, layouts = blocked_layout(module, pack_weights=cfg.pack_weights)
+        if cfg.pack_weights:  # the matmuls' constant weights too, as the sequential build
+            module = packed_matmuls(module, cfg.work_dir)[0]
+        return module, layouts
+
+    return step
 
 
 def _heavy_calls(mod: "tvm.IRModule") -> Dict[str, str]:

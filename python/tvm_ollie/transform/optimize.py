@@ -40,6 +40,7 @@ from .groups import find_shared_input_groups
 from .inference_fold import fold_inference
 from .int8_choice import Int8Choice, Int8Report
 from .int8_kernels import int8_kernels
+from .matmul_pack import PackReport, pack_matmul_weights
 from .norm_kernels import instance_norm_kernels
 from .pool_cascade import pool_cascade
 from .pool_cover import pool_cover
@@ -191,8 +192,8 @@ def optimize_module(mod: "tvm.IRModule", target=None, config: Optional[OllieConf
                     budget: Optional[TrialBudget] = None, timer: Optional[Timer] = None,
                     checker: Union[Checker, CheckFn, None] = None,
                     chooser: Optional[Chooser] = None, tuner: Optional[Tuner] = None,
-                    cost_model: Optional[UnitCostModel] = None, **options: Any,
-                    ) -> Tuple["tvm.IRModule", OptimizeReport]:
+                    cost_model: Optional[UnitCostModel] = None, native_regions: bool = False,
+                    **options: Any) -> Tuple["tvm.IRModule", OptimizeReport]:
     """Run the derivation rewrite on ``mod``; return the new module and the report.
 
     The options are one :class:`~tvm_ollie.config.OllieConfig` (``config``, default: the
@@ -229,6 +230,11 @@ def optimize_module(mod: "tvm.IRModule", target=None, config: Optional[OllieConf
         :mod:`.decide`).
     tuner : Tuner, optional
         Replaces the pass's MetaSchedule tuner (``trials > 0``; fault-injection tests).
+    native_regions : bool
+        Find the regions of several calls without ``derive`` too, so that a chooser can take
+        their native forms (:mod:`.layout_absorb`: one channels-last library call in place of a
+        region's transposes, conv and epilogue): the whole-model guard's library plan
+        (:func:`tvm_ollie.pipeline.joint.library_plan`).
     **options
         Overrides of the config's fields (``trials``, ``max_depth``, ``search_time_s``...).
     """
@@ -236,14 +242,15 @@ def optimize_module(mod: "tvm.IRModule", target=None, config: Optional[OllieConf
     tgt = normalize_target(cfg.target)
     # the library kernels of the target's device; the stages timed into the open profile
     with lib.kernel_device(lib.device_of(tgt)), profile_scope() as prof:
-        new_mod, report = _optimize(mod, cfg, tgt, budget, timer=timer, checker=checker,
-                                    chooser=chooser, tuner=tuner, cost_model=cost_model)
+        new_mod, report = _optimize(mod, cfg, tgt, budget, native_regions, timer=timer,
+                                    checker=checker, chooser=chooser, tuner=tuner,
+                                    cost_model=cost_model)
     report.compile_profile = prof
     return new_mod, report
 
 
 def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[TrialBudget],
-              **hooks) -> Tuple["tvm.IRModule", OptimizeReport]:
+              native_regions: bool = False, **hooks) -> Tuple["tvm.IRModule", OptimizeReport]:
     """:func:`optimize_module` once the options are resolved (``hooks``: the timer, checker,
     chooser, tuner and cost model)."""
     t_start = time.perf_counter()
@@ -264,7 +271,7 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
             mod, norms = instance_norm_kernels(mod)
         folds = {**folds, **norms}
     with stage("regions"):
-        calls, regions, groups = _find_units(mod, cfg)
+        calls, regions, groups = _find_units(mod, cfg, native_regions)
     report = OptimizeReport(target=kind_name(tgt),
                             budget=budget, calibration=decider.calib.describe())
     tuning0, calls0 = STATS.seconds, STATS.calls
@@ -303,6 +310,9 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
     if cfg.blocked_layout and decider.library and lib.current_device() == "cpu":
         with stage("layouts"):
             new_mod, report.layouts = _laid_out(new_mod, cfg.pack_weights)
+        if cfg.pack_weights:
+            with stage("matmul packs"):
+                new_mod, report.matmul_packs = packed_matmuls(new_mod, cfg.work_dir)
     if cfg.fold_inference:  # after the layouts: a pool in a channels-last chain stays in it
         new_mod, pools = pool_cover(new_mod)
         new_mod, cascaded = pool_cascade(new_mod)
@@ -337,13 +347,15 @@ def _int8_choice(decider: Decider) -> Optional[Int8Choice]:
     return Int8Choice(timing.model, timing.records)
 
 
-def _find_units(mod: "tvm.IRModule", cfg: OllieConfig):
+def _find_units(mod: "tvm.IRModule", cfg: OllieConfig, native_regions: bool = False):
     """The units to decide: ``(function, variable, call)`` of every derivable call, the regions
-    of more than one call and the shared-input groups (those two only when deriving), all of
-    the operators ``cfg.targets`` names (when it names any)."""
+    of more than one call (only when deriving, or with ``native_regions``) and the shared-input
+    groups (only when deriving), all of the operators ``cfg.targets`` names (when it names
+    any)."""
     calls = _derivable_calls(mod)
     regions = [r for r in (find_regions(mod, cfg.region_calls)
-                           if cfg.region_calls > 1 and cfg.derive else []) if r.size > 1]
+                           if cfg.region_calls > 1 and (cfg.derive or native_regions) else [])
+               if r.size > 1]
     groups = find_shared_input_groups(mod, cfg.merge_group) if cfg.derive else []
     if cfg.targets:
         wanted = {t if t.startswith("relax.") else f"relax.{t}" for t in cfg.targets}
@@ -381,6 +393,19 @@ def _laid_out(mod: "tvm.IRModule", pack_weights: bool) -> Tuple["tvm.IRModule", 
         why = f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:200] if str(err) else ''}"
         LOG.warning("ollie: the layout step failed (%s); activations stay NCHW", why)
         return mod, LayoutReport(skipped=[f"the layout step failed: {why}"])
+
+
+def packed_matmuls(mod: "tvm.IRModule", work_dir: Optional[str] = None
+                   ) -> Tuple["tvm.IRModule", PackReport]:
+    """``mod`` after :func:`~.matmul_pack.pack_matmul_weights` (its times kept in
+    ``work_dir``), or as it is when the step fails (an optional step never fails the build;
+    the report says why)."""
+    try:
+        return pack_matmul_weights(mod, work_dir=work_dir)
+    except Exception as err:  # pylint: disable=broad-except
+        why = f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:200] if str(err) else ''}"
+        LOG.warning("ollie: packing the matmul weights failed (%s); they stay plain", why)
+        return mod, PackReport(kept=[f"the step failed: {why}"])
 
 
 def _decide_units(units: list, choose, verbose: bool) -> List[Tuple[object, Decision]]:

@@ -68,6 +68,9 @@ class OptimizeReport:
     #: chains of native convolutions kept in oneDNN's activation format
     #: (:class:`tvm_ollie.transform.blocked_layout.LayoutReport`; None: not run)
     layouts: Any = None
+    #: native matmuls given their constant weights packed once
+    #: (:class:`tvm_ollie.transform.matmul_pack.PackReport`; None: not run)
+    matmul_packs: Any = None
     #: the int8 units' decisions (:class:`tvm_ollie.transform.int8_choice.Int8Report`: the
     #: exact forms timed and the one kept; None: no int8 unit)
     int8: Any = None
@@ -148,6 +151,8 @@ class OptimizeReport:
             rows.append(f"epilogues folded into native kernels: {folded}")
         if self.layouts is not None:
             rows.append(self.layouts.to_text())
+        if self.matmul_packs is not None:
+            rows.append(self.matmul_packs.to_text())
         return "\n".join(rows)
 
     def __str__(self) -> str:

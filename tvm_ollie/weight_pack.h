@@ -1,0 +1,43 @@
+// Weights packed once into a oneDNN primitive's own format, with a header that says for which
+// problem, format and machine they were made (the float matmul's packed B). A call reads a pack
+// as it is when the header's hash is its own primitive's; otherwise it reorders the pack from
+// the oneDNN format tag in the header, every call, so a module built with packed weights still
+// runs under another thread count or CPU (at the unpacked speed there).
+#ifndef TVM_OLLIE_WEIGHT_PACK_H_
+#define TVM_OLLIE_WEIGHT_PACK_H_
+
+#include <cstdint>
+#include <string>
+
+#include "oneapi/dnnl/dnnl.hpp"
+
+namespace tvm_ollie {
+namespace weight_pack {
+
+// The header: 64 bytes (16 float32 elements) before the packed weights.
+constexpr int64_t kHeaderFloats = 16;
+constexpr uint64_t kMagic = 0x324b5045494c4c4fULL;  // "OLLIEPK2"
+
+struct Header {
+  uint64_t magic = 0, hash = 0, tag = 0, bytes = 0, dims = 0;
+};
+
+// A hash of a primitive's cache key, its weight descriptor (dims, strides, blocks) and the
+// CPU ISA: equal hashes mean the pack is the primitive's weight memory as it is.
+uint64_t Hash(const std::string& key, const dnnl::memory::desc& md);
+// A hash of the logical weight dims (the header's check that the pack holds these weights).
+uint64_t DimsHash(const dnnl::memory::dims& dims);
+// The format tag whose descriptor equals md (md's dims and data type), 0 when no tag does.
+uint64_t TagOf(const dnnl::memory::desc& md);
+// The header of the packed weights of primitive key `key` in format md.
+Header MakeHeader(const std::string& key, const dnnl::memory::desc& md);
+// The header at the start of a pack of `numel` float32 elements (zeros when it is shorter).
+Header ReadHeader(const float* data, int64_t numel);
+void WriteHeader(const Header& h, float* data);
+// Float32 elements of a pack whose weights take `bytes` bytes.
+int64_t PackedFloats(uint64_t bytes);
+
+}  // namespace weight_pack
+}  // namespace tvm_ollie
+
+#endif  // TVM_OLLIE_WEIGHT_PACK_H_
