@@ -242,14 +242,14 @@ def optimize_module(mod: "tvm.IRModule", target=None, config: Optional[OllieConf
     tgt = normalize_target(cfg.target)
     # the library kernels of the target's device; the stages timed into the open profile
     with lib.kernel_device(lib.device_of(tgt)), profile_scope() as prof:
-        new_mod, report = _optimize(mod, cfg, tgt, budget, native_regions, timer=timer,
-                                    checker=checker, chooser=chooser, tuner=tuner,
+        new_mod, report = _optimize(mod, cfg, tgt, budget, native_regions=native_regions,
+                                    timer=timer, checker=checker, chooser=chooser, tuner=tuner,
                                     cost_model=cost_model)
     report.compile_profile = prof
     return new_mod, report
 
 
-def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[TrialBudget],
+def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[TrialBudget], *,
               native_regions: bool = False, **hooks) -> Tuple["tvm.IRModule", OptimizeReport]:
     """:func:`optimize_module` once the options are resolved (``hooks``: the timer, checker,
     chooser, tuner and cost model)."""
