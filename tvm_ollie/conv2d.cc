@@ -37,6 +37,7 @@
 
 #include "common.h"
 #include "kernels.h"
+#include "weight_pack.h"
 
 namespace tvm_ollie {
 
@@ -344,17 +345,9 @@ std::shared_ptr<OneDNNConv> CreateConv(const ConvParams& p, const ConvShape& s, 
 // wants, every call, as it does unpacked weights: a module built with packed weights runs
 // anywhere, at the unpacked speed where the machine differs. Without a tag (a format that no
 // tag names) or with other logical dims it is rejected instead of read in the wrong layout.
-constexpr int64_t kPackHeaderFloats = 16;
-constexpr uint64_t kPackMagic = 0x314b5045494c4c4fULL;  // "OLLIEPK1"
-
-uint64_t Fnv1a(const std::string& text) {
-  uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : text) {
-    h ^= c;
-    h *= 1099511628211ULL;
-  }
-  return h;
-}
+// The header is weight_pack.h's, with the convolution's magic.
+constexpr int64_t kPackHeaderFloats = weight_pack::kHeaderFloats;
+constexpr uint64_t kPackMagic = weight_pack::kConvMagic;
 
 // Floating-point operations of one call (multiply and add per weight tap per output element).
 double ConvFlops(const ConvShape& s) {
@@ -368,56 +361,8 @@ std::string ConvKey(const ConvParams& p, const ConvShape& s, Fmt fmt) {
          std::to_string(s.KW);
 }
 
-uint64_t PackHash(const std::string& key, const dnnl::memory::desc& md) {
-  const int isa = static_cast<int>(dnnl::get_effective_cpu_isa());
-  std::string text = key + "|isa=" + std::to_string(isa);
-  auto add = [&](const char* what, const dnnl::memory::dims& d) {
-    text += std::string("|") + what;
-    for (int64_t v : d) text += "," + std::to_string(v);
-  };
-  add("dims", md.get_dims());
-  add("strides", md.get_strides());
-  add("blks", md.get_inner_blks());
-  add("idxs", md.get_inner_idxs());
-  text += "|size=" + std::to_string(md.get_size());
-  return Fnv1a(text);
-}
-
 int64_t PackedFloats(const OneDNNConv& e) {
   return kPackHeaderFloats + static_cast<int64_t>((e.wei_bytes + 3) / 4);
-}
-
-// A hash of the logical weight dims (the packed header's check that the weights are these).
-uint64_t DimsHash(const dnnl::memory::dims& d) {
-  std::string text = "dims";
-  for (int64_t v : d) text += "," + std::to_string(v);
-  return Fnv1a(text);
-}
-
-// The format tag whose memory descriptor (md's dims and data type) equals md; 0 when no tag
-// does. Once per packed weight, at pack time.
-uint64_t TagOf(const dnnl::memory::desc& md) {
-  for (int t = dnnl_format_tag_any + 1; t < dnnl_format_tag_last; ++t) {
-    try {
-      dnnl::memory::desc cand(md.get_dims(), md.get_data_type(),
-                              static_cast<dnnl::memory::format_tag>(t));
-      if (cand == md) return static_cast<uint64_t>(t);
-    } catch (const dnnl::error&) {
-      continue;  // a tag of another rank
-    }
-  }
-  return 0;
-}
-
-// The packed header (see kPackHeaderFloats): magic, hash, tag, bytes, dims hash.
-struct PackHeader {
-  uint64_t magic = 0, hash = 0, tag = 0, bytes = 0, dims = 0;
-};
-
-PackHeader ReadPackHeader(const float* w) {
-  uint64_t h[5];
-  std::memcpy(h, w, sizeof(h));
-  return PackHeader{h[0], h[1], h[2], h[3], h[4]};
 }
 
 // A reorder from the packed weights' tag into the primitive's weight format (cached).
@@ -433,7 +378,7 @@ struct PortableWeights {
 dnnl::memory PackedWeights(const ffi::TensorView& Wt, float* w, const std::string& key,
                            uint64_t hash, const OneDNNConv& e,
                            const std::function<dnnl::memory(void*)>& as_is) {
-  const PackHeader h = Wt.numel() >= kPackHeaderFloats ? ReadPackHeader(w) : PackHeader{};
+  const weight_pack::Header h = weight_pack::ReadHeader(w, Wt.numel());
   const dnnl::engine& eng = Engine();
   if (h.magic == kPackMagic && h.hash == hash) {
     if (Wt.numel() != PackedFloats(e)) {
@@ -445,7 +390,8 @@ dnnl::memory PackedWeights(const ffi::TensorView& Wt, float* w, const std::strin
     return as_is(w + kPackHeaderFloats);
   }
   const int64_t want = kPackHeaderFloats + static_cast<int64_t>((h.bytes + 3) / 4);
-  if (h.magic != kPackMagic || h.tag == 0 || h.dims != DimsHash(e.wei_md.get_dims())) {
+  if (h.magic != kPackMagic || h.tag == 0 ||
+      h.dims != weight_pack::DimsHash(e.wei_md.get_dims())) {
     TVM_FFI_THROW(ValueError) << kName << ": packed weight was made for other weights or in a "
                               << "format without a oneDNN tag (header mismatch); repack it "
                               << "with tvm_ollie.cpu.conv2d_pack_weight";
@@ -502,7 +448,7 @@ struct ConvSite {
   int nthr = 0;                    // the OpenMP thread count `e` was made for (0: not bound)
   int64_t best_ns = kNoBestNs;     // the fastest parallel run (stall.h)
   std::shared_ptr<OneDNNConv> e;
-  uint64_t pack_hash = 0;          // PackHash(key, e->wei_md) (wpacked calls)
+  uint64_t pack_hash = 0;          // weight_pack::Hash(key, e->wei_md) (wpacked calls)
   dnnl::memory user_src, user_dst, user_res, src, wei, dst, bias, scratch;
   // weights by data pointer (a site's weights are constants: the same few pointers every run):
   // a memory over blocked weights is zero-padded whenever it is made or its handle changes
@@ -620,7 +566,7 @@ void BindSite(const ConvParams& p, ConvSite* site, int nthr) {
   site->e = CachedGet<OneDNNConv>(site->key, [&]() { return CreateConv(p, site->s, site->fmt); });
   site->nthr = nthr;
   const OneDNNConv& e = *site->e;
-  site->pack_hash = p.wpacked ? PackHash(site->key, e.wei_md) : 0;
+  site->pack_hash = p.wpacked ? weight_pack::Hash(site->key, e.wei_md) : 0;
   const dnnl::engine& eng = Engine();
   site->user_src = dnnl::memory(e.user_src, eng, DNNL_MEMORY_NONE);
   site->user_dst = dnnl::memory(e.user_dst, eng, DNNL_MEMORY_NONE);
@@ -780,10 +726,7 @@ void PackWeight(ffi::PackedArgs args, ffi::Any* rv) {
                               << ", expected [" << PackedFloats(*e)
                               << "] (tvm_ollie.cpu.conv2d_packed_size)";
   }
-  uint64_t header[kPackHeaderFloats / 2] = {kPackMagic, PackHash(key, e->wei_md),
-                                            TagOf(e->wei_md), e->wei_md.get_size(),
-                                            DimsHash(e->wei_md.get_dims())};
-  std::memcpy(packed, header, sizeof(header));
+  weight_pack::WriteHeader(weight_pack::MakeHeader(key, e->wei_md, kPackMagic), packed);
   dnnl::memory user_wei(e->user_wei, Engine(), w);
   dnnl::memory dst(e->wei_md, Engine(), packed + kPackHeaderFloats);
   if (e->wei_in.needed) {

@@ -36,8 +36,8 @@ uint64_t Hash(const std::string& key, const dnnl::memory::desc& md) {
 }
 
 uint64_t DimsHash(const dnnl::memory::dims& dims) {
-  std::string text;
-  AddDims(&text, "dims", dims);
+  std::string text = "dims";
+  for (int64_t v : dims) text += "," + std::to_string(v);
   return Fnv1a(text);
 }
 
@@ -54,8 +54,8 @@ uint64_t TagOf(const dnnl::memory::desc& md) {
   return 0;
 }
 
-Header MakeHeader(const std::string& key, const dnnl::memory::desc& md) {
-  return Header{kMagic, Hash(key, md), TagOf(md), md.get_size(), DimsHash(md.get_dims())};
+Header MakeHeader(const std::string& key, const dnnl::memory::desc& md, uint64_t magic) {
+  return Header{magic, Hash(key, md), TagOf(md), md.get_size(), DimsHash(md.get_dims())};
 }
 
 Header ReadHeader(const float* data, int64_t numel) {

@@ -1,5 +1,6 @@
 // Weights packed once into a oneDNN primitive's own format, with a header that says for which
-// problem, format and machine they were made (the float matmul's packed B). A call reads a pack
+// problem, format and machine they were made (the float matmul's packed B, the float
+// convolution's packed weights). A call reads a pack
 // as it is when the header's hash is its own primitive's; otherwise it reorders the pack from
 // the oneDNN format tag in the header, every call, so a module built with packed weights still
 // runs under another thread count or CPU (at the unpacked speed there).
@@ -14,9 +15,11 @@
 namespace tvm_ollie {
 namespace weight_pack {
 
-// The header: 64 bytes (16 float32 elements) before the packed weights.
+// The header: 64 bytes (16 float32 elements) before the packed weights. Each kernel family
+// has its own magic (a matmul's pack is not a convolution's).
 constexpr int64_t kHeaderFloats = 16;
-constexpr uint64_t kMagic = 0x324b5045494c4c4fULL;  // "OLLIEPK2"
+constexpr uint64_t kMagic = 0x324b5045494c4c4fULL;      // "OLLIEPK2": the float matmul's
+constexpr uint64_t kConvMagic = 0x314b5045494c4c4fULL;  // "OLLIEPK1": the float conv2d's
 
 struct Header {
   uint64_t magic = 0, hash = 0, tag = 0, bytes = 0, dims = 0;
@@ -30,7 +33,7 @@ uint64_t DimsHash(const dnnl::memory::dims& dims);
 // The format tag whose descriptor equals md (md's dims and data type), 0 when no tag does.
 uint64_t TagOf(const dnnl::memory::desc& md);
 // The header of the packed weights of primitive key `key` in format md.
-Header MakeHeader(const std::string& key, const dnnl::memory::desc& md);
+Header MakeHeader(const std::string& key, const dnnl::memory::desc& md, uint64_t magic = kMagic);
 // The header at the start of a pack of `numel` float32 elements (zeros when it is shorter).
 Header ReadHeader(const float* data, int64_t numel);
 void WriteHeader(const Header& h, float* data);
