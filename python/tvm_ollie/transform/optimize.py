@@ -384,13 +384,19 @@ def _rewritten(mod: "tvm.IRModule", decided: List[Tuple[object, Decision]]):
 _APART = "the calls apart on native kernels win, each decided alone; "
 
 
+def _failure(err: Exception) -> str:
+    """An optional step's failure in one line: the exception's type and its last line."""
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[-1][:200] if text else ''}"
+
+
 def _laid_out(mod: "tvm.IRModule", pack_weights: bool) -> Tuple["tvm.IRModule", LayoutReport]:
     """``mod`` after :func:`~.blocked_layout.blocked_layout`, or as it is when the layout step
     fails (an optional step never fails the build; the report says why)."""
     try:
         return blocked_layout(mod, pack_weights=pack_weights)
     except Exception as err:  # pylint: disable=broad-except
-        why = f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:200] if str(err) else ''}"
+        why = _failure(err)
         LOG.warning("ollie: the layout step failed (%s); activations stay NCHW", why)
         return mod, LayoutReport(skipped=[f"the layout step failed: {why}"])
 
@@ -403,7 +409,7 @@ def packed_matmuls(mod: "tvm.IRModule", work_dir: Optional[str] = None
     try:
         return pack_matmul_weights(mod, work_dir=work_dir)
     except Exception as err:  # pylint: disable=broad-except
-        why = f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:200] if str(err) else ''}"
+        why = _failure(err)
         LOG.warning("ollie: packing the matmul weights failed (%s); they stay plain", why)
         return mod, PackReport(kept=[f"the step failed: {why}"])
 
