@@ -10,7 +10,19 @@
 //   tvm_ollie.cpu.instance_norm(attrs: str, X [N, C, ...], [scale [C]], [bias [C]],
 //                               [residual (X's shape)], Out (X's shape))
 // attrs: eps=E (float >= 0, default 1e-5), scale=0|1, bias=0|1, res=0|1 (each operand present
-//        when its key says so, in that order), act=... (the activations of conv2d/matmul).
+//        when its key says so, in that order), act=... (the activations of conv2d/matmul),
+//        fmt=nchw|nhwc|nChw4c|nChw8c|nChw16c (default nchw) and, for nChw{B}c, c=C (the
+//        channel count, which the shape does not say): the layout of X, residual and Out,
+//        those of the convolution's src_fmt/dst_fmt (docs/layouts.md). nchw: [N, C, S...];
+//        nhwc: [N, S..., C] (rank >= 3); nChw{B}c: [N, ceil(C/B), S..., B] (rank >= 4), whose
+//        padding channels are written as 0. Scale and bias are [C] in every format.
+//
+// Why formats: Candy's convolutions are separated by instance norms; with an NCHW-only norm no
+// two convolutions touch and oneDNN reorders the activations in and out of every convolution
+// (19 reorders per inference). With the norm in the chain's format the whole network is one
+// chain (transform/blocked_layout.py). In nhwc and nChw{B}c a plane's values are interleaved
+// with the other channels' (a stride of C or B floats): the kernel sums rows of channels as
+// vectors, one accumulator per channel.
 //
 // Why a kernel: TVM builds the ONNX importer's decomposition (mean, variance, sqrt, subtract,
 // divide, multiply, add) as two kernels per norm, each a serial loop nest reading the tensor
@@ -26,6 +38,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "common.h"
 
@@ -37,10 +50,15 @@ namespace {
 
 constexpr const char* kInstanceNorm = "tvm_ollie.cpu.instance_norm";
 
+// The data formats (attribute fmt) as a block: 0 NCHW planes, -1 channels-last, B nChw{B}c.
+constexpr int64_t kChannelsLast = -1;
+
 struct NormParams {
   float eps = 1e-5f;
   bool scale = false, bias = false, res = false;
   Activation act;
+  int64_t blk = 0;       // fmt as a block (kChannelsLast, or B of nChw{B}c); 0: nchw
+  int64_t channels = 0;  // c=C of a blocked fmt
 };
 
 NormParams ParseNormAttrs(const std::string& text) {
@@ -57,6 +75,18 @@ NormParams ParseNormAttrs(const std::string& text) {
   p.bias = attrs.GetBool("bias", false);
   p.res = attrs.GetBool("res", false);
   p.act = ParseActivation(attrs, attrs.GetRaw("act", "none"));
+  const std::string fmt = attrs.GetStr("fmt", "nchw",
+                                       {"nchw", "nhwc", "nChw4c", "nChw8c", "nChw16c"});
+  p.blk = fmt == "nchw" ? 0 : (fmt == "nhwc" ? kChannelsLast
+                                              : std::stoll(fmt.substr(4, fmt.size() - 5)));
+  p.channels = attrs.GetInt("c", 0);
+  if (p.blk > 0 && p.channels < 1) {
+    TVM_FFI_THROW(ValueError) << kInstanceNorm << ": fmt=" << fmt
+                              << " needs c >= 1 (the channel count)";
+  }
+  if (p.blk <= 0 && p.channels != 0) {
+    TVM_FFI_THROW(ValueError) << kInstanceNorm << ": c is only for blocked fmt (nChw{B}c)";
+  }
   attrs.CheckAllUsed();
   return p;
 }
@@ -132,6 +162,195 @@ void NormalizePlane(const NormParams& p, const float* x, const float* r, float* 
   if (!relu) ApplyActivation(p.act, out, count, false);
 }
 
+// Interleaved formats (nhwc, nChw{B}c): a *group* is `rows` rows of `lanes` floats, lane l of
+// every row one channel (nhwc: a group per image, lanes = C; nChw{B}c: a group per image and
+// channel block, lanes = B). Each channel's moments are shifted by its value in the group's
+// first row, as PlaneMoments does, so that partial sums of row ranges add up.
+
+// Adds the shifted sums of rows [0, rows) to s1/s2 (lanes each), four rows per update: one
+// dependent add per four rows and lane vector instead of one per row.
+OLLIE_WIDEST_VECTORS
+void InterleavedSums(const float* x, int64_t rows, int64_t lanes, const float* shift,
+                     double* s1, double* s2) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    const float* a = x + r * lanes;
+    const float* b = a + lanes;
+    const float* c = b + lanes;
+    const float* d = c + lanes;
+#pragma omp simd
+    for (int64_t l = 0; l < lanes; ++l) {
+      const double sh = shift[l];
+      const double da = a[l] - sh, db = b[l] - sh, dc = c[l] - sh, dd = d[l] - sh;
+      s1[l] += (da + db) + (dc + dd);
+      s2[l] += (da * da + db * db) + (dc * dc + dd * dd);
+    }
+  }
+  for (; r < rows; ++r) {
+    const float* a = x + r * lanes;
+#pragma omp simd
+    for (int64_t l = 0; l < lanes; ++l) {
+      const double da = static_cast<double>(a[l]) - shift[l];
+      s1[l] += da;
+      s2[l] += da * da;
+    }
+  }
+}
+
+// out = (x - mean) * mul + bias (+ r), then relu when asked, for rows [0, rows).
+OLLIE_WIDEST_VECTORS
+void InterleavedNormalize(const float* x, const float* r, float* out, int64_t rows,
+                          int64_t lanes, const float* mean, const float* mul, const float* bias,
+                          bool relu) {
+  for (int64_t k = 0; k < rows; ++k) {
+    const float* xr = x + k * lanes;
+    float* o = out + k * lanes;
+    if (r != nullptr) {
+      const float* rr = r + k * lanes;
+#pragma omp simd
+      for (int64_t l = 0; l < lanes; ++l) {
+        const float v = (xr[l] - mean[l]) * mul[l] + bias[l] + rr[l];
+        o[l] = relu && v < 0.f ? 0.f : v;
+      }
+    } else {
+#pragma omp simd
+      for (int64_t l = 0; l < lanes; ++l) {
+        const float v = (xr[l] - mean[l]) * mul[l] + bias[l];
+        o[l] = relu && v < 0.f ? 0.f : v;
+      }
+    }
+  }
+}
+
+// The shapes of an interleaved call: groups of rows x lanes, and how many lanes of a group are
+// real channels (a blocked format's last block may be partly padding).
+struct Interleaved {
+  int64_t groups = 0, rows = 0, lanes = 0, blocks = 1, channels = 0;
+  int64_t Channel(int64_t group, int64_t lane) const {
+    return (group % blocks) * lanes + lane;  // nhwc: blocks = 1
+  }
+};
+
+Interleaved InterleavedShape(const NormParams& p, const ffi::TensorView& X) {
+  Interleaved s;
+  const int64_t rank = X.ndim();
+  if (p.blk == kChannelsLast) {
+    s.lanes = s.channels = X.shape()[rank - 1];
+    s.groups = X.shape()[0];
+  } else {
+    if (rank < 4 || X.shape()[rank - 1] != p.blk) {
+      TVM_FFI_THROW(ValueError) << kInstanceNorm << ": X has shape " << ShapeStr(X)
+                                << ", expected [N, C/" << p.blk << ", ..., " << p.blk
+                                << "] for fmt=nChw" << p.blk << "c";
+    }
+    s.blocks = X.shape()[1];
+    if (s.blocks != (p.channels + p.blk - 1) / p.blk) {
+      TVM_FFI_THROW(ValueError) << kInstanceNorm << ": X has " << s.blocks
+                                << " channel blocks, expected ceil(c / " << p.blk << ") for c="
+                                << p.channels;
+    }
+    s.lanes = p.blk;
+    s.channels = p.channels;
+    s.groups = X.shape()[0] * s.blocks;
+  }
+  const int64_t per_group = s.groups * s.lanes;
+  s.rows = per_group == 0 ? 0 : X.numel() / per_group;
+  return s;
+}
+
+// One group's per-lane mean, multiplier and bias from its summed moments (padding lanes: all 0,
+// so they normalize to 0 before the residual).
+void GroupAffine(const NormParams& p, const Interleaved& s, int64_t group, const double* s1,
+                 const double* s2, const float* shift, const float* scale, const float* bias,
+                 float* mean, float* mul, float* add) {
+  const double n = static_cast<double>(s.rows);
+  for (int64_t l = 0; l < s.lanes; ++l) {
+    const int64_t c = s.Channel(group, l);
+    if (c >= s.channels) {
+      mean[l] = mul[l] = add[l] = 0.f;
+      continue;
+    }
+    const double m = s1[l] / n, var = std::max(0.0, s2[l] / n - m * m);
+    mean[l] = static_cast<float>(shift[l] + m);
+    mul[l] = static_cast<float>((scale != nullptr ? scale[c] : 1.f) /
+                                std::sqrt(var + static_cast<double>(p.eps)));
+    add[l] = bias != nullptr ? bias[c] : 0.f;
+  }
+}
+
+// Instance norm over interleaved groups: each group's rows split into `chunks` ranges, the
+// ranges' sums taken in parallel, combined per group, then the ranges normalized in parallel.
+void RunInterleaved(const NormParams& p, const Interleaved& s, const float* x, const float* res,
+                    float* out, const float* scale, const float* bias) {
+  const int threads = omp_get_max_threads();
+  const int64_t chunks = threads == 1 || s.groups >= threads ? 1
+                         : std::min<int64_t>(s.rows, (threads + s.groups - 1) / s.groups);
+  const int64_t items = s.groups * chunks, per = (s.rows + chunks - 1) / chunks;
+  // the calling thread's buffers, by pointer: inside the parallel region a thread_local name
+  // would be each worker's own
+  thread_local std::vector<double> sum_buffer;
+  thread_local std::vector<float> affine_buffer;
+  sum_buffer.assign(static_cast<size_t>(items * 2 * s.lanes), 0.0);
+  affine_buffer.resize(static_cast<size_t>(s.groups * 3 * s.lanes));
+  double* sums = sum_buffer.data();
+  float* affine = affine_buffer.data();
+  const int64_t group_size = s.rows * s.lanes;
+  auto range = [&](int64_t item, int64_t* begin, int64_t* end) {
+    *begin = std::min(s.rows, (item % chunks) * per);
+    *end = std::min(s.rows, *begin + per);
+  };
+  auto sum = [&](int64_t item) {
+    int64_t b, e;
+    range(item, &b, &e);
+    const int64_t g = item / chunks;
+    const float* xg = x + g * group_size;
+    double* s1 = sums + item * 2 * s.lanes;
+    InterleavedSums(xg + b * s.lanes, e - b, s.lanes, xg, s1, s1 + s.lanes);
+  };
+  auto combine = [&](int64_t g) {
+    double* s1 = sums + g * chunks * 2 * s.lanes;
+    for (int64_t k = 1; k < chunks; ++k) {
+      const double* o = s1 + k * 2 * s.lanes;
+      for (int64_t l = 0; l < 2 * s.lanes; ++l) s1[l] += o[l];
+    }
+    float* a = affine + g * 3 * s.lanes;
+    GroupAffine(p, s, g, s1, s1 + s.lanes, x + g * group_size, scale, bias, a, a + s.lanes,
+                a + 2 * s.lanes);
+  };
+  const bool relu = p.act.kind == Act::kRelu;
+  auto normalize = [&](int64_t item) {
+    int64_t b, e;
+    range(item, &b, &e);
+    const int64_t g = item / chunks, at = g * group_size + b * s.lanes;
+    const float* a = affine + g * 3 * s.lanes;
+    InterleavedNormalize(x + at, res != nullptr ? res + at : nullptr, out + at, e - b, s.lanes,
+                         a, a + s.lanes, a + 2 * s.lanes, relu);
+    if (!relu) ApplyActivation(p.act, out + at, (e - b) * s.lanes, false);
+    const int64_t real = s.channels - (g % s.blocks) * s.lanes;
+    if (real < s.lanes) {  // a blocked format's padding channels: 0 after the epilogue
+      for (int64_t k = b; k < e; ++k) {
+        std::fill(out + g * group_size + k * s.lanes + real,
+                  out + g * group_size + (k + 1) * s.lanes, 0.f);
+      }
+    }
+  };
+  if (items == 1 || threads == 1) {
+    for (int64_t i = 0; i < items; ++i) sum(i);
+    for (int64_t g = 0; g < s.groups; ++g) combine(g);
+    for (int64_t i = 0; i < items; ++i) normalize(i);
+    return;
+  }
+#pragma omp parallel
+  {
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < items; ++i) sum(i);
+#pragma omp for schedule(static)
+    for (int64_t g = 0; g < s.groups; ++g) combine(g);
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < items; ++i) normalize(i);
+  }
+}
+
 ffi::TensorView TensorArg(ffi::PackedArgs args, int i, const char* what) {
   auto t = args[i].try_cast<ffi::TensorView>();
   if (!t.has_value()) TVM_FFI_THROW(TypeError) << kInstanceNorm << ": " << what
@@ -166,8 +385,10 @@ void RunInstanceNorm(ffi::PackedArgs args) {
     TVM_FFI_THROW(ValueError) << kInstanceNorm << ": Out has shape " << ShapeStr(Out)
                               << ", expected X's " << ShapeStr(X);
   }
-  const int64_t channels = X.shape()[1];
-  const int64_t planes = X.shape()[0] * channels;
+  Interleaved shape;
+  if (p.blk != 0) shape = InterleavedShape(p, X);
+  const int64_t channels = p.blk == 0 ? X.shape()[1] : shape.channels;
+  const int64_t planes = X.shape()[0] * X.shape()[1];
   const int64_t count = planes == 0 ? 0 : X.numel() / planes;
   int at = 2;
   const float* scale = p.scale ? ChannelVector(TensorArg(args, at++, "scale"), "scale", channels)
@@ -186,6 +407,10 @@ void RunInstanceNorm(ffi::PackedArgs args) {
   if (X.numel() == 0) return;
   if (count == 0) return;
   threads.SerialBelow(8.0 * static_cast<double>(X.numel()));
+  if (p.blk != 0) {
+    RunInterleaved(p, shape, x, res, out, scale, bias);
+    return;
+  }
   auto plane = [&](int64_t k) {
     const int64_t c = k % channels;
     NormalizePlane(p, x + k * count, res != nullptr ? res + k * count : nullptr,

@@ -34,6 +34,19 @@ Rules (each a guard below, named):
   with ``src_fmt``/``dst_fmt`` (the kernel reads a data operand from outside the chain as NCHW,
   so it needs no entry). Without it each transposed convolution splits the chain with an exit
   and an entry (GCN quick: five of them, 13 of its 14 transforms).
+* ``member_norm`` (any format): a native NCHW ``instance_norm`` (static float32 4-D shapes)
+  whose data or residual is in the chain, rewritten with ``fmt=F`` (and ``c=C`` for
+  ``nChw{B}c``): its statistics are per ``(n, c)`` plane in every format, its scale and bias
+  stay ``[C]``, its residual is in the chain's format. Candy's convolutions are separated by
+  instance norms and mirror pads: without this member and the next no two convolutions touch.
+* ``member_pad`` (any format): ``nn.pad`` of a chain value on the spatial axes only, rewritten
+  with the pad widths moved to the format's spatial axes. A constant pad by a non-zero value
+  is channels-last only (in ``nChw{B}c`` it would write that value into the padding channels
+  of the new border; reflect, replicate and circular pads copy the zeros there).
+* ``member_take`` (any format): ``take`` of a chain value along a spatial axis (H or W) by a
+  1-D integer index tensor, rewritten along the format's axis. The PyTorch exporter writes a
+  reflection pad as two of them (indices ``63 - |63 - |arange(-4, 68)||``, Candy quick); they
+  copy positions, so a blocked format's zero padding channels stay zero.
 * ``chain_length``: a chain with fewer than two convolutions is left alone (it would only move
   the reorder out of the call).
 * ``saves_reorders`` (:func:`saves_reorders`; not when the caller forces a format): the chain
@@ -67,8 +80,9 @@ from .epilogue import static_shape
 __all__ = ["BINARY", "SPATIAL", "UNARY", "Chain", "LayoutReport", "blocked_layout",
            "choose_format", "constant_to_format", "deconv_takes_formats", "find_chains",
            "formatted_shape", "from_format", "member_conv", "member_deconv", "member_elementwise",
-           "member_spatial", "pack_lone_weights", "pack_weight", "preferred", "saves_reorders",
-           "to_format", "unpad"]
+           "member_norm", "member_pad", "member_spatial", "member_take", "norm_takes_formats",
+           "pack_lone_weights", "pack_weight", "preferred", "saves_reorders", "to_format",
+           "unpad"]
 
 #: Unary elementwise operators a chain passes through (finite at 0).
 UNARY = ("relax.nn.relu", "relax.nn.relu6", "relax.clip", "relax.sigmoid", "relax.tanh",
@@ -103,6 +117,16 @@ def _resize_nhwc(value, data):
         int(at.cubic_exclude), float(at.extrapolation_value),
         None if at.out_dtype is None or str(at.out_dtype) in ("", "None", "void")
         else str(at.out_dtype))
+
+
+def _pad_in_format(value, data, fmt: str):
+    """``value`` (an ``nn.pad`` of NCHW spatial axes) on ``data`` in ``fmt``: the widths of H
+    and W moved to the format's spatial axes."""
+    widths = _pad_widths(value)
+    spatial = widths[4:]
+    moved = [0, 0] + spatial + [0, 0] if fmt == "nhwc" else [0, 0, 0, 0] + spatial + [0, 0]
+    at = value.attrs
+    return relax.op.nn.pad(data, moved, str(at.pad_mode), float(at.pad_value))
 
 
 #: Spatial operators a channels-last chain passes through: name -> ``(call, data in NHWC) ->
@@ -247,9 +271,90 @@ def member_deconv(value) -> Optional[Tuple[lib.LibCall, list]]:
     return call, ops
 
 
+@functools.lru_cache(maxsize=None)
+def norm_takes_formats() -> bool:
+    """Whether the loaded native library's instance_norm takes ``fmt`` (a library built before
+    the formats rejects the key): one call on a 1x1x1x1 tensor, once."""
+    if not native.available() or not native.provides(lib.INSTANCE_NORM):
+        return False
+    one = [np.ones((1, 1, 1, 1), "float32") for _ in range(2)]
+    try:
+        tvm_ffi.get_global_func(lib.INSTANCE_NORM)(
+            "fmt=nhwc", *[tvm_ffi.from_dlpack(a) for a in one])
+    except (ValueError, TypeError, RuntimeError):
+        return False
+    return True
+
+
+def member_norm(value) -> Optional[Tuple[lib.LibCall, list]]:
+    """``(call, operands)`` of a native instance norm in NCHW whose data and result are static
+    float32 4-D tensors (guard ``member_norm``, before the chain test), else None (also when
+    the library predates the norm's formats)."""
+    found = lib.lib_call_of(value)
+    if found is None or found[0].func != lib.INSTANCE_NORM:
+        return None
+    call, ops = found
+    if call.get("fmt", "nchw") != "nchw" or not (_f32_4d(ops[0]) and _f32_4d(value)):
+        return None
+    if not norm_takes_formats():
+        return None
+    return call, ops
+
+
+def _pad_widths(value) -> Optional[List[int]]:
+    """The pad widths of an ``nn.pad`` of a 4-D float32 tensor that pads its spatial axes
+    only, else None."""
+    if _op_name(value) != "relax.nn.pad" or not (_f32_4d(value) and _f32_4d(value.args[0])):
+        return None
+    widths = [int(v) for v in value.attrs.pad_width]
+    return widths if len(widths) == 8 and not any(widths[:4]) else None
+
+
+def _pad_zero_border(value) -> bool:
+    """Whether the pad writes no new value into padding channels (every mode but a constant
+    pad by a non-zero value)."""
+    return str(value.attrs.pad_mode) != "constant" or float(value.attrs.pad_value) == 0.0
+
+
+def member_pad(value, members: Set["relax.Var"], spatial: bool = True) -> bool:
+    """Guard ``member_pad`` (module docstring); ``spatial``: a constant pad by a non-zero
+    value counts (channels-last chains only)."""
+    if _pad_widths(value) is None or value.args[0] not in members:
+        return False
+    return spatial or _pad_zero_border(value)
+
+
+def _take_axis(value) -> Optional[int]:
+    """The NCHW axis (2 or 3) of a ``take`` of a 4-D float32 tensor along a spatial axis by a
+    1-D integer index tensor, else None."""
+    if _op_name(value) != "relax.take" or not (_f32_4d(value) and _f32_4d(value.args[0])):
+        return None
+    idx = value.args[1]
+    if not isinstance(idx.ty, relax.TensorType) or idx.ty.ndim != 1 or \
+            not str(idx.ty.dtype).startswith(("int", "uint")):
+        return None
+    axis = value.attrs.axis
+    axis = None if axis is None else int(axis) % 4
+    return axis if axis in (2, 3) else None
+
+
+def member_take(value, members: Set["relax.Var"]) -> bool:
+    """Guard ``member_take`` (module docstring)."""
+    return _take_axis(value) is not None and value.args[0] in members
+
+
+def _take_in_format(value, data, fmt: str):
+    """``value`` (a ``take`` along NCHW axis 2 or 3) on ``data`` in ``fmt``: along H or W
+    there (nhwc: axes 1, 2; nChw{B}c: axes 2, 3)."""
+    axis = _take_axis(value)
+    new_axis = axis - 1 if fmt == "nhwc" else axis
+    return relax.op.take(data, value.args[1], axis=new_axis, mode=str(value.attrs.mode))
+
+
 def _lib_member(value) -> Optional[Tuple[lib.LibCall, list]]:
-    """The call and operands of a member convolution or transposed convolution, else None."""
-    return member_conv(value) or member_deconv(value)
+    """The call and operands of a member convolution, transposed convolution or instance norm,
+    else None."""
+    return member_conv(value) or member_deconv(value) or member_norm(value)
 
 
 def _op_name(value) -> str:
@@ -342,7 +447,12 @@ def find_chains(func: "relax.Function", spatial: bool = True) -> List[Chain]:
             convs.add(var)
         elif spatial and (member_spatial(value, members) or _deconv_member(value, members)):
             spatials.add(var)
-        elif not member_elementwise(value, members):
+        elif member_pad(value, members, spatial):
+            if not _pad_zero_border(value):
+                spatials.add(var)
+        elif member_take(value, members):
+            pass
+        elif not (_norm_member(value, members) or member_elementwise(value, members)):
             continue
         members.add(var)
         order.append(var)
@@ -377,9 +487,17 @@ def _deconv_member(value, members: Set["relax.Var"]) -> bool:
     return any(isinstance(a, relax.Var) and a in members and _links(value, a) for a in found[1])
 
 
+def _norm_member(value, members: Set["relax.Var"]) -> bool:
+    """Guard ``member_norm``: an instance norm reading a chain value (data or residual)."""
+    found = member_norm(value)
+    if found is None:
+        return False
+    return any(isinstance(a, relax.Var) and a in members and _links(value, a) for a in found[1])
+
+
 def _links(value, arg: "relax.Var") -> bool:
-    """Whether ``arg`` is an operand a member reads in the chain's format: a conv's data or
-    residual, or an elementwise operand (never a conv's weight or bias)."""
+    """Whether ``arg`` is an operand a member reads in the chain's format: a conv's or norm's
+    data or residual, or an elementwise operand (never a weight, bias or scale)."""
     conv = _lib_member(value)
     if conv is None:
         return True
@@ -500,6 +618,12 @@ class _Rewriter:
         elif _op_name(value) == "relax.concat":
             fields = [self._in_format(f, fmt, out, dataflow) for f in value.args[0].fields]
             new_value = relax.op.concat(fields, axis=3)
+        elif (norm := member_norm(value)) is not None:
+            new_value = self._norm(value, norm, fmt, out, dataflow)
+        elif _op_name(value) == "relax.nn.pad":
+            new_value = _pad_in_format(value, self.new[value.args[0]], fmt)
+        elif _op_name(value) == "relax.take":
+            new_value = _take_in_format(value, self.new[value.args[0]], fmt)
         elif _op_name(value) in SPATIAL:
             new_value = SPATIAL[_op_name(value)](value, self.new[value.args[0]])
         else:
@@ -554,6 +678,20 @@ class _Rewriter:
             new_ops[-1] = self._in_format(ops[-1], fmt, out, dataflow)
         new_call = call.with_attrs(src_fmt=src, dst_fmt=fmt)
         return lib.emit_call(new_call, new_ops, formatted_shape(static_shape(value), fmt))
+
+    def _norm(self, value, norm, fmt: str, out, dataflow: bool):
+        """An instance norm in ``fmt``: its data and residual in the format (an entry for one
+        from outside the chain), scale and bias as they are."""
+        call, ops = norm
+        new_ops = list(ops)
+        new_ops[0] = self._in_format(ops[0], fmt, out, dataflow)
+        if call.get("res", "0") == "1":
+            new_ops[-1] = self._in_format(ops[-1], fmt, out, dataflow)
+        updates = {"fmt": fmt}
+        if fmt != "nhwc":
+            updates["c"] = str(static_shape(value)[1])
+        return lib.emit_call(call.with_attrs(**updates), new_ops,
+                             formatted_shape(static_shape(value), fmt))
 
     def _elementwise(self, value, fmt: str, out, dataflow: bool):
         channels = static_shape(value)[1]

@@ -111,13 +111,15 @@ def is_f32(expr) -> bool:
 
 def _channel_axis(call: lib.LibCall, rank: int) -> int:
     """The output axis a bias runs along (NCHW convolutions and instance norms: 1, or the last
-    when a convolution writes channels-last, ``dst_fmt=nhwc``; -1, none, when it writes a
-    blocked format; otherwise the last)."""
+    when a convolution writes channels-last, ``dst_fmt=nhwc``, or a norm reads and writes it,
+    ``fmt=nhwc``; -1, none, when either is in a blocked format; otherwise the last)."""
+    fmt = None
     if call.kind in ("conv2d", "conv2d_transpose") and call.get("layout") == "NCHW":
         fmt = call.get("dst_fmt", "nchw")
+    elif call.kind == "instance_norm":
+        fmt = call.get("fmt", "nchw")
+    if fmt is not None:
         return 1 if fmt == "nchw" else rank - 1 if fmt == "nhwc" else -1
-    if call.kind == "instance_norm":  # [N, C, ...]
-        return 1
     return rank - 1
 
 
