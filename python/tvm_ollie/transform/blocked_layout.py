@@ -76,6 +76,7 @@ from .. import native
 from ..codegen import library as lib
 from ..compat import relax, tvm
 from .epilogue import static_shape
+from .tir_pads import pads_as_ops
 
 __all__ = ["BINARY", "SPATIAL", "UNARY", "Chain", "LayoutReport", "blocked_layout",
            "choose_format", "constant_to_format", "deconv_takes_formats", "find_chains",
@@ -147,6 +148,8 @@ class LayoutReport:
     plain_sources: int = 0
     #: convolutions outside every chain whose constant weights were packed (``pack_weights``)
     lone_packed: int = 0
+    #: the ONNX importer's PrimFunc pads rewritten as ``nn.pad`` to join a chain (.tir_pads)
+    tir_pads: int = 0
     skipped: List[str] = field(default_factory=list)
 
     def to_text(self) -> str:
@@ -772,6 +775,27 @@ def pack_lone_weights(func: "relax.Function", chained: Set["relax.Var"],
                           func.is_pure, func.attrs)
 
 
+def _with_pad_ops(mod: "tvm.IRModule", func: "relax.Function", fmt: Optional[str],
+                  report: LayoutReport) -> "relax.Function":
+    """``func`` with the ONNX importer's PrimFunc pads as ``nn.pad`` (:mod:`.tir_pads`) when
+    that makes a chain, else ``func`` unchanged: the pads are chain members only as ops."""
+    with_ops = pads_as_ops(mod, func)
+    if with_ops is func:
+        return func
+    dry = LayoutReport()
+    chains = _formatted_chains(with_ops, fmt, True, dry)
+    if any(c.spatial and c.fmt != "nhwc" for c in chains):
+        chains = _formatted_chains(with_ops, fmt, False, dry)
+    if not chains:
+        return func
+    report.tir_pads += _count_pads(with_ops) - _count_pads(func)
+    return with_ops
+
+
+def _count_pads(func: "relax.Function") -> int:
+    return sum(1 for v in _bindings(func).values() if _op_name(v) == "relax.nn.pad")
+
+
 def blocked_layout(mod: "tvm.IRModule", fmt: Optional[str] = None, pack_weights: bool = False
                    ) -> Tuple["tvm.IRModule", LayoutReport]:
     """``mod`` with its convolution chains kept in oneDNN's preferred format (module
@@ -802,6 +826,7 @@ def blocked_layout(mod: "tvm.IRModule", fmt: Optional[str] = None, pack_weights:
     for gv, func in mod.functions_items():
         if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
             continue
+        func = _with_pad_ops(mod, func, fmt, report)
         chains = _formatted_chains(func, fmt, True, report)
         if any(c.spatial and c.fmt != "nhwc" for c in chains):
             chains = _formatted_chains(func, fmt, False, report)
