@@ -369,6 +369,20 @@ def test_no_blocked_layout_option():
                        ).blocked_layout is want
 
 
+
+def test_cached_alloc_options():
+    """Planned memory cached per VM by default; --no-cached-alloc turns it off, --cached-alloc
+    (the old opt-in) is still accepted."""
+    from tvm_ollie.cli import _config, build_parser  # pylint: disable=import-outside-toplevel
+
+    parser = build_parser()
+    for argv, want in ((["compile", "m.json"], True),
+                       (["compile", "m.json", "--cached-alloc"], True),
+                       (["compile", "m.json", "--no-cached-alloc"], False)):
+        args = parser.parse_args(argv)
+        assert args.cached_alloc is want
+        assert _config(args, "llvm", cached_alloc=args.cached_alloc).cached_alloc is want
+
 @pytest.mark.slow
 def test_compile_float16_takes_the_same_inputs(work, capsys):
     """--dtype float16 converts the model inside; the library keeps its float32 signature."""

@@ -247,6 +247,16 @@ def test_cli_flags_build_one_config(monkeypatch, capsys):
     assert "--max-states must be >= 1" in capsys.readouterr().err
 
 
+
+def test_no_library_turns_the_cached_memory_off():
+    """The planned memory is cached per VM by default, through a builtin of the native library;
+    library=False promises an executable without that library, so it turns the cache off."""
+    assert OllieConfig().cached_alloc and OllieConfig(library=True).cached_alloc
+    assert not OllieConfig(library=False).cached_alloc
+    assert not OllieConfig(library=False, cached_alloc=True).cached_alloc
+    assert not OllieConfig().replace(library=False).cached_alloc
+    assert not OllieConfig(cached_alloc=False).cached_alloc
+
 def test_orchestrate_config_lives_in_config():
     """``OrchestrateConfig`` is defined in ``tvm_ollie.config`` (floor 0) and still importable
     from ``tvm_ollie.orchestrate``; ``OllieConfig.orchestration`` holds one."""

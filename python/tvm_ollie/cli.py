@@ -547,10 +547,13 @@ def build_parser() -> argparse.ArgumentParser:
     cmd.add_argument("--no-library-plan", action="store_true",
                      help="the whole-model guard does not also time the library plan (every "
                           "operator the library has on its kernel, blocked layouts)")
-    cmd.add_argument("--cached-alloc", action="store_true",
+    cmd.add_argument("--cached-alloc", dest="cached_alloc", action="store_true", default=True,
                      help="CPU: allocate the intermediate tensors once per loaded model and "
-                          "reuse them at every call (default off: it measured 2x slower on "
-                          "quick Segformer; docs/per-call.md)")
+                          "reuse them at every call (the default; docs/per-call.md)")
+    cmd.add_argument("--no-cached-alloc", dest="cached_alloc", action="store_false",
+                     help="CPU: allocate and free the intermediate tensors at every call, as "
+                          "TVM's VM does (--no-library implies it: the cache is a builtin of "
+                          "the native library)")
     cmd.add_argument("--explain", action="store_true",
                      help="also print the optimizer's report: each decision, the derivations "
                           "cached or searched and the compile time per stage")

@@ -212,9 +212,12 @@ class OllieConfig:
         virtual machine and reuse it at every call, instead of allocating and freeing every
         storage and tensor view at each call (:mod:`tvm_ollie.codegen.cached_alloc`; needs the
         native library's ``tvm_ollie.vm.cached_alloc``). A VM then serves one call at a time,
-        as TVM's VM does anyway; returned tensors are still allocated per call. Off by default:
-        on a quiet machine it ran quick Segformer 2x slower (1.6-2.0 against 0.85-0.96 ms, same
-        decisions) for a VM saving of ~1% elsewhere; the cause is not known yet.
+        as TVM's VM does anyway; returned tensors are still allocated per call. On by default
+        since 2026-12-04: the 2x slower quick Segformer that had turned it off was the build,
+        not the cache (it ran 1.61 ms with the cache off too), and exported library plans run
+        1.8-6.7% faster with it at the 10th percentile (ResNet-18, YOLOX, Segformer;
+        docs/per-call.md). ``library=False`` turns it off (its executable runs without the
+        native library, which holds the builtin).
     derivation_cache : bool
         Reuse derivation search results across compiles and models (in ``work_dir`` and the
         per-user cache, :mod:`tvm_ollie.derive.cache`); False: search every signature.
@@ -251,13 +254,17 @@ class OllieConfig:
     pack_weights: bool = True
     norm_kernels: bool = True
     library_plan: bool = True
-    cached_alloc: bool = False
+    cached_alloc: bool = True
 
     def __post_init__(self):
         if self.targets is not None and not isinstance(self.targets, tuple):
             targets = (self.targets,) if isinstance(self.targets, str) else self.targets
             object.__setattr__(self, "targets", tuple(targets))
         self.validate()
+        if self.library is False and self.cached_alloc:
+            # library=False promises an executable that runs without the native library; the
+            # cached memory's builtin is in it, so that promise turns the cache off
+            object.__setattr__(self, "cached_alloc", False)
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` (one line) on the first invalid option."""

@@ -273,11 +273,14 @@ def test_left_alone_dynamic_and_called():
 
 
 def test_switch():
-    """``on=False`` (or ``OllieConfig.cached_alloc=False``) is TVM's list unchanged; on adds
-    the two passes where they belong."""
+    """On by default; ``on=False`` (or ``OllieConfig.cached_alloc=False``) is TVM's list
+    unchanged; on adds the two passes where they belong."""
     target = tvm.target.Target("llvm")
     tvm_names = [p.info.name for p in cached_alloc.finalize_passes(target, on=False)]
     assert tvm_names == [p.info.name for p in cpu_generic.finalize_passes(target)]
+    assert OllieConfig().cached_alloc  # on by default (docs/per-call.md)
+    with config_scope(OllieConfig()):
+        assert cached_alloc.enabled() == cached_alloc.available()
     with config_scope(OllieConfig(cached_alloc=False)):
         assert not cached_alloc.enabled()
     with pytest.raises(ConfigError):

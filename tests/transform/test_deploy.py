@@ -66,4 +66,8 @@ def test_exported_native_model_runs_in_a_fresh_process(tmp_path):
     """)
     proc = subprocess.run([sys.executable, "-c", plain, lib_path, data], env=env,
                           capture_output=True, text=True, timeout=300, check=False)
-    assert proc.returncode != 0 and "tvm_ollie.cpu.conv2d" in proc.stderr, proc.stderr[-2000:]
+    # (the VM names the first native function it cannot find: the planned memory's builtin,
+    # on by default, or the convolution)
+    missing = ("tvm_ollie.cpu.conv2d", "tvm_ollie.vm.cached_alloc")
+    assert proc.returncode != 0 and any(name in proc.stderr for name in missing), \
+        proc.stderr[-2000:]
