@@ -3,12 +3,13 @@
 A :class:`Worker` spawns a fresh interpreter (``multiprocessing``'s spawn context: nothing of
 the coordinator's runtimes, thread pools or memory is inherited) that calls a factory, ships the
 result and the first outputs back, and then takes timing commands: ``calibrate`` (returns the
-calls per sample and the seconds of one call, :meth:`.CallSampler.calibrate`) and ``sample`` (``warmup`` untimed calls,
-then ``number`` back-to-back calls timed in the worker; returns seconds per call); a call that
-raises is answered with ``failed`` and the worker exits. A worker is a sampler of
-:func:`.timing.measure_rounds`, so a coordinator times several workers in rotating rounds, one
-at a time, while the others block on their pipes. :meth:`Worker.settle` waits until the worker's threads have stopped running
-(spinning thread pools included) so that the next worker starts on idle cores.
+calls per sample and the seconds of one call, :meth:`.CallSampler.calibrate`) and ``sample``
+(``warmup`` untimed calls, then ``number`` back-to-back calls timed in the worker; returns
+seconds per call); a call that raises is answered with ``failed`` and the worker exits. A
+worker is a sampler of :func:`.timing.measure_rounds`, so a coordinator times several workers
+in rotating rounds, one at a time, while the others block on their pipes. :meth:`Worker.settle`
+waits until the worker's threads have stopped running (spinning thread pools included) so that
+the next worker starts on idle cores.
 
 A worker that dies (a crash, an abort in native code) or fails raises :class:`WorkerFailed`
 in the coordinator; the coordinator goes on with the others.
