@@ -14,7 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tvm_ollie.bench import __main__ as cli  # noqa: E402
-from tvm_ollie.bench.harness import guard_agreement, run_bench  # noqa: E402
+from tvm_ollie.bench.harness import (  # noqa: E402
+    default_slow_call_s, guard_agreement, run_bench)
 from tvm_ollie.bench.report import markdown  # noqa: E402
 from tvm_ollie.bench.systems import (  # noqa: E402
     Prepared,
@@ -268,3 +269,14 @@ def test_cli_slow_call_option():
 
     assert build_parser().parse_args(["--slow-call-s", "2.5"]).slow_call_s == 2.5
     assert build_parser().parse_args([]).slow_call_s is None
+
+
+def test_the_default_slow_call_limit_is_a_share_of_the_budget_with_a_floor(tmp_path):
+    assert default_slow_call_s(20.0) == pytest.approx(4.0)  # paper sizes
+    assert default_slow_call_s(10.0) == pytest.approx(2.0)  # quick
+    assert default_slow_call_s(0.05) == 1.0  # a test's short budget: the floor
+    results = run_bench(models=["infogan"], quick=True, systems=["test_close"],
+                        reference="test_close", out_dir=str(tmp_path), min_rounds=2,
+                        time_budget_s=0.05, plot=False, log=lambda _: None,
+                        mode="interleaved")  # fmt: skip
+    assert results["config"]["slow_call_s"] == 1.0

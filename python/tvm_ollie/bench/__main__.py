@@ -49,7 +49,7 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
     parser.add_argument("--slow-call-s", type=float,
                         help="a system whose one call lasts at least this long is timed once "
                              "(one call after an untimed one) instead of in the rounds "
-                             "(default: a fifth of the budget; 0: never)")
+                             "(default: a fifth of the budget, at least 1 s; 0: never)")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--list", action="store_true", help="list models and systems and exit")
     return parser

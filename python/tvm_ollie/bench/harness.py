@@ -44,6 +44,10 @@ MODES = ("isolated", "interleaved")
 #: samples of it would outlast the budget alone.
 SLOW_CALL_SHARE = 0.2
 
+#: ... and never below this many seconds: with a short budget (0.05 s in a test) a share of it
+#: is a call that a load spike can stretch, and a system timed once has no quartiles.
+SLOW_CALL_FLOOR_S = 1.0
+
 
 def run_bench(
     models: Optional[Iterable[str]] = None,
@@ -120,7 +124,8 @@ def run_bench(
     slow_call_s : float, optional
         A system whose one call lasts at least this long is timed once (one call after an
         untimed one, ``timed_once`` in its result, no quartiles) instead of in the rounds.
-        Default: :data:`SLOW_CALL_SHARE` of the budget; 0: every system in the rounds.
+        Default: :data:`SLOW_CALL_SHARE` of the budget, at least :data:`SLOW_CALL_FLOOR_S`;
+        0: every system in the rounds.
 
     Returns
     -------
@@ -140,7 +145,7 @@ def run_bench(
     threads = int(threads or os.cpu_count() or 1)
     thread_env = configure_threads(threads)
     budget = time_budget_s if time_budget_s is not None else (10.0 if quick else 20.0)
-    slow_call_s = SLOW_CALL_SHARE * budget if slow_call_s is None else slow_call_s
+    slow_call_s = default_slow_call_s(budget) if slow_call_s is None else slow_call_s
     os.makedirs(out_dir, exist_ok=True)
     ctx = BenchContext(target, threads, trials, work_dir or os.path.join(out_dir, "work"),
                        weights=weights, ort_spinning=mode == "isolated")
@@ -182,6 +187,12 @@ def run_bench(
         if note:
             log(note)
     return results
+
+
+def default_slow_call_s(budget_s: float) -> float:
+    """The call length from which a system is timed once (``slow_call_s``) for a timing
+    budget of ``budget_s``: :data:`SLOW_CALL_SHARE` of it, at least :data:`SLOW_CALL_FLOOR_S`."""
+    return max(SLOW_CALL_SHARE * budget_s, SLOW_CALL_FLOOR_S)
 
 
 def bench_model(spec, systems: List[str], reference: str, ctx: BenchContext, peaks,
