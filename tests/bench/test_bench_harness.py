@@ -6,6 +6,7 @@ the isolated mode, the default, has its own tests in test_bench_isolated.py."""
 import functools
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -13,7 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tvm_ollie.bench import __main__ as cli  # noqa: E402
-from tvm_ollie.bench.harness import guard_agreement, run_bench  # noqa: E402
+from tvm_ollie.bench.harness import (  # noqa: E402
+    default_slow_call_s, guard_agreement, run_bench)
 from tvm_ollie.bench.report import markdown  # noqa: E402
 from tvm_ollie.bench.systems import (  # noqa: E402
     Prepared,
@@ -54,6 +56,18 @@ def _missing(spec, ctx):
 def _broken(spec, ctx):
     """A system that fails to build."""
     raise RuntimeError("boom")
+
+
+@register_system("test_slow_call")
+def _slow_call(spec, ctx):
+    """Eager's outputs after 200 ms: a call slower than the tests' ``slow_call_s``."""
+    out = _eager(spec)
+
+    def run():
+        time.sleep(0.2)
+        return out
+
+    return Prepared(run)
 
 
 @register_system("test_built_only")
@@ -232,3 +246,37 @@ def test_the_load_average_is_recorded(tmp_path):
     load = results["models"]["infogan"]["load"]
     assert len(load) == 2 and all(v >= 0 for v in load)
     assert "Load average (1 minute)" in (tmp_path / "results.md").read_text()
+
+
+def test_a_system_with_slow_calls_is_timed_once(tmp_path):
+    results = run_bench(models=["infogan"], quick=True, systems=["test_close", "test_slow_call"],
+                        reference="test_close", out_dir=str(tmp_path), time_budget_s=0.0,
+                        min_rounds=3, plot=False, log=lambda _: None, mode="interleaved",
+                        slow_call_s=0.1)  # fmt: skip
+    assert results["config"]["slow_call_s"] == 0.1
+    systems = results["models"]["infogan"]["systems"]
+    slow, ref = systems["test_slow_call"], systems["test_close"]
+    assert slow["timed_once"] and slow["rounds"] == 1 and slow["warmup_calls"] == 0
+    assert slow["median_s"] >= 0.2 and slow.get("ratio_quartiles") is None
+    assert slow["ratio_to_ref"] == pytest.approx(slow["median_s"] / ref["median_s"])
+    assert ref["rounds"] == 3 and "timed_once" not in ref
+    report = (tmp_path / "results.md").read_text()
+    assert f"{slow['median_s'] * 1e3:.3f} (once)" in report and "timed once" in report
+
+
+def test_cli_slow_call_option():
+    from tvm_ollie.bench.__main__ import build_parser  # pylint: disable=import-outside-toplevel
+
+    assert build_parser().parse_args(["--slow-call-s", "2.5"]).slow_call_s == 2.5
+    assert build_parser().parse_args([]).slow_call_s is None
+
+
+def test_the_default_slow_call_limit_is_a_share_of_the_budget_with_a_floor(tmp_path):
+    assert default_slow_call_s(20.0) == pytest.approx(4.0)  # paper sizes
+    assert default_slow_call_s(10.0) == pytest.approx(2.0)  # quick
+    assert default_slow_call_s(0.05) == 1.0  # a test's short budget: the floor
+    results = run_bench(models=["infogan"], quick=True, systems=["test_close"],
+                        reference="test_close", out_dir=str(tmp_path), min_rounds=2,
+                        time_budget_s=0.05, plot=False, log=lambda _: None,
+                        mode="interleaved")  # fmt: skip
+    assert results["config"]["slow_call_s"] == 1.0

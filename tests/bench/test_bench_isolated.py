@@ -68,6 +68,31 @@ def _factory(fail_after=None, crash=False):
     return {"status": "built", "pid": os.getpid()}, run, run()
 
 
+def _sleeper(seconds):
+    """A worker's factory whose calls take ``seconds``."""
+
+    def run():
+        time.sleep(seconds)
+        return [np.zeros(1)]
+
+    return {"status": "built"}, run, run()
+
+
+def test_a_worker_reports_its_calibrated_call_and_a_slow_one_is_timed_once():
+    workers = {"fast": Worker("fast", _sleeper, {"seconds": 0.0}),
+               "slow": Worker("slow", _sleeper, {"seconds": 0.06})}
+    try:
+        for worker in workers.values():
+            worker.ready()
+        samples = measure_rounds(workers, budget_s=0.0, min_rounds=2, slow_call_s=0.05)
+        assert workers["slow"].call_s >= 0.06 and workers["fast"].call_s < 0.05
+        assert samples["slow"].once and samples["slow"].seconds == [workers["slow"].call_s]
+        assert not samples["fast"].once and len(samples["fast"].seconds) == 2
+    finally:
+        for worker in workers.values():
+            worker.close()
+
+
 def test_workers_are_timed_in_turns_and_failures_come_back():
     workers = {"ok": Worker("ok", _factory, {}), "breaks": Worker("breaks", _factory,
                                                                   {"fail_after": 3})}

@@ -5,7 +5,8 @@ import math
 import pytest
 
 from tvm_ollie.bench.timing import (COLD, WARM, CallSampler, Protocol, measure_interleaved,
-                                    measure_rounds, resolve_protocol)
+                                    measure_rounds, paired_ratio, paired_ratio_quartiles,
+                                    resolve_protocol)
 
 
 class FakeSampler:
@@ -87,3 +88,43 @@ def test_interleaved_mode_uses_the_protocol(fake_clock):
     samples = measure_interleaved({"a": lambda: fake_clock.sleep(0.002)}, budget_s=0.0,
                                   min_rounds=2, gap_s=0.0)["a"]
     assert samples.number == 10 and samples.warmup == 5
+
+
+class SlowFakeSampler(FakeSampler):
+    """A :class:`FakeSampler` whose calibration reports the seconds of one call (``call_s``),
+    as :class:`CallSampler` and the isolated mode's workers do."""
+
+    def calibrate(self, min_sample_s):
+        self.call_s = self.warm_s
+        return super().calibrate(min_sample_s)
+
+
+def test_a_slow_sampler_is_timed_once_by_its_calibration():
+    fast, slow = SlowFakeSampler(warm_s=0.001), SlowFakeSampler(warm_s=5.0, cold_s=5.0)
+    samples = measure_rounds({"fast": fast, "slow": slow}, budget_s=0.0, min_rounds=3,
+                             protocol=WARM, slow_call_s=4.0)  # fmt: skip
+    assert list(samples) == ["fast", "slow"]
+    assert samples["slow"].once and samples["slow"].seconds == [5.0]
+    assert samples["slow"].warmup == 0 and slow.samples == []  # never in the rounds
+    assert not samples["fast"].once and len(fast.samples) == 3
+    # the ratio of medians, no quartiles (there are no rounds to pair)
+    assert paired_ratio(samples["slow"], samples["fast"]) == pytest.approx(5.0 / 0.001)
+    assert paired_ratio(samples["fast"], samples["slow"]) == pytest.approx(0.001 / 5.0)
+    assert paired_ratio_quartiles(samples["slow"], samples["fast"]) is None
+
+
+def test_without_slow_call_s_every_sampler_takes_the_rounds():
+    slow = SlowFakeSampler(warm_s=5.0, cold_s=5.0)
+    for limit in (None, 0.0, 6.0):
+        samples = measure_rounds({"slow": slow}, budget_s=0.0, min_rounds=2, protocol=WARM,
+                                 slow_call_s=limit)["slow"]  # fmt: skip
+        assert not samples.once and len(samples.seconds) == 2
+
+
+def test_call_sampler_keeps_the_calibrated_call_time(fake_clock):
+    sampler = CallSampler(lambda: fake_clock.sleep(0.25))
+    assert sampler.call_s is None
+    assert sampler.calibrate(0.02) == 1
+    assert sampler.call_s == pytest.approx(0.25)
+    sampler.calibrate(0.0)  # one untimed call only: nothing timed
+    assert sampler.call_s is None

@@ -46,6 +46,10 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
     parser.add_argument("--min-rounds", type=int,
                         help="timing rounds per model at least, whatever the budget (default 5, "
                         "3 when one round outlasts the budget)")
+    parser.add_argument("--slow-call-s", type=float,
+                        help="a system whose one call lasts at least this long is timed once "
+                             "(one call after an untimed one) instead of in the rounds "
+                             "(default: a fifth of the budget, at least 1 s; 0: never)")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--list", action="store_true", help="list models and systems and exit")
     return parser
@@ -107,6 +111,7 @@ def run_from_args(args: argparse.Namespace, restart_argv: Optional[List[str]] = 
         min_rounds=getattr(args, "min_rounds", None), plot=not args.no_plot,
         weights=getattr(args, "weights", "constants"), mode=getattr(args, "mode", "isolated"),
         protocol="cold" if getattr(args, "cold", False) else "warm",
+        slow_call_s=getattr(args, "slow_call_s", None),
     )  # fmt: skip
     print(f"\nwrote {args.out}/results.json, results.md")
     failed = [(m, s) for m, e in results["models"].items() for s, r in e["systems"].items()

@@ -38,6 +38,16 @@ DEFAULT_SYSTEMS = ("ollie", "ollie-lib", "tvm", "onnxruntime", "torch", "torch_c
 #: How systems are timed: each in a worker process of its own, or all in this process.
 MODES = ("isolated", "interleaved")
 
+#: By default a system whose one call lasts this share of the timing budget or more is timed
+#: once instead of in the rounds (:func:`.timing.measure_rounds`' ``slow_call_s``): 4 s at paper
+#: sizes (20 s budget), where TVM's untuned kernels take 1-55 s a call; the rounds' five
+#: samples of it would outlast the budget alone.
+SLOW_CALL_SHARE = 0.2
+
+#: ... and never below this many seconds: with a short budget (0.05 s in a test) a share of it
+#: is a call that a load spike can stretch, and a system timed once has no quartiles.
+SLOW_CALL_FLOOR_S = 1.0
+
 
 def run_bench(
     models: Optional[Iterable[str]] = None,
@@ -57,6 +67,7 @@ def run_bench(
     weights: str = "constants",
     mode: str = "isolated",
     protocol: str = "warm",
+    slow_call_s: Optional[float] = None,
 ) -> dict:
     """Run the benchmark and write ``results.json``, ``results.md`` (and ``speedups.png``).
 
@@ -110,6 +121,11 @@ def run_bench(
         What a sample measures (:mod:`.timing`): ``"warm"`` (the default: untimed warm-up
         calls, then at least 20 ms of back-to-back calls; the warm steady state) or ``"cold"``
         (one call right after the other systems ran). Recorded in ``results.json``.
+    slow_call_s : float, optional
+        A system whose one call lasts at least this long is timed once (one call after an
+        untimed one, ``timed_once`` in its result, no quartiles) instead of in the rounds.
+        Default: :data:`SLOW_CALL_SHARE` of the budget, at least :data:`SLOW_CALL_FLOOR_S`;
+        0: every system in the rounds.
 
     Returns
     -------
@@ -129,6 +145,7 @@ def run_bench(
     threads = int(threads or os.cpu_count() or 1)
     thread_env = configure_threads(threads)
     budget = time_budget_s if time_budget_s is not None else (10.0 if quick else 20.0)
+    slow_call_s = default_slow_call_s(budget) if slow_call_s is None else slow_call_s
     os.makedirs(out_dir, exist_ok=True)
     ctx = BenchContext(target, threads, trials, work_dir or os.path.join(out_dir, "work"),
                        weights=weights, ort_spinning=mode == "isolated")
@@ -143,7 +160,8 @@ def run_bench(
             "thread_env": thread_env,
             "worker_thread_env": None if worker_env is None else {
                 k: worker_env[k] for k in thread_env if k in worker_env},
-            "time_budget_s": budget, "min_rounds": min_rounds, "machine": platform.machine(),
+            "time_budget_s": budget, "min_rounds": min_rounds, "slow_call_s": slow_call_s,
+            "machine": platform.machine(),
             "processor": platform.processor(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         },
         "peaks": None if peaks is None else vars(peaks),
@@ -154,7 +172,7 @@ def run_bench(
         start, load_before = time.perf_counter(), machine_load()
         spec = get_model(name, quick=quick, batch=batch)
         entry = bench_model(spec, systems, reference, ctx, peaks, budget, log, min_rounds,
-                            worker_env=worker_env, protocol=proto)
+                            worker_env=worker_env, protocol=proto, slow_call_s=slow_call_s)
         entry["wall_s"] = time.perf_counter() - start
         entry["load"] = [v for v in (load_before, machine_load()) if v is not None]
         results["models"][name] = entry
@@ -171,16 +189,24 @@ def run_bench(
     return results
 
 
+def default_slow_call_s(budget_s: float) -> float:
+    """The call length from which a system is timed once (``slow_call_s``) for a timing
+    budget of ``budget_s``: :data:`SLOW_CALL_SHARE` of it, at least :data:`SLOW_CALL_FLOOR_S`."""
+    return max(SLOW_CALL_SHARE * budget_s, SLOW_CALL_FLOOR_S)
+
+
 def bench_model(spec, systems: List[str], reference: str, ctx: BenchContext, peaks,
                 budget_s: float, log: Callable[[str], None],
                 min_rounds: Optional[int] = None,
                 worker_env: Optional[Dict[str, str]] = None,
-                protocol: Optional[Protocol] = None) -> dict:  # fmt: skip
+                protocol: Optional[Protocol] = None,
+                slow_call_s: Optional[float] = None) -> dict:  # fmt: skip
     """Prepare, check and time ``systems`` on one model; returns the model's result entry.
 
     ``worker_env`` given: the isolated mode (each system in a worker with that environment,
     :func:`.isolated.bench_systems_isolated`); None: every system in this process.
-    ``protocol``: what a sample measures (default :data:`.timing.WARM`).
+    ``protocol``: what a sample measures (default :data:`.timing.WARM`); ``slow_call_s``: a
+    system with calls at least this long is timed once (:func:`.timing.measure_rounds`).
     """
     # lazy: torch is a heavy, optional dependency
     import torch  # pylint: disable=import-outside-toplevel
@@ -201,6 +227,7 @@ def bench_model(spec, systems: List[str], reference: str, ctx: BenchContext, pea
     rounds = {} if min_rounds is None else dict(
         min_rounds=min_rounds, hard_min_rounds=min_rounds, max_rounds=max(200, min_rounds))
     rounds["protocol"] = protocol
+    rounds["slow_call_s"] = slow_call_s
     if worker_env is not None:
         ctx_kwargs = dict(target=ctx.target_kind, threads=ctx.threads, trials=ctx.trials,
                           work_dir=ctx.work_dir, weights=ctx.weights,
@@ -222,6 +249,8 @@ def bench_model(spec, systems: List[str], reference: str, ctx: BenchContext, pea
         result["rounds"] = len(sample.seconds)
         result["calls_per_sample"] = sample.number
         result["warmup_calls"] = sample.warmup
+        if sample.once:
+            result["timed_once"] = True
         if reference in samples:
             result["ratio_to_ref"] = paired_ratio(sample, samples[reference])
             result["ratio_quartiles"] = paired_ratio_quartiles(sample, samples[reference])

@@ -48,7 +48,7 @@ def _cell(result: dict) -> str:
     """Latency cell: the median in ms, or why there is none."""
     status = result.get("status")
     if status == "ok" and "median_s" in result:
-        return _ms(result["median_s"])
+        return _ms(result["median_s"]) + (" (once)" if result.get("timed_once") else "")
     if status == "built":
         return "built"
     return status or "-"
@@ -85,6 +85,10 @@ def markdown(results: dict) -> str:
     lines += _table(["model"] + systems,
                     [[m] + [_cell(e["systems"].get(s, {})) for s in systems]
                      for m, e in models.items()])  # fmt: skip
+    if any(r.get("timed_once") for e in models.values() for r in e["systems"].values()):
+        lines += ["", f"(once): one call of at least {cfg.get('slow_call_s') or 0:g} s, timed "
+                  "once after an untimed one instead of in the rounds; its ratio is the ratio "
+                  "of medians, with no spread."]  # fmt: skip
     lines += ["", f"## Time relative to `{ref}`", "",
               f"Median of per-round ratios; above 1: `{ref}` is faster.", ""]  # fmt: skip
     lines += _table(["model"] + systems, [[m] + [_ratio(e["systems"].get(s, {})) for s in systems]

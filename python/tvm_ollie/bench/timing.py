@@ -104,6 +104,8 @@ class Samples:
     number: int
     seconds: List[float]
     warmup: int = 0
+    #: timed once, in calibration, not in the rounds (:func:`measure_rounds`'s ``slow_call_s``)
+    once: bool = False
 
     @property
     def median(self) -> float:
@@ -115,12 +117,16 @@ class CallSampler:
 
     def __init__(self, fn: Callable[[], object]):
         self.fn = fn
+        #: seconds of one call found by the last :meth:`calibrate` (None: not timed)
+        self.call_s: Optional[float] = None
 
     def calibrate(self, min_sample_s: float) -> int:
         """The calls per sample that last at least ``min_sample_s`` (1 when it is 0, after one
         untimed call): from up to three timed calls after an untimed one, since a first call
-        after other work runs slower than the calls that follow it (:func:`calls_for`)."""
-        return calls_for(self.fn, min_sample_s)
+        after other work runs slower than the calls that follow it (:func:`calibrate_calls`).
+        Their median is kept as :attr:`call_s`."""
+        number, self.call_s = calibrate_calls(self.fn, min_sample_s)
+        return number
 
     def sample(self, number: int, warmup: int = 0) -> float:
         """Seconds per call over ``number`` back-to-back calls, after ``warmup`` untimed ones."""
@@ -139,9 +145,16 @@ def calls_for(fn: Callable[[], object], min_sample_s: float, cap: int = 1000,
     calibrate`), from the median of up to three timed calls after an untimed one (the fastest
     would let one lucky call on a busy machine stretch every sample). The timed calls stop
     early once they took ``max_s``."""
+    return calibrate_calls(fn, min_sample_s, cap, max_s)[0]
+
+
+def calibrate_calls(fn: Callable[[], object], min_sample_s: float, cap: int = 1000,
+                    max_s: float = 0.5) -> Tuple[int, Optional[float]]:
+    """``(calls, seconds of one call)``: :func:`calls_for` and the median of its timed calls
+    (None when ``min_sample_s`` is 0: then only the untimed call runs)."""
     fn()
     if min_sample_s <= 0:
-        return 1
+        return 1, None
     took, spent = [], 0.0
     for _ in range(3):
         start = time.perf_counter()
@@ -151,7 +164,7 @@ def calls_for(fn: Callable[[], object], min_sample_s: float, cap: int = 1000,
         if spent >= max_s:
             break
     once = statistics.median(took)
-    return max(1, min(cap, math.ceil(min_sample_s / max(once, 1e-9))))
+    return max(1, min(cap, math.ceil(min_sample_s / max(once, 1e-9)))), once
 
 
 class Sampler(Protocol):
@@ -171,6 +184,7 @@ def measure_interleaved(
     hard_min_rounds: int = 3,
     gap_s: float = 0.005,
     protocol: Optional[Protocol] = None,
+    slow_call_s: Optional[float] = None,
 ) -> Dict[str, Samples]:
     """Time every callable in ``runs`` in interleaved rounds, all in this process.
 
@@ -178,7 +192,7 @@ def measure_interleaved(
     ----------
     runs : dict of name -> callable
         Each callable performs one complete inference (including any device synchronization).
-    budget_s, min_rounds, max_rounds, min_sample_s, hard_min_rounds, protocol
+    budget_s, min_rounds, max_rounds, min_sample_s, hard_min_rounds, protocol, slow_call_s
         As for :func:`measure_rounds`.
     gap_s : float
         Pause before each sample when several systems alternate: thread pools (OpenMP, TVM,
@@ -196,7 +210,8 @@ def measure_interleaved(
 
     samplers = {name: CallSampler(fn) for name, fn in runs.items()}
     return measure_rounds(samplers, budget_s, min_rounds, max_rounds, min_sample_s,
-                          hard_min_rounds, settle=settle, protocol=protocol)  # fmt: skip
+                          hard_min_rounds, settle=settle, protocol=protocol,
+                          slow_call_s=slow_call_s)  # fmt: skip
 
 
 def warm_samples(fn: Callable[[], object], samples: int,
@@ -226,6 +241,7 @@ def measure_rounds(
     settle: Optional[Callable[[Optional[str]], None]] = None,
     failures: Optional[Dict[str, str]] = None,
     protocol: Optional[Protocol] = None,
+    slow_call_s: Optional[float] = None,
 ) -> Dict[str, Samples]:
     """Time every sampler in rounds: one sample each per round, in rotating order.
 
@@ -257,6 +273,14 @@ def measure_rounds(
     protocol : Protocol, optional
         How a sample is taken (default :data:`WARM`: untimed warm-up calls, then at least
         20 ms of calls; :data:`COLD`: one call).
+    slow_call_s : float, optional
+        A sampler whose calibration found one call at least this long (its ``call_s``
+        attribute, where it has one) is timed once, by that calibration (one timed call after
+        an untimed one), and leaves the rounds: its :class:`Samples` has that one call and
+        ``once`` set. At paper sizes TVM's untuned kernels take 1-55 s a call, and the rounds
+        (an untimed warm-up call and a timed one each, three rounds at least) would spend
+        minutes on a system 10-100x slower than the others, whose ratio needs no quartiles.
+        None or 0: every sampler takes part in the rounds.
 
     Returns
     -------
@@ -266,12 +290,17 @@ def measure_rounds(
     failed = {} if failures is None else failures
     proto = resolve_protocol(protocol, min_sample_s)
     numbers: Dict[str, int] = {}
+    once: Dict[str, Samples] = {}
     for name, sampler in samplers.items():
         try:
             numbers[name] = sampler.calibrate(proto.min_sample_s)
         except Exception as err:  # pylint: disable=broad-except
             failed[name] = f"{type(err).__name__}: {err}"[:500]
-    names = [name for name in samplers if name in numbers]
+            continue
+        call_s = getattr(sampler, "call_s", None)
+        if slow_call_s and call_s is not None and call_s >= slow_call_s:
+            once[name] = Samples(1, [call_s], 0, once=True)
+    names = [name for name in samplers if name in numbers and name not in once]
     samples = {name: Samples(numbers[name], [], proto.warmup_calls(numbers[name]))
                for name in names}
     previous = None
@@ -295,7 +324,8 @@ def measure_rounds(
             break
         if done >= hard_min_rounds and elapsed >= 3 * budget_s:
             break
-    return samples
+    samples.update(once)
+    return {name: samples[name] for name in samplers if name in samples}
 
 
 def _sample(sampler: "Sampler", samples: Samples) -> float:
@@ -311,7 +341,10 @@ def _pairs(samples: Samples, reference: Samples) -> List[float]:
 
 
 def paired_ratio(samples: Samples, reference: Samples) -> Optional[float]:
-    """Median over rounds of ``t_system / t_reference`` (rounds are paired by index)."""
+    """Median over rounds of ``t_system / t_reference`` (rounds are paired by index); where
+    either was timed once (``once``, not in the rounds), the ratio of their medians."""
+    if samples.once or reference.once:
+        return samples.median / reference.median if reference.median > 0 else None
     pairs = _pairs(samples, reference)
     return statistics.median(pairs) if pairs else None
 
@@ -320,8 +353,11 @@ def paired_ratio_quartiles(samples: Samples, reference: Samples) -> Optional[Tup
     """First and third quartiles over rounds of ``t_system / t_reference``.
 
     The spread says how far one run's ratio can be trusted: two systems whose quartile ranges
-    both contain 1 are a tie at this machine's noise. None with fewer than two rounds.
+    both contain 1 are a tie at this machine's noise. None with fewer than two rounds, or
+    where either was timed once (no rounds to pair).
     """
+    if samples.once or reference.once:
+        return None
     pairs = sorted(_pairs(samples, reference))
     if len(pairs) < 2:
         return None

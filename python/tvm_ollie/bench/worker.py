@@ -3,12 +3,13 @@
 A :class:`Worker` spawns a fresh interpreter (``multiprocessing``'s spawn context: nothing of
 the coordinator's runtimes, thread pools or memory is inherited) that calls a factory, ships the
 result and the first outputs back, and then takes timing commands: ``calibrate`` (returns the
-calls per sample, :meth:`.CallSampler.calibrate`) and ``sample`` (``warmup`` untimed calls,
-then ``number`` back-to-back calls timed in the worker; returns seconds per call); a call that
-raises is answered with ``failed`` and the worker exits. A worker is a sampler of
-:func:`.timing.measure_rounds`, so a coordinator times several workers in rotating rounds, one
-at a time, while the others block on their pipes. :meth:`Worker.settle` waits until the worker's threads have stopped running
-(spinning thread pools included) so that the next worker starts on idle cores.
+calls per sample and the seconds of one call, :meth:`.CallSampler.calibrate`) and ``sample``
+(``warmup`` untimed calls, then ``number`` back-to-back calls timed in the worker; returns
+seconds per call); a call that raises is answered with ``failed`` and the worker exits. A
+worker is a sampler of :func:`.timing.measure_rounds`, so a coordinator times several workers
+in rotating rounds, one at a time, while the others block on their pipes. :meth:`Worker.settle`
+waits until the worker's threads have stopped running (spinning thread pools included) so that
+the next worker starts on idle cores.
 
 A worker that dies (a crash, an abort in native code) or fails raises :class:`WorkerFailed`
 in the coordinator; the coordinator goes on with the others.
@@ -54,7 +55,7 @@ def serve(conn, factory: Callable[..., tuple], kwargs: dict, modules: Iterable[s
             return
         try:
             if command == "calibrate":
-                conn.send(("calibrated", sampler.calibrate(arg)))
+                conn.send(("calibrated", sampler.calibrate(arg), sampler.call_s))
             elif command == "sample":
                 number, warmup = arg if isinstance(arg, (tuple, list)) else (arg, 0)
                 conn.send(("sampled", sampler.sample(number, warmup)))
@@ -171,6 +172,8 @@ class Worker:
                  reply_timeout_s: float = 600.0):  # fmt: skip
         self.name = name
         self.reply_timeout_s = reply_timeout_s
+        #: seconds of one call found by the last :meth:`calibrate` (None: not timed)
+        self.call_s: Optional[float] = None
         context = multiprocessing.get_context("spawn")
         self._conn, child = context.Pipe()
         self.process = context.Process(target=serve, args=(child, factory, kwargs, list(modules)),
@@ -203,9 +206,11 @@ class Worker:
         return self._receive("ready", None)
 
     def calibrate(self, min_sample_s: float) -> int:
-        """The calls per sample, found in the worker (see :class:`.CallSampler`)."""
+        """The calls per sample, found in the worker (see :class:`.CallSampler`); the seconds
+        of one call it found go to :attr:`call_s`."""
         self._send("calibrate", min_sample_s)
-        return self._receive("calibrated", self.reply_timeout_s)[0]
+        number, self.call_s = self._receive("calibrated", self.reply_timeout_s)
+        return number
 
     def sample(self, number: int, warmup: int = 0) -> float:
         """Seconds per call over ``number`` calls timed in the worker after ``warmup`` untimed
