@@ -220,9 +220,12 @@ class OllieConfig:
         per-user cache, :mod:`tvm_ollie.derive.cache`); False: search every signature.
     build_pool : bool, optional
         Build the decisions' candidate modules in worker processes, one part per worker at
-        once (:mod:`tvm_ollie.transform.build_pool`): None (default) when the module has at
-        least :data:`~tvm_ollie.transform.build_pool.MIN_UNITS` signatures to decide and this
-        process may run on two CPUs or more; True whenever it may; False never.
+        once, and the guard's library plan beside the rewritten module
+        (:mod:`tvm_ollie.transform.build_pool`): None when the module has at least
+        :data:`~tvm_ollie.transform.build_pool.MIN_UNITS` signatures to decide and this
+        process may run on two CPUs or more; True whenever it may; False (default) never.
+        Off by default: on the loaded 2-core machine it made GCN's cold build slower
+        (docs/compile-time.md, helper cold9); not measured on a quiet machine yet.
     """
 
     target: Any = None
@@ -257,7 +260,7 @@ class OllieConfig:
     norm_kernels: bool = True
     library_plan: bool = True
     cached_alloc: bool = False
-    build_pool: Optional[bool] = None
+    build_pool: Optional[bool] = False
 
     def __post_init__(self):
         if self.targets is not None and not isinstance(self.targets, tuple):

@@ -197,9 +197,9 @@ class Decider:
 
     def plan_builds(self, units: int) -> None:
         """Build the decisions' merged modules in this process's :class:`~.build_pool.
-        BuildPool` when the config's ``build_pool`` says so: True, always; None (the default),
-        when ``units`` signatures are to be decided, at least :data:`~.build_pool.MIN_UNITS`
-        (the workers' start is repaid by that many builds); False, never."""
+        BuildPool` when the config's ``build_pool`` says so: True, always; None, when
+        ``units`` signatures are to be decided, at least :data:`~.build_pool.MIN_UNITS` (the
+        workers' start is repaid by that many builds); False (the default), never."""
         wanted = self.build_pool if self.build_pool is not None else units >= MIN_UNITS
         self.pool = shared_pool() if wanted and units > 0 else None
 
