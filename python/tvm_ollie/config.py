@@ -221,6 +221,14 @@ class OllieConfig:
     derivation_cache : bool
         Reuse derivation search results across compiles and models (in ``work_dir`` and the
         per-user cache, :mod:`tvm_ollie.derive.cache`); False: search every signature.
+    build_pool : bool, optional
+        Build the decisions' candidate modules in worker processes, one part per worker at
+        once, and the guard's library plan beside the rewritten module
+        (:mod:`tvm_ollie.transform.build_pool`): None when the module has at least
+        :data:`~tvm_ollie.transform.build_pool.MIN_UNITS` signatures to decide and this
+        process may run on two CPUs or more; True whenever it may; False (default) never.
+        Off by default: on the loaded 2-core machine it made GCN's cold build slower
+        (docs/compile-time.md, helper cold9); not measured on a quiet machine yet.
     """
 
     target: Any = None
@@ -255,6 +263,7 @@ class OllieConfig:
     norm_kernels: bool = True
     library_plan: bool = True
     cached_alloc: bool = True
+    build_pool: Optional[bool] = False
 
     def __post_init__(self):
         if self.targets is not None and not isinstance(self.targets, tuple):
@@ -293,7 +302,7 @@ class OllieConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"OllieConfig.{name} must be True or False, not "
                                   f"{getattr(self, name)!r}")
-        for name in ("library", "check_untuned", "model_guard"):
+        for name in ("library", "check_untuned", "model_guard", "build_pool"):
             if not any(getattr(self, name) is v for v in (None, True, False)):
                 raise ConfigError(f"OllieConfig.{name} must be None, True or False, not "
                                   f"{getattr(self, name)!r}")

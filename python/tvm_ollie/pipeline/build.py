@@ -55,6 +55,7 @@ from ..compile_profile import profile_scope, stage
 from ..config import OllieConfig, resolve_config
 from ..orchestrate.cost import sample_args
 from ..target import gpu_available, is_gpu_target, is_llvm, kind_name, normalize_target
+from ..transform.build_pool import PendingBuild, running_pool
 from ..transform.measuring import DecisionRecords
 from ..transform.optimize import OllieOptimize, optimize_module
 from ..transform.precision import to_precision
@@ -214,6 +215,9 @@ def _build(mod: "tvm.IRModule", cfg: OllieConfig, hooks: dict
             return _compile_final(original, cfg, tuner, budget, tunable, orch), report
         _adopt(report, library[1], _library_because(report.model_guard))
         return _compile_final(library[0], cfg, tuner, budget, tunable, orch), report
+    # the guard will build the library plan: in a worker while this process builds the
+    # rewritten module, where a pool runs (the module's decisions started it)
+    pending = _library_in_pool(library, verdict, cfg, tuner)
     try:
         ex = _compile_final(new_mod, cfg, tuner, budget, tunable, orch)
     except Exception as err:  # pylint: disable=broad-except
@@ -231,13 +235,30 @@ def _build(mod: "tvm.IRModule", cfg: OllieConfig, hooks: dict
     if not _rewritten_units(report):  # nothing rewritten: what was built is the original
         plans = [("original", lambda: ex)]
     if library is not None:
-        plans.append(("library", _once(as_given(library[0]))))
+        with stage("model guard"):  # (waiting for the worker: nothing is timed beside a build)
+            pooled = pending.result() if pending is not None else None
+        plans.append(("library", _once(as_given(library[0]) if pooled is None
+                                       else lambda: pooled)))
     if _rewritten_units(report):  # built last: not at all where it cannot win (.hopeless)
         plans.append(("original", _unless_hopeless(as_given(mod), mod, dict(plans), report,
                                                    tgt, verdict)))
     with stage("model guard"):
         return _model_guard(mod, plans, report, tgt, verdict,
                             library[1] if library else None), report
+
+
+def _library_in_pool(library, verdict: Optional["RecordedVerdict"], cfg: OllieConfig,
+                     tuner) -> Optional[PendingBuild]:
+    """The library plan's build started in this process's build pool
+    (:mod:`tvm_ollie.transform.build_pool`), or None: no plan, no guard to time it, a verdict
+    read back (nothing more is built), no pool running, or a build the workers would not make
+    as this process makes it (a tuner's records, orchestration, cached allocations: each a
+    setting of this process only)."""
+    pool = running_pool()
+    if library is None or verdict is None or verdict.known() is not None or pool is None or \
+            tuner is not None or cfg.orchestrate or cfg.cached_alloc or not is_llvm(cfg.target):
+        return None
+    return pool.submit(library[0], cfg.target)
 
 
 def _library_plan(given: "tvm.IRModule", rewritten: "tvm.IRModule", cfg: OllieConfig,

@@ -17,6 +17,11 @@ are only renamed apart), so a function of the merged module computes what the mo
 computed, with the same kernels. Should the merged build fail (one alternative TVM cannot
 build), nothing is lost but that build: every stage then builds its modules one at a time as
 before (:attr:`UnitBuild.failed`), so a failing alternative fails its own check only.
+
+With a :class:`~.build_pool.BuildPool` (a module with many units to decide), the modules are
+dealt into one merged part per worker process and the parts built at once there
+(:mod:`.build_pool`): the same functions, the same kernels, built by the same code for the same
+target, in another process.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from ..compat import relax, tvm
 from ..compile_profile import stage
 from ..target import normalize_target
 from ..tune.measure import compile_module
+from .build_pool import BuildPool
 
 __all__ = ["UnitBuild", "merged_module"]
 
@@ -81,16 +87,24 @@ class UnitBuild:
         alternative's label).
     target : str | Target
         What the executable is built for (a CPU target: the checker runs it here).
+    pool : BuildPool, optional
+        Worker processes to build in (:mod:`.build_pool`): the modules are then dealt
+        round-robin into one part per worker (the first module, the original, in the first
+        part), each part merged and built in a worker, all at once, and loaded here. Should a
+        part fail there, it is built here; should that fail too, every module is built alone
+        (:attr:`failed`), as when the one merged build fails.
     """
 
-    def __init__(self, modules: Dict[str, "tvm.IRModule"], target):
+    def __init__(self, modules: Dict[str, "tvm.IRModule"], target,
+                 pool: Optional[BuildPool] = None):
         self.modules = dict(modules)
         self.target = normalize_target(target)
-        self._names: Dict[str, str] = {}
-        self._ex = None
+        self.pool = pool
+        self._where: Dict[str, Tuple["tvm.runtime.Executable", str]] = {}
+        self._done = False
         #: the merged build was tried and failed (each module is then built alone)
         self.failed = False
-        #: how many TVM builds this object ran (0 or 1)
+        #: how many TVM builds this object ran here and in the pool (one per part)
         self.builds = 0
         #: results its users keep per build (the checker's reference outputs)
         self.memo: Dict[object, object] = {}
@@ -98,27 +112,41 @@ class UnitBuild:
     def __contains__(self, key: str) -> bool:
         return key in self.modules
 
-    def executable(self) -> Optional["tvm.runtime.Executable"]:
-        """The merged executable (built now if not yet; None: the build failed)."""
-        if self._ex is None and not self.failed:
-            keys = list(self.modules)
-            try:
-                merged, mains = merged_module([self.modules[k] for k in keys])
-                self.builds += 1
-                self._ex = compile_module(merged, self.target)
-            except Exception as err:  # pylint: disable=broad-except
-                LOG.info("ollie: the merged build of %d modules failed (%s: %s); building "
-                         "them one at a time", len(keys), type(err).__name__, err)
-                self.failed = True
-                return None
-            self._names = dict(zip(keys, mains))
-        return self._ex
+    def parts(self) -> List[List[str]]:
+        """The keys of each part built together: one part, or one per worker of the pool
+        (never more parts than modules)."""
+        keys = list(self.modules)
+        count = max(1, min(len(keys), self.pool.workers if self.pool is not None else 1))
+        return [keys[i::count] for i in range(count)]
+
+    def _build(self) -> None:
+        """Build every part (module docstring); on failure, :attr:`failed`."""
+        self._done = True
+        parts = self.parts()
+        try:
+            merged = [merged_module([self.modules[k] for k in part]) for part in parts]
+            built = [None] * len(parts)
+            if self.pool is not None and len(parts) > 1:
+                self.builds += len(parts)
+                built = self.pool.build([m for m, _ in merged], self.target)
+            for i, (mod, _) in enumerate(merged):
+                if built[i] is None:
+                    self.builds += 1
+                    built[i] = compile_module(mod, self.target)
+        except Exception as err:  # pylint: disable=broad-except
+            LOG.info("ollie: the merged build of %d modules failed (%s: %s); building "
+                     "them one at a time", len(self.modules), type(err).__name__, err)
+            self.failed = True
+            return
+        for part, (_, mains), ex in zip(parts, merged, built):
+            self._where.update({k: (ex, name) for k, name in zip(part, mains)})
 
     def function(self, key: str) -> Optional[Tuple["tvm.runtime.Executable", str]]:
         """``(executable, function name)`` computing module ``key`` (None: not in this build,
         or the merged build failed)."""
         if key not in self.modules:
             return None
-        with stage("candidate builds"):
-            ex = self.executable()
-        return None if ex is None else (ex, self._names[key])
+        if not self._done:
+            with stage("candidate builds"):
+                self._build()
+        return None if self.failed else self._where[key]

@@ -51,6 +51,7 @@ from ..tune.metaschedule import Tuner
 from ..tune.records import MachineStore
 from .alternatives import Alternative, Candidates, UnitAlternatives
 from .batched import UnitBuild
+from .build_pool import MIN_UNITS, BuildPool, shared_pool
 from .checking import RTOL, Checker, CheckFn, VerdictCache, check_exact, checked
 from .choosing import (MARGIN, REPRODUCIBLE_MARGIN, Choice, Chooser, Decision, choose_analytic,
                        choose_forced, choose_measured, decided, far_behind, kept_by_estimate,
@@ -190,6 +191,17 @@ class Decider:
         self.verify_s = 0.0
         #: decisions kept per machine (:mod:`.remembered`): only the default decider's
         self.remembered = self._remembered(cfg) if default else None
+        self.build_pool = cfg.build_pool
+        #: where the merged builds are built (:meth:`plan_builds`; None: in this process)
+        self.pool: Optional[BuildPool] = None
+
+    def plan_builds(self, units: int) -> None:
+        """Build the decisions' merged modules in this process's :class:`~.build_pool.
+        BuildPool` when the config's ``build_pool`` says so: True, always; None, when
+        ``units`` signatures are to be decided, at least :data:`~.build_pool.MIN_UNITS` (the
+        workers' start is repaid by that many builds); False (the default), never."""
+        wanted = self.build_pool if self.build_pool is not None else units >= MIN_UNITS
+        self.pool = shared_pool() if wanted and units > 0 else None
 
     def _cost_model(self, cost_model, timer, tuner) -> Optional[UnitCostModel]:
         """The deciding cost: given, the timer's, tuned, untuned, or none (the estimate)."""
@@ -358,7 +370,7 @@ class Decider:
                     modules.setdefault(alt.label, unit_module(unit, alt.program, None, alt.impl))
                 except EmitError:
                     continue  # (its check says why)
-        return UnitBuild(modules, target) if len(modules) > 1 else None
+        return UnitBuild(modules, target, self.pool) if len(modules) > 1 else None
 
 
 def shared_records(model: Optional[UnitCostModel], target,

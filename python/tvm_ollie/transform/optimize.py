@@ -287,6 +287,7 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
         budget.notes.append(f"no {kind_name(tgt)} device here to measure on: the pass decided "
                             "by the analytic cost")
     kept = small.kept(sigs)
+    decider.plan_builds(len(kept))
     gains = _signature_gains(decider.calib, regions, calls, decider.library, weights)
     # at least each signature's floor: below it the forms the rule tests expect go unfound
     payback = SearchPayback({s: gains[s] for s in kept if s in gains}, cfg.search_payback_runs,
