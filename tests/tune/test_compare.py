@@ -141,6 +141,64 @@ def test_failures_and_hopeless_alternatives_leave_the_rounds():
     assert not res.timings["unlucky"].retired and res.winner == "unlucky"
 
 
+def _clocked_series(now, values):
+    """A sampler advancing the fake clock ``now`` by each sample it returns."""
+    inner = _series(values)
+
+    def sample():
+        seconds = inner()
+        now[0] += seconds
+        return seconds
+
+    sample.calls = inner.calls
+    return sample
+
+
+def test_slow_samples_end_the_rounds_at_the_time_cap_after_two_each():
+    now = [0.0]
+    a, b = _clocked_series(now, [12.0, 13.0]), _clocked_series(now, [12.5, 12.0])
+    res = compare({"a": a, "b": b}, min_rounds=5, max_rounds=15, time_s=2.0,
+                  clock=lambda: now[0], time_cap_s=20.0)
+    # two samples each (48 s spent), not five rounds: the tie goes to the preferred "a"
+    assert a.calls[0] == b.calls[0] == 2 and res.rounds == 2 and res.stop == "time"
+    assert res.winner == "a" and not res.separated
+
+
+def test_the_time_cap_waits_for_the_second_sample_and_spares_fast_decisions():
+    now = [0.0]
+    # the cap is spent in round 1, but nothing has a second sample yet
+    res = compare({"a": _clocked_series(now, [30.0]), "b": _clocked_series(now, [31.0])},
+                  min_rounds=5, max_rounds=15, clock=lambda: now[0], time_cap_s=20.0)
+    assert res.rounds == 2
+    # fast alternatives never reach it: min_rounds holds
+    now[0] = 0.0
+    res = compare({"a": _clocked_series(now, [1e-3]), "b": _clocked_series(now, [1e-3])},
+                  min_rounds=5, max_rounds=5, clock=lambda: now[0], time_cap_s=20.0)
+    assert res.rounds == 5
+    # without a cap (the default) slow samples keep min_rounds
+    now[0] = 0.0
+    res = compare({"a": _clocked_series(now, [12.0]), "b": _clocked_series(now, [12.0])},
+                  min_rounds=5, max_rounds=15, time_s=2.0, clock=lambda: now[0])
+    assert res.rounds == 5
+
+
+def test_one_long_hopeless_sample_retires_but_one_short_outlier_does_not():
+    slow = _series([2.0])
+    res = compare({"fast": _series([1e-3]), "slow": slow}, min_rounds=6, max_rounds=6,
+                  hopeless=3.0, long_sample_s=1.0)
+    assert slow.calls[0] == 1 and res.timings["slow"].retired and res.winner == "fast"
+    # a short outlier (0.5 s, below long_sample_s) still needs its second sample
+    unlucky = _series([1e-3], outliers={0: 0.5})
+    res = compare({"fast": _series([1.1e-3]), "unlucky": unlucky}, min_rounds=8,
+                  max_rounds=8, hopeless=3.0, long_sample_s=1.0)
+    assert not res.timings["unlucky"].retired and res.winner == "unlucky"
+    # a long sample that is not hopeless stays
+    near = _series([1.2, 1.1])
+    res = compare({"a": _series([1.0]), "near": near}, min_rounds=3, max_rounds=3,
+                  hopeless=3.0, long_sample_s=1.0)
+    assert near.calls[0] == 3 and not res.timings["near"].retired
+
+
 def test_clocked_samples_and_calls_per_sample():
     now = [0.0]
 

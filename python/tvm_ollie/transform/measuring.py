@@ -25,7 +25,7 @@ from .alternatives import Alternative
 from .choosing import DECISION_QUANTILE
 from .costing import ModuleTiming, UnitCostModel
 
-__all__ = ["HOPELESS", "PROTOCOL", "DecisionRecords", "DecisionTiming"]
+__all__ = ["HOPELESS", "LONG_SAMPLE_S", "PROTOCOL", "TIME_CAP_S", "DecisionRecords", "DecisionTiming"]
 
 LOG = logging.getLogger("tvm_ollie.transform")
 
@@ -37,6 +37,17 @@ LOG = logging.getLogger("tvm_ollie.transform")
 #: and the whole 2 s of its decision; its samples still judge it (it is beaten, not dropped).
 HOPELESS = 3.0
 
+#: Seconds of a decision's timing after which ``min_rounds`` is waived once every alternative
+#: has two samples (:func:`~tvm_ollie.tune.compare.compare`'s ``time_cap_s``): ten times the
+#: protocol's 2 s, reached only by alternatives whose one call takes seconds.
+TIME_CAP_S = 20.0
+
+#: A hopeless alternative whose one sample took this many seconds leaves the rounds after it
+#: (:func:`~tvm_ollie.tune.compare.compare`'s ``long_sample_s``): at paper size an untuned TVM
+#: alternative of Longformer's attention took about 20 s a sample beside library
+#: alternatives of milliseconds, and its second sample cost a heavy unit minutes more.
+LONG_SAMPLE_S = 1.0
+
 #: The protocol of one decision: at least 5 rounds, at most 15, no new round after 2 s, judged
 #: on the first quartile (:data:`~.choosing.DECISION_QUANTILE`,
 #: :func:`~tvm_ollie.tune.compare.quantile_interval`): a unit's samples
@@ -44,9 +55,11 @@ HOPELESS = 3.0
 #: pool's worker waiting for the scheduler's tick) widened the median's interval past the
 #: alternative it beat: the same clear 3x gain was taken by some builds and not by others
 #: (``tests/transform/test_stable_decisions.py``). Hopeless alternatives leave after two
-#: rounds (:data:`HOPELESS`).
+#: rounds (:data:`HOPELESS`), after one when that sample took :data:`LONG_SAMPLE_S` or more.
+#: Samples of seconds each (untuned TVM alternatives at paper size) end the rounds after two
+#: once :data:`TIME_CAP_S` is spent.
 PROTOCOL = dict(min_rounds=5, max_rounds=15, time_s=2.0, quantile=DECISION_QUANTILE,
-                hopeless=HOPELESS)
+                hopeless=HOPELESS, time_cap_s=TIME_CAP_S, long_sample_s=LONG_SAMPLE_S)
 
 
 class DecisionRecords(JsonRecords):

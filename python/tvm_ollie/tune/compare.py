@@ -53,7 +53,17 @@ the executable: the same model built twice then runs at different speeds. Every 
 
 * **hopeless alternatives leave early**: one whose fastest sample (of at least two) is more
   than ``hopeless`` times the leader's slowest cannot win, and is not timed again (a plan that
-  runs for seconds where the others take milliseconds). Two samples, not one, decide it.
+  runs for seconds where the others take milliseconds). Two samples, not one, decide it,
+  unless the one sample lasted ``long_sample_s`` or more: a descheduled thread or a burst of
+  load inflates a short sample many times, but a sample of a second spans hundreds of
+  scheduler slices, and load that lasts that long slows the other alternatives of the round
+  too;
+* **a ceiling on slow samples** (``time_cap_s``): ``min_rounds`` is waived once ``time_cap_s``
+  seconds are spent and every alternative still in the rounds has two samples. Untuned TVM
+  alternatives at paper size take 15-30 s a sample (Longformer's attention, Segformer's
+  decode head): five rounds of them held a build for over ten minutes. Two rounds still give
+  every alternative the second sample that retires the hopeless ones, and samples that long
+  are each an average over seconds; what is not separated then goes to the tie-break.
 
 :class:`Comparison` says, per alternative, the median and interval, whether the winner is
 separated or tied, the rounds used and why they stopped; it round-trips through a dict
@@ -335,7 +345,9 @@ def compare(samplers: Dict[str, Sampler], prefer: Optional[Sequence[str]] = None
             margin: Margin = 0.0, min_rounds: int = 5, max_rounds: int = 25,
             time_s: Optional[float] = None, clock: Callable[[], float] = time.perf_counter,
             hopeless: float = math.inf, confidence: float = 0.9,
-            initial: Optional[Dict[str, float]] = None, quantile: float = 0.5) -> Comparison:
+            initial: Optional[Dict[str, float]] = None, quantile: float = 0.5,
+            time_cap_s: Optional[float] = None,
+            long_sample_s: Optional[float] = None) -> Comparison:
     """Time ``samplers`` in interleaved rounds until the fastest is separated or the budget is
     spent; the winner by :func:`judge` (module docstring).
 
@@ -361,6 +373,12 @@ def compare(samplers: Dict[str, Sampler], prefer: Optional[Sequence[str]] = None
         A first sample of every alternative, taken by the caller (it counts as round 1).
     quantile : float
         The statistic judged: 0.5 the median, lower where the noise is one-sided.
+    time_cap_s : float, optional
+        Stop before ``min_rounds`` once this many seconds of ``clock`` are spent and every
+        active alternative has two samples (module docstring: slow samples).
+    long_sample_s : float, optional
+        A hopeless alternative whose one sample lasted this long leaves after it (None: two
+        samples always).
     """
     timings = {n: Timing(n, confidence=confidence, quantile=quantile) for n in samplers}
     active = list(samplers)
@@ -377,9 +395,12 @@ def compare(samplers: Dict[str, Sampler], prefer: Optional[Sequence[str]] = None
         if not active or sum(not t.failed for t in timings.values()) < 2:
             stop = "failed" if not active else "single"
             break
-        _retire(timings, active, hopeless)
+        _retire(timings, active, hopeless, long_sample_s)
         active = [n for n in active if not timings[n].retired]
         if rounds < min_rounds:
+            if _capped(timings, active, clock() - begin, time_cap_s):
+                stop = "time"
+                break
             continue
         if judge(timings, prefer, margin)[2]:
             stop = "separated"
@@ -403,14 +424,25 @@ def _sample(timing: Timing, sampler: Sampler) -> None:
     timing.samples.append(float(seconds))
 
 
-def _retire(timings: Dict[str, Timing], active: List[str], hopeless: float) -> None:
+def _capped(timings: Dict[str, Timing], active: List[str], spent_s: float,
+            time_cap_s: Optional[float]) -> bool:
+    """Whether slow samples end the rounds before ``min_rounds`` (``time_cap_s``)."""
+    if time_cap_s is None or spent_s < time_cap_s:
+        return False
+    return all(len(timings[n].samples) >= 2 for n in active)
+
+
+def _retire(timings: Dict[str, Timing], active: List[str], hopeless: float,
+            long_sample_s: Optional[float] = None) -> None:
     if not math.isfinite(hopeless):
         return
     leader = min(active, key=lambda n: timings[n].center)
     worst = max(timings[leader].samples)
     for n in active:
         t = timings[n]
-        if n != leader and len(t.samples) >= 2 and min(t.samples) > hopeless * worst:
+        enough = len(t.samples) >= 2 or (long_sample_s is not None
+                                         and min(t.samples) >= long_sample_s)
+        if n != leader and enough and min(t.samples) > hopeless * worst:
             t.retired = True
 
 
