@@ -25,7 +25,8 @@ from .alternatives import Alternative
 from .choosing import DECISION_QUANTILE
 from .costing import ModuleTiming, UnitCostModel
 
-__all__ = ["HOPELESS", "LONG_SAMPLE_S", "PROTOCOL", "TIME_CAP_S", "DecisionRecords", "DecisionTiming"]
+__all__ = ["HOPELESS", "LONG_SAMPLE_S", "PROTOCOL", "TIME_CAP_S", "DecisionRecords",
+           "DecisionTiming"]
 
 LOG = logging.getLogger("tvm_ollie.transform")
 
