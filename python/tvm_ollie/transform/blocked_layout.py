@@ -244,19 +244,24 @@ def member_conv(value) -> Optional[Tuple[lib.LibCall, list]]:
     return call, ops
 
 
-@functools.lru_cache(maxsize=None)
-def deconv_takes_formats() -> bool:
-    """Whether the loaded native library's conv2d_transpose takes ``src_fmt``/``dst_fmt`` (a
-    library built before them rejects the keys): one call on a 1x1x1x1 problem, once."""
-    if not native.available() or not native.provides(native.CONV2D_TRANSPOSE):
+def _accepts(func: str, attrs: str, operands: int) -> bool:
+    """Whether the loaded native library's ``func`` accepts ``attrs`` (a library built before
+    those keys rejects them): one call on 1x1x1x1 operands."""
+    if not native.available() or not native.provides(func):
         return False
-    one = [np.ones((1, 1, 1, 1), "float32") for _ in range(3)]
+    one = [np.ones((1, 1, 1, 1), "float32") for _ in range(operands)]
     try:
-        tvm_ffi.get_global_func(native.CONV2D_TRANSPOSE)(
-            "src_fmt=nhwc;dst_fmt=nhwc", *[tvm_ffi.from_dlpack(a) for a in one])
+        tvm_ffi.get_global_func(func)(attrs, *[tvm_ffi.from_dlpack(a) for a in one])
     except (ValueError, TypeError, RuntimeError):
         return False
     return True
+
+
+@functools.lru_cache(maxsize=None)
+def deconv_takes_formats() -> bool:
+    """Whether the loaded native library's conv2d_transpose takes ``src_fmt``/``dst_fmt``
+    (asked once)."""
+    return _accepts(native.CONV2D_TRANSPOSE, "src_fmt=nhwc;dst_fmt=nhwc", 3)
 
 
 def member_deconv(value) -> Optional[Tuple[lib.LibCall, list]]:
@@ -276,17 +281,8 @@ def member_deconv(value) -> Optional[Tuple[lib.LibCall, list]]:
 
 @functools.lru_cache(maxsize=None)
 def norm_takes_formats() -> bool:
-    """Whether the loaded native library's instance_norm takes ``fmt`` (a library built before
-    the formats rejects the key): one call on a 1x1x1x1 tensor, once."""
-    if not native.available() or not native.provides(lib.INSTANCE_NORM):
-        return False
-    one = [np.ones((1, 1, 1, 1), "float32") for _ in range(2)]
-    try:
-        tvm_ffi.get_global_func(lib.INSTANCE_NORM)(
-            "fmt=nhwc", *[tvm_ffi.from_dlpack(a) for a in one])
-    except (ValueError, TypeError, RuntimeError):
-        return False
-    return True
+    """Whether the loaded native library's instance_norm takes ``fmt`` (asked once)."""
+    return _accepts(lib.INSTANCE_NORM, "fmt=nhwc", 2)
 
 
 def member_norm(value) -> Optional[Tuple[lib.LibCall, list]]:
