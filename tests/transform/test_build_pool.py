@@ -164,7 +164,10 @@ def test_the_guard_builds_the_library_plan_in_the_pool(pool, monkeypatch):
     built here: the same verdict, and the kept plan computes what TVM's build computes."""
     timer = lambda runs: {n: {"rewritten": 2e-3, "original": 3e-3, "library": 1e-3}[n]
                           for n in runs}
-    opts = dict(max_depth=2, search_time_s=1.0, calibration=sm.LLVM_CALIB, model_guard=True)
+    # cached allocations are a setting of this process the workers do not make: the pool
+    # builds only plans without them (pipeline.build._library_in_pool)
+    opts = dict(max_depth=2, search_time_s=1.0, calibration=sm.LLVM_CALIB, model_guard=True,
+                cached_alloc=False)
     mod = sm.conv_stack()
     _, serial = build(mod, "llvm", plan_timer=timer, **opts)
     monkeypatch.setattr(pipeline_build, "running_pool", lambda: pool)
