@@ -42,6 +42,17 @@ def test_threads_roundtrip():
         native.set_num_threads(0)
 
 
+def test_a_count_set_before_the_first_kernel_call_is_kept():
+    """set_num_threads before any kernel has run is not replaced by the default (one
+    TVM_NUM_THREADS or the affinity's) when the first call settles it."""
+    _require()
+    code = ("import tvm_ollie.native as n; n.set_num_threads(1); "
+            "print('THREADS', n.get_num_threads())")
+    res = _run(code, TVM_NUM_THREADS="2")
+    assert res.returncode == 0, res.stderr
+    assert "THREADS 1" in res.stdout
+
+
 def test_conv2d_packed_size():
     _require()
     size = native.conv2d_packed_size("pad=1,1,1,1", (1, 16, 7, 7), (32, 16, 3, 3))

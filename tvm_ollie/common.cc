@@ -245,14 +245,20 @@ static int DefaultThreads() {
   return 1;
 }
 
-void SetNumThreads(int n) {
-  if (n <= 0) TVM_FFI_THROW(ValueError) << "set_num_threads: expected n >= 1, got " << n;
+static void ApplyNumThreads(int n) {
   g_num_threads = n;  // OpenMP's count is applied per kernel call (ThreadScope)
   BlasSetNumThreads(n);
 }
 
+void SetNumThreads(int n) {
+  if (n <= 0) TVM_FFI_THROW(ValueError) << "set_num_threads: expected n >= 1, got " << n;
+  // The default is now settled: a first kernel call must not replace the caller's count with it.
+  std::call_once(g_threads_once, []() {});
+  ApplyNumThreads(n);
+}
+
 void InitThreadsOnce() {
-  std::call_once(g_threads_once, []() { SetNumThreads(DefaultThreads()); });
+  std::call_once(g_threads_once, []() { ApplyNumThreads(DefaultThreads()); });
 }
 
 ThreadScope::ThreadScope() {
@@ -274,6 +280,17 @@ void ThreadScope::SerialBelow(double flops, int64_t* best_ns) {
   }
   best_ns_ = best_ns;
   start_ns_ = now;
+}
+
+void ThreadScope::SerialBelowThreshold(double flops) {
+  if (omp_get_max_threads() > 1 && flops < static_cast<double>(SerialFlops())) {
+    omp_set_num_threads(1);
+  }
+}
+
+void ThreadScope::Fix(int n) {
+  best_ns_ = nullptr;
+  if (omp_get_max_threads() != n) omp_set_num_threads(n);
 }
 
 static std::atomic<int64_t> g_serial_flops{-1};  // -1: not read from the environment yet

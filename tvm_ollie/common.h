@@ -214,6 +214,13 @@ class ThreadScope {
   // the calling thread (stall.h); with `best_ns`, its call site's fastest parallel run, it is
   // timed, and a stall of its own opens that window (docs/threads.md, "Stalled workers").
   void SerialBelow(double flops, int64_t* best_ns = nullptr);
+  // SerialBelow's threshold alone, without the stall window: for work whose result outlives the
+  // call and must not depend on a passing stall (a weight packed for the primitive of a thread
+  // count, int8.cc).
+  void SerialBelowThreshold(double flops);
+  // Run the rest of this call with `n` OpenMP threads, whatever SerialBelow chose (a prepacked
+  // weight made for that count's primitive, int8.cc); the call is then not timed.
+  void Fix(int n);
 
  private:
   int previous_;

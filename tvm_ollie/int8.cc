@@ -29,9 +29,12 @@
 // source-zero-point compensation on every call, which costs 100x the convolution itself at small
 // spatial sizes (256x256x3x3: 8-12 ms against 0.09 ms). tvm_ollie.cpu.conv2d_int8_pack_weight
 // (attrs, data, weight, Out, Packed) does it once (int8 Packed of conv2d_int8_packed_size(attrs,
-// data, weight, Out) bytes: a 64-byte header, magic and a hash of the problem, the format and the
-// CPU ISA, then the blocked weights); a call with wpacked=1;kernel=KH,KW takes it as weight and
-// rejects a header made for another problem, format or machine. The matmul's B likewise:
+// data, weight, Out) bytes: a 64-byte header, magic, a hash of the problem, the format and the
+// CPU ISA, and the OpenMP thread count it was made under, then the blocked weights); a call with
+// wpacked=1;kernel=KH,KW takes it as weight and rejects a header made for another problem, format
+// or machine. oneDNN's int8 format can differ by thread count, so a call that would run with
+// another count than its pack's (the stall fallback's serial window, a serial threshold or
+// set_num_threads changed since) runs with the pack's count instead (RunAtPackThreads). The matmul's B likewise:
 // tvm_ollie.cpu.matmul_int8_packed_size(attrs, A, B, Out) / matmul_int8_pack_weight(attrs, A, B,
 // Out, Packed), then calls with wpacked=1 (B the 1-D pack; K from A, N from Out).
 //
@@ -44,10 +47,11 @@
 // primitive and only resets their data handles; calls below the serial threshold run on the
 // calling thread (ThreadScope::SerialBelow, as the float kernels). Together these took a
 // 1x64x4x4 3x3 rq=1 call from ~20 to ~9.5 us of CPU (Python loop, one thread).
-#include <cstring>
+#include <omp.h>
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/reflection/registry.h>
 
+#include <cstring>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -397,6 +401,39 @@ std::vector<int64_t> PackedWeightDims(const ConvParams& p, const std::vector<int
 constexpr size_t kPackHeaderBytes = 64;
 constexpr uint64_t kPackMagic = 0x3849454c4c4f4b50ULL;  // "PKOLLIE8"
 
+// How a problem's thread count is chosen before its primitive is looked up (the cache keys by
+// it): a call's by SerialBelow (threshold and stall window), a pack's by the threshold alone (a
+// pack outlives a passing stall), or fixed by RunAtPackThreads.
+enum class Threading { kCall, kPack, kFixed };
+
+void ChooseThreads(ThreadScope* threads, Threading how, double flops) {
+  if (how == Threading::kCall) threads->SerialBelow(flops);
+  if (how == Threading::kPack) threads->SerialBelowThreshold(flops);
+}
+
+// The header of a pack: magic, the problem's hash, the OpenMP thread count it was made under.
+void WritePackHeader(char* packed, uint64_t hash) {
+  std::memset(packed, 0, kPackHeaderBytes);
+  const uint64_t header[3] = {kPackMagic, hash, static_cast<uint64_t>(omp_get_max_threads())};
+  std::memcpy(packed, header, sizeof(header));
+}
+
+// Whether a wpacked call must run at its pack's thread count: a pack of this problem whose hash
+// is not that of the primitive the call resolved to, made under another thread count (header
+// word 2; 0 in packs of older libraries). The scope is then fixed to that count and the caller
+// resolves again; a pack of another problem or machine is still rejected by the header check.
+bool RunAtPackThreads(const void* w, int64_t numel, uint64_t hash, ThreadScope* threads) {
+  if (numel < static_cast<int64_t>(kPackHeaderBytes)) return false;
+  uint64_t header[3];
+  std::memcpy(header, w, sizeof(header));
+  const int n = static_cast<int>(header[2]);
+  if (header[0] != kPackMagic || header[1] == hash || n <= 0 || n == omp_get_max_threads()) {
+    return false;
+  }
+  threads->Fix(n);
+  return true;
+}
+
 // A hash of the problem (its cache key), the blocked weight format and the CPU ISA (FNV-1a).
 uint64_t PackHash(const std::string& key, const dnnl::memory::desc& md) {
   std::string text = key + "|isa=" + std::to_string(static_cast<int>(
@@ -420,12 +457,12 @@ double ConvOps(const ConvShape& s) { return 2.0 * s.N * s.O * s.OH * s.OW * s.I 
 // thread count in effect, and a pack is made for the entry its calls will use.
 ConvProblem ResolveConv(const ConvParams& p, const ffi::TensorView& X,
                         const std::vector<int64_t>& w_dims, const ffi::TensorView& Out,
-                        ThreadScope* threads) {
+                        ThreadScope* threads, Threading how) {
   ConvProblem c{{}, DataType(X, kConvName, "data", false), DataType(Out, kConvName, "Out", true),
                 nullptr};
   c.s = CheckConvShape(p, Dims(X), w_dims, Dims(Out));
   const ConvShape& s = c.s;
-  threads->SerialBelow(ConvOps(s));
+  ChooseThreads(threads, how, ConvOps(s));
   const std::string key =
       std::string(kConvName) + "|" + p.canonical + "|" + TypeKey(c.src_t, dt::s8, c.dst_t) + "|" +
       std::to_string(s.N) + "," + std::to_string(s.C) + "," + std::to_string(s.H) + "," +
@@ -523,8 +560,13 @@ void Conv2dInt8(ffi::PackedArgs args, ffi::Any* rv) {
   }
   void* x = CheckTensor(X, kConvName, "data", 4);
   void* out = CheckTensor(Out, kConvName, "Out", 4);
-  const ConvProblem c = ResolveConv(
-      p, X, p.wpacked ? PackedWeightDims(p, Dims(X), Dims(Out)) : Dims(Wt), Out, &threads);
+  const std::vector<int64_t> w_dims =
+      p.wpacked ? PackedWeightDims(p, Dims(X), Dims(Out)) : Dims(Wt);
+  ConvProblem c = ResolveConv(p, X, w_dims, Out, &threads, Threading::kCall);
+  if (p.wpacked && RunAtPackThreads(CheckTensor(Wt, kConvName, "weight", 1), Wt.numel(),
+                                    c.e->pack_hash, &threads)) {
+    c = ResolveConv(p, X, w_dims, Out, &threads, Threading::kFixed);
+  }
   int i = 3;
   const QuantOperands o = QuantArgs(args, &i, p.q, kConvName, c.s.O);
   if (Out.numel() == 0) return;
@@ -577,7 +619,7 @@ ConvProblem PackProblem(ffi::PackedArgs args, const char* name, int count,
     TVM_FFI_THROW(TypeError) << name << ": weight must be int8";
   }
   return ResolveConv(p, Arg(args, 1, name, "data"), Dims(Wt), Arg(args, 3, name, "Out"),
-                     threads);
+                     threads, Threading::kPack);
 }
 
 constexpr const char* kPackSizeName = "tvm_ollie.cpu.conv2d_int8_packed_size";
@@ -599,9 +641,7 @@ void PackWeight(ffi::PackedArgs args, ffi::Any* rv) {
                               << "] (" << kPackSizeName << "), got " << ShapeStr(P);
   }
   char* packed = static_cast<char*>(CheckTensor(P, kPackName, "Packed", 1));
-  std::memset(packed, 0, kPackHeaderBytes);
-  const uint64_t header[2] = {kPackMagic, c.e->pack_hash};
-  std::memcpy(packed, header, sizeof(header));
+  WritePackHeader(packed, c.e->pack_hash);
   dnnl::memory user(c.e->user_wei, Engine(), CheckTensor(Wt, kPackName, "weight", 4));
   dnnl::memory blocked(c.e->wei_md, Engine(), packed + kPackHeaderBytes);
   if (c.e->wei_in.needed) {
@@ -701,7 +741,7 @@ struct MatmulProblem {
 // K and N from B's shape, or for a packed call (1-D B) from A's last dim and Out's.
 MatmulProblem ResolveMatmul(const MatmulParams& p, bool packed, const ffi::TensorView& A,
                             const ffi::TensorView& B, const ffi::TensorView& Out,
-                            const char* name, ThreadScope* threads) {
+                            const char* name, ThreadScope* threads, Threading how) {
   const dt src_t = DataType(A, name, "A", false);
   if (DataType(B, name, "B", false) != dt::s8) {
     TVM_FFI_THROW(TypeError) << name << ": B must be int8";
@@ -730,7 +770,7 @@ MatmulProblem ResolveMatmul(const MatmulParams& p, bool packed, const ffi::Tenso
                               << ", expected A's with the last dim " << m.N;
   }
   m.M = m.K > 0 ? A.numel() / m.K : 0;
-  threads->SerialBelow(2.0 * m.M * m.K * m.N);
+  ChooseThreads(threads, how, 2.0 * m.M * m.K * m.N);
   const std::string key = std::string(kMatmulName) + "|" + p.canonical + "|wp=" +
                           (packed ? "1" : "0") + "|" + TypeKey(src_t, dt::s8, dst_t) + "|" +
                           std::to_string(m.M) + "x" + std::to_string(m.K) + "x" +
@@ -762,7 +802,11 @@ void MatmulInt8(ffi::PackedArgs args, ffi::Any* rv) {
   void* a = CheckTensor(A, kMatmulName, "A", -1);
   void* b = CheckTensor(B, kMatmulName, "B", -1);
   void* out = CheckTensor(Out, kMatmulName, "Out", -1);
-  const MatmulProblem m = ResolveMatmul(p, p.wpacked, A, B, Out, kMatmulName, &threads);
+  MatmulProblem m = ResolveMatmul(p, p.wpacked, A, B, Out, kMatmulName, &threads,
+                                  Threading::kCall);
+  if (p.wpacked && RunAtPackThreads(b, B.numel(), m.e->pack_hash, &threads)) {
+    m = ResolveMatmul(p, true, A, B, Out, kMatmulName, &threads, Threading::kFixed);
+  }
   int i = 3;
   const QuantOperands o = QuantArgs(args, &i, p.q, kMatmulName, m.N);
   if (Out.numel() == 0) return;
@@ -807,7 +851,7 @@ MatmulProblem MatmulPackProblem(ffi::PackedArgs args, const char* name, int coun
   const MatmulParams& p = ParsedAttrs<MatmulParams>(AttrsArg(args, name), ParseMatmulAttrs);
   if (p.wpacked) TVM_FFI_THROW(ValueError) << name << ": attrs must not set wpacked";
   return ResolveMatmul(p, true, Arg(args, 1, name, "A"), Arg(args, 2, name, "B"),
-                       Arg(args, 3, name, "Out"), name, threads);
+                       Arg(args, 3, name, "Out"), name, threads, Threading::kPack);
 }
 
 void MatmulPackedSize(ffi::PackedArgs args, ffi::Any* rv) {
@@ -827,9 +871,7 @@ void MatmulPackWeight(ffi::PackedArgs args, ffi::Any* rv) {
                               << "), got " << ShapeStr(P);
   }
   char* packed = static_cast<char*>(CheckTensor(P, kMatmulPackName, "Packed", 1));
-  std::memset(packed, 0, kPackHeaderBytes);
-  const uint64_t header[2] = {kPackMagic, m.e->pack_hash};
-  std::memcpy(packed, header, sizeof(header));
+  WritePackHeader(packed, m.e->pack_hash);
   dnnl::memory user(m.e->user_wei, Engine(), CheckTensor(B, kMatmulPackName, "B", 2));
   dnnl::memory blocked(m.e->wei_md, Engine(), packed + kPackHeaderBytes);
   if (m.e->wei_in.needed) {

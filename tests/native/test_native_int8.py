@@ -7,6 +7,8 @@ step (oneDNN adds the destination zero point before it rounds, so a tie can roun
 way, and it applies the scale to the float32 accumulator in its own order).
 """
 
+import os
+
 import numpy as np
 import pytest
 
@@ -395,3 +397,68 @@ def test_matmul_int8_packed_weight_equals_the_plain_call(xtype, tb, rq):
               np.zeros((1, 3, 24), out_type))
     with pytest.raises(ValueError, match="wpacked"):
         _pack_matmul(attrs + ";wpacked=1", a, b, np.zeros((2, 3, 24), out_type))
+
+
+# --- packs and thread counts: a pack is made for the primitive of one OpenMP thread count --------
+
+
+@pytest.fixture
+def _two_threads_stall_on():
+    """Two threads, every call parallel, the stall fallback on; restored after."""
+    flops, threads = native.get_serial_flops(), native.get_num_threads()
+    native.set_num_threads(2)
+    native.set_serial_flops(0)
+    native.set_stall_fallback(True)
+    yield
+    native.hold_serial(0)
+    native.set_stall_fallback(os.environ.get("TVM_OLLIE_STALL_FALLBACK") != "0")
+    native.set_serial_flops(flops)
+    native.set_num_threads(threads)
+
+
+def _header_threads(packed: np.ndarray) -> int:
+    return int(packed[:64].view(np.uint64)[2])
+
+
+@pytest.mark.parametrize("how", ["stall window", "one thread"])
+def test_int8_packs_stay_usable_at_another_thread_count(_two_threads_stall_on, how):
+    """Packs made at two threads give the plain call's integers in the stall fallback's serial
+    window and after set_num_threads(1): oneDNN's int8 weight format can differ by thread count,
+    so such calls run at their pack's count (before, they raised "made for another problem")."""
+    if not native.provides(native.STALL_STATS):
+        pytest.skip("the loaded native library has no stall fallback (built before it)")
+    rng = np.random.default_rng(21)
+    # A 1x1 convolution to 512 channels over a 1x48 row: on this oneDNN (AVX-512) the weight
+    # format of its one-thread primitive differs from the two-thread one's.
+    x, w = _ints(rng, np.uint8, (1, 3, 1, 48)), _weights(rng, (512, 3, 1, 1))
+    a, b = _ints(rng, np.uint8, (24, 512)), _weights(rng, (512, 256))
+    xzp = np.array([100], np.int32)
+    conv_attrs, mm_attrs = "xzp=1", "tb=0;xzp=1"
+    conv_out, mm_out = np.zeros((1, 512, 1, 48), np.int32), np.zeros((24, 256), np.int32)
+    conv_plain = _call(native.CONV2D_INT8, conv_attrs, [x, w, xzp], conv_out.copy())
+    mm_plain = _call(native.MATMUL_INT8, mm_attrs, [a, b, xzp], mm_out.copy())
+    conv_packed = _pack(conv_attrs, x, w, conv_out)
+    mm_packed = _pack_matmul(mm_attrs, a, b, mm_out)
+    assert _header_threads(conv_packed) == _header_threads(mm_packed) == 2
+    if how == "stall window":
+        native.hold_serial(10_000_000)  # 10 s
+    else:
+        native.set_num_threads(1)
+    conv = _call(native.CONV2D_INT8, conv_attrs + ";wpacked=1;kernel=1,1",
+                 [x, conv_packed, xzp], conv_out.copy())
+    mm = _call(native.MATMUL_INT8, mm_attrs + ";wpacked=1", [a, mm_packed, xzp], mm_out.copy())
+    assert np.array_equal(conv, conv_plain)
+    assert np.array_equal(mm, mm_plain)
+    assert native.get_num_threads() == (2 if how == "stall window" else 1)  # restored
+
+
+def test_int8_packs_skip_the_stall_window(_two_threads_stall_on):
+    """A pack made while a stall holds calls serial is still made for the parallel primitive:
+    the window passes, the pack stays."""
+    if not native.provides(native.STALL_STATS):
+        pytest.skip("the loaded native library has no stall fallback (built before it)")
+    rng = np.random.default_rng(22)
+    x, w = _ints(rng, np.uint8, (1, 16, 9, 9)), _weights(rng, (16, 16, 3, 3))
+    native.hold_serial(10_000_000)
+    packed = _pack("pad=1,1,1,1", x, w, np.zeros((1, 16, 9, 9), np.int32))
+    assert _header_threads(packed) == 2
