@@ -279,6 +279,7 @@ void ThreadScope::SerialBelow(double flops, int64_t* best_ns) {
     return;
   }
   best_ns_ = best_ns;
+  flops_ = flops;
   start_ns_ = now;
 }
 
@@ -313,7 +314,7 @@ void SetSerialFlops(int64_t flops) {
 }
 
 ThreadScope::~ThreadScope() {
-  if (best_ns_ != nullptr) NoteParallelRun(NowNs() - start_ns_, best_ns_);
+  if (best_ns_ != nullptr) NoteParallelRun(NowNs() - start_ns_, best_ns_, flops_);
   if (omp_get_max_threads() != previous_) omp_set_num_threads(previous_);
 }
 

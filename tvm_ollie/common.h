@@ -226,6 +226,7 @@ class ThreadScope {
   int previous_;
   int64_t* best_ns_ = nullptr;  // the timed call's site (null: not timed)
   int64_t start_ns_ = 0;
+  double flops_ = 0;  // the timed call's work (a stall bound of its own: stall.h)
 };
 
 // The work below which a kernel call runs single-threaded (ThreadScope::SerialBelow); 0: never.

@@ -28,7 +28,9 @@
 // Per call: each thread keeps, with the parsed attrs and per argument shapes, a call site
 // (DeconvSite: the resolved problem and, for oneDNN, the primitive and the call's dnnl::memory
 // objects with their handles reset per call), as conv2d's ConvSite.
-// fmt=gemm with a channels-last source or destination (RunGemmPositions): per image and group,
+// fmt=gemm with a channels-last source: the same GEMM on the stored transpose of the data.
+// fmt=gemm with a channels-last destination of more than one channel (RunGemmPositions): per
+// image and group,
 // cols[H*W, O/G*KH*KW] = data^T @ weight (one row per data position), then each output row
 // gathers the columns that land in it (output rows split over the OpenMP threads).
 // oneDNN has no output padding: it is expressed as a smaller right padding (BOTTOM - OPH), which
@@ -408,6 +410,16 @@ void GemmColumns(const DeconvParams& p, DeconvSite* site) {
   }
 }
 
+// Whether fmt=gemm needs RunGemmPositions: a channels-last destination with more than one
+// output channel. RunGemm reads a channels-last source as stored (its GEMM takes the transpose),
+// and a channels-last Out of one channel is the same memory as its NCHW form ([N, OH, OW, 1]
+// and [N, 1, OH, OW]; the residual too), so it writes that as NCHW. RunGemm is the faster of the
+// two: FSRCNN quick's 1x56x16x16 -> 1 k9 s2, one thread, 104.5 us in RunGemmPositions against
+// 32.6 us in RunGemm from NCHW (per-call minima of 50 runs, docs/profiling.md).
+bool PositionsNeeded(const DeconvParams& p, const DeconvShape& s) {
+  return p.dst_nhwc && s.O > 1;
+}
+
 // The problem of a call from its shapes (every shape check), or nullopt when Out is empty.
 std::optional<DeconvSite> ResolveSite(const DeconvParams& p, const DeconvTensors& t) {
   DeconvSite site;
@@ -426,7 +438,7 @@ std::optional<DeconvSite> ResolveSite(const DeconvParams& p, const DeconvTensors
   site.fmt = p.fmt == Fmt::kAuto ? ChooseFormat(p, s) : p.fmt;
   // RunGemmPositions keeps every position's columns of an image at once (it does not block the
   // data rows as RunGemm does): past kPositionColFloats the default is oneDNN's instead.
-  if (p.fmt == Fmt::kAuto && site.fmt == Fmt::kGemm && (p.src_nhwc || p.dst_nhwc) &&
+  if (p.fmt == Fmt::kAuto && site.fmt == Fmt::kGemm && PositionsNeeded(p, s) &&
       s.H * s.W * s.O * s.KH * s.KW > kPositionColFloats) {
     site.fmt = Fmt::kBlocked;
   }
@@ -637,15 +649,20 @@ void GemmChannels(const DeconvParams& p, const DeconvSite& site, const DeconvTen
   float* cols = static_cast<float*>(ScratchBuffer(6, sizeof(float) * rows * hb * s.W));
   // the group's IOHW weight is the row-major [ig, og * kk] matrix; its columns from oa * kk
   const float* wg = t.w + g * ig * og * kk + oa * kk;
-  const float* xg = t.x + (n * s.C + g * ig) * hw;
+  // the group's data as [ig, H*W] (NCHW: leading dimension H*W) or its transpose [H*W, ig]
+  // (channels-last: leading dimension C), read by the GEMM as stored
+  const bool nhwc = p.src_nhwc;
+  const float* xg = nhwc ? t.x + n * hw * s.C + g * ig : t.x + (n * s.C + g * ig) * hw;
+  const int64_t ldx = nhwc ? s.C : hw, row_step = nhwc ? s.W * s.C : s.W;
   for (int64_t h0 = 0; h0 < s.H; h0 += hb) {
     const int64_t nh = std::min(hb, s.H - h0), ncols = nh * s.W;
     const bool transposed = ncols <= kTransposedColumns;
+    const float* xb = xg + h0 * row_step;
     const dnnl_status_t st =
-        transposed ? dnnl_sgemm('T', 'N', ncols, rows, ig, 1.f, xg + h0 * s.W, hw, wg, og * kk,
-                                0.f, cols, rows)
-                   : dnnl_sgemm('T', 'N', rows, ncols, ig, 1.f, wg, og * kk, xg + h0 * s.W, hw,
-                                0.f, cols, ncols);
+        transposed ? dnnl_sgemm(nhwc ? 'N' : 'T', 'N', ncols, rows, ig, 1.f, xb, ldx, wg,
+                                og * kk, 0.f, cols, rows)
+                   : dnnl_sgemm('T', nhwc ? 'T' : 'N', rows, ncols, ig, 1.f, wg, og * kk, xb,
+                                ldx, 0.f, cols, ncols);
     if (st != dnnl_success) {
       TVM_FFI_THROW(RuntimeError) << kName << ": dnnl_sgemm failed (status "
                                   << static_cast<int>(st) << ")";
@@ -844,7 +861,7 @@ void Conv2dTranspose(ffi::PackedArgs args, ffi::Any* rv) {
   }
   threads.SerialBelow(site->flops, &site->best_ns);
   if (site->fmt == Fmt::kGemm) {
-    if (p.src_nhwc || p.dst_nhwc) {
+    if (PositionsNeeded(p, site->s)) {
       RunGemmPositions(p, site, t);
     } else {
       RunGemm(p, site, t);

@@ -1,4 +1,5 @@
-// tvm_ollie.cpu.stall_stats / set_stall_fallback / hold_serial / is_stall: the fallback of
+// tvm_ollie.cpu.stall_stats / set_stall_fallback / hold_serial / is_stall /
+// is_stall_for_work: the fallback of
 // parallel calls to the calling thread after a stalled one.
 //
 // Why: a parallel region (a oneDNN call above the serial threshold, a TVM kernel on OpenMP)
@@ -31,6 +32,12 @@ constexpr int64_t kStallFactor = 4;
 constexpr int64_t kStallExtraNs = 500000;       // 0.5 ms: above a page fault or an interrupt
 constexpr int64_t kMinWindowNs = 2000000;       // 2 ms
 constexpr int64_t kMaxWindowNs = 1000000000;    // 1 s: one probe per second on a busy machine
+// A call of known work slower than 0.5 GFLOP/s (plus kStallExtraNs) stalled, whatever its site's
+// fastest run: that rate is far below one core of any machine this runs on (a 2-core Xeon here
+// runs these convolutions at 10-60 GFLOP/s per core). Without it a site whose first parallel
+// runs all stalled (every run, at load 7-9 on 2 cores) takes a stall as its fastest run and
+// never falls back: FSRCNN quick's calls took 8-20 ms against 0.1 ms serial (docs/profiling.md).
+constexpr double kSlowestNsPerFlop = 2.0;
 
 std::atomic<int64_t> g_until_ns{0};    // parallel calls are serial until then
 std::atomic<int64_t> g_window_ns{0};   // the last window's length
@@ -66,15 +73,21 @@ bool IsStall(int64_t elapsed_ns, int64_t best_ns) {
   return elapsed_ns / kStallFactor > best_ns && elapsed_ns - best_ns > kStallExtraNs;
 }
 
+bool IsStallForWork(int64_t elapsed_ns, int64_t best_ns, double flops) {
+  if (IsStall(elapsed_ns, best_ns)) return true;
+  if (flops <= 0) return false;
+  return static_cast<double>(elapsed_ns - kStallExtraNs) > flops * kSlowestNsPerFlop;
+}
+
 bool SerialForStall(int64_t now_ns) {
   if (now_ns >= g_until_ns.load(std::memory_order_relaxed) || !Enabled()) return false;
   g_serial_calls.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 
-void NoteParallelRun(int64_t elapsed_ns, int64_t* best_ns) {
+void NoteParallelRun(int64_t elapsed_ns, int64_t* best_ns, double flops) {
   if (best_ns == nullptr) return;
-  if (IsStall(elapsed_ns, *best_ns)) {
+  if (IsStallForWork(elapsed_ns, *best_ns, flops)) {
     g_stalls.fetch_add(1, std::memory_order_relaxed);
     if (Enabled()) {
       const int64_t last = g_window_ns.load(std::memory_order_relaxed);
@@ -111,7 +124,11 @@ TVM_FFI_STATIC_INIT_BLOCK() {
            })
       .def("tvm_ollie.cpu.is_stall", [](int64_t elapsed_ns, int64_t best_ns) -> bool {
         return IsStall(elapsed_ns, best_ns);
-      });
+      })
+      .def("tvm_ollie.cpu.is_stall_for_work",
+           [](int64_t elapsed_ns, int64_t best_ns, double flops) -> bool {
+             return IsStallForWork(elapsed_ns, best_ns, flops);
+           });
 }
 
 }  // namespace tvm_ollie

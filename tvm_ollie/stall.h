@@ -21,9 +21,14 @@ bool IsStall(int64_t elapsed_ns, int64_t best_ns);
 // True while a recent stall holds parallel calls on the calling thread (counts the call).
 bool SerialForStall(int64_t now_ns);
 
-// After a parallel call: a stall opens (or lengthens) the serial window; a clean run lowers the
-// site's fastest time and shortens the next window. `best_ns` may be null (no site).
-void NoteParallelRun(int64_t elapsed_ns, int64_t* best_ns);
+// IsStall, or, for a call of `flops` > 0 floating-point operations, slower than a rate no
+// core runs them at (stall.cc): a stall even when the site's fastest run is one.
+bool IsStallForWork(int64_t elapsed_ns, int64_t best_ns, double flops);
+
+// After a parallel call: a stall (IsStallForWork; `flops` 0: work unknown) opens (or lengthens)
+// the serial window; a clean run lowers the site's fastest time and shortens the next window.
+// `best_ns` may be null (no site).
+void NoteParallelRun(int64_t elapsed_ns, int64_t* best_ns, double flops = 0);
 
 }  // namespace tvm_ollie
 

@@ -87,6 +87,7 @@ __all__ = [
     "SET_STALL_FALLBACK",
     "HOLD_SERIAL",
     "IS_STALL",
+    "IS_STALL_FOR_WORK",
     "stall_stats",
     "set_stall_fallback",
     "hold_serial",
@@ -116,6 +117,8 @@ STALL_STATS = "tvm_ollie.cpu.stall_stats"
 SET_STALL_FALLBACK = "tvm_ollie.cpu.set_stall_fallback"
 HOLD_SERIAL = "tvm_ollie.cpu.hold_serial"
 IS_STALL = "tvm_ollie.cpu.is_stall"
+#: ``is_stall``, or a call of known work slower than any core runs it (its first runs too).
+IS_STALL_FOR_WORK = "tvm_ollie.cpu.is_stall_for_work"
 #: The parallel runtime set when the library loads, unless ``TVM_OLLIE_PARALLEL_RUNTIME`` says
 #: otherwise: ``"openmp"`` runs TVM's parallel loops on the OpenMP threads of the oneDNN kernels,
 #: so that a model mixing both has one pool of threads (docs/threads.md, "One pool").

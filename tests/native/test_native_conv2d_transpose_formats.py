@@ -117,6 +117,26 @@ def test_channels_last_gemm_rows_over_threads(threads, act):
         native.set_serial_flops(serial0)
 
 
+@pytest.mark.parametrize("src,dst", FORMATS)
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(n=2, c=5, h=6, w=7, k=9, stride=(2, 2), pad=(4, 4, 4, 4), opad=(1, 1)),  # FSRCNN's
+        dict(n=1, c=2, h=40, w=40, k=9, stride=(3, 3), pad=(4, 4, 4, 4)),  # two row blocks
+        dict(n=1, c=3, h=3, w=4, k=3, stride=(2, 1), pad=(1, 0, 1, 0)),  # transposed columns
+    ],
+)
+@pytest.mark.parametrize("res,act", [(False, "none"), (True, "relu"), (True, "tanh")])
+def test_channels_last_one_output_channel(src, dst, case, res, act):
+    """One output channel, fmt=gemm: the channels GEMM (RunGemm) reads a channels-last source
+    as stored and writes a channels-last Out of one channel as its NCHW form (the same memory),
+    the residual too, instead of the positions' gather."""
+    rng = np.random.default_rng(case["h"] * 7 + case["k"])
+    case = dict(case)
+    _run(rng, src, dst, case.pop("n"), case.pop("c"), case.pop("h"), case.pop("w"), 1,
+         case.pop("k"), res=res, act=act, fmt="gemm", **case)
+
+
 def test_channels_last_large_default():
     """Few output channels (the default is fmt=gemm) but more position columns than
     RunGemmPositions keeps by default (4M floats): the default computes it (with oneDNN)."""

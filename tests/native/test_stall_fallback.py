@@ -49,6 +49,21 @@ def test_stall_rule():
     assert _is_stall(4100, 1000)
 
 
+def test_stall_rule_for_work():
+    """A call of known work slower than 0.5 GFLOP/s (plus 0.5 ms) is a stall even when its
+    site's fastest run is no faster (every run of the site stalled so far), or none is known."""
+    if not native.provides(native.IS_STALL_FOR_WORK):
+        pytest.skip("the loaded native library predates is_stall_for_work")
+    rule = tvm_ffi.get_global_func(native.IS_STALL_FOR_WORK)
+    mflop = 1e6  # 2 ms at 0.5 GFLOP/s
+    assert rule(8_000_000, NO_BEST, mflop)  # 8 ms for 1 MFLOP, no fastest run yet
+    assert rule(8_000_000, 7_000_000, mflop)  # the fastest run was a stall too
+    assert not rule(2_400_000, NO_BEST, mflop)  # within 2 ms + 0.5 ms
+    assert not rule(8_000_000, NO_BEST, 0.0)  # work unknown: is_stall alone
+    assert rule(4_100_000, 1_000_000, 0.0)  # is_stall's rule still holds
+    assert not rule(10**9, NO_BEST, 1e9)  # 1 s for 1 GFLOP: not a stall
+
+
 def _conv_case():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, 16, 9, 9)).astype("float32")
