@@ -60,7 +60,7 @@ class _TwinsFirst:
         return 1e-5 if alt.label in self.copies else 2e-5
 
 
-def _decide(monkeypatch, library: bool, guard: bool):
+def _decide(monkeypatch, found, library: bool, guard: bool):
     """The untuned decision of a 3x3 convolution under a fake timer that gives every module
     its time by what it computes (a twin the time of the module it copies): the labels
     timed and the decision."""
@@ -74,13 +74,13 @@ def _decide(monkeypatch, library: bool, guard: bool):
         first = copies.get(label, label)
         return {"original": 4e-5, "original [native]": 2e-5}.get(first, 3e-5)
 
-    found = Candidates(library, True, 2)(call, 2.0)
     copies.update(twins(decide.Decider.unit_modules(call, found.alternatives)))
     if not guard:
         monkeypatch.setattr(decide, "twins", lambda modules: {})
     decider = Decider("llvm", calibration=sm.LLVM_CALIB, library=library, max_depth=2,
                       timer=timer, derivation_cache=False, max_measured=3,
                       estimator=_TwinsFirst(copies))
+    decider.candidates = lambda unit, budget_s: found  # (one search for both decisions)
     choice = decider.decide(call, 2.0)
     return set(timed), copies, choice
 
@@ -91,9 +91,10 @@ def test_a_measured_decision_never_times_a_twin_and_decides_the_same(monkeypatch
     is the same."""
     if not native.load():
         pytest.skip("the native library is not built here")
-    without, copies, plain = _decide(monkeypatch, True, guard=False)
+    found = Candidates(True, True, 2)(_call(sm.conv3x3()), 2.0)
+    without, copies, plain = _decide(monkeypatch, found, True, guard=False)
     monkeypatch.undo()
-    timed, _, choice = _decide(monkeypatch, True, guard=True)
+    timed, _, choice = _decide(monkeypatch, found, True, guard=True)
     assert plain.measured and choice.measured, (plain.reason, choice.reason)
     dropped = [label for label in without if label in copies]
     assert dropped, (sorted(without), copies, plain.reason)
