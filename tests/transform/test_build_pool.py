@@ -128,6 +128,17 @@ def test_the_decider_asks_for_the_pool_by_its_units(monkeypatch, wanted, units, 
     assert (decider.pool is fake) == asks
 
 
+class _Shortlisted:
+    """Estimates that shortlist every alternative (the original's twin aside, which is
+    never built: ``transform.twins``, the decision has programs to build)."""
+
+    measured = False
+
+    @staticmethod
+    def seconds(_unit, alt):
+        return 1e-3 if alt.is_baseline else 1e-4
+
+
 def test_the_decisions_build_in_the_pool(monkeypatch):
     """A module's decision built in the pool decides what it decides built here."""
     fake = _FakePool()
@@ -136,7 +147,8 @@ def test_the_decisions_build_in_the_pool(monkeypatch):
     for wanted in (False, True):
         decider = Decider("llvm", OllieConfig(calibration=CALIB, build_pool=wanted,
                                               derivation_cache=False, max_depth=2),
-                          timer=lambda mod, label: 1e-3 if "tvm" in label else 1e-4)
+                          timer=lambda mod, label: 1e-3 if "tvm" in label else 1e-4,
+                          estimator=_Shortlisted())
         decider.plan_builds(1)
         call = sm.conv3x3()["main"].body.blocks[0].bindings[0].value
         chosen.append(decider.decide(call, 1.0).label)

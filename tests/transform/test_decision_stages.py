@@ -19,6 +19,7 @@ from tvm_ollie.transform.costing import (AnalyticUnitCost, CallableTiming, Measu
                                          UnitCostModel, UntunedTiming)
 from tvm_ollie.transform.decide import Decider
 from tvm_ollie.transform.emit import EmitError
+from tvm_ollie.transform.twins import twins
 from tvm_ollie.transform.units import call_signature, isolated_module
 from tvm_ollie.tune import analytic
 from tvm_ollie.tune.calibrate import Calibration
@@ -264,11 +265,19 @@ def test_choose_analytic_skips_what_does_not_hold_up(conv):
 def test_decider_with_a_fake_cost_model_and_checker(conv):
     call, found = conv
     prog = next(a for a in found.alternatives if _kinds(a) == ["matmul"])
-    fastest = next(a for a in found.alternatives if a.program is not None and a is not prog)
-    cost = FakeCost({"original": 10e-3, prog.label: 1e-3, fastest.label: 0.5e-3}, 8e-3)
-    checker = RejectOne(fastest.label)
+    cost = FakeCost({"original": 10e-3, prog.label: 1e-3}, 8e-3)
+    checker = RejectOne("")
     decider = Decider("llvm", calibration=sm.LLVM_CALIB, library=False, max_depth=2,
                       max_measured=len(found.alternatives), cost_model=cost, checker=checker)
+    decider.candidates = lambda unit, budget_s: found  # (the fixture's programs)
+    # the fastest: a shortlisted program other than ``prog`` and not the original's twin
+    # (never checked, .twins)
+    base, *others = decider.estimated(call, found)
+    copies = twins(Decider.unit_modules(call, found.alternatives))
+    fastest = next(a for a in sorted(others, key=lambda a: (a.estimate, a.label))
+                   if a.program is not None and a.label not in (prog.label, *copies)
+                   and a.estimate < base.estimate * (1 + MARGIN))
+    cost.times[fastest.label], checker.label = 0.5e-3, fastest.label
     choice = decider.decide(call, 2.0)
     assert choice.label == prog.label and choice.measured, choice.reason
     assert f"{fastest.label}: rejected by the fake" in choice.reason

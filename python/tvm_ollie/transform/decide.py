@@ -61,6 +61,7 @@ from .costing import (AnalyticUnitCost, CallableTiming, ModuleTiming, Timer, Tun
 from .emit import EmitError
 from .measuring import DecisionRecords, DecisionTiming
 from .remembered import RememberedDecisions
+from .twins import twins
 from .units import (call_signature, constant_inputs, is_group, is_region, isolated_module,
                     unit_module, unit_operands, unit_signature)
 
@@ -328,22 +329,33 @@ class Decider:
             better = [a for a in better if a not in behind]
         if not better:
             return kept_by_estimate(base, others, names, n_cand, note)
-        build = self.unit_build(unit, [base] + self._to_check(better))
-        check = functools.partial(self.check, unit, build=build)
         if not self.measures:  # check -> choose by the estimate
+            build = self.unit_build(unit, [base] + self._to_check(better))
+            check = functools.partial(self.check, unit, build=build)
             return choose_analytic(base, better, names, n_cand, check)
+        # what the choose stage checks and times, less the copies of an earlier one (.twins)
+        better = self._to_check(better)
+        modules = self.unit_modules(unit, [base] + better)
+        same = twins(modules)
+        better = [a for a in better if a.label not in same]
+        build = self._merged({k: m for k, m in modules.items() if k not in same})
+        check = functools.partial(self.check, unit, build=build)
         mode = "measured" if self.can_measure else "untuned, measured"
         timed = build is not None and is_llvm(self.target) and \
             isinstance(self.cost_model, ModuleTiming) and self.cost_model.shares_builds
         if timed:
             self.cost_model.use_build(unit, build)
         try:
-            return choose_measured(base, better, names, n_cand, check,  # check -> cost -> choose
-                                   functools.partial(self.cost, unit), self.max_measured, mode,
-                                   self.timing.step(unit, sig))
+            dec = choose_measured(base, better, names, n_cand, check,  # check -> cost -> choose
+                                  functools.partial(self.cost, unit), self.max_measured, mode,
+                                  self.timing.step(unit, sig))
         finally:
             if timed:
                 self.cost_model.use_build(None, None)
+        if same:
+            dec.reason += "; not built, checked or timed (the same module as " + \
+                "; ".join(f"{b}: {a}" for a, b in same.items()) + ")"
+        return dec
 
     def _to_check(self, better: List[Alternative]) -> List[Alternative]:
         """The shortlisted alternatives the choose stage checks and times: measured,
@@ -362,14 +374,24 @@ class Decider:
         (:mod:`.batched`), for the checker and, on a CPU target, the untuned timing; built on
         first use. On a CPU target it is built for the target (what the timing builds), else
         for llvm (what the checker runs on). None: fewer than two modules to merge."""
-        target = self.target if is_llvm(self.target) else "llvm"
-        modules = {}
+        return self._merged(self.unit_modules(unit, alts))
+
+    @staticmethod
+    def unit_modules(unit, alts: List[Alternative]) -> Dict[str, "tvm.IRModule"]:
+        """The isolated module of each of ``alts`` computing ``unit``, by label, in order
+        (one that has no Relax form is left out: its check says why)."""
+        modules: Dict[str, "tvm.IRModule"] = {}
         with lib.kernel_device("cpu"):
             for alt in alts:
                 try:
                     modules.setdefault(alt.label, unit_module(unit, alt.program, None, alt.impl))
                 except EmitError:
                     continue  # (its check says why)
+        return modules
+
+    def _merged(self, modules: Dict[str, "tvm.IRModule"]) -> Optional[UnitBuild]:
+        """:meth:`unit_build` of ``modules`` already made (None: fewer than two)."""
+        target = self.target if is_llvm(self.target) else "llvm"
         return UnitBuild(modules, target, self.pool) if len(modules) > 1 else None
 
 
