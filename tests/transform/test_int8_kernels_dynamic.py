@@ -1,7 +1,11 @@
 """The int8 rewrite with a zero point known at run time only (``DynamicQuantizeLinear`` before
 ``ConvInteger``/``MatMulInteger``, :mod:`tvm_ollie.transform.int8_kernels`): the weight split
 into int8 parts, the bound over the zero point's range, and ONNX models through the pass and
-through ``ollie.build`` against ONNX Runtime (the int32 results bit-exact)."""
+through ``ollie.build`` against ONNX Runtime (the int32 results bit-exact), and the
+DynamicQuantizeLSTM rule's products."""
+
+import os
+import sys
 
 import numpy as np
 import pytest
@@ -88,8 +92,10 @@ def _load(model):
 
 
 def _run(mod, feeds) -> np.ndarray:
+    """The first output of ``main`` built by TVM."""
     vm = relax.VirtualMachine(relax.build(mod, target="llvm"), tvm.cpu())
-    return vm["main"](*[tvm.runtime.tensor(v) for v in feeds.values()]).numpy()
+    out = vm["main"](*[tvm.runtime.tensor(v) for v in feeds.values()])
+    return (out if hasattr(out, "numpy") else out[0]).numpy()
 
 
 def _ort(model, feeds) -> np.ndarray:
@@ -190,3 +196,24 @@ def test_dynamic_quantize_chain_through_the_build():
     ours = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(feeds["x"])).numpy()
     assert np.array_equal(ours, _run(mod, feeds))
     np.testing.assert_allclose(ours, _ort(model, feeds), rtol=1e-5, atol=1e-5)
+
+
+def test_dynamic_quantize_lstm_products_become_int8_kernels(tmp_path):
+    """The DynamicQuantizeLSTM rule writes every step's quantized ``X`` and ``H`` as ``int32(q)
+    - int32(z)`` of uint8 tensors: each product is an int8 matmul with a run-time zero point,
+    and the rewritten module equals TVM's build of the import bit for bit and ONNX Runtime's
+    kernel within its float rounding."""
+    _require_int8()
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "frontend"))
+    from test_onnx_decompose import dynamic_lstm_case  # pylint: disable=import-outside-toplevel
+
+    _, quantized, feeds = dynamic_lstm_case(tmp_path, "reverse-u8-no-initial-states")
+    mod = _load(quantized)
+    after, counts = int8_kernels(mod)
+    # 5 steps: 5 input products and 4 recurrent ones (the zero initial state has none)
+    assert counts.get("int8_matmul_dynamic_zp") == 9, counts
+    ours = _run(after, feeds)
+    assert np.array_equal(ours, _run(mod, feeds))
+    session = ort.InferenceSession(quantized.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(ours, session.run(None, feeds)[0], atol=1e-5)
