@@ -35,6 +35,15 @@ channel or per tensor; the quantize's scale exactly 1 and its zero point one con
 field, equal to :func:`requantize_reference`. A chain that fails any of them keeps the int32
 kernel and TVM's elementwise requantization (the plain rules below).
 
+A zero point known at run time only (``DynamicQuantizeLinear`` before ``ConvInteger``/
+``MatMulInteger``, and the ``DynamicQuantizeLSTM`` rule's products: ``int32(x) - int32(z)``
+with ``z`` an 8-bit scalar tensor) is the kernel's zero-point operand as it is (oneDNN reads
+it per call). Its rules (``int8_conv2d_dynamic_zp``, ``int8_matmul_dynamic_zp``) take the
+accumulator bound over every value of ``z``'s type (:func:`dynamic_bound`) and probe the
+kernel at both ends of that range; a centered weight outside int8 (a uint8 weight with an
+asymmetric zero point spans up to ``[-255, 255]``) is split into int8 parts whose int32
+results are added (:func:`int8_parts`).
+
 After the rules, chains of int8 convolutions are put in NHWC (:mod:`.int8_layout`: oneDNN's
 int8 primitives run on ``nhwc``, so an NCHW call reorders its source and result inside), and
 then the constant weights are packed for the calls as they finally are (:func:`_packed_conv`,
