@@ -189,9 +189,9 @@ def _emit_layer(node, ctx: RuleContext, step, quantized: bool = False) -> None:
         x = ctx.add("Transpose", [x], perm=[1, 0, 2])
     masks = _step_masks(ctx, optional_input(node, 4), layer)
     outputs_y, finals_h, finals_c = [], [], []
-    x_scale = None
+    x_scale = x_zp = None
     if quantized:  # X quantized at once (ONNX Runtime's one input GEMM over all steps)
-        x, x_scale = _dynamic_quantized(ctx, x, 3)
+        x, x_zp, x_scale = _dynamic_quantized(ctx, x, 3)
     steps = [ctx.gather(x, t, 0, (layer.seq, layer.batch, layer.input_size))
              for t in range(layer.seq)]  # fmt: skip
     for d in range(layer.directions):
@@ -208,7 +208,7 @@ def _emit_layer(node, ctx: RuleContext, step, quantized: bool = False) -> None:
         order = range(layer.seq - 1, -1, -1) if layer.reverse(d) else range(layer.seq)
         for t in order:
             if quantized:
-                x_t = wq.product(steps[t], x_scale)
+                x_t = wq.product(_centered(ctx, steps[t], x_zp), x_scale)
             else:
                 x_t = _input_projection(ctx, steps[t], wt, bias)
             new = step(ctx, node, layer, d, x_t, rt, state)
@@ -312,10 +312,11 @@ def _input_projection(ctx: RuleContext, x_t: str, wt: str, bias: str) -> str:
     return ctx.add("Add", [xw, bias]) if bias else xw
 
 
-def _dynamic_quantized(ctx: RuleContext, a: str, rank: int) -> Tuple[str, str]:
-    """``(q - z as int32, s)``: ``a`` quantized to uint8 as ONNX Runtime's
-    ``GetQuantizationParameter`` and ``MlasQuantizeLinear`` do (the docstring of
-    :func:`emit_dynamic_quantize_lstm`), one scale and zero point for the whole tensor."""
+def _dynamic_quantized(ctx: RuleContext, a: str, rank: int) -> Tuple[str, str, str]:
+    """``(q, z, s)``: ``a`` quantized to uint8 ``q`` with the uint8 zero point ``z`` and the
+    scale ``s`` as ONNX Runtime's ``GetQuantizationParameter`` and ``MlasQuantizeLinear`` do
+    (the docstring of :func:`emit_dynamic_quantize_lstm`), one scale and zero point for the
+    whole tensor (``q`` and ``z`` are integers in ``[0, 255]`` before the casts)."""
     f32 = np.float32
     axes = list(range(rank))
     zero, one = ctx.const(np.array(0, f32), "zero"), ctx.const(np.array(1, f32), "one")
@@ -328,7 +329,14 @@ def _dynamic_quantized(ctx: RuleContext, a: str, rank: int) -> Tuple[str, str]:
                          zero, top])
     q = ctx.add("Clip", [ctx.add("Add", [ctx.add("Round", [ctx.add("Div", [a, scale])]), z]),
                          zero, top])
-    return ctx.add("Cast", [ctx.add("Sub", [q, z])], to=6), scale  # 6: int32
+    return ctx.add("Cast", [q], to=2), ctx.add("Cast", [z], to=2), scale  # 2: uint8 (exact)
+
+
+def _centered(ctx: RuleContext, q: str, z: str) -> str:
+    """``int32(q) - int32(z)`` of the uint8 ``q`` and zero point ``z`` (the form of
+    ``ConvInteger``/``MatMulInteger``: the int8 kernels take it with ``z`` a run-time zero
+    point, :mod:`tvm_ollie.transform.int8_kernels`)."""
+    return ctx.add("Sub", [ctx.add("Cast", [q], to=6), ctx.add("Cast", [z], to=6)])  # 6: int32
 
 
 class _QuantizedWeight:
@@ -357,8 +365,8 @@ def _recurrent_product(ctx: RuleContext, weight: _QuantizedWeight, zero_state: s
     initial state (its product is zero: ONNX Runtime quantizes it with scale 1, zero point 0)."""
     if zero_state and h == zero_state:
         return ""
-    centered, scale = _dynamic_quantized(ctx, h, 2)
-    return weight.product(centered, scale)
+    q, z, scale = _dynamic_quantized(ctx, h, 2)
+    return weight.product(_centered(ctx, q, z), scale)
 
 
 def _recurrent_t(ctx: RuleContext, r: str, d: int) -> str:

@@ -106,26 +106,34 @@ class Int8Report:
         return "\n".join(rows)
 
 
-def unit_module(source, expr, values: Dict[object, object]) -> "tvm.IRModule":
-    """``main(x) = expr`` with the 8-bit ``source`` as the parameter ``x``: every variable
-    ``expr`` reads is inlined from ``values`` (variable -> its bound value) down to
-    ``source``; constants stay inline. Raises ``KeyError`` on a free variable."""
-    module = build_isolated_module(
-        [("x", source)], lambda bb, inputs: _emit(bb, expr, source, inputs["x"], values), None)
+def unit_module(source, expr, values: Dict[object, object],
+                extra: Sequence[object] = ()) -> "tvm.IRModule":
+    """``main(x, ...) = expr`` with the 8-bit ``source`` as the parameter ``x`` and each of
+    ``extra`` (a run-time zero point) as one more parameter: every variable ``expr`` reads is
+    inlined from ``values`` (variable -> its bound value) down to those; constants stay
+    inline. Raises ``KeyError`` on a free variable."""
+    inputs = [("x", source)] + [(f"x{i + 1}", e) for i, e in enumerate(extra)]
+
+    def original(bb, params):
+        read = [(e, params[name]) for name, e in inputs]
+        return _emit(bb, expr, read, values)
+
+    module = build_isolated_module(inputs, original, None)
     return relax.transform.Normalize()(module)
 
 
-def _emit(bb, expr, source, x, values):
-    """``expr`` emitted into ``bb`` with ``source`` read as ``x`` (calls bound one by one, as
-    the VM's code generation needs them)."""
-    if expr.same_as(source):
-        return x
+def _emit(bb, expr, read, values):
+    """``expr`` emitted into ``bb`` with each ``(source, param)`` of ``read`` read as its
+    parameter (calls bound one by one, as the VM's code generation needs them)."""
+    for source, param in read:
+        if expr.same_as(source):
+            return param
     if isinstance(expr, relax.Var):
-        return _emit(bb, values[expr], source, x, values)
+        return _emit(bb, values[expr], read, values)
     if isinstance(expr, relax.Tuple):
-        return relax.Tuple([_emit(bb, f, source, x, values) for f in expr.fields])
+        return relax.Tuple([_emit(bb, f, read, values) for f in expr.fields])
     if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
-        args = [_emit(bb, a, source, x, values) for a in expr.args]
+        args = [_emit(bb, a, read, values) for a in expr.args]
         return bb.emit(relax.Call(expr.op, args, expr.attrs, expr.ty_args))
     return expr  # constants, strings, extern functions, shapes
 
@@ -179,15 +187,16 @@ class Int8Choice:
 
     def decide(self, signature: str, source, alternatives: Dict[str, object],
                values: Dict[object, object],
-               finish: Optional[Callable[["tvm.IRModule"], "tvm.IRModule"]] = None
-               ) -> Tuple[str, Optional[Comparison]]:  # fmt: skip
+               finish: Optional[Callable[["tvm.IRModule"], "tvm.IRModule"]] = None,
+               extra: Sequence[object] = ()) -> Tuple[str, Optional[Comparison]]:
         """The kept label among ``alternatives`` (label -> expression computing the unit from
         ``source``; :data:`INT32` the original, whose expression is the unit) and the
         comparison (None: decided before). ``finish`` completes each kernel alternative's
         module as the build will run it (the weights packed once at compile time: an unpacked
         call re-packs its weight in every call, up to 100x the convolution). An alternative
         that cannot be isolated or fails to build or run is not a candidate; when nothing but
-        the original can be timed the original is kept."""
+        the original can be timed the original is kept. ``extra``: the unit's other run-time
+        inputs (:func:`unit_module`)."""
         known = self.known(signature)
         if known is not None:
             self.count(signature, alternatives[INT32])
@@ -195,7 +204,7 @@ class Int8Choice:
         modules = {}
         for label, expr in alternatives.items():
             try:
-                modules[label] = unit_module(source, expr, values)
+                modules[label] = unit_module(source, expr, values, extra)
                 if finish is not None and label != INT32:
                     modules[label] = finish(modules[label])
             except (KeyError, tvm.TVMError) as err:

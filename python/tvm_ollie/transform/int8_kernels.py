@@ -35,6 +35,15 @@ channel or per tensor; the quantize's scale exactly 1 and its zero point one con
 field, equal to :func:`requantize_reference`. A chain that fails any of them keeps the int32
 kernel and TVM's elementwise requantization (the plain rules below).
 
+A zero point known at run time only (``DynamicQuantizeLinear`` before ``ConvInteger``/
+``MatMulInteger``, and the ``DynamicQuantizeLSTM`` rule's products: ``int32(x) - int32(z)``
+with ``z`` an 8-bit scalar tensor) is the kernel's zero-point operand as it is (oneDNN reads
+it per call). Its rules (``int8_conv2d_dynamic_zp``, ``int8_matmul_dynamic_zp``) take the
+accumulator bound over every value of ``z``'s type (:func:`dynamic_bound`) and probe the
+kernel at both ends of that range; a centered weight outside int8 (a uint8 weight with an
+asymmetric zero point spans up to ``[-255, 255]``) is split into int8 parts whose int32
+results are added (:func:`int8_parts`).
+
 After the rules, chains of int8 convolutions are put in NHWC (:mod:`.int8_layout`: oneDNN's
 int8 primitives run on ``nhwc``, so an NCHW call reorders its source and result inside), and
 then the constant weights are packed for the calls as they finally are (:func:`_packed_conv`,
@@ -61,8 +70,8 @@ from .inference_fold import FoldRule, fold_inference
 from .int8_choice import INT8, INT8_REQUANT, INT32, Int8Choice
 from .int8_layout import conv_int8_of, int8_call_of, int8_layout
 
-__all__ = ["INT8_RULES", "int8_kernels", "accumulator_bound", "pack_conv_weights",
-           "requantize_reference", "saturates_past_limit"]
+__all__ = ["INT8_RULES", "int8_kernels", "accumulator_bound", "dynamic_bound", "int8_parts",
+           "pack_conv_weights", "requantize_reference", "saturates_past_limit"]
 
 _dpl = relax.dpl
 
@@ -103,6 +112,21 @@ def _requantized(acc) -> _Requantized:
 
 _RQ_CONV = _requantized(_CONV)
 _RQ_MATMUL = _requantized(_MATMUL)
+
+#: A zero point computed at run time (``DynamicQuantizeLinear``'s): an 8-bit scalar tensor.
+_ZPV = _dpl.wildcard()
+_ZPW = _dpl.is_op("relax.astype")(_ZPV)
+_SRC_DYN = _dpl.is_op("relax.subtract")(_WIDE, _ZPW)
+#: A weight still written as ``int32(B) - int32(b_zero_point)`` of two constants (TVM's own
+#: ``MatMulInteger`` converter leaves it so; :func:`_weight_value` evaluates it).
+_WB, _WZP = _dpl.is_const(), _dpl.is_const()
+_W_CENTERED = _dpl.is_op("relax.subtract")(_dpl.is_op("relax.astype")(_WB),
+                                           _dpl.is_op("relax.astype")(_WZP))
+_CONV_DYN = _dpl.is_op("relax.nn.conv2d")(_SRC_DYN, _W)
+_MATMUL_DYN = _dpl.is_op("relax.matmul")(_SRC_DYN, _W | _W_CENTERED)
+
+#: The most int8 weights a wider centered weight is split into (:func:`int8_parts`).
+MAX_PARTS = 3
 
 Matches = Dict[object, object]
 
@@ -522,12 +546,139 @@ def _matmul_int8_requant(matches: Matches, uses: Counter, binding_of) -> Optiona
                          [int(s) for s in matches[pat.root].ty.shape], rq[4])
 
 
+# --- a zero point known at run time only ----------------------------------------------------
+
+
+def int8_parts(weight: np.ndarray, low: int, high: int) -> Optional[list]:
+    """``weight`` (integers) as a sum of at most :data:`MAX_PARTS` arrays in ``[low, high]``:
+    each part the rest clipped to the range (``W = Σ parts``, exactly); None when more are
+    needed. A uint8 weight centered on its zero point spans up to ``[-255, 255]``, which one
+    int8 operand cannot hold; two or three int8 products summed in int32 give the same
+    integers."""
+    rest, parts = weight.astype(np.int64), []
+    while rest.any() or not parts:
+        if len(parts) == MAX_PARTS:
+            return None
+        part = np.clip(rest, low, high)
+        parts.append(part.astype(np.int8))
+        rest = rest - part
+    return parts
+
+
+def dynamic_bound(weight: np.ndarray, axis: int, lo: int, hi: int, zlo: int, zhi: int) -> int:
+    """:func:`accumulator_bound` over every zero point ``z`` in ``[zlo, zhi]`` (the range of
+    its type): ``max(|lo - z|, |hi - z|)`` is convex in ``z``, so its largest value is at
+    ``z = zlo`` or ``z = zhi``."""
+    return max(accumulator_bound(weight, axis, lo, hi, z) for z in (zlo, zhi))
+
+
+def _dynamic_operands(matches: Matches, rank: int, reduce_axis: int):
+    """``(parts, lo, hi, zlo, zhi)`` when the 8-bit source's zero point is an 8-bit scalar
+    tensor widened to int32, the constant int32 weight of rank ``rank`` splits into int8 parts
+    (:func:`int8_parts`; ``[-64, 63]`` without VNNI) and each part's accumulators stay within
+    :data:`EXACT_LIMIT` for every zero point of the zero point's type; else None."""
+    zp = matches[_ZPV]
+    if _dtype(matches[_X8]) not in ("uint8", "int8") or _dtype(matches[_WIDE]) != "int32":
+        return None
+    if _dtype(zp) not in ("uint8", "int8") or _dtype(matches[_ZPW]) != "int32" or \
+            not _static(zp.ty.shape) or int(np.prod([int(d) for d in zp.ty.shape])) != 1:
+        return None
+    w = _weight_value(matches)
+    if w is None or w.dtype != np.int32 or w.ndim != rank or w.size == 0:
+        return None
+    low, high = (-128, 127) if native.int8_exact_products() else (-64, 63)
+    parts = int8_parts(w, low, high)
+    info, zinfo = np.iinfo(_dtype(matches[_X8])), np.iinfo(_dtype(zp))
+    lo, hi, zlo, zhi = int(info.min), int(info.max), int(zinfo.min), int(zinfo.max)
+    if parts is None or any(dynamic_bound(p, reduce_axis, lo, hi, zlo, zhi) > EXACT_LIMIT
+                            for p in parts):
+        return None
+    return parts, lo, hi, zlo, zhi
+
+
+def _weight_value(matches: Matches) -> Optional[np.ndarray]:
+    """The constant int32 weight: ``_W``'s value, or ``int32(B) - int32(b_zero_point)``
+    computed here (both widened to int32 in the graph, the zero point a scalar); None when
+    the widening is not to int32."""
+    if _W in matches:
+        return matches[_W].value.numpy()
+    centered = matches[_W_CENTERED]
+    if _dtype(centered) != "int32" or any(_dtype(a) != "int32" for a in centered.args):
+        return None
+    zp = matches[_WZP].value.numpy()
+    if zp.size != 1:
+        return None
+    return (matches[_WB].value.numpy().astype(np.int32) - zp.astype(np.int32).reshape(()))
+
+
+def _summed(calls: list) -> object:
+    """The int32 sum of the parts' calls."""
+    total = calls[0]
+    for call in calls[1:]:
+        total = relax.op.add(total, call)
+    return total
+
+
+def _conv_int8_dynamic(matches: Matches, _uses: Counter, _binding_of) -> Optional[object]:
+    """``conv2d_int8`` with a run-time zero point: ``conv2d(int32(x) - int32(z), W) = Σ_p
+    conv2d_int8(x, W_p, int32(z))`` with ``W = Σ_p W_p`` (:func:`int8_parts`; NCHW/OIHW, int32
+    result), ``z`` an 8-bit scalar tensor (``DynamicQuantizeLinear``'s zero point), probed at
+    both ends of ``z``'s range."""
+    conv = matches[_CONV_DYN]
+    at = conv.attrs
+    if (str(at.data_layout), str(at.kernel_layout), str(at.out_layout) or "NCHW") != (
+            "NCHW", "OIHW", "NCHW") or not _int32_out(conv):
+        return None
+    found = _dynamic_operands(matches, 4, 0)
+    if found is None:
+        return None
+    parts, lo, hi, zlo, zhi = found
+    dil, groups = [int(d) for d in at.dilation], int(at.groups)
+    attrs = f"dil={dil[0]},{dil[1]};groups={groups};xzp=1"
+    for part in parts:
+        for z in (zlo, zhi):
+            x, acc = _conv_patch(part, groups, dil, lo, hi, z, _dtype(matches[_X8]))
+            if not _kernel_agrees(lib.CONV2D_INT8, attrs, x, part, z, acc, acc.shape):
+                return None
+    zp = relax.op.reshape(matches[_ZPW], [1])
+    call = lib.conv2d_int8_call(at.strides, at.padding, dil, groups, xzp=True)
+    out_shape = [int(s) for s in conv.ty.shape]
+    return _summed([lib.emit_call(call, [matches[_X8], relax.const(p), zp], out_shape, "int32")
+                    for p in parts])
+
+
+def _matmul_int8_dynamic(matches: Matches, _uses: Counter, _binding_of) -> Optional[object]:
+    """``matmul_int8`` with a run-time zero point: ``matmul(int32(a) - int32(z), W) = Σ_p
+    matmul_int8(a, W_p, int32(z))`` (``W`` a 2-D ``[K, N]`` constant split as in
+    :func:`_conv_int8_dynamic`, int32 result)."""
+    call = matches[_MATMUL_DYN]
+    if not _int32_out(call) or len(matches[_X8].ty.shape) < 2:
+        return None
+    found = _dynamic_operands(matches, 2, 1)
+    if found is None:
+        return None
+    parts, lo, hi, zlo, zhi = found
+    for part in parts:
+        for z in (zlo, zhi):
+            x, expected = _matmul_probe(part, lo, hi, z, _dtype(matches[_X8]))
+            if not _kernel_agrees(lib.MATMUL_INT8, "xzp=1", x, part, z, expected,
+                                  (1, part.shape[1])):
+                return None
+    zp = relax.op.reshape(matches[_ZPW], [1])
+    out_shape = [int(s) for s in call.ty.shape]
+    return _summed([lib.emit_call(lib.matmul_int8_call(xzp=True), [matches[_X8],
+                                                                   relax.const(p), zp],
+                                  out_shape, "int32") for p in parts])
+
+
 #: The int8 rewrites, in the order they are applied.
 INT8_RULES: Tuple[FoldRule, ...] = (
     FoldRule("int8_conv2d_requant", _RQ_CONV.root, _conv_int8_requant),
     FoldRule("int8_matmul_requant", _RQ_MATMUL.root, _matmul_int8_requant),
     FoldRule("int8_conv2d", _CONV, _conv_int8),
     FoldRule("int8_matmul", _MATMUL, _matmul_int8),
+    FoldRule("int8_conv2d_dynamic_zp", _CONV_DYN, _conv_int8_dynamic),
+    FoldRule("int8_matmul_dynamic_zp", _MATMUL_DYN, _matmul_int8_dynamic),
 )
 
 
@@ -546,10 +697,12 @@ def _signature(rule: str, matches: Matches) -> str:
     """The timing signature of a unit (:mod:`.int8_choice`): the rule, the source's and the
     weight's shapes and dtypes, the convolution's attributes, whether a zero point, a bias and
     per-channel scales are present, the result's dtype; not the constants' values."""
-    acc = matches[_CONV] if _CONV in matches else matches[_MATMUL]
-    parts = [rule, _shape(matches[_X8]), "W " + _shape(matches[_W]),
-             "zp" if _ZP in matches else "no zp"]
-    if _CONV in matches:
+    acc = _root(matches)
+    zp = "zp" if _ZP in matches else "no zp"
+    weight = matches[_W] if _W in matches else matches[_W_CENTERED]
+    parts = [rule, _shape(matches[_X8]), "W " + _shape(weight),
+             "run-time zp" if _ZPV in matches else zp]
+    if _CONV in matches or _CONV_DYN in matches:
         at = acc.attrs
         parts.append("s{} p{} d{} g{}".format(*(",".join(str(int(v)) for v in a) for a in (
             at.strides, at.padding, at.dilation)), int(at.groups)))
@@ -563,7 +716,10 @@ def _signature(rule: str, matches: Matches) -> str:
 
 def _root(matches: Matches):
     """The int32 convolution or matmul of a plain rule's match."""
-    return matches[_CONV] if _CONV in matches else matches[_MATMUL]
+    for pattern in (_CONV, _MATMUL, _CONV_DYN, _MATMUL_DYN):
+        if pattern in matches:
+            return matches[pattern]
+    raise KeyError("no convolution or matmul in the match")
 
 
 def _requant_over(matches: Matches, pat: _Requantized, acc) -> object:
@@ -607,7 +763,8 @@ def _timed(rule: FoldRule, choice: "Int8Choice") -> FoldRule:
             if acc is not None:
                 alts[INT8] = _requant_over(matches, plain[2], acc)
         values = {var: value for value, var in binding_of.items()}
-        kept, _ = choice.decide(sig, matches[_X8], alts, values, pack_conv_weights)
+        extra = [matches[_ZPV]] if _ZPV in matches else []
+        kept, _ = choice.decide(sig, matches[_X8], alts, values, pack_conv_weights, extra)
         if plain is not None and kept != INT8_REQUANT:
             plain_sig = _signature(plain[0], matches)
             choice.settle(plain_sig, kept, [INT32, INT8], f"decided with {sig}")
