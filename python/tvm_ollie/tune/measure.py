@@ -19,8 +19,8 @@ from .compare import Sampler, calls_per_sample, clocked
 from .metaschedule import Tuner, default_pipeline, legalize_and_fuse
 from .rpc import RPCConfig, time_remote
 
-__all__ = ["LONG_CALL_S", "calibrated_sampler", "compile_module", "device_kind", "main_sampler", "random_args", "target_device",
-           "time_main"]
+__all__ = ["LONG_CALL_S", "calibrated_sampler", "compile_module", "device_kind", "main_sampler",
+           "random_args", "target_device", "time_main"]
 
 #: ``tuned_build(mod, target, tuner, trials) -> Executable``: a tuned build other than
 #: legalize-fuse-tune-apply (kernel orchestration's).
