@@ -141,3 +141,16 @@ def test_shared_inputs_reports_the_group(capsys):
     # the q/k/v projections of one input are one group (a region of three matmuls)
     assert any(line.startswith("region") and line.count("=matmul") == 3
                for line in out.splitlines())
+
+
+@needs_native
+@pytest.mark.slow
+def test_dilated_conv_tiny(capsys):
+    """Three systems on a tiny CSRNet back end (8x8, dilation 2: the rule applies)."""
+    from tvm_ollie.bench import dilated_conv
+
+    assert dilated_conv.main(["--size", "8", "--widths", "8,8,4", "--rounds", "2"]) == 0
+    rows = _table(capsys.readouterr().out, "| system |")
+    names = [r[0] for r in rows]
+    assert names[:2] == ["ollie (dilated)", "ollie (sub-grids)"]
+    assert rows[0][4].startswith("1.000")

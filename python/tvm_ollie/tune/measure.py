@@ -19,8 +19,8 @@ from .compare import Sampler, calls_per_sample, clocked
 from .metaschedule import Tuner, default_pipeline, legalize_and_fuse
 from .rpc import RPCConfig, time_remote
 
-__all__ = ["compile_module", "device_kind", "main_sampler", "random_args", "target_device",
-           "time_main"]
+__all__ = ["LONG_CALL_S", "calibrated_sampler", "compile_module", "device_kind", "main_sampler",
+           "random_args", "target_device", "time_main"]
 
 #: ``tuned_build(mod, target, tuner, trials) -> Executable``: a tuned build other than
 #: legalize-fuse-tune-apply (kernel orchestration's).
@@ -112,7 +112,8 @@ def main_sampler(ex: "tvm.runtime.Executable", args: Sequence[np.ndarray], targe
     executable several share, :mod:`tvm_ollie.transform.batched`) for
     :func:`~.compare.compare`: one sample is an untimed warm-up call, then the seconds per
     call of enough calls to last about ``floor_s`` (counted on a timed call after a warm-up
-    call), each ending with a device synchronization off the CPU."""
+    call), each ending with a device synchronization off the CPU; a call of
+    :data:`LONG_CALL_S` or more is sampled alone (:func:`calibrated_sampler`)."""
     dev = device if device is not None else target_device(target)
     main = relax.VirtualMachine(ex, dev)[function]
     targs = [tvm.runtime.tensor(a, dev) for a in args]
@@ -123,7 +124,27 @@ def main_sampler(ex: "tvm.runtime.Executable", args: Sequence[np.ndarray], targe
         if sync:
             dev.sync()
 
+    return calibrated_sampler(run, floor_s)
+
+
+#: Seconds of a warm-up call from which :func:`calibrated_sampler` neither calls again to count
+#: the calls per sample nor warms up before each sample: at paper size TVM's untuned
+#: alternatives take 15-30 s a call (Longformer's attention projections, Segformer's decode
+#: head, docs/benchmarks.md) and each of those calls cost a decision as much again; a call of
+#: a second or more neither needs warm caches nor leaves a sample short of ``floor_s``.
+LONG_CALL_S = 1.0
+
+
+def calibrated_sampler(run: Callable[[], object], floor_s: float = 1e-3,
+                       clock: Callable[[], float] = time.perf_counter,
+                       long_call_s: float = LONG_CALL_S) -> Sampler:
+    """The sampler of :func:`main_sampler` for ``run``: after a warm-up call, a timed call
+    counts the calls per sample and each sample warms up once first; a warm-up call of
+    ``long_call_s`` or more is followed by nothing, and each sample is one call."""
+    start = clock()
     run()
-    start = time.perf_counter()
+    if clock() - start >= long_call_s:
+        return clocked(run, 1, clock)
+    start = clock()
     run()
-    return clocked(run, calls_per_sample(time.perf_counter() - start, floor_s), warmup=1)
+    return clocked(run, calls_per_sample(clock() - start, floor_s), clock, warmup=1)
