@@ -1,5 +1,8 @@
 """Helpers of the native-kernel tests: calling a kernel directly (tvm-ffi) or through Relax."""
 
+import contextlib
+import os
+
 import numpy as np
 import pytest
 
@@ -10,6 +13,23 @@ def require_native():
     """Skip the calling test when the native library is not loaded, with the reason."""
     if not native.available():
         pytest.skip(f"native library unavailable: {native.unavailable_reason()}")
+
+
+@contextlib.contextmanager
+def two_threads_stall_on():
+    """Two native threads, every call parallel (no serial threshold), the stall fallback on; the
+    process's settings restored after (and any serial window closed)."""
+    flops, threads = native.get_serial_flops(), native.get_num_threads()
+    native.set_num_threads(2)  # a real team even on a one-core machine (correctness only)
+    native.set_serial_flops(0)
+    native.set_stall_fallback(True)
+    try:
+        yield
+    finally:
+        native.hold_serial(0)
+        native.set_stall_fallback(os.environ.get("TVM_OLLIE_STALL_FALLBACK") != "0")
+        native.set_serial_flops(flops)
+        native.set_num_threads(threads)
 
 
 def call_direct(name, attrs, arrays, out_shape):

@@ -7,12 +7,10 @@ step (oneDNN adds the destination zero point before it rounds, so a tie can roun
 way, and it applies the scale to the float32 accumulator in its own order).
 """
 
-import os
-
 import numpy as np
 import pytest
 
-from native_util import require_native
+from native_util import require_native, two_threads_stall_on
 from tvm_ollie import native
 
 
@@ -405,15 +403,8 @@ def test_matmul_int8_packed_weight_equals_the_plain_call(xtype, tb, rq):
 @pytest.fixture
 def _two_threads_stall_on():
     """Two threads, every call parallel, the stall fallback on; restored after."""
-    flops, threads = native.get_serial_flops(), native.get_num_threads()
-    native.set_num_threads(2)
-    native.set_serial_flops(0)
-    native.set_stall_fallback(True)
-    yield
-    native.hold_serial(0)
-    native.set_stall_fallback(os.environ.get("TVM_OLLIE_STALL_FALLBACK") != "0")
-    native.set_serial_flops(flops)
-    native.set_num_threads(threads)
+    with two_threads_stall_on():
+        yield
 
 
 def _header_threads(packed: np.ndarray) -> int:

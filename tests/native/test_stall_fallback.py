@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tvm_ffi
 
-from native_util import call_direct, require_native
+from native_util import call_direct, require_native, two_threads_stall_on
 from parallel_modules import N, Scaled
 from tvm_ollie import native
 from tvm_ollie.compat import relax, tvm
@@ -24,15 +24,8 @@ def _stall_api():
     require_native()
     if not native.provides(native.STALL_STATS):
         pytest.skip("the loaded native library has no stall fallback (built before it)")
-    flops, threads = native.get_serial_flops(), native.get_num_threads()
-    native.set_num_threads(2)  # a real team even on a one-core machine (correctness only)
-    native.set_serial_flops(0)  # every call parallel unless the fallback says otherwise
-    native.set_stall_fallback(True)
-    yield
-    native.hold_serial(0)
-    native.set_stall_fallback(os.environ.get("TVM_OLLIE_STALL_FALLBACK") != "0")
-    native.set_serial_flops(flops)
-    native.set_num_threads(threads)
+    with two_threads_stall_on():  # every call parallel unless the fallback says otherwise
+        yield
 
 
 def _is_stall(elapsed_us: int, best_us: int) -> bool:
