@@ -10,8 +10,8 @@ import importlib.util
 import pytest
 
 from tvm_ollie import native
-from tvm_ollie.bench import native_band, native_choice, native_deconv, omp_wait, rpc_wall
-from tvm_ollie.bench import shared_inputs
+from tvm_ollie.bench import dilated_conv, native_band, native_choice, native_deconv, omp_wait
+from tvm_ollie.bench import rpc_wall, shared_inputs
 from tvm_ollie.bench.table import markdown_table, pivot_table
 
 needs_native = pytest.mark.skipif(
@@ -147,8 +147,6 @@ def test_shared_inputs_reports_the_group(capsys):
 @pytest.mark.slow
 def test_dilated_conv_tiny(capsys):
     """Three systems on a tiny CSRNet back end (8x8, dilation 2: the rule applies)."""
-    from tvm_ollie.bench import dilated_conv
-
     assert dilated_conv.main(["--size", "8", "--widths", "8,8,4", "--rounds", "2"]) == 0
     rows = _table(capsys.readouterr().out, "| system |")
     names = [r[0] for r in rows]

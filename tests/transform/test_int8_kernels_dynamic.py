@@ -12,14 +12,20 @@ import pytest
 import tvm
 from tvm import relax
 
+import tvm_ollie as ollie
 from tvm_ollie import native
 from tvm_ollie.codegen import library as lib
+from tvm_ollie.frontend.loader import load_onnx
 from tvm_ollie.transform.int8_choice import INT8
 from tvm_ollie.transform.int8_kernels import (MAX_PARTS, accumulator_bound, dynamic_bound,
                                               int8_kernels, int8_parts)
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "frontend"))
+# pylint: disable=wrong-import-position
+from test_onnx_decompose import dynamic_lstm_case  # noqa: E402
+
 helper, numpy_helper, TensorProto = onnx.helper, onnx.numpy_helper, onnx.TensorProto
 
 
@@ -86,8 +92,6 @@ def _matmul_integer_model(b_zp: int):
 
 
 def _load(model):
-    from tvm_ollie.frontend.loader import load_onnx  # pylint: disable=import-outside-toplevel
-
     return load_onnx(model, None, simplifier="none")
 
 
@@ -182,8 +186,6 @@ def test_dynamic_quantize_chain_through_the_build():
     equals TVM's build of the import bit for bit and ONNX Runtime's within its float
     rounding."""
     _require_int8()
-    import tvm_ollie as ollie  # pylint: disable=import-outside-toplevel
-
     w = np.random.default_rng(5).integers(0, 256, (6, 3, 3, 3)).astype(np.uint8)
     nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "s", "z"]),
              helper.make_node("ConvInteger", ["q", "w", "z", "w_zp"], ["acc"], pads=[1] * 4),
@@ -211,9 +213,6 @@ def test_dynamic_quantize_lstm_products_become_int8_kernels(tmp_path):
     and the rewritten module equals TVM's build of the import bit for bit and ONNX Runtime's
     kernel within its float rounding."""
     _require_int8()
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "frontend"))
-    from test_onnx_decompose import dynamic_lstm_case  # pylint: disable=import-outside-toplevel
-
     _, quantized, feeds = dynamic_lstm_case(tmp_path, "reverse-u8-no-initial-states")
     mod = _load(quantized)
     after, counts = int8_kernels(mod)

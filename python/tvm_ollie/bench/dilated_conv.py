@@ -23,6 +23,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from ..compat import relax, tvm
+from ..pipeline.build import build
 from ..transform.dilated_batch import dilated_to_batch
 from .table import markdown_table
 
@@ -31,9 +32,6 @@ WIDTHS = (512, 512, 512, 512, 256, 128, 64)
 
 
 def _ollie(mod, work_dir: str) -> Callable[[np.ndarray], np.ndarray]:
-    # pylint: disable=import-outside-toplevel
-    from ..pipeline.build import build
-
     ex, _ = build(mod, target="llvm", trials=0, work_dir=work_dir)
     vm = relax.VirtualMachine(ex, tvm.cpu())
     return lambda x: vm["main"](tvm.runtime.tensor(x)).numpy()

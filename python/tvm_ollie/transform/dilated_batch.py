@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Dict, Optional, Tuple
 
 from ..compat import relax, tvm
+from .epilogue import static_shape
 
 __all__ = ["RULE", "dilated_to_batch", "space_to_batch", "batch_to_space"]
 
@@ -45,20 +46,9 @@ _BINARY = frozenset({"relax.add", "relax.multiply", "relax.subtract", "relax.div
 _Grid = Tuple[int, int]
 
 
-def _shape(expr) -> Optional[Tuple[int, ...]]:
-    """The static shape of ``expr``, else None."""
-    ty = expr.ty
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    try:
-        return tuple(int(d) for d in ty.shape)
-    except (TypeError, ValueError):
-        return None
-
-
 def space_to_batch(x: relax.Expr, grid: _Grid) -> relax.Expr:
     """``S(X)[(r*dw + s)*N + n, c, i, j] = X[n, c, dh*i + r, dw*j + s]``."""
-    n, c, h, w = _shape(x)
+    n, c, h, w = static_shape(x)
     dh, dw = grid
     split = relax.op.reshape(x, (n, c, h // dh, dh, w // dw, dw))
     moved = relax.op.permute_dims(split, [3, 5, 0, 1, 2, 4])
@@ -67,7 +57,7 @@ def space_to_batch(x: relax.Expr, grid: _Grid) -> relax.Expr:
 
 def batch_to_space(y: relax.Expr, grid: _Grid, batch: int) -> relax.Expr:
     """The inverse of :func:`space_to_batch` for a tensor of ``batch`` images."""
-    _, c, h, w = _shape(y)
+    _, c, h, w = static_shape(y)
     dh, dw = grid
     split = relax.op.reshape(y, (dh, dw, batch, c, h, w))
     moved = relax.op.permute_dims(split, [2, 3, 4, 0, 5, 1])
@@ -79,12 +69,12 @@ def _conv_fits(call: relax.Call) -> bool:
     at = call.attrs
     return (tuple(int(s) for s in at.strides) == (1, 1) and at.data_layout == "NCHW"
             and at.kernel_layout == "OIHW" and at.out_layout == "NCHW"
-            and _shape(call.args[0]) is not None and _shape(call.args[1]) is not None)
+            and all(static_shape(a) is not None for a in call.args[:2]))
 
 
 def _grid_aligned(call: relax.Call, grid: _Grid) -> bool:
     """Guard: spatial sizes and paddings multiples of the dilation ``grid``."""
-    _, _, h, w = _shape(call.args[0])
+    _, _, h, w = static_shape(call.args[0])
     pt, pl, pb, pr = (int(p) for p in call.attrs.padding)
     dh, dw = grid
     return all(v % dh == 0 for v in (h, pt, pb)) and all(v % dw == 0 for v in (w, pl, pr))
@@ -92,13 +82,13 @@ def _grid_aligned(call: relax.Call, grid: _Grid) -> bool:
 
 def _pointwise(call: relax.Call) -> bool:
     """Guard: a 1x1 unpadded convolution (mixes channels only)."""
-    _, _, kh, kw = _shape(call.args[1])
+    _, _, kh, kw = static_shape(call.args[1])
     return (kh, kw) == (1, 1) and all(int(p) == 0 for p in call.attrs.padding)
 
 
 def _per_channel(expr: relax.Expr) -> bool:
     """Guard: an operand that broadcasts over batch and positions (per channel or scalar)."""
-    shape = _shape(expr)
+    shape = static_shape(expr)
     if shape is None:
         return False
     return len(shape) == 0 or (len(shape) == 4 and shape[0] == shape[2] == shape[3] == 1)
@@ -174,7 +164,7 @@ class _SubGrids(relax.PyExprMutator):
             data = held[0]
         else:
             data = self.builder_.emit(space_to_batch(self.visit_expr(call.args[0]), grid))
-        batch = _shape(call.args[0])[0]
+        batch = static_shape(call.args[0])[0]
         pt, pl, pb, pr = (int(p) for p in call.attrs.padding)
         dh, dw = grid
         self.rewritten += 1
