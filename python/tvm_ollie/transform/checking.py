@@ -101,13 +101,34 @@ def _compare(ref: np.ndarray, got: np.ndarray, rtol: float,
              log: Optional[list] = None) -> Tuple[bool, str]:
     if got.shape != ref.shape:
         return False, f"shape {got.shape} != {ref.shape}"
-    err = float(np.max(np.abs(got - ref))) if ref.size else 0.0
-    scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+    err, scale = _max_error(ref, got)
     if log is not None:
         log.append({"max_abs_err": err, "scale": scale})
     if not np.isfinite(err) or err > rtol * max(scale, 1e-6):
         return False, f"numerics differ: max abs err {err:.3g} (scale {scale:.3g})"
     return True, ""
+
+
+#: Elements compared per step by :func:`_max_error` (8 MiB of float64 per temporary).
+COMPARE_CHUNK = 1 << 20
+
+
+def _max_error(ref: np.ndarray, got: np.ndarray) -> Tuple[float, float]:
+    """``(max|got - ref|, max|ref|)`` in float64, a chunk of :data:`COMPARE_CHUNK` elements at
+    a time. Why chunks: the results of a unit at paper size are hundreds of MB (Longformer's
+    attention at sequence 10000), and float64 copies of both plus their difference held
+    several GB per check; now the temporaries are a few chunks. A NaN anywhere gives a NaN
+    error (``np.max`` of the chunks' maxima propagates it)."""
+    ref, got = ref.reshape(-1), got.reshape(-1)
+    if not ref.size:
+        return 0.0, 0.0
+    errs, scales = [], []
+    for lo in range(0, ref.size, COMPARE_CHUNK):
+        r = ref[lo:lo + COMPARE_CHUNK].astype(np.float64)
+        g = got[lo:lo + COMPARE_CHUNK].astype(np.float64)
+        errs.append(np.max(np.abs(g - r)))
+        scales.append(np.max(np.abs(r)))
+    return float(np.max(errs)), float(np.max(scales))
 
 
 _DEFAULT_NUMERIC = check_numerics  # (a comparison patched in its place is not cached)
@@ -116,13 +137,9 @@ _BASELINE = Alternative(None, "tvm").label
 
 
 def _run_llvm(mod, args) -> Tuple[Union[np.ndarray, List[np.ndarray]], List[str]]:
-    """The output of ``mod`` on llvm as float64 (a list for a tuple), and its element types."""
+    """The output of ``mod`` on llvm (a list for a tuple), and its element types."""
     ex = tvm.compile(mod, target="llvm")
-    vm = relax.VirtualMachine(ex, tvm.cpu())
-    out = vm["main"](*[tvm.runtime.tensor(a) for a in args])
-    if not hasattr(out, "numpy"):  # a tuple of results
-        return [o.numpy().astype(np.float64) for o in out], [str(o.dtype) for o in out]
-    return out.numpy().astype(np.float64), [str(out.dtype)]
+    return _results(relax.VirtualMachine(ex, tvm.cpu())["main"], args)
 
 
 def _run_built(build: UnitBuild, ref_key: str, cand_key: str, args):
@@ -138,11 +155,17 @@ def _run_built(build: UnitBuild, ref_key: str, cand_key: str, args):
 
 
 def _run_function(ex, name: str, args):
-    """The output of function ``name`` of ``ex`` on the CPU as float64, and its types."""
-    out = relax.VirtualMachine(ex, tvm.cpu())[name](*[tvm.runtime.tensor(a) for a in args])
+    """The output of function ``name`` of ``ex`` on the CPU, and its types."""
+    return _results(relax.VirtualMachine(ex, tvm.cpu())[name], args)
+
+
+def _results(func, args) -> Tuple[Union[np.ndarray, List[np.ndarray]], List[str]]:
+    """``func(*args)`` as numpy arrays of their own element type (a list for a tuple; the
+    comparison widens them to float64 a chunk at a time, :func:`_max_error`), and the types."""
+    out = func(*[tvm.runtime.tensor(a) for a in args])
     if not hasattr(out, "numpy"):  # a tuple of results
-        return [o.numpy().astype(np.float64) for o in out], [str(o.dtype) for o in out]
-    return out.numpy().astype(np.float64), [str(out.dtype)]
+        return [o.numpy() for o in out], [str(o.dtype) for o in out]
+    return out.numpy(), [str(out.dtype)]
 
 
 def check_exact(prog: Program) -> Tuple[bool, str]:
