@@ -227,8 +227,8 @@ class OllieConfig:
         (:mod:`tvm_ollie.transform.build_pool`): None when the module has at least
         :data:`~tvm_ollie.transform.build_pool.MIN_UNITS` signatures to decide and this
         process may run on two CPUs or more; True whenever it may; False (default) never.
-        The guard's library plan goes to the pool only without ``cached_alloc`` (a setting
-        the workers do not make).
+        A worker builds under the caller's ``cached_alloc`` switch (sent with each module),
+        so the guard's library plan goes to the pool under the default config too.
         Off by default: on the loaded 2-core machine it made GCN's cold build slower
         (docs/compile-time.md, helper cold9); not measured on a quiet machine yet.
     """

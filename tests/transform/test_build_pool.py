@@ -17,6 +17,7 @@ from tvm_ollie.config import ConfigError, OllieConfig
 from tvm_ollie.transform import batched, build_pool, decide
 from tvm_ollie.transform.alternatives import Candidates
 from tvm_ollie.transform.batched import UnitBuild
+from tvm_ollie.codegen.cached_alloc import cached_alloc_scope
 from tvm_ollie.transform.build_pool import MIN_UNITS, BuildPool
 from tvm_ollie.transform.checking import Checker
 from tvm_ollie.transform.costing import UntunedTiming
@@ -176,10 +177,8 @@ def test_the_guard_builds_the_library_plan_in_the_pool(pool, monkeypatch):
     built here: the same verdict, and the kept plan computes what TVM's build computes."""
     timer = lambda runs: {n: {"rewritten": 2e-3, "original": 3e-3, "library": 1e-3}[n]
                           for n in runs}
-    # cached allocations are a setting of this process the workers do not make: the pool
-    # builds only plans without them (pipeline.build._library_in_pool)
-    opts = dict(max_depth=2, search_time_s=1.0, calibration=sm.LLVM_CALIB, model_guard=True,
-                cached_alloc=False)
+    # the default config (cached allocations on): the switch travels with the request
+    opts = dict(max_depth=2, search_time_s=1.0, calibration=sm.LLVM_CALIB, model_guard=True)
     mod = sm.conv_stack()
     _, serial = build(mod, "llvm", plan_timer=timer, **opts)
     monkeypatch.setattr(pipeline_build, "running_pool", lambda: pool)
@@ -189,4 +188,22 @@ def test_the_guard_builds_the_library_plan_in_the_pool(pool, monkeypatch):
         serial.model_guard.winner
     assert [d.chosen for d in pooled.decisions] == [d.chosen for d in serial.decisions]
     args = sm.random_inputs(mod, seed=3)
+    sm.assert_close(sm.run(ex, args), sm.run(tvm.compile(mod, target="llvm"), args))
+
+
+@pytest.mark.skipif(not native.available(), reason="no native library")
+@pytest.mark.parametrize("switch", [True, False])
+def test_a_worker_builds_under_the_callers_cached_alloc_switch(pool, switch):
+    """A worker shares no context with the caller: the cached allocations' switch where the
+    build was asked for goes with the request, so the worker lifts the planned allocations
+    (``main_cached_alloc``) exactly when the caller would, and the library computes what TVM's
+    build computes."""
+    native.load()
+    mod = sm.conv_stack()
+    with cached_alloc_scope(switch):
+        ex = pool.submit(mod, "llvm").result()
+    assert ex is not None
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    assert vm.module.implements_function("main_cached_alloc") == switch
+    args = sm.random_inputs(mod, seed=5)
     sm.assert_close(sm.run(ex, args), sm.run(tvm.compile(mod, target="llvm"), args))

@@ -252,11 +252,11 @@ def _library_in_pool(library, verdict: Optional["RecordedVerdict"], cfg: OllieCo
     """The library plan's build started in this process's build pool
     (:mod:`tvm_ollie.transform.build_pool`), or None: no plan, no guard to time it, a verdict
     read back (nothing more is built), no pool running, or a build the workers would not make
-    as this process makes it (a tuner's records, orchestration, cached allocations: each a
-    setting of this process only)."""
+    as this process makes it (a tuner's records, orchestration: each a setting of this process
+    only; the cached allocations' switch travels with the request)."""
     pool = running_pool()
     if library is None or verdict is None or verdict.known() is not None or pool is None or \
-            tuner is not None or cfg.orchestrate or cfg.cached_alloc or not is_llvm(cfg.target):
+            tuner is not None or cfg.orchestrate or not is_llvm(cfg.target):
         return None
     return pool.submit(library[0], cfg.target)
 

@@ -13,6 +13,16 @@ same target) and exports the executable as a shared library, and the compiling p
 the libraries (a ``dlopen``: the LLVM code was generated in the worker). The builds of one call
 all finish before it returns, so no timing ever runs beside a build (the measuring rule).
 
+Exactly as the compiling process would includes its cached allocations
+(:mod:`~tvm_ollie.codegen.cached_alloc`): whether the CPU pipeline lifts planned allocations is
+a switch of the calling context (the build's ``cached_alloc_scope``), which a worker does not
+share, so each request carries the switch as it stands where the build was asked for
+(``cached_alloc.enabled()``), and the worker builds under it, the native library loaded.
+Without it the worker built with its own default (on), whatever the caller's config said, and
+the whole-model guard could not send its library plan to a worker under the default config
+(``cached_alloc`` on): the plan would have been built differently from the one this process
+builds.
+
 The workers are plain interpreters started with :data:`WORKER_CODE` (requests and answers as
 length-prefixed pickles on their stdin and stdout). Why not a fork of the compiling process: it
 runs TVM's and the native library's thread pools, and a fork copies their locks in whatever
@@ -30,6 +40,7 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures as futures
+import contextlib
 import logging
 import os
 import pickle
@@ -42,6 +53,8 @@ import tempfile
 import threading
 from typing import List, Optional, Sequence
 
+from .. import native
+from ..codegen import cached_alloc
 from ..compat import tvm
 from ..target import normalize_target
 from ..tune.measure import compile_module
@@ -75,10 +88,16 @@ def _target_text(target) -> str:
     return tvm.ir.save_json(normalize_target(target))
 
 
-def _build_in_worker(text: str, target: str, path: str) -> str:
+def _build_in_worker(text: str, target: str, path: str, cached: Optional[bool] = None) -> str:
     """In a worker: the module of TVM's JSON ``text`` built for the target of ``target`` and
-    exported to ``path`` (returned)."""
-    ex = compile_module(tvm.ir.load_json(text), tvm.ir.load_json(target))
+    exported to ``path`` (returned); ``cached``: the caller's cached-allocations switch (None:
+    the worker's own default)."""
+    if cached:  # (the native builtin must be registered here for the passes to lift)
+        native.load()
+    switch = cached_alloc.cached_alloc_scope(cached) if cached is not None \
+        else contextlib.nullcontext()
+    with switch:
+        ex = compile_module(tvm.ir.load_json(text), tvm.ir.load_json(target))
     ex.export_library(path)
     return path
 
@@ -90,7 +109,7 @@ WORKER_CODE = "import sys; sys.modules['torch'] = None; " \
 
 
 def serve(reader=None, writer=None) -> None:
-    """A worker's loop: reads ``(text, target, path)`` requests (length-prefixed pickles)
+    """A worker's loop: reads ``(text, target, path, cached)`` requests (length-prefixed pickles)
     from stdin, answers ``(True, path)`` or ``(False, error)`` on stdout (``"ping"``:
     ``(True, "")``), until stdin closes."""
     reader = reader if reader is not None else sys.stdin.buffer
@@ -190,14 +209,14 @@ class BuildPool:
             self._idle.put(worker)
 
     def submit(self, mod: "tvm.IRModule", target) -> "PendingBuild":
-        """Start building ``mod`` for ``target`` in a worker; :meth:`PendingBuild.result`
-        waits for it."""
+        """Start building ``mod`` for ``target`` in a worker, with this context's cached
+        allocations switch (module docstring); :meth:`PendingBuild.result` waits for it."""
         with self._lock:
             self._count += 1
             path = os.path.join(self._dir, f"part{self._count}.so")
         try:
-            job = self._threads.submit(self._run, (tvm.ir.save_json(mod),
-                                                   _target_text(target), path))
+            job = self._threads.submit(self._run, (tvm.ir.save_json(mod), _target_text(target),
+                                                   path, cached_alloc.enabled()))
         except Exception as err:  # pylint: disable=broad-except
             job = futures.Future()  # (not serializable, or the pool broken: fails its result)
             job.set_exception(err)
