@@ -588,9 +588,13 @@ void RunSite(const DeconvParams& p, DeconvSite* site, const DeconvTensors& t) {
 // ---------------------------------------------------------------------------------------------
 // fmt=gemm on a site.
 
-// Floats of one thread's column block: 256 KiB, which stay in cache between the GEMM that writes
-// them and the scatter that reads them (the data rows are cut into blocks to fit; at least one).
-constexpr int64_t kColFloats = 1 << 16;
+// Floats of one thread's column block: 1 MiB, which stay in cache (half of this machine's 2 MiB
+// L2 per core) between the GEMM that writes them and the scatter that reads them (the data rows
+// are cut into blocks to fit; at least one). Fewer, wider GEMMs: 256 KiB cut DCGAN's
+// 1x128x16x16 -> 64 k4 s2 into four 1024x64x128 GEMMs at one thread, 1016 us per call against
+// 885 us in one (per-call minima, 3 x 150 calls in fresh processes, load 4.8-6.1; the other
+// paper layers within 4 %, docs/profiling.md, dcgan11).
+constexpr int64_t kColFloats = 1 << 18;
 
 // orow[x0 + w * sw] += c[w * es] for w in [lo, hi).
 void AddStrided(float* orow, int64_t x0, int64_t sw, const float* c, int64_t es, int64_t lo,
