@@ -209,6 +209,7 @@ struct OneDNNDeconv {
   // Epilogue after the deconvolution instead of as post-ops (see SeparateEpilogue): the
   // residual added by a loop, then the activation by an eltwise primitive in place.
   bool separate = false, has_act = false;
+  bool separate_bias = false;  // the bias added after the deconvolution too (EpilogueBroken)
   dnnl::eltwise_forward act;
   std::string impl;
 };
@@ -222,6 +223,20 @@ struct OneDNNDeconv {
 // The blocked implementations (brgconv) apply post-ops at no measurable cost, so they keep them.
 bool SeparateEpilogue(const DeconvParams& p, Fmt fmt) {
   return fmt == Fmt::kPlain && (p.has_res || p.act.kind != Act::kNone);
+}
+
+// Whether oneDNN's implementation `impl` gets a fused epilogue (bias, residual, activation)
+// wrong. oneDNN 3.2's brgconv_strided (the blocked stride > 1 deconvolution on avx512_core)
+// applies its bias and post-ops to each chunk of input channels it accumulates once the weights
+// of a channel block outgrow its cache blocking: 1x504x4x4 -> 32 k4 s2 p1 was off by up to 7.5
+// with a bias, 3.6 with a relu post-op, 13 with a residual sum, and exact with none; with 496
+// input channels exact in every case. Its epilogue then runs after the deconvolution instead.
+bool EpilogueBroken(const std::string& impl) {
+  return impl.find("brgconv_strided") != std::string::npos;
+}
+
+bool HasEpilogue(const DeconvParams& p) {
+  return p.has_bias || p.has_res || p.act.kind != Act::kNone;
 }
 
 // The activation as a standalone in-place eltwise primitive on the plain output.
@@ -277,21 +292,28 @@ std::shared_ptr<OneDNNDeconv> CreateDeconv(const DeconvParams& p, const DeconvSh
       pad_r{p.pb - p.oph, p.pr - p.opw};
   // The residual is a sum post-op (ConvEpilogueAttr). Measured with binary_add instead:
   // 1x21x4x4 -> 21 k4 s2, 0.54 ms vs 0.05 ms without a residual. On the plain formats both
-  // follow the deconvolution instead (SeparateEpilogue).
+  // follow the deconvolution instead (SeparateEpilogue), and everything with bias does where
+  // oneDNN's implementation gets it wrong (EpilogueBroken).
   e->separate = SeparateEpilogue(p, fmt);
-  const dnnl::primitive_attr attr =
-      e->separate ? ConvEpilogueAttr(false, Activation()) : ConvEpilogueAttr(p.has_res, p.act);
-  const auto prop = dnnl::prop_kind::forward_inference;
-  const auto alg = dnnl::algorithm::deconvolution_direct;
-  dnnl::deconvolution_forward::primitive_desc pd;
-  if (p.has_bias) {
-    e->bias_md = dnnl::memory::desc(dims{s.O}, dt::f32, dims{1});
-    pd = dnnl::deconvolution_forward::primitive_desc(Engine(), prop, alg, src_any, wei_any,
-                                                     e->bias_md, dst_any, strides, dil, pad_l,
-                                                     pad_r, attr);
-  } else {
-    pd = dnnl::deconvolution_forward::primitive_desc(Engine(), prop, alg, src_any, wei_any,
-                                                     dst_any, strides, dil, pad_l, pad_r, attr);
+  auto make = [&](bool fused_bias, const dnnl::primitive_attr& attr) {
+    const auto prop = dnnl::prop_kind::forward_inference;
+    const auto alg = dnnl::algorithm::deconvolution_direct;
+    if (fused_bias) {
+      e->bias_md = dnnl::memory::desc(dims{s.O}, dt::f32, dims{1});
+      return dnnl::deconvolution_forward::primitive_desc(Engine(), prop, alg, src_any, wei_any,
+                                                         e->bias_md, dst_any, strides, dil,
+                                                         pad_l, pad_r, attr);
+    }
+    return dnnl::deconvolution_forward::primitive_desc(Engine(), prop, alg, src_any, wei_any,
+                                                       dst_any, strides, dil, pad_l, pad_r, attr);
+  };
+  const dnnl::primitive_attr bare = ConvEpilogueAttr(false, Activation());
+  dnnl::deconvolution_forward::primitive_desc pd =
+      make(p.has_bias, e->separate ? bare : ConvEpilogueAttr(p.has_res, p.act));
+  if (HasEpilogue(p) && EpilogueBroken(pd.impl_info_str())) {
+    e->separate = true;
+    e->separate_bias = p.has_bias;
+    pd = make(false, bare);
   }
   e->src_md = pd.src_desc();
   e->wei_md = pd.weights_desc();
@@ -472,7 +494,7 @@ void BindSite(const DeconvParams& p, DeconvSite* site, int nthr) {
   site->scratch = scratch ? dnnl::memory(e.scratch_md, eng, DNNL_MEMORY_NONE) : dnnl::memory();
   site->weights.clear();
   site->args = {{DNNL_ARG_SRC, site->src}, {DNNL_ARG_DST, site->dst}};
-  if (p.has_bias) site->args[DNNL_ARG_BIAS] = site->bias;
+  if (p.has_bias && !e.separate_bias) site->args[DNNL_ARG_BIAS] = site->bias;
   if (scratch) site->args[DNNL_ARG_SCRATCHPAD] = site->scratch;
   site->src_in = e.src_in.KeptArgs(site->user_src, site->src);
   site->wei_in = e.wei_in.KeptArgs(site->wei, site->wei);  // FROM: the call's weights
@@ -493,6 +515,23 @@ dnnl::memory SiteWeights(DeconvSite* site, const dnnl::memory::desc& md, void* d
   if (it != site->weights.end()) return it->second;
   if (site->weights.size() >= kMaxWeights) site->weights.clear();
   return site->weights.emplace(data, dnnl::memory(md, Engine(), data)).first->second;
+}
+
+// Out += bias per output channel, Out in dst_fmt (NCHW or channels-last).
+void AddBias(const DeconvParams& p, const DeconvShape& s, const float* bias, float* out) {
+  const int64_t ohw = s.OH * s.OW;
+  for (int64_t n = 0; n < s.N; ++n) {
+    float* img = out + n * s.O * ohw;
+    if (p.dst_nhwc) {
+      for (int64_t i = 0; i < ohw; ++i) {
+        for (int64_t o = 0; o < s.O; ++o) img[i * s.O + o] += bias[o];
+      }
+    } else {
+      for (int64_t o = 0; o < s.O; ++o) {
+        for (int64_t i = 0; i < ohw; ++i) img[o * ohw + i] += bias[o];
+      }
+    }
+  }
 }
 
 // One oneDNN call on a bound site: reorders into the primitive's formats where they differ, the
@@ -516,7 +555,7 @@ void RunSite(const DeconvParams& p, DeconvSite* site, const DeconvTensors& t) {
   }
   site->args[DNNL_ARG_WEIGHTS] = wei;
   if (e.dst_out.needed) Point(site->dst, ScratchBuffer(3, site->dst_bytes));
-  if (p.has_bias) Point(site->bias, t.bias);
+  if (p.has_bias && !e.separate_bias) Point(site->bias, t.bias);
   const float* res = t.res;
   if (p.has_res && e.separate && t.res == t.out) {  // the deconvolution overwrites it
     void* copy = ScratchBuffer(4, site->out_bytes);
@@ -534,8 +573,9 @@ void RunSite(const DeconvParams& p, DeconvSite* site, const DeconvTensors& t) {
   if (site->scratch_bytes > 0) Point(site->scratch, ScratchBuffer(0, site->scratch_bytes));
   Execute(e.prim, site->args);
   if (e.dst_out.needed) e.dst_out.RunKept(site->dst_out, 5);
-  if (e.separate) {  // Out += residual, then Out = act(Out)
+  if (e.separate) {  // Out += bias (EpilogueBroken) + residual, then Out = act(Out)
     Stream().wait();
+    if (e.separate_bias) AddBias(p, site->s, t.bias, t.out);
     if (p.has_res) {
       const size_t n = site->out_bytes / sizeof(float);
       for (size_t i = 0; i < n; ++i) t.out[i] += res[i];
@@ -548,9 +588,13 @@ void RunSite(const DeconvParams& p, DeconvSite* site, const DeconvTensors& t) {
 // ---------------------------------------------------------------------------------------------
 // fmt=gemm on a site.
 
-// Floats of one thread's column block: 256 KiB, which stay in cache between the GEMM that writes
-// them and the scatter that reads them (the data rows are cut into blocks to fit; at least one).
-constexpr int64_t kColFloats = 1 << 16;
+// Floats of one thread's column block: 1 MiB, which stay in cache (half of this machine's 2 MiB
+// L2 per core) between the GEMM that writes them and the scatter that reads them (the data rows
+// are cut into blocks to fit; at least one). Fewer, wider GEMMs: 256 KiB cut DCGAN's
+// 1x128x16x16 -> 64 k4 s2 into four 1024x64x128 GEMMs at one thread, 1016 us per call against
+// 885 us in one (per-call minima, 3 x 150 calls in fresh processes, load 4.8-6.1; the other
+// paper layers within 4 %, docs/profiling.md, dcgan11).
+constexpr int64_t kColFloats = 1 << 18;
 
 // orow[x0 + w * sw] += c[w * es] for w in [lo, hi).
 void AddStrided(float* orow, int64_t x0, int64_t sw, const float* c, int64_t es, int64_t lo,

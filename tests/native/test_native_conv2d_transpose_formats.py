@@ -122,7 +122,7 @@ def test_channels_last_gemm_rows_over_threads(threads, act):
     "case",
     [
         dict(n=2, c=5, h=6, w=7, k=9, stride=(2, 2), pad=(4, 4, 4, 4), opad=(1, 1)),  # FSRCNN's
-        dict(n=1, c=2, h=40, w=40, k=9, stride=(3, 3), pad=(4, 4, 4, 4)),  # two row blocks
+        dict(n=1, c=2, h=90, w=40, k=9, stride=(3, 3), pad=(4, 4, 4, 4)),  # two row blocks
         dict(n=1, c=3, h=3, w=4, k=3, stride=(2, 1), pad=(1, 0, 1, 0)),  # transposed columns
     ],
 )

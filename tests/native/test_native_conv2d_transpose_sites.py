@@ -182,8 +182,8 @@ def test_gemm_channel_ranges(threads, n, c, o, groups):
 
 
 @pytest.mark.parametrize("c, o, h, w", [
-    (3, 16, 10, 64),   # 256 column rows x 64: blocks of 4 data rows (4, 4, 2)
-    (2, 64, 5, 80),    # 1024 column rows x 80 > one block: one data row per block
+    (3, 16, 10, 256),  # 128 column rows a thread x 256: blocks of 8 data rows (8, 2)
+    (2, 64, 5, 320),   # 512 column rows a thread x 320 > one block: one data row per block
 ])
 def test_gemm_column_blocks(c, o, h, w):
     """Data rows cut into column blocks (kColFloats): the blocks' scatters meet in Out's rows."""
