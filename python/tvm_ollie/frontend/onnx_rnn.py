@@ -24,6 +24,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from .onnx_emit import RuleContext, attributes, optional_input
+from .onnx_native import DOMAIN, LSTM_KERNEL, LSTM_LAYER, native_layer_available
 
 #: Activation -> (takes alpha, takes beta, default alpha, default beta).
 ACTIVATIONS = {
@@ -89,8 +90,90 @@ def emit_lstm(node, ctx: RuleContext) -> None:
     ``c = g(Xt Wc^T + H Rc^T + Wbc + Rbc)``, ``C' = f . C + i . c``,
     ``o = f(Xt Wo^T + H Ro^T + Po . C' + Wbo + Rbo)``, ``H' = o . h(C')``; ``clip`` bounds every
     gate's argument to [-clip, clip].
+
+    Where :func:`whole_lstm_guard` allows, the layer is one ``tvm_ollie.LSTMLayer`` node (the
+    native kernel, :mod:`~tvm_ollie.frontend.onnx_native`) instead of the unrolled steps.
     """
+    if not whole_lstm_guard(node, ctx):
+        _emit_whole_lstm(node, ctx)
+        return
     _emit_layer(node, ctx, _lstm_step)
+
+
+def whole_lstm_guard(node, ctx: RuleContext) -> str:
+    """"" when the native whole-layer kernel computes the LSTM exactly: float32, constant
+    ``W``, ``R`` (and ``B``), the default activations, no ``clip``, ``input_forget`` or
+    peepholes, ``sequence_lens`` absent or the full length everywhere, and ``Y_c`` unread (the
+    kernel writes ``Y``; ``Y_h`` is read from it). Otherwise why not (the layer is unrolled)."""
+    why = native_layer_available(LSTM_KERNEL)
+    if why:
+        return why
+    attrs = attributes(node)
+    if ctx.dtype(node.input[0]) != np.dtype(np.float32):
+        return "X is not float32"
+    if any(ctx.value(optional_input(node, i)) is None for i in (1, 2)) or (
+            optional_input(node, 3) and ctx.value(node.input[3]) is None):
+        return "W, R or B is not a constant"
+    names = [a.lower() for a in attrs.get("activations") or ()]
+    if names and names != ["sigmoid", "tanh", "tanh"] * _directions(attrs):
+        return "activations other than the defaults"
+    if attrs.get("clip") is not None or attrs.get("input_forget", 0):
+        return "clip or input_forget"
+    if optional_input(node, 7):
+        return "peepholes"
+    lens = optional_input(node, 4)
+    seq = _Layer(node, ctx).seq
+    if lens and (ctx.value(lens) is None or np.any(ctx.value(lens) != seq)):
+        return "sequence_lens shorter than the sequence"
+    y_c = optional_input_output(node, 2)
+    if y_c and y_c in ctx.consumed:
+        return "Y_c is read"
+    return ""
+
+
+def optional_input_output(node, position: int) -> str:
+    """The node's output at ``position``, or "" when absent."""
+    return node.output[position] if position < len(node.output) else ""
+
+
+def _emit_whole_lstm(node, ctx: RuleContext) -> None:
+    """``Y = LSTMLayer(X, W', R', B', H0, C0)`` with the weights packed for the kernel once
+    here: ``W' = [W_0^T | W_1^T]`` (``[input, dirs*4*hidden]``), ``R'_d = R_d^T``, ``B'_d = Wb_d +
+    Rb_d``; zeros for absent initial states. ``Y_h[d]`` is ``Y`` at direction ``d``'s last step
+    (step ``seq - 1`` forward, step 0 reverse)."""
+    layer = _Layer(node, ctx)
+    f32 = np.float32
+    w, r = ctx.value(node.input[1]).astype(f32), ctx.value(node.input[2]).astype(f32)
+    dirs, gh = layer.directions, 4 * layer.hidden
+    packed_w = np.ascontiguousarray(np.concatenate([w[d].T for d in range(dirs)], axis=1))
+    packed_r = np.ascontiguousarray(r.transpose(0, 2, 1))
+    b = ctx.value(optional_input(node, 3))
+    bias = (b[:, :gh] + b[:, gh:]).astype(f32) if b is not None else np.zeros((dirs, gh), f32)
+    x = node.input[0]
+    if layer.layout:
+        x = ctx.add("Transpose", [x], perm=[1, 0, 2])
+    states = [_layer_state(ctx, optional_input(node, i), layer) for i in (5, 6)]
+    y = ctx.add(LSTM_LAYER, [x, ctx.const(packed_w, "w_packed"), ctx.const(packed_r, "r_packed"),
+                             ctx.const(bias, "bias"), *states],
+                domain=DOMAIN, reverse=int(layer.direction == "reverse"))
+    if optional_input_output(node, 0):
+        ctx.bind(ctx.add("Transpose", [y], perm=[2, 0, 1, 3]) if layer.layout else y,
+                 node.output[0])
+    if optional_input_output(node, 1):
+        ends = [0 if layer.reverse(d) else layer.seq - 1 for d in range(dirs)]
+        last = [ctx.slice(ctx.slice(y, 0, t, t + 1), 1, d, d + 1) for d, t in enumerate(ends)]
+        y_h = ctx.reshape(_concat(ctx, last, 1), [dirs, layer.batch, layer.hidden])
+        ctx.bind(ctx.add("Transpose", [y_h], perm=[1, 0, 2]) if layer.layout else y_h,
+                 node.output[1])
+
+
+def _layer_state(ctx: RuleContext, name: str, layer: _Layer) -> str:
+    """An initial state as the kernel takes it, ``[dirs, batch, hidden]``: the input (layout 1:
+    transposed from ``[batch, dirs, hidden]``), or zeros without one."""
+    if not name:
+        shape = (layer.directions, layer.batch, layer.hidden)
+        return ctx.const(np.zeros(shape, np.float32), "zeros")
+    return ctx.add("Transpose", [name], perm=[1, 0, 2]) if layer.layout else name
 
 
 def dynamic_quantize_lstm_guard(node, ctx: RuleContext) -> str:

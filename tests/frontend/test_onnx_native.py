@@ -1,0 +1,107 @@
+"""ONNX LSTM layers imported as one native kernel call (``tvm_ollie.LSTMLayer``), against ONNX
+Runtime; the attributes the kernel does not reproduce keep the unrolled steps."""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+sys.path.insert(0, os.path.dirname(__file__))
+# pylint: disable=wrong-import-position
+from onnx_op_cases import max_error, recurrent_case, run_ort, run_tvm  # noqa: E402
+
+from tvm_ollie import native  # noqa: E402
+from tvm_ollie.frontend.loader import load_onnx  # noqa: E402
+from tvm_ollie.frontend.onnx_decompose import decompose_onnx  # noqa: E402
+from tvm_ollie.frontend.onnx_native import (  # noqa: E402
+    DOMAIN,
+    LSTM_KERNEL,
+    LSTM_LAYER,
+    unrolled_layers,
+)
+
+
+@pytest.fixture(autouse=True)
+def _native():
+    if not native.provides(LSTM_KERNEL):
+        pytest.skip("native library without lstm")
+
+
+def _without_y_c(model, keep=("y", "y_h")):
+    """The model with only the outputs ``keep`` (``Y_c`` then unread, as exporters leave it)."""
+    kept = [o for o in model.graph.output if o.name in keep]
+    del model.graph.output[:]
+    model.graph.output.extend(kept)
+    return model
+
+
+def _ops(model):
+    return collections.Counter(n.op_type for n in model.graph.node)
+
+
+@pytest.mark.parametrize("direction,initial,layout", [
+    ("forward", True, 0), ("reverse", False, 0), ("bidirectional", True, 0),
+    ("bidirectional", False, 1)])
+def test_whole_layer_matches_ort(direction, initial, layout):
+    """Y and Y_h, batch 3, through TVM's build against ONNX Runtime (layout 1 against the
+    layout-0 model on transposed tensors: ONNX Runtime runs layout 0 only)."""
+    model, feeds = recurrent_case("LSTM", direction=direction, initial=initial, seq=4, batch=3,
+                                  size=5, hidden=6)  # fmt: skip
+    model = _without_y_c(model)
+    rewritten, info = decompose_onnx(model if not layout else _layout_1(model, direction,
+                                                                        initial))
+    assert _ops(rewritten)[LSTM_LAYER] == 1 and "LSTM" not in _ops(rewritten)
+    assert info.replaced == {"LSTM": 1} and not info.unrolled_steps
+    assert any(o.domain == DOMAIN for o in rewritten.opset_import)
+    reference = run_ort(model, feeds)
+    if not layout:
+        assert max_error(run_tvm(model, feeds), reference) < 1e-5
+        return
+    swapped = {k: v.transpose(1, 0, 2) for k, v in feeds.items()}
+    ours = run_tvm(_layout_1(model, direction, initial), swapped)
+    back = [ours[0].transpose(1, 2, 0, 3), ours[1].transpose(1, 0, 2)]
+    assert max_error(back, reference) < 1e-5
+
+
+def _layout_1(model, direction, initial):
+    """The same layer with ``layout = 1`` (batch first), the same weights."""
+    batchwise, _ = recurrent_case("LSTM", direction=direction, initial=initial, seq=4, batch=3,
+                                  size=5, hidden=6, layout=1)  # fmt: skip
+    for source, target in zip(model.graph.initializer, batchwise.graph.initializer):
+        target.CopyFrom(source)
+    return _without_y_c(batchwise)
+
+
+def test_imported_module_calls_the_kernel_once():
+    model, _ = recurrent_case("LSTM", direction="bidirectional", seq=6, batch=1)
+    text = load_onnx(_without_y_c(model, ("y",)), None, simplifier="none")["main"].script()
+    assert text.count(LSTM_KERNEL) == 1 and "R.matmul" not in text
+
+
+@pytest.mark.parametrize("why,extra", [
+    ("Y_c", {}), ("clip", {"clip": 0.5}), ("peepholes", {"peepholes": True}),
+    ("lens", {"lens": [4, 2, 1]}),
+    ("activations", {"activations": ["Sigmoid", "Tanh", "Relu"]})])
+def test_refused_attributes_keep_the_unrolled_steps(why, extra):
+    model, _ = recurrent_case("LSTM", **extra)
+    if why != "Y_c":
+        model = _without_y_c(model)
+    rewritten, info = decompose_onnx(model)
+    assert LSTM_LAYER not in _ops(rewritten) and info.unrolled_steps == {"LSTM:y": 4}
+
+
+def test_unrolled_layers_turns_the_kernel_off():
+    model, feeds = recurrent_case("LSTM", direction="bidirectional")
+    model = _without_y_c(model)
+    with unrolled_layers():
+        rewritten, info = decompose_onnx(model)
+        ours = run_tvm(model, feeds)
+    assert LSTM_LAYER not in _ops(rewritten) and info.unrolled_steps == {"LSTM:y": 8}
+    assert max_error(ours, run_ort(model, feeds)) < 1e-5
