@@ -15,6 +15,19 @@
 // direction 1), R is ONNX's R transposed per direction, B is ONNX's Wb + Rb: the frontend packs
 // them once from the model's constants (frontend/onnx_rnn.py), so a call reads them as they lie.
 //
+// Dynamically quantized (attrs quant=1; com.microsoft DynamicQuantizeLSTM as ONNX Runtime runs
+// it):
+//   tvm_ollie.cpu.lstm(attrs, X, W, R, B, H0, C0, WS [D, 4H], RS [D, 4H], Y)
+// W and R hold the centered 8-bit weights (W - w_zp, integers in [-255, 255], as float32 in the
+// layouts above), WS and RS their scales per column. X (all steps at once) and H (every step)
+// are quantized as ONNX Runtime does, one scale and zero point per tensor: lo = min(min(A), 0),
+// hi = max(max(A), 0), s = (hi - lo) / 255 (1 when hi = lo), z = clip(rint(-lo / s), 0, 255),
+// q = clip(rint(A / s) + z, 0, 255); A W = float(sum_k (q - z) W) * (s * WS) with exact integer
+// sums, and the gates (X W + H R) + B in that order (frontend/onnx_rnn.py's decomposition has
+// the same equations). The integer sums run in float32 GEMMs over chunks of kExactChunk rows of
+// K: every partial sum of a chunk is an integer below 2^24 in magnitude (256 * 255 * 255), so
+// float32 holds it exactly whatever the order, and the chunks are added in int32.
+//
 // Why a kernel: unrolled into per-step operators (the frontend's general path), a bidirectional
 // layer of 48 steps with H = 512 became 96 library GEMV calls of a 4 MB weight each, 86.5 ms of
 // ddddocr's CRNN (docs/onnx-operators.md) against ONNX Runtime's fused LSTM. Here the input
@@ -32,6 +45,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cblas.h"
@@ -56,14 +70,19 @@ constexpr const char* kLstm = "tvm_ollie.cpu.lstm";
 struct LstmParams {
   int directions = 1;
   bool reverse_first = false;  // direction 0 walks backwards (dir=reverse)
+  bool quantized = false;      // quant=1: DynamicQuantizeLSTM's products
 };
+
+// Rows of K per exact float32 chunk of an integer product (see the header).
+constexpr int64_t kExactChunk = 256;
 
 LstmParams ParseLstmAttrs(const std::string& text) {
   Attrs attrs(kLstm, text);
   const std::string dir =
       attrs.GetStr("dir", "forward", {"forward", "reverse", "bidirectional"});
-  attrs.CheckAllUsed();
   LstmParams p;
+  p.quantized = attrs.GetBool("quant", false);
+  attrs.CheckAllUsed();
   p.directions = dir == "bidirectional" ? 2 : 1;
   p.reverse_first = dir == "reverse";
   return p;
@@ -142,8 +161,48 @@ struct LstmProblem {
   int D = 1;
   const float *x = nullptr, *w = nullptr, *r = nullptr, *bias = nullptr, *h0 = nullptr,
               *c0 = nullptr;
+  const float *ws = nullptr, *rs = nullptr;  // quant=1: the weights' scales per column
   float* y = nullptr;
 };
+
+// ONNX Runtime's dynamic quantization of n floats (the header's equations): (scale, zero
+// point), and centered[i] = q[i] - z as floats (integers in [-255, 255]).
+std::pair<float, float> QuantizeCentered(const float* a, int64_t n, float* centered) {
+  float lo = 0.f, hi = 0.f;
+  for (int64_t i = 0; i < n; ++i) {
+    lo = std::min(lo, a[i]);
+    hi = std::max(hi, a[i]);
+  }
+  const float scale = hi == lo ? 1.f : (hi - lo) / 255.f;
+  const float zero = std::min(std::max(std::nearbyint(0.f - lo / scale), 0.f), 255.f);
+  for (int64_t i = 0; i < n; ++i) {
+    centered[i] = std::min(std::max(std::nearbyint(a[i] / scale) + zero, 0.f), 255.f) - zero;
+  }
+  return {scale, zero};
+}
+
+// acc (int32 [M, cols]) = a [M, K] @ b [K, cols] of integer-valued floats, exactly: float32
+// GEMMs over chunks of kExactChunk rows of K into `part` ([M, cols] floats), added in int32.
+// `blas`: OpenBLAS (the input projection) or the kernel's own product (a step, on one thread).
+void ExactIntegerProduct(const float* a, const float* b, int64_t M, int64_t K, int64_t cols,
+                         int64_t lda, int64_t ldb, float* part, int32_t* acc, bool blas) {
+  std::fill(acc, acc + M * cols, 0);
+  for (int64_t k0 = 0; k0 < K; k0 += kExactChunk) {
+    const int64_t kc = std::min(kExactChunk, K - k0);
+    if (blas) {
+      scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(M),
+                        static_cast<blasint>(cols), static_cast<blasint>(kc), 1.f, a + k0,
+                        static_cast<blasint>(lda), b + k0 * ldb, static_cast<blasint>(ldb), 0.f,
+                        part, static_cast<blasint>(cols));
+    } else {
+      std::fill(part, part + M * cols, 0.f);
+      for (int64_t m = 0; m < M; ++m) {
+        AccumulateProduct(a + m * lda + k0, b + k0 * ldb, part + m * cols, 1, kc, cols);
+      }
+    }
+    for (int64_t i = 0; i < M * cols; ++i) acc[i] += static_cast<int32_t>(part[i]);
+  }
+}
 
 // One direction's recurrence over the steps. `g` is the input projection [T*N, D*4H] (this
 // direction's columns at d*4H), `work` scratch of N*(4H + 2H) floats of the running thread.
@@ -171,6 +230,39 @@ void RunDirection(const LstmProblem& p, const float* g, int d, bool reverse, flo
   }
 }
 
+// RunDirection with DynamicQuantizeLSTM's recurrent product: `g` holds X W already scaled
+// (QuantizedInputProjection); each step quantizes H and adds (g + H R) + B.
+void RunQuantizedDirection(const LstmProblem& p, const float* g, int d, bool reverse,
+                           float* work) {
+  const int64_t G4 = 4 * p.H, N = p.N, H = p.H;
+  float* gates = work;
+  float* h = gates + N * G4;
+  float* c = h + N * H;
+  float* centered = c + N * H;
+  float* part = centered + N * H;
+  int32_t* acc = reinterpret_cast<int32_t*>(part + N * G4);
+  std::memcpy(h, p.h0 + d * N * H, sizeof(float) * N * H);
+  std::memcpy(c, p.c0 + d * N * H, sizeof(float) * N * H);
+  const float* r = p.r + d * H * G4;
+  const float* bias = p.bias + d * G4;
+  const float* rs = p.rs + d * G4;
+  for (int64_t s = 0; s < p.T; ++s) {
+    const int64_t t = reverse ? p.T - 1 - s : s;
+    const float scale = QuantizeCentered(h, N * H, centered).first;
+    ExactIntegerProduct(centered, r, N, H, G4, H, G4, part, acc, false);
+    for (int64_t b = 0; b < N; ++b) {
+      const float* gt = g + (t * N + b) * (p.D * G4) + d * G4;
+      const int32_t* ab = acc + b * G4;
+      float* out = gates + b * G4;
+      for (int64_t j = 0; j < G4; ++j) {
+        out[j] = (gt[j] + static_cast<float>(ab[j]) * (scale * rs[j])) + bias[j];
+      }
+      ApplyGates(out, H, h + b * H, c + b * H);
+      std::memcpy(p.y + ((t * p.D + d) * N + b) * H, h + b * H, sizeof(float) * H);
+    }
+  }
+}
+
 bool FitsBlasInt(int64_t v) { return v <= std::numeric_limits<blasint>::max(); }
 
 // G = X W for all steps and directions: [T*N, I] @ [I, D*4H] (OpenBLAS, the library's threads).
@@ -189,10 +281,31 @@ void InputProjection(const LstmProblem& p, float* g) {
                     static_cast<blasint>(cols));
 }
 
+// G = X W of DynamicQuantizeLSTM: X quantized at once, the exact integer product, scaled
+// per column (s * WS), no bias (added after H R at each step).
+void QuantizedInputProjection(const LstmProblem& p, float* g) {
+  const int64_t rows = p.T * p.N, cols = p.D * 4 * p.H;
+  if (!FitsBlasInt(rows) || !FitsBlasInt(cols) || !FitsBlasInt(p.I)) {
+    TVM_FFI_THROW(ValueError) << kLstm << ": problem too large for 32-bit BLAS";
+  }
+  float* centered = static_cast<float*>(ScratchBuffer(2, sizeof(float) * rows * p.I));
+  float* part = static_cast<float*>(ScratchBuffer(3, sizeof(float) * rows * cols));
+  int32_t* acc = static_cast<int32_t*>(ScratchBuffer(4, sizeof(int32_t) * rows * cols));
+  const float scale = QuantizeCentered(p.x, rows * p.I, centered).first;
+  ExactIntegerProduct(centered, p.w, rows, p.I, cols, p.I, cols, part, acc, true);
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; ++j) {
+      g[i * cols + j] = static_cast<float>(acc[i * cols + j]) * (scale * p.ws[j]);
+    }
+  }
+}
+
 LstmProblem CheckLstmArgs(const LstmParams& params, ffi::PackedArgs args) {
-  if (args.size() != 8) {
-    TVM_FFI_THROW(TypeError) << kLstm << ": expected 8 arguments (attrs, X, W, R, B, H0, C0, Y), "
-                             << "got " << args.size();
+  const int count = params.quantized ? 10 : 8;
+  if (args.size() != count) {
+    TVM_FFI_THROW(TypeError) << kLstm << ": expected " << count << " arguments (attrs, X, W, R, "
+                             << "B, H0, C0, " << (params.quantized ? "WS, RS, " : "")
+                             << "Y), got " << args.size();
   }
   ffi::TensorView X = TensorArg(args, 1, "X"), R = TensorArg(args, 3, "R");
   LstmProblem p;
@@ -211,7 +324,11 @@ LstmProblem CheckLstmArgs(const LstmParams& params, ffi::PackedArgs args) {
   p.bias = ShapedArg(TensorArg(args, 4, "B"), "B", {p.D, G4});
   p.h0 = ShapedArg(TensorArg(args, 5, "H0"), "H0", {p.D, p.N, p.H});
   p.c0 = ShapedArg(TensorArg(args, 6, "C0"), "C0", {p.D, p.N, p.H});
-  p.y = ShapedArg(TensorArg(args, 7, "Y"), "Y", {p.T, p.D, p.N, p.H});
+  if (params.quantized) {
+    p.ws = ShapedArg(TensorArg(args, 7, "WS"), "WS", {p.D, G4});
+    p.rs = ShapedArg(TensorArg(args, 8, "RS"), "RS", {p.D, G4});
+  }
+  p.y = ShapedArg(TensorArg(args, count - 1, "Y"), "Y", {p.T, p.D, p.N, p.H});
   return p;
 }
 
@@ -225,11 +342,22 @@ void RunLstm(ffi::PackedArgs args) {
   const int64_t G4 = 4 * p.H;
   threads.SerialBelow(2.0 * p.T * p.N * p.D * G4 * (p.I + p.H));
   float* g = static_cast<float*>(ScratchBuffer(0, sizeof(float) * p.T * p.N * p.D * G4));
-  InputProjection(p, g);
-  const size_t work_bytes = sizeof(float) * p.N * (G4 + 2 * p.H);
+  if (params.quantized) {
+    QuantizedInputProjection(p, g);
+  } else {
+    InputProjection(p, g);
+  }
+  // gates, h, c (and quantized: centered h, the chunk's float part, the int32 sums)
+  const size_t work_bytes = sizeof(float) * p.N * (params.quantized ? 3 * G4 + 3 * p.H
+                                                                    : G4 + 2 * p.H);
   auto direction = [&](int d) {
     const bool reverse = d == 1 || params.reverse_first;
-    RunDirection(p, g, d, reverse, static_cast<float*>(ScratchBuffer(1, work_bytes)));
+    float* work = static_cast<float*>(ScratchBuffer(1, work_bytes));
+    if (params.quantized) {
+      RunQuantizedDirection(p, g, d, reverse, work);
+    } else {
+      RunDirection(p, g, d, reverse, work);
+    }
   };
   if (p.D == 1 || omp_get_max_threads() < 2) {
     for (int d = 0; d < p.D; ++d) direction(d);

@@ -105,3 +105,28 @@ def test_unrolled_layers_turns_the_kernel_off():
         ours = run_tvm(model, feeds)
     assert LSTM_LAYER not in _ops(rewritten) and info.unrolled_steps == {"LSTM:y": 8}
     assert max_error(ours, run_ort(model, feeds)) < 1e-5
+
+
+@pytest.mark.parametrize("direction,weight_type,per_channel,extra", [
+    ("bidirectional", "QInt8", True, {}),
+    ("reverse", "QUInt8", False, {"initial": False}),
+    ("forward", "QInt8", False, {"batch": 2})])
+def test_dynamic_quantize_lstm_whole_layer_matches_ort(tmp_path, direction, weight_type,
+                                                       per_channel, extra):
+    """ONNX Runtime's own quantizer's DynamicQuantizeLSTM (``Y_c`` unread) as one kernel call:
+    equal to ONNX Runtime's one-thread kernel (its arithmetic: one ``H`` quantization per step
+    and direction), the integer sums exact."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    model, feeds = recurrent_case("LSTM", direction=direction, seq=5, size=6, hidden=8,
+                                  **{"batch": 1, **extra})
+    source, target = str(tmp_path / "lstm.onnx"), str(tmp_path / "q.onnx")
+    onnx.save(_without_y_c(model), source)
+    quantize_dynamic(source, target, weight_type=getattr(QuantType, weight_type),
+                     per_channel=per_channel, op_types_to_quantize=["LSTM"])
+    quantized = onnx.load(target)
+    rewritten, info = decompose_onnx(quantized)
+    assert _ops(rewritten)[LSTM_LAYER] == 1 and not info.unrolled_steps
+    reference = run_ort(quantized, feeds, threads=1)
+    assert max_error(run_tvm(quantized, feeds), reference) < 1e-5
+    assert max_error(run_ort(model, feeds, threads=1), reference) > 1e-3  # it is quantized

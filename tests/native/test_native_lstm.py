@@ -106,3 +106,55 @@ def test_bad_shapes_and_attrs():
         call_direct(LSTM_KERNEL, "dir=sideways", case, (2, 1, 1, 4))
     with pytest.raises(TypeError, match="expected 8 arguments"):
         tvm_ffi.get_global_func(LSTM_KERNEL)("dir=forward")
+
+
+def _quantize_centered(a):
+    """ONNX Runtime's dynamic quantization of ``a`` (float32 arithmetic): ``(q - z, scale)``."""
+    f32 = np.float32
+    lo, hi = min(f32(a.min()), f32(0)), max(f32(a.max()), f32(0))
+    scale = f32(1) if hi == lo else f32((hi - lo) / f32(255))
+    zero = np.clip(np.rint(f32(0) - lo / scale), 0, 255).astype(f32)
+    q = np.clip(np.rint(a / scale) + zero, 0, 255).astype(f32)
+    return (q - zero).astype(np.int64), scale
+
+
+def quantized_reference(x, w, r, b, h0, c0, ws, rs, direction):
+    """DynamicQuantizeLSTM's arithmetic (``w`` ``[D, I, 4H]``, ``r`` ``[D, H, 4H]`` centered
+    integers, ``ws``/``rs`` ``[D, 4H]``): integer sums, float32 scaling, gates in float64."""
+    steps, dirs, hidden = x.shape[0], w.shape[0], r.shape[1]
+    y = np.zeros((steps, dirs, x.shape[1], hidden))
+    xq, xs = _quantize_centered(x)
+    for d in range(dirs):
+        xw = ((xq @ w[d].astype(np.int64)).astype(np.float32) * (xs * ws[d])).astype(np.float32)
+        h, c = h0[d].astype(np.float32), c0[d].astype(np.float64)
+        backwards = direction == "reverse" or d == 1
+        for t in (range(steps - 1, -1, -1) if backwards else range(steps)):
+            hq, hs = _quantize_centered(h)
+            hr = (hq @ r[d].astype(np.int64)).astype(np.float32) * (hs * rs[d])
+            g = ((xw[t] + hr) + b[d]).astype(np.float64)
+            i, o, f, cc = (g[:, k * hidden:(k + 1) * hidden] for k in range(4))
+            c = _sigmoid(f) * c + _sigmoid(i) * np.tanh(cc)
+            h = (_sigmoid(o) * np.tanh(c)).astype(np.float32)
+            y[t, d] = h
+    return y
+
+
+@pytest.mark.parametrize("direction,batch", [("forward", 1), ("reverse", 2),
+                                             ("bidirectional", 3)])
+def test_quantized_against_numpy(direction, batch):
+    """quant=1, weights spanning [-255, 255] and K = 300 (two exact chunks of K)."""
+    rng = np.random.default_rng(7)
+    dirs, size, hidden, steps = (2 if direction == "bidirectional" else 1), 300, 5, 4
+    x = rng.standard_normal((steps, batch, size)).astype(np.float32)
+    w = rng.integers(-255, 256, (dirs, size, 4 * hidden)).astype(np.float32)
+    r = rng.integers(-255, 256, (dirs, hidden, 4 * hidden)).astype(np.float32)
+    ws = (rng.random((dirs, 4 * hidden)) * 1e-4).astype(np.float32)
+    rs = (rng.random((dirs, 4 * hidden)) * 1e-2).astype(np.float32)
+    b = rng.standard_normal((dirs, 4 * hidden)).astype(np.float32)
+    h0 = rng.standard_normal((dirs, batch, hidden)).astype(np.float32)
+    c0 = rng.standard_normal((dirs, batch, hidden)).astype(np.float32)
+    packed_w = np.concatenate(list(w), axis=1)
+    out = call_direct(LSTM_KERNEL, f"dir={direction};quant=1",
+                      [x, packed_w, r, b, h0, c0, ws, rs], (steps, dirs, batch, hidden))
+    expected = quantized_reference(x, w, r, b, h0, c0, ws, rs, direction)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)

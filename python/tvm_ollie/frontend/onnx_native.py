@@ -7,8 +7,10 @@ arrive already packed in the kernel's layout (constants the rule wrote), so the 
 passes operands through.
 
 * ``tvm_ollie.LSTMLayer(X [T, N, I], W [I, D*4H], R [D, H, 4H], B [D, 4H], H0 [D, N, H],
-  C0 [D, N, H]) -> Y [T, D, N, H]``, attribute ``reverse`` (1: the one direction walks from
-  the last step): ``tvm_ollie.cpu.lstm`` (``tvm_ollie/lstm.cc``, its equations there).
+  C0 [D, N, H], [WS [D, 4H], RS [D, 4H]]) -> Y [T, D, N, H]``, attributes ``reverse`` (1: the
+  one direction walks from the last step) and ``quant`` (1: DynamicQuantizeLSTM's products,
+  ``W``/``R`` centered 8-bit weights as floats, ``WS``/``RS`` their scales):
+  ``tvm_ollie.cpu.lstm`` (``tvm_ollie/lstm.cc``, its equations there).
 
 Why through the importer: a ``call_dps_packed`` in the imported module is what the optimizer
 already treats as a library call (a linear primitive it neither lifts nor rewrites), and TVM's
@@ -72,6 +74,7 @@ class _LSTMLayer:
     def convert(bb, inputs, attr, params):  # pylint: disable=unused-argument
         """``Y = tvm_ollie.cpu.lstm("dir=...", X, W, R, B, H0, C0)``."""
         x, w, r, b, h0, c0 = inputs[:6]
+        quantized = _attr_int(attr, "quant", 0)
         steps, batch, _ = (int(v) for v in x.ty.shape)
         directions, hidden, _ = (int(v) for v in r.ty.shape)
         if directions == 2:
@@ -79,7 +82,9 @@ class _LSTMLayer:
         else:
             direction = "reverse" if _attr_int(attr, "reverse", 0) else "forward"
         out = relax.TensorType((steps, directions, batch, hidden), "float32")
-        operands = [tvm.ir.StringImm(f"dir={direction}"), x, w, r, b, h0, c0]
+        text = f"dir={direction}" + (";quant=1" if quantized else "")
+        operands = [tvm.ir.StringImm(text), x, w, r, b, h0, c0] + (
+            list(inputs[6:8]) if quantized else [])
         return relax.call_dps_packed(LSTM_KERNEL, operands, out)
 
 
