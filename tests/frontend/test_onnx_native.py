@@ -15,11 +15,18 @@ pytest.importorskip("onnxruntime")
 
 sys.path.insert(0, os.path.dirname(__file__))
 # pylint: disable=wrong-import-position
-from onnx_op_cases import max_error, recurrent_case, run_ort, run_tvm  # noqa: E402
+from onnx_op_cases import (  # noqa: E402
+    max_error,
+    recurrent_case,
+    run_ort,
+    run_tvm,
+    run_tvm_with_shapes,
+)
 
 from tvm_ollie import native  # noqa: E402
 from tvm_ollie.frontend.loader import load_onnx  # noqa: E402
 from tvm_ollie.frontend.onnx_decompose import decompose_onnx  # noqa: E402
+from tvm_ollie.frontend.onnx_prep import prepare_onnx  # noqa: E402
 from tvm_ollie.frontend.onnx_native import (  # noqa: E402
     DOMAIN,
     LSTM_KERNEL,
@@ -130,3 +137,19 @@ def test_dynamic_quantize_lstm_whole_layer_matches_ort(tmp_path, direction, weig
     reference = run_ort(quantized, feeds, threads=1)
     assert max_error(run_tvm(quantized, feeds), reference) < 1e-5
     assert max_error(run_ort(model, feeds, threads=1), reference) > 1e-3  # it is quantized
+
+
+@pytest.mark.slow
+def test_crnn_export_layers_are_kernel_calls(tmp_path):
+    """The 2-layer bidirectional LSTM of an exported CRNN (``Y_h``, ``Y_c`` unread): both layers
+    one kernel call each, nothing unrolled, the result ONNX Runtime's."""
+    pytest.importorskip("torch")
+    from onnx_op_cases import crnn_model_path  # pylint: disable=import-outside-toplevel
+
+    path = crnn_model_path(str(tmp_path))
+    feeds = {"x": np.random.default_rng(0).standard_normal((1, 1, 16, 32)).astype(np.float32)}
+    prepared, info = prepare_onnx(onnx.load(path), {"x": [1, 1, 16, 32]})
+    assert info.decomposed.replaced == {"LSTM": 2} and not info.decomposed.unrolled_steps
+    assert _ops(prepared)[LSTM_LAYER] == 2
+    ours = run_tvm_with_shapes(onnx.load(path), feeds, {"x": [1, 1, 16, 32]})
+    assert max_error(ours, run_ort(onnx.load(path), feeds)) < 1e-5
