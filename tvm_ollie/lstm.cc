@@ -31,10 +31,13 @@
 // Why a kernel: unrolled into per-step operators (the frontend's general path), a bidirectional
 // layer of 48 steps with H = 512 became 96 library GEMV calls of a 4 MB weight each, 86.5 ms of
 // ddddocr's CRNN (docs/onnx-operators.md) against ONNX Runtime's fused LSTM. Here the input
-// projection of all steps and directions is one OpenBLAS GEMM on the calling thread's team; the
-// recurrence then runs one direction per OpenMP thread (a bidirectional layer on two threads:
-// each walks its own weight, no barrier), its step product H R_d in the widest vectors the CPU
-// has, four rows of R_d per pass over the accumulator, and the gates fused after it.
+// projection of all steps and directions is one oneDNN matmul on the library's OpenMP threads;
+// the recurrence then runs on the calling thread, direction after direction, its step product
+// H R_d in the widest vectors the CPU has, four rows of R_d per pass over the accumulator, and
+// the gates fused after it. Why not a direction per thread: on the shared 2-core machine (load
+// 5-7) the two directions on two threads took 43.9 ms (median) against 23.6 ms on one, with
+// the same best runs (14.7 vs 15.1 ms): each step reads its 4 MB R_d from the shared L3, so a
+// second thread added no bandwidth and waited for its descheduled partner (docs/onnx-operators.md).
 #include <omp.h>
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/reflection/registry.h>
@@ -42,13 +45,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
+#include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
-#include "cblas.h"
 #include "common.h"
 
 namespace tvm_ollie {
@@ -181,20 +184,60 @@ std::pair<float, float> QuantizeCentered(const float* a, int64_t n, float* cente
   return {scale, zero};
 }
 
-// acc (int32 [M, cols]) = a [M, K] @ b [K, cols] of integer-valued floats, exactly: float32
-// GEMMs over chunks of kExactChunk rows of K into `part` ([M, cols] floats), added in int32.
-// `blas`: OpenBLAS (the input projection) or the kernel's own product (a step, on one thread).
-void ExactIntegerProduct(const float* a, const float* b, int64_t M, int64_t K, int64_t cols,
-                         int64_t lda, int64_t ldb, float* part, int32_t* acc, bool blas) {
+// A oneDNN matmul of plain row-major operands, kept per problem (and thread count).
+struct LstmGemm {
+  dnnl::matmul prim;
+  dnnl::memory::desc a_md, b_md, c_md, scratch_md;
+};
+
+// c [M, N] (rows ldc apart) = a [M, K] @ b [K, N] (rows lda, ldb apart), float32, on the
+// library's OpenMP team (the one its other kernels use; OpenBLAS keeps a second pool of workers
+// that spin after a call).
+void Gemm(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
+          int64_t M, int64_t K, int64_t N) {
+  using dims = dnnl::memory::dims;
+  const std::string key = std::string(kLstm) + "|gemm|" + std::to_string(M) + "," +
+                          std::to_string(K) + "," + std::to_string(N) + "|" +
+                          std::to_string(lda) + "," + std::to_string(ldb) + "," +
+                          std::to_string(ldc);
+  auto e = CachedGet<LstmGemm>(key, [&]() {
+    auto made = std::make_shared<LstmGemm>();
+    const auto f32 = dnnl::memory::data_type::f32;
+    made->a_md = dnnl::memory::desc(dims{M, K}, f32, dims{lda, 1});
+    made->b_md = dnnl::memory::desc(dims{K, N}, f32, dims{ldb, 1});
+    made->c_md = dnnl::memory::desc(dims{M, N}, f32, dims{ldc, 1});
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    dnnl::matmul::primitive_desc pd(Engine(), made->a_md, made->b_md, made->c_md, attr);
+    made->scratch_md = pd.scratchpad_desc();
+    made->prim = dnnl::matmul(pd);
+    return made;
+  });
+  std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_SRC, dnnl::memory(e->a_md, Engine(), const_cast<float*>(a))},
+      {DNNL_ARG_WEIGHTS, dnnl::memory(e->b_md, Engine(), const_cast<float*>(b))},
+      {DNNL_ARG_DST, dnnl::memory(e->c_md, Engine(), c)}};
+  const size_t scratch = e->scratch_md.get_size();
+  if (scratch > 0) {
+    args[DNNL_ARG_SCRATCHPAD] = dnnl::memory(e->scratch_md, Engine(), ScratchBuffer(5, scratch));
+  }
+  e->prim.execute(Stream(), args);
+  Stream().wait();
+}
+
+// acc (int32 [M, cols]) = a [M, K] @ b [K, cols] (rows lda, ldb apart) of integer-valued
+// floats, exactly: float32 GEMMs over chunks of kExactChunk rows of K into `part` ([M, cols]
+// floats), added in int32.
+// `blas`: a library GEMM (the input projection) or the kernel's own product (a step, on one
+// thread).
+void ExactIntegerProduct(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t M,
+                         int64_t K, int64_t cols, float* part, int32_t* acc, bool blas) {
   std::fill(acc, acc + M * cols, 0);
   for (int64_t k0 = 0; k0 < K; k0 += kExactChunk) {
     const int64_t kc = std::min(kExactChunk, K - k0);
     if (blas) {
-      scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(M),
-                        static_cast<blasint>(cols), static_cast<blasint>(kc), 1.f, a + k0,
-                        static_cast<blasint>(lda), b + k0 * ldb, static_cast<blasint>(ldb), 0.f,
-                        part, static_cast<blasint>(cols));
-    } else {
+      Gemm(a + k0, lda, b + k0 * ldb, ldb, part, cols, M, kc, cols);
+    } else {  // the step product: b is [K, cols] (ldb == cols)
       std::fill(part, part + M * cols, 0.f);
       for (int64_t m = 0; m < M; ++m) {
         AccumulateProduct(a + m * lda + k0, b + k0 * ldb, part + m * cols, 1, kc, cols);
@@ -249,7 +292,7 @@ void RunQuantizedDirection(const LstmProblem& p, const float* g, int d, bool rev
   for (int64_t s = 0; s < p.T; ++s) {
     const int64_t t = reverse ? p.T - 1 - s : s;
     const float scale = QuantizeCentered(h, N * H, centered).first;
-    ExactIntegerProduct(centered, r, N, H, G4, H, G4, part, acc, false);
+    ExactIntegerProduct(centered, H, r, G4, N, H, G4, part, acc, false);
     for (int64_t b = 0; b < N; ++b) {
       const float* gt = g + (t * N + b) * (p.D * G4) + d * G4;
       const int32_t* ab = acc + b * G4;
@@ -263,36 +306,26 @@ void RunQuantizedDirection(const LstmProblem& p, const float* g, int d, bool rev
   }
 }
 
-bool FitsBlasInt(int64_t v) { return v <= std::numeric_limits<blasint>::max(); }
-
-// G = X W for all steps and directions: [T*N, I] @ [I, D*4H] (OpenBLAS, the library's threads).
+// G = X W for all steps and directions ([T*N, I] @ [I, D*4H]): X, W, G plain row-major.
 void InputProjection(const LstmProblem& p, float* g) {
   const int64_t rows = p.T * p.N, cols = p.D * 4 * p.H;
-  if (!FitsBlasInt(rows) || !FitsBlasInt(cols) || !FitsBlasInt(p.I)) {
-    TVM_FFI_THROW(ValueError) << kLstm << ": problem too large for 32-bit BLAS";
-  }
   if (p.I == 0) {
     std::fill(g, g + rows * cols, 0.f);
     return;
   }
-  scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(rows),
-                    static_cast<blasint>(cols), static_cast<blasint>(p.I), 1.f, p.x,
-                    static_cast<blasint>(p.I), p.w, static_cast<blasint>(cols), 0.f, g,
-                    static_cast<blasint>(cols));
+  Gemm(p.x, p.I, p.w, cols, g, cols, rows, p.I, cols);
 }
 
-// G = X W of DynamicQuantizeLSTM: X quantized at once, the exact integer product, scaled
-// per column (s * WS), no bias (added after H R at each step).
+// G = X W of DynamicQuantizeLSTM, all directions: X quantized at once (one scale for the
+// tensor), the exact integer product scaled per column (s * WS); no bias (added after H R at
+// each step).
 void QuantizedInputProjection(const LstmProblem& p, float* g) {
   const int64_t rows = p.T * p.N, cols = p.D * 4 * p.H;
-  if (!FitsBlasInt(rows) || !FitsBlasInt(cols) || !FitsBlasInt(p.I)) {
-    TVM_FFI_THROW(ValueError) << kLstm << ": problem too large for 32-bit BLAS";
-  }
   float* centered = static_cast<float*>(ScratchBuffer(2, sizeof(float) * rows * p.I));
   float* part = static_cast<float*>(ScratchBuffer(3, sizeof(float) * rows * cols));
   int32_t* acc = static_cast<int32_t*>(ScratchBuffer(4, sizeof(int32_t) * rows * cols));
   const float scale = QuantizeCentered(p.x, rows * p.I, centered).first;
-  ExactIntegerProduct(centered, p.w, rows, p.I, cols, p.I, cols, part, acc, true);
+  ExactIntegerProduct(centered, p.I, p.w, cols, rows, p.I, cols, part, acc, true);
   for (int64_t i = 0; i < rows; ++i) {
     for (int64_t j = 0; j < cols; ++j) {
       g[i * cols + j] = static_cast<float>(acc[i * cols + j]) * (scale * p.ws[j]);
@@ -340,7 +373,9 @@ void RunLstm(ffi::PackedArgs args) {
   const LstmProblem p = CheckLstmArgs(params, args);
   if (p.T == 0 || p.N == 0 || p.H == 0) return;
   const int64_t G4 = 4 * p.H;
-  threads.SerialBelow(2.0 * p.T * p.N * p.D * G4 * (p.I + p.H));
+  // The fastest parallel call of this thread, for the stall fallback (docs/threads.md).
+  thread_local int64_t best_ns = 0;
+  threads.SerialBelow(2.0 * p.T * p.N * p.D * G4 * p.I, &best_ns);  // the projection's work
   float* g = static_cast<float*>(ScratchBuffer(0, sizeof(float) * p.T * p.N * p.D * G4));
   if (params.quantized) {
     QuantizedInputProjection(p, g);
@@ -359,12 +394,7 @@ void RunLstm(ffi::PackedArgs args) {
       RunDirection(p, g, d, reverse, work);
     }
   };
-  if (p.D == 1 || omp_get_max_threads() < 2) {
-    for (int d = 0; d < p.D; ++d) direction(d);
-    return;
-  }
-#pragma omp parallel num_threads(2)
-  direction(omp_get_thread_num());
+  for (int d = 0; d < p.D; ++d) direction(d);
 }
 
 }  // namespace

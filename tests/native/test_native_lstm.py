@@ -77,8 +77,8 @@ def test_against_numpy(direction, initial, batch, threads):
 
 
 def test_parallel_directions_wide_hidden():
-    """Two threads, every call parallel: each direction on its own thread, a hidden size whose
-    rows are not a multiple of four (the product's tail) and a wide gate row."""
+    """Two threads, every call parallel (the projection's matmul), a hidden size whose rows are
+    not a multiple of four (the step product's tail) and a wide gate row."""
     case = _case("bidirectional", steps=6, batch=2, size=5, hidden=37, initial=True, seed=3)
     with two_threads_stall_on():
         out = call_direct(LSTM_KERNEL, "dir=bidirectional", _packed(*case), (6, 2, 2, 37))
