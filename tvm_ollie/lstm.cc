@@ -38,7 +38,6 @@
 // 5-7) the two directions on two threads took 43.9 ms (median) against 23.6 ms on one, with
 // the same best runs (14.7 vs 15.1 ms): each step reads its 4 MB R_d from the shared L3, so a
 // second thread added no bandwidth and waited for its descheduled partner (docs/onnx-operators.md).
-#include <omp.h>
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/reflection/registry.h>
 

@@ -132,13 +132,13 @@ def _whole_layer_guard(node, ctx: RuleContext) -> str:
     seq = _Layer(node, ctx).seq
     if lens and (ctx.value(lens) is None or np.any(ctx.value(lens) != seq)):
         return "sequence_lens shorter than the sequence"
-    y_c = optional_input_output(node, 2)
+    y_c = optional_output(node, 2)
     if y_c and y_c in ctx.consumed:
         return "Y_c is read"
     return ""
 
 
-def optional_input_output(node, position: int) -> str:
+def optional_output(node, position: int) -> str:
     """The node's output at ``position``, or "" when absent."""
     return node.output[position] if position < len(node.output) else ""
 
@@ -171,10 +171,10 @@ def _emit_whole_lstm(node, ctx: RuleContext, quantized: bool = False) -> None:
     y = ctx.add(LSTM_LAYER, [x, ctx.const(packed_w, "w_packed"), ctx.const(packed_r, "r_packed"),
                              ctx.const(bias, "bias"), *states, *scales],
                 domain=DOMAIN, reverse=int(layer.direction == "reverse"), quant=int(quantized))
-    if optional_input_output(node, 0):
+    if optional_output(node, 0):
         ctx.bind(ctx.add("Transpose", [y], perm=[2, 0, 1, 3]) if layer.layout else y,
                  node.output[0])
-    if optional_input_output(node, 1):
+    if optional_output(node, 1):
         ends = [0 if layer.reverse(d) else layer.seq - 1 for d in range(dirs)]
         last = [ctx.slice(ctx.slice(y, 0, t, t + 1), 1, d, d + 1) for d, t in enumerate(ends)]
         y_h = ctx.reshape(_concat(ctx, last, 1), [dirs, layer.batch, layer.hidden])
