@@ -52,6 +52,7 @@ from .frontend.explain import (decision_details, decision_table, format_time, gu
 from .frontend.inputs import (arrange_inputs, load_signature, module_signature, read_input_files,
                               save_signature, signature_path)
 from .frontend.loader import load_module
+from .frontend.onnx_native import unrolled_layers
 from .frontend.progress import Stages
 from .frontend.runner import ModelRunner, load_library, pick_device
 from .frontend.targets import is_gpu, parse_target
@@ -318,7 +319,10 @@ def _target(text: str):
 
 
 def _load(args: argparse.Namespace):
-    with stage("import"):
+    # The native whole-layer kernels (an LSTM in one call) are CPU code: a model built for a
+    # GPU keeps its recurrent layers unrolled into operators the GPU kernels serve.
+    gpu = bool(getattr(args, "target", None)) and is_gpu(parse_target(args.target)[0])
+    with stage("import"), (unrolled_layers() if gpu else contextlib.nullcontext()):
         mod = load_module(args.model, shapes=args.shape)
     if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
         raise UserError(f"{args.model}: the module has no 'main' function")

@@ -32,6 +32,7 @@ import numpy as np
 from ..compat import relax, tvm
 from .errors import FrontendError, first_line
 from .onnx_decompose import importer_ops
+from .onnx_native import native_converters
 from .onnx_prep import prepare_onnx
 from .onnx_rules import RULES
 from .torch_entry import from_torch
@@ -204,7 +205,8 @@ def _import_onnx(path: str, model, shapes: Dict[str, List[int]]):
 
     printed = io.StringIO()
     try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(printed):
+        with warnings.catch_warnings(), contextlib.redirect_stdout(printed), \
+                native_converters():
             # The ONNX checker's complaint about outputs declared without a shape is harmless.
             warnings.filterwarnings("ignore", message="Field 'shape' of 'type' is required")
             return from_onnx(model, shape_dict=shapes or None, keep_params_in_input=False), None

@@ -24,6 +24,7 @@ from typing import Dict, FrozenSet, List, Optional, Tuple
 
 import numpy as np
 
+from .onnx_native import CONVERTERS, DOMAIN, DOMAIN_VERSION
 from .onnx_rules import RULES, RuleContext
 
 #: Function expansions and rule rewrites per call at most (an expansion may expose a node that
@@ -74,7 +75,7 @@ def importer_ops() -> FrozenSet[str]:
         # lazy: TVM's ONNX importer imports onnx
         from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
-        return frozenset(_get_convert_map()) | {"Constant", "If"}
+        return frozenset(_get_convert_map()) | {"Constant", "If"} | frozenset(CONVERTERS)
     except (ImportError, AttributeError, TypeError):
         return frozenset()
 
@@ -132,6 +133,7 @@ def decompose_onnx(model, supported: Optional[FrozenSet[str]] = None
         rewritten.graph.initializer.extend(context.initializers)
         info.unrolled_steps.update(context.unrolled_steps)
     _drop_unused_domains(rewritten)
+    _import_native_domain(rewritten)
     return rewritten, info
 
 
@@ -350,3 +352,14 @@ def _drop_unused_domains(model) -> None:
     functions = [f for f in model.functions if f.domain != _INLINE_DOMAIN]
     del model.functions[:]
     model.functions.extend(functions)
+
+
+def _import_native_domain(model) -> None:
+    """Declare tvm-ollie's domain when a rule wrote one of its whole-layer nodes
+    (:mod:`~tvm_ollie.frontend.onnx_native`): the onnx checker wants every domain imported."""
+    used = any(n.domain == DOMAIN for n in model.graph.node)
+    if used and all(o.domain != DOMAIN for o in model.opset_import):
+        # lazy: onnx is an optional dependency
+        from onnx import helper  # pylint: disable=import-outside-toplevel
+
+        model.opset_import.append(helper.make_opsetid(DOMAIN, DOMAIN_VERSION))

@@ -79,6 +79,9 @@ class RuleContext:
             self.types.setdefault(name, _tensor_type(value.dtype))
         self._taken = set(self.shapes) | set(self.types) | {
             name for node in graph.node for name in list(node.input) + list(node.output)}
+        #: every name a node or the graph's outputs read (an unread node output is dead)
+        self.consumed = {name for node in graph.node for name in node.input} | {
+            info.name for info in graph.output}
         self.initializers: List[Any] = []
         self.unrolled_steps: Dict[str, int] = {}
         self._nodes: List[Any] = []

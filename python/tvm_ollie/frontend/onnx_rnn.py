@@ -24,6 +24,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from .onnx_emit import RuleContext, attributes, optional_input
+from .onnx_native import DOMAIN, LSTM_KERNEL, LSTM_LAYER, native_layer_available
 
 #: Activation -> (takes alpha, takes beta, default alpha, default beta).
 ACTIVATIONS = {
@@ -89,8 +90,118 @@ def emit_lstm(node, ctx: RuleContext) -> None:
     ``c = g(Xt Wc^T + H Rc^T + Wbc + Rbc)``, ``C' = f . C + i . c``,
     ``o = f(Xt Wo^T + H Ro^T + Po . C' + Wbo + Rbo)``, ``H' = o . h(C')``; ``clip`` bounds every
     gate's argument to [-clip, clip].
+
+    Where :func:`whole_lstm_guard` allows, the layer is one ``tvm_ollie.LSTMLayer`` node (the
+    native kernel, :mod:`~tvm_ollie.frontend.onnx_native`) instead of the unrolled steps.
     """
+    if not whole_lstm_guard(node, ctx):
+        _emit_whole_lstm(node, ctx)
+        return
     _emit_layer(node, ctx, _lstm_step)
+
+
+def whole_lstm_guard(node, ctx: RuleContext) -> str:
+    """"" when the native whole-layer kernel computes the LSTM exactly: float32, constant
+    ``W``, ``R`` (and ``B``), the default activations, no ``clip``, ``input_forget`` or
+    peepholes, ``sequence_lens`` absent or the full length everywhere, and ``Y_c`` unread (the
+    kernel writes ``Y``; ``Y_h`` is read from it). Otherwise why not (the layer is unrolled)."""
+    if any(ctx.value(optional_input(node, i)) is None for i in (1, 2)) or (
+            optional_input(node, 3) and ctx.value(node.input[3]) is None):
+        return "W, R or B is not a constant"
+    return _whole_layer_guard(node, ctx)
+
+
+def _whole_layer_guard(node, ctx: RuleContext) -> str:
+    """What the native kernel needs of an LSTM or DynamicQuantizeLSTM beyond its weights."""
+    why = native_layer_available(LSTM_KERNEL)
+    if why:
+        return why
+    attrs = attributes(node)
+    if ctx.dtype(node.input[0]) != np.dtype(np.float32):
+        return "X is not float32"
+    if optional_input(node, 3) and ctx.value(node.input[3]) is None:
+        return "B is not a constant"
+    names = [a.lower() for a in attrs.get("activations") or ()]
+    if names and names != ["sigmoid", "tanh", "tanh"] * _directions(attrs):
+        return "activations other than the defaults"
+    if attrs.get("clip") is not None or attrs.get("input_forget", 0):
+        return "clip or input_forget"
+    if optional_input(node, 7):
+        return "peepholes"
+    lens = optional_input(node, 4)
+    seq = _Layer(node, ctx).seq
+    if lens and (ctx.value(lens) is None or np.any(ctx.value(lens) != seq)):
+        return "sequence_lens shorter than the sequence"
+    y_c = optional_output(node, 2)
+    if y_c and y_c in ctx.consumed:
+        return "Y_c is read"
+    return ""
+
+
+def optional_output(node, position: int) -> str:
+    """The node's output at ``position``, or "" when absent."""
+    return node.output[position] if position < len(node.output) else ""
+
+
+def _emit_whole_lstm(node, ctx: RuleContext, quantized: bool = False) -> None:
+    """``Y = LSTMLayer(X, W', R', B', H0, C0)`` with the weights packed for the kernel once
+    here: ``W' = [W_0^T | W_1^T]`` (``[input, dirs*4*hidden]``), ``R'_d = R_d^T``, ``B'_d = Wb_d +
+    Rb_d``; zeros for absent initial states. Quantized (DynamicQuantizeLSTM, its weights stored
+    transposed): ``W'``, ``R'`` the centered weights ``W - w_zp`` as floats (exact: integers in
+    [-255, 255]) and two more operands, the scales per column ``[dirs, 4*hidden]``. ``Y_h[d]`` is
+    ``Y`` at direction ``d``'s last step (step ``seq - 1`` forward, step 0 reverse)."""
+    layer = _Layer(node, ctx)
+    f32 = np.float32
+    dirs, gh = layer.directions, 4 * layer.hidden
+    if quantized:
+        (w, w_scale), (r, r_scale) = (_centered_weight(ctx, node, i, dirs, gh) for i in (1, 2))
+        scales = [ctx.const(w_scale, "w_scale"), ctx.const(r_scale, "r_scale")]
+    else:
+        w = ctx.value(node.input[1]).astype(f32).transpose(0, 2, 1)
+        r = ctx.value(node.input[2]).astype(f32).transpose(0, 2, 1)
+        scales = []
+    packed_w = np.ascontiguousarray(np.concatenate(list(w), axis=1))
+    packed_r = np.ascontiguousarray(r)
+    b = ctx.value(optional_input(node, 3))
+    bias = (b[:, :gh] + b[:, gh:]).astype(f32) if b is not None else np.zeros((dirs, gh), f32)
+    x = node.input[0]
+    if layer.layout:
+        x = ctx.add("Transpose", [x], perm=[1, 0, 2])
+    states = [_layer_state(ctx, optional_input(node, i), layer) for i in (5, 6)]
+    y = ctx.add(LSTM_LAYER, [x, ctx.const(packed_w, "w_packed"), ctx.const(packed_r, "r_packed"),
+                             ctx.const(bias, "bias"), *states, *scales],
+                domain=DOMAIN, reverse=int(layer.direction == "reverse"), quant=int(quantized))
+    if optional_output(node, 0):
+        ctx.bind(ctx.add("Transpose", [y], perm=[2, 0, 1, 3]) if layer.layout else y,
+                 node.output[0])
+    if optional_output(node, 1):
+        ends = [0 if layer.reverse(d) else layer.seq - 1 for d in range(dirs)]
+        last = [ctx.slice(ctx.slice(y, 0, t, t + 1), 1, d, d + 1) for d, t in enumerate(ends)]
+        y_h = ctx.reshape(_concat(ctx, last, 1), [dirs, layer.batch, layer.hidden])
+        ctx.bind(ctx.add("Transpose", [y_h], perm=[1, 0, 2]) if layer.layout else y_h,
+                 node.output[1])
+
+
+def _centered_weight(ctx: RuleContext, node, position: int, dirs: int,
+                     gh: int) -> Tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """A DynamicQuantizeLSTM weight (input ``position``, ``[dirs, K, 4*hidden]``) as the kernel
+    takes it: ``W - w_zp`` in float32 and its scales per column ``[dirs, 4*hidden]`` (the guard
+    checked one zero point per direction, the first)."""
+    scale_at = {1: 8, 2: 10}[position]  # its scale, then its zero point
+    value = ctx.value(node.input[position]).astype(np.float32)
+    zps = ctx.value(node.input[scale_at + 1]).reshape(dirs, -1)[:, 0].astype(np.float32)
+    scale = ctx.value(node.input[scale_at]).astype(np.float32)
+    scale = np.ascontiguousarray(np.broadcast_to(scale.reshape(dirs, -1), (dirs, gh)))
+    return value - zps.reshape(dirs, 1, 1), scale
+
+
+def _layer_state(ctx: RuleContext, name: str, layer: _Layer) -> str:
+    """An initial state as the kernel takes it, ``[dirs, batch, hidden]``: the input (layout 1:
+    transposed from ``[batch, dirs, hidden]``), or zeros without one."""
+    if not name:
+        shape = (layer.directions, layer.batch, layer.hidden)
+        return ctx.const(np.zeros(shape, np.float32), "zeros")
+    return ctx.add("Transpose", [name], perm=[1, 0, 2]) if layer.layout else name
 
 
 def dynamic_quantize_lstm_guard(node, ctx: RuleContext) -> str:
@@ -127,7 +238,14 @@ def emit_dynamic_quantize_lstm(node, ctx: RuleContext) -> None:
     ``hi = lo``), ``z = sat_u8(rint(-lo / s))``, ``q = sat_u8(rint(A / s) + z)``;
     ``A W = float(sum_k (q - z) (W - w_zp)) * (s * w_scale)`` (int32 sums, the multiplier
     per direction or per column), and the gates ``(X W + H R) + (Wb + Rb)`` in that order.
-    ``W``/``R`` are stored as ``[dirs, K, 4*hidden]`` (already transposed)."""
+    ``W``/``R`` are stored as ``[dirs, K, 4*hidden]`` (already transposed).
+
+    Where the whole-layer conditions of :func:`whole_lstm_guard` hold, the layer is one
+    ``tvm_ollie.LSTMLayer`` node with ``quant = 1`` (the native kernel computes these
+    equations, the integer sums exactly) instead of the unrolled steps."""
+    if not _whole_layer_guard(node, ctx):
+        _emit_whole_lstm(node, ctx, quantized=True)
+        return
     _emit_layer(node, ctx, _lstm_step, quantized=True)
 
 
