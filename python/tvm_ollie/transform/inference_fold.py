@@ -14,7 +14,8 @@ The rules (:data:`FOLD_RULES`): ``bn_into_conv`` (constant weight and statistics
 computed now), ``bn_runtime`` (a weight or statistics given at run time: ``P(x, W·s) + t`` with
 ``s``, ``t`` computed by Relax ops on the per-channel vectors, for conv2d, conv2d_transpose and
 matmul; the output is never scaled, so the kernels need no scale step, and ``t`` becomes their
-bias epilogue), ``space_to_depth_conv`` (:mod:`.space_to_depth`), ``silu``, then the activation spellings of :mod:`.activations`.
+bias epilogue), ``space_to_depth_conv`` (:mod:`.space_to_depth`), ``silu``, then the activation
+spellings of :mod:`.activations`.
 
 Each rule is data (:class:`FoldRule`: a name, a TVM dataflow pattern, a rewrite that returns
 ``None`` when a guard fails); :func:`fold_inference` applies them in order with TVM's
