@@ -8,7 +8,9 @@ import pytest
 import tvm
 from tvm import relax
 
+from tvm_ollie.config import OllieConfig
 from tvm_ollie.transform.inference_fold import fold_inference
+from tvm_ollie.transform.optimize import optimize_module
 from tvm_ollie.transform.space_to_depth import SPACE_TO_DEPTH_RULES, phase_weight
 
 _END = 9223372036854775807
@@ -175,3 +177,39 @@ def test_does_not_apply(case):
     after, counts = fold_inference(before, SPACE_TO_DEPTH_RULES)
     assert counts == {}
     tvm.ir.assert_structural_equal(after, before)
+
+
+def _focus_bn_silu(shape, weight):
+    """YOLOX's Focus: phases, concat, conv, batch norm, ``x * sigmoid(x)``."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    out_c = weight.shape[0]
+    rng = np.random.default_rng(1)
+    gamma, beta, mean = (relax.const(rng.standard_normal(out_c).astype("float32"))
+                         for _ in range(3))
+    var = relax.const(rng.uniform(0.5, 2.0, out_c).astype("float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            parts = [bb.emit(relax.op.strided_slice(x, [2, 3], [a, b], [_END, _END], [2, 2]))
+                     for a, b in [(0, 0), (1, 0), (0, 1), (1, 1)]]
+            cat = bb.emit(relax.op.concat(parts, axis=1))
+            y = bb.emit(relax.op.nn.conv2d(cat, relax.const(weight), padding=1))
+            bn = bb.emit(relax.op.nn.batch_norm(y, gamma, beta, mean, var, axis=1,
+                                                training=False))
+            z = bb.emit(relax.TupleGetItem(bn, 0))
+            gv = bb.emit_output(relax.op.multiply(z, relax.op.sigmoid(z)))
+        bb.emit_func_output(gv)
+    return bb.get()
+
+
+def test_in_the_pass_after_the_batch_norm_fold():
+    """In :func:`optimize_module` (library kernels where the native library is loaded): the
+    batch norm folds first, then the stem becomes one strided convolution; the result equals
+    TVM's build of the original."""
+    x, weight = _rng_case(2, 3, 12, 10, 2, 3, out_c=8)
+    before = _focus_bn_silu(x.shape, weight)
+    after, report = optimize_module(before, target="llvm",
+                                    config=OllieConfig(derive=False, trials=0))
+    assert report.inference_folds.get("bn_into_conv") == 1
+    assert report.inference_folds.get("space_to_depth_conv") == 1
+    np.testing.assert_allclose(_run(after, x), _run(before, x), rtol=1e-4, atol=1e-4)
