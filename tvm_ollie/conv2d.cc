@@ -274,9 +274,39 @@ struct OneDNNConv {
   dnnl::memory::desc user_src, user_wei, user_dst, bias_md;
   dnnl::memory::desc src_md, wei_md, dst_md, scratch_md;
   Reorder src_in, wei_in, res_in, dst_out;
+  // src_md / dst_md differ from the user's descriptor but address the same bytes (SameBytes):
+  // the primitive reads or writes the user's buffer through its own descriptor, no reorder
+  bool src_alias = false, dst_alias = false;
   size_t wei_bytes = 0;  // wei_md.get_size(), read by every packed call (not recomputed there)
   std::string impl;  // the oneDNN implementation name (for info/benchmarks)
 };
+
+// The strides of a blocked descriptor as if it were plain: a format with one inner block as wide
+// as its dimension (nChw16c with 16 channels) puts that dimension's elements next to each other,
+// exactly as channels-last does. Empty when the descriptor has other blocks or padding.
+dims PlainStrides(const dnnl::memory::desc& m) {
+  if (m.get_format_kind() != dnnl::memory::format_kind::blocked ||
+      m.get_padded_dims() != m.get_dims() || m.get_submemory_offset() != 0) {
+    return {};
+  }
+  dims strides = m.get_strides();
+  const int nblks = m.get_inner_nblks();
+  if (nblks == 0) return strides;
+  const int64_t axis = m.get_inner_idxs()[0];
+  if (nblks > 1 || m.get_inner_blks()[0] != m.get_dims()[axis]) return {};
+  strides[axis] = 1;
+  return strides;
+}
+
+// Whether two descriptors put every element at the same offset, so that a reorder between them
+// would copy a tensor onto itself: the 3-channel stem of YOLOX (a 6x6 stride-2 convolution from
+// NCHW) gets nChw16c from oneDNN for its 16 output channels, which are channels-last already.
+bool SameBytes(const dnnl::memory::desc& a, const dnnl::memory::desc& b) {
+  if (a == b) return true;
+  if (a.get_dims() != b.get_dims() || a.get_data_type() != b.get_data_type()) return false;
+  const dims sa = PlainStrides(a);
+  return !sa.empty() && sa == PlainStrides(b);
+}
 
 // Default implementation. Measured on the shared 2-core AVX-512 Xeon, one thread, ms (best of
 // repeated calls; plain = oneDNN on the user's formats, blocked = oneDNN's preferred formats with
@@ -329,10 +359,12 @@ std::shared_ptr<OneDNNConv> CreateConv(const ConvParams& p, const ConvShape& s, 
   e->wei_bytes = e->wei_md.get_size();
   e->impl = pd.impl_info_str();
   e->prim = dnnl::convolution_forward(pd);
-  e->src_in.Init(e->user_src, e->src_md);
+  e->src_alias = e->src_md != e->user_src && SameBytes(e->src_md, e->user_src);
+  e->dst_alias = e->dst_md != e->user_dst && SameBytes(e->dst_md, e->user_dst);
+  if (!e->src_alias) e->src_in.Init(e->user_src, e->src_md);
   e->wei_in.Init(e->user_wei, e->wei_md);
-  e->dst_out.Init(e->dst_md, e->user_dst);
-  if (p.has_res) e->res_in.Init(e->user_dst, e->dst_md);
+  if (!e->dst_alias) e->dst_out.Init(e->dst_md, e->user_dst);
+  if (p.has_res && !e->dst_alias) e->res_in.Init(e->user_dst, e->dst_md);
   return e;
 }
 
@@ -571,8 +603,9 @@ void BindSite(const ConvParams& p, ConvSite* site, int nthr) {
   site->user_src = dnnl::memory(e.user_src, eng, DNNL_MEMORY_NONE);
   site->user_dst = dnnl::memory(e.user_dst, eng, DNNL_MEMORY_NONE);
   site->user_res = dnnl::memory(e.user_dst, eng, DNNL_MEMORY_NONE);
-  site->src = e.src_in.needed ? dnnl::memory(e.src_md, eng, DNNL_MEMORY_NONE) : site->user_src;
-  site->dst = e.dst_out.needed ? dnnl::memory(e.dst_md, eng, DNNL_MEMORY_NONE) : site->user_dst;
+  const bool own_src = e.src_in.needed || e.src_alias, own_dst = e.dst_out.needed || e.dst_alias;
+  site->src = own_src ? dnnl::memory(e.src_md, eng, DNNL_MEMORY_NONE) : site->user_src;
+  site->dst = own_dst ? dnnl::memory(e.dst_md, eng, DNNL_MEMORY_NONE) : site->user_dst;
   site->wei = dnnl::memory(e.wei_md, eng, DNNL_MEMORY_NONE);
   site->bias = p.has_bias ? dnnl::memory(e.bias_md, eng, DNNL_MEMORY_NONE) : dnnl::memory();
   const bool scratch = e.scratch_md.get_size() > 0;
@@ -608,6 +641,8 @@ void RunSite(const ConvParams& p, ConvSite* site, const ConvTensors& t) {
   // Scratch slots: 0 conv scratchpad, 1 src, 2 weights, 3 dst, 4 residual, 5 reorder scratch.
   Point(site->user_src, t.x);
   Point(site->user_dst, t.out);
+  if (e.src_alias) Point(site->src, t.x);
+  if (e.dst_alias) Point(site->dst, t.out);
   if (e.src_in.needed) {
     Point(site->src, ScratchBuffer(1, site->src_bytes));
     e.src_in.RunKept(site->src_in, 5);

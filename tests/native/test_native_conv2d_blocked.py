@@ -42,8 +42,9 @@ def _fmt(blk):
 
 
 def _blocked_case(rng, c, o, src_blk, dst_blk, k=3, pad=(1, 1, 1, 1), stride=(1, 1),
-                  groups=1, bias=False, res=False, act="none", relax_build=False):
-    n, h, w = 2, 7, 6
+                  groups=1, bias=False, res=False, act="none", relax_build=False,
+                  size=(2, 7, 6)):
+    n, h, w = size
     x = rng.standard_normal((n, c, h, w)).astype("float32")
     wt = rng.standard_normal((o, c // groups, k, k)).astype("float32")
     bv = rng.standard_normal(o).astype("float32")
@@ -105,6 +106,20 @@ def test_blocked_strided_grouped_and_relax(blk):
     np.testing.assert_allclose(from_blocked(out, 40), ref, rtol=1e-4, atol=1e-3)
     out, ref = _blocked_case(rng, 6, 9, blk, 4, groups=3, res=True)
     np.testing.assert_allclose(from_blocked(out, 9), ref, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("c, bias, res, act", [(3, False, False, "silu"), (3, True, True, "relu"),
+                                                (16, True, False, "none")])
+def test_one_channel_block_is_channels_last(c, bias, res, act):
+    """16 output channels in NHWC from an NCHW source, YOLOX's stem after rule
+    ``space_to_depth_conv`` (kernel 6, stride 2, padding 2): oneDNN picks nChw16c for dst here,
+    byte for byte NHWC, which the kernel writes in place without a reorder (the residual read
+    there too); and 16 channels in NHWC on both sides."""
+    rng = np.random.default_rng(c + len(act))
+    src = 0 if c == 3 else -1
+    out, ref = _blocked_case(rng, c, 16, src, -1, k=6, pad=(2, 2, 2, 2), stride=(2, 2),
+                             bias=bias, res=res, act=act, size=(2, 20, 18))
+    np.testing.assert_allclose(from_blocked(out, 16), ref, rtol=1e-4, atol=1e-3)
 
 
 def test_blocked_garbage_padding_in_src_is_ignored():

@@ -85,7 +85,8 @@ def _x(shape, seed=0):
 
 
 def test_rules_have_names_and_equations():
-    assert [r.name for r in FOLD_RULES][:3] == ["bn_into_conv", "bn_runtime", "silu"]
+    assert [r.name for r in FOLD_RULES][:4] == ["bn_into_conv", "bn_runtime", "space_to_depth_conv",
+                                               "silu"]
     for rule in FOLD_RULES:
         assert "=" in rule.rewrite.__doc__
 

@@ -14,7 +14,8 @@ The rules (:data:`FOLD_RULES`): ``bn_into_conv`` (constant weight and statistics
 computed now), ``bn_runtime`` (a weight or statistics given at run time: ``P(x, W·s) + t`` with
 ``s``, ``t`` computed by Relax ops on the per-channel vectors, for conv2d, conv2d_transpose and
 matmul; the output is never scaled, so the kernels need no scale step, and ``t`` becomes their
-bias epilogue), ``silu``, then the activation spellings of :mod:`.activations`.
+bias epilogue), ``space_to_depth_conv`` (:mod:`.space_to_depth`), ``silu``, then the activation
+spellings of :mod:`.activations`.
 
 Each rule is data (:class:`FoldRule`: a name, a TVM dataflow pattern, a rewrite that returns
 ``None`` when a guard fails); :func:`fold_inference` applies them in order with TVM's
@@ -37,6 +38,7 @@ from .fold_rule import FoldRule, Matches
 from .fold_rule import const_value as _const
 from .fold_rule import used_once as _used_once
 from .regions import static_tensor
+from .space_to_depth import SPACE_TO_DEPTH_RULES
 
 __all__ = ["FOLD_RULES", "FoldRule", "FoldInference", "fold_inference"]
 
@@ -287,11 +289,13 @@ def _silu(matches: Matches, uses: Counter, binding_of) -> Optional[object]:
     return relax.op.nn.silu(matches[_Y])
 
 
-#: The folds, in the order they are applied: the batch norms, then the activations as
-#: exporters write them (:mod:`.activations`).
+#: The folds, in the order they are applied: the batch norms, a space-to-depth before a
+#: convolution (:mod:`.space_to_depth`), then the activations as exporters write them
+#: (:mod:`.activations`).
 FOLD_RULES: Tuple[FoldRule, ...] = (
     FoldRule("bn_into_conv", _BN_OUT, _fold_bn),
     FoldRule("bn_runtime", _RBN_OUT, _fold_bn_runtime),
+) + SPACE_TO_DEPTH_RULES + (
     FoldRule("silu", _SILU, _silu),
 ) + ACTIVATION_RULES
 
