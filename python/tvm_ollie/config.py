@@ -198,7 +198,9 @@ class OllieConfig:
         Before the decisions, replace every instance normalization (Relax's
         ``nn.instance_norm`` or the ONNX importer's mean/variance decomposition) by the native
         library's ``tvm_ollie.cpu.instance_norm``, its residual add and activation folded in
-        (:mod:`tvm_ollie.transform.norm_kernels`); CPU targets with the native library only.
+        (:mod:`tvm_ollie.transform.norm_kernels`), and every softmax over the last axis by
+        ``tvm_ollie.cpu.softmax`` (:mod:`tvm_ollie.transform.softmax_kernel`); CPU targets with
+        the native library only.
     library_plan : bool
         The whole-model guard (``model_guard``) also builds and times the library plan: every
         operator the native library has on its kernel (no derivation), chains of

@@ -45,9 +45,9 @@ from ..target import target_kind
 
 __all__ = ["BAND_KERNELS", "CONV2D", "CONV2D_INT8", "CONV2D_TRANSPOSE", "CUDA_CONV2D",
            "CUDA_MATMUL", "EPILOGUE_KERNELS", "G2BMM", "GBMM", "INSTANCE_NORM", "KERNELS",
-           "MATMUL", "MATMUL_INT8", "LibCall", "band_call", "call_form", "conv2d_int8_call",
-           "conv2d_transpose_call", "current_device", "device_of", "emit_call", "kernel_device",
-           "matmul_int8_call", "parse_attrs", "stage_form"]
+           "MATMUL", "MATMUL_INT8", "SOFTMAX", "LibCall", "band_call", "call_form",
+           "conv2d_int8_call", "conv2d_transpose_call", "current_device", "device_of",
+           "emit_call", "kernel_device", "matmul_int8_call", "parse_attrs", "stage_form"]
 
 MATMUL = "tvm_ollie.cpu.matmul"
 CONV2D = "tvm_ollie.cpu.conv2d"
@@ -63,6 +63,9 @@ MATMUL_INT8 = "tvm_ollie.cpu.matmul_int8"
 #: Instance normalization with its affine (:mod:`tvm_ollie.transform.norm_kernels`):
 #: ``tvm_ollie.cpu.instance_norm(attrs, X, [scale], [bias], [residual], Out)``.
 INSTANCE_NORM = "tvm_ollie.cpu.instance_norm"
+#: Softmax over the last axis (:mod:`tvm_ollie.transform.softmax_kernel`):
+#: ``tvm_ollie.cpu.softmax(X, Out)``, no attributes and no epilogue.
+SOFTMAX = "tvm_ollie.cpu.softmax"
 #: The kernels that take the ``bias``/``res``/``act`` epilogue keys.
 EPILOGUE_KERNELS = (MATMUL, CONV2D, CONV2D_TRANSPOSE, CUDA_MATMUL, CUDA_CONV2D, INSTANCE_NORM)
 #: The banded matmul kernels, by target operator name.

@@ -42,6 +42,7 @@ from .int8_choice import Int8Choice, Int8Report
 from .int8_kernels import int8_kernels
 from .matmul_pack import PackReport, pack_matmul_weights
 from .norm_kernels import instance_norm_kernels
+from .softmax_kernel import softmax_kernels
 from .pool_cascade import pool_cascade
 from .pool_cover import pool_cover
 from .regions import Region, find_regions, static_tensor, used_vars
@@ -269,7 +270,10 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
     if cfg.norm_kernels and decider.library and lib.current_device() == "cpu":
         with stage("norm kernels"):
             mod, norms = instance_norm_kernels(mod)
-        folds = {**folds, **norms}
+            # orchestration owns the softmax: Korch's fission splits it into primitives the
+            # BLP places (docs/orchestration.md); the native row kernel is derivation's
+            mod, softmaxes = (mod, {}) if cfg.orchestrate else softmax_kernels(mod)
+        folds = {**folds, **norms, **softmaxes}
     with stage("regions"):
         calls, regions, groups = _find_units(mod, cfg, native_regions)
     report = OptimizeReport(target=kind_name(tgt),
