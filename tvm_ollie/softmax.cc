@@ -58,13 +58,21 @@ inline float ExpNonPositive(float x) {
 
 void SoftmaxRow(const float* x, float* out, int64_t n) {
   float top = x[0];
-  for (int64_t j = 1; j < n; ++j) top = std::max(top, x[j]);
+#pragma omp simd reduction(max : top)
+  for (int64_t j = 1; j < n; ++j) top = x[j] > top ? x[j] : top;
+  // float partial sums of 64 elements, added in double: vector lanes, no float-to-double
+  // conversion per element
   double sum = 0.0;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < n; ++j) {
-    const float e = ExpNonPositive(x[j] - top);
-    out[j] = e;
-    sum += e;
+  for (int64_t lo = 0; lo < n; lo += 64) {
+    const int64_t hi = std::min<int64_t>(n, lo + 64);
+    float part = 0.0f;
+#pragma omp simd reduction(+ : part)
+    for (int64_t j = lo; j < hi; ++j) {
+      const float e = ExpNonPositive(x[j] - top);
+      out[j] = e;
+      part += e;
+    }
+    sum += part;
   }
   const float scale = static_cast<float>(1.0 / sum);
 #pragma omp simd
