@@ -16,6 +16,7 @@ pytest.importorskip("onnxruntime")
 sys.path.insert(0, os.path.dirname(__file__))
 # pylint: disable=wrong-import-position
 from onnx_op_cases import (  # noqa: E402
+    crnn_model_path,
     max_error,
     recurrent_case,
     run_ort,
@@ -144,8 +145,6 @@ def test_crnn_export_layers_are_kernel_calls(tmp_path):
     """The 2-layer bidirectional LSTM of an exported CRNN (``Y_h``, ``Y_c`` unread): both layers
     one kernel call each, nothing unrolled, the result ONNX Runtime's."""
     pytest.importorskip("torch")
-    from onnx_op_cases import crnn_model_path  # pylint: disable=import-outside-toplevel
-
     path = crnn_model_path(str(tmp_path))
     feeds = {"x": np.random.default_rng(0).standard_normal((1, 1, 16, 32)).astype(np.float32)}
     prepared, info = prepare_onnx(onnx.load(path), {"x": [1, 1, 16, 32]})

@@ -3,6 +3,7 @@ states, batch sizes, one and two threads, through tvm-ffi and through Relax; bad
 
 import numpy as np
 import pytest
+import tvm_ffi
 
 from tvm_ollie import native
 from tvm_ollie.frontend.onnx_native import LSTM_KERNEL
@@ -92,8 +93,6 @@ def test_through_relax():
 
 
 def test_bad_shapes_and_attrs():
-    import tvm_ffi
-
     case = _packed(*_case("forward", steps=2, batch=1, size=3, hidden=4, initial=False))
     with pytest.raises(ValueError, match="H0 has shape"):
         call_direct(LSTM_KERNEL, "dir=forward", case[:4] + [np.zeros((1, 2, 4), np.float32),
