@@ -11,7 +11,9 @@
 * ``tvm-ollie lift MODEL``: print the expression of every liftable operator;
 * ``tvm-ollie bench ...``: the benchmark (same options as ``python -m tvm_ollie.bench``);
 * ``tvm-ollie bundle --target cuda --out DIR``: compiled zoo models, the TVM runtime and a
-  runner in one folder, for a GPU machine without TVM (``sh DIR/run.sh`` there).
+  runner in one folder, for a GPU machine without TVM (``sh DIR/run.sh`` there); with
+  ``--candidates`` also the alternatives the pass weighs, timed there, and ``tvm-ollie
+  bundle-results DIR --work-dir D`` reads them back for ``--systems measured``.
 
 ``compile`` and ``explain`` measure on remote devices with ``--rpc-tracker HOST:PORT --rpc-key
 KEY [--rpc-workers N]`` (TVM's ``python -m tvm.exec.rpc_tracker`` and ``rpc_server``).
@@ -41,6 +43,7 @@ import numpy as np
 from . import transform
 from .bench.__main__ import build_parser as bench_parser, run_from_args
 from .bundle import BundleSizeError, build_bundle, case_names
+from .bundle.results import import_results
 from .bundle.sizes import MIB
 from .compat import tvm
 from .compile_profile import profile_scope, stage
@@ -246,7 +249,8 @@ def _bundle(args: argparse.Namespace) -> int:
         res = build_bundle(args.out, args.target, args.models or None, trials=args.trials,
                            work_dir=args.work_dir, limit=int(args.max_mib * MIB),
                            carry=args.carry_lib, ollie_options=opts,
-                           systems=tuple(args.systems.split(",")))
+                           systems=tuple(args.systems.split(",")), candidates=args.candidates,
+                           cuda_library=args.cuda_library)
     except BundleSizeError as err:
         print(f"tvm-ollie: error: {err}", file=sys.stderr)
         return EXIT_FAILURE
@@ -255,6 +259,23 @@ def _bundle(args: argparse.Namespace) -> int:
     for case, system, why in res.failures:
         print(f"not built: {case} {system}: {why}", file=sys.stderr)
     return EXIT_FAILURE if res.failures else 0
+
+
+def _bundle_results(args: argparse.Namespace) -> int:
+    if not os.path.isfile(os.path.join(args.bundle, "results.txt")):
+        raise UserError(f"{args.bundle} holds no results.txt (run sh run.sh there first)")
+    res = import_results(args.bundle, args.work_dir, args.device, args.arch, args.calibration,
+                         not args.no_calibration)
+    for case, n in sorted(res.records.items()):
+        print(f"{case}: {n} candidate timings -> {args.work_dir}")
+    if res.calibration is not None:
+        eff = ", ".join(f"{k} {v:.3g}" for k, v in sorted(res.calibration.efficiency.items()))
+        print(f"calibration ({res.calibration.bandwidth * 1e-9:.0f} GB/s, "
+              f"{res.calibration.launch_s * 1e6:.1f} us a kernel): {eff}"
+              + (f" -> {res.calibration_path}" if res.calibration_path else ""))
+    for what in res.mismatches:
+        print(f"failed or differed on the device: {what}", file=sys.stderr)
+    return 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -644,7 +665,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="zoo models (quick sizes), conv3x3_512, convtranspose (default: all)")
     cmd.add_argument("--list-models", action="store_true", help="print the model names")
     cmd.add_argument("--systems", default="tvm,ollie",
-                     help="comma-separated: tvm (TVM alone), ollie (default: tvm,ollie)")
+                     help="comma-separated: tvm (TVM alone), ollie, measured (ollie deciding by "
+                          "the device timings under --work-dir), library (ollie with the CUDA "
+                          "library's kernels, cuda only) (default: tvm,ollie)")
     cmd.add_argument("--trials", type=int, default=0,
                      help="MetaSchedule budget per model whose records --work-dir holds")
     cmd.add_argument("--work-dir", help="tuning records (WORK_DIR/<kind>/<system>/<model>, the "
@@ -655,7 +678,28 @@ def build_parser() -> argparse.ArgumentParser:
                      help="an extra shared library to carry and load first (repeatable)")
     cmd.add_argument("--max-mib", type=float, default=60.0,
                      help="size limit of the folder in MiB (default: 60)")
+    cmd.add_argument("--candidates", action="store_true",
+                     help="also carry the alternatives the pass weighs per unit (and on cuda the "
+                          "calibration kernels), timed on the device for a 'measured' build")
+    cmd.add_argument("--cuda-library", action="store_true",
+                     help="cuda: the candidates include the CUDA library's cuBLAS/cuDNN kernels "
+                          "(as the 'library' system's build; the device provides the vendor "
+                          "libraries)")
     cmd.set_defaults(func=_bundle)
+
+    cmd = sub.add_parser("bundle-results", parents=[common],
+                         help="a device run's results.txt -> candidate records + calibration")
+    cmd.add_argument("bundle", help="the bundle folder holding results.txt from the device")
+    cmd.add_argument("--work-dir", required=True,
+                     help="where the candidate timings go (WORK_DIR/cuda/ollie/<model>)")
+    cmd.add_argument("--device", default="NVIDIA H200", help="the device's name (records)")
+    cmd.add_argument("--arch", default="sm_90", help="its CUDA architecture (calibration key)")
+    cmd.add_argument("--calibration", metavar="PATH",
+                     help="where the fitted calibration goes (default: the package's "
+                          "tune/recorded/cuda_<arch>.json, used by builds without a GPU)")
+    cmd.add_argument("--no-calibration", action="store_true",
+                     help="do not write the calibration")
+    cmd.set_defaults(func=_bundle_results)
     return parser
 
 

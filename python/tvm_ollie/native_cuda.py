@@ -127,13 +127,26 @@ def device_count() -> int:
     return int(_LOADER.func(DEVICE_COUNT)()) if load() else 0
 
 
+#: ``TVM_OLLIE_CUDA_KERNELS=assume``: the CUDA kernels are offered when the library loads here,
+#: without cuBLAS/cuDNN or a device here: a build for another machine that has them (a device
+#: bundle, ``tvm-ollie bundle --cuda-library``), whose executables carry this library.
+ASSUME_ENV = "TVM_OLLIE_CUDA_KERNELS"
+
+
+def assumed() -> bool:
+    """Whether the CUDA kernels are assumed to run where the build will run (:data:`ASSUME_ENV`)."""
+    return os.environ.get(ASSUME_ENV, "").strip() == "assume"
+
+
 def kernel_error(func: str) -> str:
     """Why the kernel ``func`` (:data:`KERNELS`) cannot run here ("" when it can): no library,
-    no cuBLAS/cuDNN, or no CUDA device."""
+    no cuBLAS/cuDNN, or no CUDA device (only the first with :func:`assumed`)."""
     if func not in VENDOR_OF:
         raise ValueError(f"unknown CUDA kernel {func!r} (expected one of {KERNELS})")
     if not load():
         return unavailable_reason()
+    if assumed():
+        return ""
     why = vendor_error(VENDOR_OF[func])
     if why:
         return why

@@ -4,6 +4,7 @@ otherwise; the pass offers them only with a GPU."""
 import pytest
 from tvm import relax
 
+from tvm_ollie import native_cuda
 from tvm_ollie.codegen import library as lib
 from tvm_ollie.transform import decide
 
@@ -70,3 +71,23 @@ def test_library_on_cuda_needs_a_gpu(monkeypatch, cuda_runs):
     assert decide._library_enabled(None, "cuda")
     assert not decide._library_enabled(False, "cuda")
     assert lib.device_of("cuda") == "cuda" and lib.device_of("llvm") == "cpu"
+
+
+def test_assumed_kernels_are_offered_without_a_gpu(monkeypatch):
+    """``TVM_OLLIE_CUDA_KERNELS=assume`` (a device bundle's ``library`` build): the kernels are
+    offered when the library loads here, with no cuBLAS/cuDNN or GPU here."""
+    monkeypatch.setattr(native_cuda, "load", lambda: True)
+    monkeypatch.setattr(native_cuda, "vendor_error", lambda name: "cuBLAS not found")
+    monkeypatch.setattr(native_cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(decide, "gpu_available", lambda target: False)
+    monkeypatch.delenv(native_cuda.ASSUME_ENV, raising=False)
+    assert native_cuda.kernel_error(lib.CUDA_MATMUL) == "cuBLAS not found"
+    assert not decide._library_enabled(None, "cuda")
+    monkeypatch.setenv(native_cuda.ASSUME_ENV, "assume")
+    assert native_cuda.assumed() and native_cuda.kernel_error(lib.CUDA_MATMUL) == ""
+    assert decide._library_enabled(None, "cuda")
+    with lib.kernel_device("cuda"):
+        assert lib.call_form(_call(relax.op.matmul, [(4, 8), (8, 3)])).func == lib.CUDA_MATMUL
+    monkeypatch.setattr(native_cuda, "load", lambda: False)
+    monkeypatch.setattr(native_cuda, "unavailable_reason", lambda: "no library")
+    assert native_cuda.kernel_error(lib.CUDA_MATMUL) == "no library"

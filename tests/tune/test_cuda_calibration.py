@@ -106,7 +106,7 @@ def test_measurement_keeps_the_kernels_that_ran():
         return 1e-3
 
     native = ["native_matmul", "native_conv2d"]
-    kinds = [kind for kind, *_ in cc._workloads(native)]
+    kinds = [kind for kind, *_ in cc.workloads(native)]
     timings, bandwidth = cc.measure_cuda("cuda", native, seconds_fn=seconds,
                                          bandwidth_fn=lambda target: 2e12)
     assert len(seen) == len(kinds) and len(timings) == len(kinds) - 1 and bandwidth == 2e12
@@ -115,8 +115,9 @@ def test_measurement_keeps_the_kernels_that_ran():
             "native_conv2d"} == set(kinds)
 
 
-def test_without_gpu_the_hand_set_table_is_uncalibrated(monkeypatch):
+def test_without_gpu_the_hand_set_table_is_uncalibrated(monkeypatch, tmp_path):
     monkeypatch.setattr(cal, "gpu_available", lambda t: False)
+    monkeypatch.setattr(cc, "RECORDED_DIR", tmp_path)  # (no recorded device run)
     calib = cal.calibrate("cuda")
     assert calib.source == "default" and calib.efficiency == cal.EFFICIENCY["cuda"]
     assert "uncalibrated" in calib.describe() and "no CUDA device" in calib.describe()

@@ -3,6 +3,7 @@
 import logging
 import os
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from tvm_ollie.derive.search import derive
 from tvm_ollie.lift import lift_relax_call
 from tvm_ollie.tune import STATS, Tuner, analytic, calibrate, compile_module
 from tvm_ollie.target import normalize_target
+from tvm_ollie.tune import cuda_calibration
 from tvm_ollie.tune.calibrate import measure_cpu_roofline
 from tvm_ollie.target import target_kind
 
@@ -37,8 +39,9 @@ def test_calibration_llvm_measured_and_cached():
     assert measure_cpu_roofline() == (peak, bw)  # cached per process
     cal = calibrate("llvm")
     assert cal.source == "measured" and cal.peak_flops == peak
-    cuda = calibrate("cuda")
-    assert cuda.source == "default" and cuda.peak_flops > peak
+    cuda = calibrate("cuda")  # (sm_90: the H200's recorded device run, else the defaults)
+    assert cuda.source == ("recorded" if cuda_calibration.read_recorded("sm_90") else "default")
+    assert cuda.peak_flops > peak
     given = calibrate("llvm", 1e9, 1e9)
     assert given.source == "given" and given.peak_flops == 1e9
 
@@ -58,10 +61,27 @@ def test_analytic_cost_prefers_gemm_over_direct_conv():
     cpu = calibrate("llvm", 1e11, 2e10)
     assert analytic.program_seconds(im2col, cpu) >= analytic.original_seconds(
         expr, "relax.nn.conv2d", cpu)
-    # on a GPU dlight has a matmul rule and only a fallback for convolutions
-    cuda = calibrate("cuda")
+    # on a GPU dlight has a matmul rule and only a fallback for convolutions (the efficiencies
+    # alone: at this tiny size the recorded per-kernel launch cost would decide instead)
+    cuda = replace(calibrate("cuda"), launch_s=0.0)
     assert analytic.program_seconds(im2col, cuda) < analytic.original_seconds(
         expr, "relax.nn.conv2d", cuda)
+
+
+def test_launch_cost_is_charged_per_kernel():
+    """``Calibration.launch_s`` (a GPU's per-kernel cost, fitted by a device run) is added to
+    the original's one kernel and to every stage of a derived program."""
+    mod = sm.conv3x3()
+    expr = lift_relax_call(mod["main"].body.blocks[0].bindings[0].value)
+    program = next(p for p in derive(expr, max_depth=0, verify=False).candidates
+                   if "matmul" in p.kinds and len(p.stages) > 1)
+    cal = replace(calibrate("cuda"), launch_s=0.0)
+    with_launch = replace(cal, launch_s=5e-6)
+    assert analytic.original_seconds(expr, "relax.nn.conv2d", with_launch) == pytest.approx(
+        analytic.original_seconds(expr, "relax.nn.conv2d", cal) + 5e-6)
+    assert analytic.program_seconds(program, with_launch) == pytest.approx(
+        analytic.program_seconds(program, cal) + 5e-6 * len(program.stages))
+    assert calibrate("llvm", 1e11, 2e10).launch_s == 0.0
 
 
 def _tiny_matmul():

@@ -48,6 +48,9 @@ class Case:
         ``main``'s outputs (tuples flattened); None: :func:`reference_outputs` computes them.
     rtol, atol : float
         Tolerances of the check (module :mod:`.manifest`).
+    zoo : bool
+        A zoo model (``name`` is its :attr:`~tvm_ollie.models.ModelSpec.key`): PyTorch on the
+        device can build it again (``torch_device.py``).
     """
 
     name: str
@@ -56,6 +59,7 @@ class Case:
     reference: Optional[List[np.ndarray]] = None
     rtol: float = RTOL
     atol: float = ATOL
+    zoo: bool = False
 
 
 def flatten_outputs(value) -> List[np.ndarray]:
@@ -91,7 +95,7 @@ def zoo_case(name: str) -> Case:
     with torch.no_grad():
         reference = flatten_outputs(spec.module(*spec.example_inputs))
     inputs = [x.numpy() for x in spec.example_inputs] + [p.numpy() for p in params]
-    return Case(spec.key, mod, inputs, reference)
+    return Case(spec.key, mod, inputs, reference, zoo=True)
 
 
 def _operator_case(name: str, shapes, body, torch_fn) -> Case:

@@ -11,8 +11,14 @@ stream and no JSON library (the format is described at the top of ``runner.cc``)
     output data/resnet18/out0.bin float32 1,10
     system tvm models/resnet18.tvm.so
     system ollie models/resnet18.ollie.so
+    model resnet18.u0 0.001 0.001
+    random float32 1,64,8,8
+    reference first
+    system a0 candidates/resnet18.u0.a0.so
 
-Paths are relative to the bundle; no field may contain a space.
+``random`` is an input the runner makes (no file carried) and ``reference first`` makes the
+first system's outputs the reference of the others (the candidate kernels of
+:mod:`.candidates`). Paths are relative to the bundle; no field may contain a space.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ FORMAT_VERSION = 1
 
 @dataclasses.dataclass(frozen=True)
 class TensorEntry:
-    """A raw tensor file (little-endian, row-major) with its type and shape."""
+    """A raw tensor file (little-endian, row-major) with its type and shape; ``file`` empty:
+    an input the runner makes (uniform in ``[-1, 1)`` from a fixed seed)."""
 
     file: str
     dtype: str
@@ -39,7 +46,7 @@ class TensorEntry:
 class ModelEntry:
     """A model: ``main``'s inputs (weights included), reference outputs, and executables
     ``(system, library)``; outputs must satisfy ``|out - ref| <= atol * max|ref| + rtol *
-    |ref|``."""
+    |ref|``, where ``ref`` is the first system's output when ``reference_first``."""
 
     name: str
     rtol: float
@@ -47,6 +54,7 @@ class ModelEntry:
     inputs: List[TensorEntry] = dataclasses.field(default_factory=list)
     outputs: List[TensorEntry] = dataclasses.field(default_factory=list)
     systems: List[Tuple[str, str]] = dataclasses.field(default_factory=list)
+    reference_first: bool = False
 
 
 @dataclasses.dataclass
@@ -69,6 +77,10 @@ def _shape(shape: Sequence[int]) -> str:
     return ",".join(str(int(d)) for d in shape) if len(shape) else "-"
 
 
+def _parse_shape(text: str) -> Tuple[int, ...]:
+    return () if text == "-" else tuple(int(d) for d in text.split(","))
+
+
 def write_manifest(path: str, manifest: Manifest) -> None:
     """Write ``manifest`` to ``path`` in the line format of the module docstring."""
     lines = [f"ollie-bundle {FORMAT_VERSION}",
@@ -78,7 +90,10 @@ def write_manifest(path: str, manifest: Manifest) -> None:
         lines.append(f"model {_field(model.name)} {model.rtol!r} {model.atol!r}")
         for kind, tensors in (("input", model.inputs), ("output", model.outputs)):
             lines += [f"{kind} {_field(t.file)} {_field(t.dtype)} {_shape(t.shape)}"
+                      if t.file else f"random {_field(t.dtype)} {_shape(t.shape)}"
                       for t in tensors]
+        if model.reference_first:
+            lines.append("reference first")
         lines += [f"system {_field(name)} {_field(lib)}" for name, lib in model.systems]
     with open(path, "w", encoding="utf-8") as fh:
         fh.write("\n".join(lines) + "\n")
@@ -107,10 +122,16 @@ def read_manifest(path: str) -> Manifest:
             elif kind == "model":
                 manifest.models.append(ModelEntry(rest[0], float(rest[1]), float(rest[2])))
             elif kind in ("input", "output"):
-                shape = () if rest[2] == "-" else tuple(int(d) for d in rest[2].split(","))
                 target = manifest.models[-1].inputs if kind == "input" else \
                     manifest.models[-1].outputs
-                target.append(TensorEntry(rest[0], rest[1], shape))
+                target.append(TensorEntry(rest[0], rest[1], _parse_shape(rest[2])))
+            elif kind == "random":
+                manifest.models[-1].inputs.append(TensorEntry("", rest[0],
+                                                              _parse_shape(rest[1])))
+            elif kind == "reference":
+                if rest != ["first"]:
+                    raise ValueError(f"unknown reference {rest}")
+                manifest.models[-1].reference_first = True
             elif kind == "system":
                 manifest.models[-1].systems.append((rest[0], rest[1]))
             else:

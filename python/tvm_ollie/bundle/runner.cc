@@ -15,11 +15,18 @@
  *   preload lib/libtvm_runtime_cuda.so  libraries to load first, in order (RTLD_GLOBAL)
  *   model NAME RTOL ATOL                a model; its inputs and reference outputs follow
  *   input FILE DTYPE D0,D1,...          raw little-endian, row-major ("-" for a scalar)
+ *   random DTYPE D0,D1,...              an input made here: uniform in [-1, 1) from a fixed seed
+ *                                       (integers: 0), the same for every system of the model
  *   output FILE DTYPE D0,D1,...         a reference output of main (flattened tuples)
+ *   reference first                     the reference outputs are the first system's own
  *   system NAME LIBRARY                 an executable of the model (Executable.export_library)
  *
  * An output is correct when |out - ref| <= ATOL * max|ref| + RTOL * |ref| everywhere (the
- * benchmark's check). Latency: the median of --repeat calls of main (after --warmup calls),
+ * benchmark's check). "random" inputs and "reference first" serve the candidate kernels a
+ * bundle times for the pass (tvm_ollie.bundle.candidates): nothing is carried but the kernels,
+ * and each derived program is checked on the device against the original it replaces.
+ * On CUDA the run ends with a line "bandwidth GBPS": a device-to-device copy of 256 MiB (read
+ * + write), the roof of the analytic cost's calibration. Latency: the median of --repeat calls of main (after --warmup calls),
  * each ended by a device synchronization. Exit status 0 when every system loaded, ran and
  * matched; 1 otherwise; 2 for a bad manifest or usage.
  */
@@ -54,7 +61,7 @@ namespace ffi = tvm::ffi;
 namespace {
 
 struct TensorFile {
-  std::string file;
+  std::string file;  // empty: a random input
   std::string dtype;
   std::vector<int64_t> shape;
 };
@@ -71,6 +78,14 @@ struct Model {
   std::vector<TensorFile> inputs;
   std::vector<TensorFile> outputs;
   std::vector<System> systems;
+  bool reference_first = false;
+};
+
+/*! \brief An output held in memory: raw data, its type and shape. */
+struct Buffer {
+  std::vector<char> data;
+  DLDataType dtype;
+  std::vector<int64_t> shape;
 };
 
 struct Manifest {
@@ -123,6 +138,19 @@ Manifest ReadManifest(const std::string& path) {
       ls >> t.file >> t.dtype >> shape;
       t.shape = ParseShape(shape);
       (kind == "input" ? m.models.back().inputs : m.models.back().outputs).push_back(t);
+    } else if (kind == "random") {
+      if (m.models.empty()) Fail("manifest: random before any model");
+      TensorFile t;
+      std::string shape;
+      ls >> t.dtype >> shape;
+      t.shape = ParseShape(shape);
+      m.models.back().inputs.push_back(t);
+    } else if (kind == "reference") {
+      if (m.models.empty()) Fail("manifest: reference before any model");
+      std::string which;
+      ls >> which;
+      if (which != "first") Fail("manifest: unknown reference '" + which + "'");
+      m.models.back().reference_first = true;
     } else if (kind == "system") {
       if (m.models.empty()) Fail("manifest: system before any model");
       System s;
@@ -151,6 +179,20 @@ int64_t NumElements(const std::vector<int64_t>& shape) {
 
 size_t ElementBytes(DLDataType t) { return (static_cast<size_t>(t.bits) * t.lanes + 7) / 8; }
 
+/*! \brief `nbytes` of an input made here: float32 uniform in [-1, 1) from a 64-bit LCG
+ * (advancing `seed`), any other type zeros (valid as indices). */
+std::vector<char> RandomData(DLDataType t, size_t nbytes, uint64_t* seed) {
+  std::vector<char> data(nbytes, 0);
+  if (t.code == kDLFloat && t.bits == 32) {
+    float* f = reinterpret_cast<float*>(data.data());
+    for (size_t k = 0; k < nbytes / 4; ++k) {
+      *seed = *seed * 6364136223846793005ULL + 1442695040888963407ULL;
+      f[k] = static_cast<float>(static_cast<double>(*seed >> 40) / double(1 << 23) - 1.0);
+    }
+  }
+  return data;
+}
+
 /*! \brief Element k of raw data of type t as a double (the types the zoo produces). */
 double ElementAt(const char* data, DLDataType t, int64_t k) {
   if (t.code == kDLFloat && t.bits == 32) return reinterpret_cast<const float*>(data)[k];
@@ -174,10 +216,11 @@ class Runtime {
         sync_(ffi::Function::GetGlobalRequired("runtime.Device_StreamSync")) {}
 
   /*! \brief A tensor on the device holding the contents of a raw file. */
-  ffi::Tensor Upload(const std::string& dir, const TensorFile& f) const {
+  ffi::Tensor Upload(const std::string& dir, const TensorFile& f, uint64_t* seed) const {
     DLDataType dtype = ffi::StringToDLDataType(f.dtype);
-    std::vector<char> data = ReadFile(dir + "/" + f.file);
     size_t nbytes = static_cast<size_t>(NumElements(f.shape)) * ElementBytes(dtype);
+    std::vector<char> data = f.file.empty() ? RandomData(dtype, nbytes, seed)
+                                            : ReadFile(dir + "/" + f.file);
     if (data.size() != nbytes) {
       Fail(f.file + ": " + std::to_string(data.size()) + " bytes, expected " +
            std::to_string(nbytes));
@@ -194,6 +237,27 @@ class Runtime {
   }
 
   void Sync() const { sync_(dev_, static_cast<int64_t>(0)); }
+
+  /*! \brief Bytes per second of a device-to-device copy of `mib` MiB (read + write), the
+   * fastest of `repeat`. */
+  double CopyBandwidth(int64_t mib, int repeat) const {
+    auto copy = ffi::Function::GetGlobalRequired("runtime.TVMTensorCopyFromTo");
+    int64_t count = mib * (int64_t{1} << 20) / 4;
+    DLDataType f32{kDLFloat, 32, 1};
+    ffi::Tensor src = alloc_(ffi::Shape({count}), f32, dev_, nullptr).cast<ffi::Tensor>();
+    ffi::Tensor dst = alloc_(ffi::Shape({count}), f32, dev_, nullptr).cast<ffi::Tensor>();
+    copy(src, dst);
+    Sync();
+    double best = 1e30;
+    for (int i = 0; i < repeat; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      copy(src, dst);
+      Sync();
+      auto t1 = std::chrono::steady_clock::now();
+      best = std::min(best, std::chrono::duration<double>(t1 - t0).count());
+    }
+    return 2.0 * static_cast<double>(count) * 4.0 / best;
+  }
 
   /*! \brief The Relax VM of a compiled library, initialized for the device (and the CPU, for
    * shape computations), as tvm.relax.VirtualMachine does; pooled allocators. */
@@ -237,30 +301,47 @@ struct Check {
   std::string why;
 };
 
-Check Compare(const Runtime& rt, const std::string& dir, const Model& model,
-              const std::vector<ffi::Tensor>& got) {
+/*! \brief The outputs of main as raw buffers (downloaded from the device). */
+std::vector<Buffer> Outputs(const Runtime& rt, const std::vector<ffi::Tensor>& got) {
+  std::vector<Buffer> out;
+  for (const ffi::Tensor& t : got) {
+    out.push_back({rt.Download(t), t.dtype(), {t.shape().begin(), t.shape().end()}});
+  }
+  return out;
+}
+
+/*! \brief The reference outputs stored in the bundle. */
+std::vector<Buffer> StoredReference(const std::string& dir, const Model& model) {
+  std::vector<Buffer> refs;
+  for (const TensorFile& f : model.outputs) {
+    Buffer b{ReadFile(dir + "/" + f.file), ffi::StringToDLDataType(f.dtype), f.shape};
+    if (b.data.size() != static_cast<size_t>(NumElements(f.shape)) * ElementBytes(b.dtype)) {
+      Fail(f.file + " does not hold " + std::to_string(NumElements(f.shape)) + " elements");
+    }
+    refs.push_back(std::move(b));
+  }
+  return refs;
+}
+
+Check Compare(const Model& model, const std::vector<Buffer>& refs,
+              const std::vector<Buffer>& outs) {
   Check c;
-  if (got.size() != model.outputs.size()) {
+  if (outs.size() != refs.size()) {
     c.ok = false;
-    c.why = std::to_string(got.size()) + " outputs, expected " +
-            std::to_string(model.outputs.size());
+    c.why = std::to_string(outs.size()) + " outputs, expected " + std::to_string(refs.size());
     return c;
   }
-  for (size_t i = 0; i < got.size(); ++i) {
-    const TensorFile& ref_file = model.outputs[i];
-    DLDataType ref_type = ffi::StringToDLDataType(ref_file.dtype);
-    std::vector<int64_t> shape(got[i].shape().begin(), got[i].shape().end());
-    if (shape != ref_file.shape) {
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const std::vector<int64_t>& shape = outs[i].shape;
+    if (shape != refs[i].shape) {
       c.ok = false;
       c.why = "output " + std::to_string(i) + " has another shape";
       return c;
     }
-    std::vector<char> ref = ReadFile(dir + "/" + ref_file.file);
-    std::vector<char> out = rt.Download(got[i]);
+    const std::vector<char>& ref = refs[i].data;
+    const std::vector<char>& out = outs[i].data;
+    DLDataType ref_type = refs[i].dtype;
     int64_t n = NumElements(shape);
-    if (ref.size() != static_cast<size_t>(n) * ElementBytes(ref_type)) {
-      Fail(ref_file.file + " does not hold " + std::to_string(n) + " elements");
-    }
     double scale = 0.0;
     for (int64_t k = 0; k < n; ++k) {
       scale = std::max(scale, std::fabs(ElementAt(ref.data(), ref_type, k)));
@@ -268,7 +349,7 @@ Check Compare(const Runtime& rt, const std::string& dir, const Model& model,
     scale = scale > 0.0 ? scale : 1.0;
     for (int64_t k = 0; k < n; ++k) {
       double r = ElementAt(ref.data(), ref_type, k);
-      double err = std::fabs(ElementAt(out.data(), got[i].dtype(), k) - r);
+      double err = std::fabs(ElementAt(out.data(), outs[i].dtype, k) - r);
       if (!(err <= model.atol * scale + model.rtol * std::fabs(r))) c.ok = false;
       c.max_abs = std::isnan(err) ? NAN : std::max(c.max_abs, err);
       c.rel = std::max(c.rel, err / scale);
@@ -391,8 +472,12 @@ int Run(int argc, char** argv) {
   for (const Model& model : m.models) {
     if (!only.empty() && model.name != only) continue;
     std::vector<ffi::Tensor> inputs;
-    for (const TensorFile& f : model.inputs) inputs.push_back(rt.Upload(dir, f));
+    uint64_t seed = 20261204;
+    for (const TensorFile& f : model.inputs) inputs.push_back(rt.Upload(dir, f, &seed));
     std::vector<ffi::AnyView> args(inputs.begin(), inputs.end());
+    std::vector<Buffer> refs;
+    bool have_refs = !model.reference_first;
+    if (have_refs) refs = StoredReference(dir, model);
     for (const System& sys : model.systems) {
       try {
         ffi::Function main = rt.LoadMain(dir + "/" + sys.library);
@@ -401,7 +486,12 @@ int Run(int argc, char** argv) {
         rt.Sync();
         std::vector<ffi::Tensor> got;
         Flatten(out, &got);
-        Check c = Compare(rt, dir, model, got);
+        std::vector<Buffer> outs = Outputs(rt, got);
+        if (!have_refs) {  // the first system is the reference of the others
+          refs = outs;
+          have_refs = true;
+        }
+        Check c = Compare(model, refs, outs);
         auto [median, fastest] = Time(rt, main, args, warmup, repeat);
         failures += c.ok ? 0 : 1;
         std::printf("%-22s %-8s %10.4f %10.4f %10.3g %10.3g  %s\n", model.name.c_str(),
@@ -414,6 +504,9 @@ int Run(int argc, char** argv) {
       }
       std::fflush(stdout);
     }
+  }
+  if (dev.device_type == kDLCUDA && only.empty()) {
+    std::printf("bandwidth %.1f GB/s\n", rt.CopyBandwidth(256, 5) * 1e-9);
   }
   std::printf("%s\n", failures ? "bundle run: FAILED" : "bundle run: all ok");
   return failures ? 1 : 0;

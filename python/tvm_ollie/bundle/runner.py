@@ -47,17 +47,26 @@ RUN_SH = """#!/bin/sh
 # Runs every model of this bundle on {device} with the TVM runtime alone and prints the
 # latency table (also written to results.txt). Arguments go to the runner:
 #   --repeat N  --warmup N  --model NAME  --load-only
+# Where python3 has PyTorch with CUDA, the same models on PyTorch follow in the table
+# (torch_device.py; TORCH_COMPILE=1 adds torch.compile, TORCH=0 skips PyTorch). The runner
+# finds what the bundle carries first (RPATH); cuBLAS/cuDNN, when a model calls them, come
+# from the device: LD_LIBRARY_PATH, or TVM_OLLIE_CUBLAS_LIB / TVM_OLLIE_CUDNN_LIB.
 cd "$(dirname "$0")" || exit 2
-unset LD_LIBRARY_PATH
 ./runner . "$@" > results.txt 2>&1
 status=$?
+if [ "${{TORCH:-1}}" != 0 ] && [ -f torch_device.py ] && [ -z "$*" ] && \\
+    python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
+  if [ "${{TORCH_COMPILE:-0}}" = 1 ]; then extra=--compile; else extra=; fi
+  python3 torch_device.py $extra >> results.txt 2>&1 || status=1
+fi
 cat results.txt
 exit $status
 """
 
 
 def write_run_script(bundle: str, device: str) -> str:
-    """``bundle/run.sh``: the one command to run on the device (exit status: the runner's)."""
+    """``bundle/run.sh``: the one command to run on the device (exit status: the runner's,
+    1 as well when PyTorch ran and a model failed there)."""
     path = os.path.join(bundle, "run.sh")
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(RUN_SH.format(device=device))

@@ -426,9 +426,10 @@ def _cuda_library(library: Optional[bool], target) -> bool:
     """The CUDA kernels are offered when the CUDA library loads, a GPU is present and cuBLAS
     or cuDNN opens (each kernel is then offered only where its own vendor library does:
     :func:`tvm_ollie.codegen.library.call_form`). Without a GPU the pass keeps TVM's kernels
-    (nothing could time or run the library's)."""
+    (nothing could time or run the library's), unless they are assumed to run where the build
+    goes (:func:`tvm_ollie.native_cuda.assumed`: a device bundle)."""
 
-    if not gpu_available(target):
+    if not gpu_available(target) and not native_cuda.assumed():
         why = "no CUDA device here"
     else:
         errors = [native_cuda.kernel_error(k) for k in native_cuda.KERNELS]

@@ -40,7 +40,7 @@ from .fold_rule import used_once as _used_once
 from .regions import static_tensor
 from .space_to_depth import SPACE_TO_DEPTH_RULES
 
-__all__ = ["FOLD_RULES", "FoldRule", "FoldInference", "fold_inference"]
+__all__ = ["FOLD_RULES", "GPU_FOLD_RULES", "FoldRule", "FoldInference", "fold_inference"]
 
 _dpl = relax.dpl
 
@@ -298,6 +298,13 @@ FOLD_RULES: Tuple[FoldRule, ...] = (
 ) + SPACE_TO_DEPTH_RULES + (
     FoldRule("silu", _SILU, _silu),
 ) + ACTIVATION_RULES
+
+#: The folds on a GPU: all but ``bn_runtime``. Its per-call scale of the weights and shift are
+#: Relax ops that the CPU library's epilogue absorbs; on a GPU each is one more kernel launch,
+#: while TVM fuses the batch norm after the convolution into one kernel (quick YOLOX on the
+#: H200, weights as parameters: 1226 VM instructions against TVM's 618, 2.2-2.5 ms against
+#: 1.16, docs/device_bundle.md).
+GPU_FOLD_RULES: Tuple[FoldRule, ...] = tuple(r for r in FOLD_RULES if r.name != "bn_runtime")
 
 
 # --- driver -------------------------------------------------------------------------------

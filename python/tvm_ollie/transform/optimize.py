@@ -22,7 +22,7 @@ from ..compat import mutate_functions, relax, tvm
 from ..compile_profile import profile_scope, stage
 from ..config import MIN_SEARCH_S, OllieConfig, resolve_config
 from ..lift import LiftError, lift_relax_call
-from ..target import kind_name, normalize_target
+from ..target import is_gpu_target, kind_name, normalize_target
 from ..tune import analytic
 from ..tune.budget import SearchPayback, SmallUnitGuard, TrialBudget
 from ..tune.calibrate import Calibration
@@ -37,7 +37,7 @@ from .decision import Decision
 from .emit import emit_program
 from .epilogue import fuse_epilogues
 from .groups import find_shared_input_groups
-from .inference_fold import fold_inference
+from .inference_fold import FOLD_RULES, GPU_FOLD_RULES, fold_inference
 from .int8_choice import Int8Choice, Int8Report
 from .int8_kernels import int8_kernels
 from .matmul_pack import PackReport, pack_matmul_weights
@@ -256,7 +256,8 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
     chooser, tuner and cost model)."""
     t_start = time.perf_counter()
     with stage("inference fold"):
-        mod, folds = fold_inference(mod) if cfg.fold_inference else (mod, {})
+        rules = GPU_FOLD_RULES if is_gpu_target(tgt) else FOLD_RULES
+        mod, folds = fold_inference(mod, rules) if cfg.fold_inference else (mod, {})
     if budget is None:
         budget = TrialBudget(cfg.trials)
     decider = Decider(tgt, cfg, budget=budget, **hooks)

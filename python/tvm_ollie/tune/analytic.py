@@ -63,14 +63,15 @@ NATIVE_KIND = {"relax.nn.conv2d": "native_conv2d", "relax.matmul": "native_matmu
 
 
 def stage_seconds(stage, calib: Calibration, impl: str = "tvm") -> float:
-    """Estimated seconds of one program stage (``impl`` as in :func:`program_seconds`)."""
+    """Estimated seconds of one program stage (``impl`` as in :func:`program_seconds`), its
+    kernel's launch (``calib.launch_s``) included."""
     sc = stage_cost(stage, calib.peak_flops, calib.bandwidth)
     kind = stage.kind
     if impl == "native" and lib.stage_form(stage) is not None:
         kind = f"native_{target_op(kind).library}"
     elif kind == "batch_matmul" and stage.attrs.get("batch", 1) == 1:
         kind = "matmul"
-    return _roof(sc.flops, sc.bytes, calib, kind)
+    return _roof(sc.flops, sc.bytes, calib, kind) + calib.launch_s
 
 
 def program_seconds(program: Program, calib: Calibration, impl: str = "tvm",
@@ -125,7 +126,7 @@ def original_seconds(expr: Scope, op_name: str, calib: Calibration, impl: str = 
     if impl == "native" and op_name in NATIVE_KIND:
         kind = NATIVE_KIND[op_name]
         flops = useful_flops(expr, op_name) or flops
-    return _roof(flops, moved, calib, kind)
+    return _roof(flops, moved, calib, kind) + calib.launch_s
 
 
 def derived_kinds(library: bool = True,

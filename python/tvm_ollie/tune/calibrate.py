@@ -25,8 +25,9 @@ The derivation engine's cost (:mod:`tvm_ollie.derive.cost`) is a roofline: each 
 On ``cuda`` with a GPU present the efficiencies (TVM's dlight kernels and the CUDA library's)
 and the bandwidth roof are fitted to kernels timed on the device, once per device and cached
 on disk (:mod:`.cuda_calibration`; ``TVM_OLLIE_CUDA_CALIBRATE=0`` turns it off). Without a GPU
-the hand-set ``EFFICIENCY["cuda"]`` row is used and :meth:`Calibration.describe` says
-"uncalibrated".
+the calibration recorded in the package for the target's architecture is used (measured on
+such a device by a bundle run: :mod:`tvm_ollie.bundle.calibration`, ``tune/recorded/``), else
+the hand-set ``EFFICIENCY["cuda"]`` row and :meth:`Calibration.describe` says "uncalibrated".
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from typing import Dict, Mapping, Optional, Tuple
 import numpy as np
 import tvm_ffi
 
-from .. import compat, native
+from .. import compat, native, native_cuda
 from .. import target as target_module
 from ..codegen import builder
 from ..codegen import library as lib
@@ -102,6 +103,11 @@ class Calibration:
         ``"calibrated"``).
     note : str
         A word on the source (the device calibrated on and the cache file, or why not).
+    launch_s : float
+        Seconds every kernel costs besides its roofline time (a GPU's launch and the wait for
+        the kernel before it; fitted from a device run, :mod:`tvm_ollie.bundle.calibration`;
+        0 on CPUs, where a kernel is a function call): a derived program of many small stages
+        pays it per stage.
     """
 
     kind: str
@@ -110,11 +116,13 @@ class Calibration:
     efficiency: Mapping[str, float] = field(default_factory=dict)
     source: str = "default"
     note: str = ""
+    launch_s: float = 0.0
 
     def describe(self) -> str:
         """One line for reports: the target kind, where the numbers came from and why."""
         what = {"measured": "measured on this machine", "given": "roof given by the caller",
                 "calibrated": "calibrated on the device",
+                "recorded": "calibrated by a recorded device run",
                 "default": "uncalibrated (hand-set efficiencies)"}.get(self.source, self.source)
         return f"{self.kind} {what}" + (f": {self.note}" if self.note else "")
 
@@ -488,8 +496,17 @@ def _cuda_calibration(target, eff: Dict[str, float], peak_flops: Optional[float]
     tgt = normalize_target(target)
     if os.environ.get("TVM_OLLIE_CUDA_CALIBRATE", "1") in ("0", "off", "false"):
         return Calibration("cuda", peak, bw, eff, "default", "TVM_OLLIE_CUDA_CALIBRATE=0")
+    if native_cuda.assumed():  # (the library's kernels are offered: their efficiencies)
+        eff = {**CUDA_LIBRARY_EFFICIENCY, **eff}
     if not gpu_available(tgt):
-        return Calibration("cuda", peak, bw, eff, "default", "no CUDA device here")
+        arch = str(tgt.attrs.get("arch", ""))
+        recorded = cc.read_recorded(arch)
+        if recorded is None:
+            return Calibration("cuda", peak, bw, eff, "default", "no CUDA device here")
+        note = (f"measured on {recorded.device} by a device bundle run (no CUDA device here; "
+                f"{cc.recorded_path(arch).name})")
+        return Calibration("cuda", peak, float(bandwidth or recorded.bandwidth),
+                           {**eff, **recorded.efficiency}, "recorded", note, recorded.launch_s)
     key = str(tgt)
     eff = {**CUDA_LIBRARY_EFFICIENCY, **eff}
     if key not in _CUDA:

@@ -39,7 +39,7 @@ from ..target import target_device
 from .metaschedule import default_pipeline
 
 __all__ = ["KernelTiming", "CudaCalibration", "cache_path", "calibrate_cuda", "fit_efficiency",
-           "measure_cuda"]
+           "measure_cuda", "read_recorded", "recorded_path", "workloads", "write_recorded"]
 
 LOG = logging.getLogger(__name__)
 
@@ -69,6 +69,8 @@ class CudaCalibration:
     bandwidth: float
     efficiency: Mapping[str, float]
     timings: Tuple[KernelTiming, ...] = ()
+    #: seconds per kernel besides its roofline time (:attr:`.calibrate.Calibration.launch_s`)
+    launch_s: float = 0.0
 
 
 def fit_efficiency(timings: Sequence[KernelTiming], peak_flops: float,
@@ -100,7 +102,7 @@ def _conv_out(size: int, k: int, stride: int, pad: int) -> int:
     return (size + 2 * pad - k) // stride + 1
 
 
-def _workloads(native_kinds: Sequence[str]):
+def workloads(native_kinds: Sequence[str]):
     """``(kind, shapes, body, flops, bytes)`` of every kernel to time. ``body(bb, *vars)``
     builds the Relax expression; library kernels are ``call_dps_packed`` of the CUDA
     library (only the kinds in ``native_kinds``)."""
@@ -190,13 +192,13 @@ def native_kinds_here() -> List[str]:
 def measure_cuda(target, native_kinds: Sequence[str], repeat: int = 3,
                  seconds_fn: Optional[Callable] = None,
                  bandwidth_fn: Optional[Callable] = None) -> Tuple[List[KernelTiming], float]:
-    """The timings of :func:`_workloads` on device 0 and the copy bandwidth
+    """The timings of :func:`workloads` on device 0 and the copy bandwidth
     (``seconds_fn(target, shapes, body, repeat)`` and ``bandwidth_fn(target)`` replace the
     device measurements). A workload that fails to build or run is left out with a warning (its
     kind keeps the default)."""
     seconds_fn = seconds_fn or _device_seconds
     timings = []
-    for kind, shapes, body, flops, moved in _workloads(native_kinds):
+    for kind, shapes, body, flops, moved in workloads(native_kinds):
         try:
             t = seconds_fn(target, shapes, body, repeat)
         except Exception as err:  # pylint: disable=broad-except
@@ -236,7 +238,8 @@ def _read_cache(path: Path, native_kinds: Sequence[str]) -> Optional[CudaCalibra
         return CudaCalibration(
             str(data["device"]), float(data["peak_flops"]), float(data["bandwidth"]),
             {str(k): float(v) for k, v in data["efficiency"].items()},
-            tuple(KernelTiming(**t) for t in data.get("timings", [])))
+            tuple(KernelTiming(**t) for t in data.get("timings", [])),
+            float(data.get("launch_s", 0.0)))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -245,7 +248,7 @@ def _write_cache(path: Path, calib: CudaCalibration, native_kinds: Sequence[str]
     """Write atomically (a concurrent reader sees the old file or the new one)."""
     data = {"version": CACHE_VERSION, "device": calib.device, "peak_flops": calib.peak_flops,
             "bandwidth": calib.bandwidth, "efficiency": dict(calib.efficiency),
-            "native_kinds": sorted(native_kinds),
+            "native_kinds": sorted(native_kinds), "launch_s": calib.launch_s,
             "timings": [asdict(t) for t in calib.timings]}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -274,3 +277,30 @@ def calibrate_cuda(target, peak_flops: float, device: str, tvm_version: str,
                             fit_efficiency(timings, peak_flops, bandwidth), tuple(timings))
     _write_cache(path, calib, native_kinds)
     return calib, path, False
+
+
+# -- calibrations recorded in the package ------------------------------------------------------
+
+#: Where calibrations measured on a device (by a bundle run: :mod:`tvm_ollie.bundle.calibration`)
+#: are kept in the package, one file per CUDA architecture.
+RECORDED_DIR = Path(__file__).resolve().parent / "recorded"
+
+
+def recorded_path(arch: str) -> Path:
+    """The recorded calibration file of ``arch`` (``sm_90``; ``sm_90a``, the same chip with its
+    architecture-specific features, shares it)."""
+    match = re.match(r"sm_(\d+)", arch)
+    name = f"sm_{match.group(1)}" if match else re.sub(r"[^A-Za-z0-9]+", "_", arch)
+    return RECORDED_DIR / f"cuda_{name}.json"
+
+
+def read_recorded(arch: str) -> Optional[CudaCalibration]:
+    """The calibration recorded for ``arch`` (None: none, or unreadable)."""
+    return _read_cache(recorded_path(arch), ())
+
+
+def write_recorded(calib: CudaCalibration, arch: str, path: Optional[Path] = None) -> Path:
+    """Keep ``calib`` as the recorded calibration of ``arch`` (or at ``path``)."""
+    path = Path(path) if path is not None else recorded_path(arch)
+    _write_cache(path, calib, ())
+    return path
