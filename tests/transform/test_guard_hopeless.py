@@ -4,12 +4,16 @@ timers and clocks: nothing here depends on this machine's speed."""
 
 from types import SimpleNamespace
 
+import pytest
 import small_models as sm
+import tvm
 from tvm_ollie.frontend.explain import guard_line
 from tvm_ollie.pipeline import build
-from tvm_ollie.pipeline.guard import guard_plans
+from tvm_ollie.pipeline.build import _unless_hopeless
+from tvm_ollie.pipeline.guard import PlanSkipped, guard_plans
 from tvm_ollie.pipeline.hopeless import (ORIGINAL_HOPELESS, fastest_call, hopeless_original,
                                          original_lower_bound)
+from tvm_ollie.transform.decision import Decision
 from tvm_ollie.transform.measuring import HOPELESS
 
 OPTS = dict(max_depth=2, search_time_s=1.0, calibration=sm.LLVM_CALIB, library=False,
@@ -29,6 +33,63 @@ def test_the_lower_bound_counts_each_timed_call_once():
     report = _report(_dec("a", 3e-3), _dec("a", 3e-3), _dec("b", 1e-3),
                      _dec("c", 5.0, measured=False), _dec("d", 0.0), _dec("a", 2e-3, True, "f"))
     assert original_lower_bound(report) == 3e-3 + 1e-3 + 2e-3
+
+
+def _unit(kind, var_name, contents, before_s, measured=True):
+    return Decision(function="main", var_name=var_name, kind=kind, contents=contents,
+                    before_s=before_s, measured=measured)
+
+
+def test_the_calls_of_a_unit():
+    assert _unit("call", "lv3", "", 1.0).calls() == ["lv3"]
+    assert _unit("region", "lv6", "lv=reshape, lv1=permute_dims, lv2=matmul, lv6=add",
+                 1.0).calls() == ["lv", "lv1", "lv2", "lv6"]
+    assert _unit("region", "lv9", "lv9=relax.call_tir:fused_add", 1.0).calls() == ["lv9"]
+    assert _unit("group", "q, k", "q=matmul, k=matmul share x", 1.0).calls() == ["q", "k"]
+
+
+def test_the_lower_bound_counts_regions_and_groups_each_call_once():
+    """BERT quick's units are regions only (no call decided alone): each counts. A call also
+    decided alone, or a group sharing a call with a region, is not counted again: the larger
+    unit counts."""
+    regions = [_unit("region", "lv6", "lv=reshape, lv2=matmul, lv6=add", 26e-3),
+               _unit("region", "lv17", "lv15=matmul, lv17=multiply", 16e-3),
+               _unit("group", "lv2, lv30", "lv2=matmul, lv30=matmul share x", 30e-3),
+               _unit("region", "lv40", "lv40=matmul, lv41=add", 9.0, measured=False)]
+    calls = [_unit("call", "lv15", "", 20e-3), _unit("call", "lv50", "", 1e-3)]
+    report = SimpleNamespace(decisions=calls, regions=regions)
+    # the group (30 ms) first, then lv15 alone (20 ms: the region lv17 shares it), then
+    # lv50; the region lv6 shares lv2 with the group; lv40 was estimated
+    assert original_lower_bound(report) == 30e-3 + 20e-3 + 1e-3
+    only_regions = SimpleNamespace(decisions=[], regions=regions[:2])
+    assert original_lower_bound(only_regions) == 26e-3 + 16e-3
+    why = hopeless_original(only_regions, 1e-3)
+    assert why is not None and "its units decided by timing alone measured 42.000ms" in why
+
+
+def test_an_original_whose_regions_alone_are_hopeless_is_not_built(monkeypatch):
+    """The guard's build step of the original: a report whose only timed units are regions
+    (BERT quick's shape) skips the build against a rewritten module 3x faster, and builds
+    it when the regions' originals are not."""
+    mod = sm.conv1x1()
+    ex = tvm.compile(mod, target="llvm")
+    _rewritten_takes(monkeypatch, 1e-3)
+    built = []
+
+    def original():
+        built.append(1)
+        return ex
+
+    for region_s, skipped in ((3e-3, True), (2.9e-3, False)):
+        report = SimpleNamespace(decisions=[], regions=[
+            _unit("region", "lv6", "lv=reshape, lv2=matmul, lv6=add", region_s)])
+        step = _unless_hopeless(original, mod, {"rewritten": lambda: ex}, report, "llvm")
+        if skipped:
+            with pytest.raises(PlanSkipped, match="3.000ms"):
+                step()
+            assert built == []
+        else:
+            assert step() is ex and built == [1]
 
 
 def test_skipped_at_the_guards_own_factor_and_not_below():

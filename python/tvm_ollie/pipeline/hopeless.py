@@ -9,26 +9,37 @@ of its kernels when it first runs). The guard's timing already retires a plan th
 samples; this rule applies the same test before the build, with the decisions' own timings
 as the original's lower bound::
 
-    L = sum over the calls decided by timing of their original's measured seconds (TVM's build)
+    L = sum over disjoint units decided by timing of their original's measured seconds
+        (TVM's build of the unit alone: a call, a region of calls, a shared-input group)
     skip(original)  iff  L >= HOPELESS * t_leader
 
 ``t_leader``: the fastest of a few calls of each plan built before it (the rewritten module
-and the library plan, already built and run by the guard), the fastest plan's. Why ``L`` bounds the original from below: the original module runs each of
-those calls on TVM's kernels (each call counted once, a call appears in one decision), plus
-everything else; each call's seconds are the median its decision measured for TVM's build of
-the call alone (the same pipeline builds it; in the whole model it is fused with at most its
-elementwise epilogue, which adds work). So when the rule holds, the original is at least
-``HOPELESS`` times slower than the leading plan, which the guard's timing would retire
-after two samples and never keep (the guard keeps it only if separated faster). Calls decided
-by the estimate (``measured`` false: small units skipped, the estimate's decisions) and
-regions (their calls may also be decided alone) add nothing to ``L``. Where the original is
-skipped the guard compares the plans' outputs with the library plan's (TVM with the library's
-kernels, each call checked against TVM's build of it), else there is nothing to compare: each
-rewritten call was checked against the original's when it was decided.
+and the library plan, already built and run by the guard), the fastest plan's. Why ``L`` bounds
+the original from below: the original module runs each of those units' calls on TVM's kernels,
+plus everything else; each unit's seconds are the median its decision measured for TVM's build
+of the unit alone (the same pipeline builds it; in the whole model it is fused with at most its
+neighbours' elementwise work, which adds work). Each call is counted at most once
+(:meth:`~tvm_ollie.transform.decision.Decision.calls`: a region's heavy call may also be a unit
+of its own, and a group shares calls with nothing else only by chance), the larger units
+first. So when the rule holds, the original is at least ``HOPELESS`` times slower than the
+leading plan, which the guard's timing would retire after two samples and never keep (the
+guard keeps it only if separated faster). Units decided by the estimate (``measured`` false:
+small units skipped, the estimate's decisions) add nothing to ``L``, and neither do the
+native softmax and instance norms the pass puts in by rule (nothing timed TVM's kernels for
+them: an estimate is no bound). Before regions and groups counted, BERT quick (six regions,
+no call decided alone) had ``L = 0`` and built and timed its original in every guard (30-35
+ms against 0.5-1.2 ms for the plans, 4-5 s of a 12 s cold build, docs/compile-time.md).
+Where the original is skipped the guard compares the plans' outputs with the library plan's
+(TVM with the library's kernels, each call checked against TVM's build of it), else there is
+nothing to compare: each rewritten unit was checked against the original's when it was
+decided.
 
 What could make it wrong: a decision timed in a loaded phase of the machine inflates ``L``
 (and the guard's own timing would then be as unreliable); a plan timed in such a phase
-only keeps the original's build (the rule does not hold).
+only keeps the original's build (the rule does not hold). A region built alone also copies
+what its layout calls (reshape, permute) produce, copies that the whole model may fuse into a
+neighbour: small beside the matmul or convolution each region is built around, and the factor
+of 3 is what such slack has to overcome.
 """
 
 from __future__ import annotations
@@ -50,16 +61,28 @@ REWRITTEN_CALLS = 5
 
 
 def original_lower_bound(report) -> float:
-    """``L``: the measured seconds of the original of every call decided by timing (each call
-    once: :attr:`OptimizeReport.decisions` holds one entry per call)."""
+    """``L``: the measured seconds of the originals of the units decided by timing
+    (:attr:`OptimizeReport.decisions` and ``regions``: calls, regions and groups), no call
+    counted twice: the units by decreasing seconds, each counted when none of its calls was
+    (module docstring)."""
+    units = [u for u in list(report.decisions) + list(getattr(report, "regions", ()))
+             if u.measured and u.before_s > 0]
     seen, total = set(), 0.0
-    for dec in report.decisions:
-        key = (getattr(dec, "function", ""), dec.var_name)
-        if key in seen or not dec.measured or not dec.before_s > 0:
+    for unit in sorted(units, key=lambda u: -float(u.before_s)):
+        function = getattr(unit, "function", "")
+        calls = {(function, name) for name in _calls(unit)}
+        if not calls or calls & seen:
             continue
-        seen.add(key)
-        total += float(dec.before_s)
+        seen |= calls
+        total += float(unit.before_s)
     return total
+
+
+def _calls(unit) -> list:
+    """The calls a unit covers (:meth:`~tvm_ollie.transform.decision.Decision.calls`; a unit
+    without that method, a test's stand-in: its ``var_name``)."""
+    calls = getattr(unit, "calls", None)
+    return calls() if callable(calls) else [unit.var_name]
 
 
 def hopeless_original(report, leader_s: Optional[float], leader: str = "rewritten",
@@ -73,7 +96,7 @@ def hopeless_original(report, leader_s: Optional[float], leader: str = "rewritte
     lower = original_lower_bound(report)
     if lower < factor * leader_s:
         return None
-    return (f"hopeless: its calls decided by timing alone measured {lower * 1e3:.3f}ms on "
+    return (f"hopeless: its units decided by timing alone measured {lower * 1e3:.3f}ms on "
             f"TVM's kernels, >= {factor:g} x the {leader} plan's {leader_s * 1e3:.3f}ms")
 
 

@@ -108,6 +108,17 @@ class Decision:
             return 1.0
         return self.before_s / self.after_s
 
+    def calls(self) -> List[str]:
+        """The variables bound to the calls this unit covers, in order: a call's own
+        (``var_name``), a region's or group's from ``contents`` (``var=op, ...``, a group's
+        ending `` share x``); the units of one report name their calls in one module, so two
+        units cover a call in common exactly when these lists share a name."""
+        if self.kind == "call" or not self.contents:
+            return [self.var_name] if self.var_name else []
+        listed = self.contents.rsplit(" share ", 1)[0] if self.kind == "group" else \
+            self.contents
+        return [part.split("=", 1)[0].strip() for part in listed.split(", ") if "=" in part]
+
     def for_unit(self, **identity) -> "Decision":
         """A copy of this signature's decision naming one unit (``kind``, ``function``,
         ``var_name``, ``op_name``, ``signature``, ``contents``, ``expression``)."""
