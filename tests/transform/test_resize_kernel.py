@@ -13,9 +13,12 @@ from tvm import relax
 
 from tvm_ollie import native
 from tvm_ollie.codegen import library as lib
+from tvm_ollie.codegen.builder import single_function_module as _module
 from tvm_ollie.transform.optimize import optimize_module
 from tvm_ollie.transform.resize_kernel import (RESIZE_ALONE, RESIZE_CONCAT, RESIZE_EXIT,
                                                RESIZE_VIEW, resize_kernels)
+
+from small_models import random_inputs as _inputs
 
 F32 = "float32"
 
@@ -44,28 +47,12 @@ def _run(mod, *args):
     return vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
 
 
-def _inputs(mod, seed=0):
-    rng = np.random.default_rng(seed)
-    return [rng.standard_normal([int(s) for s in p.ty.shape]).astype(F32)
-            for p in mod["main"].params]
-
-
 def _check(before, expected, counts_want):
     after, counts = resize_kernels(before)
     assert counts == counts_want
     tvm.ir.assert_structural_equal(after, expected)
     args = _inputs(before)
     np.testing.assert_allclose(_run(after, *args), _run(before, *args), rtol=1e-5, atol=1e-6)
-
-
-def _module(params, body):
-    """``main(*params)`` whose dataflow block ``body(bb, *params)`` fills; returns the module."""
-    bb = relax.BlockBuilder()
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = bb.emit_output(body(bb, *params))
-        bb.emit_func_output(out)
-    return bb.get()
 
 
 def test_alone():
