@@ -238,3 +238,19 @@ def test_optimize_module_option(on):
     assert report.inference_folds.get(RESIZE_CONCAT[0], 0) == (1 if on else 0)
     args = _inputs(mod)
     np.testing.assert_allclose(_run(new, *args), _run(mod, *args), rtol=1e-5, atol=1e-6)
+
+
+def test_a_blocked_transform_is_not_an_exit():
+    """A transform into ``nChw4c`` (5-D) after the resize stays TVM's; the resize is a call."""
+    x = relax.Var("x", _ty((1, 8, 3, 3)))
+
+    def body(bb, x):
+        r = bb.emit(_resize(x, (6, 6)))
+        return relax.op.layout_transform(r, lambda n, c, h, w: (n, c // 4, h, w, c % 4))
+
+    before = _module([x], body)
+    after, counts = resize_kernels(before)
+    assert counts == {RESIZE_ALONE[0]: 1}
+    assert "R.layout_transform" in after.script()
+    args = _inputs(before)
+    np.testing.assert_allclose(_run(after, *args), _run(before, *args), rtol=1e-5, atol=1e-6)

@@ -141,9 +141,12 @@ def _transform_to(value, fmt: str) -> Optional[object]:
         got = value.attrs.axes
         return value.args[0] if got is not None and tuple(int(a) for a in got) == axes else None
     if _is_op(value, "relax.layout_transform") and value.attrs.pad_value is None:
-        image = value.attrs.index_map.map_indices([tvm.tirx.IntImm("int64", i)
-                                                   for i in range(4)])
-        return value.args[0] if tuple(int(i) for i in image) == axes else None
+        index_map = value.attrs.index_map
+        if len(index_map.initial_indices) != 4 or len(index_map.final_indices) != 4:
+            return None
+        image = index_map.map_indices([tvm.tirx.IntImm("int64", i) for i in range(4)])
+        return value.args[0] if all(isinstance(i, tvm.tirx.IntImm) for i in image) \
+            and tuple(int(i) for i in image) == axes else None
     return None
 
 
