@@ -199,8 +199,11 @@ class OllieConfig:
         ``nn.instance_norm`` or the ONNX importer's mean/variance decomposition) by the native
         library's ``tvm_ollie.cpu.instance_norm``, its residual add and activation folded in
         (:mod:`tvm_ollie.transform.norm_kernels`), and every softmax over the last axis by
-        ``tvm_ollie.cpu.softmax`` (:mod:`tvm_ollie.transform.softmax_kernel`); CPU targets with
-        the native library only.
+        ``tvm_ollie.cpu.softmax`` (:mod:`tvm_ollie.transform.softmax_kernel`); after the
+        layout step, every bilinear or nearest ``image.resize2d``, with the concatenation it
+        feeds and the layout transform after that, by ``tvm_ollie.cpu.resize2d``
+        (:mod:`tvm_ollie.transform.resize_kernel`); CPU targets with the native library
+        only.
     library_plan : bool
         The whole-model guard (``model_guard``) also builds and times the library plan: every
         operator the native library has on its kernel (no derivation), chains of

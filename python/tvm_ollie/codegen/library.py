@@ -13,6 +13,8 @@ VM) the output:
 * ``tvm_ollie.cpu.instance_norm(attrs, X, [scale], [bias], [residual], Out)``, instance
   normalization of each ``(n, c)`` plane of ``X`` with its per-channel affine
   (:mod:`tvm_ollie.transform.norm_kernels`);
+* ``tvm_ollie.cpu.resize2d(attrs, X_1, .., X_k, Out)``, bilinear or nearest resizes of each
+  ``X_i`` written into its channel slice of ``Out`` (:mod:`tvm_ollie.transform.resize_kernel`);
 * ``tvm_ollie.cpu.g2bmm(attrs, A, B, Out)`` and ``tvm_ollie.cpu.gbmm(attrs, A, B, Out)``, the
   banded matmuls of the ``g2bmm``/``gbmm`` target operators (``width=W;dil=D``), which run
   matched program stages only.
@@ -45,7 +47,7 @@ from ..target import target_kind
 
 __all__ = ["BAND_KERNELS", "CONV2D", "CONV2D_INT8", "CONV2D_TRANSPOSE", "CUDA_CONV2D",
            "CUDA_MATMUL", "EPILOGUE_KERNELS", "G2BMM", "GBMM", "INSTANCE_NORM", "KERNELS",
-           "MATMUL", "MATMUL_INT8", "SOFTMAX", "LibCall", "band_call", "call_form",
+           "MATMUL", "MATMUL_INT8", "RESIZE2D", "SOFTMAX", "LibCall", "band_call", "call_form",
            "conv2d_int8_call", "conv2d_transpose_call", "current_device", "device_of",
            "emit_call", "kernel_device", "matmul_int8_call", "parse_attrs", "stage_form"]
 
@@ -66,6 +68,10 @@ INSTANCE_NORM = "tvm_ollie.cpu.instance_norm"
 #: Softmax over the last axis (:mod:`tvm_ollie.transform.softmax_kernel`):
 #: ``tvm_ollie.cpu.softmax(X, Out)``, no attributes and no epilogue.
 SOFTMAX = "tvm_ollie.cpu.softmax"
+#: Bilinear/nearest 2-D resizes written into the channel slices of one output (a concatenation
+#: of resizes; :mod:`tvm_ollie.transform.resize_kernel`):
+#: ``tvm_ollie.cpu.resize2d(attrs, X_1, .., X_k, Out)``, no epilogue.
+RESIZE2D = "tvm_ollie.cpu.resize2d"
 #: The kernels that take the ``bias``/``res``/``act`` epilogue keys.
 EPILOGUE_KERNELS = (MATMUL, CONV2D, CONV2D_TRANSPOSE, CUDA_MATMUL, CUDA_CONV2D, INSTANCE_NORM)
 #: The banded matmul kernels, by target operator name.

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -53,7 +53,7 @@ from .activations import match_hardsigmoid, match_hardswish
 
 __all__ = ["ACTIVATIONS", "BlockIndex", "CPU_ONLY_ACTIVATIONS", "FoldedChain", "SINK_RESHAPE",
            "activation_value", "block_index", "fold_chain", "fuse_epilogues", "is_f32",
-           "static_shape", "use_counts"]
+           "rewrite_dataflow_blocks", "static_shape", "use_counts"]
 
 #: Relax activation -> the kernel's ``act`` value (``clip`` takes its bounds from the call,
 #: ``leaky_relu`` its slope: ``clip_LO_HI``, ``leaky_relu_A``).
@@ -347,6 +347,37 @@ def use_counts(func: "relax.Function") -> Counter:
             counter.visit_expr(binding.value)
     counter.visit_expr(func.body.body)
     return counter.uses
+
+
+def rewrite_dataflow_blocks(mod: "tvm.IRModule",
+                            rewrite: Callable[[List, "relax.Function"], List]) -> "tvm.IRModule":
+    """``mod`` with the bindings of every dataflow block of every Relax function replaced by
+    ``rewrite(bindings, func)`` (``func`` the function as it was before the walk); normalized
+    when a block changed, ``mod`` itself when none did.
+
+    The walk that the kernel rules share (the norm, softmax and resize kernels): ``rewrite``
+    returns the list it was given, or the same binding objects, for a block it leaves alone."""
+    updates = {}
+    for gv, func in mod.functions_items():
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            continue
+        blocks, changed = [], False
+        for block in func.body.blocks:
+            if isinstance(block, relax.DataflowBlock):
+                old = list(block.bindings)
+                new = rewrite(old, func)
+                if len(new) != len(old) or any(a is not b for a, b in zip(new, old)):
+                    block, changed = relax.DataflowBlock(new), True
+            blocks.append(block)
+        if changed:
+            updates[gv] = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body),
+                                         func.ret_ty, func.is_pure, func.attrs)
+    if not updates:
+        return mod
+    new_mod = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
+    for gv, func in updates.items():
+        new_mod[gv] = func
+    return relax.transform.Normalize()(new_mod)
 
 
 @dataclass

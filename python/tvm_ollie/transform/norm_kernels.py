@@ -36,7 +36,8 @@ import numpy as np
 from .. import native
 from ..codegen import library as lib
 from ..compat import relax, tvm
-from .epilogue import block_index, fuse_epilogues, is_f32, static_shape, use_counts
+from .epilogue import (block_index, fuse_epilogues, is_f32, rewrite_dataflow_blocks, static_shape,
+                       use_counts)
 
 __all__ = ["INSTANCE_NORM_ONNX", "INSTANCE_NORM_OP", "instance_norm_kernels"]
 
@@ -217,19 +218,9 @@ def instance_norm_kernels(mod: "tvm.IRModule") -> Tuple["tvm.IRModule", Dict[str
     if not native.provides(lib.INSTANCE_NORM):
         return mod, {}
     counts: Dict[str, int] = {}
-    updates = {}
-    for gv, func in mod.functions_items():
-        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
-            continue
-        uses = use_counts(func)
-        blocks = [relax.DataflowBlock(_rewrite_block(list(b.bindings), uses, counts))
-                  if isinstance(b, relax.DataflowBlock) else b for b in func.body.blocks]
-        updates[gv] = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body),
-                                     func.ret_ty, func.is_pure, func.attrs)
+    new_mod = rewrite_dataflow_blocks(
+        mod, lambda bindings, func: _rewrite_block(bindings, use_counts(func), counts))
     if not counts:
         return mod, {}
-    new_mod = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
-    for gv, func in updates.items():
-        new_mod[gv] = func
-    new_mod, _ = fuse_epilogues(relax.transform.Normalize()(new_mod))
+    new_mod, _ = fuse_epilogues(new_mod)
     return new_mod, counts

@@ -42,6 +42,7 @@ from .int8_choice import Int8Choice, Int8Report
 from .int8_kernels import int8_kernels
 from .matmul_pack import PackReport, pack_matmul_weights
 from .norm_kernels import instance_norm_kernels
+from .resize_kernel import resize_kernels
 from .softmax_kernel import softmax_kernels
 from .pool_cascade import pool_cascade
 from .pool_cover import pool_cover
@@ -319,6 +320,13 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
         if cfg.pack_weights:
             with stage("matmul packs"):
                 new_mod, report.matmul_packs = packed_matmuls(new_mod, cfg.work_dir)
+    if cfg.norm_kernels and decider.library and lib.current_device() == "cpu" \
+            and not cfg.orchestrate:
+        # after the layouts: the transform into a chain's format after a concatenation of
+        # resizes is written by the kernel (orchestration, as for the softmax, owns the resize)
+        with stage("resize kernels"):
+            new_mod, resizes = resize_kernels(new_mod)
+        folds = {**folds, **resizes}
     if cfg.fold_inference:  # after the layouts: a pool in a channels-last chain stays in it
         new_mod, pools = pool_cover(new_mod)
         new_mod, cascaded = pool_cascade(new_mod)

@@ -22,7 +22,7 @@ from typing import Dict, Optional, Tuple
 from .. import native
 from ..codegen import library as lib
 from ..compat import relax, tvm
-from .epilogue import is_f32, static_shape
+from .epilogue import is_f32, rewrite_dataflow_blocks, static_shape
 
 __all__ = ["SOFTMAX_LAST_AXIS", "softmax_kernels"]
 
@@ -69,17 +69,5 @@ def softmax_kernels(mod: "tvm.IRModule") -> Tuple["tvm.IRModule", Dict[str, int]
     if not native.provides(lib.SOFTMAX):
         return mod, {}
     counts: Dict[str, int] = {}
-    updates = {}
-    for gv, func in mod.functions_items():
-        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
-            continue
-        blocks = [relax.DataflowBlock(_rewrite(list(b.bindings), counts))
-                  if isinstance(b, relax.DataflowBlock) else b for b in func.body.blocks]
-        updates[gv] = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body),
-                                     func.ret_ty, func.is_pure, func.attrs)
-    if not counts:
-        return mod, {}
-    new_mod = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
-    for gv, func in updates.items():
-        new_mod[gv] = func
-    return relax.transform.Normalize()(new_mod), counts
+    new_mod = rewrite_dataflow_blocks(mod, lambda bindings, _: _rewrite(bindings, counts))
+    return (new_mod, counts) if counts else (mod, {})
