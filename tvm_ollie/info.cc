@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common.h"
+#include "weight_pack.h"
 #include "kernels.h"
 
 namespace tvm_ollie {
@@ -46,7 +47,8 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("tvm_ollie.cpu.cache_stats", []() -> std::string {
         PrimitiveCache& c = PrimitiveCache::Global();
         return "size=" + std::to_string(c.size()) + ";hits=" + std::to_string(c.hits()) +
-               ";misses=" + std::to_string(c.misses());
+               ";misses=" + std::to_string(c.misses()) +
+               ";pack_reorders=" + std::to_string(weight_pack::Reorders());
       });
 }
 
