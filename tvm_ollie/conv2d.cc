@@ -402,7 +402,7 @@ int64_t PackedFloats(const OneDNNConv& e) {
 // A reorder from the packed weights' tag into the primitive's weight format (cached).
 struct PortableWeights {
   dnnl::memory::desc from;
-  Reorder reorder;
+  weight_pack::PackReorder reorder;
 };
 
 // The weights of a wpacked call: the packed tensor itself when it was made for this problem on
@@ -448,9 +448,7 @@ dnnl::memory PackedWeights(const ffi::TensorView& Wt, float* w, const std::strin
   dnnl::memory from(port->from, eng, w + kPackHeaderFloats);
   if (!port->reorder.needed) return from;
   weight_pack::CountReorder();
-  dnnl::memory wei(e.wei_md, eng, ScratchBuffer(2, e.wei_md.get_size()));
-  port->reorder.Run(from, wei, 5);
-  return wei;
+  return port->reorder.Run(from, ScratchBuffer(2, e.wei_md.get_size()));
 }
 
 // The weight dims in klayout order for a packed call: O from Out, I = C / groups, kernel=KH,KW.
@@ -642,7 +640,8 @@ dnnl::memory SiteWeights(ConvSite* site, const dnnl::memory::desc& md, void* dat
 // residual into dst (sum post-op), the convolution, the reorder out, the padding channels.
 void RunSite(const ConvParams& p, ConvSite* site, const ConvTensors& t) {
   const OneDNNConv& e = *site->e;
-  // Scratch slots: 0 conv scratchpad, 1 src, 2 weights, 3 dst, 4 residual, 5 reorder scratch.
+  // Scratch slots: 0 conv scratchpad, 1 src, 2 weights, 3 dst, 4 residual, 5 reorder scratch
+  // (7: a pack reordered through the plain format, weight_pack.h).
   Point(site->user_src, t.x);
   Point(site->user_dst, t.out);
   if (e.src_alias) Point(site->src, t.x);

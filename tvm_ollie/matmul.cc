@@ -332,7 +332,7 @@ void BindSite(const MatmulParams& p, MatmulSite* site, int nthr) {
 // tag).
 struct PortablePack {
   dnnl::memory::desc from;
-  Reorder reorder;
+  weight_pack::PackReorder reorder;
 };
 
 // The weights of a wpacked=1 call: the pack's data as they are when its header was made for the
@@ -366,8 +366,7 @@ const float* PackedWeights(const MatmulSite& site, const float* b, int64_t numel
   if (!port->reorder.needed) return data;
   weight_pack::CountReorder();
   void* wei = ScratchBuffer(2, e.wei_md.get_size());
-  port->reorder.Run(dnnl::memory(port->from, eng, const_cast<float*>(data)),
-                    dnnl::memory(e.wei_md, eng, wei), 5);
+  port->reorder.Run(dnnl::memory(port->from, eng, const_cast<float*>(data)), wei);
   return static_cast<const float*>(wei);
 }
 

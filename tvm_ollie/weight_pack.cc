@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <string>
 
 namespace tvm_ollie {
 namespace weight_pack {
@@ -80,6 +81,41 @@ void WriteHeader(const Header& h, float* data) {
 
 int64_t PackedFloats(uint64_t bytes) {
   return kHeaderFloats + static_cast<int64_t>((bytes + 3) / 4);
+}
+
+void PackReorder::Init(const dnnl::memory::desc& from, const dnnl::memory::desc& target) {
+  to = target;
+  needed = from != target;
+  if (!needed) return;
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  const dnnl::reorder::primitive_desc pd(Engine(), from, Engine(), target, attr);
+  via_plain = std::string(pd.impl_info_str()).rfind("simple", 0) == 0;
+  if (!via_plain) {
+    direct.Init(from, target);
+    return;
+  }
+  const dnnl::memory::dims dims = target.get_dims();
+  dnnl::memory::dims strides(dims.size(), 1);
+  for (int i = static_cast<int>(dims.size()) - 2; i >= 0; --i) {
+    strides[i] = strides[i + 1] * dims[i + 1];
+  }
+  plain = dnnl::memory::desc(dims, target.get_data_type(), strides);
+  to_plain.Init(from, plain);
+  from_plain.Init(plain, target);
+}
+
+dnnl::memory PackReorder::Run(const dnnl::memory& from, void* dst) const {
+  dnnl::memory out(to, Engine(), dst);
+  if (!via_plain) {
+    direct.Run(from, out, 5);
+  } else {
+    dnnl::memory mid(plain, Engine(), ScratchBuffer(7, plain.get_size()));
+    to_plain.Run(from, mid, 5);
+    from_plain.Run(mid, out, 5);
+  }
+  Stream().wait();
+  return out;
 }
 
 void CountReorder() { g_reorders.fetch_add(1, std::memory_order_relaxed); }
