@@ -377,8 +377,8 @@ std::shared_ptr<OneDNNConv> CreateConv(const ConvParams& p, const ConvShape& s, 
 // CPU, another problem over the same weights, a stall window), the call reorders the packed
 // weights from their tag into the format its primitive wants, every call, as it does unpacked
 // weights: a module built with packed weights runs anywhere, at the unpacked speed where the
-// machine differs. Without a tag (a format that no
-// tag names) or with other logical dims it is rejected instead of read in the wrong layout.
+// machine differs. Without a tag (a format that no tag names) or with other logical dims it is
+// rejected instead of read in the wrong layout.
 // The header is weight_pack.h's, with the convolution's magic.
 constexpr int64_t kPackHeaderFloats = weight_pack::kHeaderFloats;
 constexpr uint64_t kPackMagic = weight_pack::kConvMagic;

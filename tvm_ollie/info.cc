@@ -8,8 +8,8 @@
 #include <string>
 
 #include "common.h"
-#include "weight_pack.h"
 #include "kernels.h"
+#include "weight_pack.h"
 
 namespace tvm_ollie {
 namespace {
