@@ -1,9 +1,9 @@
 """Float weight packs and thread counts (weight_pack.h, docs/threads.md, "Packs and thread
 counts"): a pack records the OpenMP count it was made under, and a call at another count runs at
 the pack's count instead of reordering the pack on every call; inside a stall window it stays on
-the calling thread (and reorders). Outputs are bit for bit those of the unpacked call at the
-count the call ran at (oneDNN's one- and two-thread primitives may round differently: they
-block the weights differently)."""
+the calling thread (and reorders). Outputs are bit for bit those of the unpacked call on blocked
+formats at the count the call ran at (the plain-format primitive, which fmt=auto picks for these
+unpacked weights, rounds differently in the last bits)."""
 
 import numpy as np
 import pytest
