@@ -276,6 +276,7 @@ void ThreadScope::SerialBelow(double flops, int64_t* best_ns) {
   const int64_t now = NowNs();
   if (SerialForStall(now)) {
     omp_set_num_threads(1);
+    held_by_stall_ = true;
     return;
   }
   best_ns_ = best_ns;

@@ -221,9 +221,13 @@ class ThreadScope {
   // Run the rest of this call with `n` OpenMP threads, whatever SerialBelow chose (a prepacked
   // weight made for that count's primitive, int8.cc); the call is then not timed.
   void Fix(int n);
+  // Whether SerialBelow ran this call on the calling thread for a stall window (not for its
+  // size): a prepacked weight then keeps the window's count rather than its pack's (conv2d.cc).
+  bool HeldByStall() const { return held_by_stall_; }
 
  private:
   int previous_;
+  bool held_by_stall_ = false;
   int64_t* best_ns_ = nullptr;  // the timed call's site (null: not timed)
   int64_t start_ns_ = 0;
   double flops_ = 0;  // the timed call's work (a stall bound of its own: stall.h)

@@ -372,11 +372,13 @@ std::shared_ptr<OneDNNConv> CreateConv(const ConvParams& p, const ConvShape& s, 
 // of the cached primitive. The header holds a magic number, a hash of the problem, the weight
 // format and the CPU ISA (the fast path: the packed weights are read as they are), the oneDNN
 // format tag of the packed weights, their size in bytes and a hash of the logical weight dims.
-// Where the hash differs (another CPU, another thread count, another problem over the same
-// weights), the call reorders the packed weights from their tag into the format its primitive
-// wants, every call, as it does unpacked weights: a module built with packed weights runs
-// anywhere, at the unpacked speed where the machine differs. Without a tag (a format that no
-// tag names) or with other logical dims it is rejected instead of read in the wrong layout.
+// A call under another thread count than the pack's runs at the pack's count (Conv2d,
+// weight_pack::PackThreads), except inside a stall window. Where the hash still differs (another
+// CPU, another problem over the same weights, a stall window), the call reorders the packed
+// weights from their tag into the format its primitive wants, every call, as it does unpacked
+// weights: a module built with packed weights runs anywhere, at the unpacked speed where the
+// machine differs. Without a tag (a format that no tag names) or with other logical dims it is
+// rejected instead of read in the wrong layout.
 // The header is weight_pack.h's, with the convolution's magic.
 constexpr int64_t kPackHeaderFloats = weight_pack::kHeaderFloats;
 constexpr uint64_t kPackMagic = weight_pack::kConvMagic;
@@ -400,7 +402,7 @@ int64_t PackedFloats(const OneDNNConv& e) {
 // A reorder from the packed weights' tag into the primitive's weight format (cached).
 struct PortableWeights {
   dnnl::memory::desc from;
-  Reorder reorder;
+  weight_pack::PackReorder reorder;
 };
 
 // The weights of a wpacked call: the packed tensor itself when it was made for this problem on
@@ -445,9 +447,8 @@ dnnl::memory PackedWeights(const ffi::TensorView& Wt, float* w, const std::strin
   });
   dnnl::memory from(port->from, eng, w + kPackHeaderFloats);
   if (!port->reorder.needed) return from;
-  dnnl::memory wei(e.wei_md, eng, ScratchBuffer(2, e.wei_md.get_size()));
-  port->reorder.Run(from, wei, 5);
-  return wei;
+  weight_pack::CountReorder();
+  return port->reorder.Run(from, ScratchBuffer(2, e.wei_md.get_size()));
 }
 
 // The weight dims in klayout order for a packed call: O from Out, I = C / groups, kernel=KH,KW.
@@ -481,6 +482,7 @@ struct ConvSite {
   int64_t best_ns = kNoBestNs;     // the fastest parallel run (stall.h)
   std::shared_ptr<OneDNNConv> e;
   uint64_t pack_hash = 0;          // weight_pack::Hash(key, e->wei_md) (wpacked calls)
+  weight_pack::PackThreads pack_threads;  // packs made under another thread count (wpacked)
   dnnl::memory user_src, user_dst, user_res, src, wei, dst, bias, scratch;
   // weights by data pointer (a site's weights are constants: the same few pointers every run):
   // a memory over blocked weights is zero-padded whenever it is made or its handle changes
@@ -638,7 +640,8 @@ dnnl::memory SiteWeights(ConvSite* site, const dnnl::memory::desc& md, void* dat
 // residual into dst (sum post-op), the convolution, the reorder out, the padding channels.
 void RunSite(const ConvParams& p, ConvSite* site, const ConvTensors& t) {
   const OneDNNConv& e = *site->e;
-  // Scratch slots: 0 conv scratchpad, 1 src, 2 weights, 3 dst, 4 residual, 5 reorder scratch.
+  // Scratch slots: 0 conv scratchpad, 1 src, 2 weights, 3 dst, 4 residual, 5 reorder scratch
+  // (7: a pack reordered through the plain format, weight_pack.h).
   Point(site->user_src, t.x);
   Point(site->user_dst, t.out);
   if (e.src_alias) Point(site->src, t.x);
@@ -706,8 +709,23 @@ void Conv2d(ffi::PackedArgs args, ffi::Any* rv) {
     }
   }
   threads.SerialBelow(ConvFlops(site->s), &site->best_ns);
-  const int nthr = omp_get_max_threads();
+  int nthr = omp_get_max_threads();
+  if (p.wpacked && !threads.HeldByStall() && site->pack_threads.Threads(nthr) != nthr) {
+    nthr = site->pack_threads.Threads(nthr);
+    threads.Fix(nthr);
+  }
   if (site->nthr != nthr) BindSite(p, site, nthr);
+  // A pack made under another count (the build's TVM_NUM_THREADS, or the serial threshold's
+  // count there) runs at its count rather than being reordered per call (weight_pack.h); not
+  // inside a stall window, whose point is to keep the call off the stalled worker.
+  if (p.wpacked && !threads.HeldByStall()) {
+    const int n = site->pack_threads.Note(weight_pack::ReadHeader(t.w, t.Wt.numel()), kPackMagic,
+                                          site->pack_hash, nthr);
+    if (n > 0) {
+      threads.Fix(n);
+      BindSite(p, site, n);
+    }
+  }
   RunSite(p, site, t);
 }
 
@@ -723,7 +741,9 @@ std::shared_ptr<OneDNNConv> PackedEntry(const char* fname, const ConvParams& p,
     TVM_FFI_THROW(ValueError) << fname << ": give the conv2d attrs without wpacked/fmt=plain";
   }
   ConvShape s = CheckConvShapes(p, x, w, nullptr);
-  threads->SerialBelow(ConvFlops(s));  // the entry that conv2d will run with this weight
+  // The entry that conv2d will run with this weight: the threshold's count, not a passing stall
+  // window's (a pack outlives the window, and the size and the pack must agree).
+  threads->SerialBelowThreshold(ConvFlops(s));
   *key = ConvKey(p, s, Fmt::kBlocked);
   return CachedGet<OneDNNConv>(*key, [&]() { return CreateConv(p, s, Fmt::kBlocked); });
 }

@@ -9,6 +9,7 @@
 
 #include "common.h"
 #include "kernels.h"
+#include "weight_pack.h"
 
 namespace tvm_ollie {
 namespace {
@@ -46,7 +47,8 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("tvm_ollie.cpu.cache_stats", []() -> std::string {
         PrimitiveCache& c = PrimitiveCache::Global();
         return "size=" + std::to_string(c.size()) + ";hits=" + std::to_string(c.hits()) +
-               ";misses=" + std::to_string(c.misses());
+               ";misses=" + std::to_string(c.misses()) +
+               ";pack_reorders=" + std::to_string(weight_pack::Reorders());
       });
 }
 

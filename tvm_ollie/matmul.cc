@@ -286,6 +286,7 @@ struct MatmulSite {
   std::unordered_map<int, dnnl::memory> args;
   size_t scratch_bytes = 0;
   uint64_t pack_hash = 0;  // weight_pack::Hash of the bound primitive (wpacked=1)
+  weight_pack::PackThreads pack_threads;  // packs made under another thread count (wpacked=1)
 };
 
 // The ParsedAttrs value of matmul: the attributes and, per argument shapes, the call sites.
@@ -331,11 +332,12 @@ void BindSite(const MatmulParams& p, MatmulSite* site, int nthr) {
 // tag).
 struct PortablePack {
   dnnl::memory::desc from;
-  Reorder reorder;
+  weight_pack::PackReorder reorder;
 };
 
 // The weights of a wpacked=1 call: the pack's data as they are when its header was made for the
-// site's primitive; else (another thread count's or CPU's format) reordered from the header's
+// site's primitive; else (another CPU's format, or another thread count's inside a stall window:
+// Matmul runs other calls at the pack's count) reordered from the header's
 // format tag into scratch slot 2; a pack of other weights or without a tag is rejected.
 const float* PackedWeights(const MatmulSite& site, const float* b, int64_t numel) {
   const weight_pack::Header h = weight_pack::ReadHeader(b, numel);
@@ -362,9 +364,9 @@ const float* PackedWeights(const MatmulSite& site, const float* b, int64_t numel
   const dnnl::engine& eng = Engine();
   const float* data = b + weight_pack::kHeaderFloats;
   if (!port->reorder.needed) return data;
+  weight_pack::CountReorder();
   void* wei = ScratchBuffer(2, e.wei_md.get_size());
-  port->reorder.Run(dnnl::memory(port->from, eng, const_cast<float*>(data)),
-                    dnnl::memory(e.wei_md, eng, wei), 5);
+  port->reorder.Run(dnnl::memory(port->from, eng, const_cast<float*>(data)), wei);
   return static_cast<const float*>(wei);
 }
 
@@ -513,8 +515,23 @@ void Matmul(ffi::PackedArgs args, ffi::Any* rv) {
     return;
   }
   threads.SerialBelow(site->flops, &site->best_ns);
-  const int nthr = omp_get_max_threads();
+  int nthr = omp_get_max_threads();
+  if (p.wpacked && !threads.HeldByStall() && site->pack_threads.Threads(nthr) != nthr) {
+    nthr = site->pack_threads.Threads(nthr);
+    threads.Fix(nthr);
+  }
   if (site->nthr != nthr) BindSite(p, site, nthr);
+  // A pack made under another count (the build's TVM_NUM_THREADS, or the serial threshold's
+  // count there) runs at its count rather than being reordered per call (weight_pack.h); not
+  // inside a stall window, whose point is to keep the call off the stalled worker.
+  if (p.wpacked && !threads.HeldByStall()) {
+    const int n = site->pack_threads.Note(weight_pack::ReadHeader(t.b, t.B.numel()),
+                                          weight_pack::kMagic, site->pack_hash, nthr);
+    if (n > 0) {
+      threads.Fix(n);
+      BindSite(p, site, n);
+    }
+  }
   const float* b = p.wpacked ? PackedWeights(*site, t.b, t.B.numel()) : t.b;
   RunSite(p, site, t.a, b, t.bias, t.res, t.out);
 }
@@ -522,7 +539,8 @@ void Matmul(ffi::PackedArgs args, ffi::Any* rv) {
 // matmul_packed_size(attrs, A, B, Out) -> int and matmul_pack_weight(attrs, A, B, Out, Packed):
 // attrs those of the calls that will take the pack (with or without wpacked=1); A and Out give
 // the shapes only, B the weights ([K, N], or [N, K] with tb=1). The pack is made for the
-// primitive those calls run with the thread count in effect (SerialBelow as in a call).
+// primitive those calls run with the thread count in effect (the serial threshold as in a call;
+// not a passing stall window).
 constexpr const char* kPackSizeName = "tvm_ollie.cpu.matmul_packed_size";
 constexpr const char* kPackName = "tvm_ollie.cpu.matmul_pack_weight";
 
@@ -555,7 +573,7 @@ MatmulSite PackSite(ffi::PackedArgs args, const char* name, int count, ThreadSco
   site.flops = 2.0 * site.pr.count * site.pr.M * site.pr.N * site.pr.K;
   site.q = FoldProblem(p, site.pr);
   site.key = OneDNNKey(p, site.q);
-  threads->SerialBelow(site.flops);
+  threads->SerialBelowThreshold(site.flops);  // a pack outlives a passing stall window
   BindSite(p, &site, omp_get_max_threads());
   return site;
 }

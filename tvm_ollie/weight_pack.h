@@ -3,13 +3,17 @@
 // convolution's packed weights). A call reads a pack
 // as it is when the header's hash is its own primitive's; otherwise it reorders the pack from
 // the oneDNN format tag in the header, every call, so a module built with packed weights still
-// runs under another thread count or CPU (at the unpacked speed there).
+// runs on another CPU (at the unpacked speed there). Under another thread count the call runs
+// at the pack's own count instead (PackThreads): oneDNN picks a weight format per thread count
+// (e.g. Acdb16a at two threads, Acdb24a at one for a 64-channel 3x3 conv on AVX2), and the
+// reorder between them took 3.3 ms per call, 100x the convolution (docs/threads.md).
 #ifndef TVM_OLLIE_WEIGHT_PACK_H_
 #define TVM_OLLIE_WEIGHT_PACK_H_
 
 #include <cstdint>
 #include <string>
 
+#include "common.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace tvm_ollie {
@@ -23,6 +27,7 @@ constexpr uint64_t kConvMagic = 0x314b5045494c4c4fULL;  // "OLLIEPK1": the float
 
 struct Header {
   uint64_t magic = 0, hash = 0, tag = 0, bytes = 0, dims = 0;
+  uint64_t threads = 0;  // the OpenMP thread count the pack was made under (0: older packs)
 };
 
 // A hash of a primitive's cache key, its weight descriptor (dims, strides, blocks) and the
@@ -32,13 +37,50 @@ uint64_t Hash(const std::string& key, const dnnl::memory::desc& md);
 uint64_t DimsHash(const dnnl::memory::dims& dims);
 // The format tag whose descriptor equals md (md's dims and data type), 0 when no tag does.
 uint64_t TagOf(const dnnl::memory::desc& md);
-// The header of the packed weights of primitive key `key` in format md.
+// The header of the packed weights of primitive key `key` in format md, made under the calling
+// thread's OpenMP count.
 Header MakeHeader(const std::string& key, const dnnl::memory::desc& md, uint64_t magic = kMagic);
 // The header at the start of a pack of `numel` float32 elements (zeros when it is shorter).
 Header ReadHeader(const float* data, int64_t numel);
 void WriteHeader(const Header& h, float* data);
 // Float32 elements of a pack whose weights take `bytes` bytes.
 int64_t PackedFloats(uint64_t bytes);
+
+// A reorder from a pack's format (its header's tag) into a primitive's weight format. oneDNN has
+// no JIT reorder between some pairs of blocked formats: Acdb16a to Acdb24a (a 64x64x3x3 weight,
+// the one- and two-thread formats of one conv on AVX2) runs its reference `simple:any` reorder,
+// 3.3 ms, where each format to or from the plain one takes 0.03 ms (jit:uni). Such pairs go
+// through the plain format (dense in the weight's logical dims) in scratch slot 7.
+struct PackReorder {
+  bool needed = false;
+  bool via_plain = false;
+  dnnl::memory::desc to, plain;
+  Reorder direct, to_plain, from_plain;
+
+  void Init(const dnnl::memory::desc& from, const dnnl::memory::desc& to);
+  // Reorders `from` into a memory of the target format over `dst` (scratch slot 5 for the
+  // reorders' own scratchpads); waits for the stream.
+  dnnl::memory Run(const dnnl::memory& from, void* dst) const;
+};
+
+// Calls that reordered a pack into their primitive's format (another CPU, or a pack made under
+// another thread count inside a stall window): the cache_stats counter `pack_reorders`.
+void CountReorder();
+int64_t Reorders();
+
+// Which call sites' packs were made under another thread count: a call at `nthr` threads whose
+// primitive's hash is not its pack's remembers the pack's count (Note), and the next calls at
+// `nthr` run at that count from the start (Threads) instead of binding twice per call.
+struct PackThreads {
+  int mismatch_nthr = 0;  // the count whose primitive did not fit the pack (0: none seen)
+  int pack_nthr = 0;      // the pack's count
+
+  // The count to run a call resolved at `nthr` threads with (nthr itself unless Note saw it).
+  int Threads(int nthr) const { return nthr == mismatch_nthr ? pack_nthr : nthr; }
+  // After binding at `nthr`: the count the call must run at instead to read the pack `h` as it
+  // is (0: none: the pack fits, was made under `nthr`, or its count is unknown), remembered.
+  int Note(const Header& h, uint64_t magic, uint64_t hash, int nthr);
+};
 
 }  // namespace weight_pack
 }  // namespace tvm_ollie
