@@ -118,6 +118,9 @@ CudnnApi LoadCudnn() {
       Resolve(h, "cudnnGetConvolutionForwardAlgorithm_v7",
               &api.GetConvolutionForwardAlgorithm_v7, &e) &&
       Resolve(h, "cudnnConvolutionForward", &api.ConvolutionForward, &e);
+  std::string optional;  // (a missing Find leaves the heuristics: cuda_conv2d.cc)
+  Resolve(h, "cudnnFindConvolutionForwardAlgorithm", &api.FindConvolutionForwardAlgorithm,
+          &optional);
   if (!api.ok) api.error = api.path + ": " + api.error;
   return api;
 }

@@ -55,6 +55,8 @@ struct CudnnApi {
   decltype(&cudnnGetConvolution2dForwardOutputDim) GetConvolution2dForwardOutputDim = nullptr;
   decltype(&cudnnGetConvolutionForwardAlgorithm_v7) GetConvolutionForwardAlgorithm_v7 = nullptr;
   decltype(&cudnnConvolutionForward) ConvolutionForward = nullptr;
+  // Optional (null when the library lacks it): algorithms timed on the device, fastest first.
+  decltype(&cudnnFindConvolutionForwardAlgorithm) FindConvolutionForwardAlgorithm = nullptr;
 };
 
 // Loaded once per process (thread-safe); never unloaded.

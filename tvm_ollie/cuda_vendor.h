@@ -106,6 +106,11 @@ cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(
     const cudnnFilterDescriptor_t filterDesc, const cudnnConvolutionDescriptor_t convDesc,
     const cudnnTensorDescriptor_t destDesc, const int requestedAlgoCount,
     int* returnedAlgoCount, cudnnConvolutionFwdAlgoPerf_t* perfResults);
+cudnnStatus_t cudnnFindConvolutionForwardAlgorithm(
+    cudnnHandle_t handle, const cudnnTensorDescriptor_t xDesc,
+    const cudnnFilterDescriptor_t wDesc, const cudnnConvolutionDescriptor_t convDesc,
+    const cudnnTensorDescriptor_t yDesc, const int requestedAlgoCount, int* returnedAlgoCount,
+    cudnnConvolutionFwdAlgoPerf_t* perfResults);
 cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void* alpha,
                                       const cudnnTensorDescriptor_t xDesc, const void* x,
                                       const cudnnFilterDescriptor_t wDesc, const void* w,

@@ -8,6 +8,7 @@ import struct
 
 import pytest
 
+from tvm_ollie.bundle.build import _failure_line
 from tvm_ollie.bundle.cuda_pack import CUDA_FORMAT, patch_blob, split_blob
 from tvm_ollie.bundle.libraries import (NativeLibrary, dependency_closure,
                                         referenced_libraries, runtime_libraries)
@@ -122,3 +123,11 @@ def test_native_libraries_are_carried_only_when_called():
     ex = _FakeExecutable("Globals: vm.builtin.alloc_storage, tvm_ollie.cpu.conv2d")
     assert referenced_libraries(ex, [cpu, cuda]) == [cpu]
     assert referenced_libraries(_FakeExecutable("fused_conv2d"), [cpu, cuda]) == []
+
+
+def test_a_failed_build_is_told_by_its_error_line():
+    nvcc = RuntimeError("nvcc failed\nk.cu(3): error: too many resources requested\n"
+                        "ptxas info    : Compile time = 68.8 ms")
+    assert _failure_line(nvcc) == "RuntimeError: k.cu(3): error: too many resources requested"
+    assert _failure_line(ValueError("first\nlast")) == "ValueError: last"
+    assert _failure_line(KeyError()) == "KeyError"

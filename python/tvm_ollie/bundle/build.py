@@ -162,6 +162,16 @@ def _copy_libraries(out: str, kind: str, natives: Sequence[NativeLibrary],
     return preload
 
 
+def _failure_line(err: Exception) -> str:
+    """One line on why a build failed: the first line that names an error (a compiler's
+    output ends with its statistics, not its error), else the last."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(err).__name__
+    named = [line for line in lines if "error" in line.lower()]
+    return f"{type(err).__name__}: {(named or lines)[-1 if not named else 0][:200]}"
+
+
 def _write_report(out: str, case: str, system: str, report: str) -> None:
     """The pass's report of ``case`` by ``system`` in ``OUT.reports/`` (not carried)."""
     folder = os.path.abspath(out).rstrip("/") + ".reports"
@@ -287,8 +297,7 @@ def _build_bundle(out, kind, target, models, cases, systems, trials, work_dir, l
                 if report is not None:  # (what the pass chose, beside the bundle)
                     _write_report(out, case.name, system, report)
             except Exception as err:  # pylint: disable=broad-except
-                why = f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:200]}" \
-                    if str(err).strip() else type(err).__name__
+                why = _failure_line(err)
                 failures.append((case.name, system, why))
                 log(f"{case.name} {system}: build failed: {why}")
                 continue

@@ -50,8 +50,20 @@ RUN_SH = """#!/bin/sh
 # Where python3 has PyTorch with CUDA, the same models on PyTorch follow in the table
 # (torch_device.py; TORCH_COMPILE=1 adds torch.compile, TORCH=0 skips PyTorch). The runner
 # finds what the bundle carries first (RPATH); cuBLAS/cuDNN, when a model calls them, come
-# from the device: LD_LIBRARY_PATH, or TVM_OLLIE_CUBLAS_LIB / TVM_OLLIE_CUDNN_LIB.
+# from the device: LD_LIBRARY_PATH, TVM_OLLIE_CUBLAS_LIB / TVM_OLLIE_CUDNN_LIB, else NVIDIA's
+# Python wheels (python3's nvidia/*/lib, as PyTorch installs them).
 cd "$(dirname "$0")" || exit 2
+if grep -q libtvm_ollie_cuda manifest.txt && [ -z "$TVM_OLLIE_CUBLAS_LIB" ]; then
+  # the CUDA library's kernels call cuBLAS/cuDNN: the device's own (NVIDIA's wheels, e.g.
+  # PyTorch's) when the loader does not find them already
+  vendor=$(python3 - 2>/dev/null <<'PY'
+import os, nvidia
+libs = [os.path.join(p, d, "lib") for p in nvidia.__path__ for d in sorted(os.listdir(p))]
+print(":".join(lib for lib in libs if os.path.isdir(lib)))
+PY
+)
+  [ -n "$vendor" ] && export LD_LIBRARY_PATH="$vendor${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"
+fi
 ./runner . "$@" > results.txt 2>&1
 status=$?
 if [ "${{TORCH:-1}}" != 0 ] && [ -f torch_device.py ] && [ -z "$*" ] && \\
