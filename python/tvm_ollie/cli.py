@@ -265,7 +265,7 @@ def _bundle_results(args: argparse.Namespace) -> int:
     if not os.path.isfile(os.path.join(args.bundle, "results.txt")):
         raise UserError(f"{args.bundle} holds no results.txt (run sh run.sh there first)")
     res = import_results(args.bundle, args.work_dir, args.device, args.arch, args.calibration,
-                         not args.no_calibration)
+                         not args.no_calibration, args.record)
     for case, n in sorted(res.records.items()):
         print(f"{case}: {n} candidate timings -> {args.work_dir}")
     if res.calibration is not None:
@@ -695,8 +695,11 @@ def build_parser() -> argparse.ArgumentParser:
     cmd.add_argument("--device", default="NVIDIA H200", help="the device's name (records)")
     cmd.add_argument("--arch", default="sm_90", help="its CUDA architecture (calibration key)")
     cmd.add_argument("--calibration", metavar="PATH",
-                     help="where the fitted calibration goes (default: the package's "
-                          "tune/recorded/cuda_<arch>.json, used by builds without a GPU)")
+                     help="where the fitted calibration goes (default: "
+                          "WORK_DIR/cuda/calibration_<arch>.json)")
+    cmd.add_argument("--record", action="store_true",
+                     help="write the calibration as the package's recording of the "
+                          "architecture (tune/recorded/), used by every build without a GPU")
     cmd.add_argument("--no-calibration", action="store_true",
                      help="do not write the calibration")
     cmd.set_defaults(func=_bundle_results)

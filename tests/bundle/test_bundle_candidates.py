@@ -22,7 +22,8 @@ import pytest
 from test_bundle_llvm import OLLIE, run_clean
 from tvm_ollie.bundle import Case, build_bundle, read_manifest
 from tvm_ollie.bundle import build as bundle_build
-from tvm_ollie.bundle.calibration import fit_from_results, fit_launch, stage_count
+from tvm_ollie.bundle.calibration import (MIN_LAUNCH_ROWS, fit_from_results, fit_launch,
+                                          stage_count)
 from tvm_ollie.bundle.candidates import (CANDIDATES_FILE, TIMINGS_FILE, CollectingTimer,
                                          DeviceTimer, ResultRow, read_results, records_dir,
                                          write_records)
@@ -207,16 +208,21 @@ def test_calibration_fit_from_rows():
 
 
 def test_launch_cost_is_the_slope_of_the_fastest_per_stage_count():
-    listing = {f"m.u{k}": {"case": "m", "systems": {"a0": f"s{k}|original", "a1": label}}
-               for k, label in enumerate(["s0|a", "s1|a -> b", "s2|a -> b -> c", "s3|a -> b"])}
-    assert [stage_count(e["systems"]["a1"]) for e in listing.values()] == [1, 2, 3, 2]
-    rows = [ResultRow("m.u0", "a1", 10e-6, True), ResultRow("m.u1", "a1", 15e-6, True),
-            ResultRow("m.u2", "a1", 20e-6, True), ResultRow("m.u3", "a1", 40e-6, True),
-            ResultRow("m.u0", "a0", 1.0, True), ResultRow("m.u1", "a0", 1e-6, False)]
-    assert fit_launch(rows, listing) == pytest.approx(5e-6)  # (10, 15, 20 us at 1, 2, 3)
-    assert fit_launch(rows[:1], listing) == 0.0
-    falling = [ResultRow("m.u0", "a1", 20e-6, True), ResultRow("m.u1", "a1", 10e-6, True)]
-    assert fit_launch(falling, listing) == 0.0
+    stages = ["a", "a -> b", "a -> b -> c"]
+    listing = {f"m.u{k}": {"case": "m", "systems": {"a0": f"s{k}|original",
+                                                    "a1": f"s{k}|{stages[k % 3]}"}}
+               for k in range(MIN_LAUNCH_ROWS)}
+    assert [stage_count(listing[f"m.u{k}"]["systems"]["a1"]) for k in range(4)] == [1, 2, 3, 1]
+    # the fastest per stage count: 10, 15, 20 us at 1, 2, 3 stages; the others slower
+    rows = [ResultRow(f"m.u{k}", "a1", (5 + 5 * (k % 3 + 1) + k) * 1e-6 if k >= 3 else
+                      (5 + 5 * (k % 3 + 1)) * 1e-6, True) for k in range(MIN_LAUNCH_ROWS)]
+    rows += [ResultRow("m.u0", "a0", 1.0, True), ResultRow("m.u1", "a1", 1e-6, False)]
+    assert fit_launch(rows, listing) == pytest.approx(5e-6)
+    assert fit_launch(rows[:MIN_LAUNCH_ROWS - 1], listing) == 0.0  # (too few to fit)
+    two_counts = {k: v for k, v in listing.items() if stage_count(v["systems"]["a1"]) < 3}
+    assert fit_launch(rows, two_counts) == 0.0
+    falling = [ResultRow(r.model, r.system, 40e-6 - r.seconds, r.ok) for r in rows[:-2]]
+    assert fit_launch(falling, listing) == 0.0  # (clipped at 0)
 
 
 def test_recorded_calibration_is_used_without_a_gpu(tmp_path, monkeypatch):

@@ -63,21 +63,31 @@ def stage_count(label: str) -> int:
     return 0 if alt == "original" else alt.count(" -> ") + 1
 
 
+#: Fewest derived candidates, and distinct stage counts among them, that :func:`fit_launch`
+#: fits a launch cost from (one model's three units gave 748 us a kernel: its slowest programs
+#: had the most stages).
+MIN_LAUNCH_ROWS = 20
+MIN_LAUNCH_COUNTS = 3
+
+
 def fit_launch(rows: Sequence[ResultRow], candidates: Dict[str, dict]) -> float:
     """Seconds one more stage costs on the device when its work is negligible: the
     least-squares slope of the fastest derived candidate per stage count over stage counts
     (the fastest: the one whose stages do the least work, so the launches dominate), clipped
-    at 0; 0 without two stage counts. ``candidates``: the bundle's listing of candidate
+    at 0; 0 with fewer than :data:`MIN_LAUNCH_ROWS` derived candidates or
+    :data:`MIN_LAUNCH_COUNTS` stage counts. ``candidates``: the bundle's listing of candidate
     entries."""
     fastest: Dict[int, float] = {}
+    derived = 0
     for row in rows:
         entry = candidates.get(row.model)
         if entry is None or not row.ok or not row.seconds or row.system not in entry["systems"]:
             continue
         n = stage_count(entry["systems"][row.system])
         if n > 0:
+            derived += 1
             fastest[n] = min(fastest.get(n, row.seconds), row.seconds)
-    if len(fastest) < 2:
+    if derived < MIN_LAUNCH_ROWS or len(fastest) < MIN_LAUNCH_COUNTS:
         return 0.0
     counts = np.array(sorted(fastest), dtype=float)
     seconds = np.array([fastest[int(n)] for n in counts])

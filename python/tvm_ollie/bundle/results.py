@@ -4,8 +4,9 @@
 ``results.txt`` that ``run.sh`` wrote in a bundle folder (copied back from the device) with
 the bundle's ``candidates.json``, writes each case's device timings under ``D`` (the
 benchmark's layout, :func:`~.candidates.records_dir`) for a ``measured`` build, and fits the
-CUDA calibration from the calibration rows (:mod:`.calibration`), kept where asked (the
-package's ``tune/recorded/`` by default).
+CUDA calibration from the calibration rows (:mod:`.calibration`), written beside the records
+(``D/cuda/calibration_<arch>.json``) or, asked to record it, as the package's calibration of
+that architecture (``tune/recorded/``, used by every later build without a GPU).
 """
 
 from __future__ import annotations
@@ -36,9 +37,11 @@ class ImportedResults:
 
 
 def import_results(bundle: str, work_dir: str, device: str = "NVIDIA H200", arch: str = "sm_90",
-                   calibration_path: Optional[str] = None,
-                   write_calibration: bool = True) -> ImportedResults:
-    """Read ``bundle/results.txt`` and ``bundle/candidates.json`` (module docstring)."""
+                   calibration_path: Optional[str] = None, write_calibration: bool = True,
+                   record: bool = False) -> ImportedResults:
+    """Read ``bundle/results.txt`` and ``bundle/candidates.json`` (module docstring); the
+    calibration goes to ``calibration_path``, else the package's recording of ``arch`` with
+    ``record``, else the work dir."""
     with open(os.path.join(bundle, "results.txt"), encoding="utf-8") as fh:
         rows, bandwidth = read_results(fh.read())
     listing_path = os.path.join(bundle, CANDIDATES_FILE)
@@ -51,6 +54,9 @@ def import_results(bundle: str, work_dir: str, device: str = "NVIDIA H200", arch
                              TARGET_DEFAULTS["cuda"][0], listing["candidates"])
     path = None
     if calib is not None and write_calibration:
-        path = cc.write_recorded(calib, arch, Path(calibration_path) if calibration_path else None)
+        where = Path(calibration_path) if calibration_path else None
+        if where is None and not record:
+            where = Path(work_dir) / "cuda" / f"calibration_{arch}.json"
+        path = cc.write_recorded(calib, arch, where)
     mismatches = [f"{r.model} {r.system}" for r in rows if not r.ok]
     return ImportedResults(rows, records, calib, path, mismatches)
