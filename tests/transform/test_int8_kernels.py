@@ -104,13 +104,16 @@ def test_guards_keep_the_int32_form(why, weight, zp):
     tvm.ir.assert_structural_equal(after, before)
 
 
-def test_int8_source_conv_without_vnni_keeps_the_int32_form():
-    """Without VNNI the rule's probe finds oneDNN's halved odd weights on an int8 source and
-    keeps TVM's convolution (with VNNI the kernel is exact and the rule applies)."""
+@pytest.mark.parametrize("x_dtype, zp", [("int8", None), ("uint8", 128)])
+def test_int8_source_conv_without_vnni_keeps_the_int32_form(x_dtype, zp, monkeypatch, unpacked):
+    """Without VNNI oneDNN halves the weights of an int8-source convolution: the rule keeps
+    TVM's convolution there, and still rewrites a uint8 source (the CPU's answer replaced, so
+    that both kinds of CPU run the guard)."""
     _require_int8()
-    before = _centered_conv("int8", None, _weight())
+    monkeypatch.setattr(native, "int8_exact_products", lambda: False)
+    before = _centered_conv(x_dtype, zp, _weight())
     after, counts = int8_kernels(before)
-    if native.int8_exact_products():
+    if x_dtype == "uint8":
         assert counts == {"int8_conv2d": 1}
         return
     assert counts == {}
