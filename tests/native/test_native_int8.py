@@ -119,7 +119,7 @@ def test_conv2d_int8_requantizes_to_u8_within_one_step(per_channel):
 #: oneDNN's s8-source convolutions on x86 without VNNI keep the source signed and halve the
 #: weights in their reorder (its s8s8 compensation, ``scale_adjust`` 0.5, rounded half to
 #: even): odd weights lose a bit (measured on an AVX2 EPYC: weight 1 -> 0, 3 -> 4). The rewrite
-#: finds that with its probe and keeps TVM's int32 convolution there.
+#: keeps TVM's int32 convolution for such sources there (int8_kernels._conv_source_exact).
 NO_VNNI_S8_CONV = "s8-source convolutions without VNNI halve the weights (oneDNN's s8s8 path)"
 
 

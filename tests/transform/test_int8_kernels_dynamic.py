@@ -164,6 +164,18 @@ def test_conv_integer_with_a_run_time_zero_point_equals_onnxruntime(name):
         assert np.array_equal(theirs(*args).numpy(), expected)
 
 
+@pytest.mark.parametrize("x_type, rewritten", [(TensorProto.INT8, False),
+                                               (TensorProto.UINT8, True)])
+def test_int8_source_without_vnni_keeps_the_int32_conv(x_type, rewritten, monkeypatch):
+    """Without VNNI oneDNN halves the weights of an int8-source convolution: the run-time
+    zero point rule keeps TVM's ConvInteger for it and still rewrites a uint8 source (the
+    CPU's answer replaced, so that both kinds of CPU run the guard)."""
+    _require_int8()
+    monkeypatch.setattr(native, "int8_exact_products", lambda: False)
+    _, counts = int8_kernels(_load(_conv_integer_model(128, x_type, pads=[1, 1, 1, 1])))
+    assert counts.get("int8_conv2d_dynamic_zp") == (1 if rewritten else None), counts
+
+
 @pytest.mark.parametrize("b_zp", [128, 0])
 def test_matmul_integer_with_a_run_time_zero_point_equals_onnxruntime(b_zp):
     _require_int8()
