@@ -118,7 +118,21 @@ def _feeds(shape, dtype, zp: int) -> dict:
     return {"x" if len(shape) == 4 else "a": x, "zp": np.array(zp, dtype)}
 
 
-# w_zp 128: the centered weight fits int8 (one part); 60: two parts; 0: [0, 255], three parts
+def _expected_parts(weight: np.ndarray, zero_point: int) -> int:
+    """How many int8 parts the rule splits ``weight - zero_point`` into on this CPU (parts in
+    ``[-64, 63]`` without VNNI, where oneDNN sums pairs of products in int16); 0 when more than
+    :data:`MAX_PARTS` would be needed and the int32 form stays."""
+    low, high = (-128, 127) if native.int8_exact_products() else (-64, 63)
+    parts = int8_parts(weight.astype(np.int32) - zero_point, low, high)
+    return 0 if parts is None else len(parts)
+
+
+def _initializer(model, name: str) -> np.ndarray:
+    return next(numpy_helper.to_array(t) for t in model.graph.initializer if t.name == name)
+
+
+# w_zp 128: the centered weight fits int8 (one part; three of [-64, 63] without VNNI); 60: two
+# parts (more than MAX_PARTS without VNNI); 0: [0, 255], three parts (same)
 CONV_CASES = {
     "one-part": (128, {"pads": [1, 1, 1, 1]}),
     "two-parts-stride-2": (60, {"pads": [1, 0, 1, 2], "strides": [2, 2]}),
@@ -136,10 +150,11 @@ def test_conv_integer_with_a_run_time_zero_point_equals_onnxruntime(name):
     model = _conv_integer_model(w_zp, **conv)
     mod = _load(model)
     after, counts = int8_kernels(mod)
-    assert counts.get("int8_conv2d_dynamic_zp") == 1, counts
-    script = after["main"].script()
-    parts = {128: 1, 60: 2, 0: 3}[w_zp]
-    assert script.count("tvm_ollie.cpu.conv2d_int8") == parts
+    parts = _expected_parts(_initializer(model, "w"), w_zp)
+    assert parts == ({128: 1, 60: 2, 0: 3}[w_zp] if native.int8_exact_products() else
+                     {128: 3, 60: 0, 0: 0}[w_zp])
+    assert counts.get("int8_conv2d_dynamic_zp") == (1 if parts else None), counts
+    assert after["main"].script().count("tvm_ollie.cpu.conv2d_int8") == parts
     ours, theirs = _vm(after), _vm(mod)
     for zp in (0, 37, 255):
         feeds = _feeds((1, 4 * conv.get("group", 1), 7, 7), np.uint8, zp)
@@ -149,12 +164,26 @@ def test_conv_integer_with_a_run_time_zero_point_equals_onnxruntime(name):
         assert np.array_equal(theirs(*args).numpy(), expected)
 
 
+@pytest.mark.parametrize("x_type, rewritten", [(TensorProto.INT8, False),
+                                               (TensorProto.UINT8, True)])
+def test_int8_source_without_vnni_keeps_the_int32_conv(x_type, rewritten, monkeypatch):
+    """Without VNNI oneDNN halves the weights of an int8-source convolution: the run-time
+    zero point rule keeps TVM's ConvInteger for it and still rewrites a uint8 source (the
+    CPU's answer replaced, so that both kinds of CPU run the guard)."""
+    _require_int8()
+    monkeypatch.setattr(native, "int8_exact_products", lambda: False)
+    _, counts = int8_kernels(_load(_conv_integer_model(128, x_type, pads=[1, 1, 1, 1])))
+    assert counts.get("int8_conv2d_dynamic_zp") == (1 if rewritten else None), counts
+
+
 @pytest.mark.parametrize("b_zp", [128, 0])
 def test_matmul_integer_with_a_run_time_zero_point_equals_onnxruntime(b_zp):
     _require_int8()
     model = _matmul_integer_model(b_zp)
     after, counts = int8_kernels(_load(model))
-    assert counts.get("int8_matmul_dynamic_zp") == 1, counts
+    parts = _expected_parts(_initializer(model, "b"), b_zp)
+    assert counts.get("int8_matmul_dynamic_zp") == (1 if parts else None), counts
+    assert after["main"].script().count("tvm_ollie.cpu.matmul_int8") == parts
     for zp in (0, 200):
         feeds = _feeds((3, 24), np.uint8, zp)
         assert np.array_equal(_run(after, feeds), _ort(model, feeds))

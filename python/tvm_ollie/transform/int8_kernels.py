@@ -22,6 +22,8 @@ only when that result is provably the same integers:
   int32 sum to float32 for its epilogue even for an int32 output):
   ``max_o Σ |W[o, ...]| · max(|lo - x_zp|, |hi - x_zp|) <= 2^24`` with ``[lo, hi]`` the range
   of ``x``'s type;
+* for a convolution, an unsigned source where the CPU lacks VNNI (oneDNN halves the weights
+  of an int8-source convolution there, :func:`_conv_source_exact`);
 * the kernel, run once on an input at the extremes of that range over one receptive field,
   gives numpy's integers (:func:`_kernel_agrees`).
 
@@ -217,12 +219,23 @@ def _exact_operands(matches: Matches, rank: int, reduce_axis: int, bounded: bool
     return weight, lo, hi, zp
 
 
+def _conv_source_exact(matches: Matches) -> bool:
+    """Whether oneDNN's convolution sums this source's products exactly: not an int8 source
+    on a CPU without VNNI, where oneDNN keeps the source signed and halves the weights in its
+    reorder (its s8s8 compensation, rounded half to even: weight 1 -> 0, 3 -> 4 measured on an
+    AVX2 EPYC). The one-receptive-field probe finds that for odd weights, but the call's own
+    shape may get another implementation than the probe's, so such convolutions stay TVM's."""
+    return native.int8_exact_products() or _dtype(matches[_X8]) != "int8"
+
+
 def _conv_operands(matches: Matches, bounded: bool = True):
     """``(attrs, weight, lo, hi, zp)`` of an NCHW/OIHW int32 conv2d the kernel computes exactly
     (``attrs``: strides, padding, dilation, groups), else None."""
     conv = matches[_CONV]
     at = conv.attrs
     if (str(at.data_layout), str(at.kernel_layout)) != ("NCHW", "OIHW"):
+        return None
+    if not _conv_source_exact(matches):
         return None
     if (str(at.out_layout) or "NCHW") != "NCHW" or not _int32_out(conv):
         return None
@@ -627,7 +640,7 @@ def _conv_int8_dynamic(matches: Matches, _uses: Counter, _binding_of) -> Optiona
     conv = matches[_CONV_DYN]
     at = conv.attrs
     if (str(at.data_layout), str(at.kernel_layout), str(at.out_layout) or "NCHW") != (
-            "NCHW", "OIHW", "NCHW") or not _int32_out(conv):
+            "NCHW", "OIHW", "NCHW") or not _int32_out(conv) or not _conv_source_exact(matches):
         return None
     found = _dynamic_operands(matches, 4, 0)
     if found is None:
