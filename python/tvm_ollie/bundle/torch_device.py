@@ -61,8 +61,9 @@ def flatten(value):
 
 
 def zoo_callable(name, device):
-    """``(fn, args)`` of a zoo case (``<model>-<quick|full>-b<batch>``), or None."""
-    sys.path.insert(0, HERE)
+    """``(fn, args)`` of a zoo case (``<model>-<quick|full>-b<batch>``)."""
+    if HERE not in sys.path:
+        sys.path.insert(0, HERE)
     from zoo.registry import get_model  # pylint: disable=import-outside-toplevel,import-error
     model, size, batch = name.rsplit("-", 2)
     spec = get_model(model, quick=size == "quick", batch=int(batch[1:]))
