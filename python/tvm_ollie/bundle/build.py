@@ -196,6 +196,21 @@ def _copy_torch_script(out: str) -> None:
         fh.write('"""The zoo\'s model definitions (copied from tvm_ollie.models)."""\n')
 
 
+@contextlib.contextmanager
+def _assumed_cuda_kernels(on: bool):
+    """Within the block, :data:`tvm_ollie.native_cuda.ASSUME_ENV` is set when ``on``."""
+    old = os.environ.get(native_cuda.ASSUME_ENV)
+    if on:
+        os.environ[native_cuda.ASSUME_ENV] = "assume"
+    try:
+        yield
+    finally:
+        if on and old is None:
+            os.environ.pop(native_cuda.ASSUME_ENV, None)
+        elif on:
+            os.environ[native_cuda.ASSUME_ENV] = old
+
+
 def build_bundle(out: str, target: str = "cuda", models: Optional[Sequence[str]] = None, *,
                  cases: Optional[Sequence[Case]] = None,
                  systems: Sequence[str] = DEFAULT_SYSTEMS,
@@ -240,28 +255,7 @@ def build_bundle(out: str, target: str = "cuda", models: Optional[Sequence[str]]
     """
 
     kind = _device_kind(target)
-    return _build_bundle(out, kind, target, models, cases, systems, trials, work_dir, limit,
-                         carry, ollie_options, candidates, cuda_library and kind == "cuda", log)
-
-
-@contextlib.contextmanager
-def _assumed_cuda_kernels(on: bool):
-    """Within the block, :data:`tvm_ollie.native_cuda.ASSUME_ENV` is set when ``on``."""
-    old = os.environ.get(native_cuda.ASSUME_ENV)
-    if on:
-        os.environ[native_cuda.ASSUME_ENV] = "assume"
-    try:
-        yield
-    finally:
-        if on and old is None:
-            os.environ.pop(native_cuda.ASSUME_ENV, None)
-        elif on:
-            os.environ[native_cuda.ASSUME_ENV] = old
-
-
-def _build_bundle(out, kind, target, models, cases, systems, trials, work_dir, limit, carry,
-                  ollie_options, candidates, cuda_library, log) -> BundleResult:
-    """:func:`build_bundle` once the device kind is known."""
+    cuda_library = cuda_library and kind == "cuda"
     bad = [s for s in systems if s not in SYSTEMS]
     if bad or not systems:
         raise BundleError(f"unknown systems {bad} (known: {', '.join(SYSTEMS)})")
