@@ -350,24 +350,30 @@ def use_counts(func: "relax.Function") -> Counter:
 
 
 def rewrite_dataflow_blocks(mod: "tvm.IRModule",
-                            rewrite: Callable[[List, "relax.Function"], List]) -> "tvm.IRModule":
+                            rewrite: Callable[[List, "relax.Function"], List],
+                            dataflow_only: bool = True) -> "tvm.IRModule":
     """``mod`` with the bindings of every dataflow block of every Relax function replaced by
     ``rewrite(bindings, func)`` (``func`` the function as it was before the walk); normalized
     when a block changed, ``mod`` itself when none did.
 
-    The walk that the kernel rules share (the norm, softmax and resize kernels): ``rewrite``
-    returns the list it was given, or the same binding objects, for a block it leaves alone."""
+    The walk that the kernel rules share (the norm, softmax and resize kernels, the int8
+    weight packs): ``rewrite`` returns the list it was given, or the same binding objects, for
+    a block it leaves alone. ``dataflow_only=False`` rewrites the plain binding blocks too (a
+    rewrite that replaces one call by another of the same effects, e.g. a packed weight, is
+    as valid outside a dataflow block as inside one)."""
     updates = {}
     for gv, func in mod.functions_items():
         if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
             continue
         blocks, changed = [], False
         for block in func.body.blocks:
-            if isinstance(block, relax.DataflowBlock):
+            dataflow = isinstance(block, relax.DataflowBlock)
+            if dataflow or not dataflow_only:
                 old = list(block.bindings)
                 new = rewrite(old, func)
                 if len(new) != len(old) or any(a is not b for a, b in zip(new, old)):
-                    block, changed = relax.DataflowBlock(new), True
+                    block = relax.DataflowBlock(new) if dataflow else relax.BindingBlock(new)
+                    changed = True
             blocks.append(block)
         if changed:
             updates[gv] = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body),

@@ -60,13 +60,14 @@ The pass applies them on CPU targets when the library is in use; without the lib
 from __future__ import annotations
 
 from collections import Counter
-from typing import Dict, NamedTuple, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
 from .. import native
 from ..codegen import library as lib
 from ..compat import relax, tirx, tvm
+from . import epilogue
 from .fold_rule import used_once
 from .inference_fold import FoldRule, fold_inference
 from .int8_choice import INT8, INT8_REQUANT, INT32, Int8Choice
@@ -322,34 +323,23 @@ def _packed_matmul_binding(var, value):
 def pack_conv_weights(mod: "tvm.IRModule") -> "tvm.IRModule":
     """``mod`` with the constant weight of every ``conv2d_int8`` and ``matmul_int8`` call of
     static shapes packed (:func:`_packed_conv`, :func:`_packed_matmul_binding`), after the
-    layouts are decided (a pack is made for one call's attributes and formats)."""
-    updates = {}
-    for gv, func in mod.functions_items():
-        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
-            continue
-        blocks, changed = [], False
-        for block in func.body.blocks:
-            bindings = []
-            for b in block.bindings:
-                packed = None
-                if isinstance(b, relax.VarBinding):
-                    packed = _packed_binding(b.var, b.value)
-                    if packed is None:
-                        packed = _packed_matmul_binding(b.var, b.value)
-                changed |= packed is not None
-                bindings.append(b if packed is None else relax.VarBinding(b.var, packed))
-            blocks.append(relax.DataflowBlock(bindings) if isinstance(block, relax.DataflowBlock)
-                          else relax.BindingBlock(bindings))
-        if changed:
-            updates[gv] = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body),
-                                         func.ret_ty, func.is_pure, func.attrs)
-    if not updates:
-        return mod
-    out = mod.shallow_copy() if hasattr(mod, "shallow_copy") else tvm.IRModule(
-        dict(mod.functions_items()), attrs=mod.attrs)
-    for gv, func in updates.items():
-        out[gv] = func
-    return relax.transform.Normalize()(out)
+    layouts are decided (a pack is made for one call's attributes and formats); in plain
+    binding blocks as well as dataflow blocks."""
+    return epilogue.rewrite_dataflow_blocks(mod, _packed_bindings, dataflow_only=False)
+
+
+def _packed_bindings(bindings: List, _func) -> List:
+    """``bindings`` with each int8 call whose weight can be packed replaced (the same binding
+    objects where none can)."""
+    out = []
+    for b in bindings:
+        packed = None
+        if isinstance(b, relax.VarBinding):
+            packed = _packed_binding(b.var, b.value)
+            if packed is None:
+                packed = _packed_matmul_binding(b.var, b.value)
+        out.append(b if packed is None else relax.VarBinding(b.var, packed))
+    return out
 
 
 def _conv_int8(matches: Matches, _uses: Counter, _binding_of) -> Optional[object]:
