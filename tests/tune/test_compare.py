@@ -141,6 +141,21 @@ def test_failures_and_hopeless_alternatives_leave_the_rounds():
     assert not res.timings["unlucky"].retired and res.winner == "unlucky"
 
 
+def test_a_first_call_given_as_initial_is_no_evidence_of_hopelessness():
+    """``initial`` samples (first calls) do not count towards the two samples that retire an
+    alternative; they round-trip through the record."""
+    slow = _series([1e-3, 1e-3], outliers={0: 0.2})
+    res = compare({"fast": _series([1e-3]), "slow": slow}, min_rounds=6, max_rounds=6,
+                  hopeless=3.0, initial={"fast": 1e-3, "slow": 0.3})
+    # the first call (0.3 s) and one loaded sample (0.2 s): not retired, timed in every round
+    assert not res.timings["slow"].retired and slow.calls[0] == 5
+    assert Comparison.from_dict(json.loads(json.dumps(res.to_dict()))).timings["slow"].cold == 1
+    worse = _series([0.2])
+    res = compare({"fast": _series([1e-3]), "slow": worse}, min_rounds=6, max_rounds=6,
+                  hopeless=3.0, initial={"fast": 1e-3, "slow": 0.3})
+    assert res.timings["slow"].retired and worse.calls[0] == 2
+
+
 def _clocked_series(now, values):
     """A sampler advancing the fake clock ``now`` by each sample it returns."""
     inner = _series(values)

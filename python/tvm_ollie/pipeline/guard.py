@@ -60,6 +60,7 @@ import numpy as np
 
 from ..compat import relax, tvm
 from ..target import target_device
+from ..transform.measuring import LONG_SAMPLE_S
 from ..tune.compare import Comparison, calls_per_sample, clocked, compare, from_seconds, judge
 from ..verify.tolerance import narrowest_float, tolerance
 
@@ -155,7 +156,8 @@ def alternating(runs: Dict[str, Callable[[], object]], time_s: float = 2.0,
                 clock: Callable[[], float] = time.perf_counter, hopeless: float = 3.0,
                 prefer: Optional[Sequence[str]] = None,
                 margin: float = GUARD_MARGIN, quantile: float = 0.5,
-                sample_s: float = 1e-3, warmup: float = 0.0) -> Comparison:
+                sample_s: float = 1e-3, warmup: float = 0.0,
+                long_sample_s: Optional[float] = LONG_SAMPLE_S) -> Comparison:
     """Every plan timed in alternating rounds under :func:`~tvm_ollie.tune.compare.compare`
     (module docstring): until the fastest is separated, at least ``min_rounds`` and at most
     ``max_rounds`` rounds, none started after ``time_s``.
@@ -166,9 +168,11 @@ def alternating(runs: Dict[str, Callable[[], object]], time_s: float = 2.0,
     each sample comes after untimed calls of the same plan, ``warmup`` times as many as the
     sample's (at least one), so that a plan is timed in its steady state and not right after
     another plan's threads and data had the cores and caches (:data:`WARM_TIMING`). A plan
-    ``hopeless`` times slower than the leader in two samples leaves the rounds
-    (``hopeless=inf`` times every plan in every round): at large sizes the plan without
-    derivation runs for seconds where the others take milliseconds. ``quantile``: the
+    ``hopeless`` times slower than the leader in two samples after its first call (in one,
+    when it lasted ``long_sample_s``) leaves the rounds (``hopeless=inf`` times every plan in
+    every round): at large sizes the plan without derivation runs for seconds where the
+    others take milliseconds, while a first call pays one-time costs that a fast plan's
+    second sample, taken in a loaded moment, can seem to confirm. ``quantile``: the
     statistic judged (the median by default; :func:`~tvm_ollie.tune.compare.compare`).
     """
     first = {}
@@ -179,7 +183,7 @@ def alternating(runs: Dict[str, Callable[[], object]], time_s: float = 2.0,
     samplers = {name: clocked(run, number, clock, warmup=warm) for name, run in runs.items()}
     return compare(samplers, prefer, margin, min_rounds=min_rounds, max_rounds=max_rounds,
                    time_s=time_s, clock=clock, hopeless=hopeless, initial=first,
-                   quantile=quantile)
+                   quantile=quantile, long_sample_s=long_sample_s)
 
 
 def alternating_medians(runs: Dict[str, Callable[[], object]], time_s: float = 2.0,

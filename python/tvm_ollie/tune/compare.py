@@ -57,7 +57,10 @@ the executable: the same model built twice then runs at different speeds. Every 
   unless the one sample lasted ``long_sample_s`` or more: a descheduled thread or a burst of
   load inflates a short sample many times, but a sample of a second spans hundreds of
   scheduler slices, and load that lasts that long slows the other alternatives of the round
-  too;
+  too. A first call given as ``initial`` (the whole-model guard's, which also sets the calls
+  per sample) is not one of them: it pays what only a first call pays (a library's
+  primitives created, weights packed, pages touched), so a plan is hopeless by two samples
+  taken after it (one long one), its slowest sample still counted in its favour;
 * **a ceiling on slow samples** (``time_cap_s``): ``min_rounds`` is waived once ``time_cap_s``
   seconds are spent and every alternative still in the rounds has two samples. Untuned TVM
   alternatives at paper size take 15-30 s a sample (Longformer's attention, Segformer's
@@ -157,6 +160,9 @@ class Timing:
     retired: bool = False
     confidence: float = 0.9
     quantile: float = 0.5  # the statistic judged (module docstring)
+    #: leading samples that were first calls (``compare``'s ``initial``): not evidence that
+    #: an alternative is hopeless (module docstring)
+    cold: int = 0
 
     @property
     def median(self) -> float:
@@ -191,6 +197,8 @@ class Timing:
             out["failed"] = self.failed
         if self.retired:
             out["retired"] = True
+        if self.cold:
+            out["cold"] = self.cold
         return out
 
 
@@ -259,7 +267,7 @@ class Comparison:
         conf, quant = float(data.get("confidence", 0.9)), float(data.get("quantile", 0.5))
         timings = {t["name"]: Timing(t["name"], [float(s) for s in t.get("samples", [])],
                                      t.get("failed", ""), bool(t.get("retired", False)), conf,
-                                     quant)
+                                     quant, int(t.get("cold", 0)))
                    for t in data.get("timings", [])}
         return cls(timings, data.get("winner", ""), data.get("fastest", ""),
                    bool(data.get("separated", False)), list(data.get("tied", [])),
@@ -388,6 +396,7 @@ def compare(samplers: Dict[str, Sampler], prefer: Optional[Sequence[str]] = None
         for name in active[shift:] + active[:shift]:
             if r == 0 and initial is not None and name in initial:
                 timings[name].samples.append(float(initial[name]))
+                timings[name].cold = 1
                 continue
             _sample(timings[name], samplers[name])
         active = [n for n in active if not timings[n].failed]
@@ -440,8 +449,9 @@ def _retire(timings: Dict[str, Timing], active: List[str], hopeless: float,
     worst = max(timings[leader].samples)
     for n in active:
         t = timings[n]
-        enough = len(t.samples) >= 2 or (long_sample_s is not None
-                                         and min(t.samples) >= long_sample_s)
+        warm = t.samples[t.cold:]
+        enough = len(warm) >= 2 or (long_sample_s is not None and bool(warm)
+                                    and min(warm) >= long_sample_s)
         if n != leader and enough and min(t.samples) > hopeless * worst:
             t.retired = True
 
