@@ -31,22 +31,32 @@ def _native():
         pytest.skip("native library built before resize2d")
 
 
-def _tvm_resizes(method, coord, rounding, channels=3):
-    """TVM's build of one resize2d (NCHW) per size of :data:`SIZES`, and the inputs."""
-    bb = relax.BlockBuilder()
-    params = [relax.Var(f"x{i}", relax.TensorType((2, channels) + hw, "float32"))
-              for i, (hw, _) in enumerate(SIZES)]
-    with bb.function("main", params):
-        with bb.dataflow():
-            outs = [bb.emit(relax.op.image.resize2d(
-                p, size, layout="NCHW", method=method, coordinate_transformation_mode=coord,
-                rounding_method=rounding)) for p, (_, size) in zip(params, SIZES)]
-            out = bb.emit_output(relax.Tuple(outs))
-        bb.emit_func_output(out)
-    vm = relax.VirtualMachine(tvm.compile(bb.get(), target="llvm"), tvm.cpu())
+def _inputs(channels=3):
+    """One input per size of :data:`SIZES` (NCHW, batch 2)."""
     rng = np.random.default_rng(0)
-    xs = [rng.standard_normal((2, channels) + hw).astype("float32") for hw, _ in SIZES]
-    return xs, [y.numpy() for y in vm["main"](*[tvm.runtime.tensor(x) for x in xs])]
+    return [rng.standard_normal((2, channels) + hw).astype("float32") for hw, _ in SIZES]
+
+
+def _tvm_resizes(modes, channels=3):
+    """TVM's outputs of one resize2d (NCHW) per mode of ``modes`` and size of :data:`SIZES`,
+    and the inputs: one function per mode, all in one module built once (most of a build of
+    a module this small is the build's fixed cost, paid once instead of once per mode)."""
+    bb = relax.BlockBuilder()
+    for k, (method, coord, rounding) in enumerate(modes):
+        params = [relax.Var(f"x{i}", relax.TensorType((2, channels) + hw, "float32"))
+                  for i, (hw, _) in enumerate(SIZES)]
+        with bb.function(f"mode{k}", params):
+            with bb.dataflow():
+                outs = [bb.emit(relax.op.image.resize2d(
+                    p, size, layout="NCHW", method=method, coordinate_transformation_mode=coord,
+                    rounding_method=rounding)) for p, (_, size) in zip(params, SIZES)]
+                out = bb.emit_output(relax.Tuple(outs))
+            bb.emit_func_output(out)
+    vm = relax.VirtualMachine(tvm.compile(bb.get(), target="llvm"), tvm.cpu())
+    xs = _inputs(channels)
+    args = [tvm.runtime.tensor(x) for x in xs]
+    return xs, {mode: [y.numpy() for y in vm[f"mode{k}"](*args)]
+                for k, mode in enumerate(modes)}
 
 
 def _attrs(method, coord, rounding, **extra):
@@ -75,9 +85,16 @@ def _modes():
     return linear + nearest
 
 
+@pytest.fixture(name="tvm_resizes", scope="module")
+def _tvm_resizes_of_every_mode():
+    """TVM's outputs of every mode of :func:`_modes` (one build for the module's tests)."""
+    return _tvm_resizes(_modes())
+
+
 @pytest.mark.parametrize("method,coord,rounding", _modes())
-def test_every_mode_against_tvm(method, coord, rounding):
-    xs, expected = _tvm_resizes(method, coord, rounding)
+def test_every_mode_against_tvm(method, coord, rounding, tvm_resizes):
+    xs, outputs = tvm_resizes
+    expected = outputs[(method, coord, rounding)]
     for x, want, (_, size) in zip(xs, expected, SIZES):
         if coord == "align_corners" and min(size) == 1:
             continue

@@ -76,6 +76,13 @@ def _run(ex, x):
     return relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
 
 
+@pytest.fixture(name="tvm_chain", scope="module")
+def _tvm_chain():
+    """TVM's build of :func:`_chain` (no tail), the reference several tests compare with: built
+    once for the module (``_chain`` is seeded, every call builds the same module)."""
+    return tvm.compile(_chain(), "llvm")
+
+
 def _compiled_modules(monkeypatch) -> list:
     """Record every module the joint build hands to ``compile_module`` (the ``derivation``
     and ``original`` plans)."""
@@ -90,7 +97,7 @@ def _compiled_modules(monkeypatch) -> list:
     return seen
 
 
-def test_the_derivation_plan_is_the_ollie_build(monkeypatch):
+def test_the_derivation_plan_is_the_ollie_build(monkeypatch, tvm_chain):
     """The ``derivation`` plan's module is structurally the sequential build's
     (``optimize_module``, what the ``ollie`` system compiles), layout step included; the guard
     keeping it reports the same chains and computes what TVM's build of the original does."""
@@ -107,12 +114,12 @@ def test_the_derivation_plan_is_the_ollie_build(monkeypatch):
     assert report.layouts.chains == ollie.layouts.chains
     assert "dst_fmt" in derivation[0].script()
     x = np.random.default_rng(1).standard_normal(X_SHAPE).astype("float32")
-    np.testing.assert_allclose(_run(ex, x), _run(tvm.compile(mod, "llvm"), x),
+    np.testing.assert_allclose(_run(ex, x), _run(tvm_chain, x),
                                rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("fastest", ["sequential", "refined", "joint"])
-def test_every_plan_computes_the_original_and_reports_its_layouts(fastest):
+def test_every_plan_computes_the_original_and_reports_its_layouts(fastest, tvm_chain):
     """The orchestrated plans built from decided calls (``sequential``; ``refined`` when the
     joint selection picked other alternatives) carry the layout step too (the BLP then places
     the chain's exit transform: alone or fused into its TVM consumer); whichever the guard
@@ -129,7 +136,7 @@ def test_every_plan_computes_the_original_and_reports_its_layouts(fastest):
     elif kept == "joint":
         assert report.layouts is None
     x = np.random.default_rng(2).standard_normal(X_SHAPE).astype("float32")
-    np.testing.assert_allclose(_run(ex, x), _run(tvm.compile(mod, "llvm"), x),
+    np.testing.assert_allclose(_run(ex, x), _run(tvm_chain, x),
                                rtol=1e-4, atol=1e-4)
 
 
@@ -154,7 +161,7 @@ def _native_first_conv_only(_sig, alternatives):
     return _native_everywhere(_sig, alternatives)
 
 
-def test_the_library_plan_keeps_the_chain_the_decisions_split(monkeypatch):
+def test_the_library_plan_keeps_the_chain_the_decisions_split(monkeypatch, tvm_chain):
     """With the second conv decided on TVM, the ``derivation`` plan has no chain; the
     ``library`` plan puts every call on the library and the layout step keeps the chain; kept,
     it reports the chain and the library decisions, and computes what TVM's build does."""
@@ -170,7 +177,7 @@ def test_the_library_plan_keeps_the_chain_the_decisions_split(monkeypatch):
     assert report.layouts.chains and report.layouts.chains[0][0] == 2
     assert all(d.chosen.endswith("[native]") for d in report.decisions), report.decisions
     x = np.random.default_rng(3).standard_normal(X_SHAPE).astype("float32")
-    np.testing.assert_allclose(_run(ex, x), _run(tvm.compile(mod, "llvm"), x),
+    np.testing.assert_allclose(_run(ex, x), _run(tvm_chain, x),
                                rtol=1e-4, atol=1e-4)
 
 
@@ -181,7 +188,7 @@ def test_the_library_plan_is_skipped_when_it_repeats_the_derivation_plan():
     assert library.dropped.startswith("skipped: "), library
 
 
-def test_the_orchestration_plan_weighs_library_kernels():
+def test_the_orchestration_plan_weighs_library_kernels(tvm_chain):
     """The ``orchestration`` plan (the module as given, no derivation) has the library's
     kernels as candidates of the binary program; kept, it computes what TVM's build does."""
     mod = _chain()
@@ -190,7 +197,7 @@ def test_the_orchestration_plan_weighs_library_kernels():
     assert report.plans.winner == "orchestration"
     assert orch is not None and orch.library is not None, orch
     x = np.random.default_rng(5).standard_normal(X_SHAPE).astype("float32")
-    np.testing.assert_allclose(_run(ex, x), _run(tvm.compile(mod, "llvm"), x),
+    np.testing.assert_allclose(_run(ex, x), _run(tvm_chain, x),
                                rtol=1e-4, atol=1e-4)
 
 
@@ -261,7 +268,7 @@ def test_calls_renamed_by_the_regions_pass_are_still_decided(monkeypatch):
     tvm.ir.assert_structural_equal(derivation[0], want)
 
 
-def test_the_library_plan_puts_small_calls_on_the_library_too():
+def test_the_library_plan_puts_small_calls_on_the_library_too(tvm_chain):
     """``library_plan`` decides every call, whatever ``min_share`` says: a call skipped as too
     small (here the smaller convolution, a third of the estimate, at min_share 0.5) would stay
     on TVM and split the chain; in the plan both convolutions are native calls in one
@@ -277,4 +284,4 @@ def test_the_library_plan_puts_small_calls_on_the_library_too():
     assert all(convs == 2 for convs, _ in report.layouts.chains)
     x = np.random.default_rng(6).standard_normal(X_SHAPE).astype("float32")
     np.testing.assert_allclose(_run(tvm.compile(plan, "llvm"), x),
-                               _run(tvm.compile(mod, "llvm"), x), rtol=1e-4, atol=1e-4)
+                               _run(tvm_chain, x), rtol=1e-4, atol=1e-4)
