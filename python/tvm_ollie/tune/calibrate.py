@@ -262,9 +262,9 @@ def _spread_native(calls: Mapping[str, Callable[[], object]]) -> Dict[str, float
     machine that does not depend on what else runs. On two threads a call waits for its
     second thread whenever another process holds that core (4-60 ms instead of 0.1-3 ms: the
     low mode, docs/compile-time.md), and even on one thread the wall time of a 1-3 ms call
-    includes the slices another process took from it (five fresh processes at load 4-7,
-    nice 19, measured the library convolution at 28-79 GFLOP/s by the wall clock, cold13's
-    section). Which kernel drew which mode set the kinds' ratio, and with it the searches'
+    includes the slices another process took from it (the library convolution's best of five
+    one-thread calls: 10.9 and 14.5 ms in two of five fresh processes at load 4, nice 19,
+    2.9-3.2 ms in the others; docs/compile-time.md, cold13's section). Which kernel drew which mode set the kinds' ratio, and with it the searches'
     bounds and stops. A kernel on one thread runs on the calling thread (OpenMP's team of
     one; TVM's parallel loops run on those threads, :mod:`tvm_ollie.native`), so the calling
     thread's CPU seconds are the call's own. The roof is one thread's times the threads
