@@ -413,9 +413,10 @@ def test_a_measured_decision_never_builds_a_program_far_behind(monkeypatch):
         assert len(mains) == 2 + programs  # the original, its library kernel, the programs
 
 
-def test_the_measured_original_is_put_on_the_bounds_scale():
+def test_the_measured_original_is_put_on_the_bounds_scale(monkeypatch):
     """``measured_original``: the one-thread seconds of the library kernel over the kernels'
-    threads (the roof's scale), timed by the cap once; None without a cap or a time."""
+    threads (the roof's scale; by default ``TVM_NUM_THREADS``'s); None without a cap or a
+    time."""
     timed = []
 
     def cap():
@@ -427,7 +428,9 @@ def test_the_measured_original_is_put_on_the_bounds_scale():
     assert len(timed) == 2  # (the cap itself keeps its first timing: Candidates.measured_cap)
     assert measured_original(None) is None
     assert measured_original(lambda: None, threads=2)() is None
-    assert measured_original(cap, threads=0)() == pytest.approx(8e-4)
+    assert measured_original(cap, threads=1)() == pytest.approx(8e-4)
+    monkeypatch.setenv("TVM_NUM_THREADS", "4")
+    assert measured_original(cap)() == pytest.approx(2e-4)
 
 
 def test_a_unit_with_a_library_form_bounds_its_search_by_the_measured_original(monkeypatch):
