@@ -359,3 +359,66 @@ def test_a_search_that_stops_at_its_first_state_never_measures():
                  bound=CostBound(_constant, 1.0, 0.03, known_s=0.5, payback_runs=1e5,
                                  gain_cap=lambda: pytest.fail("measured")))
     assert res.stats.stop_reason is StopReason.NEAR_BOUND
+
+
+def test_a_measured_original_near_the_bound_stops_after_the_first_state():
+    """``measured_s``: the original timed on its library kernel within the slack of the
+    bound stops the search where its estimate (2x the bound) does not, with the root's
+    programs, and is timed once; measured above the slack, or not at all, nothing changes."""
+    expr = conv2d_nhwc(h=4, c=4, f=4)
+    calls = []
+
+    def _twice(_prog) -> float:  # every candidate estimated at twice the bound
+        return 2.0
+
+    def measured(seconds):
+        def timer():
+            calls.append(seconds)
+            return seconds
+        return timer
+
+    plain = derive(expr, max_depth=2, verify=False, max_candidates=None,
+                   bound=CostBound(_twice, 1.0, 0.15, known_s=2.0))
+    near = derive(expr, max_depth=2, verify=False, max_candidates=None,
+                  bound=CostBound(_twice, 1.0, 0.15, known_s=2.0,
+                                  measured_s=measured(1.15)))
+    assert plain.stats.stop_reason is StopReason.MAX_DEPTH
+    assert near.stats.stop_reason is StopReason.NEAR_MEASURED and near.stats.states_visited == 1
+    assert "near_measured" in near.stats.summary() and calls == [1.15]
+    assert 0 < len(near.candidates) < len(plain.candidates)
+    for far in (measured(1.2), lambda: None):  # slack 0.15 / 0.85 = 0.176
+        res = derive(expr, max_depth=2, verify=False, max_candidates=None,
+                     bound=CostBound(_twice, 1.0, 0.15, known_s=2.0, measured_s=far))
+        assert res.stats.stop_reason is StopReason.MAX_DEPTH
+        assert [repr(p) for p in res.candidates] == [repr(p) for p in plain.candidates]
+
+
+def test_the_estimates_stop_first_and_then_nothing_is_timed():
+    expr = conv2d_nhwc(h=4, c=4, f=4)
+    res = derive(expr, max_depth=2, verify=False, max_candidates=None,
+                 bound=CostBound(_constant, 1.0, 0.03, known_s=0.5,
+                                 measured_s=lambda: pytest.fail("measured")))
+    assert res.stats.stop_reason is StopReason.NEAR_BOUND
+
+
+def test_reached_measured_needs_a_positive_bound_and_a_time():
+    assert CostBound(_constant, 1.0, 0.15, measured_s=lambda: 1.1).reached_measured()
+    assert not CostBound(_constant, 1.0, 0.15, measured_s=lambda: 1.3).reached_measured()
+    assert not CostBound(_constant, 0.0, 0.15, measured_s=lambda: 0.0).reached_measured()
+    assert not CostBound(_constant, 1.0, 0.15, measured_s=lambda: None).reached_measured()
+    assert not CostBound(_constant, 1.0, 0.15).reached_measured()
+
+
+def test_the_payback_counts_from_the_measured_original_where_it_is_lower():
+    """Estimated at 2e-5 over a bound of 1e-5, timed at 1.2e-5 (above the slack): the gain
+    left is 2e-6 a run, 0.002 s over 1000 runs, not the estimate's 0.01 s."""
+    timed = CostBound(_constant, 1e-5, 0.15, known_s=2e-5, payback_runs=1000,
+                      measured_s=lambda: 1.2e-5)
+    assert not timed.reached_measured()
+    assert not timed.paid_back(None, 0.0019) and timed.paid_back(None, 0.0021)
+    slower = CostBound(_constant, 1e-5, 0.15, known_s=2e-5, payback_runs=1000,
+                       measured_s=lambda: 5e-5)
+    assert not slower.paid_back(None, 0.0099) and slower.paid_back(None, 0.0101)
+    failed = CostBound(_constant, 1e-5, 0.15, known_s=2e-5, payback_runs=1000,
+                       measured_s=lambda: None)
+    assert not failed.paid_back(None, 0.0099) and failed.paid_back(None, 0.0101)

@@ -19,7 +19,8 @@ from tvm_ollie.derive.cost import least_work
 from tvm_ollie.lift import lift_relax_call
 from tvm_ollie.transform import batched
 from tvm_ollie.transform import checking
-from tvm_ollie.transform.alternatives import MEASURED_SEED_FLOPS, Alternative, Candidates
+from tvm_ollie.transform.alternatives import (MEASURED_SEED_FLOPS, Alternative, Candidates,
+                                            measured_original)
 from tvm_ollie.transform.batched import UnitBuild, merged_module
 from tvm_ollie.transform.checking import Checker
 from tvm_ollie.transform.costing import CallableTiming, UntunedTiming
@@ -231,7 +232,8 @@ def test_the_pass_shares_the_paid_back_search_time(monkeypatch):
     spends its budget on a fake clock)."""
     budgets = []
 
-    def fake_search(self, expr, budget_s, constants=frozenset(), known_s=None, gain_cap=None):
+    def fake_search(self, expr, budget_s, constants=frozenset(), known_s=None, gain_cap=None,
+                    measured_s=None):
         budgets.append(budget_s)
         self.search_s += budget_s
         self.searched += 1
@@ -277,10 +279,11 @@ def test_the_bound_carries_the_payback_runs_of_the_config():
 
 
 def test_a_search_gains_at_most_the_original_on_its_library_kernel():
-    """With the library, a unit's search is capped by its original timed on the library kernel
-    (``library_timer``, measured once, when the payback is first checked): a kernel measured
-    at no time leaves nothing to repay, and the search stops after its first state; without
-    the timer, the estimated gain over 10^12 runs never stops it."""
+    """With the library, a unit's search is bounded by its original timed on the library
+    kernel (``library_timer``, measured once, at the first state the estimates do not stop): a
+    kernel measured at no time is below the bound of every program (``near_measured``) and
+    leaves nothing to repay, and the search stops after its first state; without the timer,
+    the estimated gain over 10^12 runs never stops it."""
     if not native.load():
         pytest.skip("native library unavailable")
     call, timed = _call(sm.conv3x3()), []
@@ -292,7 +295,7 @@ def test_a_search_gains_at_most_the_original_on_its_library_kernel():
     opts = dict(calibration=sm.LLVM_CALIB, margin=0.03, payback_runs=1e12)
     capped = Candidates(True, True, 2, library_timer=timer, **opts)
     found = capped(call, 30.0)
-    assert "stop=paid_back" in found.note and timed == [call]
+    assert "stop=near_measured" in found.note and timed == [call]
     plain = Candidates(True, True, 2, **opts)(call, 30.0)
     assert "paid_back" not in plain.note and found.candidates < plain.candidates
     # no payback, or no library form: never timed
@@ -408,3 +411,50 @@ def test_a_measured_decision_never_builds_a_program_far_behind(monkeypatch):
         (mod,) = builds
         mains = [f for f in mod.functions if f.name_hint.endswith("_main")]
         assert len(mains) == 2 + programs  # the original, its library kernel, the programs
+
+
+def test_the_measured_original_is_put_on_the_bounds_scale(monkeypatch):
+    """``measured_original``: the one-thread seconds of the library kernel over the kernels'
+    threads (the roof's scale; by default ``TVM_NUM_THREADS``'s); None without a cap or a
+    time."""
+    timed = []
+
+    def cap():
+        timed.append(1)
+        return 8e-4
+
+    measured = measured_original(cap, threads=2)
+    assert measured() == pytest.approx(4e-4) and measured() == pytest.approx(4e-4)
+    assert len(timed) == 2  # (the cap itself keeps its first timing: Candidates.measured_cap)
+    assert measured_original(None) is None
+    assert measured_original(lambda: None, threads=2)() is None
+    assert measured_original(cap, threads=1)() == pytest.approx(8e-4)
+    monkeypatch.setenv("TVM_NUM_THREADS", "4")
+    assert measured_original(cap)() == pytest.approx(2e-4)
+
+
+def test_a_unit_with_a_library_form_bounds_its_search_by_the_measured_original(monkeypatch):
+    """The candidates stage hands the search's bound the original's measured seconds over
+    the kernels' threads, from the same timing as the payback's cap (one timer call)."""
+    if not native.load():
+        pytest.skip("native library unavailable")
+    call, timed, bounds = _call(sm.conv3x3()), [], []
+    monkeypatch.setenv("TVM_NUM_THREADS", "2")
+
+    def timer(unit):
+        timed.append(unit)
+        return 6e-4
+
+    cands = Candidates(True, True, 1, library_timer=timer, calibration=sm.LLVM_CALIB,
+                       margin=0.03, payback_runs=1e5)
+    real_bound = cands.bound
+
+    def spy(*args):
+        bounds.append(real_bound(*args))
+        return bounds[-1]
+
+    monkeypatch.setattr(cands, "bound", spy)
+    cands(call, 30.0)
+    (bound,) = bounds
+    assert bound.measured_s() == pytest.approx(3e-4) and bound.gain_cap() == 6e-4
+    assert timed == [call]

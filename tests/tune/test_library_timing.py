@@ -1,11 +1,13 @@
 """A call timed on its library kernel, called directly: what a search can at most gain."""
 
+import numpy as np
 import pytest
 
 from tvm_ollie import native
 from tvm_ollie.codegen import library as lib
 from tvm_ollie.codegen.builder import tensor_var
 from tvm_ollie.compat import relax
+from tvm_ollie.tune import library_timing as lt
 from tvm_ollie.tune.library_timing import call_operands, library_seconds
 
 
@@ -55,3 +57,15 @@ def test_not_on_the_cpu_no_time():
 
 def test_the_operands_and_result_shapes():
     assert call_operands(_conv()) == ([(1, 8, 8, 8), (16, 8, 3, 3)], (1, 16, 8, 8))
+
+
+def test_the_fastest_call_is_read_on_the_given_clock():
+    """``_fastest`` keeps the fastest call by its clock (by default the calling thread's CPU
+    clock, whose seconds another process's slices do not enter); the first call untimed."""
+    ticks = iter([0.0, 5.0, 10.0, 11.0, 20.0, 23.0] + [30.0, 34.0] * 200)
+    calls = []
+    best = lt._fastest(lambda text, *args: calls.append(text), "k", [(2, 2)], (2, 2),
+                       repeat=3, window_s=0.0, rng=np.random.default_rng(0),
+                       clock=lambda: next(ticks))
+    assert best == 1.0 and len(calls) == 4  # one untimed, then three timed: 5, 1, 3
+    assert lt._fastest.__defaults__[-1] is lt.time.thread_time

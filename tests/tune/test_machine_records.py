@@ -156,12 +156,21 @@ def test_roof_is_one_blas_thread_times_the_kernels_threads(monkeypatch, single):
     monkeypatch.setattr(cal, "_openblas_thread_setter",
                         lambda: (set_threads, lambda: threads[0]) if single else None)
     monkeypatch.setattr(cal, "_best_time", lambda fn, repeat: (fn(), 1e-3)[1])
+    clocks = []
+
+    def spread(calls_, rounds, repeat, clock):
+        clocks.append(clock)
+        return {name: (fn(), 1e-3)[1] for name, fn in calls_.items()}
+
+    monkeypatch.setattr(cal, "spread_best", spread)
     monkeypatch.setenv("TVM_NUM_THREADS", "3")
     assert cal.kernel_threads() == 3
     peak, bandwidth = cal.measure_cpu_roofline.__wrapped__(n=16, mib=1, repeat=1)
     rate = 2.0 * 16 ** 3 / 1e-3
     assert peak == pytest.approx(rate * 3 if single else rate) and bandwidth > 0
     assert calls == ([1, 4] if single else []) and threads == [4]
+    # one BLAS thread: by its CPU clock (the GEMM runs on the calling thread); else the wall's
+    assert clocks == [cal.time.thread_time if single else cal.time.perf_counter]
 
 
 def test_the_real_blas_roof_restores_its_threads():
@@ -184,17 +193,46 @@ def test_tvm_cases_built_in_one_module_are_timed_each():
 
 
 
-def test_a_library_time_is_never_above_its_one_thread_time(monkeypatch):
-    """The low mode (every parallel call waiting for the scheduler's tick) cannot make a
-    library kernel look slower than on one thread; outside it the threads' time is kept."""
+def test_the_kernels_are_timed_together_on_one_thread_by_its_cpu_clock(monkeypatch):
+    """The calibration's kernels: all in one spread timing (:mod:`.spread_timing`), on one
+    thread (the threads restored after, also on an error), by the calling thread's CPU clock
+    where TVM's loops run on the library's OpenMP threads, else by the wall clock."""
     threads = {"n": 2}
+    monkeypatch.setattr(cal.native, "load", lambda: True)
     monkeypatch.setattr(cal.native, "get_num_threads", lambda: threads["n"])
     monkeypatch.setattr(cal.native, "set_num_threads", lambda n: threads.update(n=n))
-    low = {2: 24e-3, 1: 1.0e-3}  # the low mode: 2 threads 24x slower than one
-    assert cal._threads_or_one(lambda: low[threads["n"]], 2) == 1.0e-3
-    assert threads["n"] == 2  # restored
-    high = {2: 0.55e-3, 1: 1.0e-3}
-    assert cal._threads_or_one(lambda: high[threads["n"]], 2) == 0.55e-3
-    calls = []
-    assert cal._threads_or_one(lambda: calls.append(threads["n"]) or 1e-3, 1) == 1e-3
-    assert calls == [2]  # one thread already: timed once
+    seen = []
+
+    def spread(calls, clock=None):
+        seen.append((sorted(calls), threads["n"], clock))
+        return {name: 1e-3 for name in calls}
+
+    monkeypatch.setattr(cal, "spread_best", spread)
+    runtime = {"name": "openmp"}
+    monkeypatch.setattr(cal.native, "get_parallel_runtime", lambda: runtime["name"])
+    out = cal._spread_native({"b": lambda: None, "a": lambda: None})  # pylint: disable=W0212
+    assert out == {"a": 1e-3, "b": 1e-3} and threads["n"] == 2
+    runtime["name"] = "tvm"
+    cal._spread_native({"a": lambda: None})  # pylint: disable=protected-access
+    assert seen == [(["a", "b"], 1, cal.time.thread_time), (["a"], 1, cal.time.perf_counter)]
+
+    def failing(calls, clock=None):
+        raise RuntimeError("kernel failed")
+
+    monkeypatch.setattr(cal, "spread_best", failing)
+    with pytest.raises(RuntimeError):
+        cal._spread_native({"a": lambda: None})  # pylint: disable=protected-access
+    assert threads["n"] == 2
+
+
+def test_the_native_efficiencies_are_each_kernels_flops_over_its_seconds(monkeypatch):
+    """``measure_native_efficiency``: one spread timing of every case, its flops over its
+    seconds over the roof (at most 1)."""
+    monkeypatch.setattr(cal.native, "load", lambda: True)
+    monkeypatch.setattr(cal, "measure_cpu_roofline", lambda: (1e11, 1e10))
+    monkeypatch.setattr(cal, "_native_cases", lambda rng: {
+        "native_matmul": (None, 5e7), "native_conv2d": (None, 2e8)})
+    monkeypatch.setattr(cal, "_spread_native", lambda calls: {
+        "native_matmul": 1e-3, "native_conv2d": 1e-3})
+    eff = cal.measure_native_efficiency.__wrapped__()
+    assert eff == pytest.approx({"native_matmul": 0.5, "native_conv2d": 1.0})

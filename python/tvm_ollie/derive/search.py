@@ -91,6 +91,7 @@ class StopReason(enum.Enum):
     NEAR_BOUND = "near_bound"  # the best candidate is within the CostBound's slack of its floor
     STALE = "stale"  # the CostBound's patience: whole depth levels found nothing better
     PAID_BACK = "paid_back"  # the CostBound's payback: what is left to gain cannot repay more
+    NEAR_MEASURED = "near_measured"  # the original, timed, is within the CostBound's slack
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,26 @@ class CostBound:
     few microseconds. The cap is a measured upper bound of the gain, in the same unit as the
     payback's seconds: it never stops a search whose estimated gain is below it, and it takes
     no part in ``near_bound`` (which compares estimates with estimates).
+
+    With ``measured_s`` (``measured_s() -> seconds or None``: the original on its library
+    kernel, timed on this machine at its real shape and put in the units of ``lower_s``: one
+    thread's CPU seconds over the kernels' threads, as the calibration measures the roof and
+    the efficiencies ``lower_s`` is made of, :mod:`tvm_ollie.tune.calibrate`) the search
+    also stops (``near_measured``) where the estimates do not, once::
+
+        measured_s() <= (1 + slack) * lower_s
+
+    since then every program ``p`` runs at least ``lower_s >= (1 - margin) * measured_s()``:
+    none can beat the original by the margin, as for ``near_bound`` with the measured
+    original as ``b``. Why: the estimate of the original is its calibrated kind's efficiency
+    on one calibration shape, and at other shapes it can be 1.5-2x its measured time (the
+    demo's transposed convolution: estimated 336-440 us on its library kernel, timed 160-240
+    us, while its derived forms' bound was 160-200 us: the search ran 5-22 s to find forms
+    the decisions then timed at 1.5-2 ms, docs/compile-time.md). Checked only where the
+    estimates do not stop the search, from its first state on; ``measured_s`` times once.
+    Where it does not stop the search, the measured original is still a program at hand:
+    the payback's ``best`` is the lower of it and the estimates', so what is left to gain is
+    at most ``measured_s() - lower_s``, at most the slack's share of the bound.
     """
 
     seconds: Callable[[object], float]
@@ -167,6 +188,7 @@ class CostBound:
     known_s: Optional[float] = None
     payback_runs: Optional[float] = None
     gain_cap: Optional[Callable[[], Optional[float]]] = None
+    measured_s: Optional[Callable[[], Optional[float]]] = None
 
     @property
     def slack(self) -> float:
@@ -178,12 +200,22 @@ class CostBound:
         best = self._best(best_s)
         return self.lower_s > 0 and best <= self.lower_s * (1.0 + self.slack)
 
+    def reached_measured(self) -> bool:
+        """Whether the original's measured seconds (``measured_s``) end the search."""
+        if self.measured_s is None or self.lower_s <= 0:
+            return False
+        measured = self.measured_s()
+        return measured is not None and measured <= self.lower_s * (1.0 + self.slack)
+
     def paid_back(self, best_s: Optional[float], elapsed_s: float) -> bool:
         """Whether a search that ran ``elapsed_s`` seconds with a best candidate of ``best_s``
         (None: none yet) has spent what its remaining gain could repay."""
         if self.payback_runs is None or self.lower_s <= 0:
             return False
         best = self._best(best_s)
+        measured = self.measured_s() if self.measured_s is not None else None
+        if measured is not None:  # (the original as timed is a program at hand, too)
+            best = min(best, measured)
         return math.isfinite(best) and elapsed_s >= self.payback_runs * self.gain(best)
 
     def gain(self, best: float) -> float:
@@ -375,6 +407,8 @@ class _Search:
     def _check_bound(self) -> None:
         if self.bound is not None and self.bound.reached(self.stats.best_s):
             raise _Limits(StopReason.NEAR_BOUND)
+        if self.bound is not None and self.bound.reached_measured():
+            raise _Limits(StopReason.NEAR_MEASURED)
 
     def _check_stale(self, depth: int) -> None:
         """Stop before level ``depth`` once the bound's patience of whole levels found nothing

@@ -23,11 +23,11 @@ from ..derive.program import Program
 from ..derive.search import DEFAULT_TARGETS, CostBound, derive
 from ..lift import LiftError, lift_relax_call
 from ..tune import analytic
-from ..tune.calibrate import Calibration
+from ..tune.calibrate import Calibration, kernel_threads
 from .units import constant_inputs, is_group, is_region
 
 __all__ = ["MEASURED_SEED_FLOPS", "SEARCH_PATIENCE", "Alternative", "Candidates",
-           "UnitAlternatives"]
+           "UnitAlternatives", "measured_original"]
 
 #: Under a measured decision, the original's estimate seeds the search's bound only for a unit
 #: of this many flops or more (the products that can be nonzero, :meth:`Candidates.bound`):
@@ -77,6 +77,28 @@ class UnitAlternatives:
     candidates: int = 0
     note: str = ""
     liftable: bool = True
+
+
+def measured_original(gain_cap: Optional[Callable[[], Optional[float]]],
+                      threads: Optional[int] = None
+                      ) -> Optional[Callable[[], Optional[float]]]:
+    """``measured_s() -> seconds or None`` of the search's bound: the original's seconds
+    timed on its library kernel (``gain_cap()``: one thread, the calling thread's CPU
+    seconds, :func:`~tvm_ollie.tune.library_timing.library_seconds`) over ``threads``
+    (default :func:`~tvm_ollie.tune.calibrate.kernel_threads`). Why divided: the roof and
+    the efficiencies the bound's ``lower_s`` is made of are one thread's times the threads
+    (:func:`~tvm_ollie.tune.calibrate.measure_cpu_roofline`), so the measured original is
+    put on the same scale (:class:`~tvm_ollie.derive.search.CostBound`'s
+    ``measured_s``). None without a ``gain_cap``."""
+    if gain_cap is None:
+        return None
+    count = max(1, int(threads or kernel_threads()))
+
+    def measured_s() -> Optional[float]:
+        seconds = gain_cap()
+        return None if seconds is None else seconds / count
+
+    return measured_s
 
 
 class Candidates:
@@ -160,7 +182,8 @@ class Candidates:
             return UnitAlternatives(alts)
         known = self.original_seconds(unit, expr)
         cap = self.measured_cap(unit) if native_form and not region else None
-        programs, note = self.search(expr, budget_s, constant_inputs(unit), known, cap)
+        programs, note = self.search(expr, budget_s, constant_inputs(unit), known, cap,
+                                     measured_original(cap))
         seen = set()
         for prog in programs:
             if repr(prog) in seen:
@@ -202,13 +225,15 @@ class Candidates:
 
     def search(self, expr, budget_s: float, constants: AbstractSet[str] = frozenset(),
                known_s: Optional[float] = None,
-               gain_cap: Optional[Callable[[], Optional[float]]] = None
+               gain_cap: Optional[Callable[[], Optional[float]]] = None,
+               measured_s: Optional[Callable[[], Optional[float]]] = None
                ) -> Tuple[List[Program], str]:
         """The derived programs of ``expr`` (from the cache when it holds them, else searched
         within ``budget_s`` seconds and stored) and a note on where they came from
         (``constants``: the inputs that are constants, for the estimates of the bound;
         ``known_s``: the original's estimate, ``gain_cap``: its measured seconds on its
-        library kernel, :class:`~tvm_ollie.derive.search.CostBound`)."""
+        library kernel, ``measured_s``: the same in the units of the bound,
+        :class:`~tvm_ollie.derive.search.CostBound`)."""
 
         limits = dict(max_depth=self.max_depth, targets=tuple(DEFAULT_TARGETS),
                       max_states=self.max_states, max_candidates=self.max_candidates,
@@ -224,7 +249,7 @@ class Candidates:
             res = derive(expr, max_depth=self.max_depth, search_time_s=budget_s,
                          max_states=self.max_states, verify=False,
                          max_candidates=self.max_candidates, cost_target=self.cost_target,
-                         bound=self.bound(expr, constants, known_s, gain_cap))
+                         bound=self.bound(expr, constants, known_s, gain_cap, measured_s))
         self.search_s += time.perf_counter() - t0
         self.searched += 1
         programs = [p for p in res.candidates if not p.multi]
@@ -236,12 +261,14 @@ class Candidates:
 
     def bound(self, expr, constants: AbstractSet[str] = frozenset(),
               known_s: Optional[float] = None,
-              gain_cap: Optional[Callable[[], Optional[float]]] = None
+              gain_cap: Optional[Callable[[], Optional[float]]] = None,
+              measured_s: Optional[Callable[[], Optional[float]]] = None
               ) -> Optional[CostBound]:
         """The early stop of the search of ``expr``: a program's estimate on its cheaper
         implementation (:meth:`program_alternatives`), or ``known_s`` when lower (the
         original's), against the roofline lower bound; the payback's gain at most
-        ``gain_cap()`` (the original's measured seconds)."""
+        ``gain_cap()`` (the original's measured seconds); ``measured_s()`` (the same in the
+        bound's units, :func:`measured_original`) within the bound's slack stops it too."""
         calib = self.calibration
         if calib is None or self.margin <= 0:
             return None
@@ -252,7 +279,8 @@ class Candidates:
 
         margin, known = self._margin(known_s, least_work(expr)[0])
         return CostBound(seconds, analytic.least_seconds(expr, calib, self.library),
-                         margin, SEARCH_PATIENCE, known, self.payback_runs, gain_cap)
+                         margin, SEARCH_PATIENCE, known, self.payback_runs, gain_cap,
+                         measured_s)
 
     def _margin(self, known_s: Optional[float],
                 flops: float) -> Tuple[float, Optional[float]]:

@@ -40,7 +40,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field, replace
-from typing import Dict, Mapping, Optional, Tuple
+from typing import Callable, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 import tvm_ffi
@@ -59,6 +59,7 @@ from .cpu_schedule import ENV_SWITCH as CPU_SCHEDULE_ENV
 from .machine import machine_key, source_version
 from .metaschedule import default_pipeline
 from .records import MachineStore
+from .spread_timing import spread_best
 
 LOG = logging.getLogger(__name__)
 
@@ -227,8 +228,11 @@ def measure_cpu_roofline(n: int = 384, mib: int = 64, repeat: int = 5) -> tuple:
     a = rng.standard_normal((n, n), dtype=np.float32)
     b = rng.standard_normal((n, n), dtype=np.float32)
     with _one_blas_thread() as single:
-        a @ b  # warm up the BLAS (and its threads)
-        peak = 2.0 * n ** 3 / max(_best_time(lambda: a @ b, repeat), 1e-9)
+        # (on one thread by its CPU clock, spread over rounds, :func:`_spread_native`: five
+        # calls in a row drew 76-167 GFLOP/s in fresh processes at load 4-7)
+        gemm = spread_best({"gemm": lambda: a @ b}, rounds=repeat, repeat=1,
+                           clock=time.thread_time if single else time.perf_counter)["gemm"]
+        peak = 2.0 * n ** 3 / max(gemm, 1e-9)
     if single:
         peak *= kernel_threads()
     src = np.ones(mib * (1 << 20) // 4, dtype=np.float32)
@@ -240,7 +244,8 @@ def measure_cpu_roofline(n: int = 384, mib: int = 64, repeat: int = 5) -> tuple:
 
 @contextlib.contextmanager
 def _native_threads(count: int):
-    """The native kernels on ``count`` threads inside (restored on exit)."""
+    """The native kernels (and TVM's parallel loops, on their OpenMP threads) on ``count``
+    threads inside (restored on exit)."""
     before = native.get_num_threads()
     native.set_num_threads(count)
     try:
@@ -249,70 +254,75 @@ def _native_threads(count: int):
         native.set_num_threads(before)
 
 
-def _time_native(func_name: str, attrs: str, arrays, out_shape, repeat: int) -> float:
-    """Best seconds of one native kernel call on float32 arrays (DPS: output last), on the
-    library's threads, and never more than on one thread (:func:`_threads_or_one`)."""
+def _spread_native(calls: Mapping[str, Callable[[], object]]) -> Dict[str, float]:
+    """``{name: seconds}`` of kernel ``calls`` on one thread, by the calling thread's CPU
+    clock, the kernels timed in turns over rounds (:func:`~.spread_timing.spread_best`).
 
+    Why one thread and its CPU clock: it is the only time of a call on the shared 2-core
+    machine that does not depend on what else runs. On two threads a call waits for its
+    second thread whenever another process holds that core (4-60 ms instead of 0.1-3 ms: the
+    low mode, docs/compile-time.md), and even on one thread the wall time of a 1-3 ms call
+    includes the slices another process took from it (the library convolution's best of five
+    one-thread calls: 10.9 and 14.5 ms in two of five fresh processes at load 4, nice 19,
+    2.9-3.2 ms in the others; docs/compile-time.md, cold13's section). Which kernel drew which mode set the kinds' ratio, and with it the searches'
+    bounds and stops. A kernel on one thread runs on the calling thread (OpenMP's team of
+    one; TVM's parallel loops run on those threads, :mod:`tvm_ollie.native`), so the calling
+    thread's CPU seconds are the call's own. The roof is one thread's times the threads
+    (:func:`measure_cpu_roofline`), so these one-thread rates over it are the efficiencies
+    at the kernels' threads under the roof's own assumption: the threads scale every kind
+    alike."""
+    if not native.load():
+        return spread_best(calls)
+    # (TVM's kernels on TVM's own pool, TVM_OLLIE_PARALLEL_RUNTIME=tvm, run on its workers:
+    # not on the calling thread, so by the wall clock)
+    own = native.get_parallel_runtime() == "openmp"
+    with _native_threads(1):
+        return spread_best(calls, clock=time.thread_time if own else time.perf_counter)
+
+
+def _native_call(func_name: str, attrs: str, arrays, out_shape) -> Callable[[], object]:
+    """One native kernel call on float32 ``arrays`` (DPS: output last), operands bound."""
     func = tvm_ffi.get_global_func(func_name)
     args = [tvm.runtime.tensor(a) for a in arrays]
     out = tvm.runtime.tensor(np.zeros(out_shape, dtype="float32"))
-
-    def best() -> float:
-        func(attrs, *args, out)  # first call builds and caches the library's primitive
-        return _best_time(lambda: func(attrs, *args, out), repeat)
-
-    return _threads_or_one(best, native.get_num_threads())
-
-
-def _threads_or_one(best, threads: int) -> float:
-    """``min(best() on the kernels' threads, best() on one thread)``.
-
-    Why: T threads are never slower than one at the calibration's sizes, except in what
-    docs/compile-time.md calls the low mode of the loaded 2-core machine, where every parallel
-    call waits for a descheduled worker until the scheduler's next tick (4-24 ms a call): then
-    five calls in a row measured the library's convolution at 0.012-0.04 of the roof in some
-    processes and 0.88-1.0 in others, its GEMM at 0.047, and the decisions and the search
-    bounds followed the mode of the process. A call on one thread waits for nobody (the roof
-    is measured so, :func:`measure_cpu_roofline`), so the rate used is at least the one-thread
-    rate whatever the mode: the efficiency moves by at most the threads' factor between
-    processes, not by 25-80x. Outside the low mode the threads' time is the lower one and
-    nothing changes."""
-    seconds = best()
-    if threads > 1:
-        with _native_threads(1):
-            seconds = min(seconds, best())
-    return seconds
+    return lambda: func(attrs, *args, out)
 
 
 @functools.lru_cache(maxsize=1)
-def measure_native_efficiency(repeat: int = 5) -> Dict[str, float]:
+def measure_native_efficiency() -> Dict[str, float]:
     """Fraction of this CPU's compute roof the native kernels reach: ``native_matmul`` on a
     384-cube GEMM, ``native_conv2d`` on a 3x3 convolution 1x64x56x56 -> 64 (ResNet's first
     stage), ``native_conv_transpose`` on a stride-2 4x4 transposed convolution, ``native_g2bmm``
-    and ``native_gbmm`` on a dilated band (when the library has those kernels). Empty when the
-    native library is not loaded. Cached per process."""
+    and ``native_gbmm`` on a dilated band (when the library has those kernels), all timed
+    together, in rounds (:func:`_spread_native`). Empty when the native library is not loaded.
+    Cached per process."""
 
     if not native.load():
         return {}
     peak, _ = measure_cpu_roofline()
-    rng = np.random.default_rng(0)
+    cases = _native_cases(np.random.default_rng(0))
+    seconds = _spread_native({kind: call for kind, (call, _) in cases.items()})
+    return {kind: min(1.0, flops / seconds[kind] / peak) for kind, (_, flops) in cases.items()}
+
+
+def _native_cases(rng) -> Dict[str, Tuple[Callable[[], object], float]]:
+    """``{kind: (call, flops)}`` of the calibration's native kernels (the library's own)."""
     n = 384
     a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
-    t_mm = _time_native(lib.MATMUL, "ta=0;tb=0", (a, b), (n, n), repeat)
+    cases = {"native_matmul": (_native_call(lib.MATMUL, "ta=0;tb=0", (a, b), (n, n)),
+                               2.0 * n ** 3)}
     x = rng.standard_normal((1, 64, 56, 56), dtype=np.float32)
     w = rng.standard_normal((64, 64, 3, 3), dtype=np.float32)
     conv = lib.conv2d_call((1, 1), (1, 1, 1, 1), (1, 1), 1, "NCHW", "OIHW")
-    t_conv = _time_native(lib.CONV2D, conv.text(), (x, w), (1, 64, 56, 56), repeat)
-    conv_flops = 2.0 * 64 * 64 * 9 * 56 * 56
-    eff = {"native_matmul": min(1.0, 2.0 * n ** 3 / t_mm / peak),
-           "native_conv2d": min(1.0, conv_flops / t_conv / peak)}
+    cases["native_conv2d"] = (_native_call(lib.CONV2D, conv.text(), (x, w), (1, 64, 56, 56)),
+                              2.0 * 64 * 64 * 9 * 56 * 56)
     if native.provides(lib.CONV2D_TRANSPOSE):  # an older build of the library lacks it
-        eff["native_conv_transpose"] = _native_conv_transpose_efficiency(rng, peak, repeat)
-    eff.update(_native_band_efficiency(rng, peak, repeat))
-    return eff
+        cases["native_conv_transpose"] = _native_conv_transpose_case(rng)
+    cases.update(_native_band_cases(rng))
+    return cases
 
 
-def _native_band_efficiency(rng, peak: float, repeat: int) -> Dict[str, float]:
+def _native_band_cases(rng) -> Dict[str, Tuple[Callable[[], object], float]]:
     """``native_g2bmm``/``native_gbmm``: the banded kernels on 4 bands of 256 rows, 64 columns,
     width 16 and dilation 2, in the operators' FLOPs (``2 * batch * L * (2W + 1) * K``; the
     kernels also compute part of the GEMM blocks outside the band, which this efficiency
@@ -325,23 +335,21 @@ def _native_band_efficiency(rng, peak: float, repeat: int) -> Dict[str, float]:
     a, b = (rng.standard_normal((batch, length, cols), dtype=np.float32) for _ in range(2))
     s = rng.standard_normal((batch, length, window), dtype=np.float32)
     cases = {"g2bmm": ((a, b), (batch, length, window)), "gbmm": ((s, b), (batch, length, cols))}
-    eff = {}
-    for kind, (arrays, out_shape) in cases.items():
-        if native.provides(lib.BAND_KERNELS[kind]):
-            t = _time_native(lib.BAND_KERNELS[kind], text, arrays, out_shape, repeat)
-            eff[f"native_{kind}"] = min(1.0, flops / t / peak)
-    return eff
+    return {f"native_{kind}": (_native_call(lib.BAND_KERNELS[kind], text, arrays, out_shape),
+                               flops)
+            for kind, (arrays, out_shape) in cases.items()
+            if native.provides(lib.BAND_KERNELS[kind])}
 
 
-def _native_conv_transpose_efficiency(rng, peak: float, repeat: int) -> float:
+def _native_conv_transpose_case(rng) -> Tuple[Callable[[], object], float]:
     """``native_conv_transpose``: the stride-2 4x4 transposed convolution 1x32x14x14 -> 32 that
     :func:`measure_tvm_efficiency` times TVM on, counted in the same useful FLOPs."""
 
     x = rng.standard_normal((1, 32, 14, 14), dtype=np.float32)
     w = rng.standard_normal((32, 32, 4, 4), dtype=np.float32)
     call = lib.conv2d_transpose_call((2, 2), (1, 1, 1, 1), (0, 0), (1, 1), 1)
-    t = _time_native(lib.CONV2D_TRANSPOSE, call.text(), (x, w), (1, 32, 28, 28), repeat)
-    return min(1.0, 2.0 * 32 * 32 * 16 * 14 * 14 / t / peak)
+    return (_native_call(lib.CONV2D_TRANSPOSE, call.text(), (x, w), (1, 32, 28, 28)),
+            2.0 * 32 * 32 * 16 * 14 * 14)
 
 
 def _tvm_seconds(build_body, shapes, target, repeat: int) -> float:
@@ -354,8 +362,8 @@ def _tvm_seconds_of(cases: Mapping[str, tuple], target, repeat: int) -> Dict[str
     """``{name: best seconds}`` of ``cases`` (``{name: (build_body, shapes)}``), one Relax
     function each, all built in one module by TVM's default pipeline (untuned): one build
     instead of one per case (each build of these one-kernel modules cost 0.2-0.4 s of fixed
-    work); each function timed alone, on ``target``'s device (a GPU call ends with a
-    synchronization)."""
+    work); on a CPU the functions timed in turns, in rounds (:func:`_spread_native`), on a GPU
+    each alone (a call ends with a synchronization)."""
     bb = relax.BlockBuilder()
     for name, (build_body, shapes) in cases.items():
         params = [tensor_var(f"x{k}", s) for k, s in enumerate(shapes)]
@@ -368,17 +376,18 @@ def _tvm_seconds_of(cases: Mapping[str, tuple], target, repeat: int) -> Dict[str
     vm = relax.VirtualMachine(ex, dev)
     on_cpu = dev.dlpack_device_type() == tvm.cpu(0).dlpack_device_type()
     rng = np.random.default_rng(0)
-    out = {}
+    calls = {}
     for name, (_, shapes) in cases.items():
         func = vm[name]
         args = [tvm.runtime.tensor(rng.standard_normal(s, dtype=np.float32), dev)
                 for s in shapes]
-        func(*args)
-        if on_cpu:  # (their parallel loops run on the library's threads, native.py)
-            out[name] = _threads_or_one(lambda f=func, a=args: _best_time(lambda: f(*a), repeat),
-                                        native.get_num_threads() if native.load() else 1)
-        else:
-            out[name] = _best_time(lambda: (func(*args), dev.sync()), repeat)
+        calls[name] = functools.partial(func, *args)
+    if on_cpu:  # (their parallel loops run on the library's threads, native.py)
+        return _spread_native(calls)
+    out = {}
+    for name, call in calls.items():
+        call()
+        out[name] = _best_time(lambda c=call: (c(), dev.sync()), repeat)
     return out
 
 

@@ -19,6 +19,13 @@ its threads only add their fork and join (a few microseconds), the model's call 
 slower than the cap, and the search may stop that many microseconds of gain early (0.1-0.5 s
 of search at 100 000 runs).
 
+Each call is timed by the calling thread's CPU clock (:func:`time.thread_time`): a kernel on
+one thread runs on the calling thread, so those are the call's own seconds, not those another
+process held the core (cold13, docs/compile-time.md: a 1-3 ms call's wall time at load 4-7 took
+in others' slices), the unit the calibration measures the roof and the efficiencies in
+(:mod:`.calibrate`), which lets the search compare this time with its roofline bound
+(:func:`~tvm_ollie.transform.alternatives.measured_original`).
+
 Only on the CPU: a CUDA kernel's call returns before the device finishes, and the decisions
 time the CUDA kernels through TVM's builds anyway.
 """
@@ -84,10 +91,11 @@ def _one_thread() -> Iterator[None]:
 
 def library_seconds(call: "relax.Call", repeat: int = REPEAT, window_s: float = WINDOW_S,
                     seed: int = 0) -> Optional[float]:
-    """The fastest call of ``call``'s native kernel on random operands, in seconds (after one
-    untimed call: at least ``repeat`` calls, more until ``window_s`` seconds have passed, at
-    most :data:`MAX_CALLS`); None when the call has no library form on the CPU, a shape is
-    not static, or the kernel fails."""
+    """The fastest call of ``call``'s native kernel on random operands, in the calling
+    thread's CPU seconds on one thread (module docstring; after one untimed call: at least
+    ``repeat`` calls, more until ``window_s`` seconds have passed, at most
+    :data:`MAX_CALLS`); None when the call has no library form on the CPU, a shape is not
+    static, or the kernel fails."""
     if lib.current_device() != "cpu":
         return None
     form = lib.call_form(call)
@@ -108,8 +116,9 @@ def library_seconds(call: "relax.Call", repeat: int = REPEAT, window_s: float = 
 
 
 def _fastest(func, text: str, operands, out_shape, repeat: int, window_s: float,
-             rng) -> float:
-    """The fastest call of ``func`` on random operands (:func:`library_seconds`)."""
+             rng, clock=time.thread_time) -> float:
+    """The fastest call of ``func`` on random operands by ``clock`` (:func:`library_seconds`;
+    the window by the wall clock)."""
     args = [tvm.runtime.tensor(rng.standard_normal(s, dtype=np.float32)) for s in operands]
     out = tvm.runtime.tensor(np.zeros(out_shape, dtype=np.float32))
     func(text, *args, out)
@@ -117,7 +126,7 @@ def _fastest(func, text: str, operands, out_shape, repeat: int, window_s: float,
     for k in range(MAX_CALLS):
         if k >= max(1, repeat) and time.perf_counter() - begin >= window_s:
             break
-        t0 = time.perf_counter()
+        t0 = clock()
         func(text, *args, out)
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, clock() - t0)
     return best
