@@ -15,7 +15,7 @@
 //   avx512f   the portable row (PortableRow) compiled for AVX-512: the compiler vectorizes it
 //             (0.62 ns an element, one thread, 16384 rows of 256, on the AVX-512 Xeon);
 //   avx2      AVX2 + FMA intrinsics (Avx2Row). The portable row compiled for AVX2 was not
-//             vectorized by GCC 12 (its exp loop stayed scalar, a branch per element): 8.6 ns an
+//             vectorized by GCC 12 (its exp loop stayed scalar, a branch per element): 5.2 ns an
 //             element on the AVX2-only EPYC, against 0.69-0.80 for this one (docs/profiling.md);
 //   baseline  the portable row for the x86-64 baseline (or any other CPU).
 // tvm_ollie.cpu.softmax_vectors lists the ones this CPU runs (best first), and
