@@ -248,6 +248,9 @@ A1 = CONV + ";bias=1;act=relu"
 A_IN = A1 + ";src_fmt=nhwc;dst_fmt=nhwc"
 A_BLK = A1 + ";src_fmt=nChw8c;dst_fmt=nChw8c;src_c=5;dst_c=5"
 A_MID = CONV + ";src_fmt=nhwc;dst_fmt=nhwc"
+# the chain's last convolution writes NCHW itself (exit_in_kernel): no exit transform after it
+A_LAST = A1 + ";src_fmt=nhwc"
+A_BLK_LAST = A1 + ";src_fmt=nChw8c;src_c=5"
 
 
 @I.ir_module
@@ -275,9 +278,8 @@ class ReluChainNhwc:
             x_nhwc = R.layout_transform(x, index_map=lambda n, c, h, w: (n, h, w, c))
             y_nhwc = R.call_dps_packed("tvm_ollie.cpu.conv2d", (R.str(A_IN), x_nhwc, w1, b1),
                                        out_ty=R.Tensor((1, 6, 6, 5), "float32"))
-            z_nhwc = R.call_dps_packed("tvm_ollie.cpu.conv2d", (R.str(A_IN), y_nhwc, w2, b2),
-                                       out_ty=R.Tensor((1, 6, 6, 5), "float32"))
-            z = R.layout_transform(z_nhwc, index_map=lambda n, h, w, c: (n, c, h, w))
+            z = R.call_dps_packed("tvm_ollie.cpu.conv2d", (R.str(A_LAST), y_nhwc, w2, b2),
+                                  out_ty=R.Tensor((1, 5, 6, 6), "float32"))
             R.output(z)
         return z
 
@@ -293,11 +295,8 @@ class ReluChainBlocked:
                                      pad_value=0.0)
             y_b = R.call_dps_packed("tvm_ollie.cpu.conv2d", (R.str(A_BLK), x_b, w1, b1),
                                     out_ty=R.Tensor((1, 1, 6, 6, 8), "float32"))
-            z_b = R.call_dps_packed("tvm_ollie.cpu.conv2d", (R.str(A_BLK), y_b, w2, b2),
-                                    out_ty=R.Tensor((1, 1, 6, 6, 8), "float32"))
-            z_padded = R.layout_transform(
-                z_b, index_map=lambda n, c1, h, w, c0: (n, c1 * 8 + c0, h, w))
-            z = R.strided_slice(z_padded, axes=[1], begin=[0], end=[5])
+            z = R.call_dps_packed("tvm_ollie.cpu.conv2d", (R.str(A_BLK_LAST), y_b, w2, b2),
+                                  out_ty=R.Tensor((1, 5, 6, 6), "float32"))
             R.output(z)
         return z
 
@@ -335,21 +334,83 @@ class BranchNhwc:
             s = R.sum(y, axis=[2, 3], keepdims=True)
             z_nhwc = R.call_dps_packed("tvm_ollie.cpu.conv2d", (R.str(A_MID), r_nhwc, w2),
                                        out_ty=R.Tensor((1, 6, 6, 5), "float32"))
+            # read by a TVM operator: the exit stays (TVM fuses it into the add)
             z = R.layout_transform(z_nhwc, index_map=lambda n, h, w, c: (n, c, h, w))
             out = R.add(z, s)
             R.output(out)
         return out
 
 
-@pytest.mark.parametrize("before,fmt,expected", [
-    (ReluChain, "nhwc", ReluChainNhwc),
-    (ReluChain, "nChw8c", ReluChainBlocked),
-    (Branch, "nhwc", BranchNhwc),
+A_RES = CONV + ";res=1;src_fmt=nhwc;dst_fmt=nhwc"
+
+
+@I.ir_module
+class ResidualLast:
+    """The chain's last convolution adds a chain value (its residual): it cannot write NCHW
+    (the residual would have to be read in NCHW), so the exit stays."""
+
+    @R.function
+    def main(x: R.Tensor((1, 5, 6, 6), "float32"), w1: R.Tensor((5, 5, 3, 3), "float32"),
+             w2: R.Tensor((5, 5, 3, 3), "float32")) -> R.Tensor((1, 5, 6, 6), "float32"):
+        with R.dataflow():
+            y = R.call_dps_packed("tvm_ollie.cpu.conv2d", (R.str(CONV), x, w1),
+                                  out_ty=R.Tensor((1, 5, 6, 6), "float32"))
+            z = R.call_dps_packed("tvm_ollie.cpu.conv2d", (R.str(CONV + ";res=1"), y, w2, y),
+                                  out_ty=R.Tensor((1, 5, 6, 6), "float32"))
+            R.output(z)
+        return z
+
+
+@I.ir_module
+class ResidualLastNhwc:
+    @R.function
+    def main(x: R.Tensor((1, 5, 6, 6), "float32"), w1: R.Tensor((5, 5, 3, 3), "float32"),
+             w2: R.Tensor((5, 5, 3, 3), "float32")) -> R.Tensor((1, 5, 6, 6), "float32"):
+        with R.dataflow():
+            x_nhwc = R.layout_transform(x, index_map=lambda n, c, h, w: (n, h, w, c))
+            y_nhwc = R.call_dps_packed("tvm_ollie.cpu.conv2d", (R.str(A_MID), x_nhwc, w1),
+                                       out_ty=R.Tensor((1, 6, 6, 5), "float32"))
+            z_nhwc = R.call_dps_packed("tvm_ollie.cpu.conv2d", (R.str(A_RES), y_nhwc, w2,
+                                                                 y_nhwc),
+                                       out_ty=R.Tensor((1, 6, 6, 5), "float32"))
+            z = R.layout_transform(z_nhwc, index_map=lambda n, h, w, c: (n, c, h, w))
+            R.output(z)
+        return z
+
+
+@pytest.mark.parametrize("before,fmt,expected,exits,in_kernel", [
+    (ReluChain, "nhwc", ReluChainNhwc, 0, 1),
+    (ReluChain, "nChw8c", ReluChainBlocked, 0, 1),
+    (Branch, "nhwc", BranchNhwc, 2, 0),
+    (ResidualLast, "nhwc", ResidualLastNhwc, 1, 0),
 ])
-def test_before_expected(before, fmt, expected):
+def test_before_expected(before, fmt, expected, exits, in_kernel):
     new, report = blocked_layout(before, fmt=fmt)
     assert report.chains == [(2, fmt)]
+    assert (report.exits, report.plain_dests) == (exits, in_kernel)
+    assert ("exits written by their conv" in report.to_text()) == bool(in_kernel)
     tvm.ir.assert_structural_equal(new, expected)
+
+
+@pytest.mark.parametrize("fmt", ["nhwc", "nChw8c", "nChw16c"])
+@pytest.mark.parametrize("c,o", [(16, 16), (5, 13), (13, 150)])
+def test_exit_in_kernel_numerics_vs_tvm(fmt, c, o):
+    """The chain's last convolution writing NCHW (rule ``exit_in_kernel``; a classifier's
+    1x1 convolution after a 3x3 one, as Segformer's head) computes what TVM's build of the
+    original does, in every format, whole blocks or not."""
+    rng = np.random.default_rng(c + o)
+
+    def head(net, x, w):
+        y = net.conv(x, w[0], bias=w[1], act="relu")
+        return net.conv(y, w[2], bias=w[3], pad=0)
+
+    weights = [_w(rng, c, c, 3, 3), _w(rng, c), _w(rng, o, c, 1, 1), _w(rng, o)]
+    mod, ref_mod = build_pair(head, (1, c, 7, 9), weights)
+    new, report = blocked_layout(mod, fmt=fmt)
+    assert (report.exits, report.plain_dests) == (0, 1)
+    assert new.script().count("R.layout_transform") == 1  # the entry only
+    x = rng.standard_normal((1, c, 7, 9)).astype("float32")
+    np.testing.assert_allclose(run(new, x), run(ref_mod, x), rtol=1e-4, atol=1e-4)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -59,7 +59,10 @@ Rules (each a guard below, named):
   forced by the caller (``fmt``) holds for the entries too.
 
 Exits: a chain value used by anything outside the chain (or returned) is transformed back to
-NCHW right after its binding, under its original variable, so nothing outside changes.
+NCHW right after its binding, under its original variable, so nothing outside changes. A
+member convolution that no member reads, whose value only the function's result or library
+calls read, writes NCHW itself instead (``exit_in_kernel``, :func:`exits_in_kernel`): no
+transform after it.
 """
 
 from __future__ import annotations
@@ -79,11 +82,11 @@ from .epilogue import static_shape
 from .tir_pads import pads_as_ops
 
 __all__ = ["BINARY", "SPATIAL", "UNARY", "Chain", "LayoutReport", "blocked_layout",
-           "choose_format", "constant_to_format", "deconv_takes_formats", "find_chains",
-           "formatted_shape", "from_format", "member_conv", "member_deconv", "member_elementwise",
-           "member_norm", "member_pad", "member_spatial", "member_take", "norm_takes_formats",
-           "pack_lone_weights", "pack_weight", "preferred", "saves_reorders", "to_format",
-           "unpad"]
+           "choose_format", "constant_to_format", "deconv_takes_formats", "exits_in_kernel",
+           "find_chains", "formatted_shape", "from_format", "member_conv", "member_deconv",
+           "member_elementwise", "member_norm", "member_pad", "member_spatial", "member_take",
+           "norm_takes_formats", "pack_lone_weights", "pack_weight", "preferred",
+           "saves_reorders", "to_format", "unpad"]
 
 #: Unary elementwise operators a chain passes through (finite at 0).
 UNARY = ("relax.nn.relu", "relax.nn.relu6", "relax.clip", "relax.sigmoid", "relax.tanh",
@@ -146,6 +149,8 @@ class LayoutReport:
     exits: int = 0
     #: member convolutions that still read NCHW (and reorder it inside the call)
     plain_sources: int = 0
+    #: member convolutions that write NCHW in place of an exit (``exit_in_kernel``)
+    plain_dests: int = 0
     #: convolutions outside every chain whose constant weights were packed (``pack_weights``)
     lone_packed: int = 0
     #: the ONNX importer's PrimFunc pads rewritten as ``nn.pad`` to join a chain (.tir_pads)
@@ -159,8 +164,10 @@ class LayoutReport:
             return "layouts: no chain converted" + (
                 f" ({'; '.join(self.skipped)})" if self.skipped else "") + lone
         convs = ", ".join(f"{n} convs in {f}" for n, f in self.chains)
+        in_kernel = f" ({self.plain_dests} exits written by their conv)" \
+            if self.plain_dests else ""
         return f"layouts: {len(self.chains)} chains ({convs}); {self.entries} entry and " \
-               f"{self.exits} exit transforms" + lone
+               f"{self.exits} exit transforms{in_kernel}" + lone
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,6 +249,20 @@ def member_conv(value) -> Optional[Tuple[lib.LibCall, list]]:
     if not (_f32_4d(ops[0]) and _f32_4d(value) and static_shape(ops[1]) is not None):
         return None
     return call, ops
+
+
+def exits_in_kernel(call: lib.LibCall) -> bool:
+    """Guard ``exit_in_kernel`` on the call: a member convolution writes NCHW itself (no
+    ``dst_fmt``) instead of the chain's format followed by an exit ``layout_transform``,
+    ``from_format(conv[dst_fmt=F](x')) = conv(x')``, when no member reads its value and its
+    exit would be a kernel of its own (every reader is the function's result or a library
+    call; the rewriter checks both). oneDNN then writes its preferred destination and reorders
+    it into NCHW inside the call, on every thread; the exit was one TVM kernel (Segformer
+    paper's classifier output ``[1, 128, 128, 150]``: 34.6-39.1 ms, docs/profiling.md). An
+    exit read by a TVM operator stays: TVM fuses it into that kernel (or the orchestration
+    places it, docs/orchestration.md). Not with a residual (``res=1``): it would have to be
+    read in NCHW, and a member value has no NCHW copy."""
+    return call.get("res", "0") != "1"
 
 
 def _accepts(func: str, attrs: str, operands: int) -> bool:
@@ -606,10 +627,37 @@ class _Rewriter:
             self.report.entries += 1
         return self.entries[key]
 
+    def _exit_in_kernel(self, var: "relax.Var", conv) -> bool:
+        """Guard ``exit_in_kernel`` (:func:`exits_in_kernel`): no member reads ``var``, and
+        every reader is the function's result or a library call (through aliases ``v = var``,
+        as ``emit_output`` binds a block's result)."""
+        if conv is None or not exits_in_kernel(conv[0]):
+            return False
+        return self._read_as_nchw_only(var)
+
+    def _read_as_nchw_only(self, var: "relax.Var") -> bool:
+        for user in self.users.get(var, ()):
+            if user == "<body>":
+                continue
+            if user in self.member_fmt and _links(self.bindings[user], var):
+                return False
+            value = self.bindings.get(user)
+            if isinstance(value, relax.Var) and self._read_as_nchw_only(user):
+                continue
+            if value is None or lib.lib_call_of(value) is None:
+                return False
+        return True
+
     def _rewrite(self, binding, out, dataflow: bool) -> None:
         var, value = binding.var, binding.value
         fmt = self.member_fmt[var]
         conv = member_conv(value)
+        if self._exit_in_kernel(var, conv):
+            # rule ``exit_in_kernel``: the convolution writes NCHW itself, under its variable
+            new_value = self._conv(value, conv, fmt, out, dataflow, dst="nchw")
+            out.append(relax.VarBinding(var, relax.BlockBuilder().normalize(new_value)))
+            self.report.plain_dests += 1
+            return
         if conv is not None:
             new_value = self._conv(value, conv, fmt, out, dataflow)
         elif (deconv := member_deconv(value)) is not None:
@@ -640,19 +688,24 @@ class _Rewriter:
             out.append(relax.VarBinding(var, back))
             self.report.exits += 1
 
-    def _conv(self, value, conv, fmt: str, out, dataflow: bool):
+    def _conv(self, value, conv, fmt: str, out, dataflow: bool, dst: Optional[str] = None):
+        """A member convolution reading its data in ``fmt`` (or NCHW, see the ``format``
+        guard) and writing ``dst`` (default: ``fmt``)."""
         call, ops = conv
         data = ops[0]
+        dst = dst or fmt
         cin, cout = static_shape(data)[1], static_shape(value)[1]
         if self.forced or data in self.new and self.member_fmt.get(data) == fmt:
             src = fmt
         else:
             src = fmt if preferred(value)[0] == fmt else "nchw"
-        updates = {"src_fmt": src, "dst_fmt": fmt} if src != "nchw" else {"dst_fmt": fmt}
+        updates = {"src_fmt": src} if src != "nchw" else {}
+        if dst != "nchw":
+            updates["dst_fmt"] = dst
         self.report.plain_sources += src == "nchw"
         if src not in ("nchw", "nhwc"):
             updates["src_c"] = str(cin)
-        if fmt != "nhwc":
+        if dst not in ("nchw", "nhwc"):
             updates["dst_c"] = str(cout)
         new_ops = list(ops)
         if src != "nchw":
@@ -662,7 +715,9 @@ class _Rewriter:
         new_call = call.with_attrs(**updates)
         if self.pack_weights and isinstance(ops[1], tvm.ir.expr.Constant):
             new_call, new_ops[1] = pack_weight(new_call, static_shape(data), ops[1])
-        return lib.emit_call(new_call, new_ops, formatted_shape(static_shape(value), fmt))
+        shape = static_shape(value)
+        return lib.emit_call(new_call, new_ops,
+                             formatted_shape(shape, dst) if dst != "nchw" else shape)
 
     def _deconv(self, value, deconv, fmt: str, out, dataflow: bool):
         """A transposed convolution in a channels-last chain: its data read as it is (in the
@@ -731,11 +786,13 @@ def saves_reorders(func: "relax.Function", chain: Chain) -> bool:
     """Guard ``saves_reorders``: converting ``chain`` removes more passes over a tensor than it
     adds. Each member convolution in NCHW reorders its source and destination inside the call
     (oneDNN prefers another format: the ``format`` guard); converted, it reorders only a source
-    it still reads as NCHW, and the chain adds one ``layout_transform`` per entry and exit:
-    ``2 * convs - plain sources > entries + exits``. Counted by rewriting the chain alone."""
+    it still reads as NCHW or a destination it writes as NCHW (``exit_in_kernel``), and the
+    chain adds one ``layout_transform`` per entry and exit:
+    ``2 * convs - plain sources - plain destinations > entries + exits``. Counted by
+    rewriting the chain alone."""
     dry = LayoutReport()
     _Rewriter(func, [chain], dry).run()
-    return 2 * len(chain.convs) - dry.plain_sources > dry.entries + dry.exits
+    return 2 * len(chain.convs) - dry.plain_sources - dry.plain_dests > dry.entries + dry.exits
 
 
 def pack_lone_weights(func: "relax.Function", chained: Set["relax.Var"],
