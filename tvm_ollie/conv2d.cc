@@ -408,9 +408,8 @@ struct PortableWeights {
 // The weights of a wpacked call: the packed tensor itself when it was made for this problem on
 // this machine and thread count (`hash`: PackHash of the call's key and e.wei_md, computed once
 // per call site; `as_is` wraps the pointer in a memory of e.wei_md); else reordered from its
-// format tag, once into the site's kept copy (`relaid`, weight_pack::RelaidPacks: a pack made
-// under another thread count read in a stall window), or per call into scratch slot 2 without
-// one.
+// format tag, once, into the site's kept copy (`relaid`, weight_pack::RelaidPacks: another
+// CPU's pack, or a pack made under another thread count read in a stall window).
 dnnl::memory PackedWeights(const ffi::TensorView& Wt, float* w, const std::string& key,
                            uint64_t hash, const OneDNNConv& e,
                            const std::function<dnnl::memory(void*)>& as_is,
@@ -450,17 +449,13 @@ dnnl::memory PackedWeights(const ffi::TensorView& Wt, float* w, const std::strin
   });
   dnnl::memory from(port->from, eng, w + kPackHeaderFloats);
   if (!port->reorder.needed) return from;
-  if (relaid != nullptr) {
-    bool fill = false;
-    void* kept = relaid->Slot(w, Wt.numel(), hash, e.wei_md.get_size(), &fill);
-    if (fill) {
-      weight_pack::CountRelaid();
-      port->reorder.Run(from, kept);
-    }
-    return as_is(kept);
+  bool fill = false;
+  void* kept = relaid->Slot(w, Wt.numel(), hash, e.wei_md.get_size(), &fill);
+  if (fill) {
+    weight_pack::CountReorder();
+    port->reorder.Run(from, kept);
   }
-  weight_pack::CountReorder();
-  return port->reorder.Run(from, ScratchBuffer(2, e.wei_md.get_size()));
+  return as_is(kept);
 }
 
 // The weight dims in klayout order for a packed call: O from Out, I = C / groups, kernel=KH,KW.

@@ -48,8 +48,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
         PrimitiveCache& c = PrimitiveCache::Global();
         return "size=" + std::to_string(c.size()) + ";hits=" + std::to_string(c.hits()) +
                ";misses=" + std::to_string(c.misses()) +
-               ";pack_reorders=" + std::to_string(weight_pack::Reorders()) +
-               ";relaid_packs=" + std::to_string(weight_pack::Relaid());
+               ";pack_reorders=" + std::to_string(weight_pack::Reorders());
       });
 }
 

@@ -13,7 +13,6 @@ namespace weight_pack {
 namespace {
 
 std::atomic<int64_t> g_reorders{0};
-std::atomic<int64_t> g_relaid{0};
 
 uint64_t Fnv1a(const std::string& text) {
   uint64_t h = 1469598103934665603ULL;
@@ -122,10 +121,6 @@ dnnl::memory PackReorder::Run(const dnnl::memory& from, void* dst) const {
 void CountReorder() { g_reorders.fetch_add(1, std::memory_order_relaxed); }
 
 int64_t Reorders() { return g_reorders.load(std::memory_order_relaxed); }
-
-void CountRelaid() { g_relaid.fetch_add(1, std::memory_order_relaxed); }
-
-int64_t Relaid() { return g_relaid.load(std::memory_order_relaxed); }
 
 RelaidPacks::Print RelaidPacks::Fingerprint(const float* pack, int64_t numel) {
   Print p{};

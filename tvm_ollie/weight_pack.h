@@ -67,8 +67,9 @@ struct PackReorder {
   dnnl::memory Run(const dnnl::memory& from, void* dst) const;
 };
 
-// Calls that reordered a pack into their primitive's format (another CPU, or a pack made under
-// another thread count inside a stall window): the cache_stats counter `pack_reorders`.
+// Packs reordered into a call's primitive's format (another CPU, or a pack made under another
+// thread count inside a stall window): the cache_stats counter `pack_reorders`. Since
+// RelaidPacks, once per call site, target format and pack, not per call.
 void CountReorder();
 int64_t Reorders();
 
@@ -91,7 +92,7 @@ struct PackThreads {
 // want another weight format than the pack's (Acdb24a against a two-thread pack's Acdb16a, a
 // 64-channel 3x3 conv on AVX2): reordering the pack on every such call (two jit:uni reorders
 // through the plain format, PackReorder) tripled the convolution's time, 45 us against 15 us
-// (docs/profiling.md, "ResNet-18 and FSRCNN on the AVX2 machine"). A site's packs are constants
+// (docs/profiling.md, session ort13). A site's packs are constants
 // made by the build, so each is re-laid once per target format and read from the copy after.
 // The copy is kept per pack address while the pack there is unchanged: its header and a sample
 // of its floats are compared on every use, and a changed pack is re-laid again.
@@ -126,10 +127,6 @@ class RelaidPacks {
   static Print Fingerprint(const float* pack, int64_t numel);
   std::unordered_map<Key, Entry, KeyHash> entries_;
 };
-
-// Reorders in RelaidPacks' copies (cache_stats `relaid_packs`): each is one pack re-laid once.
-void CountRelaid();
-int64_t Relaid();
 
 }  // namespace weight_pack
 }  // namespace tvm_ollie
