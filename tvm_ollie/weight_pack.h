@@ -92,17 +92,17 @@ struct PackThreads {
 // want another weight format than the pack's (Acdb24a against a two-thread pack's Acdb16a, a
 // 64-channel 3x3 conv on AVX2): reordering the pack on every such call (two jit:uni reorders
 // through the plain format, PackReorder) tripled the convolution's time, 45 us against 15 us
-// (docs/profiling.md, session ort13). A site's packs are constants
-// made by the build, so each is re-laid once per target format and read from the copy after.
-// The copy is kept per pack address while the pack there is unchanged: its header and a sample
-// of its floats are compared on every use, and a changed pack is re-laid again.
+// (docs/profiling.md, session ort13). A site's packs are constants made by the build, so each is
+// re-laid once per target format and read from the copy after. The copy is kept per pack
+// address while the pack there is unchanged: its header and a sample of its floats are compared
+// on every use, and a changed pack is re-laid again. One object per call site and thread (the
+// sites are per thread), so no lock.
 class RelaidPacks {
  public:
   // Aligned storage of `bytes` bytes for the pack at `pack` (`numel` float32 elements, header
   // first) re-laid into the format `variant` names (a Hash of the target primitive); `*fill` is
   // true when the caller must (re)write it: a new entry, or the pack there changed.
   void* Slot(const float* pack, int64_t numel, uint64_t variant, size_t bytes, bool* fill);
-  size_t size() const { return entries_.size(); }
 
  private:
   static constexpr int kSample = 48;  // sampled floats besides the header
