@@ -408,10 +408,12 @@ struct PortableWeights {
 // The weights of a wpacked call: the packed tensor itself when it was made for this problem on
 // this machine and thread count (`hash`: PackHash of the call's key and e.wei_md, computed once
 // per call site; `as_is` wraps the pointer in a memory of e.wei_md); else reordered from its
-// format tag into scratch slot 2.
+// format tag, once, into the site's kept copy (`relaid`, weight_pack::RelaidPacks: another
+// CPU's pack, or a pack made under another thread count read in a stall window).
 dnnl::memory PackedWeights(const ffi::TensorView& Wt, float* w, const std::string& key,
                            uint64_t hash, const OneDNNConv& e,
-                           const std::function<dnnl::memory(void*)>& as_is) {
+                           const std::function<dnnl::memory(void*)>& as_is,
+                           weight_pack::RelaidPacks* relaid) {
   const weight_pack::Header h = weight_pack::ReadHeader(w, Wt.numel());
   const dnnl::engine& eng = Engine();
   if (h.magic == kPackMagic && h.hash == hash) {
@@ -447,8 +449,13 @@ dnnl::memory PackedWeights(const ffi::TensorView& Wt, float* w, const std::strin
   });
   dnnl::memory from(port->from, eng, w + kPackHeaderFloats);
   if (!port->reorder.needed) return from;
-  weight_pack::CountReorder();
-  return port->reorder.Run(from, ScratchBuffer(2, e.wei_md.get_size()));
+  bool fill = false;
+  void* kept = relaid->Slot(w, Wt.numel(), hash, e.wei_md.get_size(), &fill);
+  if (fill) {
+    weight_pack::CountReorder();
+    port->reorder.Run(from, kept);
+  }
+  return as_is(kept);
 }
 
 // The weight dims in klayout order for a packed call: O from Out, I = C / groups, kernel=KH,KW.
@@ -487,6 +494,8 @@ struct ConvSite {
   // weights by data pointer (a site's weights are constants: the same few pointers every run):
   // a memory over blocked weights is zero-padded whenever it is made or its handle changes
   std::unordered_map<const void*, dnnl::memory> weights;
+  // packs re-laid for a primitive of another thread count (kept across bindings, wpacked)
+  weight_pack::RelaidPacks relaid;
   std::unordered_map<int, dnnl::memory> args;  // the primitive's arguments (handles above)
   // the reorders' arguments (over the memories above; the weights' source set per call)
   std::unordered_map<int, dnnl::memory> src_in, wei_in, res_in, dst_out;
@@ -653,7 +662,8 @@ void RunSite(const ConvParams& p, ConvSite* site, const ConvTensors& t) {
   dnnl::memory wei;
   if (p.wpacked) {
     wei = PackedWeights(t.Wt, t.w, site->key, site->pack_hash, e,
-                        [&](void* data) { return SiteWeights(site, e.wei_md, data); });
+                        [&](void* data) { return SiteWeights(site, e.wei_md, data); },
+                        &site->relaid);
   } else {
     wei = SiteWeights(site, e.user_wei, t.w);
     if (e.wei_in.needed) {

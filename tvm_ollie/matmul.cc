@@ -287,6 +287,7 @@ struct MatmulSite {
   size_t scratch_bytes = 0;
   uint64_t pack_hash = 0;  // weight_pack::Hash of the bound primitive (wpacked=1)
   weight_pack::PackThreads pack_threads;  // packs made under another thread count (wpacked=1)
+  weight_pack::RelaidPacks relaid;  // packs re-laid for a primitive of another count (wpacked=1)
 };
 
 // The ParsedAttrs value of matmul: the attributes and, per argument shapes, the call sites.
@@ -337,11 +338,12 @@ struct PortablePack {
 
 // The weights of a wpacked=1 call: the pack's data as they are when its header was made for the
 // site's primitive; else (another CPU's format, or another thread count's inside a stall window:
-// Matmul runs other calls at the pack's count) reordered from the header's
-// format tag into scratch slot 2; a pack of other weights or without a tag is rejected.
-const float* PackedWeights(const MatmulSite& site, const float* b, int64_t numel) {
+// Matmul runs other calls at the pack's count) reordered from the header's format tag, once
+// into the site's kept copy (weight_pack::RelaidPacks); a pack of other weights or without a
+// tag is rejected.
+const float* PackedWeights(MatmulSite* site, const float* b, int64_t numel) {
   const weight_pack::Header h = weight_pack::ReadHeader(b, numel);
-  const OneDNNMatmul& e = *site.e;
+  const OneDNNMatmul& e = *site->e;
   const int64_t have = weight_pack::PackedFloats(h.bytes);
   if (h.magic != weight_pack::kMagic || h.dims != weight_pack::DimsHash(e.wei_md.get_dims()) ||
       numel != have) {
@@ -349,12 +351,12 @@ const float* PackedWeights(const MatmulSite& site, const float* b, int64_t numel
                               << "for other weights; repack it with "
                               << "tvm_ollie.cpu.matmul_pack_weight";
   }
-  if (h.hash == site.pack_hash) return b + weight_pack::kHeaderFloats;
+  if (h.hash == site->pack_hash) return b + weight_pack::kHeaderFloats;
   if (h.tag == 0) {
     TVM_FFI_THROW(ValueError) << kName << ": the packed B was made for another primitive in a "
                               << "format without a oneDNN tag; repack it in this process";
   }
-  auto port = CachedGet<PortablePack>(site.key + "|from_tag=" + std::to_string(h.tag), [&]() {
+  auto port = CachedGet<PortablePack>(site->key + "|from_tag=" + std::to_string(h.tag), [&]() {
     auto r = std::make_shared<PortablePack>();
     r->from = dnnl::memory::desc(e.wei_md.get_dims(), e.wei_md.get_data_type(),
                                  static_cast<dnnl::memory::format_tag>(h.tag));
@@ -364,9 +366,12 @@ const float* PackedWeights(const MatmulSite& site, const float* b, int64_t numel
   const dnnl::engine& eng = Engine();
   const float* data = b + weight_pack::kHeaderFloats;
   if (!port->reorder.needed) return data;
-  weight_pack::CountReorder();
-  void* wei = ScratchBuffer(2, e.wei_md.get_size());
-  port->reorder.Run(dnnl::memory(port->from, eng, const_cast<float*>(data)), wei);
+  bool fill = false;
+  void* wei = site->relaid.Slot(b, numel, site->pack_hash, e.wei_md.get_size(), &fill);
+  if (fill) {
+    weight_pack::CountReorder();
+    port->reorder.Run(dnnl::memory(port->from, eng, const_cast<float*>(data)), wei);
+  }
   return static_cast<const float*>(wei);
 }
 
@@ -532,7 +537,7 @@ void Matmul(ffi::PackedArgs args, ffi::Any* rv) {
       BindSite(p, site, n);
     }
   }
-  const float* b = p.wpacked ? PackedWeights(*site, t.b, t.B.numel()) : t.b;
+  const float* b = p.wpacked ? PackedWeights(site, t.b, t.B.numel()) : t.b;
   RunSite(p, site, t.a, b, t.bias, t.res, t.out);
 }
 

@@ -122,6 +122,39 @@ void CountReorder() { g_reorders.fetch_add(1, std::memory_order_relaxed); }
 
 int64_t Reorders() { return g_reorders.load(std::memory_order_relaxed); }
 
+RelaidPacks::Print RelaidPacks::Fingerprint(const float* pack, int64_t numel) {
+  Print p{};
+  std::memcpy(p.data(), pack, sizeof(uint32_t) * kHeaderFloats);
+  const int64_t body = numel - kHeaderFloats;
+  for (int i = 0; i < kSample && body > 0; ++i) {
+    const int64_t at = kHeaderFloats + (body - 1) * i / (kSample - 1);
+    std::memcpy(&p[kHeaderFloats + i], pack + at, sizeof(uint32_t));
+  }
+  return p;
+}
+
+void* RelaidPacks::Slot(const float* pack, int64_t numel, uint64_t variant, size_t bytes,
+                        bool* fill) {
+  const Print print = Fingerprint(pack, numel);
+  const Key key{pack, variant};
+  auto it = entries_.find(key);
+  if (it != entries_.end() && it->second.numel == numel && it->second.bytes == bytes) {
+    *fill = it->second.print != print;
+    it->second.print = print;
+    return it->second.data.get();
+  }
+  if (it == entries_.end() && entries_.size() >= kMaxEntries) entries_.clear();
+  Entry& e = entries_[key];
+  const size_t padded = (bytes + 63) / 64 * 64;
+  e.data.reset(std::aligned_alloc(64, padded > 0 ? padded : 64));
+  if (!e.data) throw std::bad_alloc();
+  e.print = print;
+  e.numel = numel;
+  e.bytes = bytes;
+  *fill = true;
+  return e.data.get();
+}
+
 int PackThreads::Note(const Header& h, uint64_t magic, uint64_t hash, int nthr) {
   if (h.magic != magic || h.hash == hash || h.threads == 0 ||
       h.threads == static_cast<uint64_t>(nthr)) {

@@ -10,8 +10,12 @@
 #ifndef TVM_OLLIE_WEIGHT_PACK_H_
 #define TVM_OLLIE_WEIGHT_PACK_H_
 
+#include <array>
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <string>
+#include <unordered_map>
 
 #include "common.h"
 #include "oneapi/dnnl/dnnl.hpp"
@@ -63,8 +67,9 @@ struct PackReorder {
   dnnl::memory Run(const dnnl::memory& from, void* dst) const;
 };
 
-// Calls that reordered a pack into their primitive's format (another CPU, or a pack made under
-// another thread count inside a stall window): the cache_stats counter `pack_reorders`.
+// Packs reordered into a call's primitive's format (another CPU, or a pack made under another
+// thread count inside a stall window): the cache_stats counter `pack_reorders`. Since
+// RelaidPacks, once per call site, target format and pack, not per call.
 void CountReorder();
 int64_t Reorders();
 
@@ -80,6 +85,47 @@ struct PackThreads {
   // After binding at `nthr`: the count the call must run at instead to read the pack `h` as it
   // is (0: none: the pack fits, was made under `nthr`, or its count is unknown), remembered.
   int Note(const Header& h, uint64_t magic, uint64_t hash, int nthr);
+};
+
+// Packs re-laid out once into the format of a primitive that does not read them as they are, and
+// kept. A call site in a stall window runs on one thread, and oneDNN's one-thread primitive may
+// want another weight format than the pack's (Acdb24a against a two-thread pack's Acdb16a, a
+// 64-channel 3x3 conv on AVX2): reordering the pack on every such call (two jit:uni reorders
+// through the plain format, PackReorder) tripled the convolution's time, 45 us against 15 us
+// (docs/profiling.md, session ort13). A site's packs are constants made by the build, so each is
+// re-laid once per target format and read from the copy after. The copy is kept per pack
+// address while the pack there is unchanged: its header and a sample of its floats are compared
+// on every use, and a changed pack is re-laid again. One object per call site and thread (the
+// sites are per thread), so no lock.
+class RelaidPacks {
+ public:
+  // Aligned storage of `bytes` bytes for the pack at `pack` (`numel` float32 elements, header
+  // first) re-laid into the format `variant` names (a Hash of the target primitive); `*fill` is
+  // true when the caller must (re)write it: a new entry, or the pack there changed.
+  void* Slot(const float* pack, int64_t numel, uint64_t variant, size_t bytes, bool* fill);
+
+ private:
+  static constexpr int kSample = 48;  // sampled floats besides the header
+  static constexpr size_t kMaxEntries = 16;
+  using Print = std::array<uint32_t, kHeaderFloats + kSample>;
+  struct Key {
+    const void* pack;
+    uint64_t variant;
+    bool operator==(const Key& o) const { return pack == o.pack && variant == o.variant; }
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const {
+      return std::hash<const void*>()(k.pack) ^ (k.variant * 0x9e3779b97f4a7c15ULL);
+    }
+  };
+  struct Entry {
+    Print print;
+    int64_t numel = 0;
+    size_t bytes = 0;
+    std::unique_ptr<void, decltype(&std::free)> data{nullptr, &std::free};
+  };
+  static Print Fingerprint(const float* pack, int64_t numel);
+  std::unordered_map<Key, Entry, KeyHash> entries_;
 };
 
 }  // namespace weight_pack

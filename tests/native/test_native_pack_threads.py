@@ -1,9 +1,10 @@
 """Float weight packs and thread counts (weight_pack.h, docs/threads.md, "Packs and thread
 counts"): a pack records the OpenMP count it was made under, and a call at another count runs at
 the pack's count instead of reordering the pack on every call; inside a stall window it stays on
-the calling thread (and reorders). Outputs are bit for bit those of the unpacked call on blocked
-formats at the count the call ran at (the plain-format primitive, which fmt=auto picks for these
-unpacked weights, rounds differently in the last bits)."""
+the calling thread, and its pack is re-laid once into the one-thread primitive's format and kept
+(weight_pack::RelaidPacks) while the pack is unchanged. Outputs are bit for bit those of the
+unpacked call on blocked formats at the count the call ran at (the plain-format primitive, which
+fmt=auto picks for these unpacked weights, rounds differently in the last bits)."""
 
 import numpy as np
 import pytest
@@ -30,9 +31,13 @@ def _header_threads(packed: np.ndarray) -> int:
     return int(packed[:16].view(np.uint64)[5])
 
 
+def _cache_stats() -> dict:
+    return {k: int(v) for k, v in (kv.split("=") for kv in
+                                   tvm_ffi.get_global_func(native.CACHE_STATS)().split(";"))}
+
+
 def _pack_reorders() -> int:
-    stats = dict(kv.split("=") for kv in tvm_ffi.get_global_func(native.CACHE_STATS)().split(";"))
-    return int(stats["pack_reorders"])
+    return _cache_stats()["pack_reorders"]
 
 
 def _conv_case():
@@ -114,3 +119,31 @@ def test_a_call_in_a_stall_window_stays_serial():
     assert np.array_equal(_conv(attrs, x, w, conv_packed), conv_plain)
     assert np.array_equal(_matmul(a, b, mm_packed), mm_plain)
     assert native.stall_stats()["serial_calls"] >= serial_before + 2
+
+
+def test_a_pack_is_relaid_once_in_a_stall_window():
+    """Inside a stall window a two-thread conv or matmul pack whose format the one-thread
+    primitive does not read is re-laid once and kept: no call reorders it again (on AVX2 the
+    conv's formats differ: at most one re-laid copy, none where a copy of these very weights is
+    kept already or the formats agree), every output is the serial unpacked call's; a pack
+    rewritten in place with other weights is re-laid again (its sampled floats changed), so the
+    kept copy never serves stale weights (the outputs would differ on AVX2)."""
+    x, w, attrs, conv_packed = _conv_case()
+    native.hold_serial(10_000_000)
+    plain = _conv(attrs, x, w)  # serial, blocked formats
+    before = _cache_stats()
+    for _ in range(3):
+        assert np.array_equal(_conv(attrs, x, w, conv_packed), plain)
+    after = _cache_stats()
+    assert after["pack_reorders"] - before["pack_reorders"] in (0, 1)
+    w2 = np.random.default_rng(7).standard_normal(w.shape).astype("float32")
+    tvm_ffi.get_global_func("tvm_ollie.cpu.conv2d_pack_weight")(attrs, _t(x), _t(w2),
+                                                                 tvm_ffi.from_dlpack(conv_packed))
+    assert np.array_equal(_conv(attrs, x, w2, conv_packed), _conv(attrs, x, w2))
+    assert _cache_stats()["pack_reorders"] - after["pack_reorders"] in (0, 1)
+    a, b, mm_packed = _matmul_case()
+    mm_plain = _matmul(a, b)
+    before = _cache_stats()
+    for _ in range(3):
+        assert np.array_equal(_matmul(a, b, mm_packed), mm_plain)
+    assert _cache_stats()["pack_reorders"] - before["pack_reorders"] in (0, 1)
