@@ -23,7 +23,7 @@ from ..orchestrate.joint import ALT_RE, ALT_TAG, AltInfo, JointTable
 from ..transform.choosing import native_everywhere
 from ..transform.decide import DERIVABLE_OPS, MARGIN, Decider, call_signature, unit_signature
 from ..transform.emit import emit_program
-from ..transform.epilogue import block_index, fold_chain, use_counts
+from ..transform.epilogue import block_index, fold_chain, rewrite_dataflow_blocks, use_counts
 from ..transform.optimize import optimize_module
 from ..transform.regions import static_tensor
 from ..transform.report import OptimizeReport
@@ -111,26 +111,15 @@ def offer_folded(mod: "tvm.IRModule", table: JointTable) -> "tvm.IRModule":
     alternative ``j`` (``base``: the alternative it extends; ``stands_for``: that consumer)."""
     if not table:
         return mod
-    updates = {}
-    for gv, func in mod.functions_items():
-        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
-            continue
-        uses = use_counts(func)
-        blocks = list(func.body.blocks)
-        for bi, block in enumerate(blocks):
-            if isinstance(block, relax.DataflowBlock):
-                bindings = _folded_bindings(list(block.bindings), table, uses)
-                if bindings is not None:
-                    blocks[bi] = relax.DataflowBlock(bindings)
-                    updates[gv] = relax.Function(func.params, relax.SeqExpr(blocks,
-                                                                            func.body.body),
-                                                 func.ret_ty, func.is_pure, func.attrs)
-    if not updates:
-        return mod
-    out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
-    for gv, func in updates.items():
-        out[gv] = func
-    return relax.transform.Normalize()(out)
+    counted = {}  # the function whose blocks are walked, and its use counts (one per function)
+
+    def fold(bindings: list, func: "relax.Function") -> list:
+        if counted.get("func") is not func:
+            counted.update(func=func, uses=use_counts(func))
+        folded = _folded_bindings(bindings, table, counted["uses"])
+        return bindings if folded is None else folded
+
+    return rewrite_dataflow_blocks(mod, fold)
 
 
 def _folded_bindings(bindings: list, table: JointTable, uses) -> Optional[list]:
