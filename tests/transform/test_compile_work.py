@@ -94,7 +94,7 @@ def test_payback_bounds_the_module_search_by_what_it_could_gain():
     small = SearchPayback({"a": 50e-6, "b": 30e-6}, runs=1e4, least_s=2.0)
     assert small.gain_s == pytest.approx(80e-6)
     assert small.total(20.0) == pytest.approx(2.8)  # the floors, and 0.8 s that pays back
-    assert small.note(20.0).startswith("search time 2.80s of 20s") and "80.0us" in small.note(20)
+    assert small.note(20.0).startswith("search budget 2.80s of 20s") and "80.0us" in small.note(20)
     mid = SearchPayback({"a": 400e-6, "b": 100e-6, "region": 0.0}, runs=1e4)
     assert mid.total(20.0) == pytest.approx(7.0) and mid.total(3.0) == 3.0
     assert mid.note(3.0) is None  # not binding
@@ -245,7 +245,7 @@ def test_the_pass_shares_the_paid_back_search_time(monkeypatch):
     _, report = optimize_module(_big_and_tiny(), "llvm", search_payback_runs=1.0, **opts)
     # two signatures: each its floor (MIN_SEARCH_S), whatever little they could gain
     assert len(budgets) == 2 and sum(budgets) == pytest.approx(4.0, rel=1e-3)
-    assert budgets[0] >= 2.0 and report.search_note.startswith("search time 4.00s of 20s")
+    assert budgets[0] >= 2.0 and report.search_note.startswith("search budget 4.00s of 20s")
     budgets.clear()
     _, report = optimize_module(_big_and_tiny(), "llvm", search_payback_runs=math.inf, **opts)
     assert sum(budgets) == pytest.approx(20.0) and report.search_note == ""

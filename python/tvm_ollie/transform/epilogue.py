@@ -50,6 +50,7 @@ from .. import native
 from ..codegen import library as lib
 from ..compat import relax, tvm
 from .activations import match_hardsigmoid, match_hardswish
+from .module_update import with_functions
 
 __all__ = ["ACTIVATIONS", "BlockIndex", "CPU_ONLY_ACTIVATIONS", "FoldedChain", "SINK_RESHAPE",
            "activation_value", "block_index", "fold_chain", "fuse_epilogues", "is_f32",
@@ -378,12 +379,7 @@ def rewrite_dataflow_blocks(mod: "tvm.IRModule",
         if changed:
             updates[gv] = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body),
                                          func.ret_ty, func.is_pure, func.attrs)
-    if not updates:
-        return mod
-    new_mod = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
-    for gv, func in updates.items():
-        new_mod[gv] = func
-    return relax.transform.Normalize()(new_mod)
+    return with_functions(mod, updates)
 
 
 @dataclass
@@ -606,9 +602,4 @@ def fuse_epilogues(mod: "tvm.IRModule") -> Tuple["tvm.IRModule", Dict[str, int]]
             new = _fuse_function(func, counts)
             if not new.same_as(func):
                 updates[gv] = new
-    if not updates:
-        return mod, counts
-    new_mod = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
-    for gv, func in updates.items():
-        new_mod[gv] = func
-    return relax.transform.Normalize()(new_mod), counts
+    return with_functions(mod, updates), counts

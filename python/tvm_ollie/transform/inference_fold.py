@@ -37,6 +37,7 @@ from .epilogue import use_counts
 from .fold_rule import FoldRule, Matches
 from .fold_rule import const_value as _const
 from .fold_rule import used_once as _used_once
+from .module_update import with_functions
 from .regions import static_tensor
 from .space_to_depth import SPACE_TO_DEPTH_RULES
 
@@ -346,12 +347,7 @@ def fold_inference(mod: "tvm.IRModule",
             new = _apply(rule, new, counts)
         if not new.same_as(func):
             updates[gv] = relax.analysis.remove_all_unused(new)
-    if not updates:
-        return mod, {}
-    new_mod = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
-    for gv, func in updates.items():
-        new_mod[gv] = func
-    return relax.transform.Normalize()(new_mod), dict(counts)
+    return with_functions(mod, updates), dict(counts)
 
 
 @tvm.transform.module_pass(opt_level=0, name="FoldInference")

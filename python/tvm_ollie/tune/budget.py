@@ -315,10 +315,11 @@ class SearchPayback:
         return min(float(search_time_s), self.least_s + self.runs * self.gain_s)
 
     def note(self, search_time_s: float) -> Optional[str]:
-        """Why the search time is below ``search_time_s`` (None when it is not)."""
+        """Why the search budget is below ``search_time_s`` (None when it is not): the seconds the
+        searches may take, not the seconds they took."""
         total = self.total(search_time_s)
         if total >= search_time_s:
             return None
-        return (f"search time {total:.2f}s of {search_time_s:g}s: the searches could gain at "
+        return (f"search budget {total:.2f}s of {search_time_s:g}s: the searches could gain at "
                 f"most {self.gain_s * 1e6:.1f}us per run (best known less the roofline bound),"
                 f" paid back over {self.runs:g} runs")
