@@ -16,6 +16,8 @@ os.environ.setdefault("TVM_OLLIE_STALL_FALLBACK", "0")
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
+from kept_pools import keep_pools  # noqa: E402
+
 # Deterministic examples and no per-example deadline: CI machines are shared and noisy, and a
 # property test must fail on a real counterexample, not on a slow moment of the machine.
 settings.register_profile(
@@ -66,3 +68,13 @@ def _own_derivation_cache(_session_derivation_cache, tmp_path_factory, monkeypat
     (:mod:`tvm_ollie.derive.cache`): no test sees another's derivations, and none writes into
     the real home directory. Subprocesses inherit the variable."""
     monkeypatch.setenv("TVM_OLLIE_CACHE_DIR", str(tmp_path_factory.mktemp("ollie_cache")))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _kept_metaschedule_pools():
+    """MetaSchedule's local builders and runners share worker processes kept for the whole run
+    (:mod:`kept_pools`): each worker's TVM import is paid once, not once per ``build()`` call
+    and per runner."""
+    with keep_pools():
+        yield
+
