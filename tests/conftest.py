@@ -1,7 +1,9 @@
 """Test-suite set-up: make the shared hypothesis strategies importable from every test folder,
 and a stand-in logger for tests that read a module's warnings."""
 
+import json
 import os
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "ir"))
@@ -78,3 +80,36 @@ def _kept_metaschedule_pools():
     with keep_pools():
         yield
 
+
+#: The checks that run once more in a new process with another string-hash seed than this
+#: one's (:func:`other_hash_seed_lines`): name -> (test folder, test module, function returning
+#: the text to compare). One process runs them all: each new process pays the TVM import.
+OTHER_SEED_CHECKS = {
+    "fingerprint": ("ir", "test_fingerprint", "_fingerprint_text"),
+    "search": ("derive", "test_search", "_determinism_lines"),
+}
+
+_OTHER_SEED_SCRIPT = """
+import importlib, json, os, sys
+tests, checks = sys.argv[1], json.loads(sys.argv[2])
+out = {}
+for name, (folder, module, func) in checks.items():
+    sys.path.insert(0, os.path.join(tests, folder))
+    out[name] = getattr(importlib.import_module(module), func)()
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="session")
+def other_hash_seed_lines(tmp_path_factory) -> dict:
+    """The text of every check of :data:`OTHER_SEED_CHECKS` computed in one new process with
+    another string-hash seed (``PYTHONHASHSEED``) than this process's (random unless set) and
+    an empty derivation cache of its own."""
+    seed = "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"
+    env = dict(os.environ, PYTHONHASHSEED=seed,
+               TVM_OLLIE_CACHE_DIR=str(tmp_path_factory.mktemp("ollie_cache_other_seed")))
+    proc = subprocess.run(
+        [sys.executable, "-c", _OTHER_SEED_SCRIPT, os.path.dirname(os.path.abspath(__file__)),
+         json.dumps(OTHER_SEED_CHECKS)], env=env, capture_output=True, text=True, timeout=300,
+        check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
