@@ -7,11 +7,11 @@ imports): about 8 CPU seconds, for builds and runs of tiny kernels that take mil
 tests that tune therefore spent nearly all their time starting workers
 (``tune/test_tune.py::test_tiny_tuning_and_database_reuse``: 130 of its 140 s, cProfile).
 
-:func:`keep_pools` makes the two modules' ``PopenPoolExecutor`` hand out one pool per set of
-arguments, whose ``shutdown`` keeps the workers: every builder and runner of the run shares
-them. The same functions run in the same kind of worker (a timed-out worker is still killed
-and restarted by the pool); only the number of processes started changes. RPC runners keep
-their own pools (the RPC tests end servers on purpose).
+:func:`keep_pools` makes the two modules' ``PopenPoolExecutor`` hand out kept pools whose
+``shutdown`` keeps the workers: every builder and runner of the run shares them. The same
+functions run in the same kind of worker (a timed-out worker is still killed and restarted by
+the pool); only the number of processes started changes. RPC runners keep their own pools (the
+RPC tests end servers on purpose).
 """
 
 import contextlib
@@ -34,7 +34,9 @@ class _KeptPool:
 @contextlib.contextmanager
 def keep_pools() -> Iterator[Dict[Tuple, object]]:
     """Within the block, MetaSchedule's local builders and runners share kept worker pools
-    (one per set of pool arguments); on exit the pools are shut down."""
+    (one per initializer and output streams: the builders' and the runners'), of one worker
+    each (the tests build and run tiny kernels; a second worker would cost its import for
+    little), with each user's timeout; on exit the pools are shut down."""
     # pylint: disable=import-outside-toplevel
     from tvm.s_tir.meta_schedule.builder import local_builder
     from tvm.s_tir.meta_schedule.runner import local_runner
@@ -42,22 +44,24 @@ def keep_pools() -> Iterator[Dict[Tuple, object]]:
 
     pools: Dict[Tuple, object] = {}
 
-    def kept(*args, **kwargs):
-        key = (args, tuple(sorted(kwargs.items())))
+    def kept(max_workers=None, timeout=None, **kwargs):
+        key = tuple(sorted(kwargs.items()))
         try:
             hash(key)
         except TypeError:  # an argument that is not hashable: an ordinary pool
-            return PopenPoolExecutor(*args, **kwargs)
+            return PopenPoolExecutor(max_workers=max_workers, timeout=timeout, **kwargs)
         if key not in pools:
-            pools[key] = _KeptPool(PopenPoolExecutor(*args, **kwargs))
-        return pools[key]
+            pools[key] = PopenPoolExecutor(max_workers=1, timeout=timeout, **kwargs)
+        pool = pools[key]
+        pool._timeout = timeout  # pylint: disable=protected-access  (this user's timeout)
+        return _KeptPool(pool)
 
     with _patched(local_builder, kept), _patched(local_runner, kept):
         try:
             yield pools
         finally:
             for pool in pools.values():
-                pool._pool.shutdown(wait=False)  # pylint: disable=protected-access
+                pool.shutdown(wait=False)
 
 
 @contextlib.contextmanager
