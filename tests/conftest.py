@@ -1,5 +1,7 @@
 """Test-suite set-up: make the shared hypothesis strategies importable from every test folder,
-and a stand-in logger for tests that read a module's warnings."""
+a stand-in logger for tests that read a module's warnings, MetaSchedule's worker pools kept
+for the whole run (:mod:`kept_pools`) and the one new process with another string-hash seed
+that the cross-process determinism tests share."""
 
 import json
 import os

@@ -53,7 +53,8 @@ def keep_pools() -> Iterator[Dict[Tuple, object]]:
         if key not in pools:
             pools[key] = PopenPoolExecutor(max_workers=1, timeout=timeout, **kwargs)
         pool = pools[key]
-        pool._timeout = timeout  # pylint: disable=protected-access  (this user's timeout)
+        # this user's timeout, read by the pool whenever it sends a call to a worker
+        pool._timeout = timeout  # pylint: disable=protected-access
         return _KeptPool(pool)
 
     with _patched(local_builder, kept), _patched(local_runner, kept):
