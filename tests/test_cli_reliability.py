@@ -5,7 +5,9 @@ The fast tests build their tuning database directly (no MetaSchedule search) and
 ``cli.main`` in this process; the ``tuning`` ones run real compiles with 1 trial in subprocesses.
 """
 
+import contextlib
 import glob
+import io
 import logging
 import os
 import shutil
@@ -210,9 +212,19 @@ def test_output_path_not_writable(model, capsys):
 
 @pytest.fixture(scope="module")
 def lib(model):
-    """``tiny.onnx`` compiled (no tuning) in its folder."""
+    """``tiny.onnx`` compiled (no tuning) in its folder, by ``main`` in this process: the tests
+    that use it check ``run``'s errors (``test_cli.py`` compiles in a real process)."""
+    from tvm_ollie.cli import main  # pylint: disable=import-outside-toplevel
+
     path, _ = model
-    ok(cli("compile", "tiny.onnx", "-o", "tiny.so", *FAST, cwd=path))
+    old = os.getcwd()
+    os.chdir(path)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            assert main(["compile", "tiny.onnx", "-o", "tiny.so", *FAST]) == 0
+    finally:
+        os.chdir(old)
+    assert "wrote tiny.so" in out.getvalue()
     return path / "tiny.so"
 
 

@@ -1,8 +1,6 @@
 """The derivation search end to end: candidates found, verified, limits reported."""
 
 import re
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -257,34 +255,13 @@ def _determinism_lines():
     return "\n".join(lines)
 
 
-_DETERMINISM_SCRIPT = """
-import sys
-sys.path.insert(0, {tests!r})
-from test_search import _determinism_lines
-print(_determinism_lines())
-"""
-
-
-def _other_hash_seed() -> str:
-    """A string-hash seed that differs from this process's (random unless PYTHONHASHSEED set)."""
-    import os
-
-    return "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"
-
-
-def test_search_is_deterministic_across_processes():
+def test_search_is_deterministic_across_processes(other_hash_seed_lines):
     """Same results under different string-hash seeds (no iteration over salted hash order):
-    a new process with another seed than this one's finds what this process finds."""
-    import os
-
-    tests = os.path.dirname(os.path.abspath(__file__))
-    script = _DETERMINISM_SCRIPT.format(tests=tests)
-    env = dict(os.environ, PYTHONHASHSEED=_other_hash_seed())
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                          text=True, timeout=300, check=True)
+    a new process with another seed than this one's (the suite's one such process,
+    ``conftest.py``) finds what this process finds."""
     here = _determinism_lines()
     assert here.strip()
-    assert proc.stdout.strip() == here.strip()
+    assert other_hash_seed_lines["search"].strip() == here.strip()
 
 
 def test_eager_tightening_finds_conv3x3_target_at_depth_3():

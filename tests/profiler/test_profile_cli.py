@@ -1,9 +1,9 @@
-"""``tvm-ollie profile`` as a user runs it: in a subprocess, on a tiny ONNX model; its error
-cases in this process (``main(args)``: the same code below the TVM import a process pays)."""
+"""``tvm-ollie profile`` on a tiny ONNX model and its error cases, run by ``main(args)`` in this
+process: the same code below the TVM import a new process pays (``tests/test_cli.py`` runs the
+command line in real processes: exit codes, output, Ctrl-C)."""
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -11,12 +11,6 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "frontend"))
 
 import tiny_models  # noqa: E402  pylint: disable=wrong-import-position
-
-
-def cli(*args, timeout=600):
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return subprocess.run([sys.executable, "-m", "tvm_ollie.cli", *map(str, args)], env=env,
-                          capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def in_process(capsys, *args):
@@ -31,18 +25,19 @@ def in_process(capsys, *args):
     return code, captured.out, captured.err
 
 
-def test_profile_onnx_with_trace(tmp_path):
+def test_profile_onnx_with_trace(tmp_path, capsys):
     pytest.importorskip("onnxruntime")
     model = tmp_path / "tiny.onnx"
     tiny_models.write_onnx(str(model))
     trace = tmp_path / "trace.json"
     # TVM kernels only and no derivation: the command's path, without the search's seconds
-    proc = cli("profile", model, "--runs", "2", "--no-derive", "--no-library", "--trace", trace)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr
+    code, out, err = in_process(capsys, "profile", model, "--runs", "2", "--no-derive",
+                                "--no-library", "--trace", trace)
+    assert code == 0, out + err
+    assert "Traceback" not in err
     for title in ("ollie: by kind", "ollie: by name", "onnxruntime: by op type",
                   "without the profiler", f"wrote {trace}"):
-        assert title in proc.stdout
+        assert title in out
     events = json.loads(trace.read_text())["traceEvents"]
     names = {e["args"]["name"] for e in events if e["ph"] == "M"}
     assert names == {"ollie (TVM VM)", "onnxruntime"}

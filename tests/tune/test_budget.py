@@ -128,8 +128,9 @@ def _fake_tuning(monkeypatch, seen):
 
     monkeypatch.setattr(ms.relax_integration, "extracted_tasks_to_tune_contexts", fake_contexts)
     monkeypatch.setattr(ms.tune, "tune_tasks", fake_tune)
-    # no builder worker processes, no cost model: nothing runs
+    # no builder or runner worker processes, no cost model: nothing runs
     monkeypatch.setattr(ms.builder, "LocalBuilder", lambda **_kw: None)
+    monkeypatch.setattr(ms.runner, "create", lambda *_a, **_kw: None)
     monkeypatch.setattr(ms.cost_model, "XGBModel", lambda **_kw: None)
     monkeypatch.setattr(ms.feature_extractor, "PerStoreFeature", lambda **_kw: None)
     # nor the measurement of the default schedules
