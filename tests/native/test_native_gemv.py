@@ -1,13 +1,13 @@
 """Matrix-vector products (tvm_ollie/gemv.cc) against numpy: each implementation this CPU runs
 (tvm_ollie.cpu.gemv_with_vectors: avx2, baseline) in both storage forms, over lengths that
-reach every block and tail; and tvm_ollie.cpu.matmul's M == 1 and N == 1 calls, which take it,
-with transposes, batches, bias, residual and activation."""
+reach every block and tail. tvm_ollie.cpu.matmul's M == 1 and N == 1 calls, which take it, are
+in test_native_matmul.py (test_matrix_vector_calls)."""
 
 import numpy as np
 import pytest
 import tvm_ffi
 
-from native_util import call_direct, require_native
+from native_util import require_native
 from tvm_ollie import native
 
 WITH_VECTORS = "tvm_ollie.cpu.gemv_with_vectors"
@@ -78,38 +78,3 @@ def test_bad_arguments_raise():
         f("baseline", *args, "diagonal", False)
     with pytest.raises(ValueError, match="do not agree"):
         f("baseline", *args, "columns", False)
-
-
-def _matmul_case(rng, a_shape, b_shape, ta, tb, bias, res, act, lib=""):
-    a = rng.standard_normal(a_shape).astype("float32")
-    b = rng.standard_normal(b_shape).astype("float32")
-    a_l = np.swapaxes(a, -1, -2) if ta else a
-    b_l = np.swapaxes(b, -1, -2) if tb else b
-    ref = np.matmul(a_l.astype("float64"), b_l.astype("float64"))
-    arrays = [a, b]
-    attrs = f"ta={ta};tb={tb};bias={bias};res={res};act={act}" + (f";lib={lib}" if lib else "")
-    if bias:
-        arrays.append(rng.standard_normal(ref.shape[-1]).astype("float32"))
-        ref = ref + arrays[-1]
-    if res:
-        arrays.append(rng.standard_normal(ref.shape).astype("float32"))
-        ref = ref + arrays[-1]
-    if act == "relu":
-        ref = np.maximum(ref, 0)
-    out = call_direct(native.MATMUL, attrs, arrays, ref.shape)
-    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5 * a_l.shape[-1] ** 0.5 + 1e-5)
-
-
-@pytest.mark.parametrize("lib", ["", "openblas"])
-@pytest.mark.parametrize("ta", [0, 1])
-@pytest.mark.parametrize("tb", [0, 1])
-@pytest.mark.parametrize("m,k,n", [(1, 256, 320), (1, 13, 5), (70, 33, 1), (1, 9, 1)])
-def test_matmul_matrix_vector_calls(lib, ta, tb, m, k, n):
-    rng = np.random.default_rng(m + k + n + 2 * ta + tb)
-    a_shape = (k, m) if ta else (m, k)
-    b_shape = (n, k) if tb else (k, n)
-    _matmul_case(rng, a_shape, b_shape, ta, tb, 0, 0, "none", lib)
-    _matmul_case(rng, a_shape, b_shape, ta, tb, 1, 1, "relu", lib)
-    # batched, each batch a matrix-vector product; B shared (folded when ta=0)
-    _matmul_case(rng, (3,) + a_shape, b_shape, ta, tb, 1, 0, "none", lib)
-    _matmul_case(rng, (2, 1) + a_shape, (3,) + b_shape, ta, tb, 0, 1, "relu", lib)
