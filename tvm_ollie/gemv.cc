@@ -2,10 +2,10 @@
 //
 // Why not OpenBLAS's sgemm: scipy-openblas32 0.3.34 (Haswell kernels, the AVX2 EPYC) runs an
 // sgemm with M == 1 through its GEMM path, packing B on every call: 1x256x320 took 26-27 us
-// against 5.7 us for its own sgemv and 8.2 us for oneDNN's matmul (one thread; EfficientViT's
-// head, docs/profiling.md). OpenBLAS's sgemv would run two of its own pthreads above 9216
-// elements, beside the OpenMP workers that every other kernel uses; these loops run on the
-// calling thread. Equation, W K x n (gemv.h's two storage forms):
+// against 5.7 us for its own sgemv, 5.9-8.2 us for oneDNN's matmul and 5.8 us for these loops
+// (one thread; EfficientViT's head, docs/profiling.md). OpenBLAS's sgemv would run two of its
+// own pthreads above 9216 elements, beside the OpenMP workers that every other kernel uses;
+// these loops run on the calling thread. Equation, W K x n (gemv.h's two storage forms):
 //
 //   y[j] = (accumulate ? y[j] : 0) + sum_k x[k] * W(k, j)
 //

@@ -112,7 +112,7 @@ bool FitsBlasInt(int64_t v) { return v <= std::numeric_limits<blasint>::max(); }
 
 // out[M, N] = A' @ B' (+ out when accumulate), row-major, A' and B' as sgemm takes them; a
 // matrix-vector product (M == 1 or N == 1) by gemv.cc's loops, which OpenBLAS's sgemm runs
-// through its GEMM path, packing B on every call (3-4.5x slower at EfficientViT's head, gemv.cc).
+// through its GEMM path, packing B on every call (2.6-4.6x slower at EfficientViT's head).
 void Product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* a, const float* b,
              bool accumulate, float* out) {
   if (M == 1) {  // x = A's one row (contiguous whether stored [1, K] or [K, 1]), W = B'
@@ -407,7 +407,8 @@ void RunSite(const MatmulParams& p, MatmulSite* site, const float* a, const floa
 // thread is descheduled; OpenBLAS runs it on one thread). Rule: the BLAS path for
 // matrix-vector products (M == 1 or N == 1), oneDNN otherwise. Since 2026-12-04 that path runs
 // them with gemv.cc's loops on the calling thread, not sgemm: on the AVX2 EPYC, one thread,
-// 1x256x320 took 26.0 us in sgemm, 8.2 in oneDNN, 5.7 in OpenBLAS's sgemv (docs/profiling.md).
+// 1x256x320 took 26.0-26.6 us in sgemm, 5.9-8.2 in oneDNN, 5.7 in OpenBLAS's sgemv, 4.8-5.8
+// in gemv.cc's loops (docs/profiling.md).
 Lib ChooseLib(const GemmShape& pr) {
   return (pr.M == 1 || pr.N == 1) ? Lib::kOpenBLAS : Lib::kOneDNN;
 }
