@@ -1,5 +1,6 @@
 // tvm_ollie.cpu.matmul: Out = act(A' @ B' + bias + residual), float32, batched with numpy-style
-// broadcasting of the leading dims, oneDNN matmul or OpenBLAS sgemm.
+// broadcasting of the leading dims, oneDNN matmul, OpenBLAS sgemm, or for a matrix-vector product
+// (M == 1 or N == 1) gemv.cc's loops.
 //
 // Calling convention (destination-passing style, Out last):
 //   tvm_ollie.cpu.matmul(attrs: str, A, B, [bias], [residual], Out)
@@ -34,6 +35,7 @@
 
 #include "cblas.h"
 #include "common.h"
+#include "gemv.h"
 #include "kernels.h"
 #include "weight_pack.h"
 
@@ -108,30 +110,44 @@ std::vector<int64_t> BatchStrides(const std::vector<int64_t>& dims, int64_t mat)
 
 bool FitsBlasInt(int64_t v) { return v <= std::numeric_limits<blasint>::max(); }
 
+// out[M, N] = A' @ B' (+ out when accumulate), row-major, A' and B' as sgemm takes them; a
+// matrix-vector product (M == 1 or N == 1) by gemv.cc's loops, which OpenBLAS's sgemm runs
+// through its GEMM path, packing B on every call (2.6-4.6x slower at EfficientViT's head).
+void Product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* a, const float* b,
+             bool accumulate, float* out) {
+  if (M == 1) {  // x = A's one row (contiguous whether stored [1, K] or [K, 1]), W = B'
+    Gemv(a, b, K, N, tb ? K : N, tb ? GemvForm::kColumns : GemvForm::kRows, accumulate, out);
+    return;
+  }
+  if (N == 1) {  // x = B's one column (contiguous either way), W = A'^T
+    Gemv(b, a, K, M, ta ? M : K, ta ? GemvForm::kRows : GemvForm::kColumns, accumulate, out);
+    return;
+  }
+  if (!FitsBlasInt(M) || !FitsBlasInt(K) || !FitsBlasInt(N)) {
+    TVM_FFI_THROW(ValueError) << kName << ": problem too large for 32-bit BLAS";
+  }
+  scipy_cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                    static_cast<blasint>(M), static_cast<blasint>(N), static_cast<blasint>(K),
+                    1.f, a, static_cast<blasint>(ta ? M : K), b,
+                    static_cast<blasint>(tb ? K : N), accumulate ? 1.f : 0.f, out,
+                    static_cast<blasint>(N));
+}
+
 void RunOpenBLAS(const MatmulParams& p, const GemmShape& pr, const float* a, const float* b,
                  const float* bias, const float* res, float* out) {
   const int64_t M = pr.M, N = pr.N, K = pr.K;
   const int64_t total_rows = pr.count * M;
   FillOutWithAddends(out, bias, res, total_rows, N);
-  const float beta = (bias != nullptr || res != nullptr) ? 1.f : 0.f;
+  const bool accumulate = bias != nullptr || res != nullptr;
   const bool b_broadcast = std::all_of(pr.b_batch.begin(), pr.b_batch.end(),
                                        [](int64_t d) { return d == 1; });
   if (K == 0 || M == 0 || N == 0) {
-    if (beta == 0.f) std::fill(out, out + total_rows * N, 0.f);
+    if (!accumulate) std::fill(out, out + total_rows * N, 0.f);
   } else if (b_broadcast && !p.ta && pr.count > 1 &&
              std::equal(pr.a_batch.begin(), pr.a_batch.end(), pr.batch.begin())) {
     // Fold A's batch into M: one [batch*M, K] @ [K, N] GEMM.
-    if (!FitsBlasInt(total_rows) || !FitsBlasInt(K) || !FitsBlasInt(N)) {
-      TVM_FFI_THROW(ValueError) << kName << ": problem too large for 32-bit BLAS";
-    }
-    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, p.tb ? CblasTrans : CblasNoTrans,
-                      static_cast<blasint>(total_rows), static_cast<blasint>(N),
-                      static_cast<blasint>(K), 1.f, a, static_cast<blasint>(K), b,
-                      static_cast<blasint>(p.tb ? K : N), beta, out, static_cast<blasint>(N));
+    Product(false, p.tb, total_rows, N, K, a, b, accumulate, out);
   } else {
-    if (!FitsBlasInt(M) || !FitsBlasInt(K) || !FitsBlasInt(N)) {
-      TVM_FFI_THROW(ValueError) << kName << ": problem too large for 32-bit BLAS";
-    }
     const std::vector<int64_t> sa = BatchStrides(pr.a_batch, M * K);
     const std::vector<int64_t> sb = BatchStrides(pr.b_batch, K * N);
     const int nb = static_cast<int>(pr.batch.size());
@@ -142,12 +158,7 @@ void RunOpenBLAS(const MatmulParams& p, const GemmShape& pr, const float* a, con
         oa += idx[d] * sa[d];
         ob += idx[d] * sb[d];
       }
-      scipy_cblas_sgemm(CblasRowMajor, p.ta ? CblasTrans : CblasNoTrans,
-                        p.tb ? CblasTrans : CblasNoTrans, static_cast<blasint>(M),
-                        static_cast<blasint>(N), static_cast<blasint>(K), 1.f, a + oa,
-                        static_cast<blasint>(p.ta ? M : K), b + ob,
-                        static_cast<blasint>(p.tb ? K : N), beta, out + bi * M * N,
-                        static_cast<blasint>(N));
+      Product(p.ta, p.tb, M, N, K, a + oa, b + ob, accumulate, out + bi * M * N);
       for (int d = nb - 1; d >= 0; --d) {
         if (++idx[d] < pr.batch[d]) break;
         idx[d] = 0;
@@ -393,8 +404,11 @@ void RunSite(const MatmulParams& p, MatmulSite* site, const float* a, const floa
 // large ratios were trusted): 256^3 8 vs 4, 512^3 25 vs 13, 1024^3 39 vs 44 (tie),
 // 4608x512x49 66 vs 25, 49x4608x512 18 vs 7, 4096x448x64 109 vs 49, 128x768x3072 14 vs 18
 // (tie), 1x768x768 0.3 vs 9 (oneDNN splits a GEMV over OpenMP threads and stalls whenever a
-// thread is descheduled; OpenBLAS runs it on one thread). Rule: OpenBLAS for matrix-vector
-// products (M == 1 or N == 1), oneDNN otherwise.
+// thread is descheduled; OpenBLAS runs it on one thread). Rule: the BLAS path for
+// matrix-vector products (M == 1 or N == 1), oneDNN otherwise. Since 2026-12-04 that path runs
+// them with gemv.cc's loops on the calling thread, not sgemm: on the AVX2 EPYC, one thread,
+// 1x256x320 took 26.0-26.6 us in sgemm, 5.9-8.2 in oneDNN, 5.7 in OpenBLAS's sgemv, 4.8-5.8
+// in gemv.cc's loops (docs/profiling.md).
 Lib ChooseLib(const GemmShape& pr) {
   return (pr.M == 1 || pr.N == 1) ? Lib::kOpenBLAS : Lib::kOneDNN;
 }
@@ -617,7 +631,9 @@ void PackWeight(ffi::PackedArgs args, ffi::Any* rv) {
 }  // namespace
 
 std::string MatmulInfo() {
-  return "matmul default: openblas sgemm when M == 1 or N == 1, onednn matmul otherwise";
+  return std::string("matmul default: native gemv (") + GemvVectorsList() +
+         ") when M == 1 or N == 1, onednn matmul otherwise; lib=openblas: sgemm, gemv for M or "
+         "N == 1";
 }
 
 TVM_FFI_STATIC_INIT_BLOCK() {

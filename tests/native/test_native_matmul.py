@@ -52,6 +52,21 @@ def test_odd_shapes_and_transposes(lib, ta, tb):
           "relu", lib)
 
 
+@pytest.mark.parametrize("lib", [None, "openblas"])
+@pytest.mark.parametrize("ta", [0, 1])
+@pytest.mark.parametrize("tb", [0, 1])
+@pytest.mark.parametrize("m,k,n", [(1, 256, 320), (1, 13, 5), (70, 33, 1), (1, 9, 1)])
+def test_matrix_vector_calls(lib, ta, tb, m, k, n):
+    """M == 1 or N == 1: the BLAS path's gemv loops (tvm_ollie/gemv.cc), each batch one product."""
+    rng = np.random.default_rng(m + k + n + 2 * ta + tb)
+    a_shape = (k, m) if ta else (m, k)
+    b_shape = (n, k) if tb else (k, n)
+    _case(rng, a_shape, b_shape, ta, tb, 0, 0, "none", lib)
+    _case(rng, a_shape, b_shape, ta, tb, 1, 1, "relu", lib)
+    _case(rng, (3,) + a_shape, b_shape, ta, tb, 1, 0, "none", lib)  # B shared (folded if ta=0)
+    _case(rng, (2, 1) + a_shape, (3,) + b_shape, ta, tb, 0, 1, "relu", lib)
+
+
 @pytest.mark.parametrize("lib", LIBS)
 @pytest.mark.parametrize(
     "a_shape,b_shape",
