@@ -65,9 +65,9 @@ from ..tune.compare import (WARM_SAMPLE_S, WARM_WARMUP, Comparison, calls_per_sa
                              compare, from_seconds, judge)
 from ..verify.tolerance import narrowest_float, tolerance
 
-__all__ = ["GUARD_MARGIN", "GuardError", "GuardReport", "PlanOutcome", "PlanSkipped",
-           "PlanTimer", "SIZING_CALLS", "WARM_TIMING", "alternating", "alternating_medians", "guard_plans",
-           "plan_tolerance"]
+__all__ = ["GUARD_MARGIN", "MAX_SAMPLE_CALLS", "GuardError", "GuardReport", "PlanOutcome",
+           "PlanSkipped", "PlanTimer", "SIZING_CALLS", "WARM_TIMING", "alternating",
+           "alternating_medians", "guard_plans", "plan_tolerance", "warm_call_s"]
 
 #: ``timer(runs) -> {plan: seconds}`` or a :class:`~tvm_ollie.tune.compare.Comparison`: the
 #: time of one call of each plan (``runs[plan]()`` runs it once); the default is
@@ -172,19 +172,19 @@ def alternating(runs: Dict[str, Callable[[], object]], time_s: float = 2.0,
     (module docstring): until the fastest is separated, at least ``min_rounds`` and at most
     ``max_rounds`` rounds, none started after ``time_s``.
 
-    The first call of every plan is its first sample; the calls per sample come from warm
-    calls (:func:`warm_call_s`): a plan faster than ``sample_s`` is called several times per
-    sample (the same count for every plan: that of the fastest, at most
-    :data:`MAX_SAMPLE_CALLS`), so that a sample lasts ``sample_s`` and is not the timer's noise. With ``warmup > 0``
-    each sample comes after untimed calls of the same plan, ``warmup`` times as many as the
-    sample's (at least one), so that a plan is timed in its steady state and not right after
-    another plan's threads and data had the cores and caches (:data:`WARM_TIMING`). A plan
-    ``hopeless`` times slower than the leader in two samples after its first call (in one,
-    when it lasted ``long_sample_s``) leaves the rounds (``hopeless=inf`` times every plan in
-    every round): at large sizes the plan without derivation runs for seconds where the
-    others take milliseconds, while a first call pays one-time costs that a fast plan's
-    second sample, taken in a loaded moment, can seem to confirm. ``quantile``: the
-    statistic judged (the median by default; :func:`~tvm_ollie.tune.compare.compare`).
+    The first call of every plan is its first sample; the calls per sample come from warm calls
+    (:func:`warm_call_s`): a plan faster than ``sample_s`` is called several times per sample
+    (the same count for every plan: that of the fastest, at most :data:`MAX_SAMPLE_CALLS`), so
+    that a sample lasts ``sample_s`` and is not the timer's noise. With ``warmup > 0`` each
+    sample comes after untimed calls of the same plan, ``warmup`` times as many as the sample's
+    (at least one), so that a plan is timed in its steady state and not right after another
+    plan's threads and data had the cores and caches (:data:`WARM_TIMING`). A plan ``hopeless``
+    times slower than the leader in two samples after its first call (in one, when it lasted
+    ``long_sample_s``) leaves the rounds (``hopeless=inf`` times every plan in every round): at
+    large sizes the plan without derivation runs for seconds where the others take milliseconds,
+    while a first call pays one-time costs that a fast plan's second sample, taken in a loaded
+    moment, can seem to confirm. ``quantile``: the statistic judged (the median by default;
+    :func:`~tvm_ollie.tune.compare.compare`).
     """
     first = {}
     for name, run in runs.items():

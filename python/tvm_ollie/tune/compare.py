@@ -81,9 +81,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-__all__ = ["PAIRED_MIN", "WARM_SAMPLE_S", "WARM_WARMUP", "Comparison", "Margin", "Sampler", "Timing", "beats",
-           "calls_per_sample", "clocked", "compare", "from_seconds", "judge", "median_interval",
-           "paired_ratio_interval", "quantile_interval"]
+__all__ = ["PAIRED_MIN", "WARM_SAMPLE_S", "WARM_WARMUP", "Comparison", "Margin", "Sampler",
+           "Timing", "beats", "calls_per_sample", "clocked", "compare", "from_seconds", "judge",
+           "median_interval", "paired_ratio_interval", "quantile_interval"]
 
 #: ``sampler() -> seconds of one call`` (one sample; None or an exception: it failed).
 Sampler = Callable[[], Optional[float]]
