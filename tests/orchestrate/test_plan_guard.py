@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
 from tvm_ollie.compat import relax, tvm
 from tvm_ollie.config import ConfigError, OllieConfig
-from tvm_ollie.pipeline.guard import (GUARD_MARGIN, WARM_TIMING, GuardError, PlanSkipped,
-                                      alternating, alternating_medians, guard_plans,
-                                      plan_tolerance)
+from tvm_ollie.pipeline.guard import (GUARD_MARGIN, SIZING_CALLS, WARM_TIMING, GuardError,
+                                      PlanSkipped, alternating, alternating_medians, guard_plans,
+                                      plan_tolerance, warm_call_s)
 from tvm_ollie.pipeline.joint_plans import GUARD_PREFERENCE, GUARD_TIMING
 
 from orch_helpers import CALIB
@@ -425,3 +427,31 @@ def test_tuned_joint_build_tunes_the_plan_the_guard_kept(monkeypatch, guard):
     want = relax.VirtualMachine(tvm.compile(_conv_module(), "llvm"), tvm.cpu())["main"](
         *[tvm.runtime.tensor(a) for a in args])
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_guard_samples_are_the_benchmarks_samples():
+    """The whole-model guards take the benchmark's warm samples (20 ms after half as many
+    untimed calls), so that the guard's timing of the kept plan and the benchmark's timing of
+    the finished executable are the same statistic of the same kind of sample."""
+    from tvm_ollie.bench.timing import WARM
+
+    assert WARM_TIMING["sample_s"] == WARM.min_sample_s
+    assert WARM_TIMING["sample_s"] * WARM_TIMING["warmup"] == pytest.approx(WARM.warmup_s)
+    assert GUARD_TIMING["sample_s"] == WARM.min_sample_s
+
+
+def test_samples_are_counted_from_warm_calls_not_the_first():
+    """A fresh executable's first calls pay one-time costs: here 4 ms, then 0.1 ms. Counted
+    from the first call, a 20 ms sample would be 5 calls (0.5 ms: a fraction of the sample);
+    counted from warm calls it is 200 calls and lasts the 20 ms the benchmark's does. A plan
+    slower than a sample is not called again to count."""
+    now = [0.0]
+    runs, calls = _steps({"a": [4e-3, 0.1e-3], "b": [4e-3, 0.2e-3]}, now)
+    res = alternating(runs, time_s=0.0, min_rounds=5, max_rounds=5, clock=lambda: now[0],
+                      **WARM_TIMING)
+    timed = calls["a"] - 1 - SIZING_CALLS  # less the first call and the sizing calls
+    samples = len(res.timings["a"].samples) - 1  # less the first call's sample
+    per_sample = timed / samples / (1 + WARM_TIMING["warmup"])  # each after its warm-up
+    assert per_sample * 0.1e-3 == pytest.approx(WARM_TIMING["sample_s"], rel=0.02)
+    assert res.medians()["a"] == pytest.approx(0.1e-3)
+    assert warm_call_s(lambda: None, 0.5, WARM_TIMING["sample_s"]) == 0.5

@@ -25,6 +25,8 @@ import statistics
 import time
 from typing import Callable, Dict, List, Optional, Protocol, Tuple
 
+from ..tune.compare import WARM_SAMPLE_S, WARM_WARMUP
+
 
 @dataclasses.dataclass(frozen=True)
 class Protocol:
@@ -73,8 +75,10 @@ class Protocol:
 #: 10 ms of untimed calls (at least one). Right after another process had burnt both cores for
 #: 20 ms, a sample of one or two calls read 1.5-4.7x the warm loop, and one of at least 50 ms
 #: 1.1x (docs/measuring.md, "Warm samples"); 20 ms after 10 ms keeps a round of three systems
-#: near 100 ms.
-WARM = Protocol("warm", min_sample_s=0.02, warmup_s=0.01, min_warmup=1)
+#: near 100 ms. The whole-model guards take their samples alike
+#: (:data:`~tvm_ollie.tune.compare.WARM_SAMPLE_S`, :data:`~tvm_ollie.tune.compare.WARM_WARMUP`).
+WARM = Protocol("warm", min_sample_s=WARM_SAMPLE_S, warmup_s=WARM_SAMPLE_S * WARM_WARMUP,
+                min_warmup=1)
 
 #: One call per sample, right after whatever ran before (the other systems, in the benchmark's
 #: rounds): what a call costs after idle time (``--cold``).

@@ -61,12 +61,13 @@ import numpy as np
 from ..compat import relax, tvm
 from ..target import target_device
 from ..transform.measuring import LONG_SAMPLE_S
-from ..tune.compare import Comparison, calls_per_sample, clocked, compare, from_seconds, judge
+from ..tune.compare import (WARM_SAMPLE_S, WARM_WARMUP, Comparison, calls_per_sample, clocked,
+                             compare, from_seconds, judge)
 from ..verify.tolerance import narrowest_float, tolerance
 
-__all__ = ["GUARD_MARGIN", "GuardError", "GuardReport", "PlanOutcome", "PlanSkipped",
-           "PlanTimer", "WARM_TIMING", "alternating", "alternating_medians", "guard_plans",
-           "plan_tolerance"]
+__all__ = ["GUARD_MARGIN", "MAX_SAMPLE_CALLS", "GuardError", "GuardReport", "PlanOutcome",
+           "PlanSkipped", "PlanTimer", "SIZING_CALLS", "WARM_TIMING", "alternating",
+           "alternating_medians", "guard_plans", "plan_tolerance", "warm_call_s"]
 
 #: ``timer(runs) -> {plan: seconds}`` or a :class:`~tvm_ollie.tune.compare.Comparison`: the
 #: time of one call of each plan (``runs[plan]()`` runs it once); the default is
@@ -78,14 +79,23 @@ PlanTimer = Callable[[Dict[str, Callable[[], object]]], Union[Dict[str, float], 
 #: agreed within 0.4-2% here, docs/benchmarks-history.md).
 GUARD_MARGIN = 0.03
 
-#: Warm samples for the whole-model guards (``**WARM_TIMING`` to :func:`alternating`): each
-#: sample at least 5 ms of back-to-back calls of one plan after half as many untimed calls.
-#: Samples of about 1 ms taken right after another plan ran (the default) timed cold calls:
-#: the plan kept by quick YOLOX's guard read 1.52 ms during the build against 0.74 ms for the
-#: finished executable timed warm by the benchmark, Candy 1.48x, Segformer 1.41x
-#: (docs/measuring.md, "The guard's samples"); the benchmark's own protocol is
-#: :data:`tvm_ollie.bench.timing.WARM`. A round of three plans stays near 25 ms.
-WARM_TIMING = {"sample_s": 5e-3, "warmup": 0.5}
+#: Warm samples for the whole-model guards (``**WARM_TIMING`` to :func:`alternating`): the
+#: benchmark's own protocol (:data:`tvm_ollie.bench.timing.WARM`): each sample at least
+#: :data:`~tvm_ollie.tune.compare.WARM_SAMPLE_S` (20 ms) of back-to-back calls of one plan after
+#: half as many untimed calls, its calls counted from warm calls (:func:`warm_call_s`). Samples
+#: of about 1 ms right after another plan timed cold calls (YOLOX's kept plan 1.52 ms in the
+#: build against 0.74 ms for the finished executable, docs/measuring.md, "The guard's
+#: samples"); samples of 5 ms counted from the plan's second call (1.2-4x a warm call, so often
+#: 1-2 ms) read the kept plan at 0.57-0.75 of the benchmark's timing of the finished executable
+#: (docs/measuring.md, "The guard's timing against the benchmark's").
+WARM_TIMING = {"sample_s": WARM_SAMPLE_S, "warmup": WARM_WARMUP}
+
+#: Calls timed one by one after a plan's first call to size the samples (:func:`warm_call_s`).
+SIZING_CALLS = 3
+
+#: Most calls in one guard sample (the benchmark's :func:`~tvm_ollie.bench.timing.calls_for`
+#: allows as many): a 20 ms sample of a 0.05 ms model is 400 calls.
+MAX_SAMPLE_CALLS = 1000
 
 
 class GuardError(RuntimeError):
@@ -162,28 +172,47 @@ def alternating(runs: Dict[str, Callable[[], object]], time_s: float = 2.0,
     (module docstring): until the fastest is separated, at least ``min_rounds`` and at most
     ``max_rounds`` rounds, none started after ``time_s``.
 
-    The first call of every plan is its first sample and sets the calls per sample: a plan
-    faster than ``sample_s`` is called several times per sample (the same count for every
-    plan: that of the fastest), so that a sample is not the timer's noise. With ``warmup > 0``
-    each sample comes after untimed calls of the same plan, ``warmup`` times as many as the
-    sample's (at least one), so that a plan is timed in its steady state and not right after
-    another plan's threads and data had the cores and caches (:data:`WARM_TIMING`). A plan
-    ``hopeless`` times slower than the leader in two samples after its first call (in one,
-    when it lasted ``long_sample_s``) leaves the rounds (``hopeless=inf`` times every plan in
-    every round): at large sizes the plan without derivation runs for seconds where the
-    others take milliseconds, while a first call pays one-time costs that a fast plan's
-    second sample, taken in a loaded moment, can seem to confirm. ``quantile``: the
-    statistic judged (the median by default; :func:`~tvm_ollie.tune.compare.compare`).
+    The first call of every plan is its first sample; the calls per sample come from warm calls
+    (:func:`warm_call_s`): a plan faster than ``sample_s`` is called several times per sample
+    (the same count for every plan: that of the fastest, at most :data:`MAX_SAMPLE_CALLS`), so
+    that a sample lasts ``sample_s`` and is not the timer's noise. With ``warmup > 0`` each
+    sample comes after untimed calls of the same plan, ``warmup`` times as many as the sample's
+    (at least one), so that a plan is timed in its steady state and not right after another
+    plan's threads and data had the cores and caches (:data:`WARM_TIMING`). A plan ``hopeless``
+    times slower than the leader in two samples after its first call (in one, when it lasted
+    ``long_sample_s``) leaves the rounds (``hopeless=inf`` times every plan in every round): at
+    large sizes the plan without derivation runs for seconds where the others take milliseconds,
+    while a first call pays one-time costs that a fast plan's second sample, taken in a loaded
+    moment, can seem to confirm. ``quantile``: the statistic judged (the median by default;
+    :func:`~tvm_ollie.tune.compare.compare`).
     """
     first = {}
     for name, run in runs.items():
         first[name] = max(clocked(run, 1, clock)(), 1e-9)
-    number = calls_per_sample(min(first.values()), floor_s=sample_s)
+    one = min(warm_call_s(run, first[name], sample_s, clock) for name, run in runs.items())
+    number = calls_per_sample(one, floor_s=sample_s, cap=MAX_SAMPLE_CALLS)
     warm = max(1, math.ceil(number * warmup)) if warmup > 0 else 0
     samplers = {name: clocked(run, number, clock, warmup=warm) for name, run in runs.items()}
     return compare(samplers, prefer, margin, min_rounds=min_rounds, max_rounds=max_rounds,
                    time_s=time_s, clock=clock, hopeless=hopeless, initial=first,
                    quantile=quantile, long_sample_s=long_sample_s)
+
+
+def warm_call_s(run: Callable[[], object], first_s: float, sample_s: float,
+                clock: Callable[[], float] = time.perf_counter,
+                calls: int = SIZING_CALLS) -> float:
+    """Seconds of one warm call of ``run``, to count the calls of a sample: the median of
+    ``calls`` calls timed one by one after the first (``first_s``), when the first took less
+    than ``sample_s`` (else ``first_s``: a slow plan is not called again for this).
+
+    The first calls of a fresh executable pay one-time costs (a quick ResNet-18's second call
+    took 1.2-4x, sometimes 20x, a warm call), and a count taken from them makes every sample a
+    fraction of ``sample_s``: over calls whose times have a long tail, short samples read
+    faster than the benchmark's long ones (:data:`WARM_TIMING`)."""
+    if first_s >= sample_s or calls <= 0:
+        return first_s
+    took = sorted(max(clocked(run, 1, clock)(), 1e-9) for _ in range(calls))
+    return took[len(took) // 2]
 
 
 def alternating_medians(runs: Dict[str, Callable[[], object]], time_s: float = 2.0,

@@ -81,9 +81,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-__all__ = ["PAIRED_MIN", "Comparison", "Margin", "Sampler", "Timing", "beats",
-           "calls_per_sample", "clocked", "compare", "from_seconds", "judge", "median_interval",
-           "paired_ratio_interval", "quantile_interval"]
+__all__ = ["PAIRED_MIN", "WARM_SAMPLE_S", "WARM_WARMUP", "Comparison", "Margin", "Sampler",
+           "Timing", "beats", "calls_per_sample", "clocked", "compare", "from_seconds", "judge",
+           "median_interval", "paired_ratio_interval", "quantile_interval"]
 
 #: ``sampler() -> seconds of one call`` (one sample; None or an exception: it failed).
 Sampler = Callable[[], Optional[float]]
@@ -325,6 +325,19 @@ def judge(timings: Dict[str, Timing], prefer: Optional[Sequence[str]] = None,
     rule = "first in the order of preference among the tied" if w == tied[0] else \
         "first in the order of preference that beats those preferred over it"
     return w, fastest, False, tied, rule
+
+
+#: A warm sample of a whole model, for the benchmark (:data:`tvm_ollie.bench.timing.WARM`) and
+#: the whole-model guards (:data:`tvm_ollie.pipeline.guard.WARM_TIMING`) alike: at least this
+#: many seconds of back-to-back calls, their mean per call ...
+WARM_SAMPLE_S = 0.02
+
+#: ... after untimed calls of the same program lasting this fraction of a sample (at least one).
+#: One protocol for both, so that the guard's timing of the plan it keeps is what the benchmark
+#: reads for the finished executable: over calls whose times have a long tail (a descheduled
+#: worker, another process's slice), the median of short samples is systematically below the
+#: median of long ones (docs/measuring.md, "The guard's timing against the benchmark's").
+WARM_WARMUP = 0.5
 
 
 def calls_per_sample(seconds: float, floor_s: float = 1e-3, cap: int = 100) -> int:
