@@ -3,7 +3,9 @@ guard's library plan built there while the rewritten module is built here."""
 
 import importlib
 import logging
+import threading
 
+import numpy as np
 import pytest
 from tvm import relax
 
@@ -13,7 +15,12 @@ from tvm_ollie.codegen import cached_alloc
 from tvm_ollie.compat import tvm
 from tvm_ollie.compile_profile import profile_scope, stage
 from tvm_ollie.pipeline import build
+from tvm_ollie.transform import batched, decide
+from tvm_ollie.transform.alternatives import Candidates
+from tvm_ollie.transform.batched import UnitBuild
 from tvm_ollie.transform.build_thread import ThreadBuild
+from tvm_ollie.transform.units import unit_module
+from tvm_ollie.tune.measure import random_args
 
 logging.getLogger("tvm_ollie.derive").setLevel(logging.CRITICAL)
 pipeline_build = importlib.import_module("tvm_ollie.pipeline.build")  # (the module: the
@@ -79,3 +86,57 @@ def test_the_guard_builds_the_library_plan_in_a_thread(monkeypatch):
     assert [d.chosen for d in threaded.decisions] == [d.chosen for d in alone.decisions]
     args = sm.random_inputs(mod, seed=3)
     sm.assert_close(sm.run(ex, args), sm.run(tvm.compile(mod, target="llvm"), args))
+
+
+def _unit_modules():
+    """A conv2d 3x3 call's original and three derived programs, as isolated modules."""
+    call = sm.conv3x3()["main"].body.blocks[0].bindings[0].value
+    alts = Candidates(library=False, derive=True, max_depth=2)(call, 2.0).alternatives[:4]
+    return {a.label: unit_module(call, a.program, None, a.impl) for a in alts}
+
+
+def test_a_decisions_build_in_two_threads_computes_what_one_build_does():
+    """The merged build's parts built at once (one here, one in a thread): two builds, the
+    parts dealt as for a pool, and every function computes what the one merged build's
+    does."""
+    modules = _unit_modules()
+    serial, threaded = UnitBuild(modules, "llvm"), UnitBuild(modules, "llvm", threads=2)
+    keys = list(modules)
+    assert threaded.parts() == [keys[0::2], keys[1::2]]
+    args = random_args(modules[keys[0]]["main"], seed=2)
+    for key in keys:
+        np.testing.assert_allclose(_outputs(threaded.function(key), args),
+                                   _outputs(serial.function(key), args), rtol=1e-5, atol=1e-5)
+    assert threaded.builds == 2 and serial.builds == 1 and not threaded.failed
+
+
+def test_a_part_that_fails_in_its_thread_is_built_here(monkeypatch):
+    modules = _unit_modules()
+    calls = []
+    real = batched.compile_module
+
+    def flaky(mod, target):  # the thread's build fails once, the build here succeeds
+        calls.append(threading.current_thread() is threading.main_thread())
+        if not calls[-1]:
+            raise RuntimeError("no LLVM today")
+        return real(mod, target)
+
+    monkeypatch.setattr(batched, "compile_module", flaky)
+    build = UnitBuild(modules, "llvm", threads=2)
+    assert build.function(list(modules)[1]) is not None and not build.failed
+    assert sorted(calls) == [False, True, True] and build.builds == 2
+
+
+def test_the_decider_builds_in_threads_only_with_a_second_core(monkeypatch):
+    modules = _unit_modules()
+    dec = decide.Decider("llvm", calibration=sm.LLVM_CALIB, library=False)
+    monkeypatch.setattr(decide, "usable_cpus", lambda: 2)
+    assert dec._merged(modules).threads == 2  # pylint: disable=protected-access
+    monkeypatch.setattr(decide, "usable_cpus", lambda: 1)
+    assert dec._merged(modules).threads == 1  # pylint: disable=protected-access
+
+
+def _outputs(built, args):
+    ex, name = built
+    out = relax.VirtualMachine(ex, tvm.cpu())[name](*[tvm.runtime.tensor(a) for a in args])
+    return out.numpy()
