@@ -43,6 +43,18 @@ def test_the_thread_builds_in_the_callers_context_and_charges_no_stage():
     assert "tvm build" not in prof.seconds
 
 
+def test_the_thread_builds_under_the_callers_pass_context():
+    seen = {}
+
+    def fake_build():
+        seen["opt_level"] = tvm.transform.PassContext.current().opt_level
+        return "built"
+
+    with tvm.transform.PassContext(opt_level=1):
+        assert ThreadBuild(fake_build, jit=False).result() == "built"
+    assert seen["opt_level"] == 1  # (a new thread's own context has the default, 2)
+
+
 def test_a_failing_build_gives_none_and_keeps_its_error():
     def failing():
         raise RuntimeError("no kernel")

@@ -2,8 +2,8 @@
 
 A cold build ends with two independent TVM builds: the rewritten module's and the whole-model
 guard's library plan (``pipeline.build``), each the pipeline's passes, LLVM's code generation
-and, on first use, the JIT of the executable's kernels (docs/compile-time.md, "cold14": on
-Segformer and GCN the two took 8-16 s of a cold build, one after the other, on one of the
+and, on first use, the JIT of the executable's kernels (docs/compile-time.md, "cold14": LLVM's
+code generation and the JIT took 36-48 % of the cold builds profiled there, all on one of the
 machine's two cores). Both are known before either is built and nothing is timed until both
 are, so the second can be built on the other core while this thread builds the first: most of
 a build is C++ (TVM's passes, LLVM), which the FFI runs without the GIL.
@@ -11,8 +11,8 @@ a build is C++ (TVM's passes, LLVM), which the FFI runs without the GIL.
 Why the thread's build is the build this thread would have made: it runs the same function on
 the same module and target, in a copy of the caller's context (the config scope, the cached
 allocations' switch: :mod:`contextvars`), with no compile profile (two threads charging one
-profile's stages would mix their clocks; the caller charges its wait instead), and TVM's pass
-context is the default one in both threads. The build pool's worker processes
+profile's stages would mix their clocks; the caller charges its wait instead), and under the
+caller's TVM pass context (TVM keeps it per thread: it is entered again in the thread). The build pool's worker processes
 (:mod:`.build_pool`) do the same across processes, at the cost of starting them (seconds
 under load: docs/compile-time.md, "cold9", "cold11").
 """
@@ -46,6 +46,7 @@ class ThreadBuild:
         self._jit = jit
         self._ex: Optional["tvm.runtime.Executable"] = None
         self._error: Optional[BaseException] = None
+        self._pass_context = tvm.transform.PassContext.current()
         context = contextvars.copy_context()
         self._thread = threading.Thread(target=context.run, args=(self._run,),
                                         name="tvm-ollie-build", daemon=True)
@@ -53,7 +54,7 @@ class ThreadBuild:
 
     def _run(self) -> None:
         try:
-            with suspended():
+            with suspended(), self._pass_context:
                 ex = self._build()
                 if self._jit:
                     relax.VirtualMachine(ex, tvm.cpu())
