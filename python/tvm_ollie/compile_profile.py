@@ -25,7 +25,7 @@ import contextvars
 import time
 from typing import Dict, Iterator, List, Optional
 
-__all__ = ["CompileProfile", "current_profile", "profile_scope", "stage", "suspended"]
+__all__ = ["CompileProfile", "current_profile", "profile_scope", "stage"]
 
 #: Stage names in pipeline order (others are listed after these, in order of first use).
 STAGE_ORDER = ("import", "calibration", "regions", "decision cache", "lift", "search",
@@ -147,17 +147,6 @@ def profile_scope() -> Iterator[CompileProfile]:
     finally:
         _ACTIVE.reset(token)
         prof.close()
-
-
-@contextlib.contextmanager
-def suspended() -> Iterator[None]:
-    """No profile within the block (a build in another thread: its stages would be charged
-    to the open profile beside the caller's, mixing two clocks; the caller charges its wait)."""
-    token = _ACTIVE.set(None)
-    try:
-        yield
-    finally:
-        _ACTIVE.reset(token)
 
 
 @contextlib.contextmanager

@@ -22,7 +22,6 @@ from tvm_ollie.transform import checking
 from tvm_ollie.transform.alternatives import (MEASURED_SEED_FLOPS, Alternative, Candidates,
                                             measured_original)
 from tvm_ollie.transform.batched import UnitBuild, merged_module
-from tvm_ollie.transform.build_pool import usable_cpus
 from tvm_ollie.transform.checking import Checker
 from tvm_ollie.transform.costing import CallableTiming, UntunedTiming
 from tvm_ollie.transform.decide import Decider
@@ -209,11 +208,6 @@ def test_untuned_timing_samples_from_the_merged_build(conv, monkeypatch):
     assert timing.build_of(call) is None
 
 
-def _mains(builds) -> list:
-    """The merged modules' ``main`` functions over every build of a decision (its parts)."""
-    return [f.name_hint for mod in builds for f in mod.functions if f.name_hint.endswith("_main")]
-
-
 def test_a_decision_builds_its_modules_once(monkeypatch):
     """The untuned decision of a convolution: one TVM build for the checks and the timings
     of all its alternatives, none built alone."""
@@ -229,8 +223,8 @@ def test_a_decision_builds_its_modules_once(monkeypatch):
                       check_untuned=True, derivation_cache=False, max_measured=2)
     choice = decider.decide(_call(sm.conv3x3()), 2.0)
     assert choice.measured, choice.reason
-    assert len(builds) == (2 if usable_cpus() > 1 else 1)  # one part per thread (.batched)
-    assert len(_mains(builds)) == 3  # each module built once
+    assert len(builds) == 1
+    assert len([f for f in builds[0].functions if f.name_hint.endswith("_main")]) == 3
 
 
 def test_the_pass_shares_the_paid_back_search_time(monkeypatch):
@@ -334,12 +328,11 @@ def test_a_forced_choice_is_checked_from_one_build(monkeypatch):
                      derivation_cache=False, chooser=lambda sig, others: others[0])
     choice = forced.decide(_call(sm.conv3x3()), 2.0)
     assert choice.rewritten and choice.reason == "forced by the chooser"
-    assert len(builds) == (2 if usable_cpus() > 1 else 1)  # one part per thread (.batched)
-    assert len(_mains(builds)) == 2  # each module built once
+    assert len(builds) == 1
+    assert len([f for f in builds[0].functions if f.name_hint.endswith("_main")]) == 2
     kept = Decider("llvm", calibration=sm.LLVM_CALIB, library=False, max_depth=2,
                    derivation_cache=False, chooser=lambda sig, others: BASE)
-    assert not kept.decide(_call(sm.conv3x3()), 2.0).rewritten
-    assert len(_mains(builds)) == 2  # nothing more built
+    assert not kept.decide(_call(sm.conv3x3()), 2.0).rewritten and len(builds) == 1
 
 
 def test_a_forced_choice_that_computes_something_else_is_rejected(monkeypatch):
@@ -415,8 +408,9 @@ def test_a_measured_decision_never_builds_a_program_far_behind(monkeypatch):
                           estimator=Estimates(native_s))
         choice = decider.decide(_call(sm.conv3x3()), 2.0)
         assert choice.measured, choice.reason
-        # the original, its library kernel, the programs: each built once
-        assert len(_mains(builds)) == 2 + programs
+        (mod,) = builds
+        mains = [f for f in mod.functions if f.name_hint.endswith("_main")]
+        assert len(mains) == 2 + programs  # the original, its library kernel, the programs
 
 
 def test_the_measured_original_is_put_on_the_bounds_scale(monkeypatch):

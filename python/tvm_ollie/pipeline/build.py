@@ -55,8 +55,7 @@ from ..compile_profile import profile_scope, stage
 from ..config import OllieConfig, resolve_config
 from ..orchestrate.cost import sample_args
 from ..target import gpu_available, is_gpu_target, is_llvm, kind_name, normalize_target
-from ..transform.build_pool import PendingBuild, running_pool, usable_cpus
-from ..transform.build_thread import ThreadBuild
+from ..transform.build_pool import PendingBuild, running_pool
 from ..transform.measuring import DecisionRecords
 from ..transform.optimize import OllieOptimize, optimize_module
 from ..transform.precision import to_precision
@@ -219,8 +218,6 @@ def _build(mod: "tvm.IRModule", cfg: OllieConfig, hooks: dict
     # the guard will build the library plan: in a worker while this process builds the
     # rewritten module, where a pool runs (the module's decisions started it)
     pending = _library_in_pool(library, verdict, cfg, tuner)
-    if pending is None:  # else on this machine's other core, where it has one
-        pending = _library_in_thread(library, verdict, cfg, tuner, as_given)
     try:
         ex = _compile_final(new_mod, cfg, tuner, budget, tunable, orch)
     except Exception as err:  # pylint: disable=broad-except
@@ -262,19 +259,6 @@ def _library_in_pool(library, verdict: Optional["RecordedVerdict"], cfg: OllieCo
             tuner is not None or cfg.orchestrate or not is_llvm(cfg.target):
         return None
     return pool.submit(library[0], cfg.target)
-
-
-def _library_in_thread(library, verdict: Optional["RecordedVerdict"], cfg: OllieConfig, tuner,
-                       as_given) -> Optional[ThreadBuild]:
-    """The library plan's build (``as_given``) started in a thread of this process
-    (:mod:`tvm_ollie.transform.build_thread`) while this thread builds the rewritten module,
-    or None: no second core, or where :func:`_library_in_pool` would not build it apart
-    either. Nothing is timed until both builds have ended (the guard waits for it first)."""
-    if library is None or verdict is None or verdict.known() is not None or \
-            tuner is not None or cfg.orchestrate or not is_llvm(cfg.target) or \
-            usable_cpus() < 2:
-        return None
-    return ThreadBuild(as_given(library[0]))
 
 
 def _library_plan(given: "tvm.IRModule", rewritten: "tvm.IRModule", cfg: OllieConfig,

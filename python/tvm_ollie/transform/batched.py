@@ -26,7 +26,6 @@ target, in another process.
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -35,7 +34,6 @@ from ..compile_profile import stage
 from ..target import normalize_target
 from ..tune.measure import compile_module
 from .build_pool import BuildPool
-from .build_thread import ThreadBuild
 
 __all__ = ["UnitBuild", "merged_module"]
 
@@ -95,23 +93,13 @@ class UnitBuild:
         part), each part merged and built in a worker, all at once, and loaded here. Should a
         part fail there, it is built here; should that fail too, every module is built alone
         (:attr:`failed`), as when the one merged build fails.
-    threads : int
-        Without a pool: the parts built at once in this process, one here and each other in
-        a thread of its own (:mod:`.build_thread`), each part's kernels JIT-compiled by the
-        thread that built it (the checker's first run would pay that JIT, on one core). Parts
-        are dealt as for a pool; a part whose thread fails is built here. Why threads: a build
-        is mostly C++ run without the GIL (TVM's passes, LLVM's code generation and JIT), a
-        decision's build is finished before anything of it is checked or timed, and a thread
-        costs nothing to start, where a worker process costs seconds (docs/compile-time.md,
-        "cold14").
     """
 
     def __init__(self, modules: Dict[str, "tvm.IRModule"], target,
-                 pool: Optional[BuildPool] = None, threads: int = 1):
+                 pool: Optional[BuildPool] = None):
         self.modules = dict(modules)
         self.target = normalize_target(target)
         self.pool = pool
-        self.threads = max(1, int(threads))
         self._where: Dict[str, Tuple["tvm.runtime.Executable", str]] = {}
         self._done = False
         #: the merged build was tried and failed (each module is then built alone)
@@ -128,8 +116,7 @@ class UnitBuild:
         """The keys of each part built together: one part, or one per worker of the pool
         (never more parts than modules)."""
         keys = list(self.modules)
-        count = max(1, min(len(keys), self.pool.workers if self.pool is not None
-                           else self.threads))
+        count = max(1, min(len(keys), self.pool.workers if self.pool is not None else 1))
         return [keys[i::count] for i in range(count)]
 
     def _build(self) -> None:
@@ -142,8 +129,6 @@ class UnitBuild:
             if self.pool is not None and len(parts) > 1:
                 self.builds += len(parts)
                 built = self.pool.build([m for m, _ in merged], self.target)
-            elif len(parts) > 1:
-                built = self._build_in_threads([m for m, _ in merged])
             for i, (mod, _) in enumerate(merged):
                 if built[i] is None:
                     self.builds += 1
@@ -155,22 +140,6 @@ class UnitBuild:
             return
         for part, (_, mains), ex in zip(parts, merged, built):
             self._where.update({k: (ex, name) for k, name in zip(part, mains)})
-
-    def _build_in_threads(self, merged: List["tvm.IRModule"]) -> list:
-        """Every part but the first started in a thread, the first built (and loaded) here
-        meanwhile; the executables in order, None where a thread's build failed."""
-        self.builds += len(merged)
-        started = [ThreadBuild(functools.partial(compile_module, mod, self.target))
-                   for mod in merged[1:]]
-        first = compile_module(merged[0], self.target)
-        relax.VirtualMachine(first, tvm.cpu())  # (its JIT, while the threads build theirs)
-        rest = [t.result() for t in started]
-        for t in started:
-            if t.error is not None:
-                self.builds -= 1  # (counted again where it is built here)
-                LOG.info("ollie: a merged part failed to build in a thread (%s: %s); "
-                         "building it here", type(t.error).__name__, t.error)
-        return [first] + rest
 
     def function(self, key: str) -> Optional[Tuple["tvm.runtime.Executable", str]]:
         """``(executable, function name)`` computing module ``key`` (None: not in this build,

@@ -51,7 +51,7 @@ from ..tune.metaschedule import Tuner
 from ..tune.records import MachineStore
 from .alternatives import Alternative, Candidates, UnitAlternatives
 from .batched import UnitBuild
-from .build_pool import MIN_UNITS, BuildPool, shared_pool, usable_cpus
+from .build_pool import MIN_UNITS, BuildPool, shared_pool
 from .checking import RTOL, Checker, CheckFn, VerdictCache, check_exact, checked
 from .choosing import (MARGIN, REPRODUCIBLE_MARGIN, Choice, Chooser, Decision, choose_analytic,
                        choose_forced, choose_measured, decided, far_behind, kept_by_estimate,
@@ -392,8 +392,7 @@ class Decider:
     def _merged(self, modules: Dict[str, "tvm.IRModule"]) -> Optional[UnitBuild]:
         """:meth:`unit_build` of ``modules`` already made (None: fewer than two)."""
         target = self.target if is_llvm(self.target) else "llvm"
-        threads = 2 if self.pool is None and usable_cpus() > 1 else 1  # (.batched)
-        return UnitBuild(modules, target, self.pool, threads) if len(modules) > 1 else None
+        return UnitBuild(modules, target, self.pool) if len(modules) > 1 else None
 
 
 def shared_records(model: Optional[UnitCostModel], target,
