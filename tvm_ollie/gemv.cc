@@ -30,13 +30,7 @@
 #include <vector>
 
 #include "common.h"
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define OLLIE_GEMV_X86 1
-#else
-#define OLLIE_GEMV_X86 0
-#endif
+#include "vectors.h"
 
 namespace tvm_ollie {
 
@@ -67,15 +61,7 @@ void BaselineGemv(const float* x, const float* w, int64_t K, int64_t n, int64_t 
   }
 }
 
-#if OLLIE_GEMV_X86
-#define OLLIE_AVX2 __attribute__((target("avx2,fma"), always_inline)) inline
-
-// The lanes below `count` (0 < count <= 8).
-OLLIE_AVX2 __m256i TailMask(int64_t count) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(count)),
-                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
+#if OLLIE_X86_VECTORS
 OLLIE_AVX2 float LaneSum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -95,7 +81,7 @@ OLLIE_AVX2 __m256 Part(const float* p, int v, __m256i last) {
 template <int V>
 OLLIE_AVX2 void Avx2RowsBlock(const float* x, const float* w, int64_t K, int64_t ld,
                               int64_t width, bool accumulate, float* y) {
-  const __m256i last = TailMask(width - 8 * (V - 1));
+  const __m256i last = FirstLanes(width - 8 * (V - 1));
   __m256 acc[V], odd[V];
   for (int v = 0; v < V; ++v) {
     odd[v] = _mm256_setzero_ps();
@@ -158,7 +144,7 @@ __attribute__((target("avx2,fma"))) float Avx2Dot(const float* x, const float* r
     a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), _mm256_loadu_ps(row + k), a0);
   }
   if (k < K) {
-    const __m256i mask = TailMask(K - k);
+    const __m256i mask = FirstLanes(K - k);
     a1 = _mm256_fmadd_ps(_mm256_maskload_ps(x + k, mask), _mm256_maskload_ps(row + k, mask), a1);
   }
   return LaneSum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
@@ -178,18 +164,13 @@ __attribute__((target("avx2,fma"))) void Avx2Gemv(const float* x, const float* w
     y[j] = accumulate ? y[j] + s : s;
   }
 }
-#endif  // OLLIE_GEMV_X86
-
-struct GemvVectors {
-  const char* name;
-  GemvFn fn;
-};
+#endif  // OLLIE_X86_VECTORS
 
 // The implementations this CPU runs, best first.
-const std::vector<GemvVectors>& Available() {
-  static const std::vector<GemvVectors> fns = []() {
-    std::vector<GemvVectors> v;
-#if OLLIE_GEMV_X86
+const std::vector<Vectors<GemvFn>>& Available() {
+  static const std::vector<Vectors<GemvFn>> fns = []() {
+    std::vector<Vectors<GemvFn>> v;
+#if OLLIE_X86_VECTORS
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
       v.push_back({"avx2", &Avx2Gemv});
@@ -261,20 +242,11 @@ void Gemv(const float* x, const float* w, int64_t K, int64_t n, int64_t ld, Gemv
 }
 
 const char* GemvVectorsList() {
-  static const std::string list = []() {
-    std::string s;
-    for (const GemvVectors& v : Available()) s += (s.empty() ? "" : ",") + std::string(v.name);
-    return s;
-  }();
+  static const std::string list = VectorsNames(Available(), ",");
   return list.c_str();
 }
 
-GemvFn GemvNamed(const char* name) {
-  for (const GemvVectors& v : Available()) {
-    if (std::string(name) == v.name) return v.fn;
-  }
-  return nullptr;
-}
+GemvFn GemvNamed(const char* name) { return NamedVectors(Available(), name); }
 
 TVM_FFI_STATIC_INIT_BLOCK() {
   namespace refl = tvm::ffi::reflection;

@@ -11,7 +11,7 @@
 // the sum accumulated in double (float partial sums of a block), exp by a polynomial on
 // vectors. A row of -inf everywhere gives NaN, as the formula (and TVM's kernel) does.
 //
-// Three row implementations, the widest the CPU runs chosen once (RowVectors):
+// Three row implementations, the widest the CPU runs chosen once (Available(), vectors.h):
 //   avx512f   the portable row (PortableRow) compiled for AVX-512: the compiler vectorizes it
 //             (0.62 ns an element, one thread, 16384 rows of 256, on the AVX-512 Xeon);
 //   avx2      AVX2 + FMA intrinsics (Avx2Row). The portable row compiled for AVX2 was not
@@ -35,13 +35,7 @@
 #include <vector>
 
 #include "common.h"
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define OLLIE_SOFTMAX_X86 1
-#else
-#define OLLIE_SOFTMAX_X86 0
-#endif
+#include "vectors.h"
 
 namespace tvm_ollie {
 
@@ -108,15 +102,13 @@ inline __attribute__((always_inline)) void PortableRow(const float* x, float* ou
 
 void BaselineRow(const float* x, float* out, int64_t n) { PortableRow(x, out, n); }
 
-#if OLLIE_SOFTMAX_X86
+#if OLLIE_X86_VECTORS
 __attribute__((target("avx512f"))) void Avx512Row(const float* x, float* out, int64_t n) {
   PortableRow(x, out, n);
 }
 
 // ---------------------------------------------------------------------------------------------
 // The AVX2 + FMA row.
-
-#define OLLIE_AVX2 __attribute__((target("avx2,fma"), always_inline)) inline
 
 // exp(x) on 8 lanes, x <= 0: k = round(x log2(e)) by the 1.5 * 2^23 shift (whose low mantissa
 // bits are then k + 127, 2^k's exponent bits), r = x - k ln(2) (ln 2 split in two, products
@@ -141,12 +133,6 @@ OLLIE_AVX2 __m256 Exp8(__m256 x) {
   // shifts out), the biased exponent of the normal float 2^k
   p = _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(kb), 23)));
   return _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ), p);
-}
-
-// The lanes [0, m) of a vector, m in [0, 8].
-OLLIE_AVX2 __m256i FirstLanes(int64_t m) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(m)),
-                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
 OLLIE_AVX2 float HorizontalMax(__m256 v) {
@@ -234,22 +220,16 @@ __attribute__((target("avx2,fma"))) void Avx2Row(const float* x, float* out, int
     _mm256_maskstore_ps(out + j, mask, _mm256_mul_ps(_mm256_maskload_ps(out + j, mask), scale));
   }
 }
-#undef OLLIE_AVX2
-#endif  // OLLIE_SOFTMAX_X86
+#endif  // OLLIE_X86_VECTORS
 
 // ---------------------------------------------------------------------------------------------
 // Choosing the row.
 
-struct RowVectors {
-  const char* name;
-  RowFn row;
-};
-
 // The row implementations this CPU runs, best first.
-const std::vector<RowVectors>& Available() {
-  static const std::vector<RowVectors> rows = []() {
-    std::vector<RowVectors> v;
-#if OLLIE_SOFTMAX_X86
+const std::vector<Vectors<RowFn>>& Available() {
+  static const std::vector<Vectors<RowFn>> rows = []() {
+    std::vector<Vectors<RowFn>> v;
+#if OLLIE_X86_VECTORS
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f")) v.push_back({"avx512f", &Avx512Row});
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
@@ -263,13 +243,10 @@ const std::vector<RowVectors>& Available() {
 }
 
 RowFn Named(const std::string& name) {
-  std::string known;
-  for (const RowVectors& r : Available()) {
-    if (name == r.name) return r.row;
-    known += (known.empty() ? "" : ", ") + std::string(r.name);
-  }
+  if (RowFn row = NamedVectors(Available(), name)) return row;
   TVM_FFI_THROW(ValueError) << kWithVectors << ": vectors '" << name
-                            << "' not available on this CPU (it runs " << known << ")";
+                            << "' not available on this CPU (it runs "
+                            << VectorsNames(Available(), ", ") << ")";
 }
 
 ffi::TensorView TensorArg(ffi::PackedArgs args, int i, const char* what) {
@@ -305,11 +282,6 @@ void RunSoftmax(ffi::PackedArgs args, int first, RowFn row) {
   for (int64_t r = 0; r < rows; ++r) row(x + r * n, out + r * n, n);
 }
 
-std::string VectorsList() {
-  std::string s;
-  for (const RowVectors& r : Available()) s += (s.empty() ? "" : ",") + std::string(r.name);
-  return s;
-}
 
 }  // namespace
 
@@ -318,7 +290,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
   refl::GlobalDef()
       .def_packed(kSoftmax,
                   [](ffi::PackedArgs args, ffi::Any*) {
-                    static const RowFn best = Available().front().row;
+                    static const RowFn best = Available().front().fn;
                     RunSoftmax(args, 0, best);
                   })
       .def_packed(kWithVectors,
@@ -332,7 +304,8 @@ TVM_FFI_STATIC_INIT_BLOCK() {
                     }
                     RunSoftmax(args, 1, Named(name.value()));
                   })
-      .def("tvm_ollie.cpu.softmax_vectors", []() -> std::string { return VectorsList(); });
+      .def("tvm_ollie.cpu.softmax_vectors",
+           []() -> std::string { return VectorsNames(Available(), ","); });
 }
 
 }  // namespace tvm_ollie
