@@ -23,6 +23,7 @@ import pytest
 from test_cli import FAST, cli, in_process, in_process_error, ok  # noqa: E402
 import tiny_models  # noqa: E402  pylint: disable=wrong-import-order
 
+from tvm_ollie.cli import main
 from tvm_ollie.tune import workdir
 
 # ---------------------------------------------------------------------------------------------
@@ -214,8 +215,6 @@ def test_output_path_not_writable(model, capsys):
 def lib(model):
     """``tiny.onnx`` compiled (no tuning) in its folder, by ``main`` in this process: the tests
     that use it check ``run``'s errors (``test_cli.py`` compiles in a real process)."""
-    from tvm_ollie.cli import main  # pylint: disable=import-outside-toplevel
-
     path, _ = model
     old = os.getcwd()
     os.chdir(path)

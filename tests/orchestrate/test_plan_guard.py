@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from tvm_ollie.bench.timing import WARM
 from tvm_ollie.compat import relax, tvm
 from tvm_ollie.config import ConfigError, OllieConfig
 from tvm_ollie.pipeline.guard import (GUARD_MARGIN, SIZING_CALLS, WARM_TIMING, GuardError,
@@ -433,8 +434,6 @@ def test_guard_samples_are_the_benchmarks_samples():
     """The whole-model guards take the benchmark's warm samples (20 ms after half as many
     untimed calls), so that the guard's timing of the kept plan and the benchmark's timing of
     the finished executable are the same statistic of the same kind of sample."""
-    from tvm_ollie.bench.timing import WARM
-
     assert WARM_TIMING["sample_s"] == WARM.min_sample_s
     assert WARM_TIMING["sample_s"] * WARM_TIMING["warmup"] == pytest.approx(WARM.warmup_s)
     assert GUARD_TIMING["sample_s"] == WARM.min_sample_s
