@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "common.h"
+#include "vectors.h"
 
 namespace tvm_ollie {
 
@@ -60,14 +61,6 @@ namespace ffi = tvm::ffi;
 namespace {
 
 constexpr const char* kLstm = "tvm_ollie.cpu.lstm";
-
-// x86-64 with GCC or Clang: the function built for AVX-512, AVX2 and the baseline, the widest
-// the CPU has chosen when the library loads (as norm.cc); elsewhere as the compiler builds it.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define OLLIE_LSTM_VECTORS __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define OLLIE_LSTM_VECTORS
-#endif
 
 struct LstmParams {
   int directions = 1;
@@ -113,7 +106,7 @@ float* ShapedArg(const ffi::TensorView& t, const char* what, const std::vector<i
 // acc[b, :] += sum_k h[b, k] r[k, :] for the N rows of acc ([N, cols]) and h ([N, K]); r is
 // [K, cols]. Four rows of r per pass over an accumulator row (a quarter of the accumulator's
 // loads and stores); rows whose four h values are zero are skipped (the zero initial state).
-OLLIE_LSTM_VECTORS
+OLLIE_WIDEST_VECTORS
 void AccumulateProduct(const float* h, const float* r, float* acc, int64_t N, int64_t K,
                        int64_t cols) {
   int64_t k = 0;

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "common.h"
+#include "vectors.h"
 
 namespace tvm_ollie {
 
@@ -126,14 +127,6 @@ inline __attribute__((always_inline)) void PlaneMoments(const float* x, int64_t 
   *mean = shift + m;
   *var = std::max(0.0, t2 / n - m * m);
 }
-
-// x86-64 with GCC or Clang: the function built for AVX-512, AVX2 and the baseline, the widest
-// the CPU has chosen when the library loads; elsewhere as the compiler builds it.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define OLLIE_WIDEST_VECTORS __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define OLLIE_WIDEST_VECTORS
-#endif
 
 // One (n, c) plane of `count` floats, in the widest vectors (the library is compiled for the
 // baseline x86-64, where the loops ran 4 floats at a time: ONNX Runtime's

@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "common.h"
+#include "vectors.h"
 
 namespace tvm_ollie {
 
@@ -54,12 +55,6 @@ namespace ffi = tvm::ffi;
 namespace {
 
 constexpr const char* kResize = "tvm_ollie.cpu.resize2d";
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define OLLIE_RESIZE_VECTORS __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define OLLIE_RESIZE_VECTORS
-#endif
 
 enum class Coord { kHalfPixel, kPytorchHalfPixel, kAlignCorners, kAsymmetric, kTfHalfPixelForNn };
 enum class Round { kRound, kFloor, kCeil, kPreferFloor, kPreferCeil };
@@ -225,7 +220,7 @@ inline float Lerp(float a, float b, float t) { return a * (1.0f - t) + b * t; }
 
 // Channels-last to channels-last: each output pixel is C contiguous floats, from four (or one)
 // rows of C contiguous input floats.
-OLLIE_RESIZE_VECTORS void RowNhwc(const Operand& op, const OutShape& o, int64_t n, int64_t oy,
+OLLIE_WIDEST_VECTORS void RowNhwc(const Operand& op, const OutShape& o, int64_t n, int64_t oy,
                                   float* out) {
   const int64_t c = op.c;
   const int64_t y0 = op.ym.i0[oy], y1 = op.ym.i1[oy];
@@ -258,7 +253,7 @@ OLLIE_RESIZE_VECTORS void RowNhwc(const Operand& op, const OutShape& o, int64_t 
 }
 
 // Planar to planar: each output row of each channel from one or two input rows.
-OLLIE_RESIZE_VECTORS void RowNchw(const Operand& op, const OutShape& o, int64_t n, int64_t oy,
+OLLIE_WIDEST_VECTORS void RowNchw(const Operand& op, const OutShape& o, int64_t n, int64_t oy,
                                   float* out) {
   const int64_t y0 = op.ym.i0[oy], y1 = op.ym.i1[oy];
   const float ty = op.ym.w[oy];

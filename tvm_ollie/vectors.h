@@ -1,7 +1,8 @@
 // Kernel families with several vector implementations (softmax rows, matrix-vector products):
 // each file lists the ones this CPU runs, best first, and calls the first; tests run each one
 // by name. The x86 guard, the lane mask, the list's entry, the lookup by name and the list of
-// names live here, once.
+// names live here, once, and the attribute that clones a plain loop for the widest vectors
+// (norm, resize, lstm).
 #ifndef TVM_OLLIE_VECTORS_H_
 #define TVM_OLLIE_VECTORS_H_
 
@@ -16,6 +17,17 @@
 #define OLLIE_X86_VECTORS 1
 #else
 #define OLLIE_X86_VECTORS 0
+#endif
+
+// OLLIE_WIDEST_VECTORS: a plain loop built for AVX-512, AVX2 and the baseline, the widest one
+// the CPU runs chosen when the library loads (the library itself is compiled for the baseline
+// x86-64, whose loops run 4 floats at a time); elsewhere as the compiler builds it. For loops
+// the compiler vectorizes on its own; the families with intrinsics list their implementations
+// (Vectors below) instead. Check the clones' object code (objdump -d) for ymm/zmm loops.
+#if OLLIE_X86_VECTORS
+#define OLLIE_WIDEST_VECTORS __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define OLLIE_WIDEST_VECTORS
 #endif
 
 namespace tvm_ollie {
