@@ -171,10 +171,7 @@ const std::vector<Vectors<GemvFn>>& Available() {
   static const std::vector<Vectors<GemvFn>> fns = []() {
     std::vector<Vectors<GemvFn>> v;
 #if OLLIE_X86_VECTORS
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-      v.push_back({"avx2", &Avx2Gemv});
-    }
+    if (CpuRunsAvx2()) v.push_back({"avx2", &Avx2Gemv});
 #endif
     v.push_back({"baseline", &BaselineGemv});
     return v;

@@ -232,9 +232,7 @@ const std::vector<Vectors<RowFn>>& Available() {
 #if OLLIE_X86_VECTORS
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f")) v.push_back({"avx512f", &Avx512Row});
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-      v.push_back({"avx2", &Avx2Row});
-    }
+    if (CpuRunsAvx2()) v.push_back({"avx2", &Avx2Row});
 #endif
     v.push_back({"baseline", &BaselineRow});
     return v;

@@ -36,6 +36,12 @@ namespace tvm_ollie {
 // A helper of the AVX2 + FMA implementations, inlined into them (their own target attribute).
 #define OLLIE_AVX2 __attribute__((target("avx2,fma"), always_inline)) inline
 
+// Whether this CPU runs the OLLIE_AVX2 implementations (AVX2 and FMA).
+inline bool CpuRunsAvx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
 // The lanes [0, m) of an 8-lane vector as a mask, m in [0, 8].
 OLLIE_AVX2 __m256i FirstLanes(int64_t m) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(m)),
