@@ -34,9 +34,9 @@ class _KeptPool:
 @contextlib.contextmanager
 def keep_pools() -> Iterator[Dict[Tuple, object]]:
     """Within the block, MetaSchedule's local builders and runners share kept worker pools
-    (one per initializer and output streams: the builders' and the runners'), of one worker
-    each (the tests build and run tiny kernels; a second worker would cost its import for
-    little), with each user's timeout; on exit the pools are shut down."""
+    (one per timeout, initializer and output streams: the builders' and the runners' at the
+    timeouts they ask for), of one worker each (the tests build and run tiny kernels; a second
+    worker would cost its import for little); on exit the pools are shut down."""
     # pylint: disable=import-outside-toplevel
     from tvm.s_tir.meta_schedule.builder import local_builder
     from tvm.s_tir.meta_schedule.runner import local_runner
@@ -45,17 +45,14 @@ def keep_pools() -> Iterator[Dict[Tuple, object]]:
     pools: Dict[Tuple, object] = {}
 
     def kept(max_workers=None, timeout=None, **kwargs):
-        key = tuple(sorted(kwargs.items()))
+        key = (timeout,) + tuple(sorted(kwargs.items()))
         try:
             hash(key)
         except TypeError:  # an argument that is not hashable: an ordinary pool
             return PopenPoolExecutor(max_workers=max_workers, timeout=timeout, **kwargs)
         if key not in pools:
             pools[key] = PopenPoolExecutor(max_workers=1, timeout=timeout, **kwargs)
-        pool = pools[key]
-        # this user's timeout, read by the pool whenever it sends a call to a worker
-        pool._timeout = timeout  # pylint: disable=protected-access
-        return _KeptPool(pool)
+        return _KeptPool(pools[key])
 
     with _patched(local_builder, kept), _patched(local_runner, kept):
         try:
