@@ -11,7 +11,7 @@ from tvm import relax
 
 import small_models as sm
 from tvm_ollie.compat import tvm
-from tvm_ollie.transform import batched
+from tvm_ollie.transform import batched, optimize
 from tvm_ollie.transform.alternatives import Candidates
 from tvm_ollie.transform.batched import BuildGroup, UnitBuild
 from tvm_ollie.transform.checking import Checker
@@ -164,3 +164,35 @@ def test_prepare_then_decide_is_decide():
     later = decider.decide(call)
     assert (later.chosen, later.reason) == (direct.chosen, direct.reason)
     assert decider.decide(call) is later and build.builds == 1
+
+
+class _Decided:
+    """A decision of the fake units below (what :func:`_decide_units` reads of one)."""
+
+    kind, function, var_name, signature, reason, contents = "call", "main", "v", "s", "", ""
+
+    def __init__(self, rewritten):
+        self.rewritten, self.chosen = rewritten, "x" if rewritten else "original"
+
+    def for_unit(self, **_):
+        return self
+
+
+@pytest.mark.parametrize("rewritten, runs", [
+    ((), [["a", "b"], ["c", "d"]]),  # b and c overlap: c starts the next run
+    (("b",), [["a", "b"], ["d"]]),  # b rewritten: c is skipped, never prepared
+])
+def test_a_run_ends_at_the_first_unit_overlapping_it(monkeypatch, rewritten, runs):
+    replaced = {"a": {1}, "b": {2}, "c": {2, 3}, "d": {4}}
+    monkeypatch.setattr(optimize, "_identity", lambda u: (u, {"signature": u}))
+    monkeypatch.setattr(optimize, "_replaced", lambda u: replaced[u])
+    prepared, chosen = [], []
+
+    def choose(unit, sig):
+        chosen.append(unit)
+        return _Decided(unit in rewritten)
+
+    decided = optimize._decide_units(list("abcd"), choose, False,
+                                     lambda run: prepared.append([u for u, _ in run]))
+    assert prepared == runs
+    assert chosen == [u for run in runs for u in run] == [u for u, _ in decided]
