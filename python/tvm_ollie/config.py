@@ -237,10 +237,11 @@ class OllieConfig:
         Off by default: on the loaded 2-core machine it made GCN's cold build slower
         (docs/compile-time.md, helper cold9); not measured on a quiet machine yet.
     build_together : bool
-        Prepare the call decisions of a module one after the other (search, shortlist) and
-        build their merged modules together, up to :data:`~tvm_ollie.transform.batched.
-        TOGETHER` decisions in one TVM build (:class:`~tvm_ollie.transform.batched.
-        BuildGroup`), before checking and timing each; the same decisions, fewer builds
+        Prepare each run of a module's decisions (units that overlap nothing rewritten nor
+        each other) one after the other (search, shortlist) and build their merged modules
+        together, up to :data:`~tvm_ollie.transform.batched.TOGETHER` decisions in one TVM
+        build (:class:`~tvm_ollie.transform.batched.BuildGroup`), before checking and timing
+        each; the same decisions, fewer builds
         (docs/compile-time.md, cold15). False: each decision builds its own when decided.
     """
 

@@ -23,10 +23,10 @@ dealt into one merged part per worker process and the parts built at once there
 (:mod:`.build_pool`): the same functions, the same kernels, built by the same code for the same
 target, in another process.
 
-A :class:`BuildGroup` goes one step further: the merged modules of several decisions (the
-call decisions of a module, prepared one after the other before any is timed,
-:meth:`~.decide.Decider.prepare`) are merged again and built once, when the first of them is
-needed. Each module keeps its own renamed function, so each alternative is still checked and
+A :class:`BuildGroup` goes one step further: the merged modules of several decisions (a run
+of units that overlap nothing decided before them nor each other, prepared one after the
+other before any is timed, :meth:`~.decide.Decider.prepare`) are merged again and built once,
+when the first of them is needed. Each module keeps its own renamed function, so each alternative is still checked and
 timed as its own function; TVM's per-build cost (the pipeline's set-up, LLVM's, the linking,
 the JIT's) is paid once per group instead of once per decision (docs/compile-time.md, cold15).
 Should the group's build fail, each decision builds its own as before, so one alternative TVM
