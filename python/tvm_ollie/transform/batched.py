@@ -26,9 +26,10 @@ target, in another process.
 A :class:`BuildGroup` goes one step further: the merged modules of several decisions (a run
 of units that overlap nothing decided before them nor each other, prepared one after the
 other before any is timed, :meth:`~.decide.Decider.prepare`) are merged again and built once,
-when the first of them is needed. Each module keeps its own renamed function, so each alternative is still checked and
-timed as its own function; TVM's per-build cost (the pipeline's set-up, LLVM's, the linking,
-the JIT's) is paid once per group instead of once per decision (docs/compile-time.md, cold15).
+when the first of them is needed. Each module keeps its own renamed function, so each
+alternative is still checked and timed as its own function; TVM's per-build cost (the
+pipeline's set-up, LLVM's, the linking, the JIT's) is paid once per group instead of once per
+decision (docs/compile-time.md, cold15).
 Should the group's build fail, each decision builds its own as before, so one alternative TVM
 cannot build fails its own decision's build only.
 """
