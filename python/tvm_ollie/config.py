@@ -236,6 +236,13 @@ class OllieConfig:
         so the guard's library plan goes to the pool under the default config too.
         Off by default: on the loaded 2-core machine it made GCN's cold build slower
         (docs/compile-time.md, helper cold9); not measured on a quiet machine yet.
+    build_together : bool
+        Prepare each run of a module's decisions (units that overlap nothing rewritten nor
+        each other) one after the other (search, shortlist) and build their merged modules
+        together, up to :data:`~tvm_ollie.transform.batched.TOGETHER` decisions in one TVM
+        build (:class:`~tvm_ollie.transform.batched.BuildGroup`), before checking and timing
+        each; the same decisions, fewer builds
+        (docs/compile-time.md, cold15). False: each decision builds its own when decided.
     """
 
     target: Any = None
@@ -271,6 +278,7 @@ class OllieConfig:
     library_plan: bool = True
     cached_alloc: bool = True
     build_pool: Optional[bool] = False
+    build_together: bool = True
 
     def __post_init__(self):
         if self.targets is not None and not isinstance(self.targets, tuple):
@@ -305,7 +313,8 @@ class OllieConfig:
                               f"{self.min_share!r}")
         for name in ("derive", "fold_inference", "orchestrate", "joint", "joint_guard",
                      "verbose", "derivation_cache", "blocked_layout",
-                     "pack_weights", "norm_kernels", "library_plan", "cached_alloc"):
+                     "pack_weights", "norm_kernels", "library_plan", "cached_alloc",
+                     "build_together"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"OllieConfig.{name} must be True or False, not "
                                   f"{getattr(self, name)!r}")

@@ -45,8 +45,8 @@ def test_calls_regions_and_groups_are_one_record_held_as_is(monkeypatch):
     pairs = []
     loop = optimize._decide_units  # pylint: disable=protected-access
 
-    def spy(units, choose, verbose):
-        pairs.extend(loop(units, choose, verbose))
+    def spy(units, choose, verbose, prepare=None):
+        pairs.extend(loop(units, choose, verbose, prepare))
         return pairs
 
     monkeypatch.setattr(optimize, "_decide_units", spy)

@@ -158,16 +158,17 @@ def test_a_given_checker_or_timer_decides_again(monkeypatch):
 
 
 def _count_decisions(monkeypatch) -> list:
-    """The decisions taken (not read back): one entry each."""
+    """The decisions taken (not read back): one entry each (every decision starts with
+    ``_prepare``, whether the pass prepared it ahead or decided it at once)."""
     decide = importlib.import_module("tvm_ollie.transform.decide")
     taken = []
-    real = decide.Decider._decide  # pylint: disable=protected-access
+    real = decide.Decider._prepare  # pylint: disable=protected-access
 
     def counted(self, *args):
         taken.append(1)
         return real(self, *args)
 
-    monkeypatch.setattr(decide.Decider, "_decide", counted)
+    monkeypatch.setattr(decide.Decider, "_prepare", counted)
     return taken
 
 

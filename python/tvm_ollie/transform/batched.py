@@ -22,6 +22,16 @@ With a :class:`~.build_pool.BuildPool` (a module with many units to decide), the
 dealt into one merged part per worker process and the parts built at once there
 (:mod:`.build_pool`): the same functions, the same kernels, built by the same code for the same
 target, in another process.
+
+A :class:`BuildGroup` goes one step further: the merged modules of several decisions (a run
+of units that overlap nothing decided before them nor each other, prepared one after the
+other before any is timed, :meth:`~.decide.Decider.prepare`) are merged again and built once,
+when the first of them is needed. Each module keeps its own renamed function, so each
+alternative is still checked and timed as its own function; TVM's per-build cost (the
+pipeline's set-up, LLVM's, the linking, the JIT's) is paid once per group instead of once per
+decision (docs/compile-time.md, cold15).
+Should the group's build fail, each decision builds its own as before, so one alternative TVM
+cannot build fails its own decision's build only.
 """
 
 from __future__ import annotations
@@ -35,7 +45,12 @@ from ..target import normalize_target
 from ..tune.measure import compile_module
 from .build_pool import BuildPool
 
-__all__ = ["UnitBuild", "merged_module"]
+__all__ = ["BuildGroup", "TOGETHER", "UnitBuild", "merged_module"]
+
+#: Decisions whose merged builds a :class:`BuildGroup` builds together at most: one failing
+#: alternative then costs the group's build once (each decision builds its own after), and
+#: the group's JIT stays the size of a few decisions'.
+TOGETHER = 8
 
 LOG = logging.getLogger("tvm_ollie.transform")
 
@@ -108,6 +123,8 @@ class UnitBuild:
         self.builds = 0
         #: results its users keep per build (the checker's reference outputs)
         self.memo: Dict[object, object] = {}
+        #: the decisions' builds this one is built together with (:class:`BuildGroup`)
+        self.group: Optional["BuildGroup"] = None
 
     def __contains__(self, key: str) -> bool:
         return key in self.modules
@@ -148,5 +165,57 @@ class UnitBuild:
             return None
         if not self._done:
             with stage("candidate builds"):
-                self._build()
+                if self.group is None or not self.group.build(self):
+                    self._build()
         return None if self.failed else self._where[key]
+
+
+class BuildGroup:
+    """The :class:`UnitBuild` of several decisions, built as one module when the first of them
+    is needed (module docstring).
+
+    Only the members not built yet when the first is asked for join that build (a decision
+    whose check and timing were read back never asks, and its modules are built with the
+    others' only when another member asks first); members built in a pool
+    (:class:`~.build_pool.BuildPool`) or for another target build alone. The group builds once:
+    after it, each member that it did not build builds alone on first use.
+    """
+
+    def __init__(self):
+        self.members: List[UnitBuild] = []
+        #: how many TVM builds the group ran (0 or 1), and how many decisions it built
+        self.builds = 0
+        self.built: List[UnitBuild] = []
+
+    def add(self, build: Optional[UnitBuild]) -> None:
+        """Build ``build`` (None: the decision builds nothing) with the others."""
+        if build is not None and build.pool is None and not build._done:
+            build.group = self
+            self.members.append(build)
+
+    def build(self, first: UnitBuild) -> bool:
+        """Build ``first`` and every other member not built yet as one module; False when
+        nothing was built for ``first`` (it builds alone)."""
+        members = [first] + [b for b in self.members if b is not first and not b._done and
+                             str(b.target) == str(first.target)]
+        for b in self.members:
+            b.group = None  # (the group builds once)
+        self.members = []
+        if len(members) < 2:
+            return False
+        keys = [(i, k) for i, b in enumerate(members) for k in b.modules]
+        try:
+            merged, mains = merged_module([members[i].modules[k] for i, k in keys])
+            self.builds += 1
+            ex = compile_module(merged, first.target)
+        except Exception as err:  # pylint: disable=broad-except
+            LOG.info("ollie: the build of %d decisions' modules together failed (%s: %s); "
+                     "each decision builds its own", len(members), type(err).__name__, err)
+            return False
+        for (i, k), name in zip(keys, mains):
+            members[i]._where[k] = (ex, name)
+        for b in members:
+            b._done = True
+        first.builds += 1
+        self.built = members
+        return True

@@ -195,6 +195,8 @@ class Decider:
         self.build_pool = cfg.build_pool
         #: where the merged builds are built (:meth:`plan_builds`; None: in this process)
         self.pool: Optional[BuildPool] = None
+        #: decisions prepared (:meth:`prepare`), to finish in :meth:`decide`
+        self._pending: Dict[str, Tuple[object, "_Measured"]] = {}
 
     def plan_builds(self, units: int) -> None:
         """Build the decisions' merged modules in this process's :class:`~.build_pool.
@@ -255,21 +257,65 @@ class Decider:
         """
         sig = unit_signature(unit)
         hit = self.cache.get(sig)
-        if hit is None:
+        if hit is None and sig in self._pending:
+            key, step = self._pending.pop(sig)
+            hit = self._safely(sig, lambda: self._finish(unit, sig, step))
+            self._keep(sig, key, hit)
+        elif hit is None:
             key = self.remembered.key(unit, sig) if self.remembered is not None else None
             hit = self.remembered.get(key) if key is not None else None
             if hit is None:
                 hit = self._decide_safely(unit, sig, budget_s)
-                if key is not None:
-                    self.remembered.put(key, hit)
+                self._keep(sig, key, hit)
             self.cache[sig] = hit
         return hit
 
+    def prepare(self, unit, budget_s: Optional[float] = None) -> Optional[UnitBuild]:
+        """The first half of :meth:`decide` for ``unit``, so that several decisions' merged
+        builds can be built together (:class:`~.batched.BuildGroup`): its candidates, their
+        estimates, the shortlist, and its merged build, not built yet, which is returned;
+        :meth:`decide` of a unit of the same signature then checks, times and chooses. A
+        decision that builds nothing to time (known, remembered, by the estimate, forced) is
+        made here in full (None returned).
+
+        Why the decisions are the same as :meth:`decide`'s one after the other: the first
+        half times nothing that a later unit's reads (the searches use their own unit's
+        measured original only), the searches run in the same order with the same budgets,
+        and the second half times each alternative as its own function of the merged build,
+        one at a time, as before."""
+        sig = unit_signature(unit)
+        if sig in self.cache or sig in self._pending:
+            return None
+        key = self.remembered.key(unit, sig) if self.remembered is not None else None
+        hit = self.remembered.get(key) if key is not None else None
+        if hit is not None:
+            self.cache[sig] = hit
+            return None
+        step = self._safely(sig, lambda: self._prepare(unit, sig,
+                                                        budget_s or self.search_time_s))
+        if not isinstance(step, _Measured):
+            self._keep(sig, key, step)
+            return None
+        self._pending[sig] = (key, step)
+        return step.build
+
+    def _keep(self, sig: str, key, decision: Decision) -> None:
+        """Cache ``decision`` for ``sig`` (and per machine under ``key``)."""
+        if key is not None:
+            self.remembered.put(key, decision)
+        self.cache[sig] = decision
+
     def _decide_safely(self, unit, sig: str, budget_s: Optional[float]) -> Decision:
         """:meth:`_decide`, an unexpected error keeping the original."""
+        return self._safely(sig, lambda: self._decide(unit, sig,
+                                                       budget_s or self.search_time_s))
+
+    def _safely(self, sig: str, step):
+        """``step()`` on the target's kernel device, an unexpected error keeping the
+        original."""
         try:
             with lib.kernel_device(lib.device_of(self.target)):
-                return self._decide(unit, sig, budget_s or self.search_time_s)
+                return step()
         except Exception as err:  # pylint: disable=broad-except
             LOG.warning("ollie: %s kept: unexpected %s: %s", sig, type(err).__name__, err)
             return decided(None, [], f"internal error: {type(err).__name__}: {err}")
@@ -312,6 +358,12 @@ class Decider:
     # -- the pipeline -----------------------------------------------------------------------
 
     def _decide(self, unit, sig: str, budget_s: float) -> Decision:
+        step = self._prepare(unit, sig, budget_s)
+        return self._finish(unit, sig, step) if isinstance(step, _Measured) else step
+
+    def _prepare(self, unit, sig: str, budget_s: float) -> Union[Decision, "_Measured"]:
+        """Candidates, cost (estimates), the shortlist and its merged build (not built yet):
+        a measured decision still to check and time, or the decision itself."""
         names, _ = unit_operands(unit)
         alts, n_cand, note = self.alternatives(unit, budget_s)  # candidates -> cost (estimate)
         base = alts[0]
@@ -339,6 +391,11 @@ class Decider:
         same = twins(modules)
         better = [a for a in better if a.label not in same]
         build = self._merged({k: m for k, m in modules.items() if k not in same})
+        return _Measured(base, better, names, n_cand, same, build)
+
+    def _finish(self, unit, sig: str, step: "_Measured") -> Decision:
+        """Check, time and choose among a prepared decision's alternatives."""
+        base, better, build = step.base, step.better, step.build
         check = functools.partial(self.check, unit, build=build)
         mode = "measured" if self.can_measure else "untuned, measured"
         timed = build is not None and is_llvm(self.target) and \
@@ -346,15 +403,15 @@ class Decider:
         if timed:
             self.cost_model.use_build(unit, build)
         try:
-            dec = choose_measured(base, better, names, n_cand, check,  # check -> cost -> choose
+            dec = choose_measured(base, better, step.names, step.n_cand, check,
                                   functools.partial(self.cost, unit), self.max_measured, mode,
-                                  self.timing.step(unit, sig))
+                                  self.timing.step(unit, sig))  # check -> cost -> choose
         finally:
             if timed:
                 self.cost_model.use_build(None, None)
-        if same:
+        if step.same:
             dec.reason += "; not built, checked or timed (the same module as " + \
-                "; ".join(f"{b}: {a}" for a, b in same.items()) + ")"
+                "; ".join(f"{b}: {a}" for a, b in step.same.items()) + ")"
         return dec
 
     def _to_check(self, better: List[Alternative]) -> List[Alternative]:
@@ -393,6 +450,19 @@ class Decider:
         """:meth:`unit_build` of ``modules`` already made (None: fewer than two)."""
         target = self.target if is_llvm(self.target) else "llvm"
         return UnitBuild(modules, target, self.pool) if len(modules) > 1 else None
+
+
+@dataclasses.dataclass
+class _Measured:
+    """A measured decision prepared (:meth:`Decider.prepare`): what remains to check and time
+    (``better``, after the twins ``same`` were dropped) and its merged build."""
+
+    base: Alternative
+    better: List[Alternative]
+    names: list
+    n_cand: int
+    same: Dict[str, str]
+    build: Optional[UnitBuild]
 
 
 def shared_records(model: Optional[UnitCostModel], target,

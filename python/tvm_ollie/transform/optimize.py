@@ -27,6 +27,7 @@ from ..tune import analytic
 from ..tune.budget import SearchPayback, SmallUnitGuard, TrialBudget
 from ..tune.calibrate import Calibration
 from ..tune.metaschedule import STATS, Tuner
+from .batched import TOGETHER, BuildGroup
 from .blocked_layout import LayoutReport, blocked_layout
 from .checking import Checker, CheckFn
 from .choosing import Chooser
@@ -311,7 +312,22 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
                 signature_decision(None, unit_operands(unit)[0], skip, weights[sig], weights[sig])
         return choices[sig]
 
-    decided = _decide_units(groups + regions + calls, choose, cfg.verbose)
+    def prepare(run: list):
+        """The measured decisions of a run of units prepared in order (the search of each,
+        as :func:`choose` would run it), their builds grouped by :data:`~.batched.TOGETHER`
+        (:class:`~.batched.BuildGroup`)."""
+        together = BuildGroup()
+        for unit, sig in run:
+            if sig in choices or small.skip(sig) is not None:
+                continue
+            with budget.task(sig):
+                build = decider.prepare(unit, search.next(sig, decider.search_s))
+            if build is not None and len(together.members) >= TOGETHER:
+                together = BuildGroup()
+            together.add(build)
+
+    decided = _decide_units(groups + regions + calls, choose, cfg.verbose,
+                            prepare if cfg.build_together else None)
     with stage("emit"):
         new_mod, report.epilogues = _rewritten(mod, decided)
     if cfg.blocked_layout and decider.library and lib.current_device() == "cpu":
@@ -428,17 +444,41 @@ def packed_matmuls(mod: "tvm.IRModule", work_dir: Optional[str] = None
         return mod, PackReport(kept=[f"the step failed: {why}"])
 
 
-def _decide_units(units: list, choose, verbose: bool) -> List[Tuple[object, Decision]]:
+def _decide_units(units: list, choose, verbose: bool,
+                  prepare=None) -> List[Tuple[object, Decision]]:
     """Decide each unit in order (groups, regions, then ``(function, variable, call)``
     entries), skipping a unit that overlaps one rewritten before it: ``(unit, decision)``
-    pairs, each decision its signature's bound to the unit (:meth:`Decision.for_unit`)."""
+    pairs, each decision its signature's bound to the unit (:meth:`Decision.for_unit`).
+
+    ``prepare(run)``, when given, is called with the ``(unit, signature)`` of each *run*, in
+    order: the units from the next one to decide up to the first that overlaps the rewritten
+    units or an earlier unit of the run. No decision in a run can make a later unit of it
+    skipped, so the run is what would be decided one after the other, and its decisions'
+    builds can be prepared together (:meth:`~.decide.Decider.prepare`)."""
     decided: List[Tuple[object, Decision]] = []
     inside: Set[int] = set()  # the calls (and region bindings) rewritten units replace
-    for entry in units:
-        unit, identity = _identity(entry)
-        replaced = _replaced(unit)
+    identities = [None] * len(units)
+
+    def identity_of(at):
+        if identities[at] is None:
+            unit, ident = _identity(units[at])
+            identities[at] = (unit, ident, _replaced(unit))
+        return identities[at]
+
+    prepared_to = 0
+    for at in range(len(units)):
+        unit, identity, replaced = identity_of(at)
         if replaced & inside:
             continue
+        if prepare is not None and at >= prepared_to:
+            run, taken = [], set(inside)
+            for k in range(at, len(units)):
+                if identity_of(k)[2] & taken:
+                    break
+                taken |= identity_of(k)[2]
+                run.append((identity_of(k)[0], identity_of(k)[1]["signature"]))
+            prepared_to = at + len(run)
+            prepare(run)
         d = choose(unit, identity["signature"]).for_unit(**identity)
         if d.kind == "group" and d.program is None and d.rewritten:
             d = d.kept(_APART)
