@@ -13,11 +13,12 @@ matrix, this step times three forms of the call on the kernel itself, :data:`FOR
 
 with ``P`` the 1-D pack of ``tvm_ollie.cpu.matmul_pack_weight`` (a header naming the problem,
 the format and the machine, then ``W`` in the primitive's format), and gives the call the
-fastest, when it is faster by a margin (below). No form wins everywhere: on the same machine a 4x128x128 product ran 2.5 us with
-``B`` stored [K, N], 5.1 us stored [N, K] and 3.6 us packed, a 4x128x512 one 11.1, 13.4 and
-6.4 us. A pack is made for one call's attributes and shapes, on this machine: the step runs
-after every other rewrite of the call (epilogues, layouts). Elsewhere (another CPU or thread
-count) the kernel reorders the pack from its header's format tag on each call.
+fastest, when it is faster by a margin (below). No form wins everywhere: on the same machine
+a 4x128x128 product ran 2.5 us with ``B`` stored [K, N], 5.1 us stored [N, K] and 3.6 us
+packed, a 4x128x512 one 11.1, 13.4 and 6.4 us. A pack is made for one call's attributes and
+shapes, on this machine: the step runs after every other rewrite of the call (epilogues,
+layouts). Elsewhere (another CPU or thread count) the kernel reorders the pack from its
+header's format tag on each call.
 
 Eligible: ``ta=0`` (the packed call folds ``A``'s batch into the rows), ``B`` a float32
 constant of rank 2 (or the transpose of one, :func:`constant_weight`), static shapes, and a

@@ -63,6 +63,7 @@ the executable: the same model built twice then runs at different speeds. Every 
 
       stop early    when separated by clear x margin   (clear = 1: any separation)
       at the end    winner = judge(margin)
+
 * **hopeless alternatives leave early**: one whose fastest sample (of at least two) is more
   than ``hopeless`` times the leader's slowest cannot win, and is not timed again (a plan that
   runs for seconds where the others take milliseconds). Two samples, not one, decide it,
