@@ -10,6 +10,7 @@ import pytest
 from tvm_ollie.tune.compare import (PAIRED_MIN, Comparison, Timing, beats, calls_per_sample,
                                     clocked, compare, from_seconds, judge, median_interval,
                                     paired_ratio_interval)
+from tvm_ollie.transform.measuring import CLEAR, PROTOCOL
 
 
 def _series(values, outliers=None):
@@ -76,6 +77,57 @@ def test_near_ties_go_to_the_stated_tie_break():
     # the other order of preference picks the other one
     samplers = {"original": _series([1.01e-3, 1.00e-3]), "prog": _series([1.00e-3, 0.99e-3])}
     assert compare(samplers, prefer=["prog"], margin=0.03, max_rounds=6).winner == "prog"
+
+
+def _burst_then_near(first, later, switch):
+    """A sampler returning ``first`` for its first ``switch`` samples, then ``later``."""
+    calls = [0]
+
+    def sample():
+        calls[0] += 1
+        return first if calls[0] <= switch else later
+
+    return sample
+
+
+def test_a_close_separation_is_confirmed_to_the_last_round():
+    """The pattern of quick YOLOX's flipped decisions: five rounds in which a program reads
+    21% under the original on its native kernel (a burst of slow samples of the latter), then
+    a gain of 5%. Judged at every look, the rounds stop at 5 on the burst and take the
+    program; confirmed (``clear``), they go on and the 5% ties under the 15% margin, so the
+    stated tie-break keeps the preferred alternative, as the undisturbed build does."""
+    def run(clear):
+        samplers = {"native": _burst_then_near(12e-6, 10e-6, 5),  # slowed, then itself
+                    "prog": _series([9.5e-6])}
+        return compare(samplers, prefer=["native", "prog"], margin=0.15, min_rounds=5,
+                       max_rounds=15, quantile=0.25, clear=clear)
+
+    early = run(clear=1.0)
+    assert early.winner == "prog" and early.separated and early.rounds == 5
+    confirmed = run(clear=2.0)
+    assert confirmed.rounds == 15 and confirmed.stop == "rounds"
+    assert not confirmed.separated and confirmed.winner == "native"
+    # the undisturbed build (no burst) decides the same
+    steady = compare({"native": _series([10e-6]), "prog": _series([9.5e-6])},
+                     prefer=["native", "prog"], margin=0.15, max_rounds=15, quantile=0.25,
+                     clear=2.0)
+    assert steady.winner == "native" and not steady.separated
+
+
+def test_a_clear_gain_still_stops_at_the_first_look_and_a_close_one_at_the_end():
+    clear_gain = compare({"a": _series([10e-6]), "b": _series([6e-6])}, margin=0.15,
+                         min_rounds=5, max_rounds=15, clear=2.0)
+    assert clear_gain.winner == "b" and clear_gain.stop == "separated"
+    assert clear_gain.rounds == 5  # 40% > 2 x 15%: what it cost before
+    close_gain = compare({"a": _series([10e-6]), "b": _series([8e-6])}, margin=0.15,
+                         min_rounds=5, max_rounds=15, clear=2.0)
+    # 20%: separated by the margin, judged once after the last round
+    assert close_gain.winner == "b" and close_gain.separated and close_gain.rounds == 15
+    assert close_gain.stop == "rounds"
+
+
+def test_the_decisions_protocol_confirms_close_separations():
+    assert PROTOCOL["clear"] == CLEAR == 2.0
 
 
 def test_the_tie_break_never_picks_one_that_does_not_beat_a_preferred_outsider():

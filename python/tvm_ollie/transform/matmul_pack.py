@@ -13,11 +13,12 @@ matrix, this step times three forms of the call on the kernel itself, :data:`FOR
 
 with ``P`` the 1-D pack of ``tvm_ollie.cpu.matmul_pack_weight`` (a header naming the problem,
 the format and the machine, then ``W`` in the primitive's format), and gives the call the
-fastest. No form wins everywhere: on the same machine a 4x128x128 product ran 2.5 us with
-``B`` stored [K, N], 5.1 us stored [N, K] and 3.6 us packed, a 4x128x512 one 11.1, 13.4 and
-6.4 us. A pack is made for one call's attributes and shapes, on this machine: the step runs
-after every other rewrite of the call (epilogues, layouts). Elsewhere (another CPU or thread
-count) the kernel reorders the pack from its header's format tag on each call.
+fastest, when it is faster by a margin (below). No form wins everywhere: on the same machine
+a 4x128x128 product ran 2.5 us with ``B`` stored [K, N], 5.1 us stored [N, K] and 3.6 us
+packed, a 4x128x512 one 11.1, 13.4 and 6.4 us. A pack is made for one call's attributes and
+shapes, on this machine: the step runs after every other rewrite of the call (epilogues,
+layouts). Elsewhere (another CPU or thread count) the kernel reorders the pack from its
+header's format tag on each call.
 
 Eligible: ``ta=0`` (the packed call folds ``A``'s batch into the rows), ``B`` a float32
 constant of rank 2 (or the transpose of one, :func:`constant_weight`), static shapes, and a
@@ -25,6 +26,16 @@ problem the kernel gives oneDNN (more than one row and column: matrix-vector pro
 OpenBLAS). Each distinct problem is timed once per module (:func:`time_forms`), and once per
 work directory when there is one (:data:`FORMS_FILE`: a warm build makes the same module, which
 the whole-model guard's recorded verdicts are keyed by).
+
+**A form other than the first must win by** :data:`FORM_MARGIN` (:func:`chosen_form`): the
+forms are judged as every timed decision is (:func:`~tvm_ollie.tune.compare.judge`), and forms
+within the margin of the fastest are tied and go to the first of them in the order of
+:data:`FORMS` (as is, then transposed: a plain matrix, then packed: a format of this machine's
+oneDNN) that beats every form before it. Until 2026-12-05 the fastest median won outright, and
+three fresh builds of quick SegFormer gave 18 of its 35 problems different forms (3.8 / 3.8 /
+4.0 us as is / transposed / packed in one build, 3.9 / 3.9 / 4.1 in the next): the guard's
+library plan, the one plan every build should write alike, was a different module in each
+(docs/decisions.md, "Near ties confirmed").
 """
 
 from __future__ import annotations
@@ -43,9 +54,12 @@ import tvm_ffi
 from .. import native
 from ..codegen import library as lib
 from ..compat import relax, tirx, tvm
+from ..tune.compare import from_seconds
 from ..tune.workdir import atomic_write_bytes
+from .choosing import REPRODUCIBLE_MARGIN
 
-__all__ = ["PackReport", "constant_weight", "packed_weight", "pack_matmul_weights", "time_forms"]
+__all__ = ["FORMS", "FORM_MARGIN", "PackReport", "chosen_form", "constant_weight",
+           "packed_weight", "pack_matmul_weights", "time_forms"]
 
 LOG = logging.getLogger(__name__)
 
@@ -183,6 +197,21 @@ def _problem(shapes: dict) -> str:
 #: (``tb`` flipped, the constant transposed at build time), packed (``wpacked=1``).
 FORMS = ("as is", "transposed", "packed")
 
+#: How much faster (relative) a form must measure than every form before it in :data:`FORMS`
+#: to be chosen over them: the unit decisions' build-to-build margin
+#: (:data:`~.choosing.REPRODUCIBLE_MARGIN`, 15%). The forms' clear wins are 25-50% (4x128x512
+#: ``tb=1``: 14.5 us as is, 7.7 packed); their near ties, 0-13%, flipped between builds.
+FORM_MARGIN = REPRODUCIBLE_MARGIN
+
+
+def chosen_form(seconds: Sequence[float]) -> Tuple[int, bool]:
+    """``(index into FORMS, tied)``: the form kept for times ``seconds`` (one per form of
+    :data:`FORMS`): the fastest when it beats every other by :data:`FORM_MARGIN`, else the
+    first tied form in the order of :data:`FORMS` that beats every form before it (module
+    docstring); ``tied``: a tie decided it."""
+    res = from_seconds(dict(zip(FORMS, seconds)), FORMS, FORM_MARGIN)
+    return FORMS.index(res.winner), not res.separated
+
 
 class _Packer:
     """Decides and makes the packs of one module (one timing per distinct problem)."""
@@ -234,9 +263,10 @@ class _Packer:
             self.verdicts[key] = [float(s) for s in self.timer(forms, shapes)]
             self.added = True
         seconds = self.verdicts[key]
-        best = min(range(len(forms)), key=lambda i: (seconds[i], i))
+        best, tied = chosen_form(seconds)
         line = f"{_problem(shapes)} {call.text()}: " + ", ".join(
             f"{name} {s * 1e6:.1f} us" for name, s in zip(FORMS, seconds))
+        line += f" (a tie within {FORM_MARGIN:.0%})" if tied else ""
         if best == 0 and isinstance(ops[1], tvm.ir.expr.Constant):
             self.report.kept.append(line)
             return None

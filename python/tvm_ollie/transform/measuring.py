@@ -25,7 +25,7 @@ from .alternatives import Alternative
 from .choosing import DECISION_QUANTILE
 from .costing import ModuleTiming, UnitCostModel
 
-__all__ = ["HOPELESS", "LONG_SAMPLE_S", "PROTOCOL", "TIME_CAP_S", "DecisionRecords",
+__all__ = ["CLEAR", "HOPELESS", "LONG_SAMPLE_S", "PROTOCOL", "TIME_CAP_S", "DecisionRecords",
            "DecisionTiming"]
 
 LOG = logging.getLogger("tvm_ollie.transform")
@@ -49,6 +49,12 @@ TIME_CAP_S = 20.0
 #: alternatives of milliseconds, and its second sample cost a heavy unit minutes more.
 LONG_SAMPLE_S = 1.0
 
+#: A decision stops before its last round only on a separation by this many times its margin
+#: (:func:`~tvm_ollie.tune.compare.compare`'s ``clear``): gains within 1-2 margins (15-30%) are
+#: timed to the last round and judged once there, where a separation after 5 rounds by a
+#: burst had flipped decisions between fresh builds (docs/decisions.md, "Near ties confirmed").
+CLEAR = 2.0
+
 #: The protocol of one decision: at least 5 rounds, at most 15, no new round after 2 s, judged
 #: on the first quartile (:data:`~.choosing.DECISION_QUANTILE`,
 #: :func:`~tvm_ollie.tune.compare.quantile_interval`): a unit's samples
@@ -58,9 +64,11 @@ LONG_SAMPLE_S = 1.0
 #: (``tests/transform/test_stable_decisions.py``). Hopeless alternatives leave after two
 #: rounds (:data:`HOPELESS`), after one when that sample took :data:`LONG_SAMPLE_S` or more.
 #: Samples of seconds each (untuned TVM alternatives at paper size) end the rounds after two
-#: once :data:`TIME_CAP_S` is spent.
+#: once :data:`TIME_CAP_S` is spent. A close separation is confirmed to the last round
+#: (:data:`CLEAR`).
 PROTOCOL = dict(min_rounds=5, max_rounds=15, time_s=2.0, quantile=DECISION_QUANTILE,
-                hopeless=HOPELESS, time_cap_s=TIME_CAP_S, long_sample_s=LONG_SAMPLE_S)
+                hopeless=HOPELESS, time_cap_s=TIME_CAP_S, long_sample_s=LONG_SAMPLE_S,
+                clear=CLEAR)
 
 
 class DecisionRecords(JsonRecords):
