@@ -719,7 +719,7 @@ void GemmChannels(const DeconvParams& p, const DeconvSite& site, const DeconvTen
 // ApplyActivation's loops (activation.cc): only for GELU's erf, which those call per element.
 // DCGAN quick's last layer, 3x64x64 outputs with tanh, one thread: libm's tanh per element made
 // the call 176 us, oneDNN's eltwise tanh 71 us (its AVX2 tanh gathers table coefficients), the
-// vector loops 33 us, the deconvolution without an epilogue 31 us (docs/profiling.md, "gap15").
+// vector loops 41 us, the deconvolution without an epilogue 32 us (docs/profiling.md, "gap15").
 bool GemmActivationByOneDNN(const Activation& act) { return act.kind == Act::kGelu; }
 
 // The per-thread eltwise primitives of a fmt=gemm site for `nthr` threads splitting `units`
