@@ -70,54 +70,6 @@ void AppendActivation(const Activation& act, dnnl::post_ops* ops) {
   }
 }
 
-void ApplyActivation(const Activation& act, float* x, int64_t n, bool parallel) {
-  if (act.kind == Act::kNone) return;
-  const float lo = act.lo, hi = act.hi, alpha = act.alpha, beta = act.beta;
-  const Act kind = act.kind;
-#pragma omp parallel for schedule(static) if (parallel && n > 32768)
-  for (int64_t i = 0; i < n; ++i) {
-    float v = x[i];
-    switch (kind) {
-      case Act::kRelu:
-        v = v > 0.f ? v : 0.f;
-        break;
-      case Act::kClip:
-        v = v < lo ? lo : (v > hi ? hi : v);
-        break;
-      case Act::kSigmoid:
-        v = 1.f / (1.f + std::exp(-v));
-        break;
-      case Act::kTanh:
-        v = std::tanh(v);
-        break;
-      case Act::kGelu:
-        v = 0.5f * v * (1.f + std::erf(v * 0.70710678118654752f));
-        break;
-      case Act::kGeluTanh:
-        v = 0.5f * v * (1.f + std::tanh(0.79788456080286536f * (v + 0.044715f * v * v * v)));
-        break;
-      case Act::kSilu:
-        v = v / (1.f + std::exp(-v));
-        break;
-      case Act::kHardswish:
-        v = v * std::min(1.f, std::max(0.f, alpha * v + beta));
-        break;
-      case Act::kHardsigmoid:
-        v = std::min(1.f, std::max(0.f, alpha * v + beta));
-        break;
-      case Act::kLeakyRelu:
-        v = v > 0.f ? v : alpha * v;
-        break;
-      case Act::kScale:
-        v = alpha * v;
-        break;
-      case Act::kNone:
-        break;
-    }
-    x[i] = v;
-  }
-}
-
 // ---------------------------------------------------------------------------------------------
 float* CheckFloatTensor(const ffi::TensorView& t, const char* kernel, const char* what,
                         int min_rank) {

@@ -34,9 +34,10 @@ void AppendActivation(const Activation& act, dnnl::post_ops* ops);
 // a binary_add post-op runs oneDNN's reference code on plain formats, ~100x slower), then the
 // activation.
 dnnl::primitive_attr ConvEpilogueAttr(bool residual, const Activation& act);
-// In-place activation over n contiguous floats (the OpenBLAS path, the GEMM deconvolution).
-// Large n is split over the OpenMP threads unless `parallel` is false (a caller that is itself
-// one thread of a parallel region).
+// In-place activation over n contiguous floats (the OpenBLAS path, the GEMM deconvolution, the
+// norms), by the widest vector loops this CPU runs (activation.cc). Large n is split over the
+// OpenMP threads unless `parallel` is false (a caller that is itself one thread of a parallel
+// region).
 void ApplyActivation(const Activation& act, float* data, int64_t n, bool parallel = true);
 
 // ---------------------------------------------------------------------------------------------

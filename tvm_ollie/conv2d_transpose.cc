@@ -389,7 +389,7 @@ struct DeconvSite {
   double flops = 0;  // of one call: every input element meets O / groups * KH * KW weights
   // fmt=gemm: per kernel column kx, the data columns [w_lo, w_hi) that land inside Out
   std::vector<int64_t> w_lo, w_hi;
-  // fmt=gemm with a transcendental activation (GemmActivationByOneDNN): per thread of the call,
+  // fmt=gemm with GELU's erf (GemmActivationByOneDNN): per thread of the call,
   // an eltwise primitive over that thread's range of Out, its memory and arguments, made for
   // act_nthr threads (0: not made)
   int act_nthr = 0;
@@ -715,21 +715,12 @@ void GemmChannels(const DeconvParams& p, const DeconvSite& site, const DeconvTen
   }
 }
 
-// Whether fmt=gemm applies the activation with oneDNN's eltwise primitive (vectorized) rather
-// than ApplyActivation's loop: for the activations that call exp/tanh/erf per element there.
-// DCGAN quick's last layer, 3x64x64 outputs with tanh, one thread: the loop made the call 176 us,
-// the whole deconvolution before it ~30 us.
-bool GemmActivationByOneDNN(const Activation& act) {
-  switch (act.kind) {
-    case Act::kNone:
-    case Act::kRelu:
-    case Act::kClip:
-    case Act::kLeakyRelu:
-      return false;
-    default:
-      return true;
-  }
-}
+// Whether fmt=gemm applies the activation with oneDNN's eltwise primitive rather than
+// ApplyActivation's loops (activation.cc): only for GELU's erf, which those call per element.
+// DCGAN quick's last layer, 3x64x64 outputs with tanh, one thread: libm's tanh per element made
+// the call 176 us, oneDNN's eltwise tanh 71 us (its AVX2 tanh gathers table coefficients), the
+// vector loops 41 us, the deconvolution without an epilogue 32 us (docs/profiling.md, "gap15").
+bool GemmActivationByOneDNN(const Activation& act) { return act.kind == Act::kGelu; }
 
 // The per-thread eltwise primitives of a fmt=gemm site for `nthr` threads splitting `units`
 // output channels (RunGemm's ranges), made once per site and thread count.

@@ -52,31 +52,6 @@ using RowFn = void (*)(const float* x, float* out, int64_t n);
 // The portable row: plain loops the compiler vectorizes (always inlined into a function compiled
 // for the target's vectors).
 
-// exp(x) for x <= 0 (every row is shifted by its max), in a form the compiler vectorizes:
-// 2^t with t = x log2(e) split into round(t) and r in [-1/2, 1/2], 2^r by its Taylor polynomial
-// of degree 7 (relative error below 1e-8 on that range, under float32's rounding), the integer
-// part added to the exponent bits. Below -87 (exp < 2^-126, float32's smallest normal) it is 0;
-// a NaN stays NaN (a row of -inf: -inf - -inf).
-inline __attribute__((always_inline)) float ExpNonPositive(float x) {
-  const float t = std::max(x, -87.0f) * 1.44269504088896341f;
-  // round to nearest by the 1.5 * 2^23 shift (|t| <= 126): plain arithmetic, no libm call
-  const float k = (t + 12582912.0f) - 12582912.0f;
-  const float r = (t - k) * 0.693147180559945309f;  // 2^(t - k) = e^r
-  float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  int32_t bits;
-  std::memcpy(&bits, &p, sizeof(bits));
-  bits += static_cast<int32_t>(k) * (1 << 23);
-  std::memcpy(&p, &bits, sizeof(bits));
-  return x < -87.0f ? 0.0f : p;
-}
-
 inline __attribute__((always_inline)) void PortableRow(const float* x, float* out, int64_t n) {
   float top = x[0];
 #pragma omp simd reduction(max : top)
@@ -109,31 +84,6 @@ __attribute__((target("avx512f"))) void Avx512Row(const float* x, float* out, in
 
 // ---------------------------------------------------------------------------------------------
 // The AVX2 + FMA row.
-
-// exp(x) on 8 lanes, x <= 0: k = round(x log2(e)) by the 1.5 * 2^23 shift (whose low mantissa
-// bits are then k + 127, 2^k's exponent bits), r = x - k ln(2) (ln 2 split in two, products
-// exact by FMA), e^r by the degree-7 Taylor polynomial of the portable row, times 2^k. Below -87
-// (where 2^k would leave the normal range) the result is 0; a NaN stays NaN (the comparison with
-// -87 is false for it).
-OLLIE_AVX2 __m256 Exp8(__m256 x) {
-  const __m256 shift = _mm256_set1_ps(12582912.0f + 127.0f);
-  const __m256 kb = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), shift);
-  const __m256 k = _mm256_sub_ps(kb, shift);
-  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  // k in [-126, 0] for x >= -87: the low mantissa bits of kb are k + 127 (2^22 above them
-  // shifts out), the biased exponent of the normal float 2^k
-  p = _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(kb), 23)));
-  return _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ), p);
-}
 
 OLLIE_AVX2 float HorizontalMax(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
