@@ -7,9 +7,9 @@ fuses nothing into it or out of it. Relay registered ``take`` as injective. PyTo
 exporter writes a reflection pad as two ``take`` calls (along H, then W), so quick Candy's
 kept plan ran 20 lone ``take`` kernels (110 us of its 1.75 ms of kernels at load 13,
 ``tvm-ollie profile``), two passes over each padded tensor where one fused kernel reads the
-input once. Kernel orchestration already fuses them (its primitive table calls ``take`` a
-layout primitive); this pass gives TVM's greedy fusion, which every ``ollie`` plan uses, the
-same freedom, so one mechanism (the greedy fusion of the kept plan) owns it.
+input once. Kernel orchestration did not fuse them either: its table calls a Relax ``take`` a
+layout primitive, but it runs after legalization, where a ``call_tir``'s kind follows the same
+``op_pattern``. Both fusions read the pattern this pass corrects.
 
 :func:`is_gather` is the rule (a PrimFunc the pattern analysis called opaque whose one block is
 spatial and writes its output at exactly its iterators: every output element computed on its
@@ -36,14 +36,13 @@ INJECTIVE, OPAQUE = 2, 8
 DATA_PAR = 0
 
 
-def _blocks(stmt, out: List) -> List:
-    """The ``SBlock`` statements below ``stmt``, the root block first."""
+def _realizes(stmt, out: List) -> List:
+    """The ``SBlockRealize`` statements below ``stmt``, the root block's first."""
     kind = type(stmt).__name__
-    if kind == "SBlock":
-        out.append(stmt)
     if kind == "SeqStmt":
         children = list(stmt.seq)
     elif kind == "SBlockRealize":
+        out.append(stmt)
         children = [stmt.block]
     elif kind == "SBlock":
         children = [s for s in (stmt.init, stmt.body) if s is not None]
@@ -53,24 +52,28 @@ def _blocks(stmt, out: List) -> List:
         body = getattr(stmt, "body", None)
         children = [body] if isinstance(body, tirx.Stmt) else []
     for child in children:
-        _blocks(child, out)
+        _realizes(child, out)
     return out
+
+
+def _always(predicate) -> bool:
+    return isinstance(predicate, tirx.IntImm) and int(predicate.value) == 1
 
 
 def is_gather(func: "tirx.PrimFunc") -> bool:
     """Whether ``func`` is injective although the pattern analysis called it opaque.
 
-    True when ``func`` is marked opaque, has one block, every iterator of the block is spatial,
-    the block has no init, and its body is one store at exactly the block's iterators, in order
+    True when ``func`` is marked opaque, has one block, executed at every point of its loops
+    (no predicate), every iterator of the block is spatial, the block has no init, and its body is one store at exactly the block's iterators, in order
     (with one block, into the output): the loads may be at any index (``A[idx[i], j]``).
     """
     attrs = func.attrs
     if attrs is None or int(attrs.get("op_pattern", -1)) != OPAQUE:
         return False
-    blocks = [b for b in _blocks(func.body, []) if b.name_hint != "root"]
-    if len(blocks) != 1:
+    realizes = [r for r in _realizes(func.body, []) if r.block.name_hint != "root"]
+    if len(realizes) != 1 or not _always(realizes[0].predicate):
         return False
-    block = blocks[0]
+    block = realizes[0].block
     if block.init is not None or any(int(iv.iter_type) != DATA_PAR for iv in block.iter_vars):
         return False
     store = block.body
