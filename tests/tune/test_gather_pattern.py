@@ -72,7 +72,8 @@ def test_tvm_calls_a_take_opaque_and_the_rule_accepts_it():
 
 
 def test_a_reduction_or_an_opaque_kernel_of_several_blocks_is_no_gather():
-    """``sum`` (a reduction iterator) and a kernel of two blocks stay as TVM marked them."""
+    """``sum`` (a reduction iterator), a kernel of two blocks and a predicated block stay as
+    TVM marked them."""
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType(SHAPE, "float32"))
     with bb.function("main", [x]):
@@ -97,6 +98,17 @@ def test_a_reduction_or_an_opaque_kernel_of_several_blocks_is_no_gather():
                 b[v] = tmp[3 - v]
 
     assert not is_gather(two_blocks)
+
+    @T.prim_func(s_tir=True)
+    def predicated(a: T.Buffer((4,), "float32"), b: T.Buffer((3,), "float32")):
+        T.func_attr({"op_pattern": 8})
+        for i in range(4):
+            with T.sblock("part"):
+                v = T.axis.spatial(3, i)
+                T.where(i < 3)
+                b[v] = a[3 - v]
+
+    assert not is_gather(predicated)
 
 
 def test_marking_is_the_attribute_change_only():
