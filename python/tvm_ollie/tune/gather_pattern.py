@@ -64,8 +64,9 @@ def is_gather(func: "tirx.PrimFunc") -> bool:
     """Whether ``func`` is injective although the pattern analysis called it opaque.
 
     True when ``func`` is marked opaque, has one block, executed at every point of its loops
-    (no predicate), every iterator of the block is spatial, the block has no init, and its body is one store at exactly the block's iterators, in order
-    (with one block, into the output): the loads may be at any index (``A[idx[i], j]``).
+    (no predicate), every iterator of the block is spatial, the block has no init, and its
+    body is one store at exactly the block's iterators, in order (with one block, into the
+    output): the loads may be at any index (``A[idx[i], j]``).
     """
     attrs = func.attrs
     if attrs is None or int(attrs.get("op_pattern", -1)) != OPAQUE:
