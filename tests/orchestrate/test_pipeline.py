@@ -297,3 +297,29 @@ def test_build_check_accepts_good_kernels():
     _, report = orchestrate_module(two_outputs(), "llvm", cost=COST, check=build_check("llvm"))
     part = report.partitions[0]
     assert not part.fallbacks and any(len(k.primitives) > 1 for k in part.kernels)
+
+
+def test_orchestration_fuses_a_reflection_pad_into_one_kernel():
+    """Before: ``relu(take(take(x, i, 2), i, 3))`` (PyTorch's reflection pad), whose takes
+    TVM's pattern analysis calls opaque (never fused). Expected after ``orchestrate_module``:
+    the gathers marked injective (:mod:`tvm_ollie.tune.gather_pattern`) are layout
+    primitives, and the pad and the relu one kernel; it computes what TVM's build does."""
+    idx = np.abs(5 - np.abs(5 - np.arange(-2, 8))).astype("int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4, 6, 6), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.take(x, relax.const(idx), axis=2))
+            w = bb.emit(relax.op.take(h, relax.const(idx), axis=3))
+            out = bb.emit_output(relax.op.nn.relu(w))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    fused, _ = orchestrate_module(mod, "llvm", cost=AnalyticCost(tvm.target.Target("llvm")))
+    calls = [b.value for b in fused["main"].body.blocks[0].bindings]
+    assert len(calls) == 1 and calls[0].op.name == "relax.call_tir", fused["main"]
+    ex = tvm.compile(mod, "llvm", relax_pipeline=orchestrate_pipeline("llvm"))
+    data = np.random.default_rng(0).standard_normal((1, 4, 6, 6)).astype("float32")
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(data)).numpy()
+    want = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())["main"](
+        tvm.runtime.tensor(data)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

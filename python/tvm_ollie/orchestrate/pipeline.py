@@ -32,6 +32,7 @@ from ..compile_profile import stage
 from ..config import OrchestrateConfig
 from ..target import is_llvm, kind_name, normalize_target, target_kind
 from ..tune.cpu_schedule import cpu_pipeline
+from ..tune.gather_pattern import mark_gathers_injective, with_gathers_injective
 from .blp import BLPProblem, BLPResult, solve_blp
 from .candidates import (Candidate, enumerate_candidates, is_library_kernel,
                          make_candidate)
@@ -524,8 +525,9 @@ def orchestrate_module(mod: "tvm.IRModule", target="llvm", cost: Optional[CostMo
                        ) -> Tuple["tvm.IRModule", OrchestrationReport]:
     """Orchestrate a Relax module of standard operators; return it fused and the report.
 
-    Runs ``offer`` and ``fission`` (when given), TVM's ``LegalizeOps, AnnotateTIROpPattern,
-    FoldConstant``, :class:`Orchestrate` and ``FuseTIR`` under ``target``: the result holds
+    Runs ``offer`` and ``fission`` (when given), TVM's ``LegalizeOps, AnnotateTIROpPattern``
+    (gathers then marked injective, :mod:`tvm_ollie.tune.gather_pattern`), ``FoldConstant``,
+    :class:`Orchestrate` and ``FuseTIR`` under ``target``: the result holds
     one PrimFunc per chosen kernel (and the chosen library calls). Finish it with
     :func:`orchestrate_pipeline`'s remaining passes, e.g. ``tvm.compile(mod, target,
     relax_pipeline=orchestrate_pipeline(target))`` on the original module does everything at
@@ -544,7 +546,7 @@ def orchestrate_module(mod: "tvm.IRModule", target="llvm", cost: Optional[CostMo
             mod = _keep_if(table, _fission_pass(fission))(mod)
         mod = tvm.transform.Sequential([
             relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-            _keep_if(table, relax.transform.FoldConstant())])(mod)
+            mark_gathers_injective, _keep_if(table, relax.transform.FoldConstant())])(mod)
         report = OrchestrationReport(target=target_kind(tgt), cost_model=cost.name,
                                      notes=notes)
         mod, report = orchestrate_legalized(mod, cost, config,
@@ -600,7 +602,7 @@ def orchestrate_pipeline(target="llvm", cost: Optional[CostModel] = None,
     offered = offer is not None
     legalize = [orch if p.info.name == "FuseOps" else
                 _keep_if(offered and p.info.name == "FoldConstant", p)
-                for p in backend.legalize_passes(tgt)]
+                for p in with_gathers_injective(backend.legalize_passes(tgt))]
     pre = [_keep_if(offered, _fission_pass(fission))] if fission is not None else []
     if offered:
         pre.insert(0, _offer_pass(offer, orch))

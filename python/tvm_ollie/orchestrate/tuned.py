@@ -28,6 +28,7 @@ from ..compat import tvm
 from ..config import OrchestrateConfig
 from ..target import is_llvm
 from ..tune.cpu_schedule import cpu_pipeline
+from ..tune.gather_pattern import with_gathers_injective
 from .cost import CostModel
 from .joint import keep_alternatives
 from .pipeline import (KernelCheck, Orchestrate, _backend, _fission_pass, _normalize,
@@ -52,7 +53,7 @@ def _front_passes(tgt, orch, fission: Fission, wrap: Optional[dict] = None
     ``wrap`` maps a pass's name to a function of the pass that replaces it (the joint
     selection keeps its alternatives through ``FoldConstant``)."""
     backend = _backend(tgt)
-    legalize = backend.legalize_passes(tgt)
+    legalize = with_gathers_injective(backend.legalize_passes(tgt))
     names = [p.info.name for p in legalize]
     legalize = legalize[:names.index("FuseTIR") + 1]
     legalize = [orch if p.info.name == "FuseOps" else p for p in legalize]
@@ -95,7 +96,7 @@ def finish_pipeline(target, cpu_schedules: bool = True) -> "tvm.transform.Pass":
     @tvm.transform.module_pass(opt_level=0, name="FinishOrchestrated")
     def _pipeline(mod: "tvm.IRModule", _ctx) -> "tvm.IRModule":
         legalize = [_keep_kernels if p.info.name == "FuseOps" else p
-                    for p in backend.legalize_passes(tgt)]
+                    for p in with_gathers_injective(backend.legalize_passes(tgt))]
         with tgt:
             return tvm.transform.Sequential(
                 backend.library_dispatch_passes(tgt) + legalize

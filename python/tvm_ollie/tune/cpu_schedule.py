@@ -54,6 +54,7 @@ import tvm_ffi
 from ..codegen.cached_alloc import finalize_passes
 from ..compat import BufferLoadNode, dlight, sym, tirx, tvm
 from ..target import is_llvm
+from .gather_pattern import with_gathers_injective
 
 __all__ = [
     "DEFAULT_MIN_PARALLEL_WORK",
@@ -665,7 +666,8 @@ def cpu_pipeline(target: "tvm.target.Target",
                  fuse: Optional["tvm.transform.Pass"] = None,
                  pre: Sequence["tvm.transform.Pass"] = (),
                  wrap: Optional[dict] = None) -> "tvm.transform.Pass":
-    """TVM's ``cpu_generic`` default Relax pipeline with :func:`cpu_schedule_pass` after FuseTIR.
+    """TVM's ``cpu_generic`` default Relax pipeline with :func:`cpu_schedule_pass` after FuseTIR
+    (and gathers marked injective before fusion: :mod:`.gather_pattern`).
 
     The pass lists are TVM's own functions (``relax.backend.cpu_generic.pipeline``), so this
     stays TVM's pipeline plus one pass. ``enabled=False`` (or ``TVM_OLLIE_CPU_SCHEDULE=0``)
@@ -682,7 +684,7 @@ def cpu_pipeline(target: "tvm.target.Target",
     @tvm.transform.module_pass(opt_level=0, name="OllieCPUPipeline")
     def _pipeline(mod: "tvm.IRModule", _ctx) -> "tvm.IRModule":
         with target:
-            legalize = cpu_generic.legalize_passes(target)
+            legalize = with_gathers_injective(cpu_generic.legalize_passes(target))
             if fuse is not None:
                 legalize = [fuse if p.info.name == "FuseOps" else p for p in legalize]
             if wrap:
