@@ -320,7 +320,7 @@ def _optimize(mod: "tvm.IRModule", cfg: OllieConfig, tgt, budget: Optional[Trial
         for unit, sig in run:
             if sig in choices or small.skip(sig) is not None:
                 continue
-            with budget.task(sig):
+            with budget.task(sig, ends=False):  # the trials are spent when it is timed
                 build = decider.prepare(unit, search.next(sig, decider.search_s))
             if build is not None and len(together.members) >= TOGETHER:
                 together = BuildGroup()

@@ -121,14 +121,16 @@ class TrialBudget:
     # -- spending ---------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def task(self, name: str) -> Iterator[Optional[TaskSpend]]:
+    def task(self, name: str, ends: bool = True) -> Iterator[Optional[TaskSpend]]:
         """Run ``name``: the :meth:`grant` calls inside draw on its allotment; what it does
-        not spend goes back to the pool when the block ends."""
+        not spend goes back to the pool when the block ends. ``ends=False``: a first part of
+        the task (a decision prepared before it is timed, :meth:`~tvm_ollie.transform.decide.
+        Decider.prepare`), whose allotment stays the task's for the block that ends it."""
         previous, self._current = self._current, self.tasks.get(name)
         try:
             yield self._current
         finally:
-            if self._current is not None:
+            if self._current is not None and ends:
                 self._done.add(name)
             self._current = previous
 
