@@ -267,12 +267,7 @@ void WithVectors(ffi::PackedArgs args, ffi::Any*) {
   if (!name || !text || !X || !Out) {
     TVM_FFI_THROW(TypeError) << kWithVectors << ": expected (str vectors, str act, X, Out)";
   }
-  ActFn loops = NamedVectors(Available(), name.value());
-  if (loops == nullptr) {
-    TVM_FFI_THROW(ValueError) << kWithVectors << ": vectors '" << name.value()
-                              << "' not available on this CPU (it runs "
-                              << VectorsNames(Available(), ", ") << ")";
-  }
+  const ActFn loops = RequireVectors(Available(), name.value(), kWithVectors, ", ");
   Attrs attrs(kWithVectors, "");
   const Activation act = ParseActivation(attrs, text.value());
   const float* x = CheckFloatTensor(X.value(), kWithVectors, "X", 0);

@@ -208,12 +208,7 @@ void GemvWithVectors(ffi::PackedArgs args, ffi::Any*) {
     TVM_FFI_THROW(ValueError) << kWithVectors << ": form must be rows or columns, got "
                               << *form_name;
   }
-  const GemvFn fn = GemvNamed(name->c_str());
-  if (fn == nullptr) {
-    TVM_FFI_THROW(ValueError) << kWithVectors << ": vectors '" << *name
-                              << "' not available on this CPU (it runs " << GemvVectorsList()
-                              << ")";
-  }
+  const GemvFn fn = RequireVectors(Available(), *name, kWithVectors, ",");
   const float* x = VectorArg(args, 1, "x", 1);
   const float* w = VectorArg(args, 2, "W", 2);
   float* y = const_cast<float*>(VectorArg(args, 3, "y", 1));
@@ -242,8 +237,6 @@ const char* GemvVectorsList() {
   static const std::string list = VectorsNames(Available(), ",");
   return list.c_str();
 }
-
-GemvFn GemvNamed(const char* name) { return NamedVectors(Available(), name); }
 
 TVM_FFI_STATIC_INIT_BLOCK() {
   namespace refl = tvm::ffi::reflection;

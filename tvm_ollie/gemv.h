@@ -21,10 +21,8 @@ using GemvFn = void (*)(const float* x, const float* w, int64_t K, int64_t n, in
 void Gemv(const float* x, const float* w, int64_t K, int64_t n, int64_t ld, GemvForm form,
           bool accumulate, float* y);
 
-// The implementations this CPU runs, best first ("avx2,baseline", say), and one by name
-// (nullptr if this CPU does not run it).
+// The implementations this CPU runs, best first ("avx2,baseline", say).
 const char* GemvVectorsList();
-GemvFn GemvNamed(const char* name);
 
 }  // namespace tvm_ollie
 

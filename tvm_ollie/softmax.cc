@@ -191,10 +191,7 @@ const std::vector<Vectors<RowFn>>& Available() {
 }
 
 RowFn Named(const std::string& name) {
-  if (RowFn row = NamedVectors(Available(), name)) return row;
-  TVM_FFI_THROW(ValueError) << kWithVectors << ": vectors '" << name
-                            << "' not available on this CPU (it runs "
-                            << VectorsNames(Available(), ", ") << ")";
+  return RequireVectors(Available(), name, kWithVectors, ", ");
 }
 
 ffi::TensorView TensorArg(ffi::PackedArgs args, int i, const char* what) {

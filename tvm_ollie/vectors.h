@@ -126,6 +126,17 @@ std::string VectorsNames(const std::vector<Vectors<Fn>>& available, const char* 
   return s;
 }
 
+// The implementation named `name` in `available`; when the CPU does not run it, a ValueError
+// of `fn` (the exported function asked for it) naming the ones it runs, joined by `sep`.
+template <typename Fn>
+Fn RequireVectors(const std::vector<Vectors<Fn>>& available, const std::string& name,
+                  const char* fn, const char* sep) {
+  if (Fn f = NamedVectors(available, name)) return f;
+  TVM_FFI_THROW(ValueError) << fn << ": vectors '" << name
+                            << "' not available on this CPU (it runs "
+                            << VectorsNames(available, sep) << ")";
+}
+
 }  // namespace tvm_ollie
 
 #endif  // TVM_OLLIE_VECTORS_H_
